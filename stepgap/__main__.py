@@ -1,0 +1,3 @@
+from stepgap.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,54 @@
+"""`stepgap`: one command line for both halves.
+
+Each module listed in COMMAND_MODULES defines `register(subparsers)`, which adds its subcommands
+and sets `func` on them. Registration must stay cheap: modules import torch and other heavy
+packages inside their handlers, so that `stepgap --help` and `stepgap simulate` start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from stepgap import __version__
+from stepgap.errors import UserError
+
+COMMAND_MODULES = [
+]
+
+DESCRIPTION = """\
+stepgap: what does async scheduling buy with EAGLE-3 speculative decoding, and where do the
+step gaps go? `simulate` predicts a serving run with a SimPy model of the step loop; `run`
+measures one with a real torch engine. Both write the same run results and timelines.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stepgap", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"stepgap {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args) or 0
+    except UserError as e:
+        print(f"stepgap {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"stepgap {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,463 @@
+"""Shared file formats and metrics: the contract of DESIGN.md §2, §4 and §5.
+
+Both halves import this module, and nothing else defines these formats:
+
+- workload traces (JSON lines, one request per line),
+- timeline spans (JSON lines, plus a Chrome-trace/Perfetto export) and step gaps,
+- run results (the keys of `vllm bench serve --save-result`, plus `step_gaps`, `spec_decode`,
+  `config`) and the metric computations behind them,
+- the printed summary in the layout of `vllm bench serve`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, NamedTuple
+
+import numpy as np
+
+from stepgap.errors import UserError, where
+
+MODES = ("sync", "async", "zero-bubble")
+LANES = ("cpu.engine", "cpu.worker", "device")
+OPS = {
+    "cpu.engine": ("schedule", "update_from_output"),
+    "cpu.worker": ("prepare_inputs", "launch", "wait"),
+    "device": ("target_forward", "rejection_sample", "draft_forward", "d2h", "fixup"),
+}
+PERCENTILES = (99,)
+METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+# ---------------------------------------------------------------------------------------------
+# Workload traces
+
+
+@dataclass(slots=True)
+class TraceRequest:
+    """One request of a workload trace.
+
+    `accepted` optionally holds the accepted draft count of each decode step, for replay.
+    `category` optionally tags the request (the built-in MT-bench-like trace uses it).
+    """
+
+    request_id: str
+    arrival_s: float
+    prompt_len: int
+    output_len: int
+    prompt_token_ids: list[int] | None = None
+    accepted: list[int] | None = None
+    category: str | None = None
+
+    def to_dict(self) -> dict:
+        d = {"request_id": self.request_id, "arrival_s": self.arrival_s,
+             "prompt_len": self.prompt_len, "output_len": self.output_len}
+        for key in ("prompt_token_ids", "accepted", "category"):
+            value = getattr(self, key)
+            if value is not None:
+                d[key] = value
+        return d
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def parse_trace_line(obj, path, lineno) -> TraceRequest:
+    """Validate one decoded trace line. Errors name the file, the line and the field."""
+    if not isinstance(obj, dict):
+        raise UserError(f"{where(path, lineno)}: expected a JSON object, got {type(obj).__name__}")
+    for key in ("request_id", "arrival_s", "prompt_len", "output_len"):
+        if key not in obj:
+            raise UserError(f"{where(path, lineno, key)}: missing (required: request_id, "
+                            "arrival_s, prompt_len, output_len)")
+    rid = obj["request_id"]
+    if not isinstance(rid, (str, int)) or isinstance(rid, bool) or rid == "":
+        raise UserError(f"{where(path, lineno, 'request_id')}: expected a non-empty string or "
+                        f"integer, got {rid!r}")
+    arrival = obj["arrival_s"]
+    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) \
+            or not math.isfinite(arrival) or arrival < 0:
+        raise UserError(f"{where(path, lineno, 'arrival_s')}: expected a finite number >= 0, "
+                        f"got {arrival!r}")
+    for key in ("prompt_len", "output_len"):
+        v = obj[key]
+        if not _is_int(v) or v < 1:
+            raise UserError(f"{where(path, lineno, key)}: expected an integer >= 1, got {v!r}")
+    ids = obj.get("prompt_token_ids")
+    if ids is not None:
+        if not isinstance(ids, list) or not all(_is_int(t) and t >= 0 for t in ids):
+            raise UserError(f"{where(path, lineno, 'prompt_token_ids')}: expected a list of "
+                            "non-negative integers")
+        if len(ids) != obj["prompt_len"]:
+            raise UserError(f"{where(path, lineno, 'prompt_token_ids')}: has {len(ids)} tokens "
+                            f"but prompt_len is {obj['prompt_len']}")
+    accepted = obj.get("accepted")
+    if accepted is not None:
+        if not isinstance(accepted, list) or not all(_is_int(a) and a >= 0 for a in accepted):
+            raise UserError(f"{where(path, lineno, 'accepted')}: expected a list of "
+                            "non-negative integers (accepted drafts per decode step)")
+    category = obj.get("category")
+    if category is not None and not isinstance(category, str):
+        raise UserError(f"{where(path, lineno, 'category')}: expected a string, got {category!r}")
+    return TraceRequest(str(rid), float(arrival), obj["prompt_len"], obj["output_len"],
+                        ids, accepted, category)
+
+
+def load_trace(path) -> list[TraceRequest]:
+    """Read a workload trace (JSON lines). Blank lines are skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: trace file not found")
+    requests, seen = [], {}
+    with path.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{where(path, lineno)}: not valid JSON ({e.msg}, column "
+                                f"{e.colno})") from None
+            req = parse_trace_line(obj, path, lineno)
+            if req.request_id in seen:
+                raise UserError(f"{where(path, lineno, 'request_id')}: duplicate id "
+                                f"{req.request_id!r} (first on line {seen[req.request_id]})")
+            seen[req.request_id] = lineno
+            requests.append(req)
+    if not requests:
+        raise UserError(f"{path}: the trace holds no requests")
+    return requests
+
+
+def save_trace(path, requests: Iterable[TraceRequest]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for r in requests:
+            f.write(json.dumps(r.to_dict()) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Timelines
+
+
+class Span(NamedTuple):
+    """One op on one lane: `{"lane", "op", "step", "start_us", "end_us", "args"}`."""
+
+    lane: str
+    op: str
+    step: int
+    start_us: float
+    end_us: float
+    args: dict | None = None
+
+    def to_dict(self) -> dict:
+        return {"lane": self.lane, "op": self.op, "step": self.step,
+                "start_us": round(self.start_us, 3), "end_us": round(self.end_us, 3),
+                "args": self.args or {}}
+
+
+def save_timeline(path, spans: Iterable[Span]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for s in spans:
+            f.write(json.dumps(s.to_dict()) + "\n")
+
+
+def load_timeline(path) -> list[Span]:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: timeline file not found")
+    spans = []
+    with path.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                span = Span(d["lane"], d["op"], int(d["step"]), float(d["start_us"]),
+                            float(d["end_us"]), d.get("args") or {})
+            except json.JSONDecodeError as e:
+                raise UserError(f"{where(path, lineno)}: not valid JSON ({e.msg})") from None
+            except KeyError as e:
+                raise UserError(f"{where(path, lineno, e.args[0])}: missing") from None
+            except (TypeError, ValueError):
+                raise UserError(f"{where(path, lineno)}: step, start_us and end_us must be "
+                                "numbers") from None
+            if span.lane not in OPS:
+                raise UserError(f"{where(path, lineno, 'lane')}: unknown lane {span.lane!r} "
+                                f"(expected one of {', '.join(LANES)})")
+            spans.append(span)
+    return spans
+
+
+def chrome_trace(spans: Iterable[Span], process_name: str = "stepgap") -> dict:
+    """Chrome-trace / Perfetto JSON: one thread per lane, one complete ("X") event per span."""
+    tid = {lane: i + 1 for i, lane in enumerate(LANES)}
+    events = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": process_name}}]
+    events += [{"ph": "M", "name": "thread_name", "pid": 1, "tid": t, "args": {"name": lane}}
+               for lane, t in tid.items()]
+    for s in spans:
+        events.append({"name": s.op, "cat": s.lane, "ph": "X", "pid": 1, "tid": tid[s.lane],
+                       "ts": round(s.start_us, 3), "dur": round(s.end_us - s.start_us, 3),
+                       "args": {"step": s.step, **(s.args or {})}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def save_chrome_trace(path, spans: Iterable[Span], process_name: str = "stepgap") -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(chrome_trace(spans, process_name)))
+
+
+def step_gaps(spans: Iterable[Span]) -> list[float]:
+    """Device idle time before each step, in microseconds (DESIGN.md §2).
+
+    The gap of step N+1 is the start of its first device op minus the end of step N's last device
+    op, taken between consecutive steps that have device ops. Overlap counts as no gap (0).
+    """
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    for s in spans:
+        if s.lane != "device":
+            continue
+        if s.step not in first or s.start_us < first[s.step]:
+            first[s.step] = s.start_us
+        if s.step not in last or s.end_us > last[s.step]:
+            last[s.step] = s.end_us
+    steps = sorted(first)
+    return [max(0.0, first[b] - last[a]) for a, b in zip(steps, steps[1:])]
+
+
+def gap_summary(gaps_us: list[float], detailed: bool = False) -> dict:
+    """Summary of a step-gap distribution (microseconds)."""
+    if not gaps_us:
+        return {"count": 0}
+    g = np.asarray(gaps_us, dtype=float)
+    out = {"count": int(g.size), "mean_us": float(g.mean()), "median_us": float(np.median(g)),
+           "p90_us": float(np.percentile(g, 90)), "p99_us": float(np.percentile(g, 99)),
+           "max_us": float(g.max())}
+    if detailed:
+        out["values_us"] = [round(float(x), 3) for x in g]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics, as `vllm bench serve` computes them
+
+
+@dataclass(slots=True)
+class RequestTiming:
+    """What the client saw of one request: when it was sent, and each streamed chunk."""
+
+    request_id: str
+    prompt_len: int
+    send_s: float
+    chunk_s: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def output_len(self) -> int:
+        return sum(self.chunk_tokens)
+
+    def add_chunk(self, t_s: float, num_tokens: int) -> None:
+        self.chunk_s.append(t_s)
+        self.chunk_tokens.append(num_tokens)
+
+
+def _pkey(p: float) -> str:
+    return str(int(p)) if float(p).is_integer() else str(p)
+
+
+def compute_metrics(timings: list[RequestTiming], duration_s: float,
+                    percentiles: Iterable[float] = PERCENTILES) -> dict:
+    """The metric keys of `vllm bench serve --save-result`, computed its way.
+
+    TTFT = first chunk - send; ITL = gaps between chunks; E2EL = last chunk - send;
+    TPOT = (E2EL - TTFT) / (output_len - 1) for requests with more than one token.
+    Mean, median, std (population) and percentiles in milliseconds.
+    """
+    done = [t for t in timings if t.chunk_s]
+    ttfts = [t.chunk_s[0] - t.send_s for t in done]
+    e2els = [t.chunk_s[-1] - t.send_s for t in done]
+    itls = [b - a for t in done for a, b in zip(t.chunk_s, t.chunk_s[1:])]
+    tpots = [(e - f) / (t.output_len - 1) for t, f, e in zip(done, ttfts, e2els)
+             if t.output_len > 1]
+    total_in = sum(t.prompt_len for t in done)
+    total_out = sum(t.output_len for t in done)
+    dur = max(duration_s, 1e-12)
+    out = {
+        "duration": duration_s, "completed": len(done), "failed": len(timings) - len(done),
+        "total_input_tokens": total_in, "total_output_tokens": total_out,
+        "request_throughput": len(done) / dur, "output_throughput": total_out / dur,
+        "total_token_throughput": (total_in + total_out) / dur,
+    }
+    for name, values in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
+        v = np.asarray(values or [0.0], dtype=float) * 1000.0
+        out[f"mean_{name}_ms"] = float(v.mean())
+        out[f"median_{name}_ms"] = float(np.median(v))
+        out[f"std_{name}_ms"] = float(v.std())
+        for p in percentiles:
+            out[f"p{_pkey(p)}_{name}_ms"] = float(np.percentile(v, p))
+    return out
+
+
+class SpecStats:
+    """Acceptance statistics, counted as vLLM's SpecDecodingStats counts them."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.num_drafts = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.accepted_per_pos = [0] * k
+
+    def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
+        if num_draft_tokens <= 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        for i in range(num_accepted):
+            self.accepted_per_pos[i] += 1
+
+    def to_dict(self) -> dict:
+        n = max(self.num_drafts, 1)
+        return {
+            "k": self.k, "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "acceptance_length": 1.0 + self.num_accepted_tokens / n,
+            "acceptance_rate": self.num_accepted_tokens / max(self.num_draft_tokens, 1),
+            "acceptance_rate_per_pos": [c / n for c in self.accepted_per_pos],
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Run results
+
+
+def run_result(timings: list[RequestTiming], duration_s: float, *, backend: str,
+               config: dict, gaps_us: list[float] | None = None,
+               spec: SpecStats | None = None, detailed: bool = False,
+               percentiles: Iterable[float] = PERCENTILES) -> dict:
+    """One run's result: `vllm bench serve` keys plus `step_gaps`, `spec_decode` and `config`.
+
+    With `detailed`, the per-request lists (`request_ids`, `input_lens`, `output_lens`, `ttfts`,
+    `itls`, in seconds as vLLM writes them) and every step gap are included too.
+    """
+    res = {"backend": backend, "num_prompts": len(timings),
+           "request_rate": config.get("request_rate", "inf"),
+           "burstiness": config.get("burstiness", 1.0),
+           "max_concurrency": config.get("max_concurrency")}
+    res.update(compute_metrics(timings, duration_s, percentiles))
+    res["step_gaps"] = gap_summary(gaps_us or [], detailed=detailed)
+    if spec is not None:
+        res["spec_decode"] = spec.to_dict()
+    res["config"] = config
+    if detailed:
+        res["request_ids"] = [t.request_id for t in timings]
+        res["input_lens"] = [t.prompt_len for t in timings]
+        res["output_lens"] = [t.output_len for t in timings]
+        res["ttfts"] = [t.chunk_s[0] - t.send_s if t.chunk_s else 0.0 for t in timings]
+        res["itls"] = [[b - a for a, b in zip(t.chunk_s, t.chunk_s[1:])] for t in timings]
+        res["chunk_tokens"] = [t.chunk_tokens for t in timings]
+    return res
+
+
+def _jsonable(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return "inf" if x > 0 else ("-inf" if x < 0 else "nan")
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    return x
+
+
+def save_result(path, result: dict) -> None:
+    """Write a run result. Same input, same bytes: keys keep their order, floats their repr."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_jsonable(result), indent=1) + "\n")
+
+
+REQUIRED_RESULT_KEYS = ("completed", "duration", "mean_tpot_ms", "mean_itl_ms", "mean_ttft_ms")
+
+
+def load_result(path) -> dict:
+    """Read a run result of stepgap, or one saved by `vllm bench serve --save-result`.
+
+    Missing `step_gaps`, `spec_decode` and `config` are tolerated (vLLM does not write them).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: result file not found")
+    try:
+        res = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(res, dict):
+        raise UserError(f"{path}: expected a JSON object (a run result)")
+    for key in REQUIRED_RESULT_KEYS:
+        if key not in res:
+            raise UserError(f"{where(path, field=key)}: missing; is this a run result of "
+                            "stepgap or of `vllm bench serve --save-result`?")
+    res.setdefault("step_gaps", {"count": 0})
+    res.setdefault("config", {})
+    return res
+
+
+def format_summary(res: dict, title: str = "Serving Benchmark Result") -> str:
+    """A printed summary in the layout of `vllm bench serve`."""
+    lines = [f"{' ' + title + ' ':=^50}"]
+
+    def row(label, value, fmt="{:<10.2f}"):
+        lines.append("{:<40} ".format(label) + (fmt.format(value) if value is not None else "-"))
+
+    row("Successful requests:", res.get("completed"), "{:<10}")
+    if res.get("max_concurrency") is not None:
+        row("Maximum request concurrency:", res["max_concurrency"], "{:<10}")
+    row("Benchmark duration (s):", res.get("duration"))
+    row("Total input tokens:", res.get("total_input_tokens"), "{:<10}")
+    row("Total generated tokens:", res.get("total_output_tokens"), "{:<10}")
+    row("Request throughput (req/s):", res.get("request_throughput"))
+    row("Output token throughput (tok/s):", res.get("output_throughput"))
+    row("Total Token throughput (tok/s):", res.get("total_token_throughput"))
+    sections = (("ttft", "Time to First Token", "TTFT"),
+                ("tpot", "Time per Output Token (excl. 1st token)", "TPOT"),
+                ("itl", "Inter-token Latency", "ITL"), ("e2el", "End-to-end Latency", "E2EL"))
+    for key, head, short in sections:
+        lines.append(f"{head:-^50}")
+        row(f"Mean {short} (ms):", res.get(f"mean_{key}_ms"))
+        row(f"Median {short} (ms):", res.get(f"median_{key}_ms"))
+        for k in sorted(res):
+            if k.startswith("p") and k.endswith(f"_{key}_ms"):
+                row(f"P{k[1:-len(key) - 4]} {short} (ms):", res[k])
+    spec = res.get("spec_decode")
+    if spec and spec.get("num_drafts"):
+        lines.append(f"{'Speculative Decoding':-^50}")
+        row("Acceptance rate (%):", 100 * spec["acceptance_rate"])
+        row("Acceptance length:", spec["acceptance_length"])
+        row("Drafts:", spec["num_drafts"], "{:<10}")
+        row("Draft tokens:", spec["num_draft_tokens"], "{:<10}")
+        row("Accepted tokens:", spec["num_accepted_tokens"], "{:<10}")
+        per_pos = ", ".join(f"{100 * r:.1f}" for r in spec["acceptance_rate_per_pos"])
+        lines.append("{:<40} {}".format("Per-position acceptance (%):", per_pos))
+    gaps = res.get("step_gaps") or {}
+    if gaps.get("count"):
+        lines.append(f"{'Step gaps (device idle)':-^50}")
+        row("Steps:", gaps["count"] + 1, "{:<10}")
+        row("Mean step gap (us):", gaps["mean_us"])
+        row("Median step gap (us):", gaps["median_us"])
+        row("P90 step gap (us):", gaps["p90_us"])
+        row("P99 step gap (us):", gaps["p99_us"])
+    lines.append("=" * 50)
+    return "\n".join(lines)

@@ -1,0 +1,302 @@
+"""The vLLM V1 scheduler: continuous batching with speculative tokens, shared by both halves.
+
+The simulator and the engine run this same code, so that they batch, chunk, admit and preempt
+identically and differ only in how time passes. It follows vLLM V1 (`vllm/v1/core/sched/`):
+
+- No prefill or decode phase. Each request has `num_computed_tokens` and a target: its known
+  tokens plus draft tokens (plus, under async scheduling, placeholders for tokens in flight).
+  Each step gives every running request the tokens it lacks, then admits waiting requests FCFS,
+  within `max_num_seqs` and a `max_num_batched_tokens` budget that chunks long prefills.
+- KV blocks of `block_size` tokens from a fixed pool, allocated with `k` lookahead slots for the
+  drafter. When the pool runs dry the newest running request is preempted by recompute: its
+  blocks are freed and it goes back to the head of the waiting queue.
+- Async scheduling (`async_scheduling=True`, for the `async` and `zero-bubble` modes): step N+1
+  is scheduled before step N's output is known. A decoding request counts 1 + k placeholder
+  output tokens and k placeholder drafts, optimistically; when step N's output arrives, the
+  rejected drafts are taken back from both `num_computed_tokens` and the placeholders. A request
+  is skipped only when its in-flight step surely finishes it (even if every draft is rejected),
+  so one extra step may be scheduled for a request that has in fact finished; that step's tokens
+  are discarded, never emitted.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from stepgap.errors import UserError
+
+WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: str
+    num_prompt_tokens: int
+    max_tokens: int
+    prompt_token_ids: list[int] | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_output_placeholders: int = 0  # async: tokens of in-flight steps, not yet on the host
+    num_spec_tokens: int = 0          # draft tokens waiting to be verified (placeholders if async)
+    block_ids: list[int] = field(default_factory=list)
+    status: str = WAITING
+    num_preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + len(self.output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def token_ids(self) -> list[int]:
+        """Prompt and output tokens: what a recompute after preemption runs over."""
+        return (self.prompt_token_ids or []) + self.output_token_ids
+
+
+@dataclass(slots=True)
+class Scheduled:
+    """One request's share of a step."""
+
+    request: Request
+    num_new_tokens: int
+    num_spec: int      # draft tokens among num_new_tokens, verified this step
+    start: int         # num_computed_tokens before this step (optimistic under async)
+    samples: bool      # the chunk reaches the end of the known tokens: it yields 1 + accepted
+    fresh: bool        # the worker holds no state for it: new, or resumed after preemption
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    step: int
+    scheduled: list[Scheduled]
+    preempted: list[str]   # preempted in this schedule(): the worker drops their state
+    finished: list[str]    # finished since the previous schedule(): likewise
+    num_batched_tokens: int
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.scheduled)
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    num_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 2048
+    num_spec_tokens: int = 0        # k
+    async_scheduling: bool = False
+
+    def __post_init__(self):
+        for f in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
+                  "max_model_len"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v < 1:
+                raise UserError(f"scheduler: {f} must be an integer >= 1, got {v!r}")
+        if not isinstance(self.num_spec_tokens, int) or self.num_spec_tokens < 0:
+            raise UserError(f"scheduler: k (num_spec_tokens) must be an integer >= 0, "
+                            f"got {self.num_spec_tokens!r}")
+        if self.max_num_batched_tokens < 1 + self.num_spec_tokens:
+            raise UserError(f"scheduler: max_num_batched_tokens ({self.max_num_batched_tokens}) "
+                            f"must hold at least 1 + k = {1 + self.num_spec_tokens} tokens")
+
+
+class BlockPool:
+    """A free list of KV block ids, allocated from the front, freed to the back."""
+
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self.free_ids = deque(range(num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_ids)
+
+    def allocate(self, n: int) -> list[int]:
+        return [self.free_ids.popleft() for _ in range(n)]
+
+    def free(self, ids: list[int]) -> None:
+        self.free_ids.extend(ids)
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig):
+        self.cfg = cfg
+        self.k = cfg.num_spec_tokens
+        self.pool = BlockPool(cfg.num_blocks)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.step = 0
+        self._finished_ids: list[str] = []
+        self.num_preemptions = 0
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add_request(self, req: Request) -> None:
+        total = req.num_prompt_tokens + req.max_tokens
+        if total > self.cfg.max_model_len:
+            raise UserError(f"request {req.request_id!r}: prompt_len + output_len = {total} "
+                            f"exceeds max_model_len {self.cfg.max_model_len}")
+        need = cdiv(total + self.k, self.cfg.block_size)
+        if need > self.cfg.num_blocks:
+            raise UserError(f"request {req.request_id!r} needs {need} KV blocks but the cache "
+                            f"holds {self.cfg.num_blocks}")
+        if req.request_id in self.requests:
+            raise UserError(f"request id {req.request_id!r} is already in the scheduler")
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    # -- schedule ---------------------------------------------------------------------------
+
+    def _allocate(self, req: Request, num_new: int, lookahead: int) -> bool:
+        need = cdiv(req.num_computed_tokens + num_new + lookahead, self.cfg.block_size) \
+            - len(req.block_ids)
+        if need <= 0:
+            return True
+        if need > self.pool.num_free:
+            return False
+        req.block_ids += self.pool.allocate(need)
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.pool.free(req.block_ids)
+        req.block_ids = []
+        req.num_computed_tokens = 0
+        req.num_spec_tokens = 0
+        req.status = WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _take(self, req: Request, num_new: int, fresh: bool) -> Scheduled:
+        """Count a scheduled chunk into the request's state (vLLM's _update_after_schedule)."""
+        start = req.num_computed_tokens
+        placeholders = req.num_output_placeholders
+        num_spec = min(req.num_spec_tokens,
+                       max(0, start + num_new - req.num_tokens - placeholders))
+        samples = start + num_new >= req.num_tokens + placeholders
+        req.num_computed_tokens = start + num_new
+        if self.cfg.async_scheduling and samples:
+            req.num_output_placeholders += 1 + num_spec
+            req.num_spec_tokens = self.k
+        else:
+            req.num_spec_tokens = 0
+        return Scheduled(req, num_new, num_spec, start, samples, fresh)
+
+    def schedule(self) -> SchedulerOutput:
+        cfg = self.cfg
+        budget = cfg.max_num_batched_tokens
+        scheduled: list[Scheduled] = []
+        preempted: list[str] = []
+
+        # Running requests first, in order.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            p = req.num_output_placeholders
+            if p and req.num_computed_tokens + 2 - p >= req.num_prompt_tokens + req.max_tokens:
+                i += 1  # the in-flight step finishes it even if every draft is rejected
+                continue
+            num_new = req.num_tokens + req.num_spec_tokens + p - req.num_computed_tokens
+            num_new = min(num_new, budget, cfg.max_model_len - 1 - req.num_computed_tokens)
+            if num_new <= 0:
+                i += 1
+                continue
+            while not self._allocate(req, num_new, self.k):
+                victim = self.running.pop()  # FCFS: the newest request goes first
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is req:
+                    break
+            if req.status != RUNNING:
+                break
+            scheduled.append(self._take(req, num_new, fresh=False))
+            budget -= num_new
+            i += 1
+
+        # Then waiting requests, FCFS, unless this step had to preempt.
+        while not preempted and self.waiting and budget > 0 \
+                and len(self.running) < cfg.max_num_seqs:
+            req = self.waiting[0]
+            if req.num_output_placeholders:
+                break  # preempted with a step in flight: resume once its tokens have landed
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            lookahead = self.k if num_new == req.num_tokens - req.num_computed_tokens else 0
+            if not self._allocate(req, num_new, lookahead):
+                break  # admission control: wait for blocks rather than preempt for a newcomer
+            self.waiting.popleft()
+            fresh = req.num_computed_tokens == 0
+            req.status = RUNNING
+            self.running.append(req)
+            scheduled.append(self._take(req, num_new, fresh=fresh))
+            budget -= num_new
+
+        finished = []
+        if scheduled:  # an empty step is not launched: its news waits for the next one
+            finished, self._finished_ids = self._finished_ids, []
+        out = SchedulerOutput(self.step, scheduled, preempted, finished,
+                              cfg.max_num_batched_tokens - budget)
+        self.step += 1
+        return out
+
+    # -- update -----------------------------------------------------------------------------
+
+    def update_from_output(self, out: SchedulerOutput,
+                           sampled: dict[str, list[int]]) -> list[tuple[Request, list[int], bool]]:
+        """Apply one step's sampled tokens (1 + accepted per sampling request).
+
+        Returns the chunks to stream, as (request, new token ids, finished). Tokens of a request
+        that finished before this step's output arrived are discarded.
+        """
+        async_ = self.cfg.async_scheduling
+        emitted = []
+        for s in out.scheduled:
+            req = s.request
+            if req.status == FINISHED or not s.samples:
+                continue
+            ids = sampled[req.request_id]
+            if s.num_spec:
+                rejected = s.num_spec - (len(ids) - 1)
+                if req.status == RUNNING:  # a preempted request was already reset to 0
+                    req.num_computed_tokens -= rejected
+                if async_:
+                    req.num_output_placeholders -= rejected
+            new = ids[:req.max_tokens - len(req.output_token_ids)]
+            req.output_token_ids += new
+            if async_:
+                req.num_output_placeholders -= len(ids)
+            done = len(req.output_token_ids) >= req.max_tokens
+            if done:
+                self._finish(req)
+            elif not async_ and req.status == RUNNING:
+                req.num_spec_tokens = self.k  # the worker drafted k tokens after sampling
+            emitted.append((req, new, done))
+        return emitted
+
+    def _finish(self, req: Request) -> None:
+        if req.status == RUNNING:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
+        req.status = FINISHED
+        self.pool.free(req.block_ids)
+        req.block_ids = []
+        req.num_output_placeholders = 0
+        del self.requests[req.request_id]
+        self._finished_ids.append(req.request_id)

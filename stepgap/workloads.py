@@ -1,0 +1,224 @@
+"""Workloads and the load generator, with the semantics of `vllm bench serve`.
+
+Built-in workloads (documented and justified in docs/workloads.md):
+
+- `mtbench`: 80 prompts in MT-bench's eight categories, ten each, output 256 tokens;
+- `sharegpt`: a ShareGPT-like length mix (log-normal prompt and output lengths).
+
+The load generator sends each request at its arrival time and holds at most `max_concurrency`
+in flight, as the benchmark client does with its semaphore. `--request-rate` replaces the trace's
+arrival times with a gamma process (Poisson when burstiness is 1), rescaled so that the last
+arrival lands at num_prompts / rate, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections import deque
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from stepgap.errors import UserError
+from stepgap.formats import TraceRequest, load_trace
+
+# MT-bench first-turn prompts per category, in Llama-3 tokens after the Llama-3.1 chat template
+# (its system header with the knowledge and current dates adds about 36 tokens). See
+# docs/workloads.md for where these come from.
+MTBENCH_CATEGORIES = {
+    "writing": 76, "roleplay": 98, "reasoning": 88, "math": 84,
+    "coding": 92, "extraction": 214, "stem": 72, "humanities": 78,
+}
+MTBENCH_SIGMA = 0.3  # log-normal spread of prompt length within a category
+
+
+def mtbench_like(num_prompts: int = 80, output_len: int = 256, seed: int = 0) -> list[TraceRequest]:
+    """An MT-bench-like trace: categories in turn, ten prompts each for the default 80."""
+    rng = np.random.default_rng(seed)
+    cats = list(MTBENCH_CATEGORIES)
+    per_cat = max(1, math.ceil(num_prompts / len(cats)))
+    out = []
+    for i in range(num_prompts):
+        cat = cats[(i // per_cat) % len(cats)]
+        mean = MTBENCH_CATEGORIES[cat]
+        mu = math.log(mean) - MTBENCH_SIGMA ** 2 / 2
+        plen = int(np.clip(round(rng.lognormal(mu, MTBENCH_SIGMA)), 40, 1024))
+        out.append(TraceRequest(f"mtbench-{i}", 0.0, plen, output_len, category=cat))
+    return out
+
+
+# ShareGPT (the vLLM benchmark's ShareGPT_V3 mix): mean prompt about 161 and mean output about
+# 338 tokens, as the vLLM paper reports for it; long right tails.
+SHAREGPT_PROMPT = (161.0, 1.0)   # (mean, log-normal sigma)
+SHAREGPT_OUTPUT = (338.0, 0.9)
+SHAREGPT_MAX_LEN = 1024
+
+
+def sharegpt_like(num_prompts: int = 1000, output_len: int | None = None,
+                  seed: int = 0) -> list[TraceRequest]:
+    """A ShareGPT-like length mix. `output_len`, when given, fixes every output length."""
+    rng = np.random.default_rng(seed)
+
+    def draw(mean, sigma):
+        v = rng.lognormal(math.log(mean) - sigma ** 2 / 2, sigma, num_prompts)
+        return np.clip(np.round(v), 4, SHAREGPT_MAX_LEN).astype(int)
+
+    prompts, outputs = draw(*SHAREGPT_PROMPT), draw(*SHAREGPT_OUTPUT)
+    return [TraceRequest(f"sharegpt-{i}", 0.0, int(p), output_len or int(o))
+            for i, (p, o) in enumerate(zip(prompts, outputs))]
+
+
+BUILTIN = {"mtbench": mtbench_like, "sharegpt": sharegpt_like}
+
+
+def load_workload(spec: str, num_prompts: int | None = None, output_len: int | None = None,
+                  seed: int = 0) -> list[TraceRequest]:
+    """A built-in workload by name, or a trace file in the DESIGN.md format.
+
+    `num_prompts` takes the first N requests of a file (cycling if it holds fewer, as the
+    benchmark oversamples), and `output_len` overrides every request's output length.
+    """
+    if spec in BUILTIN:
+        kwargs = {"seed": seed}
+        if num_prompts is not None:
+            kwargs["num_prompts"] = num_prompts
+        if output_len is not None:
+            kwargs["output_len"] = output_len
+        return BUILTIN[spec](**kwargs)
+    if not Path(spec).exists():
+        raise UserError(f"unknown workload {spec!r}: expected one of {', '.join(BUILTIN)} "
+                        "or a trace file (JSON lines)")
+    reqs = load_trace(spec)
+    if num_prompts is not None:
+        base = reqs
+        reqs = [base[i % len(base)] if i < len(base) else
+                replace(base[i % len(base)], request_id=f"{base[i % len(base)].request_id}#{i}")
+                for i in range(num_prompts)]
+    if output_len is not None:
+        reqs = [replace(r, output_len=output_len, accepted=None) for r in reqs]
+    return reqs
+
+
+def arrival_times(n: int, request_rate: float, burstiness: float = 1.0,
+                  seed: int = 0) -> list[float]:
+    """Send times of `vllm bench serve`: gamma intervals (shape = burstiness, mean = 1/rate),
+    rescaled so the last arrival is at n / rate. An infinite rate sends everything at once."""
+    if not request_rate > 0:
+        raise UserError(f"--request-rate must be > 0 (or inf), got {request_rate}")
+    if not burstiness > 0:
+        raise UserError(f"--burstiness must be > 0, got {burstiness}")
+    if math.isinf(request_rate):
+        return [0.0] * n
+    if math.isinf(burstiness):
+        delays = np.full(n, 1.0 / request_rate)
+    else:
+        rng = np.random.default_rng(seed)
+        delays = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=n)
+    t = np.cumsum(delays)
+    if t[-1] > 0:
+        t *= (n / request_rate) / t[-1]
+    return [float(x) for x in t]
+
+
+def apply_request_rate(reqs: list[TraceRequest], request_rate: float | None,
+                       burstiness: float = 1.0, seed: int = 0) -> list[TraceRequest]:
+    """Replace arrival times by the rate's (None keeps the trace's own arrival times)."""
+    if request_rate is None:
+        return sorted(reqs, key=lambda r: r.arrival_s)
+    times = arrival_times(len(reqs), request_rate, burstiness, seed)
+    return [replace(r, arrival_s=t) for r, t in zip(reqs, times)]
+
+
+class LoadGenerator:
+    """The benchmark client: sends requests in arrival order, at most `max_concurrency` at once.
+
+    A request is sent at max(its arrival time, the time a slot frees), in order; its TTFT and
+    E2EL are measured from that send time, as `vllm bench serve` measures them.
+    """
+
+    def __init__(self, requests: list[TraceRequest], max_concurrency: int | None = None):
+        if max_concurrency is not None and max_concurrency < 1:
+            raise UserError(f"--max-concurrency must be >= 1, got {max_concurrency}")
+        self.pending = deque(sorted(requests, key=lambda r: r.arrival_s))
+        self.max_concurrency = max_concurrency
+        self.in_flight = 0
+
+    def _slot_free(self) -> bool:
+        return self.max_concurrency is None or self.in_flight < self.max_concurrency
+
+    def next_arrival(self) -> float | None:
+        """Arrival time of the next request that could be sent now, or None if none can."""
+        if self.pending and self._slot_free():
+            return self.pending[0].arrival_s
+        return None
+
+    def pop_due(self, now: float) -> list[TraceRequest]:
+        """Send every request that has arrived by `now`, while slots are free."""
+        sent = []
+        while self.pending and self._slot_free() and self.pending[0].arrival_s <= now:
+            sent.append(self.pending.popleft())
+            self.in_flight += 1
+        return sent
+
+    def complete(self) -> None:
+        """A request's last chunk arrived: its slot is free."""
+        self.in_flight -= 1
+
+    @property
+    def done(self) -> bool:
+        return not self.pending and self.in_flight == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The load options shared by `stepgap simulate` and `stepgap run`
+
+
+def rate_arg(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'inf', got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 (or inf), got {text}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def add_load_args(p: argparse.ArgumentParser, default_workload: str = "mtbench") -> None:
+    g = p.add_argument_group("workload and load (as `vllm bench serve`)")
+    g.add_argument("--trace", "--workload", dest="trace", default=None, metavar="NAME|FILE",
+                   help=f"built-in workload ({', '.join(BUILTIN)}) or a trace file of JSON lines "
+                        f"{{request_id, arrival_s, prompt_len, output_len}} "
+                        f"(default: {default_workload})")
+    g.add_argument("--num-prompts", type=positive_int, default=None,
+                   help="number of requests (default: the workload's own; 80 for mtbench)")
+    g.add_argument("--output-len", type=positive_int, default=None,
+                   help="override every request's output length (tokens; ignore_eos)")
+    g.add_argument("--request-rate", type=rate_arg, default=None, metavar="RPS",
+                   help="requests per second, or inf to send all at once; default: the trace's "
+                        "own arrival times (built-in workloads: inf)")
+    g.add_argument("--burstiness", type=rate_arg, default=1.0,
+                   help="gamma shape of inter-arrival times: 1 is Poisson, <1 burstier, "
+                        ">1 more uniform (default 1)")
+    g.add_argument("--max-concurrency", type=positive_int, default=None,
+                   help="most requests in flight at once, as the benchmark client's semaphore "
+                        "(default: unlimited)")
+    g.add_argument("--seed", type=int, default=0, help="seed for workloads, arrivals and "
+                   "sampling (default 0)")
+
+
+def workload_from_args(args, default_workload: str = "mtbench") -> list[TraceRequest]:
+    reqs = load_workload(args.trace or default_workload, args.num_prompts, args.output_len,
+                         args.seed)
+    return apply_request_rate(reqs, args.request_rate, args.burstiness, args.seed)
