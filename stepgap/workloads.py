@@ -25,13 +25,14 @@ from stepgap.errors import UserError
 from stepgap.formats import TraceRequest, load_trace
 
 # MT-bench first-turn prompts per category, in Llama-3 tokens after the Llama-3.1 chat template
-# (its system header with the knowledge and current dates adds about 36 tokens). See
-# docs/workloads.md for where these come from.
+# (its system header with the knowledge and current dates adds about 36 tokens): means of the
+# ten questions of each category of FastChat's question.jsonl, counted with Llama-3's
+# pre-tokenizer pattern (docs/sim.md, "Workloads", says how).
 MTBENCH_CATEGORIES = {
-    "writing": 76, "roleplay": 98, "reasoning": 88, "math": 84,
-    "coding": 92, "extraction": 214, "stem": 72, "humanities": 78,
+    "writing": 79, "roleplay": 100, "reasoning": 97, "math": 77,
+    "coding": 77, "extraction": 254, "stem": 75, "humanities": 59,
 }
-MTBENCH_SIGMA = 0.3  # log-normal spread of prompt length within a category
+MTBENCH_SIGMA = 0.3  # log-normal spread within a category (0.29 pooled over the questions)
 
 
 def mtbench_like(num_prompts: int = 80, output_len: int = 256, seed: int = 0) -> list[TraceRequest]:

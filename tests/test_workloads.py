@@ -66,3 +66,14 @@ def test_trace_file_workload_cycles_and_overrides(tmp_path):
 def test_unknown_workload_is_named():
     with pytest.raises(UserError, match="unknown workload 'nope'"):
         load_workload("nope")
+
+
+def test_mtbench_like_prompt_lengths_follow_the_question_set():
+    # Category means estimated from MT-bench's first turns plus the Llama-3.1 chat template.
+    reqs = mtbench_like(num_prompts=8000)
+    by_cat = {}
+    for r in reqs:
+        by_cat.setdefault(r.category, []).append(r.prompt_len)
+    means = {c: sum(v) / len(v) for c, v in by_cat.items()}
+    assert max(means, key=means.get) == "extraction" and min(means, key=means.get) == "humanities"
+    assert 95 < sum(r.prompt_len for r in reqs) / len(reqs) < 110

@@ -1,0 +1,140 @@
+"""How many drafts the target accepts: per-position rates with per-request variation, or replay.
+
+Rates are vLLM's per-position acceptance rates: the fraction of drafts whose position i was
+accepted, so they are cumulative and non-increasing. Sampling uses the conditional rates
+c_i = r_i / r_{i-1}: position i is accepted with probability c_i once position i-1 was.
+
+Requests differ: on MT-bench, code and extraction are easy to draft, creative writing is not.
+Each request gets a quality z ~ N(0, spread) that shifts every conditional rate on the logit
+scale, logit(c_i,r) = logit(c_i) + z_r. The z_r are stratified (the normal quantiles of the
+request count, in a seeded order), so a run of 80 requests holds the same spread of qualities
+whatever the seed. The profile's rates are thus those of the median request. docs/sim.md says
+where the `mtbench` numbers come from.
+
+Replay: a trace line's `accepted` list gives the accepted count of each decode step of that
+request, in order; the i-th decode step with drafts uses accepted[i], clipped to the drafts it
+verified. Past the end of the list the rates take over.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+from stepgap.errors import UserError
+from stepgap.formats import TraceRequest
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptanceProfile:
+    name: str
+    rates: tuple[float, ...]   # cumulative per-position acceptance (vLLM's definition)
+    spread: float = 0.0        # std of the per-request logit shift
+    source: str = ""
+
+    def __post_init__(self):
+        rates = tuple(self.rates)
+        object.__setattr__(self, "rates", rates)
+        if not rates:
+            raise UserError(f"acceptance profile {self.name!r}: rates must not be empty")
+        prev = 1.0
+        for i, r in enumerate(rates):
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r <= 1.0:
+                raise UserError(f"acceptance rates: position {i} must be in [0, 1], got {r!r}")
+            if r > prev + 1e-12:
+                raise UserError(f"acceptance rates: position {i} ({r}) exceeds position "
+                                f"{i - 1} ({prev}); vLLM's per-position rates are cumulative, "
+                                "so they cannot increase")
+            prev = r
+        if not (isinstance(self.spread, (int, float)) and math.isfinite(self.spread)
+                and self.spread >= 0):
+            raise UserError(f"acceptance spread must be a number >= 0, got {self.spread!r}")
+
+    def conditional(self, k: int) -> list[float]:
+        """P(accept position i | position i-1 accepted), for i < k; the last rate repeats."""
+        out, prev = [], 1.0
+        for r in self.rates:
+            out.append(r / prev if prev > 0 else 0.0)
+            prev = r
+        while len(out) < k:
+            out.append(out[-1])
+        return out[:k]
+
+    def acceptance_length(self, k: int) -> float:
+        """1 + expected accepted drafts per step for the median request."""
+        return 1.0 + float(sum(np.cumprod(self.conditional(k))))
+
+
+PROFILES: dict[str, AcceptanceProfile] = {p.name: p for p in (
+    # vLLM issue #26191: Llama-3.1-8B-Instruct + yuhuili EAGLE3 head, MT-bench (80 prompts),
+    # temperature 0, k=7. The spread is fitted on the seed's sync P99 TPOT (docs/sim.md).
+    AcceptanceProfile("mtbench", (0.74, 0.54, 0.41, 0.31, 0.23, 0.17, 0.13), spread=0.47,
+                      source="vLLM #26191 (rates); spread fitted on vLLM #25872 sync P99 TPOT"),
+    AcceptanceProfile("none", (0.0,), source="every draft rejected"),
+    AcceptanceProfile("full", (1.0,), source="every draft accepted"),
+)}
+
+
+def get_profile(name: str) -> AcceptanceProfile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise UserError(f"acceptance: unknown profile {name!r} (known: {', '.join(PROFILES)}; "
+                        "or give --acceptance-rates)") from None
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1.0 - p))
+
+
+class Acceptance:
+    """Accepted draft counts for a run: drawn per request ahead of time, consumed in order."""
+
+    BLOCK = 64  # decode steps drawn at a time
+
+    def __init__(self, profile: AcceptanceProfile, k: int, requests: list[TraceRequest],
+                 seed: int, replay: bool = True):
+        self.k = k
+        self.cond = profile.conditional(k) if k else []
+        self.seed = seed
+        n = len(requests)
+        order = np.random.default_rng([seed, 2]).permutation(n)
+        nd = NormalDist()
+        self.index = {r.request_id: i for i, r in enumerate(requests)}
+        self.z = [profile.spread * nd.inv_cdf((order[i] + 0.5) / n) if profile.spread else 0.0
+                  for i in range(n)]
+        self.recorded = {r.request_id: r.accepted for r in requests
+                         if replay and r.accepted is not None}
+        self._state: dict[str, list] = {}   # request id -> [next index, counts, rng]
+
+    def rates_for(self, request_id: str) -> np.ndarray:
+        """The conditional rates of one request, after its quality shift."""
+        z = self.z[self.index[request_id]]
+        return np.array([c if c <= 0.0 or c >= 1.0 or z == 0.0 else
+                         1.0 / (1.0 + math.exp(-(_logit(c) + z))) for c in self.cond])
+
+    def _extend(self, request_id: str, state: list) -> None:
+        rng = state[2]
+        if rng is None:
+            rng = state[2] = np.random.default_rng([self.seed, 1, self.index[request_id]])
+        hits = rng.random((self.BLOCK, self.k)) < self.rates_for(request_id)
+        state[1].extend(np.cumprod(hits, axis=1).sum(axis=1).tolist())
+
+    def next(self, request_id: str, num_drafts: int) -> int:
+        """Accepted count of this request's next decode step that verified `num_drafts`."""
+        state = self._state.get(request_id)
+        if state is None:
+            state = self._state[request_id] = [0, list(self.recorded.get(request_id, ())), None]
+        i = state[0]
+        state[0] = i + 1
+        if i >= len(state[1]):
+            self._extend(request_id, state)
+        n = state[1][i]
+        return n if n < num_drafts else num_drafts
+
+    def finished(self, request_id: str) -> None:
+        """Free a finished request's draws."""
+        self._state.pop(request_id, None)

@@ -1,0 +1,207 @@
+"""A simulation's configuration: one flat dataclass, validated where it is built.
+
+`SimConfig` names everything a run needs by plain values (preset names, paths, numbers), so it
+serialises into the run result as it is. `resolve()` turns it into the objects the model runs
+on: model shapes, the hardware entry, the device and CPU cost models, the acceptance profile and
+the scheduler configuration. Every error names the field (as its command-line option).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import NamedTuple
+
+from sim.acceptance import AcceptanceProfile, get_profile
+from sim.costs import CPU_OPS, BF16, CpuCosts, OpCost, RooflineCosts
+from sim.hardware import GIB, Hardware, get_hardware
+from stepgap.errors import UserError
+from stepgap.formats import MODES
+from stepgap.modelcfg import (Eagle3Config, ModelConfig, load_draft_config,
+                              load_model_config)
+from stepgap.scheduler import SchedulerConfig
+
+WORKERS = ("inline", "process")
+DEVICES = ("async", "sync")
+RESERVED_BYTES = 2 * GIB  # CUDA context, CUDA graphs and peak activations, kept out of the KV
+
+
+def flag(name: str) -> str:
+    """The command-line option of a config field."""
+    return {"k": "-k/--num-spec-tokens", "workload": "--trace"}.get(
+        name, "--" + name.replace("_", "-"))
+
+
+def _bad(name: str, what: str, v) -> UserError:
+    return UserError(f"{flag(name)}: {what}, got {v!r}")
+
+
+@dataclass(slots=True)
+class SimConfig:
+    # scenario
+    mode: str = "sync"
+    k: int = 0
+    gpu: str = "h100"
+    model: str = "llama-3.1-8b"
+    draft: str = "eagle3"
+    worker: str = "inline"
+    device: str | None = None          # None: async for a GPU, sync for the cpu entry
+    # acceptance
+    acceptance: str = "mtbench"
+    acceptance_rates: tuple[float, ...] | None = None
+    acceptance_spread: float | None = None   # None: the profile's
+    replay: bool = True                # use a trace's recorded `accepted` lists
+    # scheduler
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 2048
+    block_size: int = 16
+    num_kv_blocks: int | None = None   # None: from device memory
+    gpu_memory_utilization: float = 0.9
+    # CPU
+    cpu_scale: float = 1.0
+    cpu_costs: dict = field(default_factory=dict)   # op -> [a, b, c] microseconds
+    launch_latency_us: float | None = None
+    wake_us: float | None = None
+    ipc_us: float | None = None
+    output_latency_ms: float = 0.0
+    # workload and load, as `vllm bench serve`
+    workload: str = "mtbench"
+    num_prompts: int | None = None
+    output_len: int | None = None
+    request_rate: float | None = None  # None: the trace's own arrival times
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    seed: int = 0
+    # output
+    detailed: bool = False
+    timeline: bool = False
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise _bad("mode", f"must be one of {', '.join(MODES)}", self.mode)
+        if self.worker not in WORKERS:
+            raise _bad("worker", f"must be one of {', '.join(WORKERS)}", self.worker)
+        if self.device is not None and self.device not in DEVICES:
+            raise _bad("device", f"must be one of {', '.join(DEVICES)}", self.device)
+        for name in ("k", "seed"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 0:
+                raise _bad(name, "must be an integer >= 0", v)
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 1:
+                raise _bad(name, "must be an integer >= 1", v)
+        for name in ("num_kv_blocks", "num_prompts", "output_len", "max_concurrency"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or v < 1):
+                raise _bad(name, "must be an integer >= 1", v)
+        if not (_is_num(self.gpu_memory_utilization) and 0 < self.gpu_memory_utilization <= 1):
+            raise _bad("gpu_memory_utilization", "must be in (0, 1]",
+                       self.gpu_memory_utilization)
+        if not (_is_num(self.cpu_scale) and self.cpu_scale >= 0):
+            raise _bad("cpu_scale", "must be a number >= 0", self.cpu_scale)
+        for name in ("launch_latency_us", "wake_us", "ipc_us", "acceptance_spread"):
+            v = getattr(self, name)
+            if v is not None and not (_is_num(v) and v >= 0):
+                raise _bad(name, "must be a number >= 0", v)
+        if not (_is_num(self.output_latency_ms) and self.output_latency_ms >= 0):
+            raise _bad("output_latency_ms", "must be a number >= 0", self.output_latency_ms)
+        if self.request_rate is not None and not (_is_num(self.request_rate, inf=True)
+                                                  and self.request_rate > 0):
+            raise _bad("request_rate", "must be > 0 (or inf)", self.request_rate)
+        if not (_is_num(self.burstiness, inf=True) and self.burstiness > 0):
+            raise _bad("burstiness", "must be > 0", self.burstiness)
+        if self.acceptance_rates is not None:
+            self.acceptance_rates = tuple(self.acceptance_rates)
+        for op, abc in self.cpu_costs.items():
+            if op not in CPU_OPS:
+                raise UserError(f"--cpu-cost: unknown op {op!r} (ops: {', '.join(CPU_OPS)})")
+            if not isinstance(abc, (list, tuple)) or not 1 <= len(abc) <= 3:
+                raise UserError(f"--cpu-cost {op}: expected A[,B[,C]] microseconds, got {abc!r}")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        if d["acceptance_rates"] is not None:
+            d["acceptance_rates"] = list(d["acceptance_rates"])
+        return d
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v, inf: bool = False) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)
+            and not math.isnan(v) and (inf or math.isfinite(v)))
+
+
+# -------------------------------------------------------------------------------------------
+# Resolution
+
+
+class Resolved(NamedTuple):
+    hw: Hardware
+    target: ModelConfig
+    draft: Eagle3Config | None
+    device_async: bool
+    device_costs: RooflineCosts
+    cpu: CpuCosts
+    profile: AcceptanceProfile
+    scheduler: SchedulerConfig
+
+
+def resolve(cfg: SimConfig) -> Resolved:
+    hw = get_hardware(cfg.gpu)
+    target = load_model_config(cfg.model)
+    draft = None
+    if cfg.k > 0:
+        draft = load_draft_config(cfg.draft, target)
+        draft.check_target(target, f"--draft {cfg.draft}")
+    device = cfg.device or ("async" if hw.kind == "gpu" else "sync")
+    return Resolved(hw, target, draft, device == "async", RooflineCosts(target, draft, hw, cfg.k),
+                    cpu_costs(cfg), acceptance_profile(cfg), scheduler_config(cfg, target, draft, hw))
+
+
+def cpu_costs(cfg: SimConfig) -> CpuCosts:
+    """The defaults times --cpu-scale; explicit latencies and op costs are taken as given."""
+    latencies = {name: getattr(cfg, name) for name in ("launch_latency_us", "wake_us", "ipc_us")
+                 if getattr(cfg, name) is not None}
+    costs = replace(CpuCosts().scaled(cfg.cpu_scale), **latencies)
+    return costs.with_ops({op: OpCost(*abc) for op, abc in cfg.cpu_costs.items()})
+
+
+def acceptance_profile(cfg: SimConfig) -> AcceptanceProfile:
+    if cfg.acceptance_rates is not None:
+        prof = AcceptanceProfile("custom", cfg.acceptance_rates, cfg.acceptance_spread or 0.0,
+                                 "--acceptance-rates")
+    else:
+        prof = get_profile(cfg.acceptance)
+        if cfg.acceptance_spread is not None:
+            prof = AcceptanceProfile(prof.name, prof.rates, cfg.acceptance_spread, prof.source)
+    return prof
+
+
+def kv_bytes_per_token(target: ModelConfig, draft: Eagle3Config | None) -> int:
+    per = target.num_layers * 2 * target.num_kv_heads * target.head_dim * BF16
+    if draft is not None:
+        per += 2 * draft.num_kv_heads * draft.head_dim * BF16
+    return per
+
+
+def scheduler_config(cfg: SimConfig, target: ModelConfig, draft: Eagle3Config | None,
+                     hw: Hardware) -> SchedulerConfig:
+    blocks = cfg.num_kv_blocks
+    if blocks is None:
+        weights = BF16 * (target.num_params + (draft.num_params if draft else 0))
+        free = hw.mem_bytes * cfg.gpu_memory_utilization - weights - RESERVED_BYTES
+        blocks = int(free // (cfg.block_size * kv_bytes_per_token(target, draft)))
+        if blocks < 1:
+            raise UserError(f"--gpu {hw.name}: the weights ({weights / 1e9:.1f} GB) leave no room "
+                            f"for a KV cache in {hw.mem_bytes * cfg.gpu_memory_utilization / 1e9:.1f}"
+                            " GB; give --num-kv-blocks or a larger --gpu-memory-utilization")
+    return SchedulerConfig(num_blocks=blocks, block_size=cfg.block_size,
+                           max_num_seqs=cfg.max_num_seqs,
+                           max_num_batched_tokens=cfg.max_num_batched_tokens,
+                           max_model_len=cfg.max_model_len, num_spec_tokens=cfg.k,
+                           async_scheduling=cfg.mode != "sync")

@@ -1,0 +1,90 @@
+"""The hardware catalog: what a device can do, for the roofline in `sim/costs.py`.
+
+Peaks are datasheet numbers (dense bf16 tensor FLOP/s, memory bandwidth; DESIGN.md §6). The
+efficiencies are the fractions of those peaks that real kernels reach, and `kernel_us` is the
+fixed cost each kernel adds (the gap between graph-launched kernels plus a memory-bound
+kernel's ramp and drain). docs/sim.md gives the source of every number and how sensitive the
+seed prediction is to each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stepgap.errors import UserError
+
+GB = 1e9
+GIB = 2 ** 30
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    name: str
+    kind: str          # "gpu": runs asynchronously to the CPU; "cpu": the worker's own cores
+    flops: float       # peak dense bf16 FLOP/s
+    mem_bw: float      # peak memory bandwidth, bytes/s
+    flop_eff: float    # fraction of `flops` a large GEMM reaches
+    bw_eff: float      # fraction of `mem_bw` a weight-streaming (GEMV-like) kernel reaches
+    kernel_us: float   # fixed cost added to every kernel, microseconds
+    d2h_us: float      # a small device-to-host copy (sampled and draft ids), microseconds
+    mem_bytes: float   # memory for weights and KV cache
+    source: str
+
+    def __post_init__(self):
+        if self.kind not in ("gpu", "cpu"):
+            raise UserError(f"hardware {self.name!r}: kind must be 'gpu' or 'cpu'")
+        for f in ("flops", "mem_bw", "mem_bytes"):
+            if not getattr(self, f) > 0:
+                raise UserError(f"hardware {self.name!r}: {f} must be > 0")
+        for f in ("flop_eff", "bw_eff"):
+            if not 0 < getattr(self, f) <= 1:
+                raise UserError(f"hardware {self.name!r}: {f} must be in (0, 1]")
+        for f in ("kernel_us", "d2h_us"):
+            if getattr(self, f) < 0:
+                raise UserError(f"hardware {self.name!r}: {f} must be >= 0")
+
+    @property
+    def flops_eff(self) -> float:
+        return self.flops * self.flop_eff
+
+    @property
+    def bw(self) -> float:
+        return self.mem_bw * self.bw_eff
+
+
+# Every GPU entry: kernel_us 2.0 (graph-launched kernels: about 1 us between kernels plus about
+# 1 us of ramp/drain for a memory-bound kernel) and d2h_us 15 (two small pinned copies over PCIe
+# or NVLink-C2C, about 7 us each with their stream synchronisation).
+CATALOG: dict[str, Hardware] = {h.name: h for h in (
+    # GDDR6 with ECC: copy bandwidth about 83% of peak (the L40S, same memory system, is
+    # validated against 0.72 TB/s = 83% of 864 GB/s); GEMV-like streaming ~96% of copy.
+    Hardware("l20", "gpu", flops=119.5e12, mem_bw=864 * GB, flop_eff=0.70, bw_eff=0.80,
+             kernel_us=2.0, d2h_us=15.0, mem_bytes=48 * GB,
+             source="NVIDIA L20 datasheet: 864 GB/s GDDR6, 119.5 TFLOP/s dense bf16, 48 GB"),
+    Hardware("a100", "gpu", flops=312e12, mem_bw=2039 * GB, flop_eff=0.75, bw_eff=0.85,
+             kernel_us=2.0, d2h_us=15.0, mem_bytes=80 * GB,
+             source="NVIDIA A100-80GB SXM datasheet: 2039 GB/s HBM2e, 312 TFLOP/s bf16"),
+    Hardware("h100", "gpu", flops=989e12, mem_bw=3350 * GB, flop_eff=0.75, bw_eff=0.85,
+             kernel_us=2.0, d2h_us=15.0, mem_bytes=80 * GB,
+             source="NVIDIA H100 SXM datasheet: 3350 GB/s HBM3, 989 TFLOP/s dense bf16"),
+    # Measured on one H200 (DESIGN.md §6): 4.3 TB/s copy (0.90), 790 TFLOP/s GEMM (0.80).
+    Hardware("h200", "gpu", flops=989e12, mem_bw=4800 * GB, flop_eff=0.80, bw_eff=0.86,
+             kernel_us=2.0, d2h_us=15.0, mem_bytes=141 * GB,
+             source="NVIDIA H200 SXM datasheet: 4800 GB/s HBM3e, 989 TFLOP/s; DESIGN.md §6"),
+    Hardware("b200", "gpu", flops=2250e12, mem_bw=8000 * GB, flop_eff=0.75, bw_eff=0.85,
+             kernel_us=2.0, d2h_us=15.0, mem_bytes=180 * GB,
+             source="NVIDIA B200 datasheet: 8 TB/s HBM3e, 2.25 PFLOP/s dense bf16"),
+    # A generic 16-core AVX-512 server socket running torch eagerly: ~2.5 TFLOP/s fp32 peak,
+    # ~100 GB/s DRAM; kernel_us is torch's per-op dispatch overhead on the CPU. A placeholder
+    # until the engine's measured CPU profile replaces it.
+    Hardware("cpu", "cpu", flops=2.5e12, mem_bw=100 * GB, flop_eff=0.4, bw_eff=0.6,
+             kernel_us=10.0, d2h_us=0.0, mem_bytes=64 * GIB,
+             source="generic 16-core AVX-512 server; placeholder for a measured profile"),
+)}
+
+
+def get_hardware(name: str) -> Hardware:
+    try:
+        return CATALOG[name.lower()]
+    except KeyError:
+        raise UserError(f"gpu: unknown device {name!r} (known: {', '.join(CATALOG)})") from None

@@ -1,0 +1,357 @@
+"""The step loop as a SimPy model (DESIGN.md §1 and §2).
+
+Lanes and ops: `cpu.engine` (schedule, update_from_output), `cpu.worker` (prepare_inputs,
+launch, wait) and `device` (fixup, target_forward, rejection_sample, draft_forward i, d2h).
+Time is in microseconds.
+
+Processes:
+- `client`: the benchmark client; sends each request at max(its arrival, a free slot).
+- `engine`: the engine-core loop. `sync` runs one step at a time: schedule, execute, wait,
+  update. `async` and `zero-bubble` keep a batch queue of depth 2, as vLLM's
+  step_with_batch_queue: schedule and launch step N+1, then block on step N's output, apply it,
+  and schedule N+2.
+- `worker`: only for the `process` topology. Inline, the engine's thread runs the worker's code.
+
+Sync points:
+- sync: the worker waits for the whole device step before the engine updates and schedules.
+- async with k > 0: before preparing step N+1, the worker waits for step N's accepted counts,
+  which reach the host after N's target forward and rejection sampling, before N's drafting.
+- zero-bubble: no wait; a device `fixup` at the start of N+1 applies N's accepted counts.
+A step with nothing scheduled is not launched: the engine waits for the step in flight.
+
+The device is a FIFO lane whose op durations are known when a step is launched, so its timing is
+computed in closed form (`Device.place`) instead of by a process; a device step costs no SimPy
+event. With a synchronous device (the CPU) the device ops occupy the worker's thread.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import simpy
+
+from sim.acceptance import Acceptance
+from sim.config import SimConfig, resolve
+from sim.costs import Batch, DeviceCosts
+from stepgap.errors import UserError
+from stepgap.formats import RequestTiming, Span, SpecStats, TraceRequest, run_result
+from stepgap.scheduler import FINISHED, Request, Scheduler, SchedulerOutput, cdiv
+from stepgap.workloads import LoadGenerator, apply_request_rate, load_workload
+
+ENGINE, WORKER, DEVICE = "cpu.engine", "cpu.worker", "device"
+
+
+@dataclass(slots=True, eq=False)
+class Step:
+    out: SchedulerOutput
+    batch: Batch
+    t_accepted: float = 0.0   # accepted counts on the host (the async sync point)
+    t_done: float = 0.0       # last device op done: sampled and draft ids on the host
+    t_output: float = 0.0     # the engine can read the output
+    ready: simpy.Event | None = None  # process topology: t_output is known
+
+
+def batch_of(out: SchedulerOutput) -> Batch:
+    sampling = logits = drafts = kv = 0
+    pairs = 0.0
+    for s in out.scheduled:
+        n = s.num_new_tokens
+        kv += s.start + n
+        pairs += n * (s.start + (n + 1) / 2)
+        drafts += s.num_spec
+        if s.samples:
+            sampling += 1
+            logits += 1 + s.num_spec
+    return Batch(out.num_batched_tokens, len(out.scheduled), sampling, logits, drafts, kv, pairs)
+
+
+class Device:
+    """The device lane: steps run in launch order, each as soon as it is launched and the
+    previous one is done. Records step gaps and, when asked, one span per op."""
+
+    def __init__(self, costs: DeviceCosts, k: int, zero_bubble: bool, spans: list | None):
+        self.costs, self.k, self.zero_bubble, self.spans = costs, k, zero_bubble, spans
+        self.free = 0.0
+        self.last_end: float | None = None
+        self.gaps: list[float] = []
+
+    def place(self, step: Step, t_first: float, t_last: float) -> None:
+        """Run `step` on the lane. Its first kernel can start at `t_first`; the CPU enqueues its
+        last at `t_last`, so the step cannot end earlier (a CPU-bound launch starves the GPU)."""
+        c, b = self.costs, step.batch
+        ops = []
+        if self.zero_bubble and b.num_drafts:
+            ops.append(("fixup", c.fixup(b), None))
+        ops.append(("target_forward", c.target_forward(b), None))
+        if self.k and b.num_sampling:
+            ops.append(("rejection_sample", c.rejection_sample(b), None))
+        verify = sum(d for _, d, _ in ops)
+        if self.k:
+            for i in range(self.k if b.num_sampling else 1):
+                ops.append(("draft_forward", c.draft_forward(b, i), {"i": i}))
+        ops.append(("d2h", c.d2h(b), None))
+        dur = sum(d for _, d, _ in ops)
+        start = max(self.free, t_first, t_last - dur)
+        step.t_accepted = start + verify
+        step.t_done = self.free = start + dur
+        if self.last_end is not None:
+            self.gaps.append(max(0.0, start - self.last_end))
+        self.last_end = step.t_done
+        if self.spans is not None:
+            t, n = start, step.out.step
+            for op, d, args in ops:
+                self.spans.append(Span(DEVICE, op, n, t, t + d, args))
+                t += d
+
+
+class Sim:
+    """One simulated serving run. `run()` returns (run result, spans)."""
+
+    def __init__(self, cfg: SimConfig, requests: list[TraceRequest],
+                 device_costs: DeviceCosts | None = None):
+        if not requests:
+            raise UserError("the workload holds no requests")
+        self.cfg = cfg
+        self.r = r = resolve(cfg)
+        check_requests(requests, cfg, r.scheduler.num_blocks)
+        self.requests = requests
+        self.env = simpy.Environment()
+        self.sched = Scheduler(r.scheduler)
+        self.cpu = r.cpu
+        self.acc = Acceptance(r.profile, cfg.k, requests, cfg.seed, cfg.replay)
+        self.spans: list[Span] | None = [] if cfg.timeline else None
+        self.device = Device(device_costs or r.device_costs, cfg.k, cfg.mode == "zero-bubble",
+                             self.spans)
+        self.async_ = cfg.mode != "sync"
+        self.wait_accepted = cfg.mode == "async" and cfg.k > 0
+        self.inline = cfg.worker == "inline"
+        self.out_latency = cfg.output_latency_ms * 1e3
+        self.gen = LoadGenerator(requests, cfg.max_concurrency)
+        self.timings: dict[str, RequestTiming] = {}
+        self.inbox: deque[TraceRequest] = deque()
+        self.accepted_hist = [0] * (cfg.k + 1)   # decode steps by accepted count
+        self.num_draft_tokens = 0
+        self.prev: Step | None = None        # the worker's last launched step
+        self.wake: simpy.Event | None = None         # the engine idles on it
+        self.slot_free: simpy.Event | None = None    # the client waits on it
+        self.to_worker = simpy.Store(self.env)
+        self.num_steps = 0
+        self.tokens = [[0] * (1 + n) for n in range(cfg.k + 1)]
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def busy(self, lane: str, op: str, step: int, dur: float, args: dict | None = None):
+        """The thread spends `dur` on `op`: a timeout to yield, and a span when recording."""
+        if self.spans is not None:
+            now = self.env.now
+            self.spans.append(Span(lane, op, step, now, now + dur, args))
+        return self.env.timeout(dur)
+
+    def run(self) -> tuple[dict, list[Span]]:
+        env = self.env
+        client = env.process(self.client())
+        env.process(self.engine())
+        if not self.inline:
+            env.process(self.worker())
+        env.run(until=client)
+        return self.result(env.now / 1e6), self.spans or []
+
+    # -- the client -------------------------------------------------------------------------
+
+    def client(self):
+        env, gen = self.env, self.gen
+        while not gen.done:
+            now_s = env.now / 1e6
+            sent = gen.pop_due(now_s + 1e-9)
+            for tr in sent:
+                self.timings[tr.request_id] = RequestTiming(tr.request_id, tr.prompt_len, now_s)
+                self.inbox.append(tr)
+            if sent and self.wake is not None and not self.wake.triggered:
+                self.wake.succeed()
+            nxt = gen.next_arrival()
+            if nxt is not None:
+                yield env.timeout(max(0.0, nxt * 1e6 - env.now))
+            elif not gen.done:
+                self.slot_free = env.event()
+                yield self.slot_free
+
+    def _complete(self, _=None) -> None:
+        self.gen.complete()
+        if self.slot_free is not None and not self.slot_free.triggered:
+            self.slot_free.succeed()
+
+    # -- the engine core --------------------------------------------------------------------
+
+    def engine(self):
+        env, sched, cpu = self.env, self.sched, self.cpu
+        queue: deque[Step] = deque()
+        depth = 2 if self.async_ else 1
+        while True:
+            while self.inbox:
+                tr = self.inbox.popleft()
+                sched.add_request(Request(tr.request_id, tr.prompt_len, tr.output_len))
+            launched = False
+            if sched.has_unfinished():
+                out = sched.schedule()
+                yield self.busy(ENGINE, "schedule", out.step,
+                                cpu.schedule(out.num_reqs, out.num_batched_tokens))
+                if out.scheduled:
+                    step = Step(out, batch_of(out))
+                    self.num_steps += 1
+                    if self.inline:
+                        yield from self.execute(step)
+                        step.t_output = step.t_done + cpu.wake_us
+                    else:
+                        step.ready = env.event()
+                        self.to_worker.put((step, env.now + cpu.ipc_us))
+                    queue.append(step)
+                    launched = True
+            if not queue:
+                if sched.has_unfinished():
+                    raise RuntimeError("simulator stalled: requests wait but nothing is in flight")
+                self.wake = env.event()
+                yield self.wake
+                continue
+            if launched and len(queue) < depth and not self.output_ready(queue[0]):
+                continue  # the queue is not full: schedule the next step first
+            step = queue.popleft()
+            yield from self.await_output(step)
+            yield from self.update(step)
+
+    def output_ready(self, step: Step) -> bool:
+        return (step.ready is None or step.ready.triggered) and step.t_output <= self.env.now
+
+    def await_output(self, step: Step):
+        env = self.env
+        if step.ready is not None and not step.ready.triggered:
+            yield step.ready
+        if step.t_output > env.now:
+            if self.inline:  # the engine's thread is the worker's: blocked on the device
+                yield self.busy(WORKER, "wait", step.out.step, step.t_output - env.now)
+            else:
+                yield env.timeout(step.t_output - env.now)
+
+    def update(self, step: Step):
+        out, acc, tokens, hist = step.out, self.acc, self.tokens, self.accepted_hist
+        sampled = {}
+        for s in out.scheduled:
+            req = s.request
+            if s.samples and req.status != FINISHED:
+                n = 0
+                if s.num_spec:
+                    n = acc.next(req.request_id, s.num_spec)
+                    hist[n] += 1
+                    self.num_draft_tokens += s.num_spec
+                sampled[req.request_id] = tokens[n]
+        emitted = self.sched.update_from_output(out, sampled)
+        yield self.busy(ENGINE, "update_from_output", out.step,
+                        self.cpu.update_from_output(out.num_reqs, out.num_batched_tokens))
+        t = (self.env.now + self.out_latency) / 1e6
+        for req, new, done in emitted:
+            self.timings[req.request_id].add_chunk(t, len(new))
+            if done:
+                acc.finished(req.request_id)
+                if self.out_latency:
+                    self.env.timeout(self.out_latency).callbacks.append(self._complete)
+                else:
+                    self._complete()
+
+    # -- the worker -------------------------------------------------------------------------
+
+    def worker(self):
+        """The `process` topology: the worker's own thread, fed over IPC."""
+        env, cpu = self.env, self.cpu
+        while True:
+            step, t_arrive = yield self.to_worker.get()
+            if t_arrive > env.now:
+                yield env.timeout(t_arrive - env.now)
+            yield from self.execute(step)
+            if self.async_:  # an output thread sends the result once the copy lands
+                step.t_output = step.t_done + cpu.wake_us + cpu.ipc_us
+            else:
+                t = step.t_done + cpu.wake_us
+                if t > env.now:
+                    yield self.busy(WORKER, "wait", step.out.step, t - env.now)
+                step.t_output = env.now + cpu.ipc_us
+            step.ready.succeed()
+
+    def execute(self, step: Step):
+        """prepare_inputs and launch one step, on the worker's thread."""
+        env, cpu, out = self.env, self.cpu, step.out
+        prev = self.prev
+        if self.wait_accepted and prev is not None:
+            t = prev.t_accepted + cpu.wake_us
+            if t > env.now:
+                yield self.busy(WORKER, "wait", out.step, t - env.now,
+                                {"on": "accepted", "of": prev.out.step})
+        yield self.busy(WORKER, "prepare_inputs", out.step,
+                        cpu.prepare_inputs(out.num_reqs, out.num_batched_tokens))
+        if self.r.device_async:
+            dur, lat = cpu.launch(out.num_reqs, out.num_batched_tokens), cpu.launch_latency_us
+            self.device.place(step, env.now + lat, env.now + dur + lat)
+            yield self.busy(WORKER, "launch", out.step, dur)
+        else:  # the device is this thread
+            self.device.place(step, env.now, env.now)
+            yield env.timeout(step.t_done - env.now)
+        self.prev = step
+
+    # -- the result -------------------------------------------------------------------------
+
+    def result(self, duration_s: float) -> dict:
+        cfg, r = self.cfg, self.r
+        timings = [self.timings[tr.request_id] for tr in self.requests]
+        config = cfg.to_dict()
+        if config["request_rate"] is None:
+            config["request_rate"] = ("inf" if all(tr.arrival_s == 0 for tr in self.requests)
+                                      else "trace")
+        config["resolved"] = {
+            "hardware": r.hw.name, "device": "async" if r.device_async else "sync",
+            "target": r.target.name, "draft": r.draft.name if r.draft else None,
+            "num_kv_blocks": r.scheduler.num_blocks,
+            "acceptance_rates": list(r.profile.rates), "acceptance_spread": r.profile.spread,
+            "cpu_costs_us": r.cpu.to_dict(), "num_steps": self.num_steps,
+            "num_preemptions": self.sched.num_preemptions,
+        }
+        return run_result(timings, duration_s, backend="stepgap-sim", config=config,
+                          gaps_us=self.device.gaps, spec=self.spec_stats() if cfg.k else None,
+                          detailed=cfg.detailed)
+
+    def spec_stats(self) -> SpecStats:
+        """The acceptance counters of vLLM's SpecDecodingStats, from the histogram."""
+        hist, spec = self.accepted_hist, SpecStats(self.cfg.k)
+        spec.num_drafts = sum(hist)
+        spec.num_draft_tokens = self.num_draft_tokens
+        spec.num_accepted_tokens = sum(n * c for n, c in enumerate(hist))
+        spec.accepted_per_pos = [sum(hist[i + 1:]) for i in range(self.cfg.k)]
+        return spec
+
+
+def check_requests(requests: list[TraceRequest], cfg: SimConfig, num_blocks: int) -> None:
+    """Reject requests the engine could never serve, before the run, naming them."""
+    for tr in requests:
+        total = tr.prompt_len + tr.output_len
+        if total > cfg.max_model_len:
+            raise UserError(f"request {tr.request_id!r}: prompt_len + output_len = {total} "
+                            f"exceeds --max-model-len {cfg.max_model_len}")
+        need = cdiv(total + cfg.k, cfg.block_size)
+        if need > num_blocks:
+            raise UserError(f"request {tr.request_id!r} needs {need} KV blocks but the cache "
+                            f"holds {num_blocks} (--num-kv-blocks)")
+
+
+def build_workload(cfg: SimConfig) -> list[TraceRequest]:
+    reqs = load_workload(cfg.workload, cfg.num_prompts, cfg.output_len, cfg.seed)
+    return apply_request_rate(reqs, cfg.request_rate, cfg.burstiness, cfg.seed)
+
+
+def simulate(cfg: SimConfig, requests: list[TraceRequest] | None = None,
+             device_costs: DeviceCosts | None = None) -> tuple[dict, list[Span]]:
+    """Simulate one serving run: the run result (DESIGN.md §4) and the timeline's spans.
+
+    `requests` defaults to the workload `cfg` names, with its request rate applied; requests
+    given here are used with their own arrival times. `device_costs` replaces the roofline
+    (a measured profile, or ConstantCosts in tests).
+    """
+    reqs = requests if requests is not None else build_workload(cfg)
+    return Sim(cfg, reqs, device_costs).run()

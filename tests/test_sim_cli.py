@@ -1,0 +1,92 @@
+"""`stepgap simulate`: help, presets, outputs and clean errors."""
+
+import json
+
+import pytest
+
+from stepgap.cli import build_parser, main
+from stepgap.formats import load_result, load_timeline
+
+
+def simulate_parser():
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return sub.choices["simulate"]
+
+
+def test_help_documents_every_option_with_examples():
+    p = simulate_parser()
+    text = p.format_help()
+    for action in p._actions:
+        for opt in action.option_strings:
+            assert opt in text
+        if action.option_strings and action.dest != "help":
+            assert action.help, action.option_strings
+    assert "examples:" in text and "stepgap simulate --preset seed-l20 --mode async" in text
+    for group in ("scenario", "model and hardware", "acceptance", "scheduler", "CPU costs",
+                  "workload and load", "output"):
+        assert group in text
+
+
+@pytest.mark.parametrize("mode, tpot, itl", [("sync", 9.91, 28.14), ("async", 9.57, 27.17)])
+def test_seed_preset_prints_its_columns_next_to_the_measurement(capsys, mode, tpot, itl):
+    assert main(["simulate", "--preset", "seed-l20", "--mode", mode]) == 0
+    out = capsys.readouterr().out
+    assert "Mean TPOT (ms)" in out and "P99 ITL (ms)" in out
+    row = next(line for line in out.splitlines() if line.startswith("Mean ITL (ms)  "))
+    sim, meas, err = row.split()[3:6]
+    assert float(meas) == itl and abs(float(err.rstrip("%"))) < 5.0
+    assert f"{tpot:.2f}" in out
+
+
+def test_overriding_the_scenario_drops_the_comparison(capsys):
+    main(["simulate", "--preset", "seed-l20", "--num-prompts", "4", "--quiet"])
+    assert capsys.readouterr().out == ""
+    main(["simulate", "--preset", "seed-l20", "--gpu", "h100", "--num-prompts", "4"])
+    assert "vs measured" not in capsys.readouterr().out
+
+
+def test_result_json_and_timeline_files(tmp_path, capsys):
+    res_path, tl = tmp_path / "r.json", tmp_path / "run.jsonl"
+    assert main(["simulate", "--gpu", "h200", "-k", "2", "--mode", "async", "--trace",
+                 "sharegpt", "--num-prompts", "5", "--detailed", "--result-json",
+                 str(res_path), "--timeline", str(tl), "--quiet"]) == 0
+    res = load_result(res_path)
+    assert res["completed"] == 5 and res["config"]["mode"] == "async" and "itls" in res
+    assert load_timeline(tl)
+    chrome = json.loads((tmp_path / "run.chrome.json").read_text())
+    assert any(e.get("name") == "draft_forward" for e in chrome["traceEvents"])
+
+
+def bad_trace(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"request_id": "a", "arrival_s": 0, "prompt_len": 4, "output_len": 3}\n'
+                 '{"request_id": "b", "arrival_s": 0, "prompt_len": "x", "output_len": 3}\n')
+    return str(p)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--gpu", "x900"], "gpu: unknown device 'x900'"),
+    (["--model", "gpt-9"], "unknown model 'gpt-9'"),
+    (["--draft", "nope", "-k", "2"], "unknown draft 'nope'"),
+    (["-k", "-1"], "argument -k/--num-spec-tokens: must be >= 0"),
+    (["--request-rate", "-2"], "argument --request-rate: must be > 0"),
+    (["--acceptance-rates", "0.5,0.9", "-k", "2"], "cumulative"),
+    (["--acceptance", "vibes"], "acceptance: unknown profile 'vibes'"),
+    (["--cpu-cost", "nap=3"], "argument --cpu-cost: expected OP=A[,B[,C]]"),
+    (["--seed", "-3"], "--seed: must be an integer >= 0"),
+    (["--num-kv-blocks", "2", "--num-prompts", "2"], "KV blocks but the cache holds 2"),
+    (["--max-model-len", "64", "--trace", "sharegpt"], "exceeds --max-model-len 64"),
+])
+def test_bad_input_is_one_clear_message(capsys, argv, needle):
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(["simulate", *argv]))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+def test_malformed_trace_line_names_file_line_and_field(tmp_path, capsys):
+    path = bad_trace(tmp_path)
+    assert main(["simulate", "--trace", path]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:2: field 'prompt_len'" in err and "Traceback" not in err

@@ -1,0 +1,116 @@
+"""The device roofline, the hardware catalog, the CPU op model and acceptance sampling."""
+
+import numpy as np
+import pytest
+
+from sim.acceptance import Acceptance, AcceptanceProfile, get_profile
+from sim.costs import Batch, CpuCosts, OpCost, RooflineCosts
+from sim.hardware import CATALOG, Hardware, get_hardware
+from stepgap.errors import UserError
+from stepgap.formats import TraceRequest
+from stepgap.modelcfg import load_draft_config, load_model_config
+
+TARGET = load_model_config("llama-3.1-8b")
+HEAD = load_draft_config("llama-3.1-8b-eagle3")
+# Bandwidth only: infinite compute, no kernel overhead, 1 TB/s at 100%.
+BW_ONLY = Hardware("bw", "gpu", flops=1e30, mem_bw=1e12, flop_eff=1.0, bw_eff=1.0,
+                   kernel_us=0.0, d2h_us=0.0, mem_bytes=1e11, source="test")
+
+
+def decode(tokens=1, ctx=0) -> Batch:
+    return Batch(tokens, 1, 1, tokens, tokens - 1, ctx + tokens, tokens * (ctx + 1))
+
+
+def test_catalog_holds_the_seed_gpus_and_a_cpu():
+    assert {"l20", "a100", "h100", "h200", "b200", "cpu"} <= set(CATALOG)
+    assert get_hardware("L20").mem_bw == 864e9 and get_hardware("h200").flops == 989e12
+    with pytest.raises(UserError, match="gpu: unknown device 'x100'"):
+        get_hardware("x100")
+
+
+def test_decode_reads_every_target_weight_once():
+    # Llama-3.1-8B: layers ~13.96 GB and the untied lm_head 1.05 GB, embedding only gathered.
+    costs = RooflineCosts(TARGET, None, BW_ONLY, k=0)
+    weights = 2 * (TARGET.num_params - TARGET.vocab_size * TARGET.hidden_size)
+    assert costs.target_forward(decode()) == pytest.approx(weights / 1e6, rel=2e-3)
+
+
+def test_first_draft_pass_reads_the_whole_head_later_passes_skip_fc():
+    costs = RooflineCosts(TARGET, HEAD, BW_ONLY, k=4)
+    fc = 2 * 3 * 4096 * 4096
+    assert costs.draft_forward(decode(5), 0) == pytest.approx(2 * HEAD.num_params / 1e6, rel=5e-3)
+    assert costs.draft_forward(decode(5), 1) == pytest.approx(
+        (2 * HEAD.num_params - fc) / 1e6, rel=5e-3)
+
+
+def test_long_prefill_is_compute_bound():
+    hw = Hardware("fl", "gpu", flops=1e14, mem_bw=1e15, flop_eff=1.0, bw_eff=1.0,
+                  kernel_us=0.0, d2h_us=0.0, mem_bytes=1e11, source="test")
+    costs = RooflineCosts(TARGET, None, hw, k=0)
+    n = 4096
+    b = Batch(n, 1, 1, 1, 0, n, n * (n + 1) / 2)
+    dense = 2 * n * (TARGET.num_params - 2 * TARGET.vocab_size * TARGET.hidden_size)
+    attn = TARGET.num_layers * 4 * b.attn_pairs * TARGET.num_heads * TARGET.head_dim
+    assert costs.target_forward(b) == pytest.approx((dense + attn) / 1e14 * 1e6, rel=0.01)
+
+
+def test_kernel_overhead_and_context_add_time():
+    costs = RooflineCosts(TARGET, HEAD, get_hardware("h100"), k=4)
+    short, long = costs.target_forward(decode(5, 100)), costs.target_forward(decode(5, 8000))
+    assert long > short
+    lean = RooflineCosts(TARGET, HEAD, Hardware(**{**{f: getattr(get_hardware("h100"), f)
+                                                      for f in Hardware.__slots__},
+                                                   "kernel_us": 0.0}), k=4)
+    # 32 layers x 10 kernels + embedding, final norm, lm_head
+    assert short - lean.target_forward(decode(5, 100)) == pytest.approx(323 * 2.0)
+
+
+def test_cpu_op_cost_is_affine_and_scales():
+    c = CpuCosts()
+    assert c.schedule(10, 100) == pytest.approx(60 + 6 * 10 + 0.02 * 100)
+    s = c.scaled(2.0)
+    assert s.prepare_inputs(1, 1) == pytest.approx(2 * c.prepare_inputs(1, 1))
+    assert s.wake_us == 2 * c.wake_us
+    assert c.with_ops({"launch": OpCost(5.0)}).launch(100, 100) == 5.0
+    with pytest.raises(UserError, match="unknown op 'nap'"):
+        c.with_ops({"nap": OpCost(1.0)})
+    with pytest.raises(UserError, match="b must be a number >= 0"):
+        OpCost(1.0, -1.0)
+
+
+# -- acceptance ----------------------------------------------------------------------------
+
+def test_cumulative_rates_become_conditional():
+    p = AcceptanceProfile("x", (0.8, 0.4, 0.2))
+    assert p.conditional(5) == pytest.approx([0.8, 0.5, 0.5, 0.5, 0.5])
+    assert p.acceptance_length(3) == pytest.approx(1 + 0.8 + 0.4 + 0.2)
+    with pytest.raises(UserError, match="cumulative"):
+        AcceptanceProfile("bad", (0.4, 0.6))
+    with pytest.raises(UserError, match="position 0 must be in"):
+        AcceptanceProfile("bad", (1.5,))
+
+
+def test_sampled_per_position_rates_match_the_profile_without_spread():
+    p = get_profile("mtbench")
+    p = AcceptanceProfile(p.name, p.rates, spread=0.0)
+    reqs = [TraceRequest(f"r{i}", 0.0, 8, 8) for i in range(40)]
+    acc = Acceptance(p, 4, reqs, seed=3)
+    counts = np.array([acc.next(r.request_id, 4) for r in reqs for _ in range(500)])
+    per_pos = [(counts > i).mean() for i in range(4)]
+    assert per_pos == pytest.approx(p.rates[:4], abs=0.01)
+
+
+def test_request_qualities_are_stratified_normal_quantiles():
+    reqs = [TraceRequest(f"r{i}", 0.0, 8, 8) for i in range(80)]
+    acc = Acceptance(AcceptanceProfile("x", (0.7,), spread=0.5), 1, reqs, seed=0)
+    z = np.sort(acc.z)
+    assert z.mean() == pytest.approx(0.0, abs=1e-12) and z[-1] == pytest.approx(-z[0])
+    assert z[-1] == pytest.approx(0.5 * 2.4977, rel=1e-3)  # the (79.5/80) normal quantile
+    other = Acceptance(AcceptanceProfile("x", (0.7,), spread=0.5), 1, reqs, seed=1)
+    assert sorted(other.z) == pytest.approx(list(z)) and other.z != acc.z
+
+
+def test_replay_then_rates_past_the_end_of_the_record():
+    reqs = [TraceRequest("a", 0.0, 8, 8, accepted=[2, 0, 1])]
+    acc = Acceptance(get_profile("full"), 2, reqs, seed=0)
+    assert [acc.next("a", 2) for _ in range(5)] == [2, 0, 1, 2, 2]

@@ -1,0 +1,214 @@
+"""The simulator's step loop, pinned by closed-form cases with constant costs."""
+
+import numpy as np
+import pytest
+
+from sim.config import SimConfig
+from sim.costs import ConstantCosts
+from sim.loop import simulate
+from stepgap.formats import LANES, OPS, TraceRequest, save_result, step_gaps
+from stepgap.workloads import sharegpt_like
+
+# CPU costs (us). The launch latency equals the launch cost: the device starts a step when its
+# launch ends, so "CPU" below is simply the sum of the CPU ops.
+S, P, L, U = 100.0, 200.0, 50.0, 150.0
+
+
+def cfg(**kw) -> SimConfig:
+    base = dict(model="llama-3.2-1b", num_kv_blocks=4096, max_model_len=4096,
+                cpu_costs={"schedule": [S], "update_from_output": [U], "prepare_inputs": [P],
+                           "launch": [L]},
+                launch_latency_us=L, wake_us=0.0, ipc_us=0.0, acceptance_rates=(0.0,))
+    base.update(kw)
+    return SimConfig(**base)
+
+
+def one_request(output_len=40, prompt_len=16, accepted=None):
+    return [TraceRequest("r", 0.0, prompt_len, output_len, accepted=accepted)]
+
+
+def steady_itl_us(res, periodic: bool = False) -> float:
+    """The inter-chunk time once the pipeline is full (without the first and last chunks).
+    Every step takes it, or with `periodic` steps alternate and it is their mean."""
+    itls = np.asarray(res["itls"][0][4:-2]) * 1e6
+    if periodic:
+        itls = itls[:len(itls) // 2 * 2].reshape(-1, 2).sum(axis=1) / 2
+    assert itls.std() < 1e-3, itls
+    return float(itls.mean())
+
+
+def run(costs, **kw):
+    res, spans = simulate(cfg(detailed=True, **kw), one_request(), costs)
+    return res, spans
+
+
+# -- sync: CPU + device; async: max(CPU, device) -------------------------------------------
+
+@pytest.mark.parametrize("worker", ["inline", "process"])
+@pytest.mark.parametrize("t_dev", [2000.0, 300.0])
+def test_sync_step_is_cpu_plus_device(worker, t_dev):
+    res, _ = run(ConstantCosts(target=t_dev), mode="sync", worker=worker)
+    assert steady_itl_us(res) == pytest.approx(S + P + L + U + t_dev)
+
+
+@pytest.mark.parametrize("mode", ["async", "zero-bubble"])
+@pytest.mark.parametrize("t_dev", [2000.0, 300.0])
+def test_async_step_is_max_of_cpu_and_device_inline(mode, t_dev):
+    res, _ = run(ConstantCosts(target=t_dev), mode=mode, k=0)
+    assert steady_itl_us(res) == pytest.approx(max(S + P + L + U, t_dev))
+
+
+@pytest.mark.parametrize("mode", ["async", "zero-bubble"])
+def test_async_process_worker_overlaps_engine_worker_and_device(mode):
+    # Device-bound: the device sets the pace, as inline.
+    res, _ = run(ConstantCosts(target=2000.0), mode=mode, k=0, worker="process")
+    assert steady_itl_us(res) == pytest.approx(2000.0)
+    # CPU-bound: engine (S+U) and worker (P+L) are separate threads, so the slower one paces,
+    # unless one step's round trip (schedule, prepare, launch, device, update) exceeds two
+    # periods: the batch queue holds only two steps.
+    res, _ = run(ConstantCosts(target=100.0), mode=mode, k=0, worker="process")
+    round_trip = S + P + L + 100.0 + U
+    assert steady_itl_us(res, periodic=True) == pytest.approx(
+        max(S + U, P + L, 100.0, round_trip / 2))
+
+
+def test_sync_device_runs_on_the_worker_thread():
+    # The CPU as device: ops run on the worker's thread (no launch), in every mode when inline.
+    for mode in ("sync", "async", "zero-bubble"):
+        res, _ = run(ConstantCosts(target=900.0), mode=mode, device="sync")
+        assert steady_itl_us(res) == pytest.approx(S + P + U + 900.0)
+    # With its own process the worker still computes serially, but the engine's schedule and
+    # update overlap it: async hides the engine side, not the worker's prepare.
+    res, _ = run(ConstantCosts(target=900.0), mode="async", device="sync", worker="process")
+    assert steady_itl_us(res) == pytest.approx(max(S + U, P + 900.0))
+
+
+def test_async_with_drafts_waits_for_accepted_counts_then_overlaps_the_drafter():
+    verify, draft, copy, k = 1400.0 + 100.0, 150.0, 50.0, 3
+    drafting = k * draft + copy
+    dev = ConstantCosts(target=1400.0, rejection=100.0, draft=draft, copy=copy)
+    # prepare + launch fit in the drafter: fully hidden.
+    res, _ = run(dev, mode="async", k=k)
+    assert steady_itl_us(res) == pytest.approx(verify + max(drafting, P + L))
+    # prepare + launch longer than the drafter: the excess is exposed.
+    slow = {"schedule": [S], "update_from_output": [U], "prepare_inputs": [800.0],
+            "launch": [L]}
+    res, _ = run(dev, mode="async", k=k, cpu_costs=slow)
+    assert steady_itl_us(res) == pytest.approx(verify + 800.0 + L)
+    # zero-bubble never waits: the device paces.
+    res, _ = run(dev, mode="zero-bubble", k=k, cpu_costs=slow)
+    assert steady_itl_us(res) == pytest.approx(verify + drafting)
+
+
+@pytest.mark.parametrize("t_dev, prep", [(2000.0, 200.0), (300.0, 200.0), (900.0, 700.0),
+                                         (200.0, 900.0)])
+@pytest.mark.parametrize("worker", ["inline", "process"])
+@pytest.mark.parametrize("k", [0, 2])
+def test_zero_bubble_no_slower_than_async_no_slower_than_sync(t_dev, prep, worker, k):
+    dev = ConstantCosts(target=t_dev, rejection=30.0, draft=t_dev / 4, copy=10.0)
+    costs = {"schedule": [S], "update_from_output": [U], "prepare_inputs": [prep], "launch": [L]}
+    reqs = sharegpt_like(30, seed=2)
+    itl = {}
+    for mode in ("sync", "async", "zero-bubble"):
+        res, _ = simulate(cfg(mode=mode, k=k, worker=worker, cpu_costs=costs,
+                              acceptance_rates=(0.7, 0.4), max_concurrency=4), reqs, dev)
+        itl[mode] = res["duration"]
+    assert itl["zero-bubble"] <= itl["async"] * (1 + 1e-9) <= itl["sync"] * (1 + 1e-9)
+
+
+def test_sync_step_gap_is_the_exposed_cpu_time():
+    res, spans = run(ConstantCosts(target=2000.0), mode="sync", timeline=True)
+    gaps = res["step_gaps"]["values_us"]
+    assert gaps[3:] == pytest.approx([U + S + P + L] * len(gaps[3:]))
+    assert step_gaps(spans) == pytest.approx(gaps)
+
+
+# -- speculative decoding ------------------------------------------------------------------
+
+def test_k0_is_plain_decoding():
+    res, spans = simulate(cfg(gpu="h100", k=0, mode="async", detailed=True, timeline=True,
+                              cpu_costs={}, launch_latency_us=None, wake_us=None),
+                          one_request(output_len=30))
+    assert res["chunk_tokens"] == [[1] * 30]
+    ops = {s.op for s in spans}
+    assert not ops & {"draft_forward", "rejection_sample", "fixup"}
+    assert not any(s.op == "wait" and s.args for s in spans)  # no accepted-count wait
+    assert "spec_decode" not in res
+    assert res["step_gaps"]["count"] + 1 == 30  # one prefill step, then one step per token
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "zero-bubble"])
+def test_replay_reproduces_recorded_accepted_counts(mode):
+    accepted = [3, 0, 2, 1, 3, 3, 0, 1, 2, 2, 3]
+    reqs = one_request(output_len=25, accepted=accepted)
+    res, _ = simulate(cfg(gpu="h100", k=3, mode=mode, detailed=True, cpu_costs={}), reqs)
+    expected, total = [1], 1
+    for a in accepted:
+        n = min(1 + a, 25 - total)
+        expected.append(n)
+        total += n
+        if total == 25:
+            break
+    assert res["chunk_tokens"] == [expected]
+
+
+def test_replay_clips_to_the_drafts_verified():
+    res, _ = simulate(cfg(gpu="h100", k=2, detailed=True, cpu_costs={}),
+                      one_request(output_len=10, accepted=[5, 5, 5, 5]))
+    assert res["chunk_tokens"] == [[1, 3, 3, 3]]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "zero-bubble"])
+@pytest.mark.parametrize("worker, device", [("inline", None), ("process", None),
+                                            ("process", "sync")])
+def test_every_request_ends_with_exactly_its_output_tokens(mode, worker, device):
+    reqs = sharegpt_like(60, seed=5)
+    # A small KV cache forces preemption by recompute along the way.
+    res, _ = simulate(cfg(gpu="h100", k=3, mode=mode, worker=worker, device=device,
+                          num_kv_blocks=120, max_num_seqs=24, acceptance="mtbench",
+                          acceptance_rates=None, detailed=True, cpu_costs={}), reqs)
+    assert res["completed"] == 60
+    assert res["output_lens"] == [r.output_len for r in reqs]
+    assert all(1 <= n <= 4 for chunks in res["chunk_tokens"] for n in chunks)
+    assert res["config"]["resolved"]["num_preemptions"] > 0
+
+
+def test_async_runs_one_extra_step_per_request_that_finishes_early():
+    # Full acceptance: the scheduler cannot know the last step finishes the request.
+    full = dict(gpu="h100", k=3, acceptance_rates=(1.0,), cpu_costs={}, num_prompts=None)
+    sync, _ = simulate(cfg(mode="sync", **full), one_request(output_len=13))
+    async_, _ = simulate(cfg(mode="async", **full), one_request(output_len=13))
+    assert sync["config"]["resolved"]["num_steps"] == 4      # 1 + 4 + 4 + 4 tokens
+    assert async_["config"]["resolved"]["num_steps"] == 5
+    assert async_["total_output_tokens"] == sync["total_output_tokens"] == 13
+
+
+def test_same_seed_same_bytes(tmp_path):
+    c = cfg(gpu="l20", k=4, mode="async", acceptance="mtbench", acceptance_rates=None,
+            workload="mtbench", num_prompts=12, max_concurrency=3, detailed=True, cpu_costs={})
+    for name in ("a", "b"):
+        save_result(tmp_path / f"{name}.json", simulate(c)[0])
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    c.seed = 1
+    save_result(tmp_path / "c.json", simulate(c)[0])
+    assert (tmp_path / "c.json").read_bytes() != (tmp_path / "a.json").read_bytes()
+
+
+def test_timeline_uses_the_design_vocabulary():
+    _, spans = simulate(cfg(gpu="h100", k=2, mode="zero-bubble", timeline=True, cpu_costs={},
+                            workload="sharegpt", num_prompts=6, max_concurrency=3))
+    assert {s.lane for s in spans} <= set(LANES)
+    assert all(s.op in OPS[s.lane] and s.end_us >= s.start_us for s in spans)
+    assert {s.args["i"] for s in spans if s.op == "draft_forward"} == {0, 1}
+    assert {"schedule", "update_from_output", "prepare_inputs", "launch", "target_forward",
+            "rejection_sample", "draft_forward", "d2h", "fixup"} <= {s.op for s in spans}
+
+
+def test_request_rate_and_concurrency_shape_the_load():
+    base = dict(gpu="h100", k=0, cpu_costs={}, workload="sharegpt", num_prompts=40)
+    burst, _ = simulate(cfg(**base))
+    capped, _ = simulate(cfg(max_concurrency=2, **base))
+    paced, _ = simulate(cfg(request_rate=2.0, **base))
+    assert capped["duration"] > burst["duration"]
+    assert paced["duration"] >= 20.0 * 0.99 - 1.0  # the last request arrives at 40 / 2 s
+    assert capped["max_concurrency"] == 2
