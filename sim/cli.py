@@ -148,7 +148,7 @@ def register(sub) -> None:
                         "fraction of drafts whose position i was accepted); overrides the profile")
     g.add_argument("--acceptance-spread", type=nonneg_float, metavar="SIGMA",
                    help="std of each request's logit shift of the rates; 0 makes every request "
-                        "alike (default: the profile's; mtbench 0.47)")
+                        "alike (default: the profile's; mtbench 0.50)")
     g.add_argument("--no-replay", dest="replay", action="store_false", default=None,
                    help="ignore a trace's recorded `accepted` lists (default: replay them)")
 
@@ -252,11 +252,14 @@ def run(args) -> int:
         raise UserError(f"--seed: must be an integer >= 0, got {args.seed}")
     cfg = config_from_args(args)
     res, spans = simulate(cfg)
-    if args.result_json:
-        save_result(args.result_json, res)
-    if args.timeline:
-        save_timeline(args.timeline, spans)
-        save_chrome_trace(chrome_path(args.timeline), spans, process_name="stepgap-sim")
+    try:
+        if args.result_json:
+            save_result(args.result_json, res)
+        if args.timeline:
+            save_timeline(args.timeline, spans)
+            save_chrome_trace(chrome_path(args.timeline), spans, process_name="stepgap-sim")
+    except OSError as e:
+        raise UserError(f"cannot write {e.filename}: {e.strerror}") from None
     if not args.quiet:
         print(format_summary(res, title=f"Simulated Serving Result ({cfg.mode}, k={cfg.k})"))
         preset = get_preset(args.preset) if args.preset else None

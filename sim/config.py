@@ -160,7 +160,8 @@ def resolve(cfg: SimConfig) -> Resolved:
         draft.check_target(target, f"--draft {cfg.draft}")
     device = cfg.device or ("async" if hw.kind == "gpu" else "sync")
     return Resolved(hw, target, draft, device == "async", RooflineCosts(target, draft, hw, cfg.k),
-                    cpu_costs(cfg), acceptance_profile(cfg), scheduler_config(cfg, target, draft, hw))
+                    cpu_costs(cfg), acceptance_profile(cfg),
+                    scheduler_config(cfg, target, draft, hw))
 
 
 def cpu_costs(cfg: SimConfig) -> CpuCosts:
@@ -197,9 +198,10 @@ def scheduler_config(cfg: SimConfig, target: ModelConfig, draft: Eagle3Config | 
         free = hw.mem_bytes * cfg.gpu_memory_utilization - weights - RESERVED_BYTES
         blocks = int(free // (cfg.block_size * kv_bytes_per_token(target, draft)))
         if blocks < 1:
+            usable = hw.mem_bytes * cfg.gpu_memory_utilization / 1e9
             raise UserError(f"--gpu {hw.name}: the weights ({weights / 1e9:.1f} GB) leave no room "
-                            f"for a KV cache in {hw.mem_bytes * cfg.gpu_memory_utilization / 1e9:.1f}"
-                            " GB; give --num-kv-blocks or a larger --gpu-memory-utilization")
+                            f"for a KV cache in {usable:.1f} GB; give --num-kv-blocks or a larger "
+                            "--gpu-memory-utilization")
     return SchedulerConfig(num_blocks=blocks, block_size=cfg.block_size,
                            max_num_seqs=cfg.max_num_seqs,
                            max_num_batched_tokens=cfg.max_num_batched_tokens,

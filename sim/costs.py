@@ -209,7 +209,7 @@ class OpCost:
 
 @dataclass(frozen=True, slots=True)
 class CpuCosts:
-    """The CPU side of the step loop. Defaults: a vLLM V1 engine on one server core (docs/sim.md)."""
+    """The CPU side of the step loop. Defaults: a vLLM V1 engine on one core (docs/sim.md)."""
 
     schedule: OpCost = field(default_factory=lambda: OpCost(60.0, 6.0, 0.02))
     update_from_output: OpCost = field(default_factory=lambda: OpCost(60.0, 8.0, 0.05))

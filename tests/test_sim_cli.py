@@ -85,6 +85,23 @@ def test_bad_input_is_one_clear_message(capsys, argv, needle):
     assert needle in err and "Traceback" not in err
 
 
+def test_model_from_a_config_json_with_a_derived_head(tmp_path, capsys):
+    cfg = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 4,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512,
+           "vocab_size": 1000}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert main(["simulate", "--model", str(tmp_path), "--draft", "eagle3", "-k", "2",
+                 "--gpu", "a100", "--num-prompts", "3", "--result-json",
+                 str(tmp_path / "r.json"), "--quiet"]) == 0
+    res = load_result(tmp_path / "r.json")
+    assert res["completed"] == 3 and res["config"]["resolved"]["draft"].endswith("-eagle3")
+
+
+def test_unwritable_output_is_a_clean_error(tmp_path, capsys):
+    assert main(["simulate", "--num-prompts", "2", "--result-json", str(tmp_path)]) == 2
+    assert "cannot write" in capsys.readouterr().err
+
+
 def test_malformed_trace_line_names_file_line_and_field(tmp_path, capsys):
     path = bad_trace(tmp_path)
     assert main(["simulate", "--trace", path]) == 2
