@@ -15,7 +15,8 @@ Processes:
 Sync points:
 - sync: the worker waits for the whole device step before the engine updates and schedules.
 - async with k > 0: before preparing step N+1, the worker waits for step N's accepted counts,
-  which reach the host after N's target forward and rejection sampling, before N's drafting.
+  which reach the host after N's target forward and rejection sampling, before N's drafting
+  (only if N verified drafts: otherwise every count is known to be 1).
 - zero-bubble: no wait; a device `fixup` at the start of N+1 applies N's accepted counts.
 A step with nothing scheduled is not launched: the engine waits for the step in flight.
 
@@ -155,7 +156,8 @@ class Sim:
         if not self.inline:
             env.process(self.worker())
         env.run(until=client)
-        return self.result(env.now / 1e6), self.spans or []
+        spans = sorted(self.spans, key=lambda s: s.start_us) if self.spans else []
+        return self.result(env.now / 1e6), spans
 
     # -- the client -------------------------------------------------------------------------
 
@@ -280,7 +282,7 @@ class Sim:
         """prepare_inputs and launch one step, on the worker's thread."""
         env, cpu, out = self.env, self.cpu, step.out
         prev = self.prev
-        if self.wait_accepted and prev is not None:
+        if self.wait_accepted and prev is not None and prev.batch.num_drafts:
             t = prev.t_accepted + cpu.wake_us
             if t > env.now:
                 yield self.busy(WORKER, "wait", out.step, t - env.now,

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from sim.acceptance import Acceptance, AcceptanceProfile, get_profile
+from sim.config import SimConfig
 from sim.costs import Batch, CpuCosts, OpCost, RooflineCosts
 from sim.hardware import CATALOG, Hardware, get_hardware
 from stepgap.errors import UserError
@@ -114,3 +115,18 @@ def test_replay_then_rates_past_the_end_of_the_record():
     reqs = [TraceRequest("a", 0.0, 8, 8, accepted=[2, 0, 1])]
     acc = Acceptance(get_profile("full"), 2, reqs, seed=0)
     assert [acc.next("a", 2) for _ in range(5)] == [2, 0, 1, 2, 2]
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(k=-1), "-k/--num-spec-tokens: must be an integer >= 0, got -1"),
+    (dict(mode="fast"), "--mode: must be one of sync, async, zero-bubble, got 'fast'"),
+    (dict(worker="thread"), "--worker: must be one of inline, process"),
+    (dict(request_rate=-1.0), "--request-rate: must be > 0 (or inf), got -1.0"),
+    (dict(max_num_seqs=0), "--max-num-seqs: must be an integer >= 1, got 0"),
+    (dict(gpu_memory_utilization=1.5), "--gpu-memory-utilization: must be in (0, 1]"),
+    (dict(cpu_costs={"nap": [1]}), "--cpu-cost: unknown op 'nap'"),
+])
+def test_config_errors_name_the_option(kw, needle):
+    with pytest.raises(UserError) as e:
+        SimConfig(**kw)
+    assert needle in str(e.value)
