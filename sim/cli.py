@@ -224,8 +224,9 @@ def config_from_args(args) -> SimConfig:
         settings["workload"] = args.trace
     if args.cpu_cost:
         settings["cpu_costs"] = {**settings.get("cpu_costs", {}), **dict(args.cpu_cost)}
-    settings["burstiness"] = args.burstiness
-    settings["seed"] = args.seed
+    for name in ("burstiness", "seed"):
+        if getattr(args, name) is not None:
+            settings[name] = getattr(args, name)
     settings["timeline"] = args.timeline is not None
     return SimConfig(**settings)
 
@@ -248,7 +249,7 @@ def run(args) -> int:
     from stepgap.errors import UserError
     from stepgap.formats import format_summary, save_chrome_trace, save_result, save_timeline
 
-    if args.seed < 0:
+    if args.seed is not None and args.seed < 0:
         raise UserError(f"--seed: must be an integer >= 0, got {args.seed}")
     cfg = config_from_args(args)
     res, spans = simulate(cfg)

@@ -165,10 +165,11 @@ class Scheduler:
     # -- schedule ---------------------------------------------------------------------------
 
     def _allocate(self, req: Request, num_new: int, lookahead: int) -> bool:
-        need = cdiv(req.num_computed_tokens + num_new + lookahead, self.cfg.block_size) \
-            - len(req.block_ids)
-        if need <= 0:
-            return True
+        bs = self.cfg.block_size
+        end = req.num_computed_tokens + num_new + lookahead
+        if end <= len(req.block_ids) * bs:
+            return True  # the common decode case: the blocks it holds suffice
+        need = cdiv(end, bs) - len(req.block_ids)
         if need > self.pool.num_free:
             return False
         req.block_ids += self.pool.allocate(need)
@@ -187,11 +188,11 @@ class Scheduler:
     def _take(self, req: Request, num_new: int, fresh: bool) -> Scheduled:
         """Count a scheduled chunk into the request's state (vLLM's _update_after_schedule)."""
         start = req.num_computed_tokens
-        placeholders = req.num_output_placeholders
-        num_spec = min(req.num_spec_tokens,
-                       max(0, start + num_new - req.num_tokens - placeholders))
-        samples = start + num_new >= req.num_tokens + placeholders
-        req.num_computed_tokens = start + num_new
+        end = start + num_new
+        known = req.num_prompt_tokens + len(req.output_token_ids) + req.num_output_placeholders
+        num_spec = min(req.num_spec_tokens, end - known) if end > known else 0
+        samples = end >= known
+        req.num_computed_tokens = end
         if self.cfg.async_scheduling and samples:
             req.num_output_placeholders += 1 + num_spec
             req.num_spec_tokens = self.k
@@ -213,8 +214,10 @@ class Scheduler:
             if p and req.num_computed_tokens + 2 - p >= req.num_prompt_tokens + req.max_tokens:
                 i += 1  # the in-flight step finishes it even if every draft is rejected
                 continue
-            num_new = req.num_tokens + req.num_spec_tokens + p - req.num_computed_tokens
-            num_new = min(num_new, budget, cfg.max_model_len - 1 - req.num_computed_tokens)
+            c = req.num_computed_tokens
+            num_new = req.num_prompt_tokens + len(req.output_token_ids) + req.num_spec_tokens \
+                + p - c
+            num_new = min(num_new, budget, cfg.max_model_len - 1 - c)
             if num_new <= 0:
                 i += 1
                 continue

@@ -1,6 +1,6 @@
 """Workloads and the load generator, with the semantics of `vllm bench serve`.
 
-Built-in workloads (documented and justified in docs/workloads.md):
+Built-in workloads (documented and justified in docs/sim.md, "Workloads"):
 
 - `mtbench`: 80 prompts in MT-bench's eight categories, ten each, output 256 tokens;
 - `sharegpt`: a ShareGPT-like length mix (log-normal prompt and output lengths).
@@ -209,17 +209,17 @@ def add_load_args(p: argparse.ArgumentParser, default_workload: str = "mtbench")
     g.add_argument("--request-rate", type=rate_arg, default=None, metavar="RPS",
                    help="requests per second, or inf to send all at once; default: the trace's "
                         "own arrival times (built-in workloads: inf)")
-    g.add_argument("--burstiness", type=rate_arg, default=1.0,
+    g.add_argument("--burstiness", type=rate_arg, default=None,
                    help="gamma shape of inter-arrival times: 1 is Poisson, <1 burstier, "
                         ">1 more uniform (default 1)")
     g.add_argument("--max-concurrency", type=positive_int, default=None,
                    help="most requests in flight at once, as the benchmark client's semaphore "
                         "(default: unlimited)")
-    g.add_argument("--seed", type=int, default=0, help="seed for workloads, arrivals and "
+    g.add_argument("--seed", type=int, default=None, help="seed for workloads, arrivals and "
                    "sampling (default 0)")
 
 
 def workload_from_args(args, default_workload: str = "mtbench") -> list[TraceRequest]:
-    reqs = load_workload(args.trace or default_workload, args.num_prompts, args.output_len,
-                         args.seed)
-    return apply_request_rate(reqs, args.request_rate, args.burstiness, args.seed)
+    seed = args.seed or 0
+    reqs = load_workload(args.trace or default_workload, args.num_prompts, args.output_len, seed)
+    return apply_request_rate(reqs, args.request_rate, args.burstiness or 1.0, seed)
