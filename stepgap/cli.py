@@ -15,6 +15,7 @@ from stepgap import __version__
 from stepgap.errors import UserError
 
 COMMAND_MODULES = [
+    "engine.cli",
 ]
 
 DESCRIPTION = """\
