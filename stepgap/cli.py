@@ -16,6 +16,7 @@ from stepgap.errors import UserError
 
 COMMAND_MODULES = [
     "sim.cli",
+    "engine.cli",
 ]
 
 DESCRIPTION = """\

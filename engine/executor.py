@@ -1,0 +1,209 @@
+"""Executors: where the worker runs.
+
+- `inline`: in the engine process, as vLLM runs one GPU. On a GPU, overlap comes from CUDA
+  streams: the CPU launches step N+1 while N runs.
+- `process`: in its own process (spawned, one torch thread), as vLLM's multiprocess executor.
+  On a CPU-only machine this is what makes overlap real: the engine process (schedule, update,
+  the client) runs while the worker process computes. Threads could not do it; both sides' Python
+  work would contend for the GIL.
+
+Both offer configure / execute / collect / close. The process executor sends one compact message
+per step (token ids only for fresh requests) and gets back the sampled ids and the worker's
+spans. Shutdown is robust: a dead worker is detected while waiting (WorkerDied, with its exit
+code), the worker exits when the engine goes away, and close() always reaps the process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+import traceback
+from collections import deque
+
+from engine.worker import RunConfig, StepMsg, StepResult, Worker, WorkerSpec
+from stepgap.errors import UserError
+
+EXECUTORS = ("inline", "process")
+
+
+class WorkerDied(RuntimeError):
+    """The worker process exited, failed or stopped answering."""
+
+
+class InlineExecutor:
+    name = "inline"
+
+    def __init__(self, spec: WorkerSpec):
+        self.worker = Worker(spec)
+
+    def info(self) -> dict:
+        return self.worker.info()
+
+    def configure(self, run: RunConfig) -> None:
+        self.worker.configure(run)
+
+    def execute(self, msg: StepMsg):
+        return self.worker.execute(msg)
+
+    def collect(self, handle) -> StepResult:
+        return self.worker.collect(handle)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
+    """The worker process: execute steps as they come, send each result once it is ready."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine handles Ctrl-C and stops us
+    try:
+        worker = Worker(spec)
+        conn.send(("ready", worker.info()))
+        pending = deque()
+        while True:
+            if pending and pending[0].ready():
+                conn.send(("result", worker.collect(pending.popleft())))
+                continue
+            if not conn.poll(0 if pending else 1.0):
+                if os.getppid() != parent_pid:
+                    return  # the engine is gone
+                continue
+            kind, payload = conn.recv()
+            if kind == "step":
+                pending.append(worker.execute(payload))
+            elif kind == "configure":
+                try:
+                    worker.configure(payload)
+                    conn.send(("configured", None))
+                except UserError as e:
+                    conn.send(("user_error", str(e)))
+            elif kind == "close":
+                return
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return
+    except UserError as e:
+        _try_send(conn, ("user_error", str(e)))
+    except BaseException:
+        _try_send(conn, ("error", traceback.format_exc()))
+
+
+def _try_send(conn, obj) -> None:
+    try:
+        conn.send(obj)
+    except (OSError, BrokenPipeError):
+        pass
+
+
+class ProcessExecutor:
+    name = "process"
+
+    def __init__(self, spec: WorkerSpec, start_timeout_s: float = 600.0,
+                 step_timeout_s: float = 600.0):
+        if spec.num_threads is None:
+            from dataclasses import replace
+            spec = replace(spec, num_threads=1)
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, spec, os.getpid()),
+                                name="stepgap-worker", daemon=True)
+        self.proc.start()
+        child.close()
+        self.step_timeout_s = step_timeout_s
+        self.in_flight = 0
+        try:
+            self._info = self._recv("ready", start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def info(self) -> dict:
+        return self._info
+
+    def _send(self, obj) -> None:
+        try:
+            self.conn.send(obj)
+        except (OSError, BrokenPipeError):
+            raise WorkerDied(self._death()) from None
+
+    def _death(self) -> str:
+        self.proc.join(0.5)
+        code = self.proc.exitcode
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else \
+            f"exited with code {code}" if code is not None else "stopped answering"
+        return f"the worker process (pid {self.proc.pid}) {how}"
+
+    def _recv(self, want: str, timeout_s: float):
+        deadline = time.monotonic() + timeout_s
+        while not self.conn.poll(0.05):
+            if not self.proc.is_alive():
+                raise WorkerDied(self._death())
+            if time.monotonic() > deadline:
+                raise WorkerDied(f"the worker process (pid {self.proc.pid}) sent nothing for "
+                                 f"{timeout_s:.0f} s")
+        try:
+            kind, payload = self.conn.recv()
+        except (EOFError, OSError):
+            raise WorkerDied(self._death()) from None
+        if kind == "user_error":
+            raise UserError(payload)
+        if kind == "error":
+            raise WorkerDied(f"the worker process failed:\n{payload}")
+        if kind != want:
+            raise WorkerDied(f"the worker process sent {kind!r} where {want!r} was expected")
+        return payload
+
+    def configure(self, run: RunConfig) -> None:
+        self._send(("configure", run))
+        self._recv("configured", self.step_timeout_s)
+
+    def execute(self, msg: StepMsg):
+        self._send(("step", msg))
+        self.in_flight += 1
+        return msg.step
+
+    def collect(self, step: int) -> StepResult:
+        res = self._recv("result", self.step_timeout_s)
+        self.in_flight -= 1
+        if res.step != step:
+            raise WorkerDied(f"the worker answered step {res.step} where step {step} was due")
+        return res
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            try:
+                self.conn.send(("close", None))
+            except (OSError, BrokenPipeError):
+                pass
+            self.proc.join(5.0)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(2.0)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(2.0)
+        self.conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def make_executor(kind: str, spec: WorkerSpec):
+    if kind == "inline":
+        return InlineExecutor(spec)
+    if kind == "process":
+        return ProcessExecutor(spec)
+    raise UserError(f"--executor must be one of {', '.join(EXECUTORS)}, got {kind!r}")

@@ -1,0 +1,554 @@
+"""The worker (model runner): models, KV cache, per-request state, and the step's device work.
+
+A step is `execute` (prepare_inputs, then launch) and, later, `collect`:
+
+- prepare_inputs: build the flattened batch on the host from the scheduler's step and the
+  worker's own per-request state (tokens, true num_computed, drafts). A request whose previous
+  step is still in flight gets its input ids from that step's device outputs instead (async
+  modes), so step N+1 never waits for N's tokens on the host.
+- launch: one H2D copy of the packed inputs; in zero-bubble the `fixup` corrects positions (and so
+  slot mapping and masks) from N's on-device accepted counts; then target_forward,
+  rejection_sample, the D2H of accepted counts (the event `async` waits on), k draft_forward
+  passes, and the D2H of tokens and drafts. On CUDA the D2H copies run on their own stream into
+  pinned buffers, with events as the only sync points, and decode forwards replay CUDA graphs.
+- collect: wait for the D2H, hand back each sampling request's 1 + accepted tokens, and fold them
+  into the per-request state.
+
+Modes (DESIGN.md §1): `sync` collects each step before the next; `async` waits for the previous
+step's accepted counts before preparing (they fix positions on the host); `zero-bubble` never
+waits, prepares as if every draft were accepted, and lets the device fix it up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from engine.checkpoint import load_draft, load_target
+from engine.graphs import BATCH_BUCKETS, DecodeGraphs, buckets_up_to, window_buckets
+from engine.kv_cache import BLOCK_SIZE, KVCache, make_context, set_context
+from engine.sampler import SamplingConfig, rejection_sample
+from engine.timing import DeviceTimer, HostSpans
+from stepgap.errors import UserError
+from stepgap.formats import MODES, Span
+from stepgap.scheduler import cdiv
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """What the worker builds once: models, KV cache, device."""
+
+    target: str                   # HF Llama folder, or a preset name (random weights)
+    draft: str | None = None      # EAGLE-3 folder (either layout), preset, or 'eagle3'
+    device: str = "cpu"
+    dtype: str | None = None      # default: bfloat16 on CUDA, float32 on the CPU
+    num_blocks: int = 1024
+    max_model_len: int = 2048
+    max_num_seqs: int = 256
+    max_k: int = 8
+    cuda_graphs: bool = True
+    seed: int = 0
+    num_threads: int | None = None
+
+    def __post_init__(self):
+        if self.device not in ("cpu", "cuda"):
+            raise UserError(f"--device must be cpu or cuda, got {self.device!r}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise UserError("--device cuda: no CUDA device is available to torch here")
+        for f in ("num_blocks", "max_model_len", "max_num_seqs"):
+            if getattr(self, f) < 1:
+                raise UserError(f"worker: {f} must be >= 1, got {getattr(self, f)}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype:
+            return DTYPES[self.dtype]
+        return torch.bfloat16 if self.device == "cuda" else torch.float32
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """What may change from run to run on the same worker."""
+
+    mode: str = "sync"
+    k: int = 0
+    sampling: SamplingConfig = SamplingConfig()
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise UserError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not 0 <= self.k:
+            raise UserError(f"--k must be >= 0, got {self.k}")
+
+
+@dataclass(slots=True)
+class StepMsg:
+    """One scheduled step, as the engine core sends it to the worker.
+
+    reqs: (request_id, num_new, num_spec, samples, start, block_ids, token_ids, accepted), where
+    token_ids (and the replay list `accepted`) come only when the request is fresh.
+    """
+
+    step: int
+    reqs: list[tuple]
+    preempted: list[str]
+    finished: list[str]
+
+
+@dataclass(slots=True)
+class StepResult:
+    step: int
+    sampled: dict[str, list[int]]  # request id -> 1 + accepted tokens
+    spans: list[Span]
+
+
+@dataclass(slots=True)
+class ReqState:
+    tokens: list[int]          # tokens known on the host: prompt + collected outputs
+    num_computed: int = 0      # tokens whose KV is in the cache (optimistic until corrected)
+    drafts: list[int] = field(default_factory=list)  # the last collected step's drafts
+    # (handle, row) of its sampling steps not yet collected, oldest first (at most 2 in flight)
+    pending: list = field(default_factory=list)
+
+    def in_flight(self, h: "StepHandle") -> bool:
+        return any(ph is h for ph, _ in self.pending)
+
+
+class StepHandle:
+    """A launched step: its rows, device outputs, host copies, events, and timing records."""
+
+    def __init__(self, step: int, rows: list[tuple[str, int, bool]]):
+        self.step = step
+        self.rows = rows            # (request id, num_spec, samples) per row
+        self.any_spec = any(ns for _, ns, _ in rows)
+        self.corrected = False      # num_computed corrected by the true accepted counts
+        self.records: list = []
+        self.spans: list[Span] = []
+        self.acc_event = self.out_event = None
+
+    def ready(self) -> bool:
+        return self.out_event is None or self.out_event.query()
+
+
+class Worker:
+    def __init__(self, spec: WorkerSpec):
+        self.spec = spec
+        if spec.num_threads:
+            torch.set_num_threads(spec.num_threads)
+        self.device = torch.device(spec.device)
+        self.dtype = spec.torch_dtype
+        self.cuda = self.device.type == "cuda"
+        max_pos = spec.max_model_len + spec.max_k + BLOCK_SIZE
+        self.target, self.target_cfg = load_target(spec.target, self.device, self.dtype, max_pos,
+                                                   seed=spec.seed)
+        self.draft = self.draft_cfg = None
+        if spec.draft:
+            self.draft, self.draft_cfg = load_draft(spec.draft, self.target, self.device,
+                                                    self.dtype, max_pos, seed=spec.seed)
+        layers = self.target.attention_layers() + (self.draft.attention_layers()
+                                                   if self.draft else [])
+        hkv = {a.hkv for a in layers}
+        dims = {a.d for a in layers}
+        if len(hkv) != 1 or len(dims) != 1:
+            raise UserError("the draft head's KV heads / head_dim differ from the target's; "
+                            "the shared paged KV cache needs them equal")
+        self.kv = KVCache(len(layers), spec.num_blocks, hkv.pop(), dims.pop(), self.dtype,
+                          self.device)
+        for i, attn in enumerate(layers):
+            attn.k_cache, attn.v_cache = self.kv.layer(i)
+        self.scratch = self.kv.scratch_block
+        self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self.graphs: dict[str, DecodeGraphs] = {}
+        self.graph_pool = None
+        self.run = None
+
+    def info(self) -> dict:
+        return {"target": self.target_cfg.name, "draft": self.draft_cfg.name if self.draft_cfg
+                else None, "device": str(self.device), "dtype": str(self.dtype).split(".")[-1],
+                "target_params": sum(p.numel() for p in self.target.parameters()),
+                "kv_cache_bytes": self.kv.nbytes, "num_blocks": self.spec.num_blocks,
+                "torch": torch.__version__,
+                "gpu": torch.cuda.get_device_name(self.device) if self.cuda else None}
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    def configure(self, run: RunConfig) -> None:
+        """Start a run: drop all request state, seed sampling, capture graphs for this k."""
+        if run.k > 0 and self.draft is None:
+            raise UserError(f"--k {run.k} needs a draft head (--draft)")
+        if run.k > self.spec.max_k:
+            raise UserError(f"--k {run.k} exceeds the worker's max_k {self.spec.max_k}")
+        self.run = run
+        self.k = run.k
+        self.states: dict[str, ReqState] = {}
+        self.replay: dict[str, list[int]] = {}
+        self.decode_steps: dict[str, int] = {}
+        self.prev: StepHandle | None = None
+        self.gen = torch.Generator(self.device).manual_seed(run.sampling.seed)
+        if self.cuda and self.spec.cuda_graphs:
+            self._capture_graphs()
+        self.host = HostSpans("cpu.worker")
+        self.timer = DeviceTimer(self.device)
+
+    # -- execute --------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute(self, msg: StepMsg) -> StepHandle:
+        for rid in msg.preempted:
+            self.states.pop(rid, None)
+        for rid in msg.finished:
+            self.states.pop(rid, None)
+            self.replay.pop(rid, None)
+            self.decode_steps.pop(rid, None)
+        prev = self.prev
+        if self.run.mode == "async" and prev is not None and not prev.corrected and prev.any_spec:
+            with self.host.span("wait", msg.step):
+                if prev.acc_event is not None:
+                    prev.acc_event.synchronize()
+            self._correct(prev, prev.acc_host.tolist())
+        h = StepHandle(msg.step, [(r[0], r[2], r[3]) for r in msg.reqs])
+        with self.host.span("prepare_inputs", msg.step, reqs=len(msg.reqs),
+                            tokens=sum(r[1] for r in msg.reqs)):
+            batch = self._prepare(msg, h)
+        with self.host.span("launch", msg.step):
+            self._launch(batch, h, prev)
+        h.spans = self.host.take()
+        self.prev = h
+        return h
+
+    def _prepare(self, msg: StepMsg, h: StepHandle) -> dict:
+        k, sync = self.k, self.run.mode == "sync"
+        reqs = msg.reqs
+        b = len(reqs)
+        n_tok = sum(r[1] for r in reqs)
+        qmax = max(r[1] for r in reqs)
+        width = max(len(r[5]) for r in reqs)
+        ids = np.zeros(n_tok, np.int64)
+        pos = np.zeros(n_tok, np.int64)
+        rows = np.zeros(n_tok, np.int64)
+        unpad = np.zeros(n_tok, np.int64)
+        pad = np.zeros((b, qmax), np.int64)
+        tables = np.full((b, width), self.scratch, np.int64)
+        verify = np.zeros((b, k + 1), np.int64)
+        num_spec = np.zeros(b, np.int64)
+        samples = np.zeros(b, np.int64)
+        fallback = np.zeros(b, np.int64)
+        forced = np.zeros(b, np.int64)
+        patch_dst, patch_row, patch_col, fix_row, fix_prev = [], [], [], [], []
+        off = 0
+        for i, (rid, n, ns, samp, sched_start, blocks, token_ids, accepted) in enumerate(reqs):
+            if token_ids is not None:
+                self.states[rid] = ReqState(list(token_ids))
+                if accepted is not None:
+                    self.replay[rid] = list(accepted)
+            st = self.states[rid]
+            start = st.num_computed
+            if start > sched_start or (sync and start != sched_start):
+                raise RuntimeError(f"worker: request {rid!r} has {start} computed tokens but the "
+                                   f"scheduler counts {sched_start} (step {msg.step})")
+            pos[off:off + n] = np.arange(start, start + n)
+            rows[off:off + n] = i
+            if st.pending:  # its latest step is in flight: its inputs come from the device
+                ph, prow = st.pending[-1]
+                if ph is not self.prev:  # the engine keeps at most one step uncollected
+                    raise RuntimeError(f"worker: request {rid!r} depends on step {ph.step}, "
+                                       f"which is not the previous step")
+                patch_dst.extend(range(off, off + n))
+                patch_row.extend([prow] * n)
+                patch_col.extend(range(n))
+                if not ph.corrected:
+                    fix_row.append(i)
+                    fix_prev.append(prow)
+            else:
+                seq = st.tokens
+                end = start + n
+                chunk = seq[start:end]
+                if len(chunk) < n:
+                    chunk = chunk + st.drafts[:n - len(chunk)]
+                ids[off:off + n] = chunk
+            if not samp:
+                fallback[i] = st.tokens[start + n]  # the next prompt token, for the draft's shift
+            pad[i, :n] = np.arange(off, off + n)
+            pad[i, n:] = off + n - 1
+            unpad[off:off + n] = i * qmax + np.arange(n)
+            tables[i, :len(blocks)] = blocks
+            verify[i, :ns + 1] = np.arange(off + n - 1 - ns, off + n)
+            verify[i, ns + 1:] = off + n - 1
+            num_spec[i], samples[i] = ns, samp
+            if ns and self.run.sampling.replay:
+                step_i = self.decode_steps.get(rid, 0)
+                plan = self.replay.get(rid, [])
+                forced[i] = plan[step_i] if step_i < len(plan) else 0
+                self.decode_steps[rid] = step_i + 1
+            st.num_computed = start + n
+            if samp:
+                st.pending.append((h, i))
+            off += n
+        uniform = all(r[1] == 1 + k and r[2] == k and r[3] for r in reqs)
+        return {"b": b, "n": n_tok, "q": qmax, "w": width, "uniform": uniform,
+                "patch": len(patch_dst), "fix": len(fix_row),
+                "arrays": {"ids": ids, "pos": pos, "rows": rows, "unpad": unpad, "pad": pad,
+                           "tables": tables, "verify": verify, "num_spec": num_spec,
+                           "samples": samples, "fallback": fallback, "forced": forced,
+                           "patch_dst": np.asarray(patch_dst, np.int64),
+                           "patch_row": np.asarray(patch_row, np.int64),
+                           "patch_col": np.asarray(patch_col, np.int64),
+                           "fix_row": np.asarray(fix_row, np.int64),
+                           "fix_prev": np.asarray(fix_prev, np.int64)}}
+
+    def _to_device(self, arrays: dict) -> dict:
+        """One H2D copy of every input array, packed; returns device views by name."""
+        flat = np.concatenate([a.ravel() for a in arrays.values()])
+        t = torch.from_numpy(flat)
+        if self.cuda:
+            t = t.pin_memory().to(self.device, non_blocking=True)
+        out, off = {}, 0
+        for name, a in arrays.items():
+            out[name] = t[off:off + a.size].view(a.shape)
+            off += a.size
+        return out
+
+    def _launch(self, batch: dict, h: StepHandle, prev: StepHandle | None) -> None:
+        k, step, rec = self.k, h.step, h.records
+        b, n = batch["b"], batch["n"]
+        d = self._to_device(batch["arrays"])
+        ids, pos, samples = d["ids"], d["pos"], d["samples"].bool()
+        if batch["patch"]:
+            prev_table = prev.next_token.unsqueeze(1) if prev.drafts is None else \
+                torch.cat([prev.next_token.unsqueeze(1), prev.drafts], dim=1)
+            ids = ids.index_put((d["patch_dst"],), prev_table[d["patch_row"], d["patch_col"]])
+        if batch["fix"]:
+            with self.timer.op(rec, "fixup", step, reqs=batch["fix"]):
+                rejected = prev.num_spec - prev.num_accepted
+                adj = torch.zeros(b, dtype=torch.long, device=self.device)
+                adj[d["fix_row"]] = rejected[d["fix_prev"]]
+                pos = pos - adj[d["rows"]]
+        graphs = batch["uniform"] and "target" in self.graphs
+        key = self.graphs["target"].bucket(b, batch["w"]) if graphs else None
+        with self.timer.op(rec, "target_forward", step, tokens=n, reqs=b, blocks=batch["w"],
+                           graph=key is not None):
+            if key is not None:
+                outs = self.graphs["target"].run(
+                    key, {"ids": ids, "pos": pos, "block_tables": d["tables"]}, b)
+                logits, aux = outs[0].view(b, k + 1, -1), (outs[1] if k else None)
+                ctx = None
+            else:
+                ctx = make_context(pos, d["tables"], d["pad"], d["unpad"], self.scratch,
+                                   self.dtype)
+                set_context(ctx)
+                hidden, aux = self.target(ids, pos, return_aux=k > 0)
+                set_context(None)
+                logits = self.target.compute_logits(hidden[d["verify"].flatten()]).view(b, k + 1, -1)
+        with self.timer.op(rec, "rejection_sample", step, reqs=b):
+            drafts_in = ids[d["verify"][:, 1:]]
+            forced = d["forced"] if self.run.sampling.replay else None
+            tokens, num_accepted = rejection_sample(logits, drafts_in, d["num_spec"],
+                                                    self.run.sampling, self.gen, forced)
+            next_token = tokens.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
+            next_token = torch.where(samples, next_token, d["fallback"])
+        h.next_token, h.num_accepted, h.num_spec, h.tokens = next_token, num_accepted, \
+            d["num_spec"], tokens
+        h.acc_host = self._d2h_accepted(h)
+        h.drafts = None
+        if k:
+            h.drafts = self._propose(batch, d, ids, pos, aux, ctx, num_accepted, next_token,
+                                     samples, h)
+        self._d2h_outputs(h)
+
+    def _propose(self, batch, d, ids, pos, aux, ctx, num_accepted, next_token, samples, h):
+        """EAGLE-3 drafting in the padded-batch form: a first pass over every scheduled slot
+        (rejected ones as padding), then k - 1 one-token passes from each row's last accepted
+        position."""
+        k, step, rec, b = self.k, h.step, h.records, batch["b"]
+        last = d["verify"][:, 0] + num_accepted  # flat index of each row's last accepted token
+        drafts = torch.empty(b, k, dtype=torch.long, device=self.device)
+        graphs = batch["uniform"] and "draft_first" in self.graphs
+        with self.timer.op(rec, "draft_forward", step, i=0, tokens=batch["n"], reqs=b,
+                           graph=graphs):
+            draft_ids = ids.roll(-1).index_put((last,), next_token)
+            key = self.graphs["draft_first"].bucket(b, batch["w"]) if graphs else None
+            if key is not None:
+                (pre,) = self.graphs["draft_first"].run(
+                    key, {"ids": draft_ids, "pos": pos, "block_tables": d["tables"],
+                          "aux": aux}, b)
+            else:
+                if ctx is None:
+                    ctx = make_context(pos, d["tables"], d["pad"], d["unpad"], self.scratch,
+                                       self.dtype)
+                set_context(ctx)
+                pre = self.draft(draft_ids, pos, self.draft.combine(aux))
+                set_context(None)
+            x = pre[last]
+            tok = self.draft.propose(x)
+        drafts[:, 0] = tok
+        p = pos[last]
+        rows = torch.arange(b, device=self.device)
+        for i in range(1, k):
+            key = self.graphs["draft_step"].bucket(b, batch["w"]) \
+                if batch["uniform"] and "draft_step" in self.graphs else None
+            with self.timer.op(rec, "draft_forward", step, i=i, tokens=b, reqs=b,
+                               graph=key is not None):
+                if key is not None:
+                    (x,) = self.graphs["draft_step"].run(
+                        key, {"ids": tok, "pos": p + i, "block_tables": d["tables"],
+                              "hidden": x}, b)
+                else:
+                    set_context(make_context(p + i, d["tables"], rows.view(b, 1), rows,
+                                             self.scratch, self.dtype, write_mask=samples))
+                    x = self.draft(tok, p + i, x)
+                    set_context(None)
+                tok = self.draft.propose(x)
+            drafts[:, i] = tok
+        return drafts
+
+    # -- device to host -----------------------------------------------------------------------
+
+    def _d2h_accepted(self, h: StepHandle):
+        """Accepted counts to the host, recorded after rejection and before drafting."""
+        if not self.cuda:
+            return h.num_accepted
+        done = torch.cuda.Event()
+        done.record()
+        host = torch.empty(h.num_accepted.shape, dtype=torch.long, pin_memory=True)
+        with torch.cuda.stream(self.copy_stream):
+            self.copy_stream.wait_event(done)
+            host.copy_(h.num_accepted, non_blocking=True)
+            h.acc_event = torch.cuda.Event()
+            h.acc_event.record(self.copy_stream)
+        return host
+
+    def _d2h_outputs(self, h: StepHandle) -> None:
+        parts = [h.tokens, h.num_accepted.unsqueeze(1)] + \
+            ([h.drafts] if h.drafts is not None else [])
+        if not self.cuda:
+            with self.timer.op(h.records, "d2h", h.step):
+                h.out_host = torch.cat(parts, dim=1)
+            return
+        done = torch.cuda.Event()
+        done.record()
+        with torch.cuda.stream(self.copy_stream):
+            self.copy_stream.wait_event(done)
+            with self.timer.op(h.records, "d2h", h.step, stream=self.copy_stream):
+                packed = torch.cat(parts, dim=1)
+                h.out_host = torch.empty(packed.shape, dtype=torch.long, pin_memory=True)
+                h.out_host.copy_(packed, non_blocking=True)
+            h.out_event = torch.cuda.Event()
+            h.out_event.record(self.copy_stream)
+            h.packed = packed  # keep it alive until the copy is done
+
+    # -- collect --------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def collect(self, h: StepHandle) -> StepResult:
+        if h.out_event is not None:
+            with self.host.span("wait", h.step):
+                h.out_event.synchronize()
+        out = h.out_host.tolist()
+        k = self.k
+        acc = [row[k + 1] for row in out]
+        if not h.corrected:
+            self._correct(h, acc)
+        sampled = {}
+        for i, (rid, ns, samp) in enumerate(h.rows):
+            if not samp:
+                continue
+            ids = out[i][:acc[i] + 1]
+            sampled[rid] = ids
+            st = self.states.get(rid)
+            if st is not None and st.pending and st.pending[0][0] is h:
+                st.pending.pop(0)
+                st.tokens.extend(ids)
+                st.drafts = out[i][k + 2:]
+        spans = h.spans + self.host.take() + self.timer.spans(h.records)
+        h.records = []
+        if self.prev is h:
+            self.prev = None
+        return StepResult(h.step, sampled, spans)
+
+    def _correct(self, h: StepHandle, acc: list[int]) -> None:
+        """Take a step's rejected drafts back from its requests' num_computed."""
+        for i, (rid, ns, samp) in enumerate(h.rows):
+            st = self.states.get(rid)
+            if samp and ns and st is not None and st.in_flight(h):
+                st.num_computed -= ns - acc[i]
+        h.corrected = True
+
+    # -- CUDA graphs ------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _capture_graphs(self) -> None:
+        k = self.k
+        key = ("graphs", k)
+        if getattr(self, "_graphs_for", None) == key:
+            return
+        self.graphs = {}
+        torch.cuda.synchronize(self.device)
+        if self.graph_pool is None:
+            self.graph_pool = torch.cuda.graph_pool_handle()
+        bb = buckets_up_to(self.spec.max_num_seqs, BATCH_BUCKETS)
+        wb = window_buckets(cdiv(self.spec.max_model_len + self.spec.max_k, BLOCK_SIZE))
+        q = k + 1
+
+        def inputs(extra):
+            def make(b, w):
+                t = {"ids": torch.zeros(b * extra["q"], dtype=torch.long, device=self.device),
+                     "pos": torch.zeros(b * extra["q"], dtype=torch.long, device=self.device),
+                     "block_tables": torch.full((b, w), self.scratch, dtype=torch.long,
+                                                device=self.device),
+                     "scratch": self.scratch}
+                if "hidden" in extra:
+                    t[extra["hidden"]] = torch.zeros(b * extra["q"], extra["dim"],
+                                                     dtype=self.dtype, device=self.device)
+                return t
+            return make
+
+        def meta(t, qq):
+            b = t["block_tables"].shape[0]
+            grid = torch.arange(b * qq, device=self.device)
+            return make_context(t["pos"], t["block_tables"], grid.view(b, qq), grid,
+                                self.scratch, self.dtype)
+
+        def target_fn(t):
+            set_context(meta(t, q))
+            hidden, aux = self.target(t["ids"], t["pos"], return_aux=k > 0)
+            set_context(None)
+            logits = self.target.compute_logits(hidden)
+            return (logits, aux) if aux is not None else (logits,)
+
+        self.graphs["target"] = DecodeGraphs(target_fn, q, bb, wb, inputs({"q": q}),
+                                             self.graph_pool)
+        if k:
+            aux_dim = 3 * self.target_cfg.hidden_size
+            h = self.draft_cfg.hidden_size
+
+            def first_fn(t):
+                set_context(meta(t, q))
+                out = self.draft(t["ids"], t["pos"], self.draft.combine(t["aux"]))
+                set_context(None)
+                return (out,)
+
+            def step_fn(t):
+                set_context(meta(t, 1))
+                out = self.draft(t["ids"], t["pos"], t["hidden"])
+                set_context(None)
+                return (out,)
+
+            self.graphs["draft_first"] = DecodeGraphs(
+                first_fn, q, bb, wb, inputs({"q": q, "hidden": "aux", "dim": aux_dim}),
+                self.graph_pool)
+            if k > 1:
+                self.graphs["draft_step"] = DecodeGraphs(
+                    step_fn, 1, bb, wb, inputs({"q": 1, "hidden": "hidden", "dim": h}),
+                    self.graph_pool)
+        for g in self.graphs.values():
+            g.capture_all()
+        set_context(None)
+        torch.cuda.synchronize(self.device)
+        self._graphs_for = key

@@ -1,0 +1,72 @@
+"""Shared helpers of the engine tests: tiny checkpoints (made once per test process), a reference
+greedy decoder, and a one-call engine runner."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from engine.core import EngineConfig, run_trace
+from engine.executor import InlineExecutor
+from engine.worker import WorkerSpec
+from stepgap.formats import TraceRequest
+
+TRAIN_STEPS = 150
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_checkpoints(train_steps: int = TRAIN_STEPS) -> dict:
+    """OUT/target, OUT/eagle3-yuhuili, OUT/eagle3-speculators; the head distilled so that drafts
+    are accepted at every position. Built once per test process (a few seconds)."""
+    from engine.tiny import make_tiny
+    out = Path(tempfile.mkdtemp(prefix="stepgap-tiny-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
+    return make_tiny(out, seed=0, train_steps=train_steps)
+
+
+@functools.lru_cache(maxsize=None)
+def inline_executor(dtype: str = "float64", num_blocks: int = 512, draft: str = "eagle3-yuhuili"):
+    """One inline worker per configuration, reused across runs (configure resets it)."""
+    paths = tiny_checkpoints()
+    spec = WorkerSpec(paths["target"], paths[draft] if draft else None, "cpu", dtype, num_blocks,
+                      max_model_len=512, max_num_seqs=64, max_k=5)
+    return InlineExecutor(spec)
+
+
+def mixed_requests(n: int, base_prompt: int = 5, step: int = 9, out_len: int = 14,
+                   out_step: int = 3) -> list[TraceRequest]:
+    return [TraceRequest(f"r{i}", 0.0, base_prompt + (step * i) % 70, out_len + (out_step * i) % 11)
+            for i in range(n)]
+
+
+def run(executor, requests, mode="sync", k=0, num_blocks=512, max_num_seqs=4,
+        max_num_batched_tokens=8192, sampling=None, max_concurrency=None, **kw):
+    from engine.sampler import SamplingConfig
+    cfg = EngineConfig(mode, k, num_blocks, max_num_seqs, max_num_batched_tokens, 512,
+                       sampling or SamplingConfig())
+    return run_trace(executor, requests, cfg, vocab_size=512, max_concurrency=max_concurrency,
+                     **kw)
+
+
+@torch.no_grad()
+def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """The target's own greedy continuation, recomputed from scratch for every token with no
+    KV cache (the dense path)."""
+    seq = list(prompt)
+    for _ in range(n):
+        ids = torch.tensor(seq)
+        hidden, _ = model(ids, torch.arange(len(seq)), return_aux=False)
+        seq.append(int(model.compute_logits(hidden[-1]).argmax()))
+    return seq[len(prompt):]
+
+
+@functools.lru_cache(maxsize=None)
+def reference_model(dtype=torch.float64):
+    from engine.checkpoint import load_target
+    model, _ = load_target(tiny_checkpoints()["target"], torch.device("cpu"), dtype)
+    return model

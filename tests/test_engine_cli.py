@@ -1,0 +1,83 @@
+"""`stepgap run` and `stepgap make-tiny` from the command line."""
+
+import json
+
+import pytest
+
+from engine_helpers import tiny_checkpoints
+from stepgap.cli import main
+from stepgap.formats import load_result, load_timeline, save_trace, TraceRequest
+
+
+@pytest.fixture(scope="module")
+def paths():
+    return tiny_checkpoints()
+
+
+def test_run_help_teaches_groups_units_and_examples(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = capsys.readouterr().out
+    for needle in ("models:", "engine:", "scheduler (as vLLM V1):", "sampling:",
+                   "workload and load", "output:", "examples:", "--synthetic-acceptance",
+                   "default 0", "ms"):
+        assert needle in text
+
+
+def test_make_tiny_writes_a_target_and_both_head_layouts(tmp_path, capsys):
+    assert main(["make-tiny", str(tmp_path / "t"), "--train-steps", "0"]) == 0
+    for name, key in (("target", "LlamaForCausalLM"), ("eagle3-yuhuili", "LlamaForCausalLMEagle3"),
+                      ("eagle3-speculators", "Eagle3Speculator")):
+        cfg = json.loads((tmp_path / "t" / name / "config.json").read_text())
+        assert cfg["architectures"] == [key]
+        assert (tmp_path / "t" / name / "model.safetensors").is_file()
+
+
+def test_run_writes_result_timeline_and_output_ids_in_trace_order(tmp_path, paths, capsys):
+    trace = tmp_path / "trace.jsonl"
+    reqs = [TraceRequest("b", 0.0, 12, 9), TraceRequest("a", 0.0, 30, 5),
+            TraceRequest("c", 0.01, 7, 11)]
+    save_trace(trace, reqs)
+    args = ["run", "--target", paths["target"], "--draft", paths["eagle3-speculators"],
+            "--k", "3", "--trace", str(trace), "--max-concurrency", "2",
+            "--result-json", str(tmp_path / "r.json"), "--detailed",
+            "--timeline", str(tmp_path / "t.jsonl"), "--chrome-trace", str(tmp_path / "c.json")]
+    assert main(args) == 0
+    assert "Engine Benchmark Result" in capsys.readouterr().out
+    res = load_result(tmp_path / "r.json")
+    assert res["completed"] == 3 and res["max_concurrency"] == 2
+    assert res["request_ids"] == ["b", "a", "c"]
+    assert [len(ids) for ids in res["output_token_ids"]] == [9, 5, 11]
+    assert res["config"]["mode"] == "sync" and res["config"]["k"] == 3
+    assert res["spec_decode"]["k"] == 3 and len(res["accepted"]) == 3
+    spans = load_timeline(tmp_path / "t.jsonl")
+    assert {s.lane for s in spans} == {"cpu.engine", "cpu.worker", "device"}
+    assert json.loads((tmp_path / "c.json").read_text())["traceEvents"]
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--k", "2"], "--k 2 needs a draft head"),
+    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--trace", "nope.jsonl"], "unknown workload 'nope.jsonl'"),
+])
+def test_bad_input_is_one_clear_line(paths, capsys, extra, needle):
+    assert main(["run", "--target", paths["target"], "--num-prompts", "1", *extra]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+def test_missing_target_folder_is_named(tmp_path, capsys):
+    assert main(["run", "--target", str(tmp_path / "nothing")]) == 2
+    assert "unknown model" in capsys.readouterr().err
+
+
+def test_head_for_another_target_names_the_tensor(tmp_path, paths, capsys):
+    import shutil
+    bad = tmp_path / "head"
+    shutil.copytree(paths["eagle3-yuhuili"], bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["target_hidden_size"] = 4096
+    (bad / "config.json").write_text(json.dumps(cfg))
+    assert main(["run", "--target", paths["target"], "--draft", str(bad), "--k", "2",
+                 "--num-prompts", "1"]) == 2
+    assert "fc.weight" in capsys.readouterr().err
