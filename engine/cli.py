@@ -148,8 +148,8 @@ def cmd_run(args) -> int:
         raise UserError(f"--k must be >= 0, got {args.k}")
     if args.k > 0 and not args.draft:
         raise UserError(f"--k {args.k} needs a draft head: give --draft")
+    requests = workload_from_args(args)  # also fills the unset load options (seed)
     sampling = sampling_from_args(args)
-    requests = workload_from_args(args)
     if sampling.replay and not any(r.accepted for r in requests):
         raise UserError("--synthetic-acceptance replay: the trace has no `accepted` lists")
     target_cfg = load_model_config(args.target)

@@ -219,7 +219,19 @@ def add_load_args(p: argparse.ArgumentParser, default_workload: str = "mtbench")
                    "sampling (default 0)")
 
 
+LOAD_DEFAULTS = {"burstiness": 1.0, "seed": 0}
+
+
+def fill_load_defaults(args) -> None:
+    """Give the load options left unset their defaults. (They default to None so that scenario
+    presets can tell an explicit value from none.)"""
+    for name, value in LOAD_DEFAULTS.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
 def workload_from_args(args, default_workload: str = "mtbench") -> list[TraceRequest]:
-    seed = args.seed or 0
-    reqs = load_workload(args.trace or default_workload, args.num_prompts, args.output_len, seed)
-    return apply_request_rate(reqs, args.request_rate, args.burstiness or 1.0, seed)
+    fill_load_defaults(args)
+    reqs = load_workload(args.trace or default_workload, args.num_prompts, args.output_len,
+                         args.seed)
+    return apply_request_rate(reqs, args.request_rate, args.burstiness, args.seed)
