@@ -17,12 +17,15 @@ from stepgap.errors import UserError
 COMMAND_MODULES = [
     "sim.cli",
     "engine.cli",
+    "engine.train_cli",
+    "engine.demo",
 ]
 
 DESCRIPTION = """\
 stepgap: what does async scheduling buy with EAGLE-3 speculative decoding, and where do the
 step gaps go? `simulate` predicts a serving run with a SimPy model of the step loop; `run`
-measures one with a real torch engine. Both write the same run results and timelines.
+measures one with a real torch engine. Both write the same run results and timelines. `demo`
+runs both on a small trained Llama + EAGLE-3 pair (`train` makes it).
 """
 
 
