@@ -1,0 +1,217 @@
+"""`stepgap demo`: the engine on the committed trained pair, next to the simulator's prediction.
+
+1. The engine (sync, inline worker, CPU, float32, greedy) runs the pair's held-out workload
+   (prompts cut from Python stdlib files the pair never trained on) with k draft tokens per step
+   and measures what `vllm bench serve` measures, with real acceptance.
+2. The simulator runs the same trace with the same k, concurrency, scheduler limits and topology
+   (`worker=inline`, `device=sync`: the device is the worker's own CPU), replaying the engine's
+   accepted count of every decode step, so both see the same acceptance.
+3. Both are printed side by side, with the simulator's error.
+
+The simulator's device costs are the roofline over the `cpu` catalog entry, a placeholder. A
+measured profile of this machine replaces it through `device_costs` (of `simulate_trace` and
+`run_demo`) without touching anything else here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from stepgap.errors import UserError
+
+PAIR = Path(__file__).resolve().parents[1] / "checkpoints" / "pystdlib"
+
+EPILOG = """\
+examples:
+  stepgap demo                                  # k = 4, 48 held-out prompts, concurrency 1
+  stepgap demo --k 2 --max-concurrency 4 --num-prompts 16
+
+The pair (checkpoints/pystdlib) was trained by `stepgap train`; docs/training.md tells how.
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "demo", help="the engine on the trained pair, next to the simulator's prediction",
+        description="Run the reference engine on the committed trained target + EAGLE-3 head "
+                    "over held-out Python code, print its measured acceptance, TPOT and ITL, "
+                    "and the simulator's prediction for the same trace and acceptance.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pair", default=str(PAIR), metavar="DIR",
+                   help="folder with target/, eagle3/ and heldout.jsonl (default: the committed "
+                        "checkpoints/pystdlib)")
+    p.add_argument("--k", type=int, default=4, help="draft tokens per step (default 4)")
+    p.add_argument("--num-prompts", type=int, default=None, metavar="N",
+                   help="the first N requests of the trace (default: all)")
+    p.add_argument("--max-concurrency", type=int, default=1, metavar="N",
+                   help="requests in flight (default 1, as the seed run)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_demo)
+
+
+def pair_paths(pair) -> dict:
+    pair = Path(pair)
+    paths = {"target": pair / "target", "eagle3": pair / "eagle3",
+             "heldout": pair / "heldout.jsonl"}
+    for name, path in paths.items():
+        if not path.exists():
+            raise UserError(f"{path}: missing (the pair's {name}; `stepgap train {pair}` "
+                            "makes it)")
+    return {k: str(v) for k, v in paths.items()}
+
+
+def load_heldout(pair, num_prompts: int | None = None):
+    from stepgap.formats import load_trace
+    reqs = load_trace(pair_paths(pair)["heldout"])
+    return reqs[:num_prompts] if num_prompts else reqs
+
+
+def limits(requests, k: int, max_concurrency: int | None) -> dict:
+    """Scheduler limits that fit the trace: both halves use the same."""
+    from stepgap.scheduler import cdiv
+    longest = max(r.prompt_len + r.output_len for r in requests)
+    return {"num_blocks": sum(cdiv(r.prompt_len + r.output_len + k + 1, 16) for r in requests),
+            "max_num_seqs": max_concurrency or len(requests),
+            "max_num_batched_tokens": 8192, "max_model_len": longest + k + 1}
+
+
+def run_engine(pair, requests, k: int, max_concurrency: int | None = 1, progress: bool = False,
+               dtype: str = "float32"):
+    """The sync inline engine on the pair, greedy, on the CPU: engine.core.RunOutput."""
+    from tqdm import tqdm
+
+    from engine.core import EngineConfig, run_trace
+    from engine.executor import InlineExecutor
+    from engine.train import TokenProgress
+    from engine.worker import WorkerSpec
+    from stepgap.modelcfg import load_model_config
+
+    paths = pair_paths(pair)
+    lim = limits(requests, k, max_concurrency)
+    spec = WorkerSpec(paths["target"], paths["eagle3"] if k else None, "cpu", dtype,
+                      lim["num_blocks"], lim["max_model_len"], lim["max_num_seqs"], max(k, 1))
+    cfg = EngineConfig("sync", k, **lim)
+    vocab = load_model_config(paths["target"]).vocab_size
+    ex = InlineExecutor(spec)
+    # One short request first: the first forwards pay one-time costs (allocation, kernel
+    # selection) that are no part of a step.
+    warm = replace(requests[0], request_id="warmup", output_len=min(8, requests[0].output_len))
+    run_trace(ex, [warm], cfg, vocab_size=vocab)
+    with tqdm(desc=f"engine k={k}", unit=" tok", total=sum(r.output_len for r in requests),
+              disable=not progress, mininterval=0.5, file=sys.stderr, leave=False) as bar:
+        return run_trace(TokenProgress(ex, bar), requests, cfg, vocab_size=vocab,
+                         max_concurrency=max_concurrency, detailed=True,
+                         config={"executor": "inline", "device": "cpu", "dtype": dtype})
+
+
+def simulate_trace(pair, requests, accepted: dict, k: int, max_concurrency: int | None = 1,
+                   device_costs=None) -> dict:
+    """The simulator on the same trace, replaying the engine's accepted counts.
+
+    `device_costs` None is the roofline over the `cpu` catalog entry (a placeholder); pass a
+    measured profile (a sim.costs.DeviceCosts) to replace it.
+    """
+    from sim.config import SimConfig
+    from sim.loop import simulate
+
+    paths = pair_paths(pair)
+    lim = limits(requests, k, max_concurrency)
+    cfg = SimConfig(mode="sync", k=k, gpu="cpu", model=paths["target"], draft=paths["eagle3"],
+                    worker="inline", device="sync", replay=True,
+                    max_num_seqs=lim["max_num_seqs"],
+                    max_num_batched_tokens=lim["max_num_batched_tokens"],
+                    max_model_len=lim["max_model_len"], num_kv_blocks=lim["num_blocks"],
+                    max_concurrency=max_concurrency)
+    reqs = [replace(r, accepted=list(accepted.get(r.request_id, []))) for r in requests]
+    result, _ = simulate(cfg, reqs, device_costs)
+    return result
+
+
+ROWS = (("Acceptance length", "acceptance_length", "{:.2f}"),
+        ("Mean TPOT (ms)", "mean_tpot_ms", "{:.2f}"), ("P99 TPOT (ms)", "p99_tpot_ms", "{:.2f}"),
+        ("Mean ITL (ms)", "mean_itl_ms", "{:.2f}"), ("P99 ITL (ms)", "p99_itl_ms", "{:.2f}"),
+        ("Mean step gap (us)", "step_gap", "{:.0f}"), ("Duration (s)", "duration", "{:.2f}"))
+
+
+def _value(res: dict, key: str):
+    if key == "acceptance_length":
+        return (res.get("spec_decode") or {}).get(key)
+    if key == "step_gap":
+        return (res.get("step_gaps") or {}).get("mean_us")
+    return res.get(key)
+
+
+def side_by_side(engine: dict, sim: dict) -> str:
+    lines = [f"{'':28}{'engine (measured)':>20}{'sim (predicted)':>18}{'sim error':>12}"]
+    for label, key, fmt in ROWS:
+        e, s = _value(engine, key), _value(sim, key)
+        err = f"{100 * (s - e) / e:+.1f} %" if e and s is not None else "-"
+        lines.append(f"{label:28}{fmt.format(e) if e is not None else '-':>20}"
+                     f"{fmt.format(s) if s is not None else '-':>18}{err:>12}")
+    per = (engine.get("spec_decode") or {}).get("acceptance_rate_per_pos")
+    if per:
+        lines.append(f"{'Per-position acceptance (%)':28}  "
+                     + ", ".join(f"{100 * r:.1f}" for r in per))
+    return "\n".join(lines)
+
+
+def sample_text(pair, request, output_ids: list[int], lines: int = 4) -> str:
+    """The end of a prompt and the start of its greedy continuation, decoded."""
+    from engine.corpus import load_tokenizer
+    tok = load_tokenizer(pair_paths(pair)["target"])
+    prompt = tok.decode(request.prompt_token_ids).splitlines()[-lines:]
+    cont = tok.decode(output_ids).splitlines()[:lines]
+    cut = [s if len(s) <= 92 else s[:91] + "…" for s in prompt + ["----- generated -----"] + cont]
+    return "\n".join("    " + s for s in cut)
+
+
+def run_demo(pair=PAIR, k: int = 4, num_prompts: int | None = None,
+             max_concurrency: int | None = 1, progress: bool = True, device_costs=None,
+             out=print) -> tuple[dict, dict]:
+    from stepgap.modelcfg import load_draft_config, load_model_config
+    if k < 1:
+        raise UserError(f"--k must be >= 1, got {k}")
+    if max_concurrency is not None and max_concurrency < 1:
+        raise UserError(f"--max-concurrency must be >= 1, got {max_concurrency}")
+    paths = pair_paths(pair)
+    reqs = load_heldout(pair, num_prompts)
+    tcfg = load_model_config(paths["target"])
+    dcfg = load_draft_config(paths["eagle3"], tcfg)
+    p_lens = [r.prompt_len for r in reqs]
+    o_lens = [r.output_len for r in reqs]
+    out(f"stepgap demo: a trained Llama target and its EAGLE-3 head on held-out Python code")
+    out(f"  target  {_show(paths['target'])}: {tcfg.num_layers} layers, hidden {tcfg.hidden_size}, "
+        f"vocab {tcfg.vocab_size}, {tcfg.num_params / 1e6:.2f} M parameters")
+    out(f"  draft   {_show(paths['eagle3'])}: EAGLE-3, aux layers "
+        f"{','.join(map(str, dcfg.aux_layers_for(tcfg)))}, draft vocab {dcfg.draft_vocab_size}, "
+        f"{dcfg.num_params / 1e6:.2f} M parameters")
+    out(f"  trace   {len(reqs)} held-out prompts of {min(p_lens)}-{max(p_lens)} tokens, "
+        f"outputs of {min(o_lens)}-{max(o_lens)}; k={k}, greedy, max concurrency "
+        f"{max_concurrency}, sync, inline worker, CPU float32")
+    run = run_engine(pair, reqs, k, max_concurrency, progress)
+    engine = run.result
+    sim = simulate_trace(pair, reqs, run.accepted, k, max_concurrency, device_costs)
+    out("")
+    out(side_by_side(engine, sim))
+    out("")
+    out("  sim: same trace, k, concurrency and scheduler; the engine's accepted counts replayed;")
+    out("  device = roofline over the `cpu` catalog entry (a placeholder until a measured profile")
+    out("  of this machine replaces it), CPU ops = the simulator's defaults.")
+    out("")
+    out(f"  {reqs[0].request_id}, the end of its prompt and the start of its greedy output:")
+    out(sample_text(pair, reqs[0], run.output_token_ids[reqs[0].request_id]))
+    return engine, sim
+
+
+def _show(path) -> str:
+    import os
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+def cmd_demo(args) -> int:
+    run_demo(args.pair, args.k, args.num_prompts, args.max_concurrency, not args.quiet)
+    return 0
