@@ -96,6 +96,8 @@ class TrainConfig:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise UserError(f"train: {f} must be an integer >= 1, got {v!r}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise UserError(f"train: seed must be an integer >= 0, got {self.seed!r}")
         if self.draft_vocab_size > self.vocab_size:
             raise UserError(f"train: draft_vocab_size ({self.draft_vocab_size}) exceeds "
                             f"vocab_size ({self.vocab_size})")

@@ -38,8 +38,8 @@ def register(sub) -> None:
     p.add_argument("--corpus", default=None, metavar="DIR",
                    help="a folder of .py files instead of this Python's standard library")
     p.add_argument("--threads", type=int, default=2,
-                   help="torch threads (default 2; the bytes of the head depend on it, so the "
-                        "committed pair names it)")
+                   help="torch threads (default 2, whatever the core count: the head's bytes "
+                        "depend on it)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_train)
 

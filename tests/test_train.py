@@ -7,6 +7,7 @@ at k = 4 is at least 2.5.
 """
 
 import functools
+import re
 import shutil
 from pathlib import Path
 
@@ -108,6 +109,19 @@ def test_train_cli_writes_the_pair_and_says_where(small_corpus, tmp_path, capsys
     for name in ("target", "eagle3", "heldout", "log", "s wall"):
         assert name in text
     assert len(load_trace(tmp_path / "o" / "heldout.jsonl")) == SMOKE.heldout_prompts
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("draft_vocab_size", 400, "draft_vocab_size (400) exceeds vocab_size (320)"),
+    ("aux_layers", (1, 1, 3), "aux_layers must be three distinct layers of 4"),
+    ("ttt_steps", 0, "ttt_steps must be an integer >= 1"),
+    ("seed", -1, "seed must be an integer >= 0"),
+])
+def test_bad_training_configs_name_the_field(field, value, needle):
+    from dataclasses import replace
+    from stepgap.errors import UserError
+    with pytest.raises(UserError, match=re.escape(needle)):
+        replace(SMOKE, **{field: value})
 
 
 # -- the committed pair ---------------------------------------------------------------------------
