@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 from matplotlib.colors import Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from sim.sweep import SweepTable
@@ -131,7 +130,8 @@ def best_k(view: View, metric: str = "mean_tpot_ms") -> list[BestK]:
                 continue
             i = int(np.nanargmin(col) if lower else np.nanargmax(col))
             base = view.value(metric, mode, 0, x) if 0 in view.ks else math.nan
-            speedup = base / col[i] if lower else col[i] / base
+            speedup = (base / col[i] if lower else col[i] / base) if base and col[i] \
+                else math.nan
             out.append(BestK(view.fixed, mode, x, view.ks[i], float(col[i]), float(speedup)))
     return out
 
@@ -385,6 +385,7 @@ def timeline_figure(panels: list[Panel], steps: tuple[int, int] | None = None,
                  layout="constrained")
     axes = fig.subplots(len(rows), len(cols), sharex="col", squeeze=False)
     seen_ops: dict[str, None] = {}
+    widths: dict[int, float] = {}
     for (i, row), (j, col) in itertools.product(enumerate(rows), enumerate(cols)):
         ax = axes[i][j]
         panel = next((p for p in panels if p.row == row and p.column == col), None)
@@ -397,6 +398,9 @@ def timeline_figure(panels: list[Panel], steps: tuple[int, int] | None = None,
         gaps = step_gaps(panel.spans)
         mean = f" (mean step gap of the run: {_fmt_us(sum(gaps) / len(gaps))})" if gaps else ""
         ax.set_title(" · ".join(x for x in (col, row) if x) + mean, fontsize=10, loc="left")
+        widths[j] = max(widths.get(j, 0.0), (t1 - t0) / 1e3)
+    for j, width in widths.items():
+        axes[0][j].set_xlim(0, width)   # the column shares it
     for ax in axes[-1]:
         ax.set_xlabel("time from the window's start (ms)")
     order = [op for op in OP_COLORS if op in seen_ops] + [op for op in seen_ops
@@ -444,16 +448,15 @@ def _draw_panel(ax, spans: list[Span], t0: float, t1: float, seen_ops: dict,
             last_label = (xa + xb) / 2
             ax.text(last_label, -0.62, _fmt_us(b - a), ha="center", va="top", fontsize=7.5,
                     color=GAP_COLOR, fontweight="bold")
-    ax.set_xlim(0, width_ms)
     ax.set_ylim(-1.0, len(lanes) - 0.45)
     ax.set_yticks(range(len(lanes)), lanes, fontsize=8.5)
     ax.grid(axis="x", alpha=0.3)
 
 
 def window_spans(spans: list[Span], t0: float, t1: float) -> list[Span]:
-    """The spans overlapping [t0, t1], with times relative to t0."""
-    return [s._replace(start_us=s.start_us - t0, end_us=s.end_us - t0) for s in spans
-            if s.end_us >= t0 and s.start_us <= t1]
+    """The spans overlapping [t0, t1], clipped to it, with times relative to t0."""
+    return [s._replace(start_us=max(s.start_us, t0) - t0, end_us=min(s.end_us, t1) - t0)
+            for s in spans if s.end_us >= t0 and s.start_us <= t1]
 
 
 def chrome_panels(panels: list[Panel], steps=None, at_gap=None, pad_ms: float = 5.0) -> dict:

@@ -8,9 +8,10 @@ never one derived from the order cells happen to run in, so local, parallel and 
 give the same table.
 
 Cells run in local processes (`concurrent.futures`) or on a Dask distributed cluster. Each
-finished cell is appended to OUT/cells.jsonl under a hash of its whole config; a rerun skips the
-cells found there. The tidy table (one row per cell, in grid order: the axes, then the run-result
-metrics) is written to OUT/sweep.csv and OUT/sweep.json.
+finished cell is appended to OUT/cells.jsonl under a hash of its whole config and of the
+simulator's source; a rerun skips the cells found there. The tidy table (one row per cell,
+in grid order: the axes, then the run-result metrics) is written to OUT/sweep.csv and
+OUT/sweep.json.
 
 Grid syntax (command line; docs/sweeps.md has the file form):
     mode=sync,async,zero-bubble      a list
@@ -23,6 +24,7 @@ Grid syntax (command line; docs/sweeps.md has the file form):
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import io
 import itertools
@@ -223,7 +225,6 @@ def load_grid_file(path) -> tuple[str | None, dict, dict]:
 
 @dataclass(slots=True)
 class Cell:
-    index: int
     values: dict          # axis -> value
     settings: dict        # the whole SimConfig settings of the cell
     key: str              # hash of the cell's config
@@ -242,10 +243,11 @@ class Grid:
             grid_key(key, "grid")
             if not values:
                 raise UserError(f"grid: {key} has no values")
-            seen = [json.dumps(v) for v in values]
-            dup = next((v for v, s in zip(values, seen) if seen.count(s) > 1), None)
-            if dup is not None:
-                raise UserError(f"grid: {key} repeats the value {dup!r}")
+            seen = set()
+            for v in values:
+                if json.dumps(v) in seen:
+                    raise UserError(f"grid: {key} repeats the value {v!r}")
+                seen.add(json.dumps(v))
         for key in self.base:
             grid_key(key, "base")
 
@@ -259,7 +261,7 @@ class Grid:
         from sim.loop import build_workload, check_requests
 
         cells, workloads = [], {}
-        for i, combo in enumerate(itertools.product(*self.axes.values())):
+        for combo in itertools.product(*self.axes.values()):
             values = dict(zip(self.axes, combo))
             settings = {**self.base, **values}
             try:
@@ -272,7 +274,9 @@ class Grid:
                 check_requests(workloads[wkey], cfg, r.scheduler.num_blocks)
             except UserError as e:
                 raise UserError(f"grid cell {format_cell(values)}: {e}") from None
-            cells.append(Cell(i, values, settings, cell_key(cfg)))
+            except (TypeError, ValueError) as e:   # a value of the wrong shape from a file
+                raise UserError(f"grid cell {format_cell(values)}: bad value ({e})") from None
+            cells.append(Cell(values, settings, cell_key(cfg)))
         return cells
 
 
@@ -302,9 +306,31 @@ def format_cell(values: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in values.items())
 
 
+# The code a cell's result depends on: a result kept from another version of it is stale.
+MODEL_SOURCES = ("sim/acceptance.py", "sim/config.py", "sim/costs.py", "sim/hardware.py",
+                 "sim/loop.py", "sim/presets.py", "stepgap/formats.py", "stepgap/modelcfg.py",
+                 "stepgap/scheduler.py", "stepgap/workloads.py")
+
+
+@functools.cache
+def model_digest() -> str:
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for name in MODEL_SOURCES:
+        h.update((root / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
 def cell_key(cfg: SimConfig) -> str:
-    blob = json.dumps(cfg.to_dict(), sort_keys=True)
-    return hashlib.sha256(f"{STORE_VERSION}:{blob}".encode()).hexdigest()[:16]
+    """The cell's hash: its whole config, the files it names and the simulator's code."""
+    h = hashlib.sha256(f"{STORE_VERSION}:{model_digest()}:".encode())
+    h.update(json.dumps(cfg.to_dict(), sort_keys=True).encode())
+    for name in (cfg.workload, cfg.model, cfg.draft):   # a trace file, a config.json or folder
+        path = Path(name)
+        path = path / "config.json" if path.is_dir() else path
+        if path.is_file():
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 # -------------------------------------------------------------------------------------------

@@ -125,8 +125,8 @@ def register(sub) -> None:
 
     q = psub.add_parser("sweep", help="heatmaps, speedup over k=0, async saving, best k",
                         description="Figures of a sweep written by `stepgap sweep`: the metric "
-                        "and its speedup over k=0 across k x concurrency (one panel per mode), "
-                        "the saving of async over sync, and the best k per concurrency.",
+                        "and its speedup over k=0\nacross k x concurrency (one panel per mode), "
+                        "the saving of async over sync, and\nthe best k per concurrency.",
                         epilog=PLOT_SWEEP_EPILOG,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     q.add_argument("sweep", metavar="DIR", help="the sweep's output folder (or its sweep.json)")
@@ -142,8 +142,8 @@ def register(sub) -> None:
 
     q = psub.add_parser("timeline", help="Gantt chart of the lanes over a window of steps",
                         description="A Gantt chart of the lanes (cpu.engine, cpu.worker, device) "
-                        "of one or more timelines (JSON lines, DESIGN.md §2, simulated or "
-                        "measured), step gaps shaded and labelled with their length.",
+                        "of one or more timelines\n(JSON lines, DESIGN.md §2, simulated or "
+                        "measured), step gaps shaded and labelled with their\nlength.",
                         epilog=TIMELINE_EPILOG,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     q.add_argument("timelines", nargs="+", metavar="TIMELINE", help="[COLUMN/]ROW=PATH")
@@ -237,6 +237,7 @@ def plot_sweep_cmd(args) -> int:
 
 def draw_sweep(table, out: Path, metric: str, x: str | None, quiet: bool) -> int:
     import csv
+    import math
 
     from sim import plots
     from sim.sweep import METRICS
@@ -257,7 +258,8 @@ def draw_sweep(table, out: Path, metric: str, x: str | None, quiet: bool) -> int
             written.append(path)
         best = plots.best_k(view, metric)
         best_rows += [{**b.fixed, "mode": b.mode, view.x: b.x, "best_k": b.k, metric: b.value,
-                       "speedup_over_k0": b.speedup} for b in best]
+                       "speedup_over_k0": None if math.isnan(b.speedup) else b.speedup}
+                      for b in best]
         if not quiet:
             print(plots.format_best_k(view, best, metric))
             print()

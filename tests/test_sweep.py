@@ -149,6 +149,22 @@ def test_a_rerun_skips_the_cells_already_done(tmp_path, monkeypatch):
     assert run_sweep(tiny_grid("k=0", "max_concurrency=1"), tmp_path, fresh=True).ran == 1
 
 
+def test_a_change_to_the_simulator_reruns_every_cell(tmp_path, monkeypatch):
+    assert run_sweep(tiny_grid("k=0,2"), tmp_path).ran == 2
+    monkeypatch.setattr(sweep, "model_digest", lambda: "another version")
+    assert run_sweep(tiny_grid("k=0,2"), tmp_path).ran == 2
+
+
+def test_a_changed_trace_file_reruns_its_cells(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"request_id": "a", "arrival_s": 0, "prompt_len": 8, "output_len": 16}\n')
+    grid = build_grid(["k=0,2"], sets=[f"workload={trace}", "model=llama-3.2-1b"])
+    assert run_sweep(grid, tmp_path / "out").ran == 2
+    assert run_sweep(grid, tmp_path / "out").ran == 0
+    trace.write_text('{"request_id": "a", "arrival_s": 0, "prompt_len": 8, "output_len": 20}\n')
+    assert run_sweep(grid, tmp_path / "out").ran == 2
+
+
 def test_a_torn_last_line_is_run_again(tmp_path):
     run_sweep(tiny_grid("k=0,2"), tmp_path)
     store = tmp_path / "cells.jsonl"
