@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.colors import Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
@@ -149,7 +150,7 @@ def format_best_k(view: View, rows: list[BestK], metric: str = "mean_tpot_ms") -
         lines.append(f"{_fmt_x(x):<14}" + "".join(f"{cells.get((m, x), '-'):<{width}}"
                                                    for m in view.modes))
     if has_base:
-        lines.append(f"(in parentheses: speedup over k=0 in the same mode)")
+        lines.append("(in parentheses: speedup over k=0 in the same mode)")
     return "\n".join(lines)
 
 
@@ -214,7 +215,7 @@ def metric_heatmap(view: View, metric: str = "mean_tpot_ms") -> Figure:
     if not vals.size:
         raise UserError(f"plot sweep: no values of {metric}")
     lower = lower_is_better(metric)
-    cmap = _cmap("YlOrRd" if lower else "YlGn")
+    cmap = colormaps["YlOrRd" if lower else "YlGn"]
     norm = Normalize(vals.min(), vals.max())
     best = {(r.mode, r.x): r.k for r in best_k(view, metric)}
     better = "lower is better" if lower else "higher is better"
@@ -239,7 +240,7 @@ def speedup_heatmap(view: View, metric: str = "mean_tpot_ms") -> Figure:
     hi = max(vals.max(), 1 / vals.min(), 1.05)
     norm = TwoSlopeNorm(vcenter=1.0, vmin=1 / hi, vmax=hi)
     best = {(r.mode, r.x): r.k for r in best_k(view, metric)}
-    return _heatmap_panels(view, mats, best, norm, _cmap("RdBu"), ".2f",
+    return _heatmap_panels(view, mats, best, norm, colormaps["RdBu"], ".2f",
                            f"speedup of {label(metric).split(' (')[0]} over k=0 (×); "
                            "blue > 1 is faster",
                            f"Speedup of {label(metric).split(' (')[0]} from speculation over "
@@ -255,7 +256,7 @@ def saving_plot(view: View, metric: str = "mean_tpot_ms") -> Figure:
     lower = lower_is_better(metric)
     fig = Figure(figsize=(1.5 + 4.6 * len(others), 4.4), dpi=DPI, layout="constrained")
     axes = fig.subplots(1, len(others), sharey=True, squeeze=False)[0]
-    cmap = _cmap("viridis")
+    cmap = colormaps["viridis"]
     kn = Normalize(min(view.ks), max(max(view.ks), 1))
     best = {(r.mode, r.x): r.value for r in best_k(view, metric)}
     xs = np.array(view.xs, dtype=float)
@@ -284,11 +285,6 @@ def saving_plot(view: View, metric: str = "mean_tpot_ms") -> Figure:
     fig.suptitle(f"What async scheduling saves over sync, by load\n{view.scenario()}",
                  fontsize=11)
     return fig
-
-
-def _cmap(name: str):
-    from matplotlib import colormaps
-    return colormaps[name]
 
 
 def save(fig: Figure, path) -> None:
