@@ -16,6 +16,7 @@ from stepgap.errors import UserError
 
 COMMAND_MODULES = [
     "sim.cli",
+    "sim.sweep_cli",
     "engine.cli",
 ]
 
@@ -23,6 +24,7 @@ DESCRIPTION = """\
 stepgap: what does async scheduling buy with EAGLE-3 speculative decoding, and where do the
 step gaps go? `simulate` predicts a serving run with a SimPy model of the step loop; `run`
 measures one with a real torch engine. Both write the same run results and timelines.
+`sweep` runs the simulator over a grid of what-ifs; `plot` draws sweeps and step timelines.
 """
 
 
