@@ -81,3 +81,15 @@ def test_head_for_another_target_names_the_tensor(tmp_path, paths, capsys):
     assert main(["run", "--target", paths["target"], "--draft", str(bad), "--k", "2",
                  "--num-prompts", "1"]) == 2
     assert "fc.weight" in capsys.readouterr().err
+
+
+def test_run_with_the_process_executor_and_synthetic_acceptance(tmp_path, paths, capsys):
+    args = ["run", "--target", paths["target"], "--draft", paths["eagle3-yuhuili"], "--k", "3",
+            "--mode", "zero-bubble", "--executor", "process", "--num-prompts", "3",
+            "--output-len", "12", "--synthetic-acceptance", "0.9,0.5,0.2",
+            "--result-json", str(tmp_path / "r.json"), "--quiet"]
+    assert main(args) == 0
+    assert capsys.readouterr().out == ""
+    res = load_result(tmp_path / "r.json")
+    assert res["config"]["executor"] == "process" and res["config"]["mode"] == "zero-bubble"
+    assert res["completed"] == 3 and res["spec_decode"]["num_accepted_tokens"] > 0
