@@ -13,6 +13,7 @@ worker's own prepare_inputs: that is the remaining gap. Usage:
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -55,6 +56,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--train-steps", type=int, default=100)
     args = ap.parse_args()
+    load0 = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="stepgap-overlap-"))
     paths = make_tiny(tmp, train_steps=args.train_steps, target_cfg=BENCH_TARGET)
     reqs = mtbench_like(args.num_prompts, args.output_len)
@@ -76,7 +78,8 @@ def main() -> None:
                     **step_costs(out.spans)})
     print(f"process executor, k={args.k}, max-concurrency {args.concurrency}, "
           f"{args.num_prompts} mtbench-like prompts, output {args.output_len}; medians of "
-          f"{args.repeats} runs")
+          f"{args.repeats} runs; {os.cpu_count()} CPUs, load average before/after "
+          f"{load0:.2f}/{os.getloadavg()[0]:.2f} (overlap needs two idle cores)")
     print(f"{'mode':<12} {'TPOT':>7} {'P99 TPOT':>9} {'ITL':>7} {'P99 ITL':>8} "
           f"{'gap p50':>8} {'gap p90':>8} {'device/step':>12} {'engine/step':>12} {'AL':>5}")
     for mode in MODES:

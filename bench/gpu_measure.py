@@ -329,7 +329,7 @@ def main(argv=None) -> int:
 
     with (out / "results.jsonl").open("w") as f:
         for r in results:
-            f.write(json.dumps(r) + "\n")
+            f.write(json.dumps(r, default=str) + "\n")
     with gzip.open(out / "timelines.jsonl.gz", "wt") as f:
         for s in spans_out:
             f.write(json.dumps(s) + "\n")

@@ -162,12 +162,14 @@ def _load_into(folder: Path, names: dict, optional: set[str] = frozenset(),
 
 
 def load_target(spec: str, device: torch.device, dtype: torch.dtype,
-                max_positions: int | None = None, aux_layers=None, seed: int = 0):
-    """A target from a Hugging Face Llama folder, or a preset name with random weights."""
+                max_positions: int | None = None, aux_layers=None, seed: int = 0,
+                random_weights: bool = False):
+    """A target from a Hugging Face Llama folder, or a preset name with random weights
+    (`random_weights` builds a folder's config with random weights, reading no tensors)."""
     cfg = load_model_config(spec)
     with build_on(device, dtype):
         model = Llama(cfg, aux_layers, max_positions)
-    if spec in MODEL_PRESETS:
+    if spec in MODEL_PRESETS or random_weights:
         init_weights(model, seed=seed)
         return model.eval(), cfg
     ignored = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
@@ -201,12 +203,12 @@ def check_draft_fits(cfg: Eagle3Config, target: ModelConfig, source: str) -> Non
 
 
 def load_draft(spec: str, target: Llama, device: torch.device, dtype: torch.dtype,
-               max_positions: int | None = None, seed: int = 0):
+               max_positions: int | None = None, seed: int = 0, random_weights: bool = False):
     """An EAGLE-3 head for `target` from a folder (yuhuili or speculators layout) or a preset."""
     tcfg = target.cfg
     cfg = load_draft_config(spec, tcfg)
     check_draft_fits(cfg, tcfg, str(spec))
-    folder = None if spec in DRAFT_PRESETS or spec == "eagle3" else Path(spec)
+    folder = None if spec in DRAFT_PRESETS or spec == "eagle3" or random_weights else Path(spec)
     own_embedding = False
     if folder is not None:
         own_embedding = "embed_tokens.weight" in _open_tensors(folder)

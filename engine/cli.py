@@ -60,6 +60,9 @@ def register(sub) -> None:
                         "'eagle3' (random, shaped like the target); needed when --k > 0")
     m.add_argument("--k", type=int, default=0,
                    help="speculative tokens per step, the draft length (default 0: no drafting)")
+    m.add_argument("--random-weights", action="store_true",
+                   help="build the target and draft from their config.json with random weights "
+                        "(for timing; no safetensors read). Presets always are random")
     m.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16", "float64"),
                    help="weights and KV cache dtype (default: bfloat16 on cuda, float32 on cpu)")
     e = p.add_argument_group("engine")
@@ -168,7 +171,7 @@ def cmd_run(args) -> int:
                                         args.kv_cache_gib * 2 ** 30, per_block)
     spec = WorkerSpec(args.target, args.draft, args.device, args.dtype, num_blocks,
                       args.max_model_len, args.max_num_seqs, max(args.k, 1),
-                      not args.no_cuda_graphs, args.seed)
+                      not args.no_cuda_graphs, args.seed, random_weights=args.random_weights)
     cfg = EngineConfig(args.mode, args.k, num_blocks, args.max_num_seqs,
                        args.max_num_batched_tokens, args.max_model_len, sampling)
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr))

@@ -56,6 +56,7 @@ class WorkerSpec:
     seed: int = 0
     num_threads: int | None = None
     emulate_graphs: bool = False  # tests: the graphs' padded, bucketed path, run eagerly
+    random_weights: bool = False  # build folders' configs with random weights (no tensors read)
 
     def __post_init__(self):
         if self.device not in ("cpu", "cuda"):
@@ -150,11 +151,13 @@ class Worker:
         self.cuda = self.device.type == "cuda"
         max_pos = spec.max_model_len + spec.max_k + BLOCK_SIZE
         self.target, self.target_cfg = load_target(spec.target, self.device, self.dtype, max_pos,
-                                                   seed=spec.seed)
+                                                   seed=spec.seed,
+                                                   random_weights=spec.random_weights)
         self.draft = self.draft_cfg = None
         if spec.draft:
             self.draft, self.draft_cfg = load_draft(spec.draft, self.target, self.device,
-                                                    self.dtype, max_pos, seed=spec.seed)
+                                                    self.dtype, max_pos, seed=spec.seed,
+                                                    random_weights=spec.random_weights)
         layers = self.target.attention_layers() + (self.draft.attention_layers()
                                                    if self.draft else [])
         hkv = {a.hkv for a in layers}

@@ -93,3 +93,16 @@ def test_run_with_the_process_executor_and_synthetic_acceptance(tmp_path, paths,
     res = load_result(tmp_path / "r.json")
     assert res["config"]["executor"] == "process" and res["config"]["mode"] == "zero-bubble"
     assert res["completed"] == 3 and res["spec_decode"]["num_accepted_tokens"] > 0
+
+
+def test_random_weights_build_a_config_only_folder(tmp_path, paths, capsys):
+    import shutil
+    for name in ("target", "eagle3-yuhuili"):
+        (tmp_path / name).mkdir()
+        shutil.copy(f"{paths[name]}/config.json", tmp_path / name)
+    base = ["run", "--target", str(tmp_path / "target"), "--num-prompts", "1",
+            "--output-len", "4", "--quiet"]
+    assert main(base) == 2
+    assert "no *.safetensors weights" in capsys.readouterr().err
+    assert main(base + ["--draft", str(tmp_path / "eagle3-yuhuili"), "--k", "2",
+                        "--random-weights"]) == 0
