@@ -234,6 +234,8 @@ def main(argv=None) -> int:
     log = Log(out / "log.txt")
     device = torch.device(args.device)
     cuda = device.type == "cuda"
+    if not cuda:
+        torch.set_num_threads(1)  # the tiny model gains nothing from more threads
     modes = [m for m in args.modes.split(",") if m]
     ks, concs = parse_ints(args.ks), parse_ints(args.concurrency)
     output_len = args.output_len or (128 if cuda else 8)
