@@ -20,7 +20,8 @@ examples:
 
 Presets (llama-3.1-8b, llama-3.2-1b, llama-3.2-3b; drafts llama-3.1-8b-eagle3, or eagle3 for a
 head shaped like the target) build random weights directly on the device: use them with
---synthetic-acceptance to time full-size models. Times are wall clock: TTFT, TPOT, ITL and E2EL
+--synthetic-acceptance to time full-size models. `--target tiny --draft tiny-eagle3` is the
+random make-tiny pair, built in memory. Times are wall clock: TTFT, TPOT, ITL and E2EL
 in ms as `vllm bench serve` reports them; step gaps in microseconds.
 """
 
@@ -139,12 +140,11 @@ def default_num_blocks(max_num_seqs: int, max_model_len: int, k: int, cap_bytes:
 
 
 def cmd_run(args) -> int:
-    from engine.checkpoint import check_draft_fits
+    from engine.checkpoint import check_draft_fits, draft_config, target_config
     from engine.core import EngineConfig, config_summary, run_trace
     from engine.executor import WorkerDied, make_executor
     from engine.worker import WorkerSpec
     from stepgap.formats import format_summary, save_chrome_trace, save_result, save_timeline
-    from stepgap.modelcfg import load_draft_config, load_model_config
     from stepgap.workloads import workload_from_args
 
     if args.k < 0:
@@ -155,9 +155,9 @@ def cmd_run(args) -> int:
     requests = workload_from_args(args)
     if sampling.replay and not any(r.accepted for r in requests):
         raise UserError("--synthetic-acceptance replay: the trace has no `accepted` lists")
-    target_cfg = load_model_config(args.target)
+    target_cfg = target_config(args.target)
     if args.draft:
-        check_draft_fits(load_draft_config(args.draft, target_cfg), target_cfg, args.draft)
+        check_draft_fits(draft_config(args.draft, target_cfg), target_cfg, args.draft)
     num_blocks = args.num_blocks
     if num_blocks is None:
         import torch

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-from engine.checkpoint import save_draft, save_target
 from engine.eagle3 import Eagle3Head
 from engine.model import Llama, init_weights
 from stepgap.modelcfg import Eagle3Config, ModelConfig
@@ -54,18 +53,20 @@ TINY_EMBED_STD = 0.3  # not 0.02: the current token then dominates the residual 
 
 
 def build_tiny(target_cfg: ModelConfig = TINY_TARGET, seed: int = 0,
-               draft_vocab_size: int | None = None) -> tuple[Llama, Eagle3Head]:
+               draft_vocab_size: int | None = None,
+               max_positions: int | None = None) -> tuple[Llama, Eagle3Head]:
     """A random float32 target and head on the CPU; the head shares the target's embedding.
 
     The target's embedding has std TINY_EMBED_STD, so the target is mostly (about 70%) a bigram
     model: predictable enough for a distilled head, context-dependent enough for rejections.
     """
     torch.manual_seed(seed)
-    target = Llama(target_cfg, tiny_aux_layers(target_cfg))
+    target = Llama(target_cfg, tiny_aux_layers(target_cfg), max_positions)
     init_weights(target, seed=seed)
     with torch.no_grad():
         target.embed_tokens.weight.mul_(TINY_EMBED_STD / 0.02)
-    head = Eagle3Head(tiny_draft_config(target_cfg, draft_vocab_size), target_cfg.hidden_size)
+    head = Eagle3Head(tiny_draft_config(target_cfg, draft_vocab_size), target_cfg.hidden_size,
+                      max_positions)
     init_weights(head, seed=seed + 1)
     head.embed_tokens = target.embed_tokens
     return target.eval(), head
@@ -163,6 +164,7 @@ def distill(target: Llama, head: Eagle3Head, steps: int = 200, seed: int = 0,
 def make_tiny(out, seed: int = 0, train_steps: int = 0,
               target_cfg: ModelConfig = TINY_TARGET) -> dict:
     """Write OUT/target, OUT/eagle3-yuhuili and OUT/eagle3-speculators. Returns their paths."""
+    from engine.checkpoint import save_draft, save_target
     out = Path(out)
     target, head = build_tiny(target_cfg, seed)
     agreement = distill(target, head, train_steps, seed) if train_steps else None
