@@ -51,7 +51,8 @@ def main() -> None:
     spec = WorkerSpec(paths["target"], paths["eagle3-yuhuili"], "cpu", "float32", 1024,
                       max_model_len=512, max_num_seqs=16, max_k=4)
     ex = InlineExecutor(spec)
-    print(f"{'batch':>5} {'k':>2} {'schedule':>9} {'prepare':>9} {'update':>9} {'total':>9}   (µs)")
+    print(f"{'batch':>5} {'k':>2} {'schedule':>9} {'prepare':>9} {'update':>9} {'total':>9}"
+          "   (µs)")
     for batch in (1, 16):
         for k in (0, 4):
             reqs = [TraceRequest(f"r{i}", 0.0, 64, args.output_len) for i in range(batch)]

@@ -165,7 +165,8 @@ def selfcheck(device: torch.device, log) -> dict:
     for name, ex, mode, k, replay in (
             ("eager", eager, "sync", 0, False), ("eager", eager, "sync", 3, False),
             ("graphs", graphs, "sync", 3, False), ("graphs", graphs, "async", 3, False),
-            ("graphs", graphs, "zero-bubble", 3, False), ("graphs", graphs, "zero-bubble", 0, False),
+            ("graphs", graphs, "zero-bubble", 3, False),
+            ("graphs", graphs, "zero-bubble", 0, False),
             ("eager", eager, "zero-bubble", 3, True), ("graphs", graphs, "sync", 3, True),
             ("graphs", graphs, "async", 3, True), ("graphs", graphs, "zero-bubble", 3, True)):
         cell = {"path": name, "mode": mode, "k": k, "replayed_acceptance": replay}
@@ -353,8 +354,9 @@ def main(argv=None) -> int:
 
 
 def summary(results: list[dict], env: dict) -> str:
+    passed = env.get("selfcheck", {}).get("all_equal")
     lines = [f"stepgap gpu_measure on {env.get('gpu', 'cpu')} (torch {env['torch']}); "
-             f"self-check {'passed' if env.get('selfcheck', {}).get('all_equal') else 'n/a or FAILED'}",
+             f"self-check {'passed' if passed else 'n/a or FAILED'}",
              f"{'cell':22} {'TPOT':>7} {'P99TPOT':>8} {'ITL':>7} {'P99ITL':>7} {'gap50':>7} "
              f"{'gap90':>7} {'AL':>5} {'steps':>6}  (ms; gaps in us)"]
     for r in results:

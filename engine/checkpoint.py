@@ -26,8 +26,6 @@ from stepgap.errors import UserError
 from stepgap.modelcfg import (DRAFT_PRESETS, MODEL_PRESETS, Eagle3Config, ModelConfig,
                               load_draft_config, load_model_config)
 
-TINY_PRESETS = ("tiny", "tiny-eagle3")
-
 
 def target_config(spec: str) -> ModelConfig:
     """A target's config: `tiny`, a preset, a folder or a config.json."""
@@ -37,6 +35,7 @@ def target_config(spec: str) -> ModelConfig:
 def draft_config(spec: str, target: ModelConfig) -> Eagle3Config:
     """A head's config: `tiny-eagle3`, a preset, `eagle3`, a folder or a config.json."""
     return tiny_draft_config(target) if spec == "tiny-eagle3" else load_draft_config(spec, target)
+
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 

@@ -102,8 +102,8 @@ def run_trace(executor, requests: list[TraceRequest], cfg: EngineConfig, *, voca
 
     def send(reqs: list[TraceRequest], at: float | None) -> None:
         for r in reqs:
-            timings[r.request_id] = RequestTiming(r.request_id, r.prompt_len,
-                                                  r.arrival_s if at is None else max(at, r.arrival_s))
+            sent = r.arrival_s if at is None else max(at, r.arrival_s)
+            timings[r.request_id] = RequestTiming(r.request_id, r.prompt_len, sent)
             sched.add_request(Request(r.request_id, r.prompt_len, r.output_len,
                                       prompts[r.request_id]))
 

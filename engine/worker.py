@@ -360,7 +360,8 @@ class Worker:
                 set_context(ctx)
                 hidden, aux = self.target(ids, pos, return_aux=k > 0)
                 set_context(None)
-                logits = self.target.compute_logits(hidden[d["verify"].flatten()]).view(b, k + 1, -1)
+                logits = self.target.compute_logits(hidden[d["verify"].flatten()])
+                logits = logits.view(b, k + 1, -1)
         with self.timer.op(rec, "rejection_sample", step, reqs=b):
             drafts_in = ids[d["verify"][:, 1:]]
             forced = d["forced"] if self.run.sampling.replay else None
