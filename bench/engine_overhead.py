@@ -19,6 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
+
 from engine.core import EngineConfig, run_trace  # noqa: E402
 from engine.executor import InlineExecutor  # noqa: E402
 from engine.tiny import make_tiny  # noqa: E402
@@ -43,12 +45,14 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
+    torch.set_num_threads(1)  # the tiny model gains nothing from more; busy cores lose a lot
     tmp = Path(tempfile.mkdtemp(prefix="stepgap-overhead-"))
     paths = make_tiny(tmp, train_steps=0)
     spec = WorkerSpec(paths["target"], paths["eagle3-yuhuili"], "cpu", "float32", 1024,
                       max_model_len=512, max_num_seqs=16, max_k=4)
     ex = InlineExecutor(spec)
-    print(f"{'batch':>5} {'k':>2} {'schedule':>9} {'prepare':>9} {'update':>9} {'total':>9}   (µs)")
+    print(f"{'batch':>5} {'k':>2} {'schedule':>9} {'prepare':>9} {'update':>9} {'total':>9}"
+          "   (µs)")
     for batch in (1, 16):
         for k in (0, 4):
             reqs = [TraceRequest(f"r{i}", 0.0, 64, args.output_len) for i in range(batch)]

@@ -6,7 +6,9 @@ module parameter. A checkpoint that does not fit its config fails with one `User
 the tensor: missing, wrong shape, unexpected, or a draft head made for another target.
 
 Presets (`llama-3.1-8b`, `llama-3.1-8b-eagle3`, `eagle3`) build random weights directly on the
-device, in the run's dtype, for timing at full scale without downloading anything.
+device, in the run's dtype, for timing at full scale without downloading anything. `tiny` and
+`tiny-eagle3` are make-tiny's random pair, built in memory on the CPU (the same weights on every
+device) and moved: they need no files at all. safetensors is imported only to read or write files.
 """
 
 from __future__ import annotations
@@ -16,14 +18,24 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
 from engine.eagle3 import Eagle3Head
 from engine.model import Llama, init_weights
+from engine.tiny import TINY_TARGET, build_tiny, tiny_draft_config
 from stepgap.errors import UserError
 from stepgap.modelcfg import (DRAFT_PRESETS, MODEL_PRESETS, Eagle3Config, ModelConfig,
                               load_draft_config, load_model_config)
+
+
+def target_config(spec: str) -> ModelConfig:
+    """A target's config: `tiny`, a preset, a folder or a config.json."""
+    return TINY_TARGET if spec == "tiny" else load_model_config(spec)
+
+
+def draft_config(spec: str, target: ModelConfig) -> Eagle3Config:
+    """A head's config: `tiny-eagle3`, a preset, `eagle3`, a folder or a config.json."""
+    return tiny_draft_config(target) if spec == "tiny-eagle3" else load_draft_config(spec, target)
+
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -117,6 +129,7 @@ def _open_tensors(folder: Path):
     for f in _weight_files(folder):
         if not f.is_file():
             raise UserError(f"{f}: listed in the safetensors index but missing")
+        from safetensors import safe_open
         try:
             handle = safe_open(str(f), framework="pt")
         except Exception as e:  # safetensors raises its own error types
@@ -162,12 +175,17 @@ def _load_into(folder: Path, names: dict, optional: set[str] = frozenset(),
 
 
 def load_target(spec: str, device: torch.device, dtype: torch.dtype,
-                max_positions: int | None = None, aux_layers=None, seed: int = 0):
-    """A target from a Hugging Face Llama folder, or a preset name with random weights."""
+                max_positions: int | None = None, aux_layers=None, seed: int = 0,
+                random_weights: bool = False):
+    """A target from a Hugging Face Llama folder, or a preset name with random weights
+    (`random_weights` builds a folder's config with random weights, reading no tensors)."""
+    if spec == "tiny":
+        target, _ = build_tiny(seed=seed, max_positions=max_positions)
+        return target.to(device=device, dtype=dtype).eval(), target.cfg
     cfg = load_model_config(spec)
     with build_on(device, dtype):
         model = Llama(cfg, aux_layers, max_positions)
-    if spec in MODEL_PRESETS:
+    if spec in MODEL_PRESETS or random_weights:
         init_weights(model, seed=seed)
         return model.eval(), cfg
     ignored = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
@@ -179,6 +197,7 @@ def save_target(model: Llama, folder) -> None:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(model.cfg.to_hf_dict(), indent=1) + "\n")
+    from safetensors.torch import save_file
     save_file(_gather(target_names(model)), str(folder / "model.safetensors"),
               metadata={"format": "pt"})
 
@@ -201,12 +220,18 @@ def check_draft_fits(cfg: Eagle3Config, target: ModelConfig, source: str) -> Non
 
 
 def load_draft(spec: str, target: Llama, device: torch.device, dtype: torch.dtype,
-               max_positions: int | None = None, seed: int = 0):
+               max_positions: int | None = None, seed: int = 0, random_weights: bool = False):
     """An EAGLE-3 head for `target` from a folder (yuhuili or speculators layout) or a preset."""
     tcfg = target.cfg
-    cfg = load_draft_config(spec, tcfg)
+    cfg = draft_config(spec, tcfg)
     check_draft_fits(cfg, tcfg, str(spec))
-    folder = None if spec in DRAFT_PRESETS or spec == "eagle3" else Path(spec)
+    if spec == "tiny-eagle3":
+        _, head = build_tiny(tcfg, seed=seed, max_positions=max_positions)
+        head = head.to(device=device, dtype=dtype)
+        head.embed_tokens = target.embed_tokens
+        target.aux_layers = tuple(cfg.aux_layers_for(tcfg))
+        return head.eval(), cfg
+    folder = None if spec in DRAFT_PRESETS or spec == "eagle3" or random_weights else Path(spec)
     own_embedding = False
     if folder is not None:
         own_embedding = "embed_tokens.weight" in _open_tensors(folder)
@@ -250,5 +275,6 @@ def save_draft(head: Eagle3Head, folder, layout: str | None = None,
     tensors["t2d"] = t2d
     if head.owns_embedding:
         tensors["embed_tokens.weight"] = head.embed_tokens.weight.detach().contiguous().cpu()
+    from safetensors.torch import save_file
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
 

@@ -20,7 +20,8 @@ examples:
 
 Presets (llama-3.1-8b, llama-3.2-1b, llama-3.2-3b; drafts llama-3.1-8b-eagle3, or eagle3 for a
 head shaped like the target) build random weights directly on the device: use them with
---synthetic-acceptance to time full-size models. Times are wall clock: TTFT, TPOT, ITL and E2EL
+--synthetic-acceptance to time full-size models. `--target tiny --draft tiny-eagle3` is the
+random make-tiny pair, built in memory. Times are wall clock: TTFT, TPOT, ITL and E2EL
 in ms as `vllm bench serve` reports them; step gaps in microseconds.
 """
 
@@ -60,6 +61,9 @@ def register(sub) -> None:
                         "'eagle3' (random, shaped like the target); needed when --k > 0")
     m.add_argument("--k", type=int, default=0,
                    help="speculative tokens per step, the draft length (default 0: no drafting)")
+    m.add_argument("--random-weights", action="store_true",
+                   help="build the target and draft from their config.json with random weights "
+                        "(for timing; no safetensors read). Presets always are random")
     m.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16", "float64"),
                    help="weights and KV cache dtype (default: bfloat16 on cuda, float32 on cpu)")
     e = p.add_argument_group("engine")
@@ -136,12 +140,11 @@ def default_num_blocks(max_num_seqs: int, max_model_len: int, k: int, cap_bytes:
 
 
 def cmd_run(args) -> int:
-    from engine.checkpoint import check_draft_fits
+    from engine.checkpoint import check_draft_fits, draft_config, target_config
     from engine.core import EngineConfig, config_summary, run_trace
     from engine.executor import WorkerDied, make_executor
     from engine.worker import WorkerSpec
     from stepgap.formats import format_summary, save_chrome_trace, save_result, save_timeline
-    from stepgap.modelcfg import load_draft_config, load_model_config
     from stepgap.workloads import workload_from_args
 
     if args.k < 0:
@@ -152,9 +155,9 @@ def cmd_run(args) -> int:
     sampling = sampling_from_args(args)
     if sampling.replay and not any(r.accepted for r in requests):
         raise UserError("--synthetic-acceptance replay: the trace has no `accepted` lists")
-    target_cfg = load_model_config(args.target)
+    target_cfg = target_config(args.target)
     if args.draft:
-        check_draft_fits(load_draft_config(args.draft, target_cfg), target_cfg, args.draft)
+        check_draft_fits(draft_config(args.draft, target_cfg), target_cfg, args.draft)
     num_blocks = args.num_blocks
     if num_blocks is None:
         import torch
@@ -168,7 +171,7 @@ def cmd_run(args) -> int:
                                         args.kv_cache_gib * 2 ** 30, per_block)
     spec = WorkerSpec(args.target, args.draft, args.device, args.dtype, num_blocks,
                       args.max_model_len, args.max_num_seqs, max(args.k, 1),
-                      not args.no_cuda_graphs, args.seed)
+                      not args.no_cuda_graphs, args.seed, random_weights=args.random_weights)
     cfg = EngineConfig(args.mode, args.k, num_blocks, args.max_num_seqs,
                        args.max_num_batched_tokens, args.max_model_len, sampling)
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr))

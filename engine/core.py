@@ -28,7 +28,7 @@ from engine.timing import HostSpans
 from stepgap.errors import UserError
 from stepgap.formats import (RequestTiming, Span, SpecStats, TraceRequest, run_result,
                              step_gaps)
-from stepgap.scheduler import Request, Scheduler, SchedulerConfig
+from stepgap.scheduler import FINISHED, Request, Scheduler, SchedulerConfig
 from stepgap.workloads import LoadGenerator
 
 
@@ -59,6 +59,7 @@ class RunOutput:
     accepted: dict[str, list[int]] = field(default_factory=dict)
     num_free_blocks: int = 0
     num_blocks: int = 0
+    num_discarded: int = 0  # sampled rows of requests that had finished: their tokens dropped
 
 
 def prompt_ids(req: TraceRequest, vocab_size: int, seed: int) -> list[int]:
@@ -93,14 +94,16 @@ def run_trace(executor, requests: list[TraceRequest], cfg: EngineConfig, *, voca
     spans: list[Span] = []
     depth = 1 if cfg.mode == "sync" else 2
     in_flight: deque = deque()
+    discarded = 0
+    last_done = 0.0
 
     def clock() -> float:
         return (time.perf_counter_ns() - t0_ns) / 1e9
 
     def send(reqs: list[TraceRequest], at: float | None) -> None:
         for r in reqs:
-            timings[r.request_id] = RequestTiming(r.request_id, r.prompt_len,
-                                                  r.arrival_s if at is None else max(at, r.arrival_s))
+            sent = r.arrival_s if at is None else max(at, r.arrival_s)
+            timings[r.request_id] = RequestTiming(r.request_id, r.prompt_len, sent)
             sched.add_request(Request(r.request_id, r.prompt_len, r.output_len,
                                       prompts[r.request_id]))
 
@@ -120,7 +123,7 @@ def run_trace(executor, requests: list[TraceRequest], cfg: EngineConfig, *, voca
             res = executor.collect(handle)
             spans += res.spans
             with host.span("update_from_output", done_out.step):
-                _observe(done_out, res.sampled, spec, accepted)
+                discarded += _observe(done_out, res.sampled, spec, accepted)
                 emitted = sched.update_from_output(done_out, res.sampled)
                 now = clock()
                 freed = 0
@@ -130,6 +133,7 @@ def run_trace(executor, requests: list[TraceRequest], cfg: EngineConfig, *, voca
                     if finished:
                         gen.complete()
                         freed += 1
+                        last_done = now
                 if freed:  # the client sends the next requests the moment slots free up
                     send(gen.pop_due(now), now)
             if on_step is not None:
@@ -142,7 +146,7 @@ def run_trace(executor, requests: list[TraceRequest], cfg: EngineConfig, *, voca
                                        "scheduled (the KV cache is too small for them)")
                 break
             time.sleep(max(0.0, nxt - clock()))
-    duration = clock()
+    duration = last_done  # as the benchmark client ends: at the last request's last chunk
     t0_us = t0_ns / 1000.0  # spans are taken on the monotonic clock: make them run-relative
     spans = sorted((s._replace(start_us=s.start_us - t0_us, end_us=s.end_us - t0_us)
                     for s in spans + host.take()), key=lambda s: (s.start_us, s.end_us))
@@ -158,7 +162,8 @@ def run_trace(executor, requests: list[TraceRequest], cfg: EngineConfig, *, voca
         result["output_token_ids"] = [outputs[rid] for rid in order]
         if cfg.k:
             result["accepted"] = [accepted[rid] for rid in order]
-    return RunOutput(result, spans, outputs, accepted, sched.num_free_blocks, cfg.num_blocks)
+    return RunOutput(result, spans, outputs, accepted, sched.num_free_blocks, cfg.num_blocks,
+                     discarded)
 
 
 def to_msg(out, replay: dict) -> StepMsg:
@@ -171,13 +176,20 @@ def to_msg(out, replay: dict) -> StepMsg:
     return StepMsg(out.step, reqs, list(out.preempted), list(out.finished))
 
 
-def _observe(out, sampled: dict, spec: SpecStats, accepted: dict) -> None:
-    """Acceptance statistics of the chunks that will be emitted (not of discarded steps)."""
+def _observe(out, sampled: dict, spec: SpecStats, accepted: dict) -> int:
+    """Acceptance statistics of the chunks that will be emitted (not of discarded steps).
+    Returns how many sampled rows belong to requests that have already finished."""
+    discarded = 0
     for s in out.scheduled:
-        if s.samples and s.num_spec and s.request.status != "finished":
+        if not s.samples:
+            continue
+        if s.request.status == FINISHED:
+            discarded += 1
+        elif s.num_spec:
             a = len(sampled[s.request.request_id]) - 1
             spec.observe(s.num_spec, a)
             accepted[s.request.request_id].append(a)
+    return discarded
 
 
 def config_summary(cfg: EngineConfig) -> dict:

@@ -94,7 +94,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
                     v_cache: torch.Tensor, ctx: Context, scale: float) -> torch.Tensor:
     """Write this forward's K/V into the cache, then attend over each request's blocks.
 
-    q [N, H, D], k and v [N, Hkv, D]; caches [num_blocks + 1, block_size, Hkv, D]. Returns [N, H, D].
+    q [N, H, D], k and v [N, Hkv, D]; caches [num_blocks + 1, block_size, Hkv, D].
+    Returns [N, H, D].
     """
     n, h, d = q.shape
     hkv = k.shape[1]

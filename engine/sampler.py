@@ -87,13 +87,25 @@ def _uniform(shape, device, gen) -> torch.Tensor:
     return torch.rand(shape, device=device, generator=gen)
 
 
+def synthetic_conditionals(cfg: SamplingConfig, k: int, device) -> torch.Tensor | None:
+    """P(accept draft j | drafts < j accepted) from the per-position rates P(accepted > j).
+
+    Built once per run: a host-to-device copy inside the sampler would be a host sync."""
+    if cfg.synthetic is None or k == 0:
+        return None
+    rates = [*cfg.synthetic, *[0.0] * k][:k]
+    prev = [1.0] + rates[:-1]
+    return torch.tensor([r / p if p > 0 else 0.0 for r, p in zip(rates, prev)], device=device)
+
+
 def rejection_sample(logits: torch.Tensor, drafts: torch.Tensor, num_spec: torch.Tensor,
                      cfg: SamplingConfig, gen: torch.Generator | None = None,
-                     forced: torch.Tensor | None = None):
+                     forced: torch.Tensor | None = None, cond: torch.Tensor | None = None):
     """Verify drafts and sample. Returns (tokens [B, 1 + k], num_accepted [B]).
 
     logits [B, 1 + k, V] at each row's verify positions; drafts [B, k] target ids; num_spec [B]
-    real drafts per row; forced [B] accepted counts for replay. A row emits tokens[:a + 1] where
+    real drafts per row; forced [B] accepted counts for replay; cond [k] the synthetic
+    conditional acceptance (synthetic_conditionals). A row emits tokens[:a + 1] where
     a = num_accepted.
     """
     b, width, _ = logits.shape
@@ -113,9 +125,8 @@ def rejection_sample(logits: torch.Tensor, drafts: torch.Tensor, num_spec: torch
         if forced is not None:
             match = j.unsqueeze(0) < forced.unsqueeze(1)
         else:
-            rates = torch.tensor((*cfg.synthetic, *[0.0] * k)[:k], device=device)
-            prev = torch.cat([torch.ones(1, device=device), rates[:-1]])
-            cond = torch.where(prev > 0, rates / prev.clamp(min=1e-12), torch.zeros_like(rates))
+            if cond is None:
+                cond = synthetic_conditionals(cfg, k, device)
             match = _uniform((b, k), device, gen) < cond
     elif probs is None:
         match = drafts == samples[:, :k]

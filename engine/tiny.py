@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-from engine.checkpoint import save_draft, save_target
 from engine.eagle3 import Eagle3Head
 from engine.model import Llama, init_weights
 from stepgap.modelcfg import Eagle3Config, ModelConfig
@@ -34,6 +33,10 @@ TINY_TARGET = ModelConfig(
 TINY_AUX_LAYERS = (1, 2, 3)  # distinct taps (the default (2, L/2, L-3) repeats layer 2 at L = 4)
 
 
+def tiny_aux_layers(cfg: ModelConfig) -> tuple[int, int, int]:
+    return tuple(min(i, cfg.num_layers - 1) for i in TINY_AUX_LAYERS)
+
+
 def tiny_draft_config(target: ModelConfig = TINY_TARGET, draft_vocab_size: int | None = None,
                       name: str = "tiny-eagle3") -> Eagle3Config:
     return Eagle3Config(
@@ -41,7 +44,7 @@ def tiny_draft_config(target: ModelConfig = TINY_TARGET, draft_vocab_size: int |
         num_kv_heads=target.num_kv_heads, intermediate_size=target.intermediate_size,
         vocab_size=target.vocab_size, draft_vocab_size=draft_vocab_size or target.vocab_size // 2,
         target_hidden_size=target.hidden_size, head_dim=target.head_dim,
-        aux_layer_ids=TINY_AUX_LAYERS, rope_theta=target.rope_theta,
+        aux_layer_ids=tiny_aux_layers(target), rope_theta=target.rope_theta,
         rope_scaling=target.rope_scaling, rms_norm_eps=target.rms_norm_eps,
         max_position_embeddings=target.max_position_embeddings)
 
@@ -50,18 +53,20 @@ TINY_EMBED_STD = 0.3  # not 0.02: the current token then dominates the residual 
 
 
 def build_tiny(target_cfg: ModelConfig = TINY_TARGET, seed: int = 0,
-               draft_vocab_size: int | None = None) -> tuple[Llama, Eagle3Head]:
+               draft_vocab_size: int | None = None,
+               max_positions: int | None = None) -> tuple[Llama, Eagle3Head]:
     """A random float32 target and head on the CPU; the head shares the target's embedding.
 
     The target's embedding has std TINY_EMBED_STD, so the target is mostly (about 70%) a bigram
     model: predictable enough for a distilled head, context-dependent enough for rejections.
     """
     torch.manual_seed(seed)
-    target = Llama(target_cfg, TINY_AUX_LAYERS)
+    target = Llama(target_cfg, tiny_aux_layers(target_cfg), max_positions)
     init_weights(target, seed=seed)
     with torch.no_grad():
         target.embed_tokens.weight.mul_(TINY_EMBED_STD / 0.02)
-    head = Eagle3Head(tiny_draft_config(target_cfg, draft_vocab_size), target_cfg.hidden_size)
+    head = Eagle3Head(tiny_draft_config(target_cfg, draft_vocab_size), target_cfg.hidden_size,
+                      max_positions)
     init_weights(head, seed=seed + 1)
     head.embed_tokens = target.embed_tokens
     return target.eval(), head
@@ -159,13 +164,14 @@ def distill(target: Llama, head: Eagle3Head, steps: int = 200, seed: int = 0,
 def make_tiny(out, seed: int = 0, train_steps: int = 0,
               target_cfg: ModelConfig = TINY_TARGET) -> dict:
     """Write OUT/target, OUT/eagle3-yuhuili and OUT/eagle3-speculators. Returns their paths."""
+    from engine.checkpoint import save_draft, save_target
     out = Path(out)
     target, head = build_tiny(target_cfg, seed)
     agreement = distill(target, head, train_steps, seed) if train_steps else None
     paths = {"target": out / "target", "eagle3-yuhuili": out / "eagle3-yuhuili",
              "eagle3-speculators": out / "eagle3-speculators"}
     save_target(target, paths["target"])
-    save_draft(head, paths["eagle3-yuhuili"], "yuhuili", TINY_AUX_LAYERS)
+    save_draft(head, paths["eagle3-yuhuili"], "yuhuili")
     head.cfg = replace(head.cfg, layout="speculators")
-    save_draft(head, paths["eagle3-speculators"], "speculators", TINY_AUX_LAYERS)
+    save_draft(head, paths["eagle3-speculators"], "speculators")
     return {**{k: str(v) for k, v in paths.items()}, "agreement": agreement}

@@ -21,6 +21,7 @@ waits, prepares as if every draft were accepted, and lets the device fix it up.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,7 +30,7 @@ import torch
 from engine.checkpoint import load_draft, load_target
 from engine.graphs import BATCH_BUCKETS, DecodeGraphs, buckets_up_to, window_buckets
 from engine.kv_cache import BLOCK_SIZE, KVCache, make_context, set_context
-from engine.sampler import SamplingConfig, rejection_sample
+from engine.sampler import SamplingConfig, rejection_sample, synthetic_conditionals
 from engine.timing import DeviceTimer, HostSpans
 from stepgap.errors import UserError
 from stepgap.formats import MODES, Span
@@ -51,9 +52,11 @@ class WorkerSpec:
     max_model_len: int = 2048
     max_num_seqs: int = 256
     max_k: int = 8
-    cuda_graphs: bool = True
+    cuda_graphs: bool = True      # on CUDA: replay decode steps from CUDA graphs
     seed: int = 0
     num_threads: int | None = None
+    emulate_graphs: bool = False  # tests: the graphs' padded, bucketed path, run eagerly
+    random_weights: bool = False  # build folders' configs with random weights (no tensors read)
 
     def __post_init__(self):
         if self.device not in ("cpu", "cuda"):
@@ -128,7 +131,8 @@ class StepHandle:
         self.step = step
         self.rows = rows            # (request id, num_spec, samples) per row
         self.any_spec = any(ns for _, ns, _ in rows)
-        self.corrected = False      # num_computed corrected by the true accepted counts
+        # num_computed corrected by the true accepted counts (nothing to correct without drafts)
+        self.corrected = not self.any_spec
         self.records: list = []
         self.spans: list[Span] = []
         self.acc_event = self.out_event = None
@@ -147,11 +151,13 @@ class Worker:
         self.cuda = self.device.type == "cuda"
         max_pos = spec.max_model_len + spec.max_k + BLOCK_SIZE
         self.target, self.target_cfg = load_target(spec.target, self.device, self.dtype, max_pos,
-                                                   seed=spec.seed)
+                                                   seed=spec.seed,
+                                                   random_weights=spec.random_weights)
         self.draft = self.draft_cfg = None
         if spec.draft:
             self.draft, self.draft_cfg = load_draft(spec.draft, self.target, self.device,
-                                                    self.dtype, max_pos, seed=spec.seed)
+                                                    self.dtype, max_pos, seed=spec.seed,
+                                                    random_weights=spec.random_weights)
         layers = self.target.attention_layers() + (self.draft.attention_layers()
                                                    if self.draft else [])
         hkv = {a.hkv for a in layers}
@@ -167,6 +173,7 @@ class Worker:
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.graphs: dict[str, DecodeGraphs] = {}
         self.graph_pool = None
+        self.graph_error: str | None = None
         self.run = None
 
     def info(self) -> dict:
@@ -174,6 +181,7 @@ class Worker:
                 else None, "device": str(self.device), "dtype": str(self.dtype).split(".")[-1],
                 "target_params": sum(p.numel() for p in self.target.parameters()),
                 "kv_cache_bytes": self.kv.nbytes, "num_blocks": self.spec.num_blocks,
+                "graph_error": self.graph_error,
                 "torch": torch.__version__,
                 "gpu": torch.cuda.get_device_name(self.device) if self.cuda else None}
 
@@ -192,8 +200,15 @@ class Worker:
         self.decode_steps: dict[str, int] = {}
         self.prev: StepHandle | None = None
         self.gen = torch.Generator(self.device).manual_seed(run.sampling.seed)
-        if self.cuda and self.spec.cuda_graphs:
-            self._capture_graphs()
+        self.cond = synthetic_conditionals(run.sampling, run.k, self.device)
+        if (self.cuda and self.spec.cuda_graphs) or self.spec.emulate_graphs:
+            try:
+                self._capture_graphs()
+            except Exception as e:  # run eagerly rather than not at all; say so
+                set_context(None)
+                self.graphs, self._graphs_for = {}, None
+                self.graph_error = f"{type(e).__name__}: {e}"
+                warnings.warn(f"CUDA graph capture failed, running eagerly: {self.graph_error}")
         self.host = HostSpans("cpu.worker")
         self.timer = DeviceTimer(self.device)
 
@@ -208,7 +223,7 @@ class Worker:
             self.replay.pop(rid, None)
             self.decode_steps.pop(rid, None)
         prev = self.prev
-        if self.run.mode == "async" and prev is not None and not prev.corrected and prev.any_spec:
+        if self.run.mode == "async" and prev is not None and not prev.corrected:
             with self.host.span("wait", msg.step):
                 if prev.acc_event is not None:
                     prev.acc_event.synchronize()
@@ -345,12 +360,14 @@ class Worker:
                 set_context(ctx)
                 hidden, aux = self.target(ids, pos, return_aux=k > 0)
                 set_context(None)
-                logits = self.target.compute_logits(hidden[d["verify"].flatten()]).view(b, k + 1, -1)
+                logits = self.target.compute_logits(hidden[d["verify"].flatten()])
+                logits = logits.view(b, k + 1, -1)
         with self.timer.op(rec, "rejection_sample", step, reqs=b):
             drafts_in = ids[d["verify"][:, 1:]]
             forced = d["forced"] if self.run.sampling.replay else None
             tokens, num_accepted = rejection_sample(logits, drafts_in, d["num_spec"],
-                                                    self.run.sampling, self.gen, forced)
+                                                    self.run.sampling, self.gen, forced,
+                                                    self.cond)
             next_token = tokens.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
             next_token = torch.where(samples, next_token, d["fallback"])
         h.next_token, h.num_accepted, h.num_spec, h.tokens = next_token, num_accepted, \
@@ -369,11 +386,11 @@ class Worker:
         k, step, rec, b = self.k, h.step, h.records, batch["b"]
         last = d["verify"][:, 0] + num_accepted  # flat index of each row's last accepted token
         drafts = torch.empty(b, k, dtype=torch.long, device=self.device)
-        graphs = batch["uniform"] and "draft_first" in self.graphs
+        key = self.graphs["draft_first"].bucket(b, batch["w"]) \
+            if batch["uniform"] and "draft_first" in self.graphs else None
         with self.timer.op(rec, "draft_forward", step, i=0, tokens=batch["n"], reqs=b,
-                           graph=graphs):
+                           graph=key is not None):
             draft_ids = ids.roll(-1).index_put((last,), next_token)
-            key = self.graphs["draft_first"].bucket(b, batch["w"]) if graphs else None
             if key is not None:
                 (pre,) = self.graphs["draft_first"].run(
                     key, {"ids": draft_ids, "pos": pos, "block_tables": d["tables"],
@@ -489,9 +506,11 @@ class Worker:
         if getattr(self, "_graphs_for", None) == key:
             return
         self.graphs = {}
-        torch.cuda.synchronize(self.device)
-        if self.graph_pool is None:
-            self.graph_pool = torch.cuda.graph_pool_handle()
+        emulate = not self.cuda
+        if not emulate:
+            torch.cuda.synchronize(self.device)
+            if self.graph_pool is None:
+                self.graph_pool = torch.cuda.graph_pool_handle()
         bb = buckets_up_to(self.spec.max_num_seqs, BATCH_BUCKETS)
         wb = window_buckets(cdiv(self.spec.max_model_len + self.spec.max_k, BLOCK_SIZE))
         q = k + 1
@@ -523,7 +542,7 @@ class Worker:
             return (logits, aux) if aux is not None else (logits,)
 
         self.graphs["target"] = DecodeGraphs(target_fn, q, bb, wb, inputs({"q": q}),
-                                             self.graph_pool)
+                                             self.graph_pool, emulate)
         if k:
             aux_dim = 3 * self.target_cfg.hidden_size
             h = self.draft_cfg.hidden_size
@@ -542,13 +561,14 @@ class Worker:
 
             self.graphs["draft_first"] = DecodeGraphs(
                 first_fn, q, bb, wb, inputs({"q": q, "hidden": "aux", "dim": aux_dim}),
-                self.graph_pool)
+                self.graph_pool, emulate)
             if k > 1:
                 self.graphs["draft_step"] = DecodeGraphs(
                     step_fn, 1, bb, wb, inputs({"q": 1, "hidden": "hidden", "dim": h}),
-                    self.graph_pool)
+                    self.graph_pool, emulate)
         for g in self.graphs.values():
             g.capture_all()
         set_context(None)
-        torch.cuda.synchronize(self.device)
+        if not emulate:
+            torch.cuda.synchronize(self.device)
         self._graphs_for = key

@@ -16,6 +16,7 @@ from stepgap.errors import UserError
 
 COMMAND_MODULES = [
     "sim.cli",
+    "sim.sweep_cli",
     "engine.cli",
     "engine.train_cli",
     "engine.demo",
@@ -24,8 +25,9 @@ COMMAND_MODULES = [
 DESCRIPTION = """\
 stepgap: what does async scheduling buy with EAGLE-3 speculative decoding, and where do the
 step gaps go? `simulate` predicts a serving run with a SimPy model of the step loop; `run`
-measures one with a real torch engine. Both write the same run results and timelines. `demo`
-runs both on a small trained Llama + EAGLE-3 pair (`train` makes it).
+measures one with a real torch engine. Both write the same run results and timelines.
+`sweep` runs the simulator over a grid of what-ifs; `plot` draws sweeps and step timelines.
+`demo` runs both on a small trained Llama + EAGLE-3 pair (`train` makes it).
 """
 
 

@@ -18,6 +18,10 @@ from stepgap.formats import TraceRequest
 
 TRAIN_STEPS = 150
 
+# One torch thread: the tiny models gain nothing from more, and on a machine whose cores are busy
+# with other work, spinning OpenMP threads make these tests 30 times slower.
+torch.set_num_threads(1)
+
 
 @functools.lru_cache(maxsize=None)
 def tiny_checkpoints(train_steps: int = TRAIN_STEPS) -> dict:

@@ -81,3 +81,28 @@ def test_head_for_another_target_names_the_tensor(tmp_path, paths, capsys):
     assert main(["run", "--target", paths["target"], "--draft", str(bad), "--k", "2",
                  "--num-prompts", "1"]) == 2
     assert "fc.weight" in capsys.readouterr().err
+
+
+def test_run_with_the_process_executor_and_synthetic_acceptance(tmp_path, paths, capsys):
+    args = ["run", "--target", paths["target"], "--draft", paths["eagle3-yuhuili"], "--k", "3",
+            "--mode", "zero-bubble", "--executor", "process", "--num-prompts", "3",
+            "--output-len", "12", "--synthetic-acceptance", "0.9,0.5,0.2",
+            "--result-json", str(tmp_path / "r.json"), "--quiet"]
+    assert main(args) == 0
+    assert capsys.readouterr().out == ""
+    res = load_result(tmp_path / "r.json")
+    assert res["config"]["executor"] == "process" and res["config"]["mode"] == "zero-bubble"
+    assert res["completed"] == 3 and res["spec_decode"]["num_accepted_tokens"] > 0
+
+
+def test_random_weights_build_a_config_only_folder(tmp_path, paths, capsys):
+    import shutil
+    for name in ("target", "eagle3-yuhuili"):
+        (tmp_path / name).mkdir()
+        shutil.copy(f"{paths[name]}/config.json", tmp_path / name)
+    base = ["run", "--target", str(tmp_path / "target"), "--num-prompts", "1",
+            "--output-len", "4", "--quiet"]
+    assert main(base) == 2
+    assert "no *.safetensors weights" in capsys.readouterr().err
+    assert main(base + ["--draft", str(tmp_path / "eagle3-yuhuili"), "--k", "2",
+                        "--random-weights"]) == 0

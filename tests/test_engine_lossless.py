@@ -9,7 +9,6 @@ import functools
 import math
 
 import pytest
-import torch
 
 from engine.core import prompt_ids
 from engine.sampler import SamplingConfig

@@ -5,6 +5,8 @@ import math
 import pytest
 import torch
 
+import engine_helpers  # noqa: F401  (one torch thread)
+
 from engine.sampler import SamplingConfig, rejection_sample, target_probs
 from stepgap.errors import UserError
 

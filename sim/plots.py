@@ -1,0 +1,469 @@
+"""Pictures of sweeps and timelines: heatmaps, the async saving, the best k, Gantt charts.
+
+Every function returns a matplotlib `Figure` built without pyplot, so it works on any backend
+(the CLI saves PNGs; a notebook displays the figure). Conventions: titled, axes labelled with
+units, colour bars labelled with the direction that is better, one colour per op everywhere.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.colors import Normalize, TwoSlopeNorm
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
+
+from sim.sweep import SweepTable
+from stepgap.errors import UserError
+from stepgap.formats import LANES, Span, step_gaps
+
+DPI = 130
+X_AXES = ("max_concurrency", "request_rate")
+LABELS = {
+    "max_concurrency": "max concurrency (requests in flight)",
+    "request_rate": "request rate (req/s)",
+    "mean_tpot_ms": "mean TPOT (ms)", "median_tpot_ms": "median TPOT (ms)",
+    "p99_tpot_ms": "P99 TPOT (ms)", "mean_itl_ms": "mean ITL (ms)", "p99_itl_ms": "P99 ITL (ms)",
+    "mean_ttft_ms": "mean TTFT (ms)", "p99_ttft_ms": "P99 TTFT (ms)",
+    "mean_e2el_ms": "mean E2EL (ms)", "output_throughput": "output throughput (tok/s)",
+    "request_throughput": "request throughput (req/s)",
+    "total_token_throughput": "total token throughput (tok/s)",
+    "mean_step_gap_us": "mean step gap (µs)", "acceptance_length": "acceptance length (tokens)",
+}
+
+
+def label(metric: str) -> str:
+    return LABELS.get(metric, metric)
+
+
+def lower_is_better(metric: str) -> bool:
+    return not ("throughput" in metric or metric == "acceptance_length")
+
+
+# -------------------------------------------------------------------------------------------
+# Sweeps
+
+
+@dataclass(slots=True)
+class View:
+    """One facet of a sweep: the rows with fixed values of every axis but mode, k and x."""
+
+    table: SweepTable
+    x: str                  # the concurrency axis
+    modes: list             # the mode axis' values, or the base mode
+    ks: list
+    xs: list
+    fixed: dict             # facet axis -> value
+
+    def value(self, metric: str, mode, k, x) -> float:
+        coords = {**self.fixed, "k": k, self.x: x}
+        if "mode" in self.table.axes:
+            coords["mode"] = mode
+        v = self.table.value(metric, **coords)
+        return math.nan if v is None else float(v)
+
+    def matrix(self, metric: str, mode) -> np.ndarray:
+        """metric[k index, x index]."""
+        return np.array([[self.value(metric, mode, k, x) for x in self.xs] for k in self.ks])
+
+    @property
+    def suffix(self) -> str:
+        return "".join(f"__{k}-{_slug(v)}" for k, v in self.fixed.items())
+
+    def scenario(self) -> str:
+        """One line that says what the sweep held fixed."""
+        t = self.table
+        get = lambda key: self.fixed.get(key, t.setting(key))  # noqa: E731
+        model = get("model") + (" + EAGLE-3" if any(k > 0 for k in self.ks) else "")
+        parts = [str(get("gpu")).upper(), model,
+                 f"{get('workload')} {get('num_prompts') or ''} prompts".replace("  ", " ")]
+        if get("output_len"):
+            parts[-1] += f" × {get('output_len')} tokens"
+        parts += [f"{k}={v}" for k, v in self.fixed.items() if k not in ("gpu", "model")]
+        if t.preset:
+            parts.insert(0, f"preset {t.preset}")
+        return ", ".join(parts)
+
+
+def views(table: SweepTable, x: str | None = None) -> list[View]:
+    """One view per combination of the axes other than mode, k and the concurrency axis."""
+    if "k" not in table.axes:
+        raise UserError("plot sweep: the sweep has no k axis (sweep with --grid k=0..6)")
+    if x is None:
+        x = next((a for a in X_AXES if a in table.axes), None)
+        if x is None:
+            raise UserError("plot sweep: the sweep has no max_concurrency or request_rate axis")
+    elif x not in table.axes:
+        raise UserError(f"plot sweep: --x {x}: not an axis of the sweep "
+                        f"(axes: {', '.join(table.axes)})")
+    modes = table.axes.get("mode", [table.setting("mode")])
+    others = [a for a in table.axes if a not in ("mode", "k", x)]
+    out = []
+    for combo in itertools.product(*(table.axes[a] for a in others)):
+        out.append(View(table, x, list(modes), sorted(table.axes["k"]),
+                        sorted(table.axes[x]), dict(zip(others, combo))))
+    return out
+
+
+@dataclass(slots=True)
+class BestK:
+    fixed: dict
+    mode: str
+    x: float
+    k: int
+    value: float      # the metric at the best k
+    speedup: float    # over k = 0 in the same mode, > 1 better (nan without a k=0 cell)
+
+
+def best_k(view: View, metric: str = "mean_tpot_ms") -> list[BestK]:
+    """For each mode and concurrency, the k with the best metric (the smaller k on a tie)."""
+    lower = lower_is_better(metric)
+    out = []
+    for mode in view.modes:
+        m = view.matrix(metric, mode)
+        for j, x in enumerate(view.xs):
+            col = m[:, j]
+            if np.all(np.isnan(col)):
+                continue
+            i = int(np.nanargmin(col) if lower else np.nanargmax(col))
+            base = view.value(metric, mode, 0, x) if 0 in view.ks else math.nan
+            speedup = (base / col[i] if lower else col[i] / base) if base and col[i] \
+                else math.nan
+            out.append(BestK(view.fixed, mode, x, view.ks[i], float(col[i]), float(speedup)))
+    return out
+
+
+def format_best_k(view: View, rows: list[BestK], metric: str = "mean_tpot_ms") -> str:
+    """The best k per concurrency as a text table, one column per mode."""
+    head = f"best k by {label(metric)}" + (f" ({view.scenario()})" if view.scenario() else "")
+    has_base = 0 in view.ks
+    cells = {(r.mode, r.x): f"k={r.k}  {r.value:7.2f}" + (f"  ({r.speedup:.2f}x)"
+                                                           if has_base else "") for r in rows}
+    width = max([len(c) for c in cells.values()] + [len(str(m)) for m in view.modes]) + 3
+    xname = "concurrency" if view.x == "max_concurrency" else "rate (req/s)"
+    lines = [head, f"{xname:<14}" + "".join(f"{str(m):<{width}}" for m in view.modes)]
+    for x in view.xs:
+        lines.append(f"{_fmt_x(x):<14}" + "".join(f"{cells.get((m, x), '-'):<{width}}"
+                                                   for m in view.modes))
+    if has_base:
+        lines.append("(in parentheses: speedup over k=0 in the same mode)")
+    return "\n".join(lines)
+
+
+def _fmt_x(x) -> str:
+    return "inf" if x == math.inf else (f"{x:g}" if isinstance(x, float) else str(x))
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _slug(v) -> str:
+    return str(v).replace("/", "_").replace(" ", "")
+
+
+def _annotate(ax, m: np.ndarray, norm, cmap, fmt: str) -> None:
+    for i, j in itertools.product(range(m.shape[0]), range(m.shape[1])):
+        v = m[i, j]
+        if np.isnan(v):
+            continue
+        r, g, b, _ = cmap(norm(v))
+        dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
+        ax.text(j, i, format(v, fmt), ha="center", va="center", fontsize=7.5,
+                color="white" if dark else "black")
+
+
+def _heatmap_panels(view: View, mats: dict, best: dict, norm, cmap, fmt: str, cbar_label: str,
+                    title: str) -> Figure:
+    n = len(view.modes)
+    fig = Figure(figsize=(1.6 + 0.62 * len(view.xs) * n + 1.2, 1.9 + 0.42 * len(view.ks)),
+                 dpi=DPI, layout="constrained")
+    axes = fig.subplots(1, n, sharey=True, squeeze=False)[0]
+    im = None
+    for ax, mode in zip(axes, view.modes):
+        m = mats[mode]
+        im = ax.imshow(m, origin="lower", cmap=cmap, norm=norm, aspect="auto")
+        _annotate(ax, m, norm, cmap, fmt)
+        for j, x in enumerate(view.xs):
+            if (mode, x) in best:
+                i = view.ks.index(best[mode, x])
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, lw=2.2,
+                                       edgecolor="black"))
+        ax.set_title(f"{mode}", fontsize=11)
+        ax.set_xticks(range(len(view.xs)), [_fmt_x(x) for x in view.xs])
+        ax.set_yticks(range(len(view.ks)), [str(k) for k in view.ks])
+        ax.set_xlabel(label(view.x))
+    axes[0].set_ylabel("speculation depth k (draft tokens per step)")
+    cb = fig.colorbar(im, ax=list(axes), shrink=0.95, pad=0.02)
+    cb.set_label(cbar_label)
+    fig.legend(handles=[Patch(fill=False, edgecolor="black", lw=2.2,
+                              label="best k for each concurrency")],
+               loc="outside lower center", frameon=False, fontsize=9)
+    fig.suptitle(f"{title}\n{view.scenario()}", fontsize=11)
+    return fig
+
+
+def metric_heatmap(view: View, metric: str = "mean_tpot_ms") -> Figure:
+    """The metric over k × concurrency, one panel per mode, best k boxed."""
+    mats = {mode: view.matrix(metric, mode) for mode in view.modes}
+    vals = np.concatenate([m.ravel() for m in mats.values()])
+    vals = vals[~np.isnan(vals)]
+    if not vals.size:
+        raise UserError(f"plot sweep: no values of {metric}")
+    lower = lower_is_better(metric)
+    cmap = colormaps["YlOrRd" if lower else "YlGn"]
+    norm = Normalize(vals.min(), vals.max())
+    best = {(r.mode, r.x): r.k for r in best_k(view, metric)}
+    better = "lower is better" if lower else "higher is better"
+    return _heatmap_panels(view, mats, best, norm, cmap, ".1f" if vals.max() < 1000 else ".0f",
+                           f"{label(metric)}, {better}",
+                           f"{_cap(label(metric))} by speculation depth and load")
+
+
+def speedup_heatmap(view: View, metric: str = "mean_tpot_ms") -> Figure:
+    """Speedup over k = 0 in the same mode (> 1: speculation pays), one panel per mode."""
+    if 0 not in view.ks:
+        raise UserError("plot sweep: a speedup over k=0 needs k=0 in the grid")
+    lower = lower_is_better(metric)
+    mats = {}
+    for mode in view.modes:
+        m = view.matrix(metric, mode)
+        base = m[view.ks.index(0)][None, :]
+        mats[mode] = base / m if lower else m / base
+    vals = np.concatenate([m.ravel() for m in mats.values()])
+    vals = vals[~np.isnan(vals)]
+    # Symmetric on a ratio scale: a 2x slowdown is as red as a 2x speedup is blue.
+    hi = max(vals.max(), 1 / vals.min(), 1.05)
+    norm = TwoSlopeNorm(vcenter=1.0, vmin=1 / hi, vmax=hi)
+    best = {(r.mode, r.x): r.k for r in best_k(view, metric)}
+    return _heatmap_panels(view, mats, best, norm, colormaps["RdBu"], ".2f",
+                           f"speedup of {label(metric).split(' (')[0]} over k=0 (×); "
+                           "blue > 1 is faster",
+                           f"Speedup of {label(metric).split(' (')[0]} from speculation over "
+                           "k=0, same mode")
+
+
+def saving_plot(view: View, metric: str = "mean_tpot_ms") -> Figure:
+    """What async (and zero-bubble) save over sync, in % of sync's metric, against concurrency:
+    one line per k, and a black line for each mode at its own best k against sync's best k."""
+    others = [m for m in view.modes if m != "sync"]
+    if "sync" not in view.modes or not others:
+        raise UserError("plot sweep: the saving over sync needs mode=sync and another mode")
+    lower = lower_is_better(metric)
+    fig = Figure(figsize=(1.5 + 4.6 * len(others), 4.4), dpi=DPI, layout="constrained")
+    axes = fig.subplots(1, len(others), sharey=True, squeeze=False)[0]
+    cmap = colormaps["viridis"]
+    kn = Normalize(min(view.ks), max(max(view.ks), 1))
+    best = {(r.mode, r.x): r.value for r in best_k(view, metric)}
+    xs = np.array(view.xs, dtype=float)
+    for ax, mode in zip(axes, others):
+        for k in view.ks:
+            s = np.array([view.value(metric, "sync", k, x) for x in view.xs])
+            a = np.array([view.value(metric, mode, k, x) for x in view.xs])
+            saving = 100 * ((s - a) if lower else (a - s)) / s
+            ax.plot(xs, saving, marker="o", ms=3.5, lw=1.4, color=cmap(kn(k)), label=f"k={k}")
+        s = np.array([best.get(("sync", x), math.nan) for x in view.xs])
+        a = np.array([best.get((mode, x), math.nan) for x in view.xs])
+        ax.plot(xs, 100 * ((s - a) if lower else (a - s)) / s, color="black", lw=2.4, ls="--",
+                label="each at its best k")
+        ax.axhline(0, color="grey", lw=0.8)
+        if xs.min() > 0 and xs.max() / xs.min() >= 8 and np.isfinite(xs).all():
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(xs, [_fmt_x(x) for x in view.xs])
+            ax.minorticks_off()
+        ax.set_xlabel(label(view.x))
+        ax.set_title(f"{mode} vs sync")
+        ax.grid(alpha=0.3)
+    name = label(metric).split(" (")[0]
+    axes[0].set_ylabel(f"saving in {name} over sync (%)\n(> 0: {', '.join(others)} faster)")
+    axes[-1].legend(title="speculation depth", fontsize=8, title_fontsize=8,
+                    loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+    fig.suptitle(f"What async scheduling saves over sync, by load\n{view.scenario()}",
+                 fontsize=11)
+    return fig
+
+
+def save(fig: Figure, path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=DPI)
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {e.strerror}") from None
+
+
+# -------------------------------------------------------------------------------------------
+# Timelines
+
+OP_COLORS = {
+    "schedule": "#1f77b4", "update_from_output": "#17becf",
+    "prepare_inputs": "#2ca02c", "launch": "#bcbd22", "wait": "#d0d0d0",
+    "fixup": "#e377c2", "target_forward": "#ff7f0e", "rejection_sample": "#d62728",
+    "draft_forward": "#9467bd", "d2h": "#8c564b",
+}
+GAP_COLOR = "#e41a1c"
+
+
+@dataclass(slots=True)
+class Panel:
+    """One timeline in the grid of panels: its row (e.g. the mode) and column (e.g. measured)."""
+
+    row: str
+    column: str
+    spans: list[Span]
+
+
+def device_steps(spans: list[Span]) -> dict[int, tuple[float, float]]:
+    """step -> (first device op start, last device op end)."""
+    out: dict[int, tuple[float, float]] = {}
+    for s in spans:
+        if s.lane == "device":
+            a, b = out.get(s.step, (math.inf, -math.inf))
+            out[s.step] = (min(a, s.start_us), max(b, s.end_us))
+    return out
+
+
+def gaps_between(spans: list[Span]) -> list[tuple[int, float, float]]:
+    """(step, start, end) of the device idle time before each step (DESIGN.md §2); a step
+    that starts before the previous one ends has end == start."""
+    dev = device_steps(spans)
+    steps = sorted(dev)
+    return [(b, dev[a][1], max(dev[a][1], dev[b][0])) for a, b in zip(steps, steps[1:])]
+
+
+def window(spans: list[Span], steps: tuple[int, int] | None = None,
+           at_gap: int | None = None, pad_ms: float = 5.0) -> tuple[float, float]:
+    """The time window (µs) of steps A..B (first op of A to the last device op of B), or
+    pad_ms either side of the step gap before step `at_gap`."""
+    if not spans:
+        raise UserError("plot timeline: a timeline holds no spans")
+    dev = device_steps(spans)
+    if at_gap is not None:
+        if at_gap not in dev or at_gap - 1 not in dev:
+            raise UserError(f"plot timeline: --at-gap {at_gap}: steps {at_gap - 1} and {at_gap} "
+                            f"need device ops (device steps: {_step_range(dev)})")
+        return dev[at_gap - 1][1] - pad_ms * 1e3, dev[at_gap][0] + pad_ms * 1e3
+    if steps is None:
+        lo, hi = min(dev or [0]), min(dev or [0]) + 3
+    else:
+        lo, hi = steps
+    chosen = [s for s in spans if lo <= s.step <= hi]
+    if not chosen:
+        raise UserError(f"plot timeline: --steps {lo}:{hi}: no spans there "
+                        f"(device steps: {_step_range(dev)})")
+    t0 = min(s.start_us for s in chosen)
+    ends = [s.end_us for s in chosen if s.lane == "device"] or [s.end_us for s in chosen]
+    return t0, max(ends)
+
+
+def _step_range(dev: dict) -> str:
+    return f"{min(dev)}..{max(dev)}" if dev else "none"
+
+
+def _fmt_us(us: float) -> str:
+    return f"{us:.0f} µs" if us < 1000 else f"{us / 1000:.2f} ms"
+
+
+def timeline_figure(panels: list[Panel], steps: tuple[int, int] | None = None,
+                    at_gap: int | None = None, pad_ms: float = 5.0,
+                    title: str | None = None) -> Figure:
+    """A Gantt chart per panel: lanes as rows, ops coloured, step gaps shaded and labelled.
+    Panels with the same row stack on a shared time axis (ms from each panel's window start);
+    columns (simulated, measured) stand side by side."""
+    if not panels:
+        raise UserError("plot timeline: give at least one timeline")
+    rows = list(dict.fromkeys(p.row for p in panels))
+    cols = list(dict.fromkeys(p.column for p in panels))
+    fig = Figure(figsize=(2.0 + 7.2 * len(cols), 0.7 + 1.75 * len(rows)), dpi=DPI,
+                 layout="constrained")
+    axes = fig.subplots(len(rows), len(cols), sharex="col", squeeze=False)
+    seen_ops: dict[str, None] = {}
+    widths: dict[int, float] = {}
+    for (i, row), (j, col) in itertools.product(enumerate(rows), enumerate(cols)):
+        ax = axes[i][j]
+        panel = next((p for p in panels if p.row == row and p.column == col), None)
+        if panel is None:
+            ax.text(0.5, 0.5, "no timeline", transform=ax.transAxes, ha="center", color="grey")
+            ax.set_yticks([])
+            continue
+        t0, t1 = window(panel.spans, steps, at_gap, pad_ms)
+        _draw_panel(ax, panel.spans, t0, t1, seen_ops, at_gap)
+        gaps = step_gaps(panel.spans)
+        mean = f" (mean step gap of the run: {_fmt_us(sum(gaps) / len(gaps))})" if gaps else ""
+        ax.set_title(" · ".join(x for x in (col, row) if x) + mean, fontsize=10, loc="left")
+        widths[j] = max(widths.get(j, 0.0), (t1 - t0) / 1e3)
+    for j, width in widths.items():
+        axes[0][j].set_xlim(0, width)   # the column shares it
+    for ax in axes[-1]:
+        ax.set_xlabel("time from the window's start (ms)")
+    order = [op for op in OP_COLORS if op in seen_ops] + [op for op in seen_ops
+                                                           if op not in OP_COLORS]
+    handles = [Patch(color=OP_COLORS.get(op, "#7f7f7f"), label=op) for op in order]
+    handles.append(Patch(color=GAP_COLOR, alpha=0.25, label="step gap (device idle)"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6),
+               frameon=False, fontsize=8.5)
+    where = (f"the step gap before step {at_gap}, ±{pad_ms:g} ms" if at_gap is not None
+             else f"steps {steps[0]}–{steps[1]}" if steps else "the first steps")
+    fig.suptitle(title or f"Step timeline: {where}", fontsize=11)
+    return fig
+
+
+def _draw_panel(ax, spans: list[Span], t0: float, t1: float, seen_ops: dict,
+                at_gap: int | None) -> None:
+    lanes = list(reversed(LANES))   # device at the bottom, the engine on top
+    width_ms = (t1 - t0) / 1e3
+    for s in spans:
+        if s.end_us < t0 or s.start_us > t1 or s.lane not in lanes:
+            continue
+        y = lanes.index(s.lane)
+        a, b = (max(s.start_us, t0) - t0) / 1e3, (min(s.end_us, t1) - t0) / 1e3
+        color = OP_COLORS.get(s.op, "#7f7f7f")
+        ax.broken_barh([(a, max(b - a, width_ms * 1e-4))], (y - 0.36, 0.72), facecolors=color,
+                       edgecolors="white", linewidth=0.3, zorder=2)
+        seen_ops.setdefault(s.op, None)
+        if s.op == "wait":
+            continue
+        if s.op == "target_forward" and b - a > 0.06 * width_ms:
+            ax.text((a + b) / 2, y, f"step {s.step}", ha="center", va="center", fontsize=7.5,
+                    zorder=3)
+        elif s.lane != "device" and b - a > 0.025 * width_ms:
+            ax.text((a + b) / 2, y, str(s.step), ha="center", va="center", fontsize=6.5,
+                    color="white", zorder=3)
+    last_label = -math.inf
+    for step, a, b in gaps_between(spans):
+        if b < t0 or a > t1 or (b - a < 0.5 and step != at_gap):
+            continue
+        xa, xb = (max(a, t0) - t0) / 1e3, (min(b, t1) - t0) / 1e3
+        ax.axvspan(xa, max(xb, xa + width_ms * 2e-3), color=GAP_COLOR, alpha=0.22, lw=0,
+                   zorder=1)
+        mid = (a + b) / 2
+        if t0 <= mid <= t1 and (xa + xb) / 2 - last_label > 0.07 * width_ms:  # no overlaps
+            last_label = (xa + xb) / 2
+            ax.text(last_label, -0.62, _fmt_us(b - a), ha="center", va="top", fontsize=7.5,
+                    color=GAP_COLOR, fontweight="bold")
+    ax.set_ylim(-1.0, len(lanes) - 0.45)
+    ax.set_yticks(range(len(lanes)), lanes, fontsize=8.5)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def window_spans(spans: list[Span], t0: float, t1: float) -> list[Span]:
+    """The spans overlapping [t0, t1], clipped to it, with times relative to t0."""
+    return [s._replace(start_us=max(s.start_us, t0) - t0, end_us=min(s.end_us, t1) - t0)
+            for s in spans if s.end_us >= t0 and s.start_us <= t1]
+
+
+def chrome_panels(panels: list[Panel], steps=None, at_gap=None, pad_ms: float = 5.0) -> dict:
+    """One Chrome-trace/Perfetto document of every panel's window, one process per panel,
+    times relative to each window's start so the panels line up."""
+    from stepgap.formats import chrome_trace
+
+    events = []
+    for pid, p in enumerate(panels, 1):
+        t0, t1 = window(p.spans, steps, at_gap, pad_ms)
+        doc = chrome_trace(window_spans(p.spans, t0, t1),
+                           " · ".join(x for x in (p.column, p.row) if x) or "stepgap")
+        events += [{**e, "pid": pid} for e in doc["traceEvents"]]
+    return {"traceEvents": events, "displayTimeUnit": "ms"}

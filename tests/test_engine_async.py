@@ -1,0 +1,135 @@
+"""Async and zero-bubble scheduling: the same tokens as sync, with both executors; and a clean
+shutdown when the worker process dies or the run is interrupted."""
+
+import os
+import signal
+
+import pytest
+
+from engine.executor import ProcessExecutor, WorkerDied
+from engine.sampler import SamplingConfig
+from engine.worker import WorkerSpec
+from engine_helpers import inline_executor, mixed_requests, run, tiny_checkpoints
+from test_engine_lossless import REQS, assert_lossless
+
+
+@pytest.fixture(scope="module")
+def process_executor():
+    paths = tiny_checkpoints()
+    spec = WorkerSpec(paths["target"], paths["eagle3-yuhuili"], "cpu", "float64", 512,
+                      max_model_len=512, max_num_seqs=64, max_k=5)
+    with ProcessExecutor(spec) as ex:
+        yield ex
+    assert not ex.proc.is_alive()
+
+
+@pytest.fixture(params=["inline", "process"])
+def executor(request, process_executor):
+    return inline_executor() if request.param == "inline" else process_executor
+
+
+@pytest.mark.parametrize("concurrency", [1, 4, 16])
+@pytest.mark.parametrize("k", [0, 1, 3, 5])
+@pytest.mark.parametrize("mode", ["async", "zero-bubble"])
+def test_overlapped_modes_emit_exactly_the_sync_tokens(executor, mode, k, concurrency):
+    out = run(executor, REQS, mode=mode, k=k, max_num_seqs=16, max_concurrency=concurrency)
+    assert_lossless(out)  # the target's own greedy output, which sync also gives
+    if k and concurrency == 1:
+        # Requests finish while their next step is in flight; that step's tokens are dropped.
+        assert out.num_discarded > 0
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("mode", ["async", "zero-bubble"])
+def test_overlapped_modes_are_lossless_under_preemption(executor, mode, k):
+    out = run(executor, REQS, mode=mode, k=k, num_blocks=12)
+    assert out.result["config"]["num_preemptions"] > 0
+    assert_lossless(out)
+
+
+def test_zero_bubble_fixes_up_on_the_device_and_async_waits_for_counts():
+    zb = run(inline_executor(), REQS, mode="zero-bubble", k=3)
+    assert any(s.op == "fixup" for s in zb.spans)
+    sync = run(inline_executor(), REQS, mode="sync", k=3)
+    assert not any(s.op == "fixup" for s in sync.spans)
+
+
+def test_synthetic_acceptance_follows_the_given_rates():
+    out = run(inline_executor(), mixed_requests(30), mode="async", k=3, max_num_seqs=16,
+              sampling=SamplingConfig(synthetic=(0.9, 0.6, 0.3), seed=3))
+    spec = out.result["spec_decode"]
+    assert spec["num_drafts"] > 200
+    assert spec["acceptance_rate_per_pos"] == pytest.approx([0.9, 0.6, 0.3], abs=0.1)
+
+
+def test_replay_reproduces_recorded_accepted_counts():
+    recorded = run(inline_executor(), REQS, k=3)
+    from dataclasses import replace
+    reqs = [replace(r, accepted=recorded.accepted[r.request_id]) for r in REQS]
+    for mode in ("sync", "zero-bubble"):
+        again = run(inline_executor(), reqs, mode=mode, k=3, sampling=SamplingConfig(replay=True))
+        assert again.accepted == recorded.accepted
+
+
+def test_a_killed_worker_is_reported_and_the_engine_exits():
+    paths = tiny_checkpoints()
+    spec = WorkerSpec(paths["target"], paths["eagle3-yuhuili"], "cpu", "float32", 256,
+                      max_model_len=512, max_num_seqs=8, max_k=3)
+    ex = ProcessExecutor(spec)
+    pid = ex.pid
+
+    def kill_at_step_3(step):
+        if step == 3:
+            os.kill(pid, signal.SIGKILL)
+
+    with pytest.raises(WorkerDied, match=rf"worker process \(pid {pid}\) was killed by signal 9"):
+        with ex:
+            run(ex, REQS, mode="async", k=3, on_step=kill_at_step_3)
+    assert not ex.proc.is_alive() and ex.proc.exitcode == -signal.SIGKILL
+
+
+def test_an_interrupted_run_stops_the_worker():
+    paths = tiny_checkpoints()
+    spec = WorkerSpec(paths["target"], None, "cpu", "float32", 256, max_model_len=512,
+                      max_num_seqs=8)
+    ex = ProcessExecutor(spec)
+
+    def interrupt(step):
+        if step == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        with ex:
+            run(ex, REQS, mode="zero-bubble", k=0, on_step=interrupt)
+    assert not ex.proc.is_alive() and ex.proc.exitcode == 0  # asked to stop, not killed
+
+
+def test_a_worker_error_is_reported_not_hung(tmp_path):
+    paths = tiny_checkpoints()
+    spec = WorkerSpec(paths["target"], None, "cpu", "float32", 256, max_model_len=512)
+    with ProcessExecutor(spec) as ex:
+        with pytest.raises(Exception, match="needs a draft head"):
+            run(ex, REQS, k=2)  # configure fails in the worker; the worker lives on
+        assert ex.proc.is_alive()
+        assert run(ex, REQS[:2], k=0).result["completed"] == 2
+
+
+@pytest.fixture(scope="module")
+def graph_executor():
+    """The CUDA-graph path (static inputs padded to batch and KV-window buckets), emulated on
+    the CPU: a replay runs the captured forward eagerly on the padded inputs."""
+    from engine.executor import InlineExecutor
+    paths = tiny_checkpoints()
+    spec = WorkerSpec(paths["target"], paths["eagle3-yuhuili"], "cpu", "float64", 512,
+                      max_model_len=512, max_num_seqs=8, max_k=5, emulate_graphs=True)
+    return InlineExecutor(spec)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+@pytest.mark.parametrize("mode", ["sync", "async", "zero-bubble"])
+def test_graph_path_emits_the_same_tokens(graph_executor, mode, k):
+    out = run(graph_executor, REQS, mode=mode, k=k, max_num_seqs=3)  # 3 rows: bucket 4
+    assert_lossless(out)
+    replayed = [s for s in out.spans if s.op in ("target_forward", "draft_forward")
+                and s.args.get("graph")]
+    assert replayed and all(s.args["reqs"] <= 3 for s in replayed)

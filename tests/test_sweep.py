@@ -1,0 +1,232 @@
+"""`stepgap sweep`: grid syntax and validation, the table, resuming, determinism everywhere."""
+
+import csv
+import json
+
+import pytest
+
+import sim.sweep as sweep
+from sim.sweep import (METRICS, Grid, build_grid, load_grid_file, load_sweep, parse_values,
+                       run_sweep)
+from stepgap.cli import main
+from stepgap.errors import UserError
+
+# A tiny seed-l20: 4 prompts of 24 tokens, so a cell takes milliseconds.
+TINY = ["num_prompts=4", "output_len=24"]
+
+
+def tiny_grid(*specs, sets=()):
+    return build_grid(list(specs), preset="seed-l20", sets=[*TINY, *sets])
+
+
+# -- grid syntax ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("key, text, values", [
+    ("k", "0..6", [0, 1, 2, 3, 4, 5, 6]),
+    ("k", "0..8:2", [0, 2, 4, 6, 8]),
+    ("max_concurrency", "1..64:x2", [1, 2, 4, 8, 16, 32, 64]),
+    ("max_concurrency", "1,2,8..10", [1, 2, 8, 9, 10]),
+    ("request_rate", "0.5..2:0.5,inf", [0.5, 1.0, 1.5, 2.0, float("inf")]),
+    ("mode", "sync, async,zero-bubble", ["sync", "async", "zero-bubble"]),
+    ("acceptance_rates", "0.8/0.6,0.7", [(0.8, 0.6), (0.7,)]),
+    ("replay", "true,false", [True, False]),
+    ("num_kv_blocks", "none,512", [None, 512]),
+])
+def test_axis_values_parse_to_typed_values(key, text, values):
+    assert parse_values(key, text, "--grid") == values
+
+
+def test_an_unknown_key_lists_the_valid_ones():
+    with pytest.raises(UserError, match=r"unknown key 'concurrency'; valid keys: mode, k, .*"
+                                        r"max_concurrency"):
+        tiny_grid("concurrency=1,2")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("k=6..2", "empty range '6..2'"),
+    ("k=", "k has no values"),
+    ("k=1,,2", "empty item"),
+    ("k=1.5", "k expects an integer, got '1.5'"),
+    ("max_concurrency=1..64:x1", "factor > 1"),
+    ("k=0..100000", "at most 10000"),
+    ("k=1,1", "k repeats the value 1"),
+    ("k", "expected KEY=VALUES"),
+])
+def test_bad_axes_are_refused_with_the_reason(spec, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        tiny_grid(spec)
+
+
+def test_a_bad_cell_names_the_cell_and_the_field():
+    with pytest.raises(UserError, match=r"grid cell k=0 max_concurrency=0: --max-concurrency: "
+                                        r"must be an integer >= 1"):
+        tiny_grid("k=0", "max_concurrency=1,0").cells()
+    with pytest.raises(UserError, match=r"grid cell gpu=x100: gpu: unknown device 'x100'"):
+        tiny_grid("gpu=h100,x100").cells()
+
+
+def test_a_bad_grid_fails_before_any_cell_runs(tmp_path, monkeypatch, capsys):
+    def must_not_run(settings):
+        raise AssertionError("a cell ran")
+    monkeypatch.setattr(sweep, "run_cell", must_not_run)
+    out = tmp_path / "out"
+    rc = main(["sweep", "--preset", "seed-l20", "--grid", "k=0..2", "--grid",
+               "max_concurrency=1,2,0", "--out", str(out), "--jobs", "1"])
+    assert rc == 2 and not out.exists()
+    assert "grid cell k=0 max_concurrency=0" in capsys.readouterr().err
+
+
+def test_grid_file_toml_and_json_give_the_same_grid(tmp_path):
+    (tmp_path / "g.toml").write_text('preset = "seed-l20"\n[base]\nnum_prompts = 4\n'
+                                     '[grid]\nmode = ["sync", "async"]\nk = "0..2"\n'
+                                     'max-concurrency = [1, 4]\n')
+    (tmp_path / "g.json").write_text(json.dumps({
+        "preset": "seed-l20", "base": {"num_prompts": 4},
+        "grid": {"mode": "sync,async", "k": [0, 1, 2], "max_concurrency": "1,4"}}))
+    a, b = (build_grid(grid_file=tmp_path / n) for n in ("g.toml", "g.json"))
+    assert a.axes == b.axes == {"mode": ["sync", "async"], "k": [0, 1, 2],
+                                "max_concurrency": [1, 4]}
+    assert a.base == b.base and a.base["num_prompts"] == 4 and a.base["gpu"] == "l20"
+    # --grid adds axes after the file's and replaces one of the same name
+    c = build_grid(["k=4", "gpu=h100,h200"], grid_file=tmp_path / "g.toml")
+    assert list(c.axes) == ["mode", "k", "max_concurrency", "gpu"] and c.axes["k"] == [4]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[grid]\nk = []\n', "grid.k: no values"),
+    ('[grid]\nkk = [1]\n', "grid.kk: unknown key 'kk'"),
+    ('[grids]\nk = [1]\n', "unknown section 'grids'"),
+    ('preset = "seed-l20"\n', "grid: expected a table of axes"),
+    ('[grid\nk = 1\n', "not valid TOML"),
+])
+def test_grid_file_errors_name_the_file_and_the_key(tmp_path, text, message):
+    path = tmp_path / "g.toml"
+    path.write_text(text)
+    with pytest.raises(UserError, match=f"{path}.*{message}"):
+        load_grid_file(path)
+
+
+# -- the table -----------------------------------------------------------------------------
+
+def test_the_table_has_one_row_per_cell_in_grid_order(tmp_path):
+    run = run_sweep(tiny_grid("mode=sync,async", "k=0,2", "max_concurrency=1,4"), tmp_path)
+    rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
+    assert list(rows[0]) == ["mode", "k", "max_concurrency", *METRICS, "cell"]
+    assert [(r["mode"], r["k"], r["max_concurrency"]) for r in rows] == [
+        (m, k, c) for m in ("sync", "async") for k in ("0", "2") for c in ("1", "4")]
+    assert all(r["completed"] == "4" for r in rows)
+    assert rows[0]["acceptance_length"] == "" and float(rows[2]["acceptance_length"]) > 1
+    # speculation helps at concurrency 1, and sync has the larger step gap
+    tpot = {(r["mode"], r["k"], r["max_concurrency"]): float(r["mean_tpot_ms"]) for r in rows}
+    assert tpot["sync", "2", "1"] < tpot["sync", "0", "1"]
+    gap = {(r["mode"], r["k"]): float(r["mean_step_gap_us"]) for r in rows
+           if r["max_concurrency"] == "1"}
+    assert gap["sync", "0"] > 10 * gap["async", "0"]
+    table = load_sweep(tmp_path)
+    assert table.rows == run.table.rows and table.preset == "seed-l20"
+    assert table.value("mean_tpot_ms", mode="async", k=2, max_concurrency=4) == \
+        tpot["async", "2", "4"]
+
+
+def test_each_cell_runs_with_the_base_seed():
+    cells = tiny_grid("k=0,2", sets=["seed=7"]).cells()
+    assert [c.settings["seed"] for c in cells] == [7, 7]
+
+
+def test_a_rerun_skips_the_cells_already_done(tmp_path, monkeypatch):
+    first = run_sweep(tiny_grid("k=0,2", "max_concurrency=1,4"), tmp_path)
+    assert (first.ran, first.skipped) == (4, 0)
+    ran = []
+    real = sweep.run_cell
+    monkeypatch.setattr(sweep, "run_cell", lambda s: ran.append(s) or real(s))
+    second = run_sweep(tiny_grid("k=0,2,4", "max_concurrency=1,4"), tmp_path)
+    assert (second.ran, second.skipped) == (2, 4)
+    assert sorted((s["k"], s["max_concurrency"]) for s in ran) == [(4, 1), (4, 4)]
+    assert second.table.rows[:2] == first.table.rows[:2]
+    # a changed base is a different cell
+    third = run_sweep(tiny_grid("k=0,2,4", "max_concurrency=1,4", sets=["seed=1"]), tmp_path)
+    assert third.ran == 6
+    assert run_sweep(tiny_grid("k=0", "max_concurrency=1"), tmp_path, fresh=True).ran == 1
+
+
+def test_a_change_to_the_simulator_reruns_every_cell(tmp_path, monkeypatch):
+    assert run_sweep(tiny_grid("k=0,2"), tmp_path).ran == 2
+    monkeypatch.setattr(sweep, "model_digest", lambda: "another version")
+    assert run_sweep(tiny_grid("k=0,2"), tmp_path).ran == 2
+
+
+def test_a_changed_trace_file_reruns_its_cells(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"request_id": "a", "arrival_s": 0, "prompt_len": 8, "output_len": 16}\n')
+    grid = build_grid(["k=0,2"], sets=[f"workload={trace}", "model=llama-3.2-1b"])
+    assert run_sweep(grid, tmp_path / "out").ran == 2
+    assert run_sweep(grid, tmp_path / "out").ran == 0
+    trace.write_text('{"request_id": "a", "arrival_s": 0, "prompt_len": 8, "output_len": 20}\n')
+    assert run_sweep(grid, tmp_path / "out").ran == 2
+
+
+def test_a_torn_last_line_is_run_again(tmp_path):
+    run_sweep(tiny_grid("k=0,2"), tmp_path)
+    store = tmp_path / "cells.jsonl"
+    lines = store.read_text().splitlines()
+    store.write_text(lines[0] + "\n" + lines[1][:40])     # killed while writing cell 2
+    again = run_sweep(tiny_grid("k=0,2"), tmp_path)
+    assert (again.ran, again.skipped) == (1, 1)
+    assert len([json.loads(x) for x in store.read_text().splitlines()[2:]]) == 1
+
+
+def test_local_parallel_and_dask_cluster_give_identical_tables(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    grid = tiny_grid("mode=sync,zero-bubble", "k=0,3", "max_concurrency=1,3")
+    run_sweep(grid, tmp_path / "one", jobs=1)
+    run_sweep(grid, tmp_path / "two", jobs=2)
+    with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
+                                  dashboard_address=None) as cluster:
+        run_sweep(grid, tmp_path / "dask", cluster=cluster.scheduler_address)
+    one = (tmp_path / "one" / "sweep.csv").read_bytes()
+    assert (tmp_path / "two" / "sweep.csv").read_bytes() == one
+    assert (tmp_path / "dask" / "sweep.csv").read_bytes() == one
+    assert (tmp_path / "dask" / "sweep.json").read_bytes() == \
+        (tmp_path / "one" / "sweep.json").read_bytes()
+
+
+def test_an_unreachable_cluster_is_a_clear_error(tmp_path, monkeypatch):
+    pytest.importorskip("distributed")
+    monkeypatch.setattr(sweep, "CONNECT_TIMEOUT", "1s")
+    with pytest.raises(UserError, match="--cluster tcp://127.0.0.1:9: cannot connect"):
+        run_sweep(tiny_grid("k=0"), tmp_path, cluster="tcp://127.0.0.1:9")
+
+
+def test_grid_without_axes_is_refused():
+    with pytest.raises(UserError, match="no axes"):
+        Grid({})
+
+
+# -- the command ---------------------------------------------------------------------------
+
+def test_sweep_command_writes_table_and_figures(tmp_path, capsys):
+    out = tmp_path / "s"
+    args = ["sweep", "--preset", "seed-l20", "--set", "num_prompts=4", "--set", "output_len=24",
+            "--grid", "mode=sync,async", "--grid", "k=0..2", "--grid", "max_concurrency=1,4",
+            "--out", str(out), "--jobs", "1", "--quiet"]
+    assert main([*args, "--dry-run"]) == 0
+    assert "12 cells, all valid; 0 already done" in capsys.readouterr().out
+    assert main([*args, "--plot"]) == 0
+    assert capsys.readouterr().out == ""
+    for name in ("heatmap", "speedup", "saving"):
+        assert (out / "plots" / f"{name}_mean_tpot_ms.png").stat().st_size > 10_000
+    best = list(csv.DictReader((out / "plots" / "best_k.csv").open()))
+    assert len(best) == 4 and {r["mode"] for r in best} == {"sync", "async"}
+    assert main([*args[:-1], "--dry-run"]) == 0
+    assert "12 already done" in capsys.readouterr().out
+
+
+def test_help_teaches_the_grid_syntax_with_examples():
+    from stepgap.cli import build_parser
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    text = sub.choices["sweep"].format_help()
+    for needle in ("k=0..6", "1..64:x2", "--grid-file", "--cluster", "[grid]", "examples:",
+                   "rerun", "grid", "execution", "output"):
+        assert needle in text
+    for action in sub.choices["sweep"]._actions:
+        assert action.help, action.option_strings
