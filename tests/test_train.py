@@ -9,6 +9,7 @@ at k = 4 is at least 2.5.
 import functools
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -47,9 +48,9 @@ def _bytes(folder: Path) -> dict:
 
 
 def test_training_twice_with_one_seed_gives_the_same_bytes(small_corpus, tmp_path):
-    a = train_pair(tmp_path / "a", SMOKE, small_corpus, threads=2, progress=False,
+    a = train_pair(tmp_path / "a", SMOKE, small_corpus, threads=1, progress=False,
                    log=lambda *_: None)
-    b = train_pair(tmp_path / "b", SMOKE, small_corpus, threads=2, progress=False,
+    b = train_pair(tmp_path / "b", SMOKE, small_corpus, threads=1, progress=False,
                    log=lambda *_: None)
     files = _bytes(tmp_path / "a")
     assert {"target/model.safetensors", "target/tokenizer.json", "eagle3/model.safetensors",
@@ -118,7 +119,6 @@ def test_train_cli_writes_the_pair_and_says_where(small_corpus, tmp_path, capsys
     ("seed", -1, "seed must be an integer >= 0"),
 ])
 def test_bad_training_configs_name_the_field(field, value, needle):
-    from dataclasses import replace
     from stepgap.errors import UserError
     with pytest.raises(UserError, match=re.escape(needle)):
         replace(SMOKE, **{field: value})
@@ -141,11 +141,24 @@ def pair_reference(rid: str, n: int) -> tuple:
     return tuple(reference_greedy(model, req.prompt_token_ids, n))
 
 
-def pair_run(dtype, reqs, k, num_blocks=160, max_num_seqs=4, max_num_batched_tokens=8192):
+def pair_run(dtype, reqs, k, mode="sync", executor=None, num_blocks=160, max_num_seqs=4,
+             max_num_batched_tokens=8192, max_concurrency=None):
     from engine.core import EngineConfig, run_trace
-    cfg = EngineConfig("sync", k, num_blocks, max_num_seqs, max_num_batched_tokens, 272,
+    cfg = EngineConfig(mode, k, num_blocks, max_num_seqs, max_num_batched_tokens, 272,
                        SamplingConfig())
-    return run_trace(pair_executor(dtype), reqs, cfg, vocab_size=4096)
+    return run_trace(executor or pair_executor(dtype), reqs, cfg, vocab_size=4096,
+                     max_concurrency=max_concurrency)
+
+
+def heldout_prefixes(n: int = 6, output_len: int = 40):
+    """The first n held-out prompts, each asked for output_len tokens."""
+    return [replace(r, output_len=output_len) for r in load_heldout(PAIR, n)]
+
+
+def assert_target_greedy(out, reqs):
+    for r in reqs:
+        want = list(pair_reference(r.request_id, r.output_len))
+        assert out.output_token_ids[r.request_id] == want, r.request_id
 
 
 def test_the_committed_pair_is_small_and_complete():
@@ -187,31 +200,45 @@ def test_the_committed_head_loads_in_the_engine_with_its_draft_vocabulary():
 
 @pytest.mark.parametrize("k", [1, 4, 5])
 def test_spec_decode_on_the_pair_is_lossless_with_acceptances_at_every_position(k):
-    reqs = load_heldout(PAIR, 6)
-    reqs = [r.__class__(r.request_id, 0.0, r.prompt_len, 40, r.prompt_token_ids) for r in reqs]
+    reqs = heldout_prefixes()
     out = pair_run("float64", reqs, k)
-    for r in reqs:
-        assert out.output_token_ids[r.request_id] == list(pair_reference(r.request_id, 40))
+    assert_target_greedy(out, reqs)
     spec = out.result["spec_decode"]
     assert all(rate > 0 for rate in spec["acceptance_rate_per_pos"])
     assert spec["acceptance_rate"] < 1.0
 
 
 def test_spec_decode_on_the_pair_is_lossless_under_preemption():
-    reqs = load_heldout(PAIR, 6)
-    reqs = [r.__class__(r.request_id, 0.0, r.prompt_len, 40, r.prompt_token_ids) for r in reqs]
+    reqs = heldout_prefixes()
     out = pair_run("float64", reqs, 3, num_blocks=24)
     assert out.result["config"]["num_preemptions"] > 0
-    for r in reqs:
-        assert out.output_token_ids[r.request_id] == list(pair_reference(r.request_id, 40))
+    assert_target_greedy(out, reqs)
 
 
 def test_spec_decode_on_the_pair_is_lossless_with_chunked_prefill():
-    reqs = load_heldout(PAIR, 6)
-    reqs = [r.__class__(r.request_id, 0.0, r.prompt_len, 40, r.prompt_token_ids) for r in reqs]
+    reqs = heldout_prefixes()
     out = pair_run("float64", reqs, 4, max_num_batched_tokens=24)
-    for r in reqs:
-        assert out.output_token_ids[r.request_id] == list(pair_reference(r.request_id, 40))
+    assert_target_greedy(out, reqs)
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+@pytest.mark.parametrize("mode", ["async", "zero-bubble"])
+def test_overlapped_modes_on_the_pair_emit_the_targets_greedy_tokens(mode, concurrency):
+    reqs = heldout_prefixes()
+    out = pair_run("float64", reqs, 4, mode=mode, max_concurrency=concurrency)
+    assert_target_greedy(out, reqs)  # what sync emits too
+    assert all(rate > 0 for rate in out.result["spec_decode"]["acceptance_rate_per_pos"])
+
+
+def test_the_process_executor_on_the_pair_emits_the_targets_greedy_tokens():
+    from engine.executor import ProcessExecutor
+    paths = pair_paths(PAIR)
+    spec = WorkerSpec(paths["target"], paths["eagle3"], "cpu", "float64", 160,
+                      max_model_len=272, max_num_seqs=8, max_k=4, num_threads=1)
+    reqs = heldout_prefixes()
+    with ProcessExecutor(spec) as ex:
+        out = pair_run("float64", reqs, 4, mode="zero-bubble", executor=ex, max_concurrency=4)
+    assert_target_greedy(out, reqs)
 
 
 def test_acceptance_length_on_heldout_code_at_k4_is_at_least_2_5():
