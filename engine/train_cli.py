@@ -9,7 +9,7 @@ from stepgap.errors import UserError
 
 EPILOG = """\
 examples:
-  stepgap train checkpoints/pystdlib            # the committed pair (7-10 min on 2 cores)
+  stepgap train checkpoints/pystdlib            # the committed pair (8-13 min on 2 cores)
   stepgap train out/smoke --preset smoke        # seconds: a tiny pair, for checking the code
 
 OUT/target is a Hugging Face Llama folder with its tokenizer (transformers loads it), OUT/eagle3
