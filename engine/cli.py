@@ -71,6 +71,9 @@ def register(sub) -> None:
                    help="step scheduling (DESIGN.md §1; default sync)")
     e.add_argument("--executor", default="inline", choices=("inline", "process"),
                    help="worker in the engine process, or in its own process (default inline)")
+    e.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="with --executor process, do not pin the engine to one CPU and the "
+                        "worker to another (pinned by default when there are two or more)")
     e.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="default cpu")
     e.add_argument("--no-cuda-graphs", action="store_true",
                    help="on cuda, run decode steps eagerly instead of replaying CUDA graphs")
@@ -177,7 +180,7 @@ def cmd_run(args) -> int:
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr))
     say(f"stepgap run: building the {args.executor} worker on {args.device} ...")
     try:
-        with make_executor(args.executor, spec) as ex:
+        with make_executor(args.executor, spec, args.pin) as ex:
             info = ex.info()
             say(f"stepgap run: {len(requests)} requests, mode {args.mode}, k {args.k}, "
                 f"{num_blocks} KV blocks")

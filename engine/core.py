@@ -111,9 +111,10 @@ def run_trace(executor, requests: list[TraceRequest], cfg: EngineConfig, *, voca
         send(gen.pop_due(clock()), None)
         out = None
         if sched.has_unfinished() and len(in_flight) < depth:
-            with host.span("schedule", sched.step):
+            with host.span("schedule", sched.step) as args:
                 out = sched.schedule()
                 msg = to_msg(out, replay) if out.scheduled else None
+                args.update(reqs=out.num_reqs, tokens=out.num_batched_tokens)
             if msg is not None:
                 in_flight.append((out, executor.execute(msg)))
             else:
@@ -122,7 +123,8 @@ def run_trace(executor, requests: list[TraceRequest], cfg: EngineConfig, *, voca
             done_out, handle = in_flight.popleft()
             res = executor.collect(handle)
             spans += res.spans
-            with host.span("update_from_output", done_out.step):
+            with host.span("update_from_output", done_out.step, reqs=done_out.num_reqs,
+                           tokens=done_out.num_batched_tokens):
                 discarded += _observe(done_out, res.sampled, spec, accepted)
                 emitted = sched.update_from_output(done_out, res.sampled)
                 now = clock()

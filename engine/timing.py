@@ -33,9 +33,11 @@ class HostSpans:
 
     @contextmanager
     def span(self, op: str, step: int, **args):
+        """Time the block as one span. It yields the span's args: the block may add to them
+        (what an op worked on is often known only inside it)."""
         start = now_us(self.t0_ns)
         try:
-            yield
+            yield args
         finally:
             self.spans.append(Span(self.lane, op, step, start, now_us(self.t0_ns), args or None))
 

@@ -232,7 +232,7 @@ class Worker:
         with self.host.span("prepare_inputs", msg.step, reqs=len(msg.reqs),
                             tokens=sum(r[1] for r in msg.reqs)):
             batch = self._prepare(msg, h)
-        with self.host.span("launch", msg.step):
+        with self.host.span("launch", msg.step, reqs=batch["b"], tokens=batch["n"]):
             self._launch(batch, h, prev)
         h.spans = self.host.take()
         self.prev = h
@@ -257,7 +257,7 @@ class Worker:
         fallback = np.zeros(b, np.int64)
         forced = np.zeros(b, np.int64)
         patch_dst, patch_row, patch_col, fix_row, fix_prev = [], [], [], [], []
-        off = 0
+        off = kv = 0
         for i, (rid, n, ns, samp, sched_start, blocks, token_ids, accepted) in enumerate(reqs):
             if token_ids is not None:
                 self.states[rid] = ReqState(list(token_ids))
@@ -270,6 +270,7 @@ class Worker:
                                    f"scheduler counts {sched_start} (step {msg.step})")
             pos[off:off + n] = np.arange(start, start + n)
             rows[off:off + n] = i
+            kv += start + n
             if st.pending:  # its latest step is in flight: its inputs come from the device
                 ph, prow = st.pending[-1]
                 if ph is not self.prev:  # the engine keeps at most one step uncollected
@@ -307,7 +308,10 @@ class Worker:
                 st.pending.append((h, i))
             off += n
         uniform = all(r[1] == 1 + k and r[2] == k and r[3] for r in reqs)
-        return {"b": b, "n": n_tok, "q": qmax, "w": width, "uniform": uniform,
+        # What the device ops work on, for their spans (the simulator's Batch, sim/costs.py).
+        shape = {"q": qmax, "kv": kv, "sampling": int(samples.sum()),
+                 "drafts": int(num_spec.sum())}
+        return {"b": b, "n": n_tok, "q": qmax, "w": width, "uniform": uniform, "shape": shape,
                 "patch": len(patch_dst), "fix": len(fix_row),
                 "arrays": {"ids": ids, "pos": pos, "rows": rows, "unpad": unpad, "pad": pad,
                            "tables": tables, "verify": verify, "num_spec": num_spec,
@@ -347,8 +351,9 @@ class Worker:
                 pos = pos - adj[d["rows"]]
         graphs = batch["uniform"] and "target" in self.graphs
         key = self.graphs["target"].bucket(b, batch["w"]) if graphs else None
+        shape = batch["shape"]
         with self.timer.op(rec, "target_forward", step, tokens=n, reqs=b, blocks=batch["w"],
-                           graph=key is not None):
+                           graph=key is not None, **shape):
             if key is not None:
                 outs = self.graphs["target"].run(
                     key, {"ids": ids, "pos": pos, "block_tables": d["tables"]}, b)
@@ -362,7 +367,7 @@ class Worker:
                 set_context(None)
                 logits = self.target.compute_logits(hidden[d["verify"].flatten()])
                 logits = logits.view(b, k + 1, -1)
-        with self.timer.op(rec, "rejection_sample", step, reqs=b):
+        with self.timer.op(rec, "rejection_sample", step, reqs=b, tokens=n, **shape):
             drafts_in = ids[d["verify"][:, 1:]]
             forced = d["forced"] if self.run.sampling.replay else None
             tokens, num_accepted = rejection_sample(logits, drafts_in, d["num_spec"],
@@ -389,7 +394,7 @@ class Worker:
         key = self.graphs["draft_first"].bucket(b, batch["w"]) \
             if batch["uniform"] and "draft_first" in self.graphs else None
         with self.timer.op(rec, "draft_forward", step, i=0, tokens=batch["n"], reqs=b,
-                           graph=key is not None):
+                           blocks=batch["w"], graph=key is not None, **batch["shape"]):
             draft_ids = ids.roll(-1).index_put((last,), next_token)
             if key is not None:
                 (pre,) = self.graphs["draft_first"].run(
@@ -411,7 +416,7 @@ class Worker:
             key = self.graphs["draft_step"].bucket(b, batch["w"]) \
                 if batch["uniform"] and "draft_step" in self.graphs else None
             with self.timer.op(rec, "draft_forward", step, i=i, tokens=b, reqs=b,
-                               graph=key is not None):
+                               blocks=batch["w"], graph=key is not None, q=1):
                 if key is not None:
                     (x,) = self.graphs["draft_step"].run(
                         key, {"ids": tok, "pos": p + i, "block_tables": d["tables"],
@@ -445,14 +450,15 @@ class Worker:
         parts = [h.tokens, h.num_accepted.unsqueeze(1)] + \
             ([h.drafts] if h.drafts is not None else [])
         if not self.cuda:
-            with self.timer.op(h.records, "d2h", h.step):
+            with self.timer.op(h.records, "d2h", h.step, reqs=len(h.rows)):
                 h.out_host = torch.cat(parts, dim=1)
             return
         done = torch.cuda.Event()
         done.record()
         with torch.cuda.stream(self.copy_stream):
             self.copy_stream.wait_event(done)
-            with self.timer.op(h.records, "d2h", h.step, stream=self.copy_stream):
+            with self.timer.op(h.records, "d2h", h.step, stream=self.copy_stream,
+                               reqs=len(h.rows)):
                 packed = torch.cat(parts, dim=1)
                 h.out_host = torch.empty(packed.shape, dtype=torch.long, pin_memory=True)
                 h.out_host.copy_(packed, non_blocking=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sim.acceptance import PROFILES
 from sim.config import DEVICES, WORKERS, SimConfig
-from sim.costs import CPU_OPS, CpuCosts
+from sim.costs import CPU_COSTS, CPU_OPS, CpuCosts
 from sim.hardware import CATALOG
 from sim.presets import PRESETS
 from stepgap.formats import MODES
@@ -46,6 +46,10 @@ examples:
   # a CPU-only engine: the worker in its own process, device ops on the worker's thread
   stepgap simulate --gpu cpu --model llama-3.2-1b -k 0 --worker process --mode async \\
       --trace my_trace.jsonl --result-json out/sim.json
+  # the trained pair on this CPU, with the committed measured profile (docs/validation.md)
+  stepgap simulate --gpu cpu --worker process --profile traces/measured/cpu/profile.json \\
+      --model checkpoints/pystdlib/target --draft checkpoints/pystdlib/eagle3 -k 4 \\
+      --trace checkpoints/pystdlib/heldout.jsonl --max-concurrency 4 --mode async
 
 Units: times in microseconds (us) unless an option says ms; rates in requests/s.
 Errors in options or trace files name the field (and the file and line) and exit with status 2.
@@ -65,9 +69,9 @@ def rates_arg(text: str) -> tuple[float, ...]:
 
 def cost_arg(text: str) -> tuple[str, list[float]]:
     op, sep, vals = text.partition("=")
-    if not sep or op not in CPU_OPS:
+    if not sep or op not in CPU_COSTS:
         raise argparse.ArgumentTypeError(f"expected OP=A[,B[,C]] with OP one of "
-                                         f"{', '.join(CPU_OPS)}, got {text!r}")
+                                         f"{', '.join(CPU_COSTS)}, got {text!r}")
     try:
         abc = [float(x) for x in vals.split(",")]
     except ValueError:
@@ -138,6 +142,11 @@ def register(sub) -> None:
                    help="async: a GPU runs launched ops while the CPU goes on; sync: device ops "
                         "run on the worker's thread (a CPU). Default: async for a GPU, sync "
                         "for --gpu cpu")
+    g.add_argument("--profile", metavar="PROFILE.json",
+                   help="a measured profile (`stepgap profile`, or bench/gpu_measure.py's "
+                        "profile.json): its device op fits replace the roofline wherever it "
+                        "covers the op, and its CPU costs replace the defaults (explicit CPU "
+                        "options still win). The result's config says which ops it covered")
 
     g = p.add_argument_group("acceptance")
     g.add_argument("--acceptance", metavar="PROFILE",
@@ -176,7 +185,9 @@ def register(sub) -> None:
     g.add_argument("--cpu-cost", action="append", type=cost_arg, metavar="OP=A[,B[,C]]",
                    help="set one op's cost, repeatable; ops and defaults: " + "; ".join(
                        f"{op} {getattr(CPU, op).a:g},{getattr(CPU, op).b:g},"
-                       f"{getattr(CPU, op).c:g}" for op in CPU_OPS))
+                       f"{getattr(CPU, op).c:g}" for op in CPU_OPS)
+                   + "; and, for a process worker on a synchronous device, result_latency "
+                     "(default: wake + ipc) and worker_turnaround (default 0)")
     g.add_argument("--launch-latency-us", type=nonneg_float, metavar="US",
                    help="from a launch's start to its first kernel running "
                         f"(default {CPU.launch_latency_us:g})")
@@ -203,7 +214,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-FIELDS = ("mode", "k", "gpu", "model", "draft", "worker", "device", "acceptance",
+FIELDS = ("mode", "k", "gpu", "model", "draft", "worker", "device", "profile", "acceptance",
           "acceptance_rates", "acceptance_spread", "replay", "max_num_seqs",
           "max_num_batched_tokens", "max_model_len", "block_size", "num_kv_blocks",
           "gpu_memory_utilization", "cpu_scale", "launch_latency_us", "wake_us", "ipc_us",

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import NamedTuple
 
 from sim.acceptance import AcceptanceProfile, get_profile
-from sim.costs import CPU_OPS, BF16, CpuCosts, OpCost, RooflineCosts
+from sim.costs import CPU_COSTS, BF16, CpuCosts, DeviceCosts, OpCost, RooflineCosts
+from sim.profile import Profile, ProfileCosts, load_profile
 from sim.hardware import GIB, Hardware, get_hardware
 from stepgap.errors import UserError
 from stepgap.formats import MODES
@@ -46,6 +47,7 @@ class SimConfig:
     draft: str = "eagle3"
     worker: str = "inline"
     device: str | None = None          # None: async for a GPU, sync for the cpu entry
+    profile: str | None = None         # a measured profile (device ops, CPU costs) to use
     # acceptance
     acceptance: str = "mtbench"
     acceptance_rates: tuple[float, ...] | None = None
@@ -115,8 +117,8 @@ class SimConfig:
         if self.acceptance_rates is not None:
             self.acceptance_rates = tuple(self.acceptance_rates)
         for op, abc in self.cpu_costs.items():
-            if op not in CPU_OPS:
-                raise UserError(f"--cpu-cost: unknown op {op!r} (ops: {', '.join(CPU_OPS)})")
+            if op not in CPU_COSTS:
+                raise UserError(f"--cpu-cost: unknown op {op!r} (ops: {', '.join(CPU_COSTS)})")
             if not isinstance(abc, (list, tuple)) or not 1 <= len(abc) <= 3:
                 raise UserError(f"--cpu-cost {op}: expected A[,B[,C]] microseconds, got {abc!r}")
 
@@ -145,10 +147,11 @@ class Resolved(NamedTuple):
     target: ModelConfig
     draft: Eagle3Config | None
     device_async: bool
-    device_costs: RooflineCosts
+    device_costs: DeviceCosts
     cpu: CpuCosts
     profile: AcceptanceProfile
     scheduler: SchedulerConfig
+    measured: Profile | None = None   # the --profile, when given
 
 
 def resolve(cfg: SimConfig) -> Resolved:
@@ -159,16 +162,22 @@ def resolve(cfg: SimConfig) -> Resolved:
         draft = load_draft_config(cfg.draft, target)
         draft.check_target(target, f"--draft {cfg.draft}")
     device = cfg.device or ("async" if hw.kind == "gpu" else "sync")
-    return Resolved(hw, target, draft, device == "async", RooflineCosts(target, draft, hw, cfg.k),
-                    cpu_costs(cfg), acceptance_profile(cfg),
-                    scheduler_config(cfg, target, draft, hw))
+    device_costs: DeviceCosts = RooflineCosts(target, draft, hw, cfg.k)
+    measured = load_profile(cfg.profile) if cfg.profile else None
+    if measured is not None:
+        device_costs = ProfileCosts(measured, cfg.k, device_costs, cfg.block_size)
+    return Resolved(hw, target, draft, device == "async", device_costs,
+                    cpu_costs(cfg, measured), acceptance_profile(cfg),
+                    scheduler_config(cfg, target, draft, hw), measured)
 
 
-def cpu_costs(cfg: SimConfig) -> CpuCosts:
-    """The defaults times --cpu-scale; explicit latencies and op costs are taken as given."""
+def cpu_costs(cfg: SimConfig, measured: Profile | None = None) -> CpuCosts:
+    """The defaults, or the measured profile's CPU costs, times --cpu-scale; explicit
+    latencies and op costs are taken as given."""
     latencies = {name: getattr(cfg, name) for name in ("launch_latency_us", "wake_us", "ipc_us")
                  if getattr(cfg, name) is not None}
-    costs = replace(CpuCosts().scaled(cfg.cpu_scale), **latencies)
+    base = (measured.cpu_costs() if measured is not None else None) or CpuCosts()
+    costs = replace(base.scaled(cfg.cpu_scale), **latencies)
     return costs.with_ops({op: OpCost(*abc) for op, abc in cfg.cpu_costs.items()})
 
 

@@ -9,6 +9,9 @@ tests). A measured profile can later implement the same methods and win wherever
 CPU. Each CPU op costs a + b·num_reqs + c·num_tokens microseconds (`OpCost`), plus three
 latencies: launch (CPU launch start to the first kernel running), wake (a blocking wait
 returning after its event fires) and IPC (one message between engine and a `process` worker).
+A `process` worker on a synchronous device (the CPU) computes each step itself and then sends
+its result, so two more terms, also a + b·num_reqs + c·num_tokens, describe it: the result's
+latency to the engine and the worker's own turnaround before it can prepare the next step.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ class Batch:
     num_drafts: int     # draft tokens verified this step
     kv_tokens: int      # context tokens attention reads, summed over requests
     attn_pairs: float   # (query, key) pairs attended, causal within a chunk
+    max_query: int = 0  # the longest chunk of one request (a padded attention grid's width)
+    max_blocks: int = 0  # the most KV blocks one request holds (a block table's width)
 
 
 class DeviceCosts(Protocol):
@@ -187,6 +192,12 @@ class RooflineCosts:
 # CPU
 
 CPU_OPS = ("schedule", "update_from_output", "prepare_inputs", "launch")
+# Terms of the same form that are not ops (no span): a `process` worker on a synchronous device
+# (the CPU) computes a step, then collects and sends its result. `result_latency` runs from the
+# step's last device op to the engine's update_from_output; `worker_turnaround` is the time the
+# worker then spends (collect, send, receive the next step) before it can prepare the next one.
+CPU_TERMS = ("result_latency", "worker_turnaround")
+CPU_COSTS = CPU_OPS + CPU_TERMS
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +229,9 @@ class CpuCosts:
     launch_latency_us: float = 40.0
     wake_us: float = 15.0
     ipc_us: float = 60.0
+    # Process worker on a synchronous device only. None: wake_us + ipc_us, as on a GPU host.
+    result_latency: OpCost | None = None
+    worker_turnaround: OpCost = field(default_factory=lambda: OpCost(0.0))
 
     def __post_init__(self):
         for f in ("launch_latency_us", "wake_us", "ipc_us"):
@@ -225,23 +239,48 @@ class CpuCosts:
             if not isinstance(v, (int, float)) or v < 0:
                 raise UserError(f"cpu cost: {f} must be a number >= 0, got {v!r}")
 
+    def result_latency_us(self, num_reqs: int, num_tokens: int) -> float:
+        if self.result_latency is None:
+            return self.wake_us + self.ipc_us
+        return self.result_latency(num_reqs, num_tokens)
+
     def scaled(self, s: float) -> CpuCosts:
         """Every op and latency times `s` (the seed calibration fits one such factor)."""
-        def mul(c: OpCost) -> OpCost:
-            return OpCost(c.a * s, c.b * s, c.c * s)
+        def mul(c: OpCost | None) -> OpCost | None:
+            return None if c is None else OpCost(c.a * s, c.b * s, c.c * s)
         return CpuCosts(*(mul(getattr(self, op)) for op in CPU_OPS),
                         launch_latency_us=self.launch_latency_us * s, wake_us=self.wake_us * s,
-                        ipc_us=self.ipc_us * s)
+                        ipc_us=self.ipc_us * s, result_latency=mul(self.result_latency),
+                        worker_turnaround=mul(self.worker_turnaround))
 
     def with_ops(self, overrides: dict[str, OpCost]) -> CpuCosts:
         for op in overrides:
-            if op not in CPU_OPS:
-                raise UserError(f"cpu cost: unknown op {op!r} (ops: {', '.join(CPU_OPS)})")
+            if op not in CPU_COSTS:
+                raise UserError(f"cpu cost: unknown op {op!r} (ops: {', '.join(CPU_COSTS)})")
         return replace(self, **overrides)
 
     def to_dict(self) -> dict:
-        d = {op: [getattr(self, op).a, getattr(self, op).b, getattr(self, op).c]
-             for op in CPU_OPS}
+        d = {op: [c.a, c.b, c.c] if (c := getattr(self, op)) is not None else None
+             for op in CPU_COSTS}
         d.update(launch_latency_us=self.launch_latency_us, wake_us=self.wake_us,
                  ipc_us=self.ipc_us)
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict, base: CpuCosts | None = None) -> CpuCosts:
+        """The inverse of to_dict; keys it lacks keep `base`'s values (default: the defaults)."""
+        base = base or cls()
+        known = set(CPU_COSTS) | {"launch_latency_us", "wake_us", "ipc_us"}
+        unknown = set(d) - known
+        if unknown:
+            raise UserError(f"cpu costs: unknown key {sorted(unknown)[0]!r} "
+                            f"(known: {', '.join(sorted(known))})")
+        kw = {}
+        for key, v in d.items():
+            if key in CPU_COSTS:
+                if v is not None and (not isinstance(v, (list, tuple)) or not 1 <= len(v) <= 3):
+                    raise UserError(f"cpu costs: {key}: expected [a, b, c], got {v!r}")
+                kw[key] = None if v is None else OpCost(*v)
+            else:
+                kw[key] = v
+        return replace(base, **kw)

@@ -54,25 +54,28 @@ class Step:
 
 
 def batch_of(out: SchedulerOutput) -> Batch:
-    sampling = logits = drafts = kv = 0
+    sampling = logits = drafts = kv = max_query = max_blocks = 0
     pairs = 0.0
     for s in out.scheduled:
         n = s.num_new_tokens
         kv += s.start + n
         pairs += n * (s.start + (n + 1) / 2)
         drafts += s.num_spec
+        max_query = max(max_query, n)
+        max_blocks = max(max_blocks, len(s.request.block_ids))
         if s.samples:
             sampling += 1
             logits += 1 + s.num_spec
-    return Batch(out.num_batched_tokens, len(out.scheduled), sampling, logits, drafts, kv, pairs)
+    return Batch(out.num_batched_tokens, len(out.scheduled), sampling, logits, drafts, kv, pairs,
+                 max_query, max_blocks)
 
 
 class Device:
     """The device lane: steps run in launch order, each as soon as it is launched and the
     previous one is done. Records step gaps and, when asked, one span per op."""
 
-    def __init__(self, costs: DeviceCosts, k: int, zero_bubble: bool, spans: list | None):
-        self.costs, self.k, self.zero_bubble, self.spans = costs, k, zero_bubble, spans
+    def __init__(self, costs: DeviceCosts, k: int, fixup: bool, spans: list | None):
+        self.costs, self.k, self.fixup, self.spans = costs, k, fixup, spans
         self.free = 0.0
         self.last_end: float | None = None
         self.gaps: list[float] = []
@@ -82,7 +85,7 @@ class Device:
         last at `t_last`, so the step cannot end earlier (a CPU-bound launch starves the GPU)."""
         c, b = self.costs, step.batch
         ops = []
-        if self.zero_bubble and b.num_drafts:
+        if self.fixup and b.num_drafts:
             ops.append(("fixup", c.fixup(b), None))
         ops.append(("target_forward", c.target_forward(b), None))
         if self.k and b.num_sampling:
@@ -122,11 +125,14 @@ class Sim:
         self.cpu = r.cpu
         self.acc = Acceptance(r.profile, cfg.k, requests, cfg.seed, cfg.replay)
         self.spans: list[Span] | None = [] if cfg.timeline else None
-        self.device = Device(device_costs or r.device_costs, cfg.k, cfg.mode == "zero-bubble",
-                             self.spans)
         self.async_ = cfg.mode != "sync"
         self.wait_accepted = cfg.mode == "async" and cfg.k > 0
         self.inline = cfg.worker == "inline"
+        # A process worker on a synchronous device has computed step N (and knows its counts)
+        # before it prepares N+1: zero-bubble then has nothing to fix up.
+        self.computes_ahead = not self.inline and not r.device_async
+        self.device = Device(device_costs or r.device_costs, cfg.k,
+                             cfg.mode == "zero-bubble" and not self.computes_ahead, self.spans)
         self.out_latency = cfg.output_latency_ms * 1e3
         self.gen = LoadGenerator(requests, cfg.max_concurrency)
         self.timings: dict[str, RequestTiming] = {}
@@ -164,13 +170,7 @@ class Sim:
     def client(self):
         env, gen = self.env, self.gen
         while not gen.done:
-            now_s = env.now / 1e6
-            sent = gen.pop_due(now_s + 1e-9)
-            for tr in sent:
-                self.timings[tr.request_id] = RequestTiming(tr.request_id, tr.prompt_len, now_s)
-                self.inbox.append(tr)
-            if sent and self.wake is not None and not self.wake.triggered:
-                self.wake.succeed()
+            self.send_due()
             nxt = gen.next_arrival()
             if nxt is not None:
                 yield env.timeout(max(0.0, nxt * 1e6 - env.now))
@@ -178,8 +178,23 @@ class Sim:
                 self.slot_free = env.event()
                 yield self.slot_free
 
+    def send_due(self) -> None:
+        """Send every request that has arrived, while slots are free; wake an idle engine."""
+        now_s = self.env.now / 1e6
+        sent = self.gen.pop_due(now_s + 1e-9)
+        for tr in sent:
+            self.timings[tr.request_id] = RequestTiming(tr.request_id, tr.prompt_len, now_s)
+            self.inbox.append(tr)
+        if sent and self.wake is not None and not self.wake.triggered:
+            self.wake.succeed()
+
     def _complete(self, _=None) -> None:
         self.gen.complete()
+        if not self.out_latency:
+            # The client learns of the last chunk when update_from_output emits it, and sends
+            # the next request at once: the engine's next schedule sees it (as the engine's own
+            # in-process client does).
+            self.send_due()
         if self.slot_free is not None and not self.slot_free.triggered:
             self.slot_free.succeed()
 
@@ -269,6 +284,13 @@ class Sim:
             if t_arrive > env.now:
                 yield env.timeout(t_arrive - env.now)
             yield from self.execute(step)
+            if self.computes_ahead:  # it computed the step itself: it sends the result and
+                # turns to the next message, which keeps its thread busy (no span: no op)
+                n, tokens = step.out.num_reqs, step.out.num_batched_tokens
+                step.t_output = step.t_done + cpu.result_latency_us(n, tokens)
+                step.ready.succeed()
+                yield env.timeout(cpu.worker_turnaround(n, tokens))
+                continue
             if self.async_:  # an output thread sends the result once the copy lands
                 step.t_output = step.t_done + cpu.wake_us + cpu.ipc_us
             else:
@@ -289,13 +311,14 @@ class Sim:
                                 {"on": "accepted", "of": prev.out.step})
         yield self.busy(WORKER, "prepare_inputs", out.step,
                         cpu.prepare_inputs(out.num_reqs, out.num_batched_tokens))
+        dur = cpu.launch(out.num_reqs, out.num_batched_tokens)
         if self.r.device_async:
-            dur, lat = cpu.launch(out.num_reqs, out.num_batched_tokens), cpu.launch_latency_us
+            lat = cpu.launch_latency_us
             self.device.place(step, env.now + lat, env.now + dur + lat)
             yield self.busy(WORKER, "launch", out.step, dur)
-        else:  # the device is this thread
-            self.device.place(step, env.now, env.now)
-            yield env.timeout(step.t_done - env.now)
+        else:  # the device is this thread: launch packs the inputs, then runs the ops itself
+            self.device.place(step, env.now + dur, env.now + dur)
+            yield self.busy(WORKER, "launch", out.step, step.t_done - env.now)
         self.prev = step
 
     # -- the result -------------------------------------------------------------------------
@@ -315,6 +338,10 @@ class Sim:
             "cpu_costs_us": r.cpu.to_dict(), "num_steps": self.num_steps,
             "num_preemptions": self.sched.num_preemptions,
         }
+        sources = getattr(self.device.costs, "sources", None)
+        if sources is not None:   # a measured profile: which ops it covered, and how
+            config["resolved"]["device_costs"] = {"profile": getattr(self.device.costs.profile,
+                                                                     "path", None), **sources}
         return run_result(timings, duration_s, backend="stepgap-sim", config=config,
                           gaps_us=self.device.gaps, spec=self.spec_stats() if cfg.k else None,
                           detailed=cfg.detailed)

@@ -467,3 +467,46 @@ def chrome_panels(panels: list[Panel], steps=None, at_gap=None, pad_ms: float = 
                            " · ".join(x for x in (p.column, p.row) if x) or "stepgap")
         events += [{**e, "pid": pid} for e in doc["traceEvents"]]
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+# -------------------------------------------------------------------------------------------
+# Simulated against measured
+
+MODE_MARKERS = {"sync": "o", "async": "s", "zero-bubble": "^"}
+
+
+def sim_vs_measured_figure(points: list[dict], title: str | None = None) -> Figure:
+    """Simulated against measured, one point per cell: mean TPOT (with the ±5 % band) and
+    P99 TPOT (±10 %). `points`: {mode, k, conc, measured: result, simulated: result}."""
+    fig = Figure(figsize=(11, 4.8), dpi=DPI, layout="constrained")
+    panels = (("mean_tpot_ms", "mean TPOT (ms)", 0.05), ("p99_tpot_ms", "P99 TPOT (ms)", 0.10))
+    for ax, (key, name, bound) in zip(fig.subplots(1, 2), panels):
+        xs = [p["measured"][key] for p in points]
+        ys = [p["simulated"][key] for p in points]
+        lo, hi = min(xs + ys) * 0.9, max(xs + ys) * 1.1
+        line = np.array([lo, hi])
+        ax.fill_between(line, line * (1 - bound), line * (1 + bound), color="grey", alpha=0.15,
+                        lw=0, label=f"±{100 * bound:g} % (the bound)")
+        ax.plot(line, line, color="grey", lw=1, label="simulated = measured")
+        for i, mode in enumerate(MODE_MARKERS):
+            pts = [p for p in points if p["mode"] == mode]
+            if not pts:
+                continue
+            ax.scatter([p["measured"][key] for p in pts], [p["simulated"][key] for p in pts],
+                       marker=MODE_MARKERS[mode], s=42, color=f"C{i}", label=mode, zorder=3,
+                       edgecolors="white", linewidths=0.5)
+            for p in pts:
+                ax.annotate(f"k{p['k']}c{p['conc']}", (p["measured"][key], p["simulated"][key]),
+                            textcoords="offset points", xytext=(4, -9), fontsize=6.5,
+                            color="#555555")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_aspect("equal")
+        ax.set_xlabel(f"measured {name}")
+        ax.set_ylabel(f"simulated {name}")
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle(title or "Simulated against measured, per cell (k = speculation depth, "
+                 "c = max concurrency)", fontsize=11)
+    return fig

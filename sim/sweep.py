@@ -308,7 +308,7 @@ def format_cell(values: dict) -> str:
 
 # The code a cell's result depends on: a result kept from another version of it is stale.
 MODEL_SOURCES = ("sim/acceptance.py", "sim/config.py", "sim/costs.py", "sim/hardware.py",
-                 "sim/loop.py", "sim/presets.py", "stepgap/formats.py", "stepgap/modelcfg.py",
+                 "sim/loop.py", "sim/presets.py", "sim/profile.py", "stepgap/formats.py", "stepgap/modelcfg.py",
                  "stepgap/scheduler.py", "stepgap/workloads.py")
 
 
@@ -325,7 +325,7 @@ def cell_key(cfg: SimConfig) -> str:
     """The cell's hash: its whole config, the files it names and the simulator's code."""
     h = hashlib.sha256(f"{STORE_VERSION}:{model_digest()}:".encode())
     h.update(json.dumps(cfg.to_dict(), sort_keys=True).encode())
-    for name in (cfg.workload, cfg.model, cfg.draft):   # a trace file, a config.json or folder
+    for name in (cfg.workload, cfg.model, cfg.draft, cfg.profile or ""):   # files it names
         path = Path(name)
         path = path / "config.json" if path.is_dir() else path
         if path.is_file():

@@ -20,6 +20,9 @@ COMMAND_MODULES = [
     "engine.cli",
     "engine.train_cli",
     "engine.demo",
+    "engine.profile",
+    "engine.validate",
+    "stepgap.compare",
 ]
 
 DESCRIPTION = """\
@@ -27,7 +30,9 @@ stepgap: what does async scheduling buy with EAGLE-3 speculative decoding, and w
 step gaps go? `simulate` predicts a serving run with a SimPy model of the step loop; `run`
 measures one with a real torch engine. Both write the same run results and timelines.
 `sweep` runs the simulator over a grid of what-ifs; `plot` draws sweeps and step timelines.
-`demo` runs both on a small trained Llama + EAGLE-3 pair (`train` makes it).
+`demo` runs both on a small trained Llama + EAGLE-3 pair (`train` makes it). `profile` measures
+this machine's costs for the simulator; `validate` runs the engine and the simulator on the same
+traces over a grid and reports the errors; `compare` sets one run result against another.
 """
 
 

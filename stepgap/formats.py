@@ -383,9 +383,15 @@ def _jsonable(x):
 
 
 def save_result(path, result: dict) -> None:
-    """Write a run result. Same input, same bytes: keys keep their order, floats their repr."""
+    """Write a run result. Same input, same bytes: keys keep their order, floats their repr.
+    A path ending in `.gz` is written gzip-compressed (compact JSON, no timestamp)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".gz":
+        import gzip
+        with path.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
+            f.write(json.dumps(_jsonable(result), separators=(",", ":")).encode())
+        return
     path.write_text(json.dumps(_jsonable(result), indent=1) + "\n")
 
 
@@ -393,7 +399,8 @@ REQUIRED_RESULT_KEYS = ("completed", "duration", "mean_tpot_ms", "mean_itl_ms", 
 
 
 def load_result(path) -> dict:
-    """Read a run result of stepgap, or one saved by `vllm bench serve --save-result`.
+    """Read a run result of stepgap (`.json`, or `.json.gz`), or one saved by `vllm bench serve
+    --save-result`.
 
     Missing `step_gaps`, `spec_decode` and `config` are tolerated (vLLM does not write them).
     """
@@ -401,7 +408,13 @@ def load_result(path) -> dict:
     if not path.is_file():
         raise UserError(f"{path}: result file not found")
     try:
-        res = json.loads(path.read_text())
+        if path.suffix == ".gz":
+            import gzip
+            res = json.loads(gzip.decompress(path.read_bytes()))
+        else:
+            res = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError):
+        raise UserError(f"{path}: not a JSON file (or a gzip of one)") from None
     except json.JSONDecodeError as e:
         raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
     if not isinstance(res, dict):

@@ -73,14 +73,33 @@ def test_async_process_worker_overlaps_engine_worker_and_device(mode):
 
 
 def test_sync_device_runs_on_the_worker_thread():
-    # The CPU as device: ops run on the worker's thread (no launch), in every mode when inline.
+    # The CPU as device: launch packs the inputs (its cost, L), then the ops run on the worker's
+    # thread; inline, nothing overlaps in any mode.
     for mode in ("sync", "async", "zero-bubble"):
         res, _ = run(ConstantCosts(target=900.0), mode=mode, device="sync")
-        assert steady_itl_us(res) == pytest.approx(S + P + U + 900.0)
+        assert steady_itl_us(res) == pytest.approx(S + P + L + U + 900.0)
     # With its own process the worker still computes serially, but the engine's schedule and
-    # update overlap it: async hides the engine side, not the worker's prepare.
+    # update overlap it: async hides the engine side, not the worker's prepare and launch.
     res, _ = run(ConstantCosts(target=900.0), mode="async", device="sync", worker="process")
-    assert steady_itl_us(res) == pytest.approx(max(S + U, P + 900.0))
+    assert steady_itl_us(res) == pytest.approx(max(S + U, P + L + 900.0))
+
+
+def test_process_worker_on_a_sync_device_sends_its_result_then_turns_around():
+    # R: the result's latency to update_from_output; C: the worker's turnaround (collect, send,
+    # receive) before it can prepare the next step. Sync: the whole round trip, with the
+    # message's IPC latency. Async: the worker's loop, or the engine's if slower.
+    R, C, I = 120.0, 80.0, 30.0
+    costs = {"schedule": [S], "update_from_output": [U], "prepare_inputs": [P], "launch": [L],
+             "result_latency": [R], "worker_turnaround": [C]}
+    res, spans = run(ConstantCosts(target=900.0), mode="sync", device="sync", worker="process",
+                     cpu_costs=costs, ipc_us=I, timeline=True)
+    assert steady_itl_us(res) == pytest.approx(P + L + 900.0 + R + U + S + I)
+    assert not [s for s in spans if s.op == "wait"]   # nothing waits on a device here
+    for mode in ("async", "zero-bubble"):
+        res, spans = run(ConstantCosts(target=900.0), mode=mode, k=2, device="sync",
+                         worker="process", cpu_costs=costs, ipc_us=I, timeline=True)
+        assert steady_itl_us(res) == pytest.approx(P + L + 900.0 + C)
+        assert not [s for s in spans if s.op == "fixup"]   # it computed N before preparing N+1
 
 
 def test_async_with_drafts_waits_for_accepted_counts_then_overlaps_the_drafter():

@@ -1,0 +1,405 @@
+"""`stepgap profile`: measure what every step costs on this machine, for the simulator.
+
+Two sources, one JSON profile (the format is `sim/profile.py`'s):
+
+1. A microbenchmark grid of the device ops, run through the worker's own execute/collect on
+   crafted steps: target forward over token counts x batch sizes x context lengths, with the
+   draft's first and one-token passes, rejection sampling and the D2H copy that every step runs.
+2. Calibration runs of the engine (the `process` executor, pinned) on a calibration trace cut
+   from the corpus's *training* files, never from the judged held-out prompts. Their timelines
+   give the device ops in situ and every CPU term the simulator uses (`sim/costs.py` CpuCosts):
+   schedule, update_from_output, prepare_inputs and launch as a + b·reqs + c·tokens, the IPC
+   latency of a step's message, and the worker's result latency and turnaround.
+
+Device op fits come from the calibration runs wherever they hold enough points (the engine's
+real steps, with the other process running, which is what is being predicted); the grid's fits
+fill in the rest and are kept in the profile, with how far they sit from the in-situ times
+(docs/validation.md has the numbers).
+
+How a step is cut into terms, from its spans (DESIGN.md §2 lanes and ops):
+
+    engine:  ...update N-1 | loop | schedule N |                                 | update N ...
+    worker:                               | prepare N | launch N .............| turnaround |
+    device:                                           | head | op | op | ... op |
+
+- `launch` (on the CPU) = prepare_inputs' end to the first device op: packing and copying the
+  inputs, the attention metadata;
+- a device op's cost runs from the end of the previous device op of its step (the Python
+  between two ops belongs to issuing the next), the first op's from its own start;
+- `ipc_us` = from update N-1's end to prepare N's start, less schedule N (sync runs): the
+  message's trip plus the engine loop's own turn, which has no op of its own;
+- `result_latency` = the last device op's end to update N's start, when the engine was waiting;
+- `worker_turnaround` = the last device op's end to prepare N+1's start, when N+1's message was
+  already waiting (async runs): collecting and sending N's result, receiving N+1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from sim.costs import CPU_COSTS, OpCost
+from sim.profile import FEATURES, FORMAT, Fit, features, fit_points
+from stepgap.errors import UserError
+from stepgap.formats import MODES, Span
+
+MIN_POINTS = 30            # fewer in-situ points than this: the grid's fit is used
+GRID_REQS = (1, 2, 4)
+GRID_CONTEXT = (64, 160, 240)
+GRID_QUERY = (16, 64)      # prefill chunks, besides the decode shape 1 + k
+GRID_REPEATS = 5
+
+
+# -------------------------------------------------------------------------------------------
+# Steps out of a timeline
+
+
+def steps_of(spans: list[Span]) -> dict[int, dict]:
+    """step -> {"engine": {op: span}, "worker": {op: span}, "device": [spans by start]}."""
+    out: dict[int, dict] = defaultdict(lambda: {"engine": {}, "worker": {}, "device": []})
+    for s in spans:
+        if s.lane == "device":
+            out[s.step]["device"].append(s)
+        else:
+            out[s.step]["engine" if s.lane == "cpu.engine" else "worker"][s.op] = s
+    for st in out.values():
+        st["device"].sort(key=lambda s: s.start_us)
+    return dict(out)
+
+
+def _shape(dev: list[Span]) -> dict:
+    """The step's batch shape, from its first device op's args (engine/worker.py)."""
+    a = dev[0].args or {}
+    return {"tokens": a.get("tokens", 0), "reqs": a.get("reqs", 1), "q": a.get("q") or 1,
+            "blocks": a.get("blocks") or 0}
+
+
+def device_points(spans: list[Span], k: int) -> list[dict]:
+    """One point per device op of every step: {op, i, k, x (features), us}."""
+    points = []
+    for st in steps_of(spans).values():
+        dev = st["device"]
+        if not dev:
+            continue
+        shape = _shape(dev)
+        prev_end = None
+        for s in dev:
+            i = (s.args or {}).get("i") if s.op == "draft_forward" else None
+            us = s.end_us - (prev_end if prev_end is not None else s.start_us)
+            prev_end = s.end_us
+            points.append({"op": s.op, "i": i, "k": k, "us": us,
+                           "x": features(s.op, i, shape["tokens"], shape["reqs"], shape["q"],
+                                         shape["blocks"])})
+    return points
+
+
+def cpu_points(spans: list[Span], mode: str) -> dict[str, list[tuple[int, int, float]]]:
+    """Samples of every CPU term: term -> [(reqs, tokens, us)] (ipc_us: reqs = tokens = 0)."""
+    steps = steps_of(spans)
+    out: dict[str, list] = defaultdict(list)
+    engine_ends = sorted(s.end_us for s in spans if s.lane == "cpu.engine")
+    order = sorted(steps)
+    for n in order:
+        st = steps[n]
+        for op, s in list(st["engine"].items()) + list(st["worker"].items()):
+            if op in ("schedule", "update_from_output", "prepare_inputs"):
+                a = s.args or {}
+                out[op].append((a.get("reqs", 0), a.get("tokens", 0), s.end_us - s.start_us))
+        dev, prep = st["device"], st["worker"].get("prepare_inputs")
+        if not dev or prep is None:
+            continue
+        reqs, tokens = (prep.args or {}).get("reqs", 0), (prep.args or {}).get("tokens", 0)
+        out["launch"].append((reqs, tokens, dev[0].start_us - prep.end_us))
+        end = dev[-1].end_us
+        upd = st["engine"].get("update_from_output")
+        if upd is not None:
+            before = [e for e in engine_ends if e <= upd.start_us]
+            if before and before[-1] < end:   # the engine was waiting for this result
+                out["result_latency"].append((reqs, tokens, upd.start_us - end))
+        nxt = steps.get(n + 1)
+        if nxt is None:
+            continue
+        sched, nprep = nxt["engine"].get("schedule"), nxt["worker"].get("prepare_inputs")
+        if sched is None or nprep is None:
+            continue
+        if mode != "sync" and sched.end_us < end - 100.0:   # N+1's message was waiting
+            out["worker_turnaround"].append((reqs, tokens, nprep.start_us - end))
+        if mode == "sync" and upd is not None:
+            trip = nprep.start_us - upd.end_us - (sched.end_us - sched.start_us)
+            out["ipc_us"].append((0, 0, trip))
+    return dict(out)
+
+
+# -------------------------------------------------------------------------------------------
+# Fits
+
+
+def fit_device(points: list[dict], source: str) -> list[Fit]:
+    """One fit per (op, draft pass, k) over the points' features."""
+    groups = defaultdict(list)
+    for p in points:
+        groups[(p["op"], p["i"], p["k"])].append(p)
+    fits = []
+    for (op, i, k), ps in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        coef, err = fit_points([p["x"] for p in ps], [p["us"] for p in ps],
+                               [p.get("count", 1) for p in ps])
+        fits.append(Fit(op, i, k, coef, sum(p.get("count", 1) for p in ps), err, source))
+    return fits
+
+
+def fit_cpu(samples: dict[str, list]) -> tuple[dict, dict]:
+    """CpuCosts fields (to_dict form) and, per term, how well the fit holds."""
+    costs, quality = {}, {}
+    for term in CPU_COSTS:
+        rows = samples.get(term) or []
+        if len(rows) < 5:
+            continue
+        coef, err = fit_points([[1.0, r, t] for r, t, _ in rows], [us for _, _, us in rows])
+        OpCost(*coef)   # validates
+        costs[term] = [round(c, 4) for c in coef]
+        quality[term] = {"n": len(rows), "median_rel_err": round(err, 4),
+                         "mean_us": round(statistics.fmean(us for _, _, us in rows), 2)}
+    trips = [us for _, _, us in samples.get("ipc_us") or []]
+    if trips:
+        costs["ipc_us"] = round(statistics.fmean(trips), 2)
+        quality["ipc_us"] = {"n": len(trips), "median_us": round(statistics.median(trips), 2)}
+    return costs, quality
+
+
+def check_against(fits: list[Fit], points: list[dict]) -> dict:
+    """How far `fits` sit from measured points: per op key, the mean of fitted / measured."""
+    by_key = {(f.op, f.i, f.k): f for f in fits}
+    sums = defaultdict(lambda: [0.0, 0.0])
+    for p in points:
+        f = by_key.get((p["op"], p["i"], p["k"]))
+        if f is not None:
+            s = sums[f"{p['op']}{'' if p['i'] is None else '/' + str(p['i'])} k={p['k']}"]
+            s[0] += f(p["x"])
+            s[1] += p["us"]
+    return {key: round(a / b, 4) for key, (a, b) in sorted(sums.items()) if b}
+
+
+def build_profile(runs: list[tuple[str, int, list[Span]]], grid_points: list[dict],
+                  meta: dict) -> dict:
+    """The profile document from calibration runs [(mode, k, spans)] and grid points."""
+    situ, cpu = [], defaultdict(list)
+    for mode, k, spans in runs:
+        situ += device_points(spans, k)
+        for term, rows in cpu_points(spans, mode).items():
+            cpu[term] += rows
+    situ_fits = fit_device(situ, "calibration runs") if situ else []
+    grid_fits = fit_device(grid_points, "grid") if grid_points else []
+    chosen = {(f.op, f.i, f.k): f for f in grid_fits}
+    chosen.update({(f.op, f.i, f.k): f for f in situ_fits if f.n >= MIN_POINTS})
+    costs, quality = fit_cpu(cpu)
+    grid_rows = [{**{k: p[k] for k in ("op", "i", "k", "us")},
+                  **dict(zip(FEATURES[1:], p["x"][1:]))} for p in grid_points]
+    return {
+        "format": FORMAT, **meta,
+        "features": list(FEATURES),
+        "device_ops": [f.to_dict() for f in sorted(chosen.values(), key=lambda f: str(
+            (f.op, f.i, f.k)))],
+        "cpu": costs,
+        "cpu_fit_quality": quality,
+        "checks": {"grid_fit_over_calibration_steps": check_against(grid_fits, situ),
+                   "calibration_fit_over_calibration_steps": check_against(situ_fits, situ)},
+        "grid": grid_rows,
+    }
+
+
+# -------------------------------------------------------------------------------------------
+# The microbenchmark grid
+
+
+def measure_grid(spec, ks: list[int], cpu: int | None = None, repeats: int = GRID_REPEATS,
+                 progress=None) -> list[dict]:
+    """Device op points from crafted steps run by the worker's own execute/collect, in this
+    process, pinned to `cpu` (the worker's CPU) with one torch thread. Each point is the median
+    of `repeats` runs of one step shape, after one warm-up run."""
+    import torch
+
+    from engine.worker import RunConfig, StepMsg, Worker
+    from stepgap.scheduler import cdiv
+
+    saved = os.sched_getaffinity(0) if cpu is not None else None
+    threads = torch.get_num_threads()
+    try:
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+        torch.set_num_threads(1)
+        worker = Worker(spec)
+        rng = np.random.default_rng(0)
+        vocab = worker.target_cfg.vocab_size
+        points, step = [], 0
+        shapes = [(k, r, ctx, q) for k in ks for r in GRID_REQS for ctx in GRID_CONTEXT
+                  for q in sorted({1 + k, *GRID_QUERY}) if q < ctx]
+        for k, reqs, ctx, q in shapes:
+            worker.configure(RunConfig("sync", k))
+            nb = cdiv(ctx + k + 1, 16)
+            prompts = [rng.integers(1, vocab, ctx + 1).tolist() for _ in range(reqs)]
+            ids = [f"g{step}-{j}" for j in range(reqs)]
+            blocks = [list(range(j * nb, (j + 1) * nb)) for j in range(reqs)]
+            setup = [(ids[j], ctx - q, 0, False, 0, blocks[j], prompts[j], None)
+                     for j in range(reqs)]
+            worker.collect(worker.execute(StepMsg(step, setup, [], [])))
+            step += 1
+            ns = k if q == 1 + k else 0
+            runs = []
+            for rep in range(repeats + 1):
+                for j in range(reqs):
+                    st = worker.states[ids[j]]
+                    st.num_computed, st.tokens = ctx - q, list(prompts[j][:ctx])
+                    st.pending, st.drafts = [], []
+                timed = [(ids[j], q, ns, True, ctx - q, blocks[j], None, None)
+                         for j in range(reqs)]
+                res = worker.collect(worker.execute(StepMsg(step, timed, [], [])))
+                step += 1
+                if rep:
+                    runs.append(device_points(res.spans, k))
+            for ops in zip(*runs):   # the same op of every repeat
+                points.append({**ops[0], "us": statistics.median(p["us"] for p in ops),
+                               "count": len(ops)})
+            if progress is not None:
+                progress(1)
+        return points
+    finally:
+        torch.set_num_threads(threads)
+        if saved is not None:
+            os.sched_setaffinity(0, saved)
+
+
+def grid_size(ks: list[int]) -> int:
+    return sum(1 for k in ks for _ in GRID_REQS for ctx in GRID_CONTEXT
+               for q in sorted({1 + k, *GRID_QUERY}) if q < ctx)
+
+
+# -------------------------------------------------------------------------------------------
+# Traces, the machine
+
+
+def calibration_trace(pair, num_prompts: int, seed: int = 1):
+    """Prompts cut from the corpus's *training* files (never the held-out ones the judged trace
+    comes from), tokenized with the pair's tokenizer, lengths as the held-out trace's."""
+    from dataclasses import replace
+
+    from engine.corpus import heldout_trace, load_tokenizer, split
+    from engine.demo import pair_paths
+
+    paths = pair_paths(pair)
+    info = json.loads((Path(pair) / "train.json").read_text()) \
+        if (Path(pair) / "train.json").is_file() else {}
+    cfg = info.get("config", {})
+    lo, hi = cfg.get("prompt_len", (64, 128))
+    out = cfg.get("output_len", (64, 128))
+    _, train, _ = split()
+    files = train[::8]   # a spread of the training files, enough for any trace size here
+    tok = load_tokenizer(paths["target"])
+    reqs = heldout_trace(tok, files, num_prompts, (lo, hi), tuple(out), seed)
+    return [replace(r, request_id=f"calib-{i:03d}") for i, r in enumerate(reqs)]
+
+
+def machine_info() -> dict:
+    import torch
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
+# -------------------------------------------------------------------------------------------
+# The command
+
+
+EPILOG = """\
+examples:
+  stepgap profile --out out/profile.json                 # the trained pair, k 0,2,4
+  stepgap profile --ks 2 --concurrency 1 --calibration-prompts 8 --out /tmp/p.json
+  stepgap simulate --profile out/profile.json --gpu cpu --worker process ...
+
+The calibration trace is cut from the corpus's training files (docs/validation.md); the
+held-out prompts that `stepgap validate` judges on are never used here. A run takes about
+1-3 minutes on 2 cores. Keep the machine otherwise idle: this measures time.
+"""
+
+
+def add_engine_args(p, what: str) -> None:
+    from engine.demo import PAIR
+    g = p.add_argument_group("engine")
+    g.add_argument("--pair", default=str(PAIR), metavar="DIR",
+                   help="folder with target/, eagle3/ and heldout.jsonl (default: the committed "
+                        "trained pair checkpoints/pystdlib)")
+    g.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="do not pin the engine to one CPU and the worker to another")
+    g.add_argument("--modes", default=",".join(MODES), metavar="LIST",
+                   help=f"scheduling modes {what} (default: all three)")
+    g.add_argument("--ks", default="0,2,4", metavar="LIST",
+                   help=f"speculation depths k {what} (default 0,2,4)")
+    g.add_argument("--concurrency", default="1,4", metavar="LIST",
+                   help=f"max-concurrency values {what} (default 1,4)")
+
+
+def int_list(text: str, name: str, lo: int = 0) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{name}: expected comma-separated integers, got {text!r}") from None
+    if not vals or any(v < lo for v in vals):
+        raise UserError(f"{name}: expected integers >= {lo}, got {text!r}")
+    return sorted(set(vals), key=vals.index)
+
+
+def mode_list(text: str) -> list[str]:
+    modes = [m for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if not modes or bad:
+        raise UserError(f"--modes: expected some of {', '.join(MODES)}, got {text!r}")
+    return modes
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "profile", help="measure device op and CPU costs on this machine, for the simulator",
+        description="Measure the engine's device op costs (a microbenchmark grid and in-situ "
+                    "calibration runs) and its CPU costs (fitted from the calibration runs' "
+                    "timelines) on this machine, and write them as a profile JSON for "
+                    "`stepgap simulate --profile`.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_engine_args(p, "to calibrate on")
+    g = p.add_argument_group("calibration")
+    g.add_argument("--calibration-trace", default=None, metavar="FILE",
+                   help="trace to calibrate on (default: cut from the corpus's training files)")
+    g.add_argument("--calibration-prompts", type=int, default=16, metavar="N",
+                   help="requests per calibration run (default 16)")
+    g.add_argument("--no-grid", action="store_true", help="skip the microbenchmark grid")
+    g.add_argument("--out", default="out/profile.json", metavar="PATH",
+                   help="where to write the profile (default out/profile.json)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_profile)
+
+
+def cmd_profile(args) -> int:
+    from engine.validate import Plan, run_plan   # the run loop is validate's, without judging
+    plan = Plan.from_args(args, judged=False)
+    out = run_plan(plan, progress=not args.quiet)
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out.profile, indent=1) + "\n")
+    print(f"profile: {path} ({len(out.profile['device_ops'])} device op fits, CPU terms "
+          f"{', '.join(k for k in out.profile['cpu'])}); {out.wall_s:.0f} s", file=sys.stderr)
+    return 0

@@ -1,0 +1,518 @@
+"""`stepgap validate`: the engine and the simulator on the same traces, cell by cell.
+
+For every cell of the grid (mode x k x max-concurrency) the engine runs the judged trace (the
+trained pair's held-out prompts, real acceptance), and the simulator runs the same trace with
+the engine's recorded accepted counts, the same scheduler limits and the engine's topology
+(`worker=process`, `device=sync`), on costs calibrated from *other* runs: a microbenchmark grid
+of the device ops and calibration runs on prompts from the corpus's training files
+(engine/profile.py). One profile serves every cell; it is never refit per cell.
+
+The machine's speed drifts (other tenants share its caches and memory: ±10 % over seconds on
+the 2-core VM this was built on, docs/validation.md), so the runs are interleaved: each repeat
+runs every (k, concurrency) group as [calibration runs, sync, async, zero-bubble] back to back,
+and the groups' order rotates between repeats. The calibration then sees the same machine, on
+average, as the judged runs, and each cell's repeats are pooled as one benchmark.
+
+Output folder: report.md (errors per cell, the savings, pass/fail against the issue's bounds,
+the machine and commands), tpot.png, timeline.png, profile.json, manifest.json, the judged
+runs (runs/), the simulated results (simulated/), trimmed timelines (timelines/), the traces and
+the models' config.json, which is what traces/measured/<device>/ commits and what
+tests/test_fidelity.py re-simulates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.profile import (add_engine_args, build_profile, calibration_trace, device_points,
+                            grid_size, int_list, machine_info, measure_grid, mode_list)
+from stepgap.errors import UserError
+from stepgap.formats import save_result, save_timeline, save_trace
+
+TIMELINE_STEPS = (200, 260)   # steps of the timeline cells kept (and plotted from)
+
+
+@dataclass
+class Plan:
+    pair: str
+    modes: list[str]
+    ks: list[int]
+    concs: list[int]
+    judged: list | None               # None: calibrate only (`stepgap profile`)
+    calibration: list | None          # None: the profile is given
+    profile: dict | None = None
+    repeats: int = 3
+    grid: bool = True
+    pin: bool = True
+    timeline_group: tuple[int, int] | None = None   # (k, conc) whose timelines are kept
+    judged_name: str = ""
+    calibration_name: str = ""
+
+    @classmethod
+    def from_args(cls, args, judged: bool = True) -> "Plan":
+        from engine.demo import load_heldout, pair_paths
+        from stepgap.formats import load_trace
+        pair_paths(args.pair)   # names what is missing
+        modes = mode_list(args.modes)
+        ks = int_list(args.ks, "--ks")
+        concs = int_list(args.concurrency, "--concurrency", 1)
+        profile = None
+        if getattr(args, "profile", None):
+            path = Path(args.profile)
+            if not path.is_file():
+                raise UserError(f"--profile {path}: not found")
+            profile = json.loads(path.read_text())
+        calibration = cname = None
+        if profile is None:
+            n = args.calibration_prompts
+            if n < 1:
+                raise UserError(f"--calibration-prompts must be >= 1, got {n}")
+            if args.calibration_trace:
+                calibration, cname = load_trace(args.calibration_trace)[:n], \
+                    args.calibration_trace
+            else:
+                calibration = calibration_trace(args.pair, n)
+                cname = f"{n} prompts cut from the corpus's training files (seed 1)"
+        trace, jname = None, ""
+        if judged:
+            if args.trace:
+                trace, jname = load_trace(args.trace), args.trace
+            else:
+                trace, jname = load_heldout(args.pair), f"{args.pair}/heldout.jsonl"
+            if args.num_prompts:
+                trace = trace[:args.num_prompts]
+            ids = {r.request_id for r in trace}
+            if calibration and ids & {r.request_id for r in calibration}:
+                raise UserError("the calibration trace shares request ids with the judged "
+                                "trace; calibration must use other prompts")
+        repeats = getattr(args, "repeats", 1)
+        if repeats < 1:
+            raise UserError(f"--repeats must be >= 1, got {repeats}")
+        group = (max(ks), min(concs))
+        return cls(args.pair, modes, ks, concs, trace, calibration, profile, repeats,
+                   not getattr(args, "no_grid", False) and profile is None, args.pin, group,
+                   jname, cname or "")
+
+
+@dataclass
+class Measured:
+    profile: dict
+    runs: dict = field(default_factory=lambda: defaultdict(list))      # cell -> results
+    device: dict = field(default_factory=dict)    # cell -> (op, i) -> [sum us, sum features]
+    timelines: dict = field(default_factory=dict)  # cell -> spans (first repeat, trimmed)
+    loads: list = field(default_factory=list)
+    wall_s: float = 0.0
+    calibration_runs: int = 0
+
+
+def limits_for(plan: Plan) -> dict:
+    """Scheduler limits every cell shares (engine and simulator): KV for every request at once,
+    so nothing is preempted; the client's concurrency is the binding cap."""
+    from engine.demo import limits
+    reqs = (plan.judged or []) + (plan.calibration or [])
+    lim = limits(reqs, max(plan.ks), max(plan.concs))
+    return lim
+
+
+def units_of(plan: Plan) -> list[tuple[str, str, int, int, int]]:
+    """(kind, mode, k, conc, repeat) in run order: per repeat, each (k, conc) group runs its
+    calibration runs and then its judged modes back to back; groups rotate between repeats."""
+    groups = [(k, c) for k in plan.ks for c in plan.concs]
+    units = []
+    for rep in range(plan.repeats):
+        shift = rep * max(1, len(groups) // plan.repeats) % len(groups)
+        for k, conc in groups[shift:] + groups[:shift]:
+            if plan.calibration is not None:
+                units += [("calibration", m, k, conc, rep) for m in plan.modes]
+            if plan.judged is not None:
+                modes = plan.modes[rep % len(plan.modes):] + plan.modes[:rep % len(plan.modes)]
+                units += [("judged", m, k, conc, rep) for m in modes]
+    return units
+
+
+def run_plan(plan: Plan, progress: bool = True) -> Measured:
+    """Run every unit of the plan on the engine (the process executor) and fit the profile."""
+    from tqdm import tqdm
+
+    from engine.core import EngineConfig, run_trace
+    from engine.demo import pair_paths
+    from engine.executor import ProcessExecutor, pin_plan
+    from engine.worker import WorkerSpec
+    from sim.measured import cell_name
+    from stepgap.modelcfg import load_model_config
+
+    t0 = time.monotonic()
+    paths = pair_paths(plan.pair)
+    lim = limits_for(plan)
+    max_k = max(plan.ks)
+    spec = WorkerSpec(paths["target"], paths["eagle3"] if max_k else None, "cpu", "float32",
+                      lim["num_blocks"], lim["max_model_len"], lim["max_num_seqs"], max(max_k, 1))
+    vocab = load_model_config(paths["target"]).vocab_size
+    units = units_of(plan)
+    tokens = {"judged": sum(r.output_len for r in plan.judged or []),
+              "calibration": sum(r.output_len for r in plan.calibration or [])}
+    total = sum(tokens[u[0]] for u in units)
+    pins = pin_plan(plan.pin)
+    out = Measured(profile=plan.profile or {})
+    out.loads.append(os.getloadavg()[0])
+    grid_points = []
+    with tqdm(total=total + (grid_size(plan.ks) if plan.grid else 0), unit=" tok",
+              disable=not progress, file=sys.stderr, mininterval=1.0,
+              desc="validate" if plan.judged else "profile") as bar:
+        if plan.grid:
+            bar.set_postfix_str("microbenchmark grid")
+            grid_points = measure_grid(spec, plan.ks, min(pins[1]) if pins else None,
+                                       progress=bar.update)
+        calib_runs = []
+        with ProcessExecutor(spec, pin=plan.pin) as ex:
+            warm = plan.calibration or plan.judged
+            run_trace(ex, warm[:2], EngineConfig("sync", max_k, **lim), vocab_size=vocab)
+            for kind, mode, k, conc, rep in units:
+                name = cell_name(mode, k, conc)
+                bar.set_postfix_str(f"{kind} {name} r{rep} load {os.getloadavg()[0]:.2f}")
+                reqs = plan.judged if kind == "judged" else plan.calibration
+                load0 = os.getloadavg()[0]
+                run = run_trace(ex, reqs, EngineConfig(mode, k, **lim), vocab_size=vocab,
+                                max_concurrency=conc, detailed=kind == "judged",
+                                config={"executor": "process", "pinned": ex.pinned,
+                                        "device": "cpu", "dtype": "float32",
+                                        "trace": plan.judged_name if kind == "judged"
+                                        else plan.calibration_name, "repeat": rep,
+                                        "max_concurrency": conc})
+                out.loads.append(os.getloadavg()[0])
+                if kind == "calibration":
+                    calib_runs.append((mode, k, run.spans))
+                else:
+                    res = run.result
+                    res.pop("output_token_ids", None)
+                    res["config"]["load_avg_1m"] = [round(load0, 2), round(out.loads[-1], 2)]
+                    out.runs[name].append(res)
+                    _add_device(out.device.setdefault(name, {}), device_points(run.spans, k))
+                    if rep == 0 and (k, conc) == plan.timeline_group:
+                        lo, hi = TIMELINE_STEPS
+                        out.timelines[name] = [s for s in run.spans if lo <= s.step < hi]
+                bar.update(tokens[kind])
+    out.calibration_runs = len(calib_runs)
+    if plan.profile is None:
+        meta = {"device": "cpu", "machine": machine_info(),
+                "model": {"target": paths["target"], "draft": paths["eagle3"],
+                          "dtype": "float32"},
+                "topology": {"executor": "process", "worker": "process", "device": "sync",
+                             "pinned": pins is not None},
+                "calibration": {"trace": plan.calibration_name,
+                                "prompts": len(plan.calibration), "runs": len(calib_runs),
+                                "modes": plan.modes, "ks": plan.ks, "concurrency": plan.concs,
+                                "grid_points": len(grid_points)},
+                "scheduler": lim}
+        out.profile = build_profile(calib_runs, grid_points, meta)
+    out.wall_s = time.monotonic() - t0
+    return out
+
+
+def _add_device(acc: dict, points: list[dict]) -> None:
+    """Per (op, pass): the measured time and the features, summed (the fits are linear, so
+    the profile's prediction for all these steps is its coefficients times the sums)."""
+    for p in points:
+        a = acc.setdefault(f"{p['op']}/{p['i']}", [0.0, [0.0] * len(p["x"])])
+        a[0] += p["us"]
+        a[1] = [s + x for s, x in zip(a[1], p["x"])]
+
+
+def device_vs_profile(acc: dict, profile: dict, k: int) -> float | None:
+    """How much longer (> 0) the judged runs' device ops took than the profile predicts for
+    the same steps: the machine's drift between calibration and these runs, not a model error."""
+    fits = {(f["op"], f["i"]): f["coef"] for f in profile.get("device_ops", []) if f["k"] == k}
+    measured = predicted = 0.0
+    for key, (us, x) in acc.items():
+        op, i = key.split("/")
+        coef = fits.get((op, None if i == "None" else int(i)))
+        if coef is None:
+            continue
+        measured += us
+        predicted += sum(c * v for c, v in zip(coef, x))
+    return measured / predicted - 1 if predicted else None
+
+
+# -------------------------------------------------------------------------------------------
+# The folder
+
+
+def git_commit() -> str:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                             capture_output=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, text=True, capture_output=True, timeout=10).stdout
+        return (rev or "unknown") + ("-dirty" if dirty.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def write_measured(plan: Plan, m: Measured, out: Path, command: str) -> None:
+    """The measured half of the folder: profile, models, traces, runs, timelines, manifest."""
+    from engine.demo import pair_paths
+    from sim.measured import FORMAT, cell_name
+    out.mkdir(parents=True, exist_ok=True)
+    for sub in ("runs", "timelines", "simulated"):
+        shutil.rmtree(out / sub, ignore_errors=True)
+    (out / "profile.json").write_text(json.dumps(m.profile, indent=1) + "\n")
+    paths = pair_paths(plan.pair)
+    for name in ("target", "eagle3"):
+        (out / "models" / name).mkdir(parents=True, exist_ok=True)
+        shutil.copy(Path(paths[name]) / "config.json", out / "models" / name / "config.json")
+    if plan.calibration is not None:
+        save_trace(out / "calibration.jsonl", plan.calibration)
+    cells = []
+    for mode in plan.modes:
+        for k in plan.ks:
+            for conc in plan.concs:
+                name = cell_name(mode, k, conc)
+                files = []
+                for rep, res in enumerate(m.runs.get(name, [])):
+                    f = f"runs/{name}.r{rep}.json.gz"
+                    save_result(out / f, _trim(res))
+                    files.append(f)
+                info = {"device_vs_profile": device_vs_profile(m.device.get(name, {}),
+                                                               m.profile, k)}
+                cells.append({"mode": mode, "k": k, "max_concurrency": conc, "runs": files,
+                              "info": info})
+                if name in m.timelines:
+                    save_timeline(out / "timelines" / f"{name}.measured.jsonl",
+                                  m.timelines[name])
+    lim = limits_for(plan)
+    manifest = {
+        "format": FORMAT, "device": "cpu", "machine": machine_info(), "commit": git_commit(),
+        "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command,
+        "wall_s": round(m.wall_s, 1),
+        "load_avg_1m": {"min": min(m.loads), "max": max(m.loads),
+                        "mean": round(sum(m.loads) / len(m.loads), 2)},
+        "traces": {"judged": plan.judged_name, "judged_prompts": len(plan.judged or []),
+                   "calibration": plan.calibration_name or "(the profile's)",
+                   "calibration_runs": m.calibration_runs},
+        "repeats": plan.repeats,
+        "sim": {"gpu": "cpu", "model": "models/target", "draft": "models/eagle3",
+                "worker": "process", "device": "sync", "profile": "profile.json",
+                "max_num_seqs": lim["max_num_seqs"], "max_model_len": lim["max_model_len"],
+                "num_kv_blocks": lim["num_blocks"]},
+        "timeline": {"cells": sorted(m.timelines), "steps": list(TIMELINE_STEPS)},
+        "cells": cells,
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def _trim(res: dict) -> dict:
+    """A judged result as committed: every per-request list the simulator and the comparison
+    need; times rounded to the microsecond (they are measured to about that)."""
+    r = dict(res)
+    r["ttfts"] = [round(x, 6) for x in r["ttfts"]]
+    r["itls"] = [[round(x, 6) for x in xs] for xs in r["itls"]]
+    gaps = dict(r.get("step_gaps") or {})
+    if "values_us" in gaps:
+        gaps["values_us"] = [round(x, 1) for x in gaps["values_us"]]
+    r["step_gaps"] = gaps
+    return r
+
+
+def write_report(folder: Path, command: str | None = None, quiet: bool = False) -> list:
+    """Re-simulate the folder's cells, judge them, and write report.md, tpot.png,
+    timeline.png and simulated/. Returns the verdicts."""
+    from sim import plots
+    from sim.measured import (judge_folder, report_table, savings, savings_table,
+                              summary_counts)
+    from stepgap.formats import load_timeline
+
+    man_path = folder / "manifest.json"
+    tl_cells = tuple(json.loads(man_path.read_text()).get("timeline", {}).get("cells", [])) \
+        if man_path.is_file() else ()
+    setup, verdicts, spans = judge_folder(folder, tl_cells)
+    rows = savings(verdicts)
+    for v in verdicts:
+        sim = {k: x for k, x in v.simulated.items() if k not in (
+            "request_ids", "input_lens", "output_lens", "ttfts", "itls", "chunk_tokens")}
+        sim["step_gaps"] = {k: x for k, x in sim.get("step_gaps", {}).items()
+                            if k != "values_us"}
+        save_result(folder / "simulated" / f"{v.cell.name}.json", sim)
+    points = [{"mode": v.cell.mode, "k": v.cell.k, "conc": v.cell.conc,
+               "measured": v.measured, "simulated": v.simulated} for v in verdicts]
+    plots.save(plots.sim_vs_measured_figure(points), folder / "tpot.png")
+    panels = []
+    lo, hi = TIMELINE_STEPS
+    for name, sp in spans.items():
+        mode = name.split("-k")[0]
+        tl = folder / "timelines" / f"{name}.measured.jsonl"
+        sim_sp = [s for s in sp if lo <= s.step < hi]
+        save_timeline(folder / "timelines" / f"{name}.simulated.jsonl", sim_sp)
+        if tl.is_file():
+            panels.append(plots.Panel(mode, "measured", load_timeline(tl)))
+        panels.append(plots.Panel(mode, "simulated", sim_sp))
+    if panels:
+        order = {"sync": 0, "async": 1, "zero-bubble": 2}
+        panels.sort(key=lambda p: (order.get(p.row, 9), p.column))
+        mid = (lo + hi) // 2
+        k, conc = tl_cells[0].split("-k")[1].split("-c")
+        fig = plots.timeline_figure(
+            panels, steps=(mid, mid + 2),
+            title=f"The trained pair on the CPU (process worker), k={k}, concurrency {conc}: "
+                  f"steps {mid}–{mid + 2}, measured and simulated")
+        plots.save(fig, folder / "timeline.png")
+    text = report_text(setup, verdicts, rows, command)
+    (folder / "report.md").write_text(text)
+    if not quiet:
+        print(report_table(verdicts))
+        print()
+        print(savings_table(rows))
+        print()
+        print(summary_counts(verdicts, rows))
+        print(f"\nreport: {folder / 'report.md'}")
+    return verdicts
+
+
+def report_text(setup, verdicts, rows, command) -> str:
+    from sim.measured import (BOUNDS, SAVING_BOUND, report_table, savings_table,
+                              summary_counts)
+    man = setup.manifest
+    machine = man.get("machine", {})
+    load = man.get("load_avg_1m", {})
+    lines = [f"# Simulated against measured: {man.get('device', 'cpu')}", ""]
+    if setup.kind == "stepgap":
+        lines += [
+            f"- machine: {machine.get('cpu', '?')}, {machine.get('cpus', '?')} CPUs, "
+            f"{machine.get('platform', '')}; Python {machine.get('python', '?')}, torch "
+            f"{machine.get('torch', '?')}",
+            f"- load average (1 min) during the runs: {load.get('min')}–{load.get('max')} "
+            f"(mean {load.get('mean')})",
+            f"- commit {man.get('commit')}, {man.get('created')}; engine and calibration runs "
+            f"took {man.get('wall_s')} s",
+            f"- measured: `{man.get('command')}`",
+            f"- judged trace: {man['traces']['judged']} ({man['traces']['judged_prompts']} "
+            f"prompts), {man.get('repeats')} repeats per cell, pooled",
+            f"- calibration: {man['traces']['calibration']}, {man['traces']['calibration_runs']}"
+            " runs interleaved with the judged ones, plus the microbenchmark grid "
+            "(profile.json); one profile for every cell",
+            "- simulator: worker=process, device=sync, the profile's device fits and CPU costs, "
+            "each run's own accepted counts replayed",
+        ]
+    else:
+        lines += [f"- source: {man.get('source')}, device {man.get('device')}",
+                  "- the profile comes from the same runs (a consistency check, not a "
+                  "validation)"]
+    if command:
+        lines.append(f"- report: `{command}`")
+    bounds = ", ".join(f"{name} within ±{100 * b:g} %" for _, name, b in BOUNDS)
+    lines += ["", f"Bounds: {bounds}; the saving of async and zero-bubble over sync (mean ITL) "
+              f"within {100 * SAVING_BOUND:g} % of its size. Errors are (simulated − measured) "
+              "/ measured. *device vs profile*: how much longer the judged runs' device ops "
+              "took than the profile predicts for the same steps (the machine's drift; a "
+              "diagnostic, not used by the simulator).", "",
+              f"**{summary_counts(verdicts, rows)}**", "", report_table(verdicts), "",
+              savings_table(rows), "", "![simulated against measured TPOT](tpot.png)", "",
+              "![step timelines](timeline.png)", ""]
+    misses = [v for v in verdicts if not v.ok] + [r for r in rows if not r["passed"]]
+    if misses:
+        lines += ["Misses are listed in the tables; docs/validation.md explains their causes.",
+                  ""]
+    return "\n".join(lines)
+
+
+# -------------------------------------------------------------------------------------------
+# The command
+
+EPILOG = """\
+grid:
+  --modes, --ks and --concurrency give the grid's axes (default: the three modes x k 0,2,4 x
+  max-concurrency 1,4: 18 cells). Every cell runs --repeats times (default 3) on the judged
+  trace; the repeats are pooled as one benchmark.
+
+examples:
+  stepgap validate --out out/validate                   # the default grid, 10-14 min
+  stepgap validate --ks 2 --concurrency 1 --repeats 1 --num-prompts 8 --out /tmp/v
+  stepgap validate --profile traces/measured/cpu/profile.json --out /tmp/v   # no calibration
+  stepgap validate --from-measured traces/measured/cpu --out /tmp/again      # re-simulate only
+  stepgap validate --from-measured out/gpu-measure --out /tmp/gpu            # gpu_measure.py
+
+The judged trace (default: the pair's held-out prompts) and the calibration trace (default:
+prompts cut from the corpus's training files) must differ. Keep the machine otherwise idle:
+the report records the load average. docs/validation.md explains the method and the results.
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "validate", help="run the engine and the simulator on the same traces, cell by cell",
+        description="Calibrate the simulator on this machine (or take --profile), run the "
+                    "engine over a grid of modes x k x max-concurrency on the judged trace, "
+                    "re-simulate every run with the engine's accepted counts, and write a "
+                    "report of the errors (report.md, tpot.png, timeline.png).",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_engine_args(p, "of the grid")
+    g = p.add_argument_group("traces and repeats")
+    g.add_argument("--trace", default=None, metavar="FILE",
+                   help="judged trace (default: the pair's heldout.jsonl)")
+    g.add_argument("--num-prompts", type=int, default=None, metavar="N",
+                   help="the first N requests of the judged trace (default: all, 48)")
+    g.add_argument("--repeats", type=int, default=3, metavar="R",
+                   help="runs of every cell, interleaved and pooled (default 3)")
+    g.add_argument("--calibration-trace", default=None, metavar="FILE",
+                   help="calibration trace (default: cut from the corpus's training files)")
+    g.add_argument("--calibration-prompts", type=int, default=8, metavar="N",
+                   help="requests per calibration run (default 8)")
+    g.add_argument("--profile", default=None, metavar="PROFILE.json",
+                   help="use this profile instead of calibrating (no grid, no calibration runs)")
+    g.add_argument("--no-grid", action="store_true",
+                   help="skip the microbenchmark grid (the calibration runs still run)")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", default="out/validate", metavar="DIR",
+                   help="report folder (default out/validate)")
+    o.add_argument("--from-measured", default=None, metavar="DIR",
+                   help="run no engine: re-simulate a folder of measured runs (a report folder "
+                        "of this command, traces/measured/<device>/, or bench/gpu_measure.py's "
+                        "output) and write the report into --out")
+    o.add_argument("--quiet", action="store_true", help="no progress bar, no table")
+    p.set_defaults(func=cmd_validate)
+
+
+def cmd_validate(args) -> int:
+    out = Path(args.out)
+    command = "stepgap validate " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["validate"] \
+        else "stepgap validate"
+    if args.from_measured:
+        src = Path(args.from_measured)
+        if src.resolve() != out.resolve():
+            _copy_measured(src, out)
+        write_report(out, command, args.quiet)
+        return 0
+    plan = Plan.from_args(args, judged=True)
+    if not args.quiet:
+        print(f"stepgap validate: {len(plan.modes) * len(plan.ks) * len(plan.concs)} cells x "
+              f"{plan.repeats} repeats of {len(plan.judged)} prompts; calibration: "
+              f"{plan.calibration_name or args.profile}; load average "
+              f"{os.getloadavg()[0]:.2f}", file=sys.stderr)
+    m = run_plan(plan, progress=not args.quiet)
+    write_measured(plan, m, out, command)
+    write_report(out, command, args.quiet)
+    return 0
+
+
+def _copy_measured(src: Path, out: Path) -> None:
+    """Start a report folder from a measured one (its inputs only)."""
+    if not src.is_dir():
+        raise UserError(f"--from-measured {src}: not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    for item in src.iterdir():
+        if item.name in ("report.md", "tpot.png", "timeline.png", "simulated"):
+            continue
+        dst = out / item.name
+        if item.is_dir():
+            shutil.copytree(item, dst, dirs_exist_ok=True)
+        else:
+            shutil.copy(item, dst)

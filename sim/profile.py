@@ -1,0 +1,261 @@
+"""Measured costs: a device profile as `DeviceCosts`, and the CPU costs measured with it.
+
+A profile is a JSON file written by `stepgap profile` (or `stepgap validate`) on the machine it
+describes. It holds, for each device op, a least-squares fit of the op's time over features of
+the step's batch, and the CPU terms (`CpuCosts`) fitted from the same calibration runs:
+
+    time(op, i, k) = c0 + c1·tokens + c2·reqs + c3·padded          (microseconds)
+
+`tokens` and `reqs` are the step's tokens and requests (for a one-token draft pass, one token
+per request); `padded` = reqs · longest chunk · widest block table · block size, the size of the
+engine's padded attention grid, which is what its attention costs (engine/kv_cache.py). Fits are
+per op, draft pass i and speculation depth k, because on the CPU a step's fixed costs change
+with k (the target returns its aux hidden states, logits are taken at 1 + k positions). Why fits
+and not a table: mixed steps (a prefill chunk next to decodes) land anywhere in the space of
+shapes, and a surface through the measured points extends to them where a table of uniform
+batches does not; docs/validation.md shows how well the fits hold.
+
+`ProfileCosts` answers from the fit of the same k, else of the nearest k measured (said so in
+`sources`), and falls back to another DeviceCosts (the roofline) for ops the profile does not
+cover. bench/gpu_measure.py's `profile.json` (rows of op medians by shape) is read too: it is
+fitted the same way, once over all its k.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sim.costs import Batch, CpuCosts, DeviceCosts
+from stepgap.errors import UserError, where
+
+FORMAT = "stepgap-profile/1"
+FEATURES = ("1", "tokens", "reqs", "padded")
+DEVICE_OPS = ("target_forward", "rejection_sample", "draft_forward", "d2h", "fixup")
+
+
+def features(op: str, i: int | None, tokens: int, reqs: int, query: int, blocks: int,
+             block_size: int = 16) -> list[float]:
+    """The fit's features of one op: [1, tokens, reqs, padded attention grid]."""
+    if op == "draft_forward" and i:   # a one-token pass over every row
+        tokens, query = reqs, 1
+    return [1.0, float(tokens), float(reqs), float(reqs * query * blocks * block_size)]
+
+
+def batch_features(op: str, i: int | None, b: Batch, block_size: int = 16) -> list[float]:
+    query = b.max_query or -(-b.num_tokens // max(b.num_reqs, 1))
+    blocks = b.max_blocks or -(-b.kv_tokens // max(b.num_reqs, 1) // block_size)
+    return features(op, i, b.num_tokens, b.num_reqs, query, blocks, block_size)
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """One op's time over FEATURES, fitted on `n` measured points."""
+
+    op: str
+    i: int | None        # draft pass (draft_forward only)
+    k: int | None        # speculation depth it was measured at (None: any)
+    coef: tuple[float, ...]
+    n: int
+    median_rel_err: float   # median |measured - fitted| / measured over its points
+    source: str          # where the points came from ("calibration runs", "grid", ...)
+
+    def __call__(self, x: list[float]) -> float:
+        return max(0.0, float(np.dot(self.coef, x)))
+
+    def to_dict(self) -> dict:
+        return {"op": self.op, "i": self.i, "k": self.k, "coef": [round(c, 6) for c in self.coef],
+                "n": self.n, "median_rel_err": round(self.median_rel_err, 4),
+                "source": self.source}
+
+
+def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0 (costs do not fall with more work): the best
+    of the unconstrained fits over every subset of the columns that comes out non-negative.
+    Exact for the handful of columns used here."""
+    best, best_err = np.zeros(x.shape[1]), float(np.sum(y ** 2))
+    cols = range(x.shape[1])
+    for mask in range(1, 1 << x.shape[1]):
+        idx = [c for c in cols if mask >> c & 1]
+        coef, *_ = np.linalg.lstsq(x[:, idx], y, rcond=None)
+        if (coef < 0).any():
+            continue
+        err = float(np.sum((x[:, idx] @ coef - y) ** 2))
+        if err < best_err:
+            best = np.zeros(x.shape[1])
+            best[idx] = coef
+            best_err = err
+    return best
+
+
+def fit_points(xs: list[list[float]], ys: list[float], weights: list[float] | None = None
+               ) -> tuple[tuple[float, ...], float]:
+    """Non-negative least squares of ys on xs: (coefficients, median relative error)."""
+    x, y = np.asarray(xs, float), np.asarray(ys, float)
+    w = np.sqrt(np.asarray(weights, float)) if weights is not None else np.ones(len(y))
+    coef = nnls(x * w[:, None], y * w)
+    pred = x @ coef
+    rel = np.abs(y - pred) / np.maximum(np.abs(y), 1e-9)
+    return tuple(float(c) for c in coef), float(np.median(rel))
+
+
+# -------------------------------------------------------------------------------------------
+# The file
+
+
+@dataclass(slots=True)
+class Profile:
+    path: str
+    fits: list[Fit]
+    cpu: dict | None          # CpuCosts.to_dict() form, or None
+    topology: dict            # worker, device, pinned, executor
+    meta: dict                # machine, model, config: what it was measured on
+
+    def cpu_costs(self, base: CpuCosts | None = None) -> CpuCosts | None:
+        if self.cpu is None:
+            return None
+        return CpuCosts.from_dict(self.cpu, base)
+
+
+def load_profile(path) -> Profile:
+    """Read a stepgap profile, or the `profile.json` of bench/gpu_measure.py."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "profile.json"
+    if not path.is_file():
+        raise UserError(f"{path}: profile not found (`stepgap profile` writes one)")
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"{path}: expected a JSON object (a profile)")
+    if doc.get("format") == FORMAT:
+        return _stepgap_profile(path, doc)
+    if isinstance(doc.get("rows"), list):
+        return gpu_measure_profile(path, doc)
+    raise UserError(f"{where(path, field='format')}: expected {FORMAT!r} (a profile of "
+                    "`stepgap profile`) or a `rows` list (bench/gpu_measure.py)")
+
+
+def _stepgap_profile(path: Path, doc: dict) -> Profile:
+    fits = []
+    for n, f in enumerate(doc.get("device_ops") or []):
+        try:
+            if f["op"] not in DEVICE_OPS:
+                raise UserError(f"{where(path, field=f'device_ops[{n}].op')}: unknown op "
+                                f"{f['op']!r} (ops: {', '.join(DEVICE_OPS)})")
+            coef = tuple(float(c) for c in f["coef"])
+            if len(coef) != len(FEATURES):
+                raise UserError(f"{where(path, field=f'device_ops[{n}].coef')}: expected "
+                                f"{len(FEATURES)} numbers ({', '.join(FEATURES)})")
+            fits.append(Fit(f["op"], f.get("i"), f.get("k"), coef, int(f.get("n", 0)),
+                            float(f.get("median_rel_err", math.nan)), f.get("source", "")))
+        except (KeyError, TypeError, ValueError):
+            raise UserError(f"{where(path, field=f'device_ops[{n}]')}: expected "
+                            "{op, i, k, coef: [4 numbers], n}") from None
+    cpu = doc.get("cpu")
+    if cpu is not None:
+        CpuCosts.from_dict(cpu)  # validates
+    meta = {k: v for k, v in doc.items() if k not in ("device_ops", "cpu", "grid", "topology")}
+    return Profile(str(path), fits, cpu, doc.get("topology") or {}, meta)
+
+
+def gpu_measure_profile(path: Path, doc: dict) -> Profile:
+    """bench/gpu_measure.py's rows (op medians by op, i, tokens, reqs, blocks, graph): one fit
+    per device op and draft pass over all rows, weighted by their counts; CPU terms are not
+    taken (its rows give CPU ops by requests only)."""
+    groups: dict[tuple, tuple[list, list, list]] = {}
+    for r in doc["rows"]:
+        if r.get("lane") != "device" or r.get("op") not in DEVICE_OPS:
+            continue
+        tokens, reqs = r.get("tokens") or 0, r.get("reqs") or 1
+        i = r.get("i") if r["op"] == "draft_forward" else None
+        query = -(-tokens // reqs) if tokens else 1
+        x = features(r["op"], i, tokens, reqs, query, r.get("blocks") or 0)
+        key = (r["op"], None if i is None else min(i, 1))
+        xs, ys, ws = groups.setdefault(key, ([], [], []))
+        xs.append(x)
+        ys.append(float(r["median_us"]))
+        ws.append(float(r.get("count") or 1))
+    fits = []
+    for (op, i), (xs, ys, ws) in sorted(groups.items(), key=str):
+        coef, err = fit_points(xs, ys, ws)
+        fits.append(Fit(op, i, None, coef, len(ys), err, "gpu_measure rows"))
+    return Profile(str(path), fits, None, {"worker": "inline", "device": "async"},
+                   {"source": "bench/gpu_measure.py"})
+
+
+# -------------------------------------------------------------------------------------------
+# As DeviceCosts
+
+
+class ProfileCosts:
+    """Device op times from a profile's fits at depth k; `fallback` answers for the rest."""
+
+    def __init__(self, profile: Profile, k: int, fallback: DeviceCosts, block_size: int = 16):
+        self.profile, self.k, self.fallback, self.block_size = profile, k, fallback, block_size
+        self.fits: dict[tuple[str, int | None], Fit] = {}
+        self.sources: dict[str, str] = {}
+        for op in DEVICE_OPS:
+            mine = [f for f in profile.fits if f.op == op]
+            ks = sorted({f.k for f in mine}, key=lambda x: (x is None, x))
+            chosen = None if not ks else None if ks == [None] else \
+                min((x for x in ks if x is not None), key=lambda x: (abs(x - k), -x))
+            pick = [f for f in mine if f.k == chosen] or [f for f in mine if f.k is None]
+            if op == "draft_forward":   # passes 0 and 1.. of a profile measured at k >= 1
+                pick = [f for f in pick if f.k is None or f.k >= 1]
+            for f in pick:
+                self.fits[(op, f.i if op == "draft_forward" else None)] = f
+            if not pick:
+                self.sources[op] = "roofline (not in the profile)"
+            else:
+                at = "any k" if pick[0].k is None else f"k={pick[0].k}" + (
+                    "" if pick[0].k == k else f", the nearest measured to k={k}")
+                n = sum(f.n for f in pick)
+                err = max(f.median_rel_err for f in pick)
+                self.sources[op] = (f"profile ({at}; {pick[0].source}; {n} points, median "
+                                    f"error up to {100 * err:.1f} %)")
+
+    def _fit(self, op: str, i: int | None = None) -> Fit | None:
+        if op != "draft_forward":
+            return self.fits.get((op, None))
+        fit = self.fits.get((op, i))
+        if fit is None and i:   # a later pass than measured: the last one measured
+            later = [j for (o, j) in self.fits if o == op and j]
+            fit = self.fits[(op, max(later))] if later else None
+        return fit
+
+    def _time(self, op: str, i: int | None, b: Batch) -> float | None:
+        fit = self._fit(op, i)
+        return None if fit is None else fit(batch_features(op, i, b, self.block_size))
+
+    def target_forward(self, b: Batch) -> float:
+        t = self._time("target_forward", None, b)
+        if t is None:
+            return self.fallback.target_forward(b)
+        if self.k == 0 and b.num_sampling:
+            # The simulator's step has no sampling op at k = 0 (the roofline counts it in the
+            # target forward); the engine samples with its rejection sampler: add it here.
+            t += self._time("rejection_sample", None, b) or 0.0
+        return t
+
+    def rejection_sample(self, b: Batch) -> float:
+        t = self._time("rejection_sample", None, b)
+        return self.fallback.rejection_sample(b) if t is None else t
+
+    def draft_forward(self, b: Batch, i: int) -> float:
+        t = self._time("draft_forward", i, b)
+        return self.fallback.draft_forward(b, i) if t is None else t
+
+    def d2h(self, b: Batch) -> float:
+        t = self._time("d2h", None, b)
+        return self.fallback.d2h(b) if t is None else t
+
+    def fixup(self, b: Batch) -> float:
+        t = self._time("fixup", None, b)
+        return self.fallback.fixup(b) if t is None else t

@@ -1,0 +1,180 @@
+"""`stepgap compare MEASURED SIMULATED`: how far one run result is from another.
+
+Both files are run results of the shared schema (`stepgap.formats`): the engine's, the
+simulator's, or one saved by `vllm bench serve --save-result` (same keys; no step gaps). The
+table has the mean, median and P99 of TPOT, ITL, TTFT and E2EL, each simulated against measured
+with the error in % of measured, and the step-gap distributions: median, P90 and mean, and the
+Kolmogorov-Smirnov distance between the two when both results carry every gap (`values_us`,
+written with `--detailed`).
+
+`pool_results` makes one result out of repeated runs of one configuration, as if they were one
+longer benchmark: every request of every run counts once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from stepgap.errors import UserError
+from stepgap.formats import (RequestTiming, SpecStats, compute_metrics, gap_summary,
+                             load_result)
+
+METRICS = ("tpot", "itl", "ttft", "e2el")
+STATS = ("mean", "median", "p99")
+GAP_STATS = (("median", "median_us"), ("P90", "p90_us"), ("mean", "mean_us"))
+
+
+def rel_err(sim: float | None, meas: float | None) -> float | None:
+    """(simulated - measured) / measured, or None when it cannot be taken."""
+    if sim is None or meas is None or not meas:
+        return None
+    return (sim - meas) / meas
+
+
+def ks_distance(a: list[float], b: list[float]) -> float:
+    """The two-sample Kolmogorov-Smirnov statistic: the largest gap between the two CDFs."""
+    a, b = np.sort(np.asarray(a, float)), np.sort(np.asarray(b, float))
+    grid = np.concatenate([a, b])
+    fa = np.searchsorted(a, grid, side="right") / len(a)
+    fb = np.searchsorted(b, grid, side="right") / len(b)
+    return float(np.max(np.abs(fa - fb)))
+
+
+def compare(measured: dict, simulated: dict) -> dict:
+    """{"rows": [(label, measured, simulated, error)], "gaps": [...], "ks": float | None}."""
+    rows = []
+    for m in METRICS:
+        for stat in STATS:
+            key = f"{stat}_{m}_ms"
+            a, b = measured.get(key), simulated.get(key)
+            rows.append((f"{stat.capitalize() if stat != 'p99' else 'P99'} {m.upper()} (ms)",
+                         a, b, rel_err(b, a)))
+    ga, gb = measured.get("step_gaps") or {}, simulated.get("step_gaps") or {}
+    gaps = []
+    for label, key in GAP_STATS:
+        a, b = ga.get(key), gb.get(key)
+        gaps.append((f"{label.capitalize() if label != 'P90' else label} step gap (us)", a, b,
+                     rel_err(b, a)))
+    va, vb = ga.get("values_us"), gb.get("values_us")
+    ks = ks_distance(va, vb) if va and vb else None
+    return {"rows": rows, "gaps": gaps, "ks": ks,
+            "gap_counts": (ga.get("count", 0), gb.get("count", 0))}
+
+
+def _fmt(v, width: int = 12) -> str:
+    return f"{v:>{width}.3f}" if isinstance(v, (int, float)) else f"{'-':>{width}}"
+
+
+def format_compare(cmp: dict, names: tuple[str, str] = ("measured", "simulated")) -> str:
+    lines = [f"{'metric':<26}{names[0]:>12}{names[1]:>12}{'error %':>10}"]
+    for label, a, b, e in cmp["rows"] + cmp["gaps"]:
+        err = f"{100 * e:>+10.1f}" if e is not None else f"{'-':>10}"
+        lines.append(f"{label:<26}{_fmt(a)}{_fmt(b)}{err}")
+    na, nb = cmp["gap_counts"]
+    if cmp["ks"] is not None:
+        lines.append(f"step gaps: {na} and {nb} values; KS distance {cmp['ks']:.3f} "
+                     "(0: the same distribution, 1: disjoint)")
+    elif not na or not nb:
+        lines.append("step gaps: " + ("not in the measured result" if not na else
+                                      "not in the simulated result") + " (vllm bench serve "
+                     "does not record them)")
+    else:
+        lines.append("step gaps: no KS distance (rerun with --detailed to keep every gap)")
+    return "\n".join(lines)
+
+
+def cmp_to_json(cmp: dict) -> dict:
+    def row(label, a, b, e):
+        return {"metric": label, "measured": a, "simulated": b, "error": e}
+    return {"metrics": [row(*r) for r in cmp["rows"]], "step_gaps": [row(*r) for r in cmp["gaps"]],
+            "step_gap_ks": cmp["ks"]}
+
+
+# -------------------------------------------------------------------------------------------
+# Repeated runs as one
+
+
+def timings_of(result: dict, tag: str = "") -> list[RequestTiming]:
+    """The client's view of each request, rebuilt from a detailed result's per-request lists."""
+    for key in ("ttfts", "itls", "input_lens"):
+        if key not in result:
+            raise UserError(f"result has no {key!r}: pooling needs detailed results "
+                            "(--detailed)")
+    ids = result.get("request_ids") or [str(i) for i in range(len(result["ttfts"]))]
+    chunks = result.get("chunk_tokens")
+    out = []
+    for n, (rid, ttft, itls, plen) in enumerate(zip(ids, result["ttfts"], result["itls"],
+                                                    result["input_lens"])):
+        t = RequestTiming(f"{rid}{tag}", plen, 0.0)
+        times = np.cumsum([ttft, *itls]).tolist()
+        tokens = chunks[n] if chunks else [1] * len(times)
+        if not chunks:   # no chunk sizes: the output length spread over the chunks
+            tokens[-1] += result["output_lens"][n] - len(times)
+        for tm, k in zip(times, tokens):
+            t.add_chunk(tm, k)
+        out.append(t)
+    return out
+
+
+def pool_results(results: list[dict]) -> dict:
+    """Repeated runs of one configuration as one result: requests and step gaps concatenated,
+    durations added, acceptance counters summed; the config is the first run's."""
+    if len(results) == 1:
+        return results[0]
+    timings, gaps = [], []
+    for n, r in enumerate(results):
+        timings += timings_of(r, f"#{n}")
+        gaps += (r.get("step_gaps") or {}).get("values_us") or []
+    out = {k: results[0][k] for k in ("backend", "request_rate", "burstiness",
+                                      "max_concurrency") if k in results[0]}
+    out["num_prompts"] = sum(r.get("num_prompts", len(r["ttfts"])) for r in results)
+    out.update(compute_metrics(timings, sum(r["duration"] for r in results)))
+    out["step_gaps"] = gap_summary(gaps, detailed=True) if gaps else {"count": 0}
+    specs = [r["spec_decode"] for r in results if r.get("spec_decode")]
+    if specs:
+        s = SpecStats(specs[0]["k"])
+        s.num_drafts = sum(x["num_drafts"] for x in specs)
+        s.num_draft_tokens = sum(x["num_draft_tokens"] for x in specs)
+        s.num_accepted_tokens = sum(x["num_accepted_tokens"] for x in specs)
+        s.accepted_per_pos = [round(sum(x["acceptance_rate_per_pos"][i] * x["num_drafts"]
+                                        for x in specs)) for i in range(s.k)]
+        out["spec_decode"] = s.to_dict()
+    out["config"] = {**results[0].get("config", {}), "pooled_runs": len(results)}
+    return out
+
+
+# -------------------------------------------------------------------------------------------
+# The command
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "compare", help="errors of one run result against another (simulated vs measured)",
+        description="Print the error of a simulated run result against a measured one: mean, "
+                    "median and P99 of TPOT, ITL, TTFT and E2EL, and the step-gap "
+                    "distributions. Either file may be a stepgap result (engine or simulator) "
+                    "or one saved by `vllm bench serve --save-result` (no step gaps).",
+        epilog="example:\n  stepgap run ... --detailed --result-json measured.json\n"
+               "  stepgap simulate ... --detailed --result-json simulated.json\n"
+               "  stepgap compare measured.json simulated.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("measured", metavar="MEASURED", help="run result taken as the truth")
+    p.add_argument("simulated", metavar="SIMULATED", help="run result judged against it")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(func=cmd_compare)
+
+
+def cmd_compare(args) -> int:
+    measured, simulated = load_result(args.measured), load_result(args.simulated)
+    cmp = compare(measured, simulated)
+    if args.json:
+        json.dump(cmp_to_json(cmp), sys.stdout, indent=1)
+        print()
+    else:
+        print(f"measured:  {args.measured}\nsimulated: {args.simulated}")
+        print(format_compare(cmp))
+    return 0
