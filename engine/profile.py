@@ -11,10 +11,11 @@ Two sources, one JSON profile (the format is `sim/profile.py`'s):
    schedule, update_from_output, prepare_inputs and launch as a + b·reqs + c·tokens, the IPC
    latency of a step's message, and the worker's result latency and turnaround.
 
-Device op fits come from the calibration runs wherever they hold enough points (the engine's
-real steps, with the other process running, which is what is being predicted); the grid's fits
-fill in the rest and are kept in the profile, with how far they sit from the in-situ times
-(docs/validation.md has the numbers).
+Device op fits come from the calibration runs (the engine's real steps, with the other process
+running, which is what is being predicted), steadied by the grid: its points join the fit at
+the in-situ level, so that shapes the calibration runs rarely take (two or three requests, long
+prefills next to decodes) follow the grid's slopes (`fit_shaped`). How far the grid alone sits
+from the in-situ times is kept in the profile's `checks` (docs/validation.md has the numbers).
 
 How a step is cut into terms, from its spans (DESIGN.md §2 lanes and ops):
 
@@ -52,7 +53,6 @@ from sim.profile import FEATURES, FORMAT, Fit, features, fit_points
 from stepgap.errors import UserError
 from stepgap.formats import MODES, Span
 
-MIN_POINTS = 30            # fewer in-situ points than this: the grid's fit is used
 GRID_REQS = (1, 2, 4)
 GRID_CONTEXT = (64, 160, 240)
 GRID_QUERY = (16, 64)      # prefill chunks, besides the decode shape 1 + k
@@ -156,6 +156,36 @@ def fit_device(points: list[dict], source: str) -> list[Fit]:
     return fits
 
 
+def fit_shaped(situ: list[dict], grid: list[dict], grid_fits: list[Fit]) -> list[Fit]:
+    """In-situ fits steadied by the grid. The calibration runs set the level, but their steps
+    cover few shapes (most are decodes of one size), so a fit on them alone can tilt anywhere
+    off those shapes. The grid covers the shapes evenly; its points join the fit rescaled to the
+    in-situ level (the ratio of the in-situ times to the grid fit's prediction of them) and
+    weighted to a quarter of the in-situ points."""
+    by_grid = {(f.op, f.i, f.k): f for f in grid_fits}
+    groups = defaultdict(list)
+    for p in situ:
+        groups[(p["op"], p["i"], p["k"])].append(p)
+    gpts = defaultdict(list)
+    for p in grid:
+        gpts[(p["op"], p["i"], p["k"])].append(p)
+    fits = []
+    for key, ps in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        gfit, gps = by_grid.get(key), gpts.get(key)
+        if gfit is None or not gps:
+            continue
+        predicted = sum(gfit(p["x"]) for p in ps)
+        level = sum(p["us"] for p in ps) / predicted if predicted else 1.0
+        w = max(1.0, 0.25 * len(ps) / len(gps))
+        xs = [p["x"] for p in ps] + [p["x"] for p in gps]
+        ys = [p["us"] for p in ps] + [p["us"] * level for p in gps]
+        coef, _ = fit_points(xs, ys, [1.0] * len(ps) + [w] * len(gps))
+        err = float(np.median([abs(p["us"] - np.dot(coef, p["x"])) / p["us"] for p in ps]))
+        fits.append(Fit(key[0], key[1], key[2], coef, len(ps), err,
+                        f"calibration runs, shaped by the grid (grid level x{level:.3f})"))
+    return fits
+
+
 def fit_cpu(samples: dict[str, list]) -> tuple[dict, dict]:
     """CpuCosts fields (to_dict form) and, per term, how well the fit holds."""
     costs, quality = {}, {}
@@ -199,7 +229,8 @@ def build_profile(runs: list[tuple[str, int, list[Span]]], grid_points: list[dic
     situ_fits = fit_device(situ, "calibration runs") if situ else []
     grid_fits = fit_device(grid_points, "grid") if grid_points else []
     chosen = {(f.op, f.i, f.k): f for f in grid_fits}
-    chosen.update({(f.op, f.i, f.k): f for f in situ_fits if f.n >= MIN_POINTS})
+    chosen.update({(f.op, f.i, f.k): f for f in situ_fits})
+    chosen.update({(f.op, f.i, f.k): f for f in fit_shaped(situ, grid_points, grid_fits)})
     costs, quality = fit_cpu(cpu)
     grid_rows = [{**{k: p[k] for k in ("op", "i", "k", "us")},
                   **dict(zip(FEATURES[1:], p["x"][1:]))} for p in grid_points]
@@ -385,7 +416,11 @@ def register(sub) -> None:
     g.add_argument("--calibration-trace", default=None, metavar="FILE",
                    help="trace to calibrate on (default: cut from the corpus's training files)")
     g.add_argument("--calibration-prompts", type=int, default=16, metavar="N",
-                   help="requests per calibration run (default 16)")
+                   help="calibration prompts (default 16)")
+    g.add_argument("--calibration-slice", type=int, default=16, metavar="N",
+                   help="prompts per calibration run (default 16)")
+    g.add_argument("--repeats", type=int, default=1, metavar="R",
+                   help="calibration runs of every cell (default 1)")
     g.add_argument("--no-grid", action="store_true", help="skip the microbenchmark grid")
     g.add_argument("--out", default="out/profile.json", metavar="PATH",
                    help="where to write the profile (default out/profile.json)")

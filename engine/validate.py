@@ -38,7 +38,7 @@ from engine.profile import (add_engine_args, build_profile, calibration_trace, d
 from stepgap.errors import UserError
 from stepgap.formats import save_result, save_timeline, save_trace
 
-TIMELINE_STEPS = (200, 260)   # steps of the timeline cells kept (and plotted from)
+TIMELINE_STEPS = (60, 100)   # steps of the timeline cells kept (and plotted from)
 
 
 @dataclass
@@ -50,7 +50,9 @@ class Plan:
     judged: list | None               # None: calibrate only (`stepgap profile`)
     calibration: list | None          # None: the profile is given
     profile: dict | None = None
-    repeats: int = 3
+    repeats: int = 18                 # judged runs per cell
+    slice: int = 8                    # judged prompts per run
+    calibration_slice: int = 8        # calibration prompts per run
     grid: bool = True
     pin: bool = True
     timeline_group: tuple[int, int] | None = None   # (k, conc) whose timelines are kept
@@ -90,15 +92,18 @@ class Plan:
                 trace, jname = load_heldout(args.pair), f"{args.pair}/heldout.jsonl"
             if args.num_prompts:
                 trace = trace[:args.num_prompts]
-            ids = {r.request_id for r in trace}
-            if calibration and ids & {r.request_id for r in calibration}:
+            if calibration and {r.request_id for r in trace} & \
+                    {r.request_id for r in calibration}:
                 raise UserError("the calibration trace shares request ids with the judged "
                                 "trace; calibration must use other prompts")
-        repeats = getattr(args, "repeats", 1)
-        if repeats < 1:
-            raise UserError(f"--repeats must be >= 1, got {repeats}")
+        for name in ("repeats", "slice", "calibration_slice"):
+            if getattr(args, name, 1) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be >= 1, "
+                                f"got {getattr(args, name)}")
         group = (max(ks), min(concs))
-        return cls(args.pair, modes, ks, concs, trace, calibration, profile, repeats,
+        return cls(args.pair, modes, ks, concs, trace, calibration, profile,
+                   getattr(args, "repeats", 3), getattr(args, "slice", 8),
+                   getattr(args, "calibration_slice", 8),
                    not getattr(args, "no_grid", False) and profile is None, args.pin, group,
                    jname, cname or "")
 
@@ -108,7 +113,7 @@ class Measured:
     profile: dict
     runs: dict = field(default_factory=lambda: defaultdict(list))      # cell -> results
     device: dict = field(default_factory=dict)    # cell -> (op, i) -> [sum us, sum features]
-    timelines: dict = field(default_factory=dict)  # cell -> spans (first repeat, trimmed)
+    timelines: dict = field(default_factory=dict)  # cell -> spans (first run, trimmed)
     loads: list = field(default_factory=list)
     wall_s: float = 0.0
     calibration_runs: int = 0
@@ -119,20 +124,36 @@ def limits_for(plan: Plan) -> dict:
     so nothing is preempted; the client's concurrency is the binding cap."""
     from engine.demo import limits
     reqs = (plan.judged or []) + (plan.calibration or [])
-    lim = limits(reqs, max(plan.ks), max(plan.concs))
-    return lim
+    return limits(reqs, max(plan.ks), max(plan.concs))
+
+
+def chunk(items: list, size: int, i: int) -> list:
+    """The i-th run's share of a trace: `size` consecutive requests, wrapping around."""
+    size = min(size, len(items))
+    start = i * size % len(items)
+    return (items + items)[start:start + size]
 
 
 def units_of(plan: Plan) -> list[tuple[str, str, int, int, int]]:
-    """(kind, mode, k, conc, repeat) in run order: per repeat, each (k, conc) group runs its
-    calibration runs and then its judged modes back to back; groups rotate between repeats."""
+    """(kind, mode, k, conc, slice index) in run order.
+
+    Validation: in each repeat every (k, conc) group runs its three modes back to back, each on
+    the repeat's slice of the judged trace, so that what the modes save over sync is measured
+    under the same conditions; every other repeat a group also runs one calibration run (the
+    modes take turns). Groups rotate between repeats, so each cell's runs spread over the
+    whole session, as the calibration runs do. Profiling alone: every group, every mode, each
+    repeat."""
     groups = [(k, c) for k in plan.ks for c in plan.concs]
     units = []
     for rep in range(plan.repeats):
-        shift = rep * max(1, len(groups) // plan.repeats) % len(groups)
-        for k, conc in groups[shift:] + groups[:shift]:
+        shift = rep % len(groups)
+        for g, (k, conc) in enumerate(groups[shift:] + groups[:shift]):
             if plan.calibration is not None:
-                units += [("calibration", m, k, conc, rep) for m in plan.modes]
+                if plan.judged is None:
+                    units += [("calibration", m, k, conc, rep) for m in plan.modes]
+                elif (rep + g) % 2 == 0:
+                    mode = plan.modes[(rep // 2 + g) % len(plan.modes)]
+                    units.append(("calibration", mode, k, conc, rep // 2))
             if plan.judged is not None:
                 modes = plan.modes[rep % len(plan.modes):] + plan.modes[:rep % len(plan.modes)]
                 units += [("judged", m, k, conc, rep) for m in modes]
@@ -158,9 +179,13 @@ def run_plan(plan: Plan, progress: bool = True) -> Measured:
                       lim["num_blocks"], lim["max_model_len"], lim["max_num_seqs"], max(max_k, 1))
     vocab = load_model_config(paths["target"]).vocab_size
     units = units_of(plan)
-    tokens = {"judged": sum(r.output_len for r in plan.judged or []),
-              "calibration": sum(r.output_len for r in plan.calibration or [])}
-    total = sum(tokens[u[0]] for u in units)
+    sizes = {"judged": plan.slice, "calibration": plan.calibration_slice}
+    traces = {"judged": plan.judged, "calibration": plan.calibration}
+
+    def reqs_of(kind, i):
+        return chunk(traces[kind], sizes[kind], i)
+
+    total = sum(sum(r.output_len for r in reqs_of(u[0], u[4])) for u in units)
     pins = pin_plan(plan.pin)
     out = Measured(profile=plan.profile or {})
     out.loads.append(os.getloadavg()[0])
@@ -178,15 +203,15 @@ def run_plan(plan: Plan, progress: bool = True) -> Measured:
             run_trace(ex, warm[:2], EngineConfig("sync", max_k, **lim), vocab_size=vocab)
             for kind, mode, k, conc, rep in units:
                 name = cell_name(mode, k, conc)
-                bar.set_postfix_str(f"{kind} {name} r{rep} load {os.getloadavg()[0]:.2f}")
-                reqs = plan.judged if kind == "judged" else plan.calibration
+                bar.set_postfix_str(f"{kind} {name} #{rep} load {os.getloadavg()[0]:.2f}")
+                reqs = reqs_of(kind, rep)
                 load0 = os.getloadavg()[0]
                 run = run_trace(ex, reqs, EngineConfig(mode, k, **lim), vocab_size=vocab,
                                 max_concurrency=conc, detailed=kind == "judged",
                                 config={"executor": "process", "pinned": ex.pinned,
                                         "device": "cpu", "dtype": "float32",
                                         "trace": plan.judged_name if kind == "judged"
-                                        else plan.calibration_name, "repeat": rep,
+                                        else plan.calibration_name, "slice": rep,
                                         "max_concurrency": conc})
                 out.loads.append(os.getloadavg()[0])
                 if kind == "calibration":
@@ -197,10 +222,10 @@ def run_plan(plan: Plan, progress: bool = True) -> Measured:
                     res["config"]["load_avg_1m"] = [round(load0, 2), round(out.loads[-1], 2)]
                     out.runs[name].append(res)
                     _add_device(out.device.setdefault(name, {}), device_points(run.spans, k))
-                    if rep == 0 and (k, conc) == plan.timeline_group:
+                    if name not in out.timelines and (k, conc) == plan.timeline_group:
                         lo, hi = TIMELINE_STEPS
                         out.timelines[name] = [s for s in run.spans if lo <= s.step < hi]
-                bar.update(tokens[kind])
+                bar.update(sum(r.output_len for r in reqs))
     out.calibration_runs = len(calib_runs)
     if plan.profile is None:
         meta = {"device": "cpu", "machine": machine_info(),
@@ -277,15 +302,13 @@ def write_measured(plan: Plan, m: Measured, out: Path, command: str) -> None:
         for k in plan.ks:
             for conc in plan.concs:
                 name = cell_name(mode, k, conc)
-                files = []
-                for rep, res in enumerate(m.runs.get(name, [])):
-                    f = f"runs/{name}.r{rep}.json.gz"
-                    save_result(out / f, _trim(res))
-                    files.append(f)
+                runs = m.runs.get(name, [])
+                f = f"runs/{name}.json.gz"
+                save_runs(out / f, [_trim(r) for r in runs])
                 info = {"device_vs_profile": device_vs_profile(m.device.get(name, {}),
                                                                m.profile, k)}
-                cells.append({"mode": mode, "k": k, "max_concurrency": conc, "runs": files,
-                              "info": info})
+                cells.append({"mode": mode, "k": k, "max_concurrency": conc, "runs": f,
+                              "num_runs": len(runs), "info": info})
                 if name in m.timelines:
                     save_timeline(out / "timelines" / f"{name}.measured.jsonl",
                                   m.timelines[name])
@@ -299,7 +322,8 @@ def write_measured(plan: Plan, m: Measured, out: Path, command: str) -> None:
         "traces": {"judged": plan.judged_name, "judged_prompts": len(plan.judged or []),
                    "calibration": plan.calibration_name or "(the profile's)",
                    "calibration_runs": m.calibration_runs},
-        "repeats": plan.repeats,
+        "repeats": plan.repeats, "slice": plan.slice,
+        "calibration_slice": plan.calibration_slice,
         "sim": {"gpu": "cpu", "model": "models/target", "draft": "models/eagle3",
                 "worker": "process", "device": "sync", "profile": "profile.json",
                 "max_num_seqs": lim["max_num_seqs"], "max_model_len": lim["max_model_len"],
@@ -308,6 +332,14 @@ def write_measured(plan: Plan, m: Measured, out: Path, command: str) -> None:
         "cells": cells,
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def save_runs(path: Path, results: list[dict]) -> None:
+    """A cell's runs, one gzip-compressed JSON list (no timestamp: same runs, same bytes)."""
+    import gzip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
+        f.write(json.dumps(results, separators=(",", ":")).encode())
 
 
 def _trim(res: dict) -> dict:
@@ -395,7 +427,8 @@ def report_text(setup, verdicts, rows, command) -> str:
             f"took {man.get('wall_s')} s",
             f"- measured: `{man.get('command')}`",
             f"- judged trace: {man['traces']['judged']} ({man['traces']['judged_prompts']} "
-            f"prompts), {man.get('repeats')} repeats per cell, pooled",
+            f"prompts); each cell ran {man.get('repeats')} times on slices of "
+            f"{man.get('slice')} prompts, pooled as one benchmark",
             f"- calibration: {man['traces']['calibration']}, {man['traces']['calibration_runs']}"
             " runs interleaved with the judged ones, plus the microbenchmark grid "
             "(profile.json); one profile for every cell",
@@ -430,12 +463,14 @@ def report_text(setup, verdicts, rows, command) -> str:
 EPILOG = """\
 grid:
   --modes, --ks and --concurrency give the grid's axes (default: the three modes x k 0,2,4 x
-  max-concurrency 1,4: 18 cells). Every cell runs --repeats times (default 3) on the judged
-  trace; the repeats are pooled as one benchmark.
+  max-concurrency 1,4: 18 cells). Every cell runs --repeats times (default 18), each run on the
+  next --slice prompts of the judged trace (default 8, so the 48 held-out prompts three times
+  over), and its runs are pooled as one benchmark. Runs of one (k, concurrency) run their modes
+  back to back, and the groups rotate, so that the machine's drift hits every cell alike.
 
 examples:
-  stepgap validate --out out/validate                   # the default grid, 10-14 min
-  stepgap validate --ks 2 --concurrency 1 --repeats 1 --num-prompts 8 --out /tmp/v
+  stepgap validate --out out/validate                   # the default grid, about 10-12 min
+  stepgap validate --ks 2 --concurrency 1 --repeats 2 --slice 4 --out /tmp/v
   stepgap validate --profile traces/measured/cpu/profile.json --out /tmp/v   # no calibration
   stepgap validate --from-measured traces/measured/cpu --out /tmp/again      # re-simulate only
   stepgap validate --from-measured out/gpu-measure --out /tmp/gpu            # gpu_measure.py
@@ -460,12 +495,18 @@ def register(sub) -> None:
                    help="judged trace (default: the pair's heldout.jsonl)")
     g.add_argument("--num-prompts", type=int, default=None, metavar="N",
                    help="the first N requests of the judged trace (default: all, 48)")
-    g.add_argument("--repeats", type=int, default=3, metavar="R",
-                   help="runs of every cell, interleaved and pooled (default 3)")
+    g.add_argument("--repeats", type=int, default=18, metavar="R",
+                   help="runs of every cell, interleaved and pooled (default 18)")
+    g.add_argument("--slice", type=int, default=8, metavar="N",
+                   help="judged prompts per run: run r takes the r-th N of the trace, "
+                        "wrapping (default 8)")
     g.add_argument("--calibration-trace", default=None, metavar="FILE",
                    help="calibration trace (default: cut from the corpus's training files)")
-    g.add_argument("--calibration-prompts", type=int, default=8, metavar="N",
-                   help="requests per calibration run (default 8)")
+    g.add_argument("--calibration-prompts", type=int, default=48, metavar="N",
+                   help="calibration prompts in all (default 48)")
+    g.add_argument("--calibration-slice", type=int, default=8, metavar="N",
+                   help="calibration prompts per run (default 8); a (k, concurrency) group "
+                        "runs one calibration run every other repeat")
     g.add_argument("--profile", default=None, metavar="PROFILE.json",
                    help="use this profile instead of calibrating (no grid, no calibration runs)")
     g.add_argument("--no-grid", action="store_true",
@@ -494,7 +535,7 @@ def cmd_validate(args) -> int:
     plan = Plan.from_args(args, judged=True)
     if not args.quiet:
         print(f"stepgap validate: {len(plan.modes) * len(plan.ks) * len(plan.concs)} cells x "
-              f"{plan.repeats} repeats of {len(plan.judged)} prompts; calibration: "
+              f"{plan.repeats} runs of {min(plan.slice, len(plan.judged))} prompts; calibration: "
               f"{plan.calibration_name or args.profile}; load average "
               f"{os.getloadavg()[0]:.2f}", file=sys.stderr)
     m = run_plan(plan, progress=not args.quiet)

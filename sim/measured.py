@@ -25,7 +25,7 @@ from sim.config import SimConfig
 from sim.loop import simulate
 from stepgap.compare import compare, pool_results
 from stepgap.errors import UserError
-from stepgap.formats import TraceRequest, load_result
+from stepgap.formats import TraceRequest
 
 FORMAT = "stepgap-measured/1"
 # The issue's bounds: |simulated - measured| / measured.
@@ -88,10 +88,24 @@ def _load_stepgap(folder: Path) -> tuple[Setup, list[Cell]]:
     for key in ("model", "draft", "profile"):   # paths are relative to the folder
         if settings.get(key) and not Path(settings[key]).is_absolute():
             settings[key] = str(folder / settings[key])
-    cells = [Cell(c["mode"], c["k"], c["max_concurrency"],
-                  [load_result(folder / run) for run in c["runs"]], c.get("info", {}))
-             for c in man["cells"]]
+    cells = [Cell(c["mode"], c["k"], c["max_concurrency"], load_runs(folder / c["runs"]),
+                  c.get("info", {})) for c in man["cells"]]
     return Setup(folder, settings, man), cells
+
+
+def load_runs(path: Path) -> list[dict]:
+    """A cell's runs: a gzip-compressed JSON list of run results."""
+    import gzip
+    if not path.is_file():
+        raise UserError(f"{path}: not found (a cell's runs)")
+    try:
+        runs = json.loads(gzip.decompress(path.read_bytes()))
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not a gzip-compressed JSON list of run results ({e})") \
+            from None
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        raise UserError(f"{path}: expected a list of run results")
+    return runs
 
 
 def _load_gpu_measure(folder: Path) -> tuple[Setup, list[Cell]]:
