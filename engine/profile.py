@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -84,9 +85,10 @@ def _shape(dev: list[Span]) -> dict:
 
 
 def device_points(spans: list[Span], k: int) -> list[dict]:
-    """One point per device op of every step: {op, i, k, x (features), us}."""
+    """One point per device op of every step: {op, i, k, x (features), us, t (its step's
+    start), step}."""
     points = []
-    for st in steps_of(spans).values():
+    for n, st in sorted(steps_of(spans).items()):
         dev = st["device"]
         if not dev:
             continue
@@ -96,9 +98,9 @@ def device_points(spans: list[Span], k: int) -> list[dict]:
             i = (s.args or {}).get("i") if s.op == "draft_forward" else None
             us = s.end_us - (prev_end if prev_end is not None else s.start_us)
             prev_end = s.end_us
-            points.append({"op": s.op, "i": i, "k": k, "us": us,
-                           "x": features(s.op, i, shape["tokens"], shape["reqs"], shape["q"],
-                                         shape["blocks"])})
+            points.append({"op": s.op, "i": i, "k": k, "us": us, "t": dev[0].start_us,
+                           "step": n, "x": features(s.op, i, shape["tokens"], shape["reqs"],
+                                                    shape["q"], shape["blocks"])})
     return points
 
 
@@ -218,12 +220,62 @@ def check_against(fits: list[Fit], points: list[dict]) -> dict:
     return {key: round(a / b, 4) for key, (a, b) in sorted(sums.items()) if b}
 
 
+def fit_jitter(runs_points: list[list[dict]], fits: dict, max_lag: int = 200) -> dict | None:
+    """The machine's speed noise, from calibration runs: z = log(measured / fitted device time)
+    of each step, less its run's mean. Its lag-1 covariance is the slow part's variance σ²
+    (steps are milliseconds apart, the slow part varies over tenths of seconds and more); the
+    rest of var(z) is per step; the covariance's decay with the time between steps gives the
+    slow part's correlation time τ (sim/costs.py Jitter)."""
+    zs, ts = [], []
+    for points in runs_points:
+        steps = defaultdict(lambda: [0.0, 0.0, 0.0])
+        for p in points:
+            f = fits.get((p["op"], p["i"], p["k"]))
+            if f is None:
+                continue
+            a = steps[p["step"]]
+            a[0] += p["us"]
+            a[1] += f(p["x"])
+            a[2] = p["t"]
+        rows = sorted((v for v in steps.values() if v[0] > 0 and v[1] > 0),
+                      key=lambda v: v[2])
+        if len(rows) < 20:
+            continue
+        z = np.log([m / f for m, f, _ in rows])
+        zs.append(z - z.mean())
+        ts.append(np.array([t for _, _, t in rows]))
+    if not zs:
+        return None
+    var = float(np.mean(np.concatenate(zs) ** 2))
+    lags = []
+    for lag in range(1, max_lag + 1):
+        prods = [z[:-lag] * z[lag:] for z in zs if len(z) > lag]
+        if not prods:
+            break
+        dts = [t[lag:] - t[:-lag] for t, z in zip(ts, zs) if len(z) > lag]
+        lags.append((float(np.mean(np.concatenate(dts))),
+                     float(np.mean(np.concatenate(prods)))))
+    sigma2 = max(lags[0][1], 0.0) if lags else 0.0
+    if sigma2 <= 0:
+        return {"sigma": 0.0, "tau_ms": 0.0, "sigma_step": round(math.sqrt(var), 4),
+                "steps": int(sum(len(z) for z in zs))}
+    usable = [(dt, c) for dt, c in lags if c > 0.1 * sigma2]
+    dt = np.array([d for d, _ in usable])
+    y = np.log([c / sigma2 for _, c in usable])
+    slope = float(np.dot(dt - dt[0], y) / max(np.dot(dt - dt[0], dt - dt[0]), 1e-9))
+    tau_us = -1.0 / slope if slope < 0 else float(dt[-1]) * 10
+    return {"sigma": round(math.sqrt(sigma2), 4), "tau_ms": round(tau_us / 1000, 2),
+            "sigma_step": round(math.sqrt(max(var - sigma2, 0.0)), 4),
+            "steps": int(sum(len(z) for z in zs))}
+
+
 def build_profile(runs: list[tuple[str, int, list[Span]]], grid_points: list[dict],
                   meta: dict) -> dict:
     """The profile document from calibration runs [(mode, k, spans)] and grid points."""
-    situ, cpu = [], defaultdict(list)
+    situ, cpu, per_run = [], defaultdict(list), []
     for mode, k, spans in runs:
-        situ += device_points(spans, k)
+        per_run.append(device_points(spans, k))
+        situ += per_run[-1]
         for term, rows in cpu_points(spans, mode).items():
             cpu[term] += rows
     situ_fits = fit_device(situ, "calibration runs") if situ else []
@@ -241,6 +293,7 @@ def build_profile(runs: list[tuple[str, int, list[Span]]], grid_points: list[dic
             (f.op, f.i, f.k)))],
         "cpu": costs,
         "cpu_fit_quality": quality,
+        "jitter": fit_jitter(per_run, chosen),
         "checks": {"grid_fit_over_calibration_steps": check_against(grid_fits, situ),
                    "calibration_fit_over_calibration_steps": check_against(situ_fits, situ)},
         "grid": grid_rows,

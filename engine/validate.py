@@ -38,7 +38,8 @@ from engine.profile import (add_engine_args, build_profile, calibration_trace, d
 from stepgap.errors import UserError
 from stepgap.formats import save_result, save_timeline, save_trace
 
-TIMELINE_STEPS = (60, 100)   # steps of the timeline cells kept (and plotted from)
+TIMELINE_STEPS = (60, 100)   # gpu_measure folders: steps of the timeline cells kept
+TIMELINE_HALF = 20            # validate: steps kept either side of the first run's middle
 
 
 @dataclass
@@ -114,6 +115,7 @@ class Measured:
     runs: dict = field(default_factory=lambda: defaultdict(list))      # cell -> results
     device: dict = field(default_factory=dict)    # cell -> (op, i) -> [sum us, sum features]
     timelines: dict = field(default_factory=dict)  # cell -> spans (first run, trimmed)
+    timeline_steps: tuple[int, int] | None = None   # the steps kept
     loads: list = field(default_factory=list)
     wall_s: float = 0.0
     calibration_runs: int = 0
@@ -147,7 +149,8 @@ def units_of(plan: Plan) -> list[tuple[str, str, int, int, int]]:
     units = []
     for rep in range(plan.repeats):
         shift = rep % len(groups)
-        for g, (k, conc) in enumerate(groups[shift:] + groups[:shift]):
+        for k, conc in groups[shift:] + groups[:shift]:
+            g = groups.index((k, conc))
             if plan.calibration is not None:
                 if plan.judged is None:
                     units += [("calibration", m, k, conc, rep) for m in plan.modes]
@@ -223,7 +226,11 @@ def run_plan(plan: Plan, progress: bool = True) -> Measured:
                     out.runs[name].append(res)
                     _add_device(out.device.setdefault(name, {}), device_points(run.spans, k))
                     if name not in out.timelines and (k, conc) == plan.timeline_group:
-                        lo, hi = TIMELINE_STEPS
+                        if out.timeline_steps is None:   # mid-run, the same for every mode
+                            mid = max(s.step for s in run.spans) // 2
+                            out.timeline_steps = (max(0, mid - TIMELINE_HALF),
+                                                  mid + TIMELINE_HALF)
+                        lo, hi = out.timeline_steps
                         out.timelines[name] = [s for s in run.spans if lo <= s.step < hi]
                 bar.update(sum(r.output_len for r in reqs))
     out.calibration_runs = len(calib_runs)
@@ -328,7 +335,7 @@ def write_measured(plan: Plan, m: Measured, out: Path, command: str) -> None:
                 "worker": "process", "device": "sync", "profile": "profile.json",
                 "max_num_seqs": lim["max_num_seqs"], "max_model_len": lim["max_model_len"],
                 "num_kv_blocks": lim["num_blocks"]},
-        "timeline": {"cells": sorted(m.timelines), "steps": list(TIMELINE_STEPS)},
+        "timeline": {"cells": sorted(m.timelines), "steps": list(m.timeline_steps or (0, 0))},
         "cells": cells,
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -338,7 +345,8 @@ def save_runs(path: Path, results: list[dict]) -> None:
     """A cell's runs, one gzip-compressed JSON list (no timestamp: same runs, same bytes)."""
     import gzip
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
+    with path.open("wb") as raw, \
+            gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as f:
         f.write(json.dumps(results, separators=(",", ":")).encode())
 
 
@@ -364,8 +372,8 @@ def write_report(folder: Path, command: str | None = None, quiet: bool = False) 
     from stepgap.formats import load_timeline
 
     man_path = folder / "manifest.json"
-    tl_cells = tuple(json.loads(man_path.read_text()).get("timeline", {}).get("cells", [])) \
-        if man_path.is_file() else ()
+    tl = json.loads(man_path.read_text()).get("timeline", {}) if man_path.is_file() else {}
+    tl_cells = tuple(tl.get("cells", []))
     setup, verdicts, spans = judge_folder(folder, tl_cells)
     rows = savings(verdicts)
     for v in verdicts:
@@ -378,7 +386,7 @@ def write_report(folder: Path, command: str | None = None, quiet: bool = False) 
                "measured": v.measured, "simulated": v.simulated} for v in verdicts]
     plots.save(plots.sim_vs_measured_figure(points), folder / "tpot.png")
     panels = []
-    lo, hi = TIMELINE_STEPS
+    lo, hi = tl.get("steps") or TIMELINE_STEPS
     for name, sp in spans.items():
         mode = name.split("-k")[0]
         tl = folder / "timelines" / f"{name}.measured.jsonl"
@@ -387,15 +395,19 @@ def write_report(folder: Path, command: str | None = None, quiet: bool = False) 
         if tl.is_file():
             panels.append(plots.Panel(mode, "measured", load_timeline(tl)))
         panels.append(plots.Panel(mode, "simulated", sim_sp))
-    if panels:
+    common = set.intersection(*({s.step for s in p.spans if s.lane == "device"}
+                                for p in panels)) if panels else set()
+    if common:
         order = {"sync": 0, "async": 1, "zero-bubble": 2}
         panels.sort(key=lambda p: (order.get(p.row, 9), p.column))
-        mid = (lo + hi) // 2
+        steps = sorted(common)
+        mid = steps[len(steps) // 2]
+        mid = mid if mid + 2 in common else steps[max(0, len(steps) - 3)]
         k, conc = tl_cells[0].split("-k")[1].split("-c")
         fig = plots.timeline_figure(
-            panels, steps=(mid, mid + 2),
+            panels, steps=(mid, min(mid + 2, steps[-1])),
             title=f"The trained pair on the CPU (process worker), k={k}, concurrency {conc}: "
-                  f"steps {mid}–{mid + 2}, measured and simulated")
+                  f"steps {mid}–{min(mid + 2, steps[-1])}, measured and simulated")
         plots.save(fig, folder / "timeline.png")
     text = report_text(setup, verdicts, rows, command)
     (folder / "report.md").write_text(text)
@@ -416,7 +428,7 @@ def report_text(setup, verdicts, rows, command) -> str:
     machine = man.get("machine", {})
     load = man.get("load_avg_1m", {})
     lines = [f"# Simulated against measured: {man.get('device', 'cpu')}", ""]
-    if setup.kind == "stepgap":
+    if setup.kind == "stepgap" and man.get("source") != "bench/gpu_measure.py":
         lines += [
             f"- machine: {machine.get('cpu', '?')}, {machine.get('cpus', '?')} CPUs, "
             f"{machine.get('platform', '')}; Python {machine.get('python', '?')}, torch "
@@ -436,7 +448,8 @@ def report_text(setup, verdicts, rows, command) -> str:
             "each run's own accepted counts replayed",
         ]
     else:
-        lines += [f"- source: {man.get('source')}, device {man.get('device')}",
+        lines += [f"- source: {man.get('source', 'bench/gpu_measure.py')}, device "
+                  f"{man.get('device')}",
                   "- the profile comes from the same runs (a consistency check, not a "
                   "validation)"]
     if command:
@@ -528,7 +541,11 @@ def cmd_validate(args) -> int:
         else "stepgap validate"
     if args.from_measured:
         src = Path(args.from_measured)
-        if src.resolve() != out.resolve():
+        if not src.is_dir():
+            raise UserError(f"--from-measured {src}: not a folder")
+        if (src / "results.jsonl").is_file() and not (src / "manifest.json").is_file():
+            convert_gpu_measure(src, out, command)
+        elif src.resolve() != out.resolve():
             _copy_measured(src, out)
         write_report(out, command, args.quiet)
         return 0
@@ -546,8 +563,6 @@ def cmd_validate(args) -> int:
 
 def _copy_measured(src: Path, out: Path) -> None:
     """Start a report folder from a measured one (its inputs only)."""
-    if not src.is_dir():
-        raise UserError(f"--from-measured {src}: not a folder")
     out.mkdir(parents=True, exist_ok=True)
     for item in src.iterdir():
         if item.name in ("report.md", "tpot.png", "timeline.png", "simulated"):
@@ -557,3 +572,64 @@ def _copy_measured(src: Path, out: Path) -> None:
             shutil.copytree(item, dst, dirs_exist_ok=True)
         else:
             shutil.copy(item, dst)
+
+
+def convert_gpu_measure(src: Path, out: Path, command: str) -> None:
+    """bench/gpu_measure.py's folder as a measured folder of this command's format: the
+    manifest (its cells, the catalog entry of its GPU, the simulator's presets of its models),
+    its profile.json, each cell's run and its timelines, so that it is re-simulated, reported and
+    fidelity-tested like the CPU's. Its profile comes from the same runs it judges: on a GPU
+    that is a consistency check until calibration runs of their own are added."""
+    import gzip
+
+    from sim.measured import FORMAT, cell_name, load_measured
+    from stepgap.formats import MODES
+    setup, cells = load_measured(src)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(src / "profile.json", out / "profile.json")
+    for name in ("env.json", "summary.txt"):
+        if (src / name).is_file():
+            shutil.copy(src / name, out / name)
+    sim = dict(setup.settings, profile="profile.json")
+    for key in ("model", "draft"):   # a config.json written next to the results: copy it
+        if Path(sim[key]).is_file():
+            dst = out / "models" / Path(sim[key]).parent.name / "config.json"
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(sim[key], dst)
+            sim[key] = str(dst.parent.relative_to(out))
+    entries, groups = [], defaultdict(list)
+    for c in cells:
+        f = f"runs/{c.name}.json.gz"
+        save_runs(out / f, c.runs)
+        entries.append({"mode": c.mode, "k": c.k, "max_concurrency": c.conc, "runs": f,
+                        "num_runs": len(c.runs), "info": {}})
+        groups[(c.k, c.conc)].append(c.name)
+    timeline_cells = []
+    tl = src / "timelines.jsonl.gz"
+    if tl.is_file():   # one (k, concurrency): the largest k at the smallest concurrency
+        k, conc = max(groups, key=lambda g: (g[0], -(g[1] or 0)))
+        want = {f"{m}/k{k}/c{conc}": cell_name(m, k, conc) for m in MODES}
+        spans = defaultdict(list)
+        with gzip.open(tl, "rt") as f:
+            for line in f:
+                d = json.loads(line)
+                name = want.get(d.pop("cell", None))
+                if name and TIMELINE_STEPS[0] <= d["step"] < TIMELINE_STEPS[1]:
+                    spans[name].append(d)
+        for name, rows in spans.items():
+            (out / "timelines").mkdir(parents=True, exist_ok=True)
+            with (out / "timelines" / f"{name}.measured.jsonl").open("w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+            timeline_cells.append(name)
+    env = setup.manifest.get("env", {})
+    manifest = {"format": FORMAT, "device": setup.manifest.get("device"),
+                "machine": {k: env.get(k) for k in ("gpu", "torch", "cuda", "platform")},
+                "source": "bench/gpu_measure.py", "command": command,
+                "note": "the profile comes from the same runs (gpu_measure has no calibration "
+                        "runs of its own): a consistency check, not a validation",
+                "traces": {"judged": "mtbench-like (gpu_measure)", "judged_prompts": None,
+                           "calibration": "(the same runs)", "calibration_runs": 0},
+                "sim": sim, "timeline": {"cells": sorted(timeline_cells),
+                                         "steps": list(TIMELINE_STEPS)},
+                "cells": entries}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")

@@ -147,6 +147,9 @@ def register(sub) -> None:
                         "profile.json): its device op fits replace the roofline wherever it "
                         "covers the op, and its CPU costs replace the defaults (explicit CPU "
                         "options still win). The result's config says which ops it covered")
+    g.add_argument("--no-jitter", dest="jitter", action="store_false", default=None,
+                   help="ignore the profile's measured speed noise (by default device ops "
+                        "vary from step to step as measured; seeded by --seed)")
 
     g = p.add_argument_group("acceptance")
     g.add_argument("--acceptance", metavar="PROFILE",
@@ -214,7 +217,8 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-FIELDS = ("mode", "k", "gpu", "model", "draft", "worker", "device", "profile", "acceptance",
+FIELDS = ("mode", "k", "gpu", "model", "draft", "worker", "device", "profile", "jitter",
+          "acceptance",
           "acceptance_rates", "acceptance_spread", "replay", "max_num_seqs",
           "max_num_batched_tokens", "max_model_len", "block_size", "num_kv_blocks",
           "gpu_memory_utilization", "cpu_scale", "launch_latency_us", "wake_us", "ipc_us",

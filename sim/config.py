@@ -48,6 +48,7 @@ class SimConfig:
     worker: str = "inline"
     device: str | None = None          # None: async for a GPU, sync for the cpu entry
     profile: str | None = None         # a measured profile (device ops, CPU costs) to use
+    jitter: bool = True                # apply the profile's measured speed noise, if any
     # acceptance
     acceptance: str = "mtbench"
     acceptance_rates: tuple[float, ...] | None = None

@@ -16,8 +16,11 @@ latency to the engine and the worker's own turnaround before it can prepare the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Protocol
+
+import numpy as np
 
 from sim.hardware import Hardware
 from stepgap.errors import UserError
@@ -186,6 +189,33 @@ class RooflineCosts:
 
     def fixup(self, b: Batch) -> float:
         return FIXUP_KERNELS * self.hw.kernel_us
+
+
+class Jitter:
+    """The machine's own speed noise, as a factor on the device ops of each step.
+
+    A shared machine does not run a step in the same time twice: other tenants share its caches
+    and memory. The factor is exp(x(t) + e) / E[exp(x + e)]: x is an Ornstein-Uhlenbeck
+    process (std `sigma`, correlation time `tau_us`), the slow part that makes one request
+    slower than the next; e is independent per step (std `sigma_step`). Its mean is 1, so mean
+    times are the fits'; it is what makes P99s. The parameters come from the calibration runs
+    of a measured profile (engine/profile.py `fit_jitter`); the draws are seeded.
+    """
+
+    def __init__(self, sigma: float, tau_us: float, sigma_step: float, seed: int = 0):
+        self.sigma, self.tau_us, self.sigma_step = sigma, max(tau_us, 1e-9), sigma_step
+        self.rng = np.random.default_rng([seed, 3])
+        self.x = self.rng.normal(0.0, sigma) if sigma else 0.0
+        self.t = 0.0
+        self.norm = math.exp(-(sigma ** 2 + sigma_step ** 2) / 2)
+
+    def factor(self, t_us: float) -> float:
+        """The factor of a step that starts at `t_us` (steps come in time order)."""
+        a = math.exp(-max(t_us - self.t, 0.0) / self.tau_us)
+        self.t = max(self.t, t_us)
+        e1, e2 = self.rng.standard_normal(2)
+        self.x = self.x * a + self.sigma * math.sqrt(1.0 - a * a) * e1
+        return math.exp(self.x + self.sigma_step * e2) * self.norm
 
 
 # -------------------------------------------------------------------------------------------

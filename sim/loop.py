@@ -34,7 +34,7 @@ import simpy
 
 from sim.acceptance import Acceptance
 from sim.config import SimConfig, resolve
-from sim.costs import Batch, DeviceCosts
+from sim.costs import Batch, DeviceCosts, Jitter
 from stepgap.errors import UserError
 from stepgap.formats import RequestTiming, Span, SpecStats, TraceRequest, run_result
 from stepgap.scheduler import FINISHED, Request, Scheduler, SchedulerOutput, cdiv
@@ -74,8 +74,10 @@ class Device:
     """The device lane: steps run in launch order, each as soon as it is launched and the
     previous one is done. Records step gaps and, when asked, one span per op."""
 
-    def __init__(self, costs: DeviceCosts, k: int, fixup: bool, spans: list | None):
+    def __init__(self, costs: DeviceCosts, k: int, fixup: bool, spans: list | None,
+                 jitter: Jitter | None = None):
         self.costs, self.k, self.fixup, self.spans = costs, k, fixup, spans
+        self.jitter = jitter
         self.free = 0.0
         self.last_end: float | None = None
         self.gaps: list[float] = []
@@ -95,6 +97,10 @@ class Device:
             for i in range(self.k if b.num_sampling else 1):
                 ops.append(("draft_forward", c.draft_forward(b, i), {"i": i}))
         ops.append(("d2h", c.d2h(b), None))
+        if self.jitter is not None:
+            f = self.jitter.factor(max(self.free, t_first))
+            ops = [(op, d * f, args) for op, d, args in ops]
+            verify *= f
         dur = sum(d for _, d, _ in ops)
         start = max(self.free, t_first, t_last - dur)
         step.t_accepted = start + verify
@@ -131,8 +137,13 @@ class Sim:
         # A process worker on a synchronous device has computed step N (and knows its counts)
         # before it prepares N+1: zero-bubble then has nothing to fix up.
         self.computes_ahead = not self.inline and not r.device_async
+        jitter = None
+        if cfg.jitter and r.measured is not None and r.measured.jitter:
+            j = r.measured.jitter
+            jitter = Jitter(j["sigma"], j["tau_ms"] * 1e3, j["sigma_step"], cfg.seed)
         self.device = Device(device_costs or r.device_costs, cfg.k,
-                             cfg.mode == "zero-bubble" and not self.computes_ahead, self.spans)
+                             cfg.mode == "zero-bubble" and not self.computes_ahead, self.spans,
+                             jitter)
         self.out_latency = cfg.output_latency_ms * 1e3
         self.gen = LoadGenerator(requests, cfg.max_concurrency)
         self.timings: dict[str, RequestTiming] = {}
@@ -338,6 +349,8 @@ class Sim:
             "cpu_costs_us": r.cpu.to_dict(), "num_steps": self.num_steps,
             "num_preemptions": self.sched.num_preemptions,
         }
+        if self.device.jitter is not None:
+            config["resolved"]["jitter"] = r.measured.jitter
         sources = getattr(self.device.costs, "sources", None)
         if sources is not None:   # a measured profile: which ops it covered, and how
             config["resolved"]["device_costs"] = {"profile": getattr(self.device.costs.profile,

@@ -114,6 +114,7 @@ class Profile:
     cpu: dict | None          # CpuCosts.to_dict() form, or None
     topology: dict            # worker, device, pinned, executor
     meta: dict                # machine, model, config: what it was measured on
+    jitter: dict | None = None   # the machine's speed noise (sim/costs.py Jitter)
 
     def cpu_costs(self, base: CpuCosts | None = None) -> CpuCosts | None:
         if self.cpu is None:
@@ -161,8 +162,15 @@ def _stepgap_profile(path: Path, doc: dict) -> Profile:
     cpu = doc.get("cpu")
     if cpu is not None:
         CpuCosts.from_dict(cpu)  # validates
-    meta = {k: v for k, v in doc.items() if k not in ("device_ops", "cpu", "grid", "topology")}
-    return Profile(str(path), fits, cpu, doc.get("topology") or {}, meta)
+    jitter = doc.get("jitter")
+    if jitter is not None and not (isinstance(jitter, dict) and all(
+            isinstance(jitter.get(k), (int, float)) and jitter[k] >= 0
+            for k in ("sigma", "tau_ms", "sigma_step"))):
+        raise UserError(f"{where(path, field='jitter')}: expected {{sigma, tau_ms, sigma_step}}, "
+                        "numbers >= 0")
+    meta = {k: v for k, v in doc.items() if k not in ("device_ops", "cpu", "grid", "topology",
+                                                       "jitter")}
+    return Profile(str(path), fits, cpu, doc.get("topology") or {}, meta, jitter)
 
 
 def gpu_measure_profile(path: Path, doc: dict) -> Profile:

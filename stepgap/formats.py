@@ -389,7 +389,8 @@ def save_result(path, result: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".gz":
         import gzip
-        with path.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
+        with path.open("wb") as raw, \
+                gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as f:
             f.write(json.dumps(_jsonable(result), separators=(",", ":")).encode())
         return
     path.write_text(json.dumps(_jsonable(result), indent=1) + "\n")

@@ -1,0 +1,220 @@
+"""Profiles: how steps are cut into terms, the fits, ProfileCosts, and `simulate --profile`."""
+
+import json
+
+import numpy as np
+import pytest
+
+from engine.profile import build_profile, cpu_points, device_points
+from sim.costs import Batch, ConstantCosts
+from sim.profile import (FEATURES, Fit, Profile, ProfileCosts, batch_features, features,
+                         fit_points, load_profile, nnls)
+from stepgap.cli import main
+from stepgap.errors import UserError
+from stepgap.formats import Span
+
+SHAPE = {"tokens": 5, "reqs": 1, "q": 5, "blocks": 2}
+
+
+def step_spans(n, t0, mode_async=False):
+    """One k=2 step of a process worker on the CPU, its ops at known times (us from t0)."""
+    e, w, d = "cpu.engine", "cpu.worker", "device"
+    at = lambda a, b: (t0 + a, t0 + b)  # noqa: E731
+    return [
+        Span(w, "prepare_inputs", n, *at(100, 150), {"reqs": 1, "tokens": 5}),
+        Span(w, "launch", n, *at(150, 1020), {"reqs": 1, "tokens": 5}),
+        Span(d, "target_forward", n, *at(200, 700), SHAPE),
+        Span(d, "rejection_sample", n, *at(720, 760), SHAPE),
+        Span(d, "draft_forward", n, *at(780, 900), {**SHAPE, "i": 0}),
+        Span(d, "draft_forward", n, *at(910, 1000), {**SHAPE, "i": 1}),
+        Span(d, "d2h", n, *at(1005, 1010), {"reqs": 1}),
+        Span(e, "update_from_output", n, *at(1300, 1320), {"reqs": 1, "tokens": 5}),
+    ]
+
+
+def sync_timeline():
+    spans = [Span("cpu.engine", "schedule", 0, 0, 10, {"reqs": 1, "tokens": 5})]
+    spans += step_spans(0, 0)
+    spans.append(Span("cpu.engine", "schedule", 1, 1330, 1345, {"reqs": 1, "tokens": 5}))
+    spans += step_spans(1, 1400)   # prepare 1 starts at 1500
+    return spans
+
+
+def test_device_op_costs_run_from_the_previous_ops_end():
+    pts = device_points(sync_timeline(), k=2)
+    first = [(p["op"], p["i"], p["us"]) for p in pts[:5]]
+    assert first == [("target_forward", None, 500.0), ("rejection_sample", None, 60.0),
+                     ("draft_forward", 0, 140.0), ("draft_forward", 1, 100.0),
+                     ("d2h", None, 10.0)]
+    # features: [1, tokens, reqs, reqs * q * blocks * 16]; a one-token pass has one per request
+    assert pts[0]["x"] == [1.0, 5.0, 1.0, 160.0]
+    assert pts[3]["x"] == [1.0, 1.0, 1.0, 32.0]
+
+
+def test_cpu_terms_of_a_sync_timeline():
+    t = cpu_points(sync_timeline(), "sync")
+    assert t["schedule"][0] == (1, 5, 10.0)
+    assert t["update_from_output"][0] == (1, 5, 20.0)
+    assert t["prepare_inputs"][0] == (1, 5, 50.0)
+    assert t["launch"][0] == (1, 5, 50.0)                 # prepare's end to the first op
+    assert t["result_latency"][0] == (1, 5, 290.0)        # last op's end to update
+    # the message: update 0's end to prepare 1's start, less schedule 1
+    assert t["ipc_us"] == [(0, 0, 1500 - 1320 - 15)]
+    assert "worker_turnaround" not in t                   # sync: the worker waits instead
+
+
+def test_cpu_terms_of_an_async_timeline():
+    spans = [Span("cpu.engine", "schedule", 0, 0, 10, {"reqs": 1, "tokens": 5})]
+    spans += step_spans(0, 0)
+    # step 1 was scheduled (and sent) while step 0 computed: the worker turns straight to it
+    spans.append(Span("cpu.engine", "schedule", 1, 400, 420, {"reqs": 1, "tokens": 5}))
+    spans += step_spans(1, 1150)   # prepare 1 at 1250: 240 after step 0's last op
+    t = cpu_points(spans, "async")
+    assert t["worker_turnaround"] == [(1, 5, 240.0)]
+    assert "ipc_us" not in t
+
+
+def test_nnls_keeps_every_coefficient_non_negative():
+    rng = np.random.default_rng(0)
+    x = np.column_stack([np.ones(50), rng.uniform(1, 100, 50), rng.uniform(1, 4, 50)])
+    y = x @ np.array([300.0, 2.0, 50.0])
+    assert nnls(x, y) == pytest.approx([300.0, 2.0, 50.0])
+    coef = nnls(x, 1000.0 - 3.0 * x[:, 1])   # a falling cost: clamped to the best >= 0 fit
+    assert (coef >= 0).all()
+
+
+def test_fit_points_reports_the_median_relative_error():
+    coef, err = fit_points([[1, 1], [1, 2], [1, 3]], [10.0, 20.0, 30.0])
+    assert coef == pytest.approx((0.0, 10.0)) and err == pytest.approx(0.0, abs=1e-12)
+
+
+def profile(fits, cpu=None):
+    return Profile("p.json", fits, cpu, {"worker": "process", "device": "sync"}, {})
+
+
+def fit(op, k, coef, i=None):
+    return Fit(op, i, k, tuple(coef), 100, 0.01, "test")
+
+
+B = Batch(num_tokens=5, num_reqs=1, num_sampling=1, num_logits=5, num_drafts=4, kv_tokens=100,
+          attn_pairs=0.0, max_query=5, max_blocks=7)
+
+
+def test_profile_costs_answer_from_the_fit_of_their_k():
+    p = profile([fit("target_forward", 2, [1000, 10, 0, 0]),
+                 fit("target_forward", 4, [2000, 10, 0, 0]),
+                 fit("draft_forward", 4, [300, 0, 0, 0], i=0),
+                 fit("draft_forward", 4, [200, 0, 0, 0], i=1)])
+    c = ProfileCosts(p, 4, ConstantCosts(target=1.0, fix=7.0))
+    assert c.target_forward(B) == 2050.0
+    assert c.draft_forward(B, 0) == 300.0
+    assert c.draft_forward(B, 3) == 200.0          # later passes: the last measured
+    assert c.fixup(B) == 7.0                       # not in the profile: the fallback
+    assert c.sources["fixup"].startswith("roofline")
+    assert "k=4" in c.sources["target_forward"]
+    # k=3 was not measured: the nearest k, said so
+    c3 = ProfileCosts(p, 3, ConstantCosts())
+    assert c3.target_forward(B) == 2050.0
+    assert "nearest measured to k=3" in c3.sources["target_forward"]
+
+
+def test_at_k0_the_target_forward_includes_the_engines_sampler():
+    p = profile([fit("target_forward", 0, [1000, 0, 0, 0]),
+                 fit("rejection_sample", 0, [60, 0, 0, 0])])
+    assert ProfileCosts(p, 0, ConstantCosts()).target_forward(B) == 1060.0
+
+
+def test_batch_features_match_the_engines_padded_grid():
+    assert batch_features("target_forward", None, B) == features("target_forward", None, 5, 1,
+                                                                  5, 7)
+    assert features("target_forward", None, 20, 4, 5, 7) == [1.0, 20.0, 4.0, 4 * 5 * 7 * 16]
+    assert len(FEATURES) == 4
+
+
+def test_load_profile_names_what_is_wrong(tmp_path):
+    bad = tmp_path / "p.json"
+    bad.write_text(json.dumps({"format": "stepgap-profile/1",
+                               "device_ops": [{"op": "warp_drive", "coef": [1, 2, 3, 4]}]}))
+    with pytest.raises(UserError, match=r"device_ops\[0\]\.op.*unknown op 'warp_drive'"):
+        load_profile(bad)
+    bad.write_text(json.dumps({"format": "stepgap-profile/1",
+                               "device_ops": [{"op": "d2h", "coef": [1, 2]}]}))
+    with pytest.raises(UserError, match="expected 4 numbers"):
+        load_profile(bad)
+    bad.write_text("{}")
+    with pytest.raises(UserError, match="format"):
+        load_profile(bad)
+    with pytest.raises(UserError, match="profile not found"):
+        load_profile(tmp_path / "none.json")
+
+
+def test_gpu_measure_rows_are_fitted_per_op(tmp_path):
+    rows = [{"lane": "device", "op": "target_forward", "i": None, "tokens": t, "reqs": r,
+             "blocks": 4, "graph": True, "count": 10, "median_us": 5000 + 3 * t + 100 * r}
+            for t, r in ((5, 1), (10, 2), (20, 4), (40, 8))]
+    rows.append({"lane": "cpu.engine", "op": "schedule", "reqs": 1, "median_us": 30.0})
+    (tmp_path / "profile.json").write_text(json.dumps({"unit": "us", "rows": rows}))
+    p = load_profile(tmp_path)   # a gpu_measure folder
+    (f,) = p.fits
+    assert f.op == "target_forward" and f.k is None
+    x = features("target_forward", None, 20, 4, 5, 4)
+    assert f(x) == pytest.approx(5000 + 3 * 20 + 100 * 4, rel=1e-6)
+
+
+def write_profile(path, k=2):
+    fits = [fit("target_forward", k, [2000, 20, 50, 0.05]),
+            fit("rejection_sample", k, [100, 0, 10, 0]),
+            fit("draft_forward", k, [500, 5, 30, 0.01], i=0),
+            fit("draft_forward", k, [450, 40, 0, 0.05], i=1),
+            fit("d2h", k, [20, 0, 1, 0])]
+    doc = {"format": "stepgap-profile/1", "device": "cpu",
+           "device_ops": [f.to_dict() for f in fits],
+           "cpu": {"schedule": [15, 4, 0.03], "update_from_output": [15, 4, 0.04],
+                   "prepare_inputs": [80, 10, 0.2], "launch": [90, 2, 0.1],
+                   "result_latency": [350, 10, 0.8], "worker_turnaround": [260, 9, 0.6],
+                   "ipc_us": 180.0},
+           "topology": {"worker": "process", "device": "sync"}}
+    path.write_text(json.dumps(doc))
+
+
+def test_simulate_with_a_profile_uses_its_device_and_cpu_costs(tmp_path):
+    write_profile(tmp_path / "p.json")
+    out = tmp_path / "r.json"
+    assert main(["simulate", "--gpu", "cpu", "--worker", "process", "--model", "llama-3.2-1b",
+                 "--draft", "eagle3", "-k", "2", "--mode", "async", "--num-prompts", "4",
+                 "--output-len", "16", "--max-concurrency", "2", "--num-kv-blocks", "256",
+                 "--profile", str(tmp_path / "p.json"), "--result-json", str(out),
+                 "--quiet"]) == 0
+    res = json.loads(out.read_text())
+    resolved = res["config"]["resolved"]
+    assert resolved["device_costs"]["target_forward"].startswith("profile (k=2")
+    assert resolved["device_costs"]["fixup"].startswith("roofline")
+    assert resolved["cpu_costs_us"]["worker_turnaround"] == [260, 9, 0.6]
+    assert resolved["cpu_costs_us"]["ipc_us"] == 180.0
+    # the same run without the profile is the roofline's, much faster on this "cpu" entry
+    out2 = tmp_path / "r2.json"
+    assert main(["simulate", "--gpu", "cpu", "--worker", "process", "--model", "llama-3.2-1b",
+                 "--draft", "eagle3", "-k", "2", "--mode", "async", "--num-prompts", "4",
+                 "--output-len", "16", "--max-concurrency", "2", "--num-kv-blocks", "256",
+                 "--result-json", str(out2), "--quiet"]) == 0
+    assert "device_costs" not in json.loads(out2.read_text())["config"]["resolved"]
+
+
+def test_a_profile_fitted_on_engine_runs_predicts_their_device_time():
+    from engine.core import EngineConfig, run_trace
+    from engine.executor import InlineExecutor
+    from engine.worker import WorkerSpec
+    from stepgap.workloads import mtbench_like
+    ex = InlineExecutor(WorkerSpec("tiny", "tiny-eagle3", "cpu", "float32", 256, 512, 4, 2,
+                                   num_threads=1))
+    runs = []
+    for mode, conc in (("sync", 1), ("async", 3), ("sync", 3)):
+        out = run_trace(ex, mtbench_like(6, 12), EngineConfig(mode, 2, 256, 4, 8192, 512),
+                        vocab_size=512, max_concurrency=conc)
+        runs.append((mode, 2, out.spans))
+    doc = build_profile(runs, [], {"device": "cpu"})
+    assert {f["op"] for f in doc["device_ops"]} == {"target_forward", "rejection_sample",
+                                                    "draft_forward", "d2h"}
+    assert {"schedule", "update_from_output", "prepare_inputs", "launch"} <= set(doc["cpu"])
+    assert all(abs(r - 1) < 1e-6 for r in
+               doc["checks"]["calibration_fit_over_calibration_steps"].values())

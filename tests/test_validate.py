@@ -1,0 +1,125 @@
+"""`stepgap validate`: replay agreement with the engine, the run plan, and a tiny grid end to end."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from engine.core import EngineConfig, run_trace
+from engine.executor import InlineExecutor
+from engine.sampler import SamplingConfig
+from engine.validate import Plan, chunk, units_of
+from engine.worker import WorkerSpec
+from sim.config import SimConfig
+from sim.loop import simulate
+from sim.measured import requests_of
+from stepgap.cli import main
+from stepgap.formats import load_trace, save_trace
+from tests.engine_helpers import mixed_requests
+
+PAIR = Path(__file__).resolve().parents[1] / "checkpoints" / "pystdlib"
+
+
+@pytest.fixture(scope="module")
+def tiny_executor():
+    return InlineExecutor(WorkerSpec("tiny", "tiny-eagle3", "cpu", "float32", 64, 512, 8, 3,
+                                     num_threads=1))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "zero-bubble"])
+def test_the_simulator_replays_the_engines_chunks_exactly(tiny_executor, mode):
+    # Synthetic acceptance makes every count 0..k occur; a small KV cache forces preemption
+    # by recompute; async modes run extra steps for requests that finish early.
+    reqs = mixed_requests(9, base_prompt=20, out_len=30)
+    blocks = 22
+    cfg = EngineConfig(mode, 3, blocks, 8, 8192, 512, SamplingConfig(synthetic=(0.8, 0.6, 0.4)))
+    run = run_trace(tiny_executor, reqs, cfg, vocab_size=512, max_concurrency=4, detailed=True,
+                    config={"max_concurrency": 4})
+    res = run.result
+    assert res["config"]["num_preemptions"] > 0
+    assert {a for accs in res["accepted"] for a in accs} == {0, 1, 2, 3}
+    sim, _ = simulate(SimConfig(mode=mode, k=3, model="llama-3.2-1b", gpu="h100",
+                                worker="process", device="sync", num_kv_blocks=blocks,
+                                max_num_seqs=8, max_num_batched_tokens=8192, max_model_len=512,
+                                max_concurrency=4, detailed=True), requests_of(res))
+    assert sim["chunk_tokens"] == res["chunk_tokens"]
+    assert sim["config"]["resolved"]["num_preemptions"] == res["config"]["num_preemptions"]
+    assert sim["spec_decode"]["num_drafts"] == res["spec_decode"]["num_drafts"]
+
+
+def test_chunks_of_a_trace_wrap_around():
+    items = list(range(10))
+    assert chunk(items, 4, 0) == [0, 1, 2, 3]
+    assert chunk(items, 4, 2) == [8, 9, 0, 1]
+    assert chunk(items, 20, 3) == items
+
+
+def plan(**kw):
+    base = dict(pair=str(PAIR), modes=["sync", "async", "zero-bubble"], ks=[0, 2, 4],
+                concs=[1, 4], judged=["j"] * 48, calibration=["c"] * 48, repeats=18)
+    return Plan(**{**base, **kw})
+
+
+def test_every_cell_runs_its_repeats_with_its_modes_back_to_back():
+    units = units_of(plan())
+    judged = [u for u in units if u[0] == "judged"]
+    assert len(judged) == 18 * 18
+    for rep in range(18):
+        mine = [u for u in judged if u[4] == rep]
+        for i in range(0, len(mine), 3):   # each (k, conc) group: its three modes in a row
+            assert len({(u[2], u[3]) for u in mine[i:i + 3]}) == 1
+            assert {u[1] for u in mine[i:i + 3]} == {"sync", "async", "zero-bubble"}
+    calib = [u for u in units if u[0] == "calibration"]
+    assert len(calib) == 18 * 6 // 2                 # every other repeat, each group
+    per_cell = {(u[1], u[2], u[3]) for u in calib}
+    assert len(per_cell) == 18                        # every mode calibrates every group
+    # profiling alone: every mode of every group, every repeat
+    assert len(units_of(plan(judged=None, repeats=1))) == 18
+
+
+def test_validate_help_explains_the_grid(capsys):
+    with pytest.raises(SystemExit):
+        main(["validate", "--help"])
+    out = capsys.readouterr().out
+    for opt in ("--modes", "--ks", "--concurrency", "--repeats", "--slice", "--profile",
+                "--from-measured", "--calibration-trace"):
+        assert opt in out
+    assert "18 cells" in out
+
+
+def test_validate_refuses_a_calibration_trace_that_is_the_judged_one(tmp_path, capsys):
+    assert main(["validate", "--calibration-trace", str(PAIR / "heldout.jsonl"),
+                 "--out", str(tmp_path / "v"), "--quiet"]) == 2
+    assert "calibration must use other prompts" in capsys.readouterr().err
+
+
+def test_a_tiny_validation_end_to_end(tmp_path, capsys):
+    # Calibration prompts: the held-out trace's last ones, renamed (the default cuts them from
+    # the corpus's training files, which takes longer); judged: its first ones.
+    held = load_trace(PAIR / "heldout.jsonl")
+    calib = [replace(r, request_id=f"cal-{i}", output_len=16) for i, r in enumerate(held[-3:])]
+    save_trace(tmp_path / "cal.jsonl", calib)
+    judged = [replace(r, output_len=24) for r in held[:4]]
+    save_trace(tmp_path / "judged.jsonl", judged)
+    out = tmp_path / "v"
+    assert main(["validate", "--modes", "sync,async", "--ks", "2", "--concurrency", "1,2",
+                 "--trace", str(tmp_path / "judged.jsonl"), "--repeats", "2", "--slice", "2",
+                 "--calibration-trace", str(tmp_path / "cal.jsonl"), "--calibration-slice",
+                 "3", "--no-grid", "--out", str(out), "--quiet"]) == 0
+    files = {p.name for p in out.iterdir()}
+    assert {"report.md", "tpot.png", "timeline.png", "profile.json", "manifest.json", "runs",
+            "simulated", "timelines", "models", "calibration.jsonl"} <= files
+    man = json.loads((out / "manifest.json").read_text())
+    assert [c["num_runs"] for c in man["cells"]] == [2, 2, 2, 2]
+    report = (out / "report.md").read_text()
+    assert "| sync | 2 | 1 |" in report and "| async | 2 | 2 |" in report
+    assert "saving over sync" in report
+    profile = json.loads((out / "profile.json").read_text())
+    assert profile["calibration"]["trace"] == str(tmp_path / "cal.jsonl")
+    assert profile["topology"]["worker"] == "process"
+    # re-simulating the folder gives the same table (no engine run)
+    again = tmp_path / "again"
+    assert main(["validate", "--from-measured", str(out), "--out", str(again), "--quiet"]) == 0
+    table = lambda text: [ln for ln in text.splitlines() if ln.startswith("| ")]  # noqa: E731
+    assert table((again / "report.md").read_text()) == table(report)
