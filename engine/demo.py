@@ -1,16 +1,20 @@
 """`stepgap demo`: the engine on the committed trained pair, next to the simulator's prediction.
 
-1. The engine (sync, inline worker, CPU, float32, greedy) runs the pair's held-out workload
-   (prompts cut from Python stdlib files the pair never trained on) with k draft tokens per step
-   and measures what `vllm bench serve` measures, with real acceptance.
-2. The simulator runs the same trace with the same k, concurrency, scheduler limits and topology
-   (`worker=inline`, `device=sync`: the device is the worker's own CPU), replaying the engine's
+1. The engine (the `process` executor, engine and worker pinned to a CPU each; CPU, float32,
+   greedy) runs the pair's held-out workload (prompts cut from Python stdlib files the pair never
+   trained on) with k draft tokens per step and measures what `vllm bench serve` measures, with
+   real acceptance.
+2. The simulator runs the same trace with the same k, concurrency, mode, scheduler limits and
+   topology (`worker=process`, `device=sync`: the device is the worker's own CPU), on the
+   measured profile committed with the CPU validation (traces/measured/cpu/profile.json: device
+   op fits and CPU costs of this kind of machine, docs/validation.md), replaying the engine's
    accepted count of every decode step, so both see the same acceptance.
 3. Both are printed side by side, with the simulator's error.
 
-The simulator's device costs are the roofline over the `cpu` catalog entry, a placeholder. A
-measured profile of this machine replaces it through `device_costs` (of `simulate_trace` and
-`run_demo`) without touching anything else here.
+Why the process executor: it is the topology the committed profile was calibrated on, and the
+one where the modes differ on a CPU (inline, the engine's thread computes everything, and async
+hides nothing). On another machine, `stepgap profile --out P` measures its own profile and
+`stepgap demo --profile P` uses it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 from stepgap.errors import UserError
 
 PAIR = Path(__file__).resolve().parents[1] / "checkpoints" / "pystdlib"
+PROFILE = Path(__file__).resolve().parents[1] / "traces" / "measured" / "cpu" / "profile.json"
 
 EPILOG = """\
 examples:
@@ -48,6 +53,11 @@ def register(sub) -> None:
                    help="the first N requests of the trace (default: all)")
     p.add_argument("--max-concurrency", type=int, default=1, metavar="N",
                    help="requests in flight (default 1, as the seed run)")
+    p.add_argument("--mode", default="sync", choices=("sync", "async", "zero-bubble"),
+                   help="step scheduling, both halves (default sync)")
+    p.add_argument("--profile", default=None, metavar="PROFILE.json",
+                   help="the simulator's measured costs (default: the committed CPU profile, "
+                        "traces/measured/cpu/profile.json; the roofline if it is missing)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_demo)
 
@@ -79,13 +89,10 @@ def limits(requests, k: int, max_concurrency: int | None) -> dict:
 
 
 def run_engine(pair, requests, k: int, max_concurrency: int | None = 1, progress: bool = False,
-               dtype: str = "float32"):
-    """The sync inline engine on the pair, greedy, on the CPU: engine.core.RunOutput."""
-    from tqdm import tqdm
-
+               dtype: str = "float32", mode: str = "sync"):
+    """The engine on the pair (process executor, pinned), greedy, on the CPU: its RunOutput."""
     from engine.core import EngineConfig, run_trace
-    from engine.executor import InlineExecutor
-    from engine.train import TokenProgress
+    from engine.executor import ProcessExecutor
     from engine.worker import WorkerSpec
     from stepgap.modelcfg import load_model_config
 
@@ -93,34 +100,41 @@ def run_engine(pair, requests, k: int, max_concurrency: int | None = 1, progress
     lim = limits(requests, k, max_concurrency)
     spec = WorkerSpec(paths["target"], paths["eagle3"] if k else None, "cpu", dtype,
                       lim["num_blocks"], lim["max_model_len"], lim["max_num_seqs"], max(k, 1))
-    cfg = EngineConfig("sync", k, **lim)
+    cfg = EngineConfig(mode, k, **lim)
     vocab = load_model_config(paths["target"]).vocab_size
-    ex = InlineExecutor(spec)
-    # One short request first: the first forwards pay one-time costs (allocation, kernel
-    # selection) that are no part of a step.
-    warm = replace(requests[0], request_id="warmup", output_len=min(8, requests[0].output_len))
-    run_trace(ex, [warm], cfg, vocab_size=vocab)
-    with tqdm(desc=f"engine k={k}", unit=" tok", total=sum(r.output_len for r in requests),
-              disable=not progress, mininterval=0.5, file=sys.stderr, leave=False) as bar:
-        return run_trace(TokenProgress(ex, bar), requests, cfg, vocab_size=vocab,
-                         max_concurrency=max_concurrency, detailed=True,
-                         config={"executor": "inline", "device": "cpu", "dtype": dtype})
+    if progress:
+        print(f"  engine: {len(requests)} requests ...", file=sys.stderr)
+    with ProcessExecutor(spec) as ex:
+        # One short request first: the first forwards pay one-time costs (allocation, kernel
+        # selection) that are no part of a step.
+        warm = replace(requests[0], request_id="warmup",
+                       output_len=min(8, requests[0].output_len))
+        run_trace(ex, [warm], cfg, vocab_size=vocab)
+        # No progress bar while measuring: the engine process would pay for drawing it.
+        return run_trace(ex, requests, cfg, vocab_size=vocab, max_concurrency=max_concurrency,
+                         detailed=True, config={"executor": "process", "device": "cpu",
+                                                "dtype": dtype, "pinned": ex.pinned,
+                                                "max_concurrency": max_concurrency})
 
 
 def simulate_trace(pair, requests, accepted: dict, k: int, max_concurrency: int | None = 1,
-                   device_costs=None) -> dict:
-    """The simulator on the same trace, replaying the engine's accepted counts.
+                   device_costs=None, mode: str = "sync", profile=None) -> dict:
+    """The simulator on the same trace and topology, replaying the engine's accepted counts.
 
-    `device_costs` None is the roofline over the `cpu` catalog entry (a placeholder); pass a
-    measured profile (a sim.costs.DeviceCosts) to replace it.
+    `profile` (a path; default the committed CPU profile when it is there) gives the device op
+    and CPU costs; without one the device is the roofline over the `cpu` catalog entry (a
+    placeholder). `device_costs` (a sim.costs.DeviceCosts) overrides the device side.
     """
     from sim.config import SimConfig
     from sim.loop import simulate
 
     paths = pair_paths(pair)
     lim = limits(requests, k, max_concurrency)
-    cfg = SimConfig(mode="sync", k=k, gpu="cpu", model=paths["target"], draft=paths["eagle3"],
-                    worker="inline", device="sync", replay=True,
+    if profile is None and PROFILE.is_file():
+        profile = PROFILE
+    cfg = SimConfig(mode=mode, k=k, gpu="cpu", model=paths["target"], draft=paths["eagle3"],
+                    worker="process", device="sync", replay=True,
+                    profile=str(profile) if profile else None,
                     max_num_seqs=lim["max_num_seqs"],
                     max_num_batched_tokens=lim["max_num_batched_tokens"],
                     max_model_len=lim["max_model_len"], num_kv_blocks=lim["num_blocks"],
@@ -170,7 +184,7 @@ def sample_text(pair, request, output_ids: list[int], lines: int = 4) -> str:
 
 def run_demo(pair=PAIR, k: int = 4, num_prompts: int | None = None,
              max_concurrency: int | None = 1, progress: bool = True, device_costs=None,
-             out=print) -> tuple[dict, dict]:
+             out=print, mode: str = "sync", profile=None) -> tuple[dict, dict]:
     from stepgap.modelcfg import load_draft_config, load_model_config
     if k < 1:
         raise UserError(f"--k must be >= 1, got {k}")
@@ -190,16 +204,22 @@ def run_demo(pair=PAIR, k: int = 4, num_prompts: int | None = None,
         f"{dcfg.num_params / 1e6:.2f} M parameters")
     out(f"  trace   {len(reqs)} held-out prompts of {min(p_lens)}-{max(p_lens)} tokens, "
         f"outputs of {min(o_lens)}-{max(o_lens)}; k={k}, greedy, max concurrency "
-        f"{max_concurrency}, sync, inline worker, CPU float32")
-    run = run_engine(pair, reqs, k, max_concurrency, progress)
+        f"{max_concurrency}, {mode}, process worker, CPU float32")
+    run = run_engine(pair, reqs, k, max_concurrency, progress, mode=mode)
     engine = run.result
-    sim = simulate_trace(pair, reqs, run.accepted, k, max_concurrency, device_costs)
+    sim = simulate_trace(pair, reqs, run.accepted, k, max_concurrency, device_costs, mode,
+                         profile)
+    used = (sim["config"].get("profile") or "")
     out("")
     out(side_by_side(engine, sim))
     out("")
-    out("  sim: same trace, k, concurrency and scheduler; the engine's accepted counts replayed;")
-    out("  device = roofline over the `cpu` catalog entry (a placeholder until a measured profile")
-    out("  of this machine replaces it), CPU ops = the simulator's defaults.")
+    out("  sim: same trace, k, concurrency, mode, scheduler and topology (process worker, CPU")
+    out("  device); the engine's accepted counts replayed; " + (
+        f"costs: the measured profile {_show(used)}" if used else
+        "device = roofline over the `cpu` catalog entry (no profile), CPU = defaults") + ".")
+    if used:
+        out("  (measured on the machine of docs/validation.md; `stepgap profile` measures "
+            "this one)")
     out("")
     out(f"  {reqs[0].request_id}, the end of its prompt and the start of its greedy output:")
     out(sample_text(pair, reqs[0], run.output_token_ids[reqs[0].request_id]))
@@ -213,5 +233,6 @@ def _show(path) -> str:
 
 
 def cmd_demo(args) -> int:
-    run_demo(args.pair, args.k, args.num_prompts, args.max_concurrency, not args.quiet)
+    run_demo(args.pair, args.k, args.num_prompts, args.max_concurrency, not args.quiet,
+             mode=args.mode, profile=args.profile)
     return 0

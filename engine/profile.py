@@ -220,84 +220,95 @@ def check_against(fits: list[Fit], points: list[dict]) -> dict:
     return {key: round(a / b, 4) for key, (a, b) in sorted(sums.items()) if b}
 
 
-def fit_jitter(runs_points: list[list[dict]], fits: dict, max_lag: int = 200) -> dict | None:
-    """The machine's speed noise, from calibration runs: z = log(measured / fitted device time)
-    of each step, less its run's mean. Its lag-1 covariance is the slow part's variance σ²
-    (steps are milliseconds apart, the slow part varies over tenths of seconds and more); the
-    rest of var(z) is per step; the covariance's decay with the time between steps gives the
-    slow part's correlation time τ (sim/costs.py Jitter)."""
-    zs, ts = [], []
-    for points in runs_points:
-        steps = defaultdict(lambda: [0.0, 0.0, 0.0])
-        for p in points:
-            f = fits.get((p["op"], p["i"], p["k"]))
-            if f is None:
-                continue
-            a = steps[p["step"]]
-            a[0] += p["us"]
-            a[1] += f(p["x"])
-            a[2] = p["t"]
-        rows = sorted((v for v in steps.values() if v[0] > 0 and v[1] > 0),
-                      key=lambda v: v[2])
+def step_series(points: list[dict], fits: dict) -> list[list[float]]:
+    """A run's steps as [t (ms from the run's first step), measured us, fitted us] of its device
+    ops (the fitted time by `fits`, keyed (op, i, k))."""
+    steps = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for p in points:
+        f = fits.get((p["op"], p["i"], p["k"]))
+        if f is None:
+            continue
+        a = steps[p["step"]]
+        a[0] = p["t"]
+        a[1] += p["us"]
+        a[2] += f(p["x"])
+    rows = sorted(v for v in steps.values() if v[1] > 0 and v[2] > 0)
+    t0 = rows[0][0] if rows else 0.0
+    return [[round((t - t0) / 1e3, 3), round(m, 1), round(f, 1)] for t, m, f in rows]
+
+
+JITTER_BIN_MS = 50
+
+
+def fit_jitter(series: list[list[list[float]]], bin_ms: float = JITTER_BIN_MS) -> dict | None:
+    """The machine's speed noise, from the calibration runs' steps: z = log(measured / fitted
+    device time). Three parts (sim/costs.py Jitter):
+
+    - run level: each run's mean z. The machine's speed drifts over seconds and minutes, so
+      whole runs are fast or slow (by ±20 % on the machine of docs/validation.md); the spread of
+      the run means, centred;
+    - within a run: the rest, averaged over `bin_ms` windows, one segment per run, as a trace
+      the simulator replays from a seeded offset (bursts keep their length and height);
+    - per step: what is left, as a standard deviation.
+    """
+    levels, trace, rest = [], [], []
+    for rows in series:
         if len(rows) < 20:
             continue
-        z = np.log([m / f for m, f, _ in rows])
-        zs.append(z - z.mean())
-        ts.append(np.array([t for _, _, t in rows]))
-    if not zs:
+        t = np.array([r[0] for r in rows])
+        z = np.log([r[1] / r[2] for r in rows])
+        m = float(z.mean())
+        levels.append(m)
+        bins = (t // bin_ms).astype(int)
+        for b in np.unique(bins):
+            zb = z[bins == b] - m
+            trace.append(float(zb.mean()))
+            rest.extend((zb - zb.mean()).tolist())
+    if not levels:
         return None
-    var = float(np.mean(np.concatenate(zs) ** 2))
-    lags = []
-    for lag in range(1, max_lag + 1):
-        prods = [z[:-lag] * z[lag:] for z in zs if len(z) > lag]
-        if not prods:
-            break
-        dts = [t[lag:] - t[:-lag] for t, z in zip(ts, zs) if len(z) > lag]
-        lags.append((float(np.mean(np.concatenate(dts))),
-                     float(np.mean(np.concatenate(prods)))))
-    sigma2 = max(lags[0][1], 0.0) if lags else 0.0
-    if sigma2 <= 0:
-        return {"sigma": 0.0, "tau_ms": 0.0, "sigma_step": round(math.sqrt(var), 4),
-                "steps": int(sum(len(z) for z in zs))}
-    usable = [(dt, c) for dt, c in lags if c > 0.1 * sigma2]
-    dt = np.array([d for d, _ in usable])
-    y = np.log([c / sigma2 for _, c in usable])
-    slope = float(np.dot(dt - dt[0], y) / max(np.dot(dt - dt[0], dt - dt[0]), 1e-9))
-    tau_us = -1.0 / slope if slope < 0 else float(dt[-1]) * 10
-    return {"sigma": round(math.sqrt(sigma2), 4), "tau_ms": round(tau_us / 1000, 2),
-            "sigma_step": round(math.sqrt(max(var - sigma2, 0.0)), 4),
-            "steps": int(sum(len(z) for z in zs))}
+    levels = np.array(levels) - np.mean(levels)
+    return {"run_log_factors": [round(float(x), 4) for x in np.sort(levels)],
+            "bin_ms": bin_ms, "trace": [round(x, 3) for x in trace],
+            "sigma_step": round(float(np.std(rest)), 4), "runs": len(levels),
+            "steps": int(sum(len(r) for r in series))}
 
 
 def build_profile(runs: list[tuple[str, int, list[Span]]], grid_points: list[dict],
                   meta: dict) -> dict:
-    """The profile document from calibration runs [(mode, k, spans)] and grid points."""
-    situ, cpu, per_run = [], defaultdict(list), []
+    """The profile document from calibration runs [(mode, k, spans)] and grid points, and each
+    calibration run's device steps ([t ms, measured us, fitted us]) it fitted the noise on."""
+    situ, cpu, per_run = [], defaultdict(lambda: defaultdict(list)), []
     for mode, k, spans in runs:
         per_run.append(device_points(spans, k))
         situ += per_run[-1]
         for term, rows in cpu_points(spans, mode).items():
-            cpu[term] += rows
+            cpu[k][term] += rows
+            cpu[None][term] += rows
     situ_fits = fit_device(situ, "calibration runs") if situ else []
     grid_fits = fit_device(grid_points, "grid") if grid_points else []
     chosen = {(f.op, f.i, f.k): f for f in grid_fits}
     chosen.update({(f.op, f.i, f.k): f for f in situ_fits})
     chosen.update({(f.op, f.i, f.k): f for f in fit_shaped(situ, grid_points, grid_fits)})
-    costs, quality = fit_cpu(cpu)
+    costs, quality = fit_cpu(cpu[None])
+    by_k = {str(k): fit_cpu(v) for k, v in sorted(cpu.items(), key=str) if k is not None}
+    series = [step_series(pts, chosen) for pts in per_run]
     grid_rows = [{**{k: p[k] for k in ("op", "i", "k", "us")},
                   **dict(zip(FEATURES[1:], p["x"][1:]))} for p in grid_points]
-    return {
+    doc = {
         "format": FORMAT, **meta,
         "features": list(FEATURES),
         "device_ops": [f.to_dict() for f in sorted(chosen.values(), key=lambda f: str(
             (f.op, f.i, f.k)))],
         "cpu": costs,
         "cpu_fit_quality": quality,
-        "jitter": fit_jitter(per_run, chosen),
+        "cpu_by_k": {k: c for k, (c, _) in by_k.items()},
+        "cpu_fit_quality_by_k": {k: q for k, (_, q) in by_k.items()},
+        "jitter": fit_jitter(series),
         "checks": {"grid_fit_over_calibration_steps": check_against(grid_fits, situ),
                    "calibration_fit_over_calibration_steps": check_against(situ_fits, situ)},
         "grid": grid_rows,
     }
+    return doc, series
 
 
 # -------------------------------------------------------------------------------------------

@@ -119,6 +119,7 @@ class Measured:
     loads: list = field(default_factory=list)
     wall_s: float = 0.0
     calibration_runs: int = 0
+    calibration_steps: list = field(default_factory=list)   # per run: [t ms, measured, fitted]
 
 
 def limits_for(plan: Plan) -> dict:
@@ -245,7 +246,7 @@ def run_plan(plan: Plan, progress: bool = True) -> Measured:
                                 "modes": plan.modes, "ks": plan.ks, "concurrency": plan.concs,
                                 "grid_points": len(grid_points)},
                 "scheduler": lim}
-        out.profile = build_profile(calib_runs, grid_points, meta)
+        out.profile, out.calibration_steps = build_profile(calib_runs, grid_points, meta)
     out.wall_s = time.monotonic() - t0
     return out
 
@@ -304,6 +305,8 @@ def write_measured(plan: Plan, m: Measured, out: Path, command: str) -> None:
         shutil.copy(Path(paths[name]) / "config.json", out / "models" / name / "config.json")
     if plan.calibration is not None:
         save_trace(out / "calibration.jsonl", plan.calibration)
+    if m.calibration_steps:   # what the noise model was fitted on (engine/profile.py)
+        save_runs(out / "calibration_steps.json.gz", m.calibration_steps)
     cells = []
     for mode in plan.modes:
         for k in plan.ks:
@@ -411,6 +414,10 @@ def write_report(folder: Path, command: str | None = None, quiet: bool = False) 
         plots.save(fig, folder / "timeline.png")
     text = report_text(setup, verdicts, rows, command)
     (folder / "report.md").write_text(text)
+    if man_path.is_file():   # the misses, for tests/test_fidelity.py: they must not grow
+        man = json.loads(man_path.read_text())
+        man["misses"] = misses_of(verdicts, rows)
+        man_path.write_text(json.dumps(man, indent=1) + "\n")
     if not quiet:
         print(report_table(verdicts))
         print()
@@ -419,6 +426,24 @@ def write_report(folder: Path, command: str | None = None, quiet: bool = False) 
         print(summary_counts(verdicts, rows))
         print(f"\nreport: {folder / 'report.md'}")
     return verdicts
+
+
+def misses_of(verdicts, rows) -> dict:
+    """{cell: {metric: error}} of every bound missed, and {"saving <mode> k.. c..": error}."""
+    from sim.measured import BOUNDS
+    out = {}
+    for v in verdicts:
+        missed = {key: round(v.errors[key], 4) for key, _, _ in BOUNDS if not v.passed[key]}
+        if missed:
+            out[v.cell.name] = missed
+    for r in rows:
+        if not r["passed"]:
+            out[saving_name(r)] = round(r["error"], 4)
+    return out
+
+
+def saving_name(r: dict) -> str:
+    return f"saving {r['mode']}-k{r['k']}-c{r['conc']}"
 
 
 def report_text(setup, verdicts, rows, command) -> str:

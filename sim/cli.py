@@ -147,6 +147,9 @@ def register(sub) -> None:
                         "profile.json): its device op fits replace the roofline wherever it "
                         "covers the op, and its CPU costs replace the defaults (explicit CPU "
                         "options still win). The result's config says which ops it covered")
+    g.add_argument("--speed", type=nonneg_float, metavar="X",
+                   help="the machine's level for this run: device ops and CPU costs take X "
+                        "times as long (default 1, the profile's mean)")
     g.add_argument("--no-jitter", dest="jitter", action="store_false", default=None,
                    help="ignore the profile's measured speed noise (by default device ops "
                         "vary from step to step as measured; seeded by --seed)")
@@ -218,7 +221,7 @@ def register(sub) -> None:
 
 
 FIELDS = ("mode", "k", "gpu", "model", "draft", "worker", "device", "profile", "jitter",
-          "acceptance",
+          "speed", "acceptance",
           "acceptance_rates", "acceptance_spread", "replay", "max_num_seqs",
           "max_num_batched_tokens", "max_model_len", "block_size", "num_kv_blocks",
           "gpu_memory_utilization", "cpu_scale", "launch_latency_us", "wake_us", "ipc_us",

@@ -49,6 +49,7 @@ class SimConfig:
     device: str | None = None          # None: async for a GPU, sync for the cpu entry
     profile: str | None = None         # a measured profile (device ops, CPU costs) to use
     jitter: bool = True                # apply the profile's measured speed noise, if any
+    speed: float = 1.0                 # the machine's level: every device op and CPU cost x it
     # acceptance
     acceptance: str = "mtbench"
     acceptance_rates: tuple[float, ...] | None = None
@@ -104,6 +105,8 @@ class SimConfig:
                        self.gpu_memory_utilization)
         if not (_is_num(self.cpu_scale) and self.cpu_scale >= 0):
             raise _bad("cpu_scale", "must be a number >= 0", self.cpu_scale)
+        if not (_is_num(self.speed) and self.speed > 0):
+            raise _bad("speed", "must be a number > 0", self.speed)
         for name in ("launch_latency_us", "wake_us", "ipc_us", "acceptance_spread"):
             v = getattr(self, name)
             if v is not None and not (_is_num(v) and v >= 0):
@@ -177,8 +180,8 @@ def cpu_costs(cfg: SimConfig, measured: Profile | None = None) -> CpuCosts:
     latencies and op costs are taken as given."""
     latencies = {name: getattr(cfg, name) for name in ("launch_latency_us", "wake_us", "ipc_us")
                  if getattr(cfg, name) is not None}
-    base = (measured.cpu_costs() if measured is not None else None) or CpuCosts()
-    costs = replace(base.scaled(cfg.cpu_scale), **latencies)
+    base = (measured.cpu_costs(k=cfg.k) if measured is not None else None) or CpuCosts()
+    costs = replace(base.scaled(cfg.cpu_scale * cfg.speed), **latencies)
     return costs.with_ops({op: OpCost(*abc) for op, abc in cfg.cpu_costs.items()})
 
 

@@ -195,27 +195,42 @@ class Jitter:
     """The machine's own speed noise, as a factor on the device ops of each step.
 
     A shared machine does not run a step in the same time twice: other tenants share its caches
-    and memory. The factor is exp(x(t) + e) / E[exp(x + e)]: x is an Ornstein-Uhlenbeck
-    process (std `sigma`, correlation time `tau_us`), the slow part that makes one request
-    slower than the next; e is independent per step (std `sigma_step`). Its mean is 1, so mean
-    times are the fits'; it is what makes P99s. The parameters come from the calibration runs
-    of a measured profile (engine/profile.py `fit_jitter`); the draws are seeded.
+    and memory. Measured (engine/profile.py `fit_jitter`), the noise has three parts, and so
+    does the factor: `level` (a whole run is fast or slow: the machine drifts over seconds and
+    minutes), a `trace` of log factors in `bin_us` windows replayed from a seeded offset (bursts
+    within a run, with their measured length and height), and an independent per-step part of
+    log-std `sigma_step`. The trace and the per-step part are scaled to mean 1, so mean times
+    are the fits' times `level`.
     """
 
-    def __init__(self, sigma: float, tau_us: float, sigma_step: float, seed: int = 0):
-        self.sigma, self.tau_us, self.sigma_step = sigma, max(tau_us, 1e-9), sigma_step
+    def __init__(self, trace: list[float], bin_us: float, sigma_step: float, level: float = 1.0,
+                 seed: int = 0):
         self.rng = np.random.default_rng([seed, 3])
-        self.x = self.rng.normal(0.0, sigma) if sigma else 0.0
-        self.t = 0.0
-        self.norm = math.exp(-(sigma ** 2 + sigma_step ** 2) / 2)
+        f = np.exp(np.asarray(trace or [0.0], float))
+        self.factors = (f / f.mean()).tolist()
+        self.offset = int(self.rng.integers(len(self.factors)))
+        self.bin_us, self.sigma_step, self.level = max(bin_us, 1e-9), sigma_step, level
+        self.norm = level * math.exp(-sigma_step ** 2 / 2)
 
     def factor(self, t_us: float) -> float:
-        """The factor of a step that starts at `t_us` (steps come in time order)."""
-        a = math.exp(-max(t_us - self.t, 0.0) / self.tau_us)
-        self.t = max(self.t, t_us)
-        e1, e2 = self.rng.standard_normal(2)
-        self.x = self.x * a + self.sigma * math.sqrt(1.0 - a * a) * e1
-        return math.exp(self.x + self.sigma_step * e2) * self.norm
+        """The factor of a step that starts at `t_us`."""
+        i = (self.offset + int(t_us // self.bin_us)) % len(self.factors)
+        e = self.rng.standard_normal() if self.sigma_step else 0.0
+        return self.factors[i] * math.exp(self.sigma_step * e) * self.norm
+
+
+def run_levels(log_factors: list[float], n: int, seed: int = 0) -> list[float]:
+    """Speed levels for n runs: the measured run-level log factors' quantiles at (j + ½)/n,
+    dealt out in a seeded order and scaled to mean 1, so that n runs hold the measured spread
+    of machine speeds and their mean is the profile's (as sim/acceptance.py stratifies the
+    requests' acceptance)."""
+    if not log_factors or n < 1:
+        return [1.0] * max(n, 0)
+    q = np.quantile(np.asarray(log_factors, float), (np.arange(n) + 0.5) / n)
+    f = np.exp(q)
+    f = f / f.mean()
+    order = np.random.default_rng([seed, 4]).permutation(n)
+    return [float(f[j]) for j in order]
 
 
 # -------------------------------------------------------------------------------------------

@@ -140,7 +140,9 @@ class Sim:
         jitter = None
         if cfg.jitter and r.measured is not None and r.measured.jitter:
             j = r.measured.jitter
-            jitter = Jitter(j["sigma"], j["tau_ms"] * 1e3, j["sigma_step"], cfg.seed)
+            jitter = Jitter(j["trace"], j["bin_ms"] * 1e3, j["sigma_step"], cfg.speed, cfg.seed)
+        elif cfg.speed != 1.0:
+            jitter = Jitter([], 1.0, 0.0, cfg.speed, cfg.seed)
         self.device = Device(device_costs or r.device_costs, cfg.k,
                              cfg.mode == "zero-bubble" and not self.computes_ahead, self.spans,
                              jitter)
@@ -349,8 +351,11 @@ class Sim:
             "cpu_costs_us": r.cpu.to_dict(), "num_steps": self.num_steps,
             "num_preemptions": self.sched.num_preemptions,
         }
-        if self.device.jitter is not None:
-            config["resolved"]["jitter"] = r.measured.jitter
+        if self.device.jitter is not None and r.measured is not None and r.measured.jitter:
+            j = r.measured.jitter
+            config["resolved"]["jitter"] = {"bin_ms": j["bin_ms"], "sigma_step": j["sigma_step"],
+                                            "trace_bins": len(j["trace"]),
+                                            "offset": self.device.jitter.offset}
         sources = getattr(self.device.costs, "sources", None)
         if sources is not None:   # a measured profile: which ops it covered, and how
             config["resolved"]["device_costs"] = {"profile": getattr(self.device.costs.profile,

@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sim.config import SimConfig
+from sim.costs import run_levels
 from sim.loop import simulate
+from sim.profile import load_profile
 from stepgap.compare import compare, pool_results
 from stepgap.errors import UserError
 from stepgap.formats import TraceRequest
@@ -180,10 +182,21 @@ def sim_config(setup: Setup, run: dict, timeline: bool = False, **overrides) -> 
 
 
 def resimulate(setup: Setup, cell: Cell, timeline: bool = False, **overrides):
-    """(the pooled simulated result, the first run's spans or None, each run's result)."""
+    """(the pooled simulated result, the first run's spans or None, each run's result).
+
+    With a profile that measured the machine's noise, the runs of a cell get the measured
+    spread of run-level speeds (stratified, mean 1: `sim.costs.run_levels`) and each its own
+    jitter seed, as the measured runs met the machine at different moments."""
     results, spans = [], None
+    levels = [1.0] * len(cell.runs)
+    prof = setup.settings.get("profile")
+    if prof and overrides.get("jitter", True):
+        jitter = load_profile(prof).jitter
+        if jitter:
+            levels = run_levels(jitter["run_log_factors"], len(cell.runs))
     for n, run in enumerate(cell.runs):
-        cfg = sim_config(setup, run, timeline and n == 0, **overrides)
+        cfg = sim_config(setup, run, timeline and n == 0,
+                         **{"speed": levels[n], "seed": n, **overrides})
         res, sp = simulate(cfg, requests_of(run))
         results.append(res)
         if n == 0 and timeline:

@@ -116,7 +116,13 @@ class Profile:
     meta: dict                # machine, model, config: what it was measured on
     jitter: dict | None = None   # the machine's speed noise (sim/costs.py Jitter)
 
-    def cpu_costs(self, base: CpuCosts | None = None) -> CpuCosts | None:
+    def cpu_costs(self, base: CpuCosts | None = None, k: int | None = None) -> CpuCosts | None:
+        """The CPU costs measured at depth k (the nearest k measured; the message and the
+        result grow with the k draft spans and tokens they carry), else pooled over all k."""
+        by_k = self.meta.get("cpu_by_k") or {}
+        if k is not None and by_k:
+            near = min(by_k, key=lambda x: (abs(int(x) - k), -int(x)))
+            return CpuCosts.from_dict({**(self.cpu or {}), **by_k[near]}, base)
         if self.cpu is None:
             return None
         return CpuCosts.from_dict(self.cpu, base)
@@ -163,11 +169,17 @@ def _stepgap_profile(path: Path, doc: dict) -> Profile:
     if cpu is not None:
         CpuCosts.from_dict(cpu)  # validates
     jitter = doc.get("jitter")
-    if jitter is not None and not (isinstance(jitter, dict) and all(
-            isinstance(jitter.get(k), (int, float)) and jitter[k] >= 0
-            for k in ("sigma", "tau_ms", "sigma_step"))):
-        raise UserError(f"{where(path, field='jitter')}: expected {{sigma, tau_ms, sigma_step}}, "
-                        "numbers >= 0")
+    if jitter is not None and not (
+            isinstance(jitter, dict) and isinstance(jitter.get("trace"), list)
+            and isinstance(jitter.get("run_log_factors"), list)
+            and all(isinstance(jitter.get(k), (int, float)) and jitter[k] > 0
+                    for k in ("bin_ms",))
+            and isinstance(jitter.get("sigma_step"), (int, float)) and jitter["sigma_step"] >= 0):
+        raise UserError(f"{where(path, field='jitter')}: expected {{run_log_factors: [...], "
+                        "trace: [...], bin_ms > 0, sigma_step >= 0}")
+    by_k = doc.get("cpu_by_k") or {}
+    for k, c in by_k.items():
+        CpuCosts.from_dict(c)
     meta = {k: v for k, v in doc.items() if k not in ("device_ops", "cpu", "grid", "topology",
                                                        "jitter")}
     return Profile(str(path), fits, cpu, doc.get("topology") or {}, meta, jitter)

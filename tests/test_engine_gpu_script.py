@@ -38,3 +38,15 @@ def test_gpu_script_sweeps_modes_k_and_concurrency_on_the_cpu(tmp_path):
     assert {"lane", "op", "step", "start_us", "end_us", "cell"} <= set(first)
     ops = {row["op"] for row in json.loads((out / "profile.json").read_text())["rows"]}
     assert {"target_forward", "draft_forward", "rejection_sample", "prepare_inputs"} <= ops
+    # The comparison path takes the folder too: converted to a measured folder, re-simulated on
+    # its own profile.json (the GPU run's check; here the tiny CPU sweep) and reported.
+    from stepgap.cli import main
+    report = tmp_path / "report"
+    assert main(["validate", "--from-measured", str(out), "--out", str(report), "--quiet"]) == 0
+    man = json.loads((report / "manifest.json").read_text())
+    assert man["source"] == "bench/gpu_measure.py" and len(man["cells"]) == 27
+    assert man["sim"]["worker"] == "inline" and man["sim"]["device"] == "sync"
+    text = (report / "report.md").read_text()
+    assert "| zero-bubble | 4 | 32 |" in text and "consistency check" in text
+    sim = json.loads((report / "simulated" / "sync-k2-c8.json").read_text())
+    assert sim["config"]["resolved"]["device_costs"]["target_forward"].startswith("profile")

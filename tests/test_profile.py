@@ -212,7 +212,9 @@ def test_a_profile_fitted_on_engine_runs_predicts_their_device_time():
         out = run_trace(ex, mtbench_like(6, 12), EngineConfig(mode, 2, 256, 4, 8192, 512),
                         vocab_size=512, max_concurrency=conc)
         runs.append((mode, 2, out.spans))
-    doc = build_profile(runs, [], {"device": "cpu"})
+    doc, series = build_profile(runs, [], {"device": "cpu"})
+    assert len(series) == 3 and all(len(row) == 3 for row in series[0])
+    assert doc["jitter"]["runs"] == 3 and set(doc["cpu_by_k"]) == {"2"}
     assert {f["op"] for f in doc["device_ops"]} == {"target_forward", "rejection_sample",
                                                     "draft_forward", "d2h"}
     assert {"schedule", "update_from_output", "prepare_inputs", "launch"} <= set(doc["cpu"])
