@@ -140,12 +140,12 @@ def chunk(items: list, size: int, i: int) -> list:
 def units_of(plan: Plan) -> list[tuple[str, str, int, int, int]]:
     """(kind, mode, k, conc, slice index) in run order.
 
-    Validation: in each repeat every (k, conc) group runs its three modes back to back, each on
-    the repeat's slice of the judged trace, so that what the modes save over sync is measured
-    under the same conditions; every other repeat a group also runs one calibration run (the
-    modes take turns). Groups rotate between repeats, so each cell's runs spread over the
-    whole session, as the calibration runs do. Profiling alone: every group, every mode, each
-    repeat."""
+    Validation: in each repeat every (k, conc) group runs one calibration run (the modes take
+    turns) and then its three modes back to back, each on the repeat's slice of the judged
+    trace, so that what the modes save over sync is measured under the same conditions, and
+    the calibration runs meet the machine when and as often as the judged runs do. Groups
+    rotate between repeats, so each cell's runs spread over the whole session. Profiling
+    alone: every group, every mode, each repeat."""
     groups = [(k, c) for k in plan.ks for c in plan.concs]
     units = []
     for rep in range(plan.repeats):
@@ -155,9 +155,9 @@ def units_of(plan: Plan) -> list[tuple[str, str, int, int, int]]:
             if plan.calibration is not None:
                 if plan.judged is None:
                     units += [("calibration", m, k, conc, rep) for m in plan.modes]
-                elif (rep + g) % 2 == 0:
-                    mode = plan.modes[(rep // 2 + g) % len(plan.modes)]
-                    units.append(("calibration", mode, k, conc, rep // 2))
+                else:
+                    mode = plan.modes[(rep + g) % len(plan.modes)]
+                    units.append(("calibration", mode, k, conc, rep))
             if plan.judged is not None:
                 modes = plan.modes[rep % len(plan.modes):] + plan.modes[:rep % len(plan.modes)]
                 units += [("judged", m, k, conc, rep) for m in modes]
@@ -201,7 +201,7 @@ def run_plan(plan: Plan, progress: bool = True) -> Measured:
             bar.set_postfix_str("microbenchmark grid")
             grid_points = measure_grid(spec, plan.ks, min(pins[1]) if pins else None,
                                        progress=bar.update)
-        calib_runs = []
+        calib_runs, calib_info = [], []
         with ProcessExecutor(spec, pin=plan.pin) as ex:
             warm = plan.calibration or plan.judged
             run_trace(ex, warm[:2], EngineConfig("sync", max_k, **lim), vocab_size=vocab)
@@ -220,6 +220,8 @@ def run_plan(plan: Plan, progress: bool = True) -> Measured:
                 out.loads.append(os.getloadavg()[0])
                 if kind == "calibration":
                     calib_runs.append((mode, k, run.spans))
+                    calib_info.append({"mode": mode, "k": k, "conc": conc, "slice": rep,
+                                       "at_s": round(time.monotonic() - t0, 1)})
                 else:
                     res = run.result
                     res.pop("output_token_ids", None)
@@ -246,7 +248,9 @@ def run_plan(plan: Plan, progress: bool = True) -> Measured:
                                 "modes": plan.modes, "ks": plan.ks, "concurrency": plan.concs,
                                 "grid_points": len(grid_points)},
                 "scheduler": lim}
-        out.profile, out.calibration_steps = build_profile(calib_runs, grid_points, meta)
+        out.profile, series = build_profile(calib_runs, grid_points, meta)
+        out.calibration_steps = [{**info, "steps": steps}
+                                 for info, steps in zip(calib_info, series)]
     out.wall_s = time.monotonic() - t0
     return out
 
@@ -543,8 +547,8 @@ def register(sub) -> None:
     g.add_argument("--calibration-prompts", type=int, default=48, metavar="N",
                    help="calibration prompts in all (default 48)")
     g.add_argument("--calibration-slice", type=int, default=8, metavar="N",
-                   help="calibration prompts per run (default 8); a (k, concurrency) group "
-                        "runs one calibration run every other repeat")
+                   help="calibration prompts per run (default 8); every (k, concurrency) group "
+                        "runs one calibration run per repeat, before its judged runs")
     g.add_argument("--profile", default=None, metavar="PROFILE.json",
                    help="use this profile instead of calibrating (no grid, no calibration runs)")
     g.add_argument("--no-grid", action="store_true",

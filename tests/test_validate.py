@@ -71,7 +71,8 @@ def test_every_cell_runs_its_repeats_with_its_modes_back_to_back():
             assert len({(u[2], u[3]) for u in mine[i:i + 3]}) == 1
             assert {u[1] for u in mine[i:i + 3]} == {"sync", "async", "zero-bubble"}
     calib = [u for u in units if u[0] == "calibration"]
-    assert len(calib) == 18 * 6 // 2                 # every other repeat, each group
+    assert len(calib) == 18 * 6                      # every repeat, each group, before its modes
+    assert all(units[units.index(u) + 1][2:4] == u[2:4] for u in calib)
     per_cell = {(u[1], u[2], u[3]) for u in calib}
     assert len(per_cell) == 18                        # every mode calibrates every group
     # profiling alone: every mode of every group, every repeat
