@@ -37,6 +37,7 @@ How a step is cut into terms, from its spans (DESIGN.md §2 lanes and ops):
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import math
 import os
@@ -124,8 +125,8 @@ def cpu_points(spans: list[Span], mode: str) -> dict[str, list[tuple[int, int, f
         end = dev[-1].end_us
         upd = st["engine"].get("update_from_output")
         if upd is not None:
-            before = [e for e in engine_ends if e <= upd.start_us]
-            if before and before[-1] < end:   # the engine was waiting for this result
+            i = bisect.bisect_right(engine_ends, upd.start_us)
+            if i and engine_ends[i - 1] < end:   # the engine was waiting for this result
                 out["result_latency"].append((reqs, tokens, upd.start_us - end))
         nxt = steps.get(n + 1)
         if nxt is None:

@@ -22,7 +22,10 @@ A step with nothing scheduled is not launched: the engine waits for the step in 
 
 The device is a FIFO lane whose op durations are known when a step is launched, so its timing is
 computed in closed form (`Device.place`) instead of by a process; a device step costs no SimPy
-event. With a synchronous device (the CPU) the device ops occupy the worker's thread.
+event. With a synchronous device (the CPU) the device ops occupy the worker's thread, inside its
+`launch`; a `process` worker there also sends each result itself (`result_latency`) and turns
+around (`worker_turnaround`) before it prepares the next step. With a measured profile, the
+machine's own noise (`Jitter`) scales each step's device ops.
 """
 
 from __future__ import annotations

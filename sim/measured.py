@@ -170,11 +170,12 @@ def sim_config(setup: Setup, run: dict, timeline: bool = False, **overrides) -> 
     run's mode, k, concurrency and scheduler limits."""
     c = run.get("config", {})
     s = dict(setup.settings)
-    limits = {"max_num_seqs": c.get("max_num_seqs", s.pop("max_num_seqs", 256)),
+    folder = {key: s.pop(key, None) for key in ("max_num_seqs", "max_model_len",
+                                                 "num_kv_blocks")}
+    limits = {"max_num_seqs": c.get("max_num_seqs") or folder["max_num_seqs"] or 256,
               "max_num_batched_tokens": c.get("max_num_batched_tokens", 8192),
-              "max_model_len": c.get("max_model_len", s.pop("max_model_len", 2048)),
-              "num_kv_blocks": c.get("num_blocks", s.pop("num_kv_blocks", None))}
-    s.pop("max_num_seqs", None), s.pop("max_model_len", None), s.pop("num_kv_blocks", None)
+              "max_model_len": c.get("max_model_len") or folder["max_model_len"] or 2048,
+              "num_kv_blocks": c.get("num_blocks") or folder["num_kv_blocks"]}
     settings = {**s, **limits, "mode": c.get("mode", "sync"), "k": c.get("k", 0),
                 "max_concurrency": run.get("max_concurrency"), "replay": True,
                 "detailed": True, "timeline": timeline, **overrides}
