@@ -42,6 +42,14 @@ TIMELINE_STEPS = (60, 100)   # gpu_measure folders: steps of the timeline cells 
 TIMELINE_HALF = 20            # validate: steps kept either side of the first run's middle
 
 
+def _shown(path: Path) -> str:
+    """A path as the report shows it: relative to the working directory when inside it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 @dataclass
 class Plan:
     pair: str
@@ -88,9 +96,9 @@ class Plan:
         trace, jname = None, ""
         if judged:
             if args.trace:
-                trace, jname = load_trace(args.trace), args.trace
+                trace, jname = load_trace(args.trace), _shown(Path(args.trace))
             else:
-                trace, jname = load_heldout(args.pair), f"{args.pair}/heldout.jsonl"
+                trace, jname = load_heldout(args.pair), _shown(Path(args.pair) / "heldout.jsonl")
             if args.num_prompts:
                 trace = trace[:args.num_prompts]
             if calibration and {r.request_id for r in trace} & \
