@@ -9,8 +9,8 @@ of the device ops and calibration runs on prompts from the corpus's training fil
 
 The machine's speed drifts (other tenants share its caches and memory: ±10 % over seconds on
 the 2-core VM this was built on, docs/validation.md), so the runs are interleaved: each repeat
-runs every (k, concurrency) group as [calibration runs, sync, async, zero-bubble] back to back,
-and the groups' order rotates between repeats. The calibration then sees the same machine, on
+runs every (k, concurrency) group as [a calibration run, then its three modes back to back, in
+each of the six orders in turn], and the groups' order rotates between repeats. The calibration then sees the same machine, on
 average, as the judged runs, and each cell's repeats are pooled as one benchmark.
 
 Output folder: report.md (errors per cell, the savings, pass/fail against the issue's bounds,
@@ -520,7 +520,8 @@ grid:
   max-concurrency 1,4: 18 cells). Every cell runs --repeats times (default 18), each run on the
   next --slice prompts of the judged trace (default 8, so the 48 held-out prompts three times
   over), and its runs are pooled as one benchmark. Runs of one (k, concurrency) run their modes
-  back to back, and the groups rotate, so that the machine's drift hits every cell alike.
+  back to back, in each of their six orders in turn, and the groups rotate, so that the
+  machine's drift hits every cell alike.
 
 examples:
   stepgap validate --out out/validate                   # the default grid, about 10-12 min

@@ -33,6 +33,10 @@ FORMAT = "stepgap-measured/1"
 # The issue's bounds: |simulated - measured| / measured.
 BOUNDS = (("mean_tpot_ms", "mean TPOT", 0.05), ("mean_itl_ms", "mean ITL", 0.05),
           ("p99_tpot_ms", "P99 TPOT", 0.10))
+# Student's t, two-sided 95 %, by degrees of freedom (beyond the table: 1.96)
+T95 = {2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+       10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110,
+       18: 2.101, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042}
 SAVING_BOUND = 0.25   # of the measured saving of async / zero-bubble over sync (mean ITL)
 SIM_FIELDS = ("gpu", "model", "draft", "worker", "device", "profile", "block_size")
 
@@ -232,6 +236,21 @@ def judge_cell(cell: Cell, simulated: dict) -> Verdict:
     return Verdict(cell, measured, simulated, errors, passed, compare(measured, simulated))
 
 
+def paired_half_width(base_runs: list[dict], runs: list[dict]) -> float | None:
+    """Half-width (ms) of the 95 % interval of a measured saving: the spread of the per-run
+    differences in mean ITL between runs of the two modes on the same slice (they ran back to
+    back), over the square root of their number. None with fewer than 3 pairs."""
+    def by_slice(rs):
+        return {r.get("config", {}).get("slice", i): r["mean_itl_ms"] for i, r in enumerate(rs)}
+    a, b = by_slice(base_runs), by_slice(runs)
+    d = [a[i] - b[i] for i in sorted(a.keys() & b.keys())]
+    if len(d) < 3:
+        return None
+    mean = sum(d) / len(d)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1))
+    return T95.get(len(d) - 1, 1.96) * sd / math.sqrt(len(d))
+
+
 def savings(verdicts: list[Verdict]) -> list[dict]:
     """What async and zero-bubble save over sync in mean ITL, measured and simulated, per k and
     concurrency, and whether the simulated saving is within SAVING_BOUND of the measured one."""
@@ -244,8 +263,11 @@ def savings(verdicts: list[Verdict]) -> list[dict]:
         m = base.measured["mean_itl_ms"] - v.measured["mean_itl_ms"]
         s = base.simulated["mean_itl_ms"] - v.simulated["mean_itl_ms"]
         err = (s - m) / abs(m) if m else math.inf
+        half = paired_half_width(base.cell.runs, v.cell.runs)
         rows.append({"mode": mode, "k": k, "conc": conc, "measured_ms": m, "simulated_ms": s,
                      "measured_pct": 100 * m / base.measured["mean_itl_ms"],
+                     "half_width_ms": half,
+                     "within_noise": half is not None and abs(s - m) <= half,
                      "error": err, "passed": abs(err) <= SAVING_BOUND})
     return sorted(rows, key=lambda r: (r["k"], r["conc"] or 0, r["mode"]))
 
@@ -298,12 +320,16 @@ def report_table(verdicts: list[Verdict]) -> str:
 
 
 def savings_table(rows: list[dict]) -> str:
-    lines = ["| saving over sync (mean ITL) | k | conc | measured ms (% of sync) | simulated ms "
-             "| error (of the saving) | bound 25 % |", "|---|---|---|---|---|---|---|"]
+    lines = ["| saving over sync (mean ITL) | k | conc | measured ms (% of sync) | ± 95 % "
+             "| simulated ms | error (of the saving) | bound 25 % | simulated within ± 95 % |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        half = r.get("half_width_ms")
         lines.append(f"| {r['mode']} | {r['k']} | {r['conc']} | {r['measured_ms']:.3f} "
-                     f"({r['measured_pct']:.1f} %) | {r['simulated_ms']:.3f} "
-                     f"| {_pct(r['error'])} | {_mark(r['passed'])} |")
+                     f"({r['measured_pct']:.1f} %) | "
+                     f"{'-' if half is None else f'{half:.3f}'} | {r['simulated_ms']:.3f} "
+                     f"| {_pct(r['error'])} | {_mark(r['passed'])} | "
+                     f"{'yes' if r.get('within_noise') else 'no'} |")
     return "\n".join(lines)
 
 
@@ -314,4 +340,7 @@ def summary_counts(verdicts: list[Verdict], saving_rows: list[dict]) -> str:
     if saving_rows:
         parts.append(f"{sum(r['passed'] for r in saving_rows)}/{len(saving_rows)} savings "
                      f"within {100 * SAVING_BOUND:g} %")
+        parts.append(f"{sum(bool(r.get('within_noise')) for r in saving_rows)}/"
+                     f"{len(saving_rows)} simulated savings within the measured saving's 95 % "
+                     "interval")
     return "; ".join(parts)

@@ -79,6 +79,35 @@ def test_every_cell_runs_its_repeats_with_its_modes_back_to_back():
     assert len(units_of(plan(judged=None, repeats=1))) == 18
 
 
+def test_the_modes_of_a_group_take_every_place_and_follow_each_other_equally_often():
+    from collections import Counter
+    units = units_of(plan())
+    places, after, places_of = Counter(), Counter(), {}
+    for i, u in enumerate(units):
+        if u[0] != "judged":
+            continue
+        prev = units[i - 1]
+        place = 0 if prev[0] == "calibration" else places_of[prev] + 1
+        places_of[u] = place
+        places[(u[1], u[2], u[3], place)] += 1
+        if prev[0] == "judged":
+            after[(u[1], prev[1], u[2], u[3])] += 1
+    assert set(places.values()) == {6}     # 18 repeats: each cell 6 times in each place
+    assert set(after.values()) == {6}      # and 6 times after each other mode
+
+
+def test_a_saving_s_interval_comes_from_the_paired_runs():
+    from sim.measured import paired_half_width
+    base = [{"config": {"slice": i}, "mean_itl_ms": 10.0 + i} for i in range(4)]
+    same = [{"config": {"slice": i}, "mean_itl_ms": 9.0 + i} for i in range(4)]
+    assert paired_half_width(base, same) == 0.0        # the drift cancels in the pairs
+    noisy = [{"config": {"slice": i}, "mean_itl_ms": 9.0 + i + d}
+             for i, d in enumerate((0.1, -0.1, 0.1, -0.1))]
+    # differences 0.9, 1.1, 0.9, 1.1: sd 0.11547, t(3) 3.182, n 4
+    assert paired_half_width(base, noisy) == pytest.approx(3.182 * 0.11547 / 2, rel=1e-4)
+    assert paired_half_width(base[:2], same[:2]) is None
+
+
 def test_validate_help_explains_the_grid(capsys):
     with pytest.raises(SystemExit):
         main(["validate", "--help"])
