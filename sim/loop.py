@@ -40,7 +40,7 @@ from sim.config import SimConfig, resolve
 from sim.costs import Batch, DeviceCosts, Jitter
 from stepgap.errors import UserError
 from stepgap.formats import RequestTiming, Span, SpecStats, TraceRequest, run_result
-from stepgap.scheduler import FINISHED, Request, Scheduler, SchedulerOutput, cdiv
+from stepgap.scheduler import FINISHED, Request, Scheduler, SchedulerConfig, SchedulerOutput
 from stepgap.workloads import LoadGenerator, apply_request_rate, load_workload
 
 ENGINE, WORKER, DEVICE = "cpu.engine", "cpu.worker", "device"
@@ -127,7 +127,7 @@ class Sim:
             raise UserError("the workload holds no requests")
         self.cfg = cfg
         self.r = r = resolve(cfg)
-        check_requests(requests, cfg, r.scheduler.num_blocks)
+        check_requests(requests, r.scheduler)
         self.requests = requests
         self.env = simpy.Environment()
         self.sched = Scheduler(r.scheduler)
@@ -377,17 +377,10 @@ class Sim:
         return spec
 
 
-def check_requests(requests: list[TraceRequest], cfg: SimConfig, num_blocks: int) -> None:
+def check_requests(requests: list[TraceRequest], sched: SchedulerConfig) -> None:
     """Reject requests the engine could never serve, before the run, naming them."""
     for tr in requests:
-        total = tr.prompt_len + tr.output_len
-        if total > cfg.max_model_len:
-            raise UserError(f"request {tr.request_id!r}: prompt_len + output_len = {total} "
-                            f"exceeds --max-model-len {cfg.max_model_len}")
-        need = cdiv(total + cfg.k, cfg.block_size)
-        if need > num_blocks:
-            raise UserError(f"request {tr.request_id!r} needs {need} KV blocks but the cache "
-                            f"holds {num_blocks} (--num-kv-blocks)")
+        sched.check_fits(tr.request_id, tr.prompt_len, tr.output_len)
 
 
 def build_workload(cfg: SimConfig) -> list[TraceRequest]:

@@ -271,7 +271,7 @@ class Grid:
                         cfg.request_rate, cfg.burstiness)
                 if wkey not in workloads:
                     workloads[wkey] = build_workload(cfg)
-                check_requests(workloads[wkey], cfg, r.scheduler.num_blocks)
+                check_requests(workloads[wkey], r.scheduler)
             except UserError as e:
                 raise UserError(f"grid cell {format_cell(values)}: {e}") from None
             except (TypeError, ValueError) as e:   # a value of the wrong shape from a file

@@ -108,6 +108,17 @@ class SchedulerConfig:
             raise UserError(f"scheduler: max_num_batched_tokens ({self.max_num_batched_tokens}) "
                             f"must hold at least 1 + k = {1 + self.num_spec_tokens} tokens")
 
+    def check_fits(self, request_id: str, prompt_len: int, output_len: int) -> None:
+        """Reject a request this engine could never serve, naming it."""
+        total = prompt_len + output_len
+        if total > self.max_model_len:
+            raise UserError(f"request {request_id!r}: prompt_len + output_len = {total} "
+                            f"exceeds --max-model-len {self.max_model_len}")
+        need = cdiv(total + self.num_spec_tokens, self.block_size)
+        if need > self.num_blocks:
+            raise UserError(f"request {request_id!r} needs {need} KV blocks but the cache "
+                            f"holds {self.num_blocks}")
+
 
 class BlockPool:
     """A free list of KV block ids, allocated from the front, freed to the back."""
@@ -142,14 +153,7 @@ class Scheduler:
     # -- requests ---------------------------------------------------------------------------
 
     def add_request(self, req: Request) -> None:
-        total = req.num_prompt_tokens + req.max_tokens
-        if total > self.cfg.max_model_len:
-            raise UserError(f"request {req.request_id!r}: prompt_len + output_len = {total} "
-                            f"exceeds max_model_len {self.cfg.max_model_len}")
-        need = cdiv(total + self.k, self.cfg.block_size)
-        if need > self.cfg.num_blocks:
-            raise UserError(f"request {req.request_id!r} needs {need} KV blocks but the cache "
-                            f"holds {self.cfg.num_blocks}")
+        self.cfg.check_fits(req.request_id, req.num_prompt_tokens, req.max_tokens)
         if req.request_id in self.requests:
             raise UserError(f"request id {req.request_id!r} is already in the scheduler")
         self.requests[req.request_id] = req

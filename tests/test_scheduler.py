@@ -158,7 +158,7 @@ def test_requests_that_cannot_fit_are_rejected_with_their_id():
     s = Scheduler(SchedulerConfig(num_blocks=4, max_model_len=2048))
     with pytest.raises(UserError, match="request 'big' needs 7 KV blocks"):
         s.add_request(Request("big", 90, 10))
-    with pytest.raises(UserError, match="exceeds max_model_len"):
+    with pytest.raises(UserError, match="exceeds --max-model-len"):
         s.add_request(Request("long", 2000, 100))
 
 
