@@ -157,7 +157,7 @@ def units_of(plan: Plan) -> list[tuple[str, str, int, int, int]]:
     rotate between repeats, so each cell's runs spread over the whole session. Profiling
     alone: every group, every mode, each repeat."""
     groups = [(k, c) for k in plan.ks for c in plan.concs]
-    # With three rotations only, async ran after sync in two repeats of three and measured 1-3 %
+    # With three rotations only, async ran after sync in two repeats of three and measured 0.3-3 %
     # slower than zero-bubble (the same code on the CPU) at k > 0, c = 1 in three validations.
     orders = list(itertools.permutations(plan.modes))
     units = []

@@ -17,7 +17,7 @@ from sim.hardware import CATALOG
 from sim.presets import PRESETS
 from stepgap.formats import MODES
 from stepgap.modelcfg import DRAFT_PRESETS, MODEL_PRESETS
-from stepgap.workloads import add_load_args
+from stepgap.workloads import add_load_args, nonneg_float, nonneg_int, positive_int
 
 D = SimConfig()
 CPU = CpuCosts()
@@ -82,33 +82,6 @@ def cost_arg(text: str) -> tuple[str, list[float]]:
     return op, abc
 
 
-def nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
-
-
-def nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return v
-
-
-def pos_int(text: str) -> int:
-    v = nonneg_int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
 def fraction(text: str) -> float:
     v = nonneg_float(text)
     if not 0 < v <= 1:
@@ -168,16 +141,16 @@ def register(sub) -> None:
                    help="ignore a trace's recorded `accepted` lists (default: replay them)")
 
     g = p.add_argument_group("scheduler (vLLM V1)")
-    g.add_argument("--max-num-seqs", type=pos_int, metavar="N",
+    g.add_argument("--max-num-seqs", type=positive_int, metavar="N",
                    help=f"most requests in one step (default {D.max_num_seqs})")
-    g.add_argument("--max-num-batched-tokens", type=pos_int, metavar="N",
+    g.add_argument("--max-num-batched-tokens", type=positive_int, metavar="N",
                    help=f"token budget of one step; longer prompts are chunked "
                         f"(default {D.max_num_batched_tokens})")
-    g.add_argument("--max-model-len", type=pos_int, metavar="N",
+    g.add_argument("--max-model-len", type=positive_int, metavar="N",
                    help=f"longest prompt + output, tokens (default {D.max_model_len})")
-    g.add_argument("--block-size", type=pos_int, metavar="N",
+    g.add_argument("--block-size", type=positive_int, metavar="N",
                    help=f"tokens per KV block (default {D.block_size})")
-    g.add_argument("--num-kv-blocks", type=pos_int, metavar="N",
+    g.add_argument("--num-kv-blocks", type=positive_int, metavar="N",
                    help="KV cache size in blocks (default: what device memory holds after the "
                         "weights)")
     g.add_argument("--gpu-memory-utilization", type=fraction, metavar="FRAC",

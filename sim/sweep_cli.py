@@ -6,6 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
+from stepgap.workloads import positive_float, positive_int
+
 SWEEP_DESCRIPTION = """\
 Run the simulator over a grid of what-ifs (mode, k, concurrency or request rate, GPU, model,
 acceptance, scheduler limits: any `stepgap simulate` setting) and write a tidy table with the
@@ -100,7 +102,7 @@ def register(sub) -> None:
     g.add_argument("--out", default="out/sweep", metavar="DIR",
                    help="output folder (default out/sweep); cells already in DIR/cells.jsonl "
                         "are not run again")
-    g.add_argument("--jobs", "-j", type=_pos_int, default=os.cpu_count() or 1, metavar="N",
+    g.add_argument("--jobs", "-j", type=positive_int, default=os.cpu_count() or 1, metavar="N",
                    help=f"local worker processes (default: all {os.cpu_count()} cores)")
     g.add_argument("--cluster", metavar="ADDRESS",
                    help="run the cells on the Dask distributed cluster at ADDRESS "
@@ -152,7 +154,7 @@ def register(sub) -> None:
                    help="steps A to B inclusive (default: the first four device steps)")
     w.add_argument("--at-gap", type=int, metavar="STEP",
                    help="instead: the step gap before STEP, with --pad-ms either side")
-    w.add_argument("--pad-ms", type=_pos_float, default=5.0, metavar="MS",
+    w.add_argument("--pad-ms", type=positive_float, default=5.0, metavar="MS",
                    help="time shown either side of the --at-gap gap (default 5 ms)")
     o = q.add_argument_group("output")
     o.add_argument("--out", default="timeline.png", metavar="PNG",
@@ -163,26 +165,6 @@ def register(sub) -> None:
     o.add_argument("--title", help="figure title (default: says the window)")
     o.add_argument("--quiet", action="store_true", help="print nothing but errors")
     q.set_defaults(func=plot_timeline_cmd)
-
-
-def _pos_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
-def _pos_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < v < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return v
 
 
 def _steps(text: str) -> tuple[int, int]:

@@ -186,13 +186,39 @@ def rate_arg(text: str) -> float:
     return v
 
 
-def positive_int(text: str) -> int:
+def _parse(text: str, kind: type):
     try:
-        v = int(text)
+        return kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        what = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
+def nonneg_int(text: str) -> int:
+    v = _parse(text, int)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    v = _parse(text, int)
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def nonneg_float(text: str) -> float:
+    v = _parse(text, float)
+    if not 0 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    v = _parse(text, float)
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return v
 
 
