@@ -21,11 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from engine.core import EngineConfig, run_trace  # noqa: E402
+from engine.loop import EngineConfig, run_trace  # noqa: E402
 from engine.executor import InlineExecutor  # noqa: E402
-from engine.tiny import make_tiny  # noqa: E402
+from training.tiny import make_tiny  # noqa: E402
 from engine.worker import WorkerSpec  # noqa: E402
-from stepgap.formats import TraceRequest  # noqa: E402
+from common.formats import TraceRequest  # noqa: E402
 
 OPS = ("schedule", "prepare_inputs", "update_from_output")
 

@@ -28,11 +28,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.core import EngineConfig, run_trace  # noqa: E402
+from engine.loop import EngineConfig, run_trace  # noqa: E402
 from engine.executor import ProcessExecutor  # noqa: E402
-from engine.tiny import TINY_TARGET, make_tiny  # noqa: E402
+from engine.tiny import TINY_TARGET  # noqa: E402
+from training.tiny import make_tiny  # noqa: E402
 from engine.worker import WorkerSpec  # noqa: E402
-from stepgap.workloads import mtbench_like  # noqa: E402
+from common.workloads import mtbench_like  # noqa: E402
 
 MODES = ("sync", "async", "zero-bubble")
 # Two layers of width 64: a decode step's compute is then a few hundred microseconds, about what

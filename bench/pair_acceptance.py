@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.demo import PAIR, load_heldout, run_engine  # noqa: E402
+from calibrate.demo import PAIR, load_heldout, run_engine  # noqa: E402
 
 
 def main() -> None:

@@ -22,8 +22,8 @@ import torch
 from engine.eagle3 import Eagle3Head
 from engine.model import Llama, init_weights
 from engine.tiny import TINY_TARGET, build_tiny, tiny_draft_config
-from stepgap.errors import UserError
-from stepgap.modelcfg import (DRAFT_PRESETS, MODEL_PRESETS, Eagle3Config, ModelConfig,
+from common.errors import UserError
+from common.modelcfg import (DRAFT_PRESETS, MODEL_PRESETS, Eagle3Config, ModelConfig,
                               load_draft_config, load_model_config)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from stepgap.errors import UserError
-from stepgap.workloads import add_load_args, positive_int
+from common.errors import UserError
+from common.workloads import add_load_args, positive_int
 
 RUN_EPILOG = """\
 examples:
@@ -111,21 +111,6 @@ def register(sub) -> None:
     o.add_argument("--quiet", action="store_true", help="print nothing but errors")
     p.set_defaults(func=cmd_run)
 
-    t = sub.add_parser(
-        "make-tiny", help="write a tiny random Llama target and a matching EAGLE-3 head",
-        description="Write OUT/target (a Hugging Face Llama folder), OUT/eagle3-yuhuili and "
-                    "OUT/eagle3-speculators (the same head in both layouts). The head is "
-                    "distilled from the target for --train-steps steps, so that drafts are "
-                    "accepted; 0 leaves it random.",
-        epilog="example:\n  stepgap make-tiny out/tiny && stepgap run --target out/tiny/target "
-               "--draft out/tiny/eagle3-yuhuili --k 3 --num-prompts 4 --output-len 32",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    t.add_argument("out", metavar="OUT", help="output folder")
-    t.add_argument("--train-steps", type=int, default=200,
-                   help="distillation steps for the head (default 200, a few seconds; 0: random)")
-    t.add_argument("--seed", type=int, default=0, help="default 0")
-    t.set_defaults(func=cmd_make_tiny)
-
 
 def sampling_from_args(args):
     from engine.sampler import MTBENCH_ACCEPTANCE, SamplingConfig
@@ -137,18 +122,18 @@ def sampling_from_args(args):
 
 def default_num_blocks(max_num_seqs: int, max_model_len: int, k: int, cap_bytes: float,
                        bytes_per_block: int) -> int:
-    from stepgap.scheduler import cdiv
+    from common.scheduler import cdiv
     want = max_num_seqs * cdiv(max_model_len + k, 16)
     return max(1, min(want, int(cap_bytes // bytes_per_block)))
 
 
 def cmd_run(args) -> int:
     from engine.checkpoint import check_draft_fits, draft_config, target_config
-    from engine.core import EngineConfig, config_summary, run_trace
+    from engine.loop import EngineConfig, config_summary, run_trace
     from engine.executor import WorkerDied, make_executor
     from engine.worker import WorkerSpec
-    from stepgap.formats import format_summary, save_chrome_trace, save_result, save_timeline
-    from stepgap.workloads import workload_from_args
+    from common.formats import format_summary, save_chrome_trace, save_result, save_timeline
+    from common.workloads import workload_from_args
 
     if args.k < 0:
         raise UserError(f"--k must be >= 0, got {args.k}")
@@ -203,17 +188,4 @@ def cmd_run(args) -> int:
         save_chrome_trace(args.chrome_trace, out.spans, "stepgap engine")
     if not args.quiet:
         print(format_summary(out.result, "Engine Benchmark Result"))
-    return 0
-
-
-def cmd_make_tiny(args) -> int:
-    from engine.tiny import make_tiny
-    if args.train_steps < 0:
-        raise UserError(f"--train-steps must be >= 0, got {args.train_steps}")
-    paths = make_tiny(args.out, seed=args.seed, train_steps=args.train_steps)
-    for name in ("target", "eagle3-yuhuili", "eagle3-speculators"):
-        print(f"{name:20} {paths[name]}")
-    if paths["agreement"]:
-        per = ", ".join(f"{100 * a:.0f}%" for a in paths["agreement"])
-        print(f"draft agreement with the target, draft steps 1..{len(paths['agreement'])}: {per}")
     return 0

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from engine.model import MLP, Attention, RMSNorm, Rope
-from stepgap.modelcfg import Eagle3Config
+from common.modelcfg import Eagle3Config
 
 
 class Eagle3Layer(nn.Module):

@@ -23,7 +23,7 @@ import traceback
 from collections import deque
 
 from engine.worker import RunConfig, StepMsg, StepResult, Worker, WorkerSpec
-from stepgap.errors import UserError
+from common.errors import UserError
 
 EXECUTORS = ("inline", "process")
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kv_cache import dense_causal_attention, get_context, paged_attention
-from stepgap.modelcfg import ModelConfig
+from common.modelcfg import ModelConfig
 
 
 class RMSNorm(nn.Module):

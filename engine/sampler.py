@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from stepgap.errors import UserError
+from common.errors import UserError
 
 MTBENCH_ACCEPTANCE = (0.74, 0.54, 0.41, 0.31, 0.23, 0.17, 0.13)  # DESIGN.md §6, k = 7
 

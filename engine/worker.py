@@ -32,9 +32,9 @@ from engine.graphs import BATCH_BUCKETS, DecodeGraphs, buckets_up_to, window_buc
 from engine.kv_cache import BLOCK_SIZE, KVCache, make_context, set_context
 from engine.sampler import SamplingConfig, rejection_sample, synthetic_conditionals
 from engine.timing import DeviceTimer, HostSpans
-from stepgap.errors import UserError
-from stepgap.formats import MODES, Span
-from stepgap.scheduler import cdiv
+from common.errors import UserError
+from common.formats import MODES, Span
+from common.scheduler import cdiv
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float64": torch.float64}

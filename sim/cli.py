@@ -10,14 +10,14 @@ import argparse
 import textwrap
 from pathlib import Path
 
-from sim.acceptance import PROFILES
+from common.acceptance import PROFILES
 from sim.config import DEVICES, WORKERS, SimConfig
 from sim.costs import CPU_COSTS, CPU_OPS, CpuCosts
 from sim.hardware import CATALOG
 from sim.presets import PRESETS
-from stepgap.formats import MODES
-from stepgap.modelcfg import DRAFT_PRESETS, MODEL_PRESETS
-from stepgap.workloads import add_load_args, nonneg_float, nonneg_int, positive_int
+from common.formats import MODES
+from common.modelcfg import DRAFT_PRESETS, MODEL_PRESETS
+from common.workloads import add_load_args, nonneg_float, nonneg_int, positive_int
 
 D = SimConfig()
 CPU = CpuCosts()
@@ -237,8 +237,8 @@ def chrome_path(path: str) -> Path:
 def run(args) -> int:
     from sim.loop import simulate
     from sim.presets import comparison_table, get_preset
-    from stepgap.errors import UserError
-    from stepgap.formats import format_summary, save_chrome_trace, save_result, save_timeline
+    from common.errors import UserError
+    from common.formats import format_summary, save_chrome_trace, save_result, save_timeline
 
     if args.seed is not None and args.seed < 0:
         raise UserError(f"--seed: must be an integer >= 0, got {args.seed}")

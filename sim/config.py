@@ -12,15 +12,15 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import NamedTuple
 
-from sim.acceptance import AcceptanceProfile, get_profile
+from common.acceptance import AcceptanceProfile, get_profile
 from sim.costs import CPU_COSTS, BF16, CpuCosts, DeviceCosts, OpCost, RooflineCosts
 from sim.profile import Profile, ProfileCosts, load_profile
 from sim.hardware import GIB, Hardware, get_hardware
-from stepgap.errors import UserError
-from stepgap.formats import MODES
-from stepgap.modelcfg import (Eagle3Config, ModelConfig, load_draft_config,
+from common.errors import UserError
+from common.formats import MODES
+from common.modelcfg import (Eagle3Config, ModelConfig, load_draft_config,
                               load_model_config)
-from stepgap.scheduler import SchedulerConfig
+from common.scheduler import SchedulerConfig
 
 WORKERS = ("inline", "process")
 DEVICES = ("async", "sync")

@@ -23,8 +23,8 @@ from typing import Protocol
 import numpy as np
 
 from sim.hardware import Hardware
-from stepgap.errors import UserError
-from stepgap.modelcfg import Eagle3Config, ModelConfig
+from common.errors import UserError
+from common.modelcfg import Eagle3Config, ModelConfig
 
 BF16 = 2  # bytes per weight, activation and KV element
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepgap.errors import UserError
+from common.errors import UserError
 
 GB = 1e9
 GIB = 2 ** 30

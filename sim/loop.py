@@ -35,13 +35,13 @@ from dataclasses import dataclass
 
 import simpy
 
-from sim.acceptance import Acceptance
+from common.acceptance import Acceptance
 from sim.config import SimConfig, resolve
 from sim.costs import Batch, DeviceCosts, Jitter
-from stepgap.errors import UserError
-from stepgap.formats import RequestTiming, Span, SpecStats, TraceRequest, run_result
-from stepgap.scheduler import FINISHED, Request, Scheduler, SchedulerConfig, SchedulerOutput
-from stepgap.workloads import LoadGenerator, apply_request_rate, load_workload
+from common.errors import UserError
+from common.formats import RequestTiming, Span, SpecStats, TraceRequest, run_result
+from common.scheduler import FINISHED, Request, Scheduler, SchedulerConfig, SchedulerOutput
+from common.workloads import LoadGenerator, apply_request_rate, load_workload
 
 ENGINE, WORKER, DEVICE = "cpu.engine", "cpu.worker", "device"
 

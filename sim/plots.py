@@ -18,8 +18,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from sim.sweep import SweepTable
-from stepgap.errors import UserError
-from stepgap.formats import LANES, Span, step_gaps
+from common.errors import UserError
+from common.formats import LANES, Span, step_gaps
 
 DPI = 130
 X_AXES = ("max_concurrency", "request_rate")
@@ -458,7 +458,7 @@ def window_spans(spans: list[Span], t0: float, t1: float) -> list[Span]:
 def chrome_panels(panels: list[Panel], steps=None, at_gap=None, pad_ms: float = 5.0) -> dict:
     """One Chrome-trace/Perfetto document of every panel's window, one process per panel,
     times relative to each window's start so the panels line up."""
-    from stepgap.formats import chrome_trace
+    from common.formats import chrome_trace
 
     events = []
     for pid, p in enumerate(panels, 1):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stepgap.errors import UserError
+from common.errors import UserError
 
 SEED_COLUMNS = ("mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms")
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.costs import Batch, CpuCosts, DeviceCosts
-from stepgap.errors import UserError, where
+from common.errors import UserError, where
 
 FORMAT = "stepgap-profile/1"
 FEATURES = ("1", "tokens", "reqs", "padded")

@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Iterator
 
 from sim.config import SimConfig, resolve
-from stepgap.errors import UserError
-from stepgap.formats import save_result
+from common.errors import UserError
+from common.formats import save_result
 
 GRID_KEYS = tuple(f.name for f in fields(SimConfig) if f.name not in ("detailed", "timeline"))
 _TYPES = {f.name: str(f.type) for f in fields(SimConfig)}
@@ -307,9 +307,9 @@ def format_cell(values: dict) -> str:
 
 
 # The code a cell's result depends on: a result kept from another version of it is stale.
-MODEL_SOURCES = ("sim/acceptance.py", "sim/config.py", "sim/costs.py", "sim/hardware.py",
-                 "sim/loop.py", "sim/presets.py", "sim/profile.py", "stepgap/formats.py", "stepgap/modelcfg.py",
-                 "stepgap/scheduler.py", "stepgap/workloads.py")
+MODEL_SOURCES = ("sim/config.py", "sim/costs.py", "sim/hardware.py", "sim/loop.py",
+                 "sim/presets.py", "sim/profile.py", "common/acceptance.py", "common/formats.py",
+                 "common/modelcfg.py", "common/scheduler.py", "common/workloads.py")
 
 
 @functools.cache

@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from stepgap.workloads import positive_float, positive_int
+from common.workloads import positive_float, positive_int
 
 SWEEP_DESCRIPTION = """\
 Run the simulator over a grid of what-ifs (mode, k, concurrency or request rate, GPU, model,
@@ -223,7 +223,7 @@ def draw_sweep(table, out: Path, metric: str, x: str | None, quiet: bool) -> int
 
     from sim import plots
     from sim.sweep import METRICS
-    from stepgap.errors import UserError
+    from common.errors import UserError
 
     if metric not in METRICS:
         raise UserError(f"--metric: unknown metric {metric!r} (columns: {', '.join(METRICS)})")
@@ -270,8 +270,8 @@ def plot_timeline_cmd(args) -> int:
     import json
 
     from sim import plots
-    from stepgap.errors import UserError
-    from stepgap.formats import load_timeline
+    from common.errors import UserError
+    from common.formats import load_timeline
 
     if args.steps and args.at_gap is not None:
         raise UserError("give --steps or --at-gap, not both")

@@ -12,17 +12,17 @@ import importlib
 import sys
 
 from stepgap import __version__
-from stepgap.errors import UserError
+from common.errors import UserError
 
 COMMAND_MODULES = [
     "sim.cli",
     "sim.sweep_cli",
     "engine.cli",
-    "engine.train_cli",
-    "engine.demo",
-    "engine.profile",
-    "engine.validate",
-    "stepgap.compare",
+    "training.cli",
+    "calibrate.demo",
+    "calibrate.profile",
+    "calibrate.validate",
+    "common.compare",
 ]
 
 DESCRIPTION = """\

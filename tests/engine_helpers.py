@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
-from engine.core import EngineConfig, run_trace
+from engine.loop import EngineConfig, run_trace
 from engine.executor import InlineExecutor
 from engine.worker import WorkerSpec
-from stepgap.formats import TraceRequest
+from common.formats import TraceRequest
 
 TRAIN_STEPS = 150
 
@@ -27,7 +27,7 @@ torch.set_num_threads(1)
 def tiny_checkpoints(train_steps: int = TRAIN_STEPS) -> dict:
     """OUT/target, OUT/eagle3-yuhuili, OUT/eagle3-speculators; the head distilled so that drafts
     are accepted at every position. Built once per test process (a few seconds)."""
-    from engine.tiny import make_tiny
+    from training.tiny import make_tiny
     out = Path(tempfile.mkdtemp(prefix="stepgap-tiny-"))
     atexit.register(shutil.rmtree, out, ignore_errors=True)
     return make_tiny(out, seed=0, train_steps=train_steps)

@@ -7,8 +7,8 @@ import pytest
 from sim.config import SimConfig
 from sim.loop import simulate
 from stepgap.cli import main
-from stepgap.compare import compare, ks_distance, pool_results
-from stepgap.formats import load_result, save_result
+from common.compare import compare, ks_distance, pool_results
+from common.formats import load_result, save_result
 
 # The keys `vllm bench serve --save-result` writes (no step gaps, no config).
 VLLM_RESULT = {

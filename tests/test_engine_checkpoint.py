@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from engine.checkpoint import load_draft, load_target
 from engine_helpers import tiny_checkpoints
-from stepgap.errors import UserError
+from common.errors import UserError
 
 CPU = torch.device("cpu")
 

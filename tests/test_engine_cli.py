@@ -6,7 +6,7 @@ import pytest
 
 from engine_helpers import tiny_checkpoints
 from stepgap.cli import main
-from stepgap.formats import load_result, load_timeline, save_trace, TraceRequest
+from common.formats import load_result, load_timeline, save_trace, TraceRequest
 
 
 @pytest.fixture(scope="module")

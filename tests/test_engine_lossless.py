@@ -10,10 +10,10 @@ import math
 
 import pytest
 
-from engine.core import prompt_ids
+from engine.loop import prompt_ids
 from engine.sampler import SamplingConfig
 from engine_helpers import inline_executor, mixed_requests, reference_greedy, reference_model, run
-from stepgap.formats import OPS, TraceRequest
+from common.formats import OPS, TraceRequest
 
 REQS = mixed_requests(10)  # more than max_num_seqs = 4
 

@@ -8,7 +8,7 @@ import torch
 import engine_helpers  # noqa: F401  (one torch thread)
 
 from engine.sampler import SamplingConfig, rejection_sample, target_probs
-from stepgap.errors import UserError
+from common.errors import UserError
 
 
 def logits_for(rows):

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.validate import saving_name
-from sim.measured import BOUNDS, SAVING_BOUND, judge_folder, savings
+from calibrate.validate import saving_name
+from calibrate.measured import BOUNDS, SAVING_BOUND, judge_folder, savings
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = sorted(p for p in (ROOT / "traces" / "measured").glob("*")

@@ -10,8 +10,8 @@ from matplotlib.patches import Rectangle
 from sim import plots
 from sim.sweep import SweepTable
 from stepgap.cli import main
-from stepgap.errors import UserError
-from stepgap.formats import Span, save_timeline
+from common.errors import UserError
+from common.formats import Span, save_timeline
 
 MODES = ["sync", "async"]
 KS = [0, 1, 2]

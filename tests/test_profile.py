@@ -5,13 +5,13 @@ import json
 import numpy as np
 import pytest
 
-from engine.profile import build_profile, cpu_points, device_points
+from calibrate.profile import build_profile, cpu_points, device_points
 from sim.costs import Batch, ConstantCosts
 from sim.profile import (FEATURES, Fit, Profile, ProfileCosts, batch_features, features,
                          fit_points, load_profile, nnls)
 from stepgap.cli import main
-from stepgap.errors import UserError
-from stepgap.formats import Span
+from common.errors import UserError
+from common.formats import Span
 
 SHAPE = {"tokens": 5, "reqs": 1, "q": 5, "blocks": 2}
 
@@ -201,10 +201,10 @@ def test_simulate_with_a_profile_uses_its_device_and_cpu_costs(tmp_path):
 
 
 def test_a_profile_fitted_on_engine_runs_predicts_their_device_time():
-    from engine.core import EngineConfig, run_trace
+    from engine.loop import EngineConfig, run_trace
     from engine.executor import InlineExecutor
     from engine.worker import WorkerSpec
-    from stepgap.workloads import mtbench_like
+    from common.workloads import mtbench_like
     ex = InlineExecutor(WorkerSpec("tiny", "tiny-eagle3", "cpu", "float32", 256, 512, 4, 2,
                                    num_threads=1))
     runs = []

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from stepgap.cli import build_parser, main
-from stepgap.formats import load_result, load_timeline
+from common.formats import load_result, load_timeline
 
 
 def simulate_parser():

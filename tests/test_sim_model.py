@@ -6,8 +6,8 @@ import pytest
 from sim.config import SimConfig
 from sim.costs import ConstantCosts
 from sim.loop import simulate
-from stepgap.formats import LANES, OPS, TraceRequest, save_result, step_gaps
-from stepgap.workloads import sharegpt_like
+from common.formats import LANES, OPS, TraceRequest, save_result, step_gaps
+from common.workloads import sharegpt_like
 
 # CPU costs (us). The launch latency equals the launch cost: the device starts a step when its
 # launch ends, so "CPU" below is simply the sum of the CPU ops.

@@ -9,7 +9,7 @@ import sim.sweep as sweep
 from sim.sweep import (METRICS, Grid, build_grid, load_grid_file, load_sweep, parse_values,
                        run_sweep)
 from stepgap.cli import main
-from stepgap.errors import UserError
+from common.errors import UserError
 
 # A tiny seed-l20: 4 prompts of 24 tokens, so a cell takes milliseconds.
 TINY = ["num_prompts=4", "output_len=24"]

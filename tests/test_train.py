@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import corpus
+from training import corpus
 from engine.checkpoint import load_draft, load_target
-from engine.demo import PAIR, load_heldout, pair_paths
+from calibrate.demo import PAIR, load_heldout, pair_paths
 from engine.executor import InlineExecutor
 from engine.model import Llama, init_weights
 from engine.sampler import SamplingConfig
-from engine.train import PRESETS, Eagle3Head, train_pair, ttt_unroll
+from training.train import PRESETS, Eagle3Head, train_pair, ttt_unroll
 from engine.worker import WorkerSpec
 from engine_helpers import reference_greedy
 from stepgap.cli import main
-from stepgap.formats import load_trace
+from common.formats import load_trace
 
 SMOKE = PRESETS["smoke"]
 
@@ -60,7 +60,7 @@ def test_training_twice_with_one_seed_gives_the_same_bytes(small_corpus, tmp_pat
 
 
 def test_head_training_moves_the_head_and_leaves_the_target_and_embedding_alone():
-    from engine.train import build_head, train_head
+    from training.train import build_head, train_head
     torch.manual_seed(0)
     target = Llama(SMOKE.target_config(), SMOKE.aux_layers, max_positions=64)
     init_weights(target, seed=0)
@@ -119,7 +119,7 @@ def test_train_cli_writes_the_pair_and_says_where(small_corpus, tmp_path, capsys
     ("seed", -1, "seed must be an integer >= 0"),
 ])
 def test_bad_training_configs_name_the_field(field, value, needle):
-    from stepgap.errors import UserError
+    from common.errors import UserError
     with pytest.raises(UserError, match=re.escape(needle)):
         replace(SMOKE, **{field: value})
 
@@ -143,7 +143,7 @@ def pair_reference(rid: str, n: int) -> tuple:
 
 def pair_run(dtype, reqs, k, mode="sync", executor=None, num_blocks=160, max_num_seqs=4,
              max_num_batched_tokens=8192, max_concurrency=None):
-    from engine.core import EngineConfig, run_trace
+    from engine.loop import EngineConfig, run_trace
     cfg = EngineConfig(mode, k, num_blocks, max_num_seqs, max_num_batched_tokens, 272,
                        SamplingConfig())
     return run_trace(executor or pair_executor(dtype), reqs, cfg, vocab_size=4096,

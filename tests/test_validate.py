@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from engine.core import EngineConfig, run_trace
+from engine.loop import EngineConfig, run_trace
 from engine.executor import InlineExecutor
 from engine.sampler import SamplingConfig
-from engine.validate import Plan, chunk, units_of
+from calibrate.validate import Plan, chunk, units_of
 from engine.worker import WorkerSpec
 from sim.config import SimConfig
 from sim.loop import simulate
-from sim.measured import requests_of
+from calibrate.measured import requests_of
 from stepgap.cli import main
-from stepgap.formats import load_trace, save_trace
+from common.formats import load_trace, save_trace
 from tests.engine_helpers import mixed_requests
 
 PAIR = Path(__file__).resolve().parents[1] / "checkpoints" / "pystdlib"
@@ -97,7 +97,7 @@ def test_the_modes_of_a_group_take_every_place_and_follow_each_other_equally_oft
 
 
 def test_a_saving_s_interval_comes_from_the_paired_runs():
-    from sim.measured import paired_half_width
+    from calibrate.measured import paired_half_width
     base = [{"config": {"slice": i}, "mean_itl_ms": 10.0 + i} for i in range(4)]
     same = [{"config": {"slice": i}, "mean_itl_ms": 9.0 + i} for i in range(4)]
     assert paired_half_width(base, same) == 0.0        # the drift cancels in the pairs

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from stepgap.errors import UserError
-from stepgap.formats import TraceRequest, save_trace
-from stepgap.workloads import (LoadGenerator, arrival_times, load_workload, mtbench_like,
+from common.errors import UserError
+from common.formats import TraceRequest, save_trace
+from common.workloads import (LoadGenerator, arrival_times, load_workload, mtbench_like,
                                sharegpt_like)
 
 

@@ -24,8 +24,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-from stepgap.errors import UserError
-from stepgap.formats import TraceRequest
+from common.errors import UserError
+from common.formats import TraceRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,9 +25,9 @@ from sim.config import SimConfig
 from sim.costs import run_levels
 from sim.loop import simulate
 from sim.profile import load_profile
-from stepgap.compare import compare, pool_results
-from stepgap.errors import UserError
-from stepgap.formats import TraceRequest
+from common.compare import compare, pool_results
+from common.errors import UserError
+from common.formats import TraceRequest
 
 FORMAT = "stepgap-measured/1"
 # The bounds: |simulated - measured| / measured.
@@ -220,7 +220,7 @@ class Verdict:
     simulated: dict       # pooled
     errors: dict          # metric -> relative error
     passed: dict          # metric -> bool
-    comparison: dict      # stepgap.compare.compare(measured, simulated)
+    comparison: dict      # common.compare.compare(measured, simulated)
 
     @property
     def ok(self) -> bool:

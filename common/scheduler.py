@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from stepgap.errors import UserError
+from common.errors import UserError
 
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
 

@@ -26,11 +26,11 @@ import numpy as np
 from engine.sampler import SamplingConfig
 from engine.worker import RunConfig, StepMsg
 from engine.timing import HostSpans
-from stepgap.errors import UserError
-from stepgap.formats import (RequestTiming, Span, SpecStats, TraceRequest, run_result,
+from common.errors import UserError
+from common.formats import (RequestTiming, Span, SpecStats, TraceRequest, run_result,
                              step_gaps)
-from stepgap.scheduler import FINISHED, Request, Scheduler, SchedulerConfig
-from stepgap.workloads import LoadGenerator
+from common.scheduler import FINISHED, Request, Scheduler, SchedulerConfig
+from common.workloads import LoadGenerator
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """`stepgap compare MEASURED SIMULATED`: how far one run result is from another.
 
-Both files are run results of the shared schema (`stepgap.formats`): the engine's, the
+Both files are run results of the shared schema (`common.formats`): the engine's, the
 simulator's, or one saved by `vllm bench serve --save-result` (same keys; no step gaps). The
 table has the mean, median and P99 of TPOT, ITL, TTFT and E2EL, each simulated against measured
 with the error in % of measured, and the step-gap distributions: median, P90 and mean, and the
@@ -19,8 +19,8 @@ import sys
 
 import numpy as np
 
-from stepgap.errors import UserError
-from stepgap.formats import (RequestTiming, SpecStats, compute_metrics, gap_summary,
+from common.errors import UserError
+from common.formats import (RequestTiming, SpecStats, compute_metrics, gap_summary,
                              load_result)
 
 METRICS = ("tpot", "itl", "ttft", "e2el")

@@ -46,14 +46,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from engine.core import EngineConfig, run_trace  # noqa: E402
+from engine.loop import EngineConfig, run_trace  # noqa: E402
 from engine.executor import InlineExecutor  # noqa: E402
 from engine.sampler import MTBENCH_ACCEPTANCE, SamplingConfig  # noqa: E402
 from engine.tiny import TINY_TARGET  # noqa: E402
 from engine.worker import WorkerSpec  # noqa: E402
-from stepgap.formats import TraceRequest  # noqa: E402
-from stepgap.scheduler import cdiv  # noqa: E402
-from stepgap.workloads import mtbench_like  # noqa: E402
+from common.formats import TraceRequest  # noqa: E402
+from common.scheduler import cdiv  # noqa: E402
+from common.workloads import mtbench_like  # noqa: E402
 
 MODES = ("sync", "async", "zero-bubble")
 TIMELINE_STEPS = (10, 310)

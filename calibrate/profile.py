@@ -52,8 +52,8 @@ import numpy as np
 
 from sim.costs import CPU_COSTS, OpCost
 from sim.profile import FEATURES, FORMAT, Fit, features, fit_points
-from stepgap.errors import UserError
-from stepgap.formats import MODES, Span
+from common.errors import UserError
+from common.formats import MODES, Span
 
 GRID_REQS = (1, 2, 4)
 GRID_CONTEXT = (64, 160, 240)
@@ -324,7 +324,7 @@ def measure_grid(spec, ks: list[int], cpu: int | None = None, repeats: int = GRI
     import torch
 
     from engine.worker import RunConfig, StepMsg, Worker
-    from stepgap.scheduler import cdiv
+    from common.scheduler import cdiv
 
     saved = os.sched_getaffinity(0) if cpu is not None else None
     threads = torch.get_num_threads()
@@ -387,8 +387,8 @@ def calibration_trace(pair, num_prompts: int, seed: int = 1):
     comes from), tokenized with the pair's tokenizer, lengths as the held-out trace's."""
     from dataclasses import replace
 
-    from engine.corpus import heldout_trace, load_tokenizer, split
-    from engine.demo import pair_paths
+    from training.corpus import heldout_trace, load_tokenizer, split
+    from calibrate.demo import pair_paths
 
     paths = pair_paths(pair)
     info = json.loads((Path(pair) / "train.json").read_text()) \
@@ -435,7 +435,7 @@ held-out prompts that `stepgap validate` judges on are never used here. A run ta
 
 
 def add_engine_args(p, what: str) -> None:
-    from engine.demo import PAIR
+    from calibrate.demo import PAIR
     g = p.add_argument_group("engine")
     g.add_argument("--pair", default=str(PAIR), metavar="DIR",
                    help="folder with target/, eagle3/ and heldout.jsonl (default: the committed "
@@ -494,7 +494,7 @@ def register(sub) -> None:
 
 
 def cmd_profile(args) -> int:
-    from engine.validate import Plan, run_plan   # the run loop is validate's, without judging
+    from calibrate.validate import Plan, run_plan   # the run loop is validate's, without judging
     plan = Plan.from_args(args, judged=False)
     out = run_plan(plan, progress=not args.quiet)
     path = Path(args.out)

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stepgap.errors import UserError
-from stepgap.formats import TraceRequest
+from common.errors import UserError
+from common.formats import TraceRequest
 
 EXCLUDED_DIRS = frozenset({
     "test", "tests", "site-packages", "dist-packages", "__pycache__", "idlelib", "lib2to3",

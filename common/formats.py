@@ -19,7 +19,7 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
-from stepgap.errors import UserError, where
+from common.errors import UserError, where
 
 MODES = ("sync", "async", "zero-bubble")
 LANES = ("cpu.engine", "cpu.worker", "device")

@@ -46,13 +46,13 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from engine import corpus
+from training import corpus
 from engine.checkpoint import load_target, save_draft, save_target
 from engine.eagle3 import Eagle3Head
 from engine.model import Llama, init_weights
-from stepgap.errors import UserError
-from stepgap.formats import save_trace
-from stepgap.modelcfg import Eagle3Config, ModelConfig, eagle3_for
+from common.errors import UserError
+from common.formats import save_trace
+from common.modelcfg import Eagle3Config, ModelConfig, eagle3_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,11 +378,11 @@ def greedy_sequences(target_dir, stream: torch.Tensor, cfg: TrainConfig, gen: to
     [distill_seqs, seq_len + 1]. EAGLE-3 trains its heads on the target's own responses; here
     they are what drafting at temperature 0 sees, so a step whose earlier drafts were accepted
     trains on exactly the inputs it will get."""
-    from engine.core import EngineConfig, run_trace
+    from engine.loop import EngineConfig, run_trace
     from engine.executor import InlineExecutor
     from engine.worker import WorkerSpec
-    from stepgap.formats import TraceRequest
-    from stepgap.scheduler import cdiv
+    from common.formats import TraceRequest
+    from common.scheduler import cdiv
 
     n, t = cfg.distill_seqs, cfg.seq_len + 1
     lo, hi = cfg.distill_prompt_len

@@ -34,10 +34,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.profile import (add_engine_args, build_profile, calibration_trace, device_points,
+from calibrate.profile import (add_engine_args, build_profile, calibration_trace, device_points,
                             grid_size, int_list, machine_info, measure_grid, mode_list)
-from stepgap.errors import UserError
-from stepgap.formats import save_result, save_timeline, save_trace
+from common.errors import UserError
+from common.formats import save_result, save_timeline, save_trace
 
 TIMELINE_STEPS = (60, 100)   # gpu_measure folders: steps of the timeline cells kept
 TIMELINE_HALF = 20            # validate: steps kept either side of the first run's middle
@@ -71,8 +71,8 @@ class Plan:
 
     @classmethod
     def from_args(cls, args, judged: bool = True) -> "Plan":
-        from engine.demo import load_heldout, pair_paths
-        from stepgap.formats import load_trace
+        from calibrate.demo import load_heldout, pair_paths
+        from common.formats import load_trace
         pair_paths(args.pair)   # names what is missing
         modes = mode_list(args.modes)
         ks = int_list(args.ks, "--ks")
@@ -134,7 +134,7 @@ class Measured:
 def limits_for(plan: Plan) -> dict:
     """Scheduler limits every cell shares (engine and simulator): KV for every request at once,
     so nothing is preempted; the client's concurrency is the binding cap."""
-    from engine.demo import limits
+    from calibrate.demo import limits
     reqs = (plan.judged or []) + (plan.calibration or [])
     return limits(reqs, max(plan.ks), max(plan.concs))
 
@@ -180,12 +180,12 @@ def run_plan(plan: Plan, progress: bool = True) -> Measured:
     """Run every unit of the plan on the engine (the process executor) and fit the profile."""
     from tqdm import tqdm
 
-    from engine.core import EngineConfig, run_trace
-    from engine.demo import pair_paths
+    from engine.loop import EngineConfig, run_trace
+    from calibrate.demo import pair_paths
     from engine.executor import ProcessExecutor, pin_plan
     from engine.worker import WorkerSpec
-    from sim.measured import cell_name
-    from stepgap.modelcfg import load_model_config
+    from calibrate.measured import cell_name
+    from common.modelcfg import load_model_config
 
     t0 = time.monotonic()
     paths = pair_paths(plan.pair)
@@ -309,8 +309,8 @@ def git_commit() -> str:
 
 def write_measured(plan: Plan, m: Measured, out: Path, command: str) -> None:
     """The measured half of the folder: profile, models, traces, runs, timelines, manifest."""
-    from engine.demo import pair_paths
-    from sim.measured import FORMAT, cell_name
+    from calibrate.demo import pair_paths
+    from calibrate.measured import FORMAT, cell_name
     out.mkdir(parents=True, exist_ok=True)
     for sub in ("runs", "timelines", "simulated"):
         shutil.rmtree(out / sub, ignore_errors=True)
@@ -386,9 +386,9 @@ def write_report(folder: Path, command: str | None = None, quiet: bool = False) 
     """Re-simulate the folder's cells, judge them, and write report.md, tpot.png,
     timeline.png and simulated/. Returns the verdicts."""
     from sim import plots
-    from sim.measured import (judge_folder, report_table, savings, savings_table,
+    from calibrate.measured import (judge_folder, report_table, savings, savings_table,
                               summary_counts)
-    from stepgap.formats import load_timeline
+    from common.formats import load_timeline
 
     man_path = folder / "manifest.json"
     tl = json.loads(man_path.read_text()).get("timeline", {}) if man_path.is_file() else {}
@@ -446,7 +446,7 @@ def write_report(folder: Path, command: str | None = None, quiet: bool = False) 
 
 def misses_of(verdicts, rows) -> dict:
     """{cell: {metric: error}} of every bound missed, and {"saving <mode> k.. c..": error}."""
-    from sim.measured import BOUNDS
+    from calibrate.measured import BOUNDS
     out = {}
     for v in verdicts:
         missed = {key: round(v.errors[key], 4) for key, _, _ in BOUNDS if not v.passed[key]}
@@ -463,7 +463,7 @@ def saving_name(r: dict) -> str:
 
 
 def report_text(setup, verdicts, rows, command) -> str:
-    from sim.measured import (BOUNDS, SAVING_BOUND, report_table, savings_table,
+    from calibrate.measured import (BOUNDS, SAVING_BOUND, report_table, savings_table,
                               summary_counts)
     man = setup.manifest
     machine = man.get("machine", {})
@@ -624,8 +624,8 @@ def convert_gpu_measure(src: Path, out: Path, command: str) -> None:
     that is a consistency check until calibration runs of their own are added."""
     import gzip
 
-    from sim.measured import FORMAT, cell_name, load_measured
-    from stepgap.formats import MODES
+    from calibrate.measured import FORMAT, cell_name, load_measured
+    from common.formats import MODES
     setup, cells = load_measured(src)
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(src / "profile.json", out / "profile.json")

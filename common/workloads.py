@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stepgap.errors import UserError
-from stepgap.formats import TraceRequest, load_trace
+from common.errors import UserError
+from common.formats import TraceRequest, load_trace
 
 # MT-bench first-turn prompts per category, in Llama-3 tokens after the Llama-3.1 chat template
 # (its system header with the knowledge and current dates adds about 36 tokens): means of the

@@ -1,11 +1,12 @@
-"""`stepgap train`: train a small Llama target and its EAGLE-3 head on the Python stdlib."""
+"""`stepgap train` (the trained pair: a small Llama target and its EAGLE-3 head on the Python
+stdlib) and `stepgap make-tiny` (tiny random checkpoints, the head distilled)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from stepgap.errors import UserError
+from common.errors import UserError
 
 EPILOG = """\
 examples:
@@ -43,6 +44,21 @@ def register(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_train)
 
+    t = sub.add_parser(
+        "make-tiny", help="write a tiny random Llama target and a matching EAGLE-3 head",
+        description="Write OUT/target (a Hugging Face Llama folder), OUT/eagle3-yuhuili and "
+                    "OUT/eagle3-speculators (the same head in both layouts). The head is "
+                    "distilled from the target for --train-steps steps, so that drafts are "
+                    "accepted; 0 leaves it random.",
+        epilog="example:\n  stepgap make-tiny out/tiny && stepgap run --target out/tiny/target "
+               "--draft out/tiny/eagle3-yuhuili --k 3 --num-prompts 4 --output-len 32",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    t.add_argument("out", metavar="OUT", help="output folder")
+    t.add_argument("--train-steps", type=int, default=200,
+                   help="distillation steps for the head (default 200, a few seconds; 0: random)")
+    t.add_argument("--seed", type=int, default=0, help="default 0")
+    t.set_defaults(func=cmd_make_tiny)
+
 
 def cmd_train(args) -> int:
     import os
@@ -51,7 +67,7 @@ def cmd_train(args) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from dataclasses import replace
 
-    from engine.train import PRESETS, train_pair
+    from training.train import PRESETS, train_pair
     cfg = PRESETS[args.preset]
     overrides = {k: v for k, v in (("seed", args.seed), ("target_steps", args.target_steps),
                                    ("head_steps", args.head_steps)) if v is not None}
@@ -64,4 +80,17 @@ def cmd_train(args) -> int:
         print(f"{name:8} {out[name]}")
     t = out["times"]
     print(f"time     {t['total_wall']:.0f} s wall, {t['total_cpu']:.0f} s CPU")
+    return 0
+
+
+def cmd_make_tiny(args) -> int:
+    from training.tiny import make_tiny
+    if args.train_steps < 0:
+        raise UserError(f"--train-steps must be >= 0, got {args.train_steps}")
+    paths = make_tiny(args.out, seed=args.seed, train_steps=args.train_steps)
+    for name in ("target", "eagle3-yuhuili", "eagle3-speculators"):
+        print(f"{name:20} {paths[name]}")
+    if paths["agreement"]:
+        per = ", ".join(f"{100 * a:.0f}%" for a in paths["agreement"])
+        print(f"draft agreement with the target, draft steps 1..{len(paths['agreement'])}: {per}")
     return 0

@@ -24,7 +24,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from stepgap.errors import UserError
+from common.errors import UserError
 
 PAIR = Path(__file__).resolve().parents[1] / "checkpoints" / "pystdlib"
 PROFILE = Path(__file__).resolve().parents[1] / "traces" / "measured" / "cpu" / "profile.json"
@@ -74,14 +74,14 @@ def pair_paths(pair) -> dict:
 
 
 def load_heldout(pair, num_prompts: int | None = None):
-    from stepgap.formats import load_trace
+    from common.formats import load_trace
     reqs = load_trace(pair_paths(pair)["heldout"])
     return reqs[:num_prompts] if num_prompts else reqs
 
 
 def limits(requests, k: int, max_concurrency: int | None) -> dict:
     """Scheduler limits that fit the trace: both halves use the same."""
-    from stepgap.scheduler import cdiv
+    from common.scheduler import cdiv
     longest = max(r.prompt_len + r.output_len for r in requests)
     return {"num_blocks": sum(cdiv(r.prompt_len + r.output_len + k + 1, 16) for r in requests),
             "max_num_seqs": max_concurrency or len(requests),
@@ -91,10 +91,10 @@ def limits(requests, k: int, max_concurrency: int | None) -> dict:
 def run_engine(pair, requests, k: int, max_concurrency: int | None = 1, progress: bool = False,
                dtype: str = "float32", mode: str = "sync"):
     """The engine on the pair (process executor, pinned), greedy, on the CPU: its RunOutput."""
-    from engine.core import EngineConfig, run_trace
+    from engine.loop import EngineConfig, run_trace
     from engine.executor import ProcessExecutor
     from engine.worker import WorkerSpec
-    from stepgap.modelcfg import load_model_config
+    from common.modelcfg import load_model_config
 
     paths = pair_paths(pair)
     lim = limits(requests, k, max_concurrency)
@@ -174,7 +174,7 @@ def side_by_side(engine: dict, sim: dict) -> str:
 
 def sample_text(pair, request, output_ids: list[int], lines: int = 4) -> str:
     """The end of a prompt and the start of its greedy continuation, decoded."""
-    from engine.corpus import load_tokenizer
+    from training.corpus import load_tokenizer
     tok = load_tokenizer(pair_paths(pair)["target"])
     prompt = tok.decode(request.prompt_token_ids).splitlines()[-lines:]
     cont = tok.decode(output_ids).splitlines()[:lines]
@@ -185,7 +185,7 @@ def sample_text(pair, request, output_ids: list[int], lines: int = 4) -> str:
 def run_demo(pair=PAIR, k: int = 4, num_prompts: int | None = None,
              max_concurrency: int | None = 1, progress: bool = True, device_costs=None,
              out=print, mode: str = "sync", profile=None) -> tuple[dict, dict]:
-    from stepgap.modelcfg import load_draft_config, load_model_config
+    from common.modelcfg import load_draft_config, load_model_config
     if k < 1:
         raise UserError(f"--k must be >= 1, got {k}")
     if max_concurrency is not None and max_concurrency < 1:
