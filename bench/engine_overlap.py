@@ -35,7 +35,6 @@ from training.tiny import make_tiny  # noqa: E402
 from engine.worker import WorkerSpec  # noqa: E402
 from common.workloads import mtbench_like  # noqa: E402
 
-MODES = ("sync", "async", "zero-bubble")
 # Two layers of width 64: a decode step's compute is then a few hundred microseconds, about what
 # the engine process spends per step on scheduling, updating and messages.
 BENCH_TARGET = replace(TINY_TARGET, name="overlap-bench", num_layers=1)

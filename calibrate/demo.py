@@ -5,7 +5,7 @@
    trained on) with k draft tokens per step and measures what `vllm bench serve` measures, with
    real acceptance.
 2. The simulator runs the same trace with the same k, concurrency, mode, scheduler limits and
-   topology (`worker=process`, `device=sync`: the device is the worker's own CPU), on the
+   topology (`executor=process`, `device=cpu`: the device is the worker's own CPU), on the
    measured profile committed with the CPU validation (traces/measured/cpu/profile.json: device
    op fits and CPU costs of this kind of machine, docs/validation.md), replaying the engine's
    accepted count of every decode step, so both see the same acceptance.
@@ -24,10 +24,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from calibrate.pair import PAIR, ROOT, load_heldout, pair_paths
 from common.errors import UserError
+from common.formats import MODES
 
-PAIR = Path(__file__).resolve().parents[1] / "checkpoints" / "pystdlib"
-PROFILE = Path(__file__).resolve().parents[1] / "traces" / "measured" / "cpu" / "profile.json"
+PROFILE = ROOT / "traces" / "measured" / "cpu" / "profile.json"
 
 EPILOG = """\
 examples:
@@ -53,7 +54,7 @@ def register(sub) -> None:
                    help="the first N requests of the trace (default: all)")
     p.add_argument("--max-concurrency", type=int, default=1, metavar="N",
                    help="requests in flight (default 1, as the seed run)")
-    p.add_argument("--mode", default="sync", choices=("sync", "async", "zero-bubble"),
+    p.add_argument("--mode", default="sync", choices=MODES,
                    help="step scheduling, both halves (default sync)")
     p.add_argument("--profile", default=None, metavar="PROFILE.json",
                    help="the simulator's measured costs (default: the committed CPU profile, "
@@ -62,49 +63,33 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_demo)
 
 
-def pair_paths(pair) -> dict:
-    pair = Path(pair)
-    paths = {"target": pair / "target", "eagle3": pair / "eagle3",
-             "heldout": pair / "heldout.jsonl"}
-    for name, path in paths.items():
-        if not path.exists():
-            raise UserError(f"{path}: missing (the pair's {name}; `stepgap train {pair}` "
-                            "makes it)")
-    return {k: str(v) for k, v in paths.items()}
-
-
-def load_heldout(pair, num_prompts: int | None = None):
-    from common.formats import load_trace
-    reqs = load_trace(pair_paths(pair)["heldout"])
-    return reqs[:num_prompts] if num_prompts else reqs
-
-
-def limits(requests, k: int, max_concurrency: int | None) -> dict:
-    """Scheduler limits that fit the trace: both halves use the same."""
-    from common.scheduler import cdiv
-    longest = max(r.prompt_len + r.output_len for r in requests)
-    return {"num_blocks": sum(cdiv(r.prompt_len + r.output_len + k + 1, 16) for r in requests),
-            "max_num_seqs": max_concurrency or len(requests),
-            "max_num_batched_tokens": 8192, "max_model_len": longest + k + 1}
+def pair_args(pair, requests, k: int, max_concurrency: int | None, mode: str = "sync",
+              dtype: str = "float32"):
+    """The demo's engine: the pair, greedy, on the CPU, the process executor (pinned), with
+    scheduler limits that fit the trace (the simulator takes the same)."""
+    from calibrate.harness import limits
+    from engine.args import EngineArgs
+    paths = pair_paths(pair)
+    lim = limits(requests, k, max_concurrency)
+    return EngineArgs(model=paths["target"], draft=paths["eagle3"] if k else None, k=k,
+                      mode=mode, executor="process", device="cpu", dtype=dtype,
+                      num_gpu_blocks_override=lim["num_blocks"],
+                      max_num_seqs=lim["max_num_seqs"],
+                      max_num_batched_tokens=lim["max_num_batched_tokens"],
+                      max_model_len=lim["max_model_len"])
 
 
 def run_engine(pair, requests, k: int, max_concurrency: int | None = 1, progress: bool = False,
                dtype: str = "float32", mode: str = "sync"):
     """The engine on the pair (process executor, pinned), greedy, on the CPU: its RunOutput."""
-    from engine.loop import EngineConfig, run_trace
-    from engine.executor import ProcessExecutor
-    from engine.worker import WorkerSpec
-    from common.modelcfg import load_model_config
+    from engine.loop import run_trace
 
-    paths = pair_paths(pair)
-    lim = limits(requests, k, max_concurrency)
-    spec = WorkerSpec(paths["target"], paths["eagle3"] if k else None, "cpu", dtype,
-                      lim["num_blocks"], lim["max_model_len"], lim["max_num_seqs"], max(k, 1))
-    cfg = EngineConfig(mode, k, **lim)
-    vocab = load_model_config(paths["target"]).vocab_size
+    ea = pair_args(pair, requests, k, max_concurrency, mode, dtype)
+    cfg = ea.engine_config()
+    vocab = ea.target_config().vocab_size
     if progress:
         print(f"  engine: {len(requests)} requests ...", file=sys.stderr)
-    with ProcessExecutor(spec) as ex:
+    with ea.make_executor() as ex:
         # One short request first: the first forwards pay one-time costs (allocation, kernel
         # selection) that are no part of a step.
         warm = replace(requests[0], request_id="warmup",
@@ -125,6 +110,7 @@ def simulate_trace(pair, requests, accepted: dict, k: int, max_concurrency: int 
     and CPU costs; without one the device is the roofline over the `cpu` catalog entry (a
     placeholder). `device_costs` (a sim.costs.DeviceCosts) overrides the device side.
     """
+    from calibrate.harness import limits
     from sim.config import SimConfig
     from sim.loop import simulate
 
@@ -133,11 +119,12 @@ def simulate_trace(pair, requests, accepted: dict, k: int, max_concurrency: int 
     if profile is None and PROFILE.is_file():
         profile = PROFILE
     cfg = SimConfig(mode=mode, k=k, gpu="cpu", model=paths["target"], draft=paths["eagle3"],
-                    worker="process", device="sync", replay=True,
+                    executor="process", device="cpu", replay=True,
                     profile=str(profile) if profile else None,
                     max_num_seqs=lim["max_num_seqs"],
                     max_num_batched_tokens=lim["max_num_batched_tokens"],
-                    max_model_len=lim["max_model_len"], num_kv_blocks=lim["num_blocks"],
+                    max_model_len=lim["max_model_len"],
+                    num_gpu_blocks_override=lim["num_blocks"],
                     max_concurrency=max_concurrency)
     reqs = [replace(r, accepted=list(accepted.get(r.request_id, []))) for r in requests]
     result, _ = simulate(cfg, reqs, device_costs)

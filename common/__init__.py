@@ -1,1 +1,12 @@
-"""placeholder"""
+"""common: the shared core that both halves import, and nothing of the project below it.
+
+- `formats`: workload traces, the timeline vocabulary (modes, lanes, ops) and spans, run results
+  and the `vllm bench serve` metrics;
+- `workloads`: built-in traces and the load generator (request rate, burstiness, concurrency);
+- `modelcfg`: model configurations (Hugging Face config.json, EAGLE-3 heads, named presets);
+- `scheduler`: the vLLM V1 continuous-batching scheduler, with async placeholder accounting;
+- `acceptance`: how many drafts the target accepts (rates, per-request spread, replay);
+- `options`: the command-line vocabulary, spelled as `vllm serve` and `vllm bench serve` do;
+- `compare`: one run result against another (`stepgap compare`), repeated runs pooled;
+- `fileio`: reading and atomic writing of files; `errors`: `UserError`.
+"""

@@ -20,10 +20,9 @@ import sys
 import numpy as np
 
 from common.errors import UserError
-from common.formats import (RequestTiming, SpecStats, compute_metrics, gap_summary,
-                             load_result)
+from common.formats import (METRICS, RequestTiming, SpecStats, compute_metrics,
+                            gap_summary, load_result)
 
-METRICS = ("tpot", "itl", "ttft", "e2el")
 STATS = ("mean", "median", "p99")
 GAP_STATS = (("median", "median_us"), ("P90", "p90_us"), ("mean", "mean_us"))
 

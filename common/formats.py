@@ -275,12 +275,14 @@ def _pkey(p: float) -> str:
 
 
 def compute_metrics(timings: list[RequestTiming], duration_s: float,
-                    percentiles: Iterable[float] = PERCENTILES) -> dict:
+                    percentiles: Iterable[float] = PERCENTILES,
+                    percentile_metrics: Iterable[str] = METRICS) -> dict:
     """The metric keys of `vllm bench serve --save-result`, computed its way.
 
     TTFT = first chunk - send; ITL = gaps between chunks; E2EL = last chunk - send;
     TPOT = (E2EL - TTFT) / (output_len - 1) for requests with more than one token.
-    Mean, median, std (population) and percentiles in milliseconds.
+    Mean, median, std (population) in milliseconds, and the percentiles of the
+    `percentile_metrics` (vLLM's --metric-percentiles and --percentile-metrics).
     """
     done = [t for t in timings if t.chunk_s]
     ttfts = [t.chunk_s[0] - t.send_s for t in done]
@@ -302,8 +304,9 @@ def compute_metrics(timings: list[RequestTiming], duration_s: float,
         out[f"mean_{name}_ms"] = float(v.mean())
         out[f"median_{name}_ms"] = float(np.median(v))
         out[f"std_{name}_ms"] = float(v.std())
-        for p in percentiles:
-            out[f"p{_pkey(p)}_{name}_ms"] = float(np.percentile(v, p))
+        if name in percentile_metrics:
+            for p in percentiles:
+                out[f"p{_pkey(p)}_{name}_ms"] = float(np.percentile(v, p))
     return out
 
 
@@ -345,7 +348,8 @@ class SpecStats:
 def run_result(timings: list[RequestTiming], duration_s: float, *, backend: str,
                config: dict, gaps_us: list[float] | None = None,
                spec: SpecStats | None = None, detailed: bool = False,
-               percentiles: Iterable[float] = PERCENTILES) -> dict:
+               percentiles: Iterable[float] = PERCENTILES,
+               percentile_metrics: Iterable[str] = METRICS) -> dict:
     """One run's result: `vllm bench serve` keys plus `step_gaps`, `spec_decode` and `config`.
 
     With `detailed`, the per-request lists (`request_ids`, `input_lens`, `output_lens`, `ttfts`,
@@ -355,7 +359,7 @@ def run_result(timings: list[RequestTiming], duration_s: float, *, backend: str,
            "request_rate": config.get("request_rate", "inf"),
            "burstiness": config.get("burstiness", 1.0),
            "max_concurrency": config.get("max_concurrency")}
-    res.update(compute_metrics(timings, duration_s, percentiles))
+    res.update(compute_metrics(timings, duration_s, percentiles, percentile_metrics))
     res["step_gaps"] = gap_summary(gaps_us or [], detailed=detailed)
     if spec is not None:
         res["spec_decode"] = spec.to_dict()

@@ -13,7 +13,6 @@ arrival lands at num_prompts / rate, as vLLM does.
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections import deque
 from dataclasses import replace
@@ -170,94 +169,3 @@ class LoadGenerator:
     @property
     def done(self) -> bool:
         return not self.pending and self.in_flight == 0
-
-
-# ---------------------------------------------------------------------------------------------
-# The load options shared by `stepgap simulate` and `stepgap run`
-
-
-def rate_arg(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or 'inf', got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 (or inf), got {text}")
-    return v
-
-
-def _parse(text: str, kind: type):
-    try:
-        return kind(text)
-    except ValueError:
-        what = "an integer" if kind is int else "a number"
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-
-
-def nonneg_int(text: str) -> int:
-    v = _parse(text, int)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
-
-
-def positive_int(text: str) -> int:
-    v = _parse(text, int)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
-def nonneg_float(text: str) -> float:
-    v = _parse(text, float)
-    if not 0 <= v < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return v
-
-
-def positive_float(text: str) -> float:
-    v = _parse(text, float)
-    if not 0 < v < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return v
-
-
-def add_load_args(p: argparse.ArgumentParser, default_workload: str = "mtbench") -> None:
-    g = p.add_argument_group("workload and load (as `vllm bench serve`)")
-    g.add_argument("--trace", "--workload", dest="trace", default=None, metavar="NAME|FILE",
-                   help=f"built-in workload ({', '.join(BUILTIN)}) or a trace file of JSON lines "
-                        f"{{request_id, arrival_s, prompt_len, output_len}} "
-                        f"(default: {default_workload})")
-    g.add_argument("--num-prompts", type=positive_int, default=None,
-                   help="number of requests (default: the workload's own; 80 for mtbench)")
-    g.add_argument("--output-len", type=positive_int, default=None,
-                   help="override every request's output length (tokens; ignore_eos)")
-    g.add_argument("--request-rate", type=rate_arg, default=None, metavar="RPS",
-                   help="requests per second, or inf to send all at once; default: the trace's "
-                        "own arrival times (built-in workloads: inf)")
-    g.add_argument("--burstiness", type=rate_arg, default=None,
-                   help="gamma shape of inter-arrival times: 1 is Poisson, <1 burstier, "
-                        ">1 more uniform (default 1)")
-    g.add_argument("--max-concurrency", type=positive_int, default=None,
-                   help="most requests in flight at once, as the benchmark client's semaphore "
-                        "(default: unlimited)")
-    g.add_argument("--seed", type=int, default=None, help="seed for workloads, arrivals and "
-                   "sampling (default 0)")
-
-
-LOAD_DEFAULTS = {"burstiness": 1.0, "seed": 0}
-
-
-def fill_load_defaults(args) -> None:
-    """Give the load options left unset their defaults. (They default to None so that scenario
-    presets can tell an explicit value from none.)"""
-    for name, value in LOAD_DEFAULTS.items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, value)
-
-
-def workload_from_args(args, default_workload: str = "mtbench") -> list[TraceRequest]:
-    fill_load_defaults(args)
-    reqs = load_workload(args.trace or default_workload, args.num_prompts, args.output_len,
-                         args.seed)
-    return apply_request_rate(reqs, args.request_rate, args.burstiness, args.seed)

@@ -1,4 +1,8 @@
-"""`stepgap run` (measure a trace on the real engine) and `stepgap make-tiny` (tiny checkpoints)."""
+"""`stepgap run`: measure a trace on the real engine.
+
+Its options are `stepgap simulate`'s and vLLM's (common/options.py); `engine_args_from` turns
+them into the one EngineArgs that every engine user builds from.
+"""
 
 from __future__ import annotations
 
@@ -6,44 +10,82 @@ import argparse
 import sys
 
 from common.errors import UserError
-from common.workloads import add_load_args, positive_int
+from common.options import (add_engine_args, add_load_args, add_model_args, add_result_args,
+                            add_scheduler_args, nonneg_float, nonneg_int, positive_float,
+                            rates_arg)
 
 RUN_EPILOG = """\
 examples:
   stepgap make-tiny out/tiny
-  stepgap run --target out/tiny/target --draft out/tiny/eagle3-yuhuili --k 4 \\
+  stepgap run --model out/tiny/target --speculative-config \\
+      '{"method": "eagle3", "model": "out/tiny/eagle3-yuhuili", "num_speculative_tokens": 4}' \\
       --trace mtbench --num-prompts 8 --output-len 64 --max-concurrency 4 --result-json r.json
-  stepgap run --target out/tiny/target --draft out/tiny/eagle3-speculators --k 3 \\
-      --mode zero-bubble --executor process --timeline t.jsonl --chrome-trace t.json
-  stepgap run --target llama-3.1-8b --draft llama-3.1-8b-eagle3 --device cuda --k 4 \\
+  stepgap run --model checkpoints/pystdlib/target --draft checkpoints/pystdlib/eagle3 \\
+      --num-speculative-tokens 4 --trace checkpoints/pystdlib/heldout.jsonl \\
+      --max-concurrency 4 --async-scheduling --executor process --timeline t.jsonl
+  stepgap run --model llama-3.1-8b --draft llama-3.1-8b-eagle3 --device cuda -k 4 \\
       --mode async --synthetic-acceptance mtbench --max-concurrency 1 --num-prompts 16
 
 Presets (llama-3.1-8b, llama-3.2-1b, llama-3.2-3b; drafts llama-3.1-8b-eagle3, or eagle3 for a
 head shaped like the target) build random weights directly on the device: use them with
---synthetic-acceptance to time full-size models. `--target tiny --draft tiny-eagle3` is the
+--synthetic-acceptance to time full-size models. `--model tiny --draft tiny-eagle3` is the
 random make-tiny pair, built in memory. Times are wall clock: TTFT, TPOT, ITL and E2EL
-in ms as `vllm bench serve` reports them; step gaps in microseconds.
+in ms as `vllm bench serve` reports them; step gaps in microseconds. A pasted vLLM option that
+the engine does not model is named and ignored.
 """
 
+ACCEPTANCE_HELP = (
+    "accept drafts by an acceptance profile instead of by the target, while the models still "
+    "run: a named one (mtbench: DESIGN.md §6 with the simulator's per-request spread), "
+    "per-position rates P(accepted > j) such as 0.74,0.54,0.41, or 'replay' (each request's "
+    "`accepted` list from the trace). The simulator draws the same counts for the same trace "
+    "and seed")
 
-def _rates(text: str):
-    if text in ("mtbench", "replay"):
+
+def acceptance_arg(text: str):
+    from common.acceptance import PROFILES
+    if text == "replay" or text in PROFILES:
         return text
     try:
-        rates = tuple(float(x) for x in text.split(","))
-    except ValueError:
+        return rates_arg(text)
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
-            f"expected 'mtbench', 'replay' or comma-separated rates like 0.8,0.6,0.4; "
-            f"got {text!r}") from None
-    return rates
+            f"expected a profile ({', '.join(PROFILES)}), 'replay' or comma-separated rates "
+            f"like 0.8,0.6,0.4; got {text!r}") from None
 
 
-def _unit(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    return v
+def add_run_args(p) -> None:
+    """The engine's options: shared with `stepgap serve`."""
+    from engine.args import EngineArgs
+    d = EngineArgs(model="")
+    g = add_model_args(p, d)
+    g.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "float64"),
+                   help="weights and KV cache (default: bfloat16 on cuda, float32 on cpu)")
+    g.add_argument("--random-weights", action="store_true", default=None,
+                   help="build the target and draft from their config.json with random weights "
+                        "(for timing; no safetensors read). Presets always are random")
+    g = add_engine_args(p, d)
+    g.add_argument("--no-cuda-graphs", "--enforce-eager", dest="cuda_graphs",
+                   action="store_false", default=None,
+                   help="on cuda, run decode steps eagerly instead of replaying CUDA graphs "
+                        "(vLLM's --enforce-eager)")
+    g.add_argument("--no-pin", dest="pin", action="store_false", default=None,
+                   help="with --executor process, do not pin the engine to one CPU and the "
+                        "worker to another (pinned by default when there are two or more)")
+    g = add_scheduler_args(p, d, blocks_help=" (default: room for --max-num-seqs requests of "
+                                             "--max-model-len, capped by --kv-cache-gib)")
+    g.add_argument("--kv-cache-gib", type=positive_float, metavar="GIB",
+                   help=f"cap of the default KV cache size (default {d.kv_cache_gib:g})")
+    g = p.add_argument_group("sampling")
+    g.add_argument("--temperature", type=nonneg_float, default=0.0,
+                   help="0 is greedy, as `vllm bench serve` defaults (default 0)")
+    g.add_argument("--top-k", type=nonneg_int, default=0, help="0 is off (default)")
+    g.add_argument("--top-p", type=positive_float, default=1.0, help="default 1.0 (off)")
+    g.add_argument("--synthetic-acceptance", type=acceptance_arg, metavar="PROFILE|RATES",
+                   help=ACCEPTANCE_HELP)
+    g.add_argument("--acceptance-spread", type=nonneg_float, metavar="SIGMA",
+                   help="with --synthetic-acceptance: std of each request's logit shift of the "
+                        "rates (default: the profile's; 0 for rates)")
 
 
 def register(sub) -> None:
@@ -52,140 +94,95 @@ def register(sub) -> None:
         description="Run a workload through the reference engine (a Llama target, an EAGLE-3 "
                     "head, a paged KV cache, the shared vLLM V1 scheduler) and measure what "
                     "`vllm bench serve` measures, plus the step timeline and its gaps.",
-        epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    m = p.add_argument_group("models")
-    m.add_argument("--target", required=True, metavar="DIR|PRESET",
-                   help="Hugging Face Llama folder (config.json + safetensors) or a preset")
-    m.add_argument("--draft", default=None, metavar="DIR|PRESET",
-                   help="EAGLE-3 head folder (yuhuili or speculators layout), a preset, or "
-                        "'eagle3' (random, shaped like the target); needed when --k > 0")
-    m.add_argument("--k", type=int, default=0,
-                   help="speculative tokens per step, the draft length (default 0: no drafting)")
-    m.add_argument("--random-weights", action="store_true",
-                   help="build the target and draft from their config.json with random weights "
-                        "(for timing; no safetensors read). Presets always are random")
-    m.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16", "float64"),
-                   help="weights and KV cache dtype (default: bfloat16 on cuda, float32 on cpu)")
-    e = p.add_argument_group("engine")
-    e.add_argument("--mode", default="sync", choices=("sync", "async", "zero-bubble"),
-                   help="step scheduling (DESIGN.md §1; default sync)")
-    e.add_argument("--executor", default="inline", choices=("inline", "process"),
-                   help="worker in the engine process, or in its own process (default inline)")
-    e.add_argument("--no-pin", dest="pin", action="store_false",
-                   help="with --executor process, do not pin the engine to one CPU and the "
-                        "worker to another (pinned by default when there are two or more)")
-    e.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="default cpu")
-    e.add_argument("--no-cuda-graphs", action="store_true",
-                   help="on cuda, run decode steps eagerly instead of replaying CUDA graphs")
-    s = p.add_argument_group("scheduler (as vLLM V1)")
-    s.add_argument("--max-num-seqs", type=positive_int, default=256,
-                   help="most requests in one step (default 256)")
-    s.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
-                   help="token budget of one step; longer prefills are chunked (default 8192)")
-    s.add_argument("--max-model-len", type=positive_int, default=2048,
-                   help="longest prompt + output, in tokens (default 2048)")
-    s.add_argument("--num-blocks", type=positive_int, default=None,
-                   help="KV cache blocks of 16 tokens (default: enough for max-num-seqs requests "
-                        "of max-model-len, capped by --kv-cache-gib)")
-    s.add_argument("--kv-cache-gib", type=_unit, default=4.0,
-                   help="cap of the default KV cache size in GiB (default 4)")
-    g = p.add_argument_group("sampling")
-    g.add_argument("--temperature", type=_unit, default=0.0,
-                   help="0 is greedy, as `vllm bench serve` defaults (default 0)")
-    g.add_argument("--top-k", type=int, default=0, help="0 is off (default)")
-    g.add_argument("--top-p", type=_unit, default=1.0, help="default 1.0 (off)")
-    g.add_argument("--synthetic-acceptance", type=_rates, default=None, metavar="RATES",
-                   help="accept drafts by per-position rates P(accepted > j), e.g. "
-                        "0.74,0.54,0.41, or 'mtbench' (DESIGN.md §6), or 'replay' (each "
-                        "request's `accepted` list from the trace); the models still run")
+        epilog=RUN_EPILOG, allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_args(p)
     add_load_args(p)
-    o = p.add_argument_group("output")
-    o.add_argument("--result-json", default=None, metavar="PATH",
-                   help="write the run result (vllm bench serve keys + step_gaps, spec_decode, "
-                        "config)")
-    o.add_argument("--detailed", action="store_true",
-                   help="per-request lists in the result, with output_token_ids and accepted")
-    o.add_argument("--timeline", default=None, metavar="PATH", help="spans as JSON lines")
-    o.add_argument("--chrome-trace", default=None, metavar="PATH",
+    add_result_args(p, timeline_help="write the spans as JSON lines")
+    p.add_argument("--chrome-trace", default=None, metavar="PATH",
                    help="spans as Chrome-trace JSON (open in ui.perfetto.dev)")
-    o.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    p.set_defaults(func=cmd_run)
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    p.set_defaults(func=cmd_run, vllm_options=True)
 
 
 def sampling_from_args(args):
-    from engine.sampler import MTBENCH_ACCEPTANCE, SamplingConfig
+    from common.acceptance import PROFILES, AcceptanceProfile
+    from engine.sampler import SamplingConfig
     syn = args.synthetic_acceptance
-    rates = MTBENCH_ACCEPTANCE if syn == "mtbench" else None if syn in (None, "replay") else syn
-    return SamplingConfig(args.temperature, args.top_k, args.top_p, rates, syn == "replay",
-                          args.seed)
+    profile = None
+    if syn not in (None, "replay"):
+        profile = PROFILES[syn] if isinstance(syn, str) else \
+            AcceptanceProfile("custom", syn, 0.0, "--synthetic-acceptance")
+        if args.acceptance_spread is not None:
+            profile = AcceptanceProfile(profile.name, profile.rates, args.acceptance_spread,
+                                        profile.source)
+    return SamplingConfig(args.temperature, args.top_k, args.top_p, profile, syn == "replay",
+                          args.seed or 0)
 
 
-def default_num_blocks(max_num_seqs: int, max_model_len: int, k: int, cap_bytes: float,
-                       bytes_per_block: int) -> int:
-    from common.scheduler import cdiv
-    want = max_num_seqs * cdiv(max_model_len + k, 16)
-    return max(1, min(want, int(cap_bytes // bytes_per_block)))
+FIELDS = ("dtype", "random_weights", "cuda_graphs", "pin", "device", "block_size",
+          "num_gpu_blocks_override", "gpu_memory_utilization", "kv_cache_gib", "max_num_seqs",
+          "max_num_batched_tokens", "max_model_len")
+
+
+def engine_args_from(args):
+    """The EngineArgs of a command line (run, serve): what it gives, else the defaults."""
+    from common.options import (check_tensor_parallel, executor_from_args, mode_from_args,
+                                speculative_from_args)
+    from engine.args import EngineArgs
+    if not args.model:
+        raise UserError("--model is required (a Llama folder, a preset, or tiny)")
+    check_tensor_parallel(args, who="the engine (one device)")
+    draft, k = speculative_from_args(args)
+    settings = {name: getattr(args, name) for name in FIELDS
+                if getattr(args, name, None) is not None}
+    mode, executor = mode_from_args(args), executor_from_args(args)
+    settings.update({key: v for key, v in (("mode", mode), ("executor", executor),
+                                           ("draft", draft), ("k", k)) if v is not None})
+    return EngineArgs(model=args.model, seed=args.seed or 0, sampling=sampling_from_args(args),
+                      **settings)
 
 
 def cmd_run(args) -> int:
-    from engine.checkpoint import check_draft_fits, draft_config, target_config
-    from engine.loop import EngineConfig, config_summary, run_trace
-    from engine.executor import WorkerDied, make_executor
-    from engine.worker import WorkerSpec
     from common.formats import format_summary, save_chrome_trace, save_result, save_timeline
-    from common.workloads import workload_from_args
+    from common.options import note, percentiles_from_args, result_path, workload_from_args
+    from engine.executor import WorkerDied
+    from engine.loop import config_summary, run_trace
 
-    if args.k < 0:
-        raise UserError(f"--k must be >= 0, got {args.k}")
-    if args.k > 0 and not args.draft:
-        raise UserError(f"--k {args.k} needs a draft head: give --draft")
+    ea = engine_args_from(args)
     requests = workload_from_args(args)  # also fills the unset load options (seed)
-    sampling = sampling_from_args(args)
-    if sampling.replay and not any(r.accepted for r in requests):
+    if ea.sampling.replay and not any(r.accepted for r in requests):
         raise UserError("--synthetic-acceptance replay: the trace has no `accepted` lists")
-    target_cfg = target_config(args.target)
-    if args.draft:
-        check_draft_fits(draft_config(args.draft, target_cfg), target_cfg, args.draft)
-    num_blocks = args.num_blocks
-    if num_blocks is None:
-        import torch
-        from engine.kv_cache import kv_cache_bytes_per_block
-        from engine.worker import DTYPES
-        dtype = DTYPES[args.dtype] if args.dtype else \
-            (torch.bfloat16 if args.device == "cuda" else torch.float32)
-        per_block = kv_cache_bytes_per_block(target_cfg.num_layers + (1 if args.draft else 0),
-                                             target_cfg.num_kv_heads, target_cfg.head_dim, dtype)
-        num_blocks = default_num_blocks(args.max_num_seqs, args.max_model_len, args.k,
-                                        args.kv_cache_gib * 2 ** 30, per_block)
-    spec = WorkerSpec(args.target, args.draft, args.device, args.dtype, num_blocks,
-                      args.max_model_len, args.max_num_seqs, max(args.k, 1),
-                      not args.no_cuda_graphs, args.seed, random_weights=args.random_weights)
-    cfg = EngineConfig(args.mode, args.k, num_blocks, args.max_num_seqs,
-                       args.max_num_batched_tokens, args.max_model_len, sampling)
-    say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr))
-    say(f"stepgap run: building the {args.executor} worker on {args.device} ...")
+    target = ea.target_config()
+    ea.draft_config(target)    # a head that does not fit fails here, before any work
+    out_path = result_path(args, "stepgap-engine", ea.model)
+    cfg = ea.engine_config()
+    note(args, f"building the {ea.executor} worker on {ea.device} ...")
     try:
-        with make_executor(args.executor, spec, args.pin) as ex:
+        with ea.make_executor() as ex:
             info = ex.info()
-            say(f"stepgap run: {len(requests)} requests, mode {args.mode}, k {args.k}, "
-                f"{num_blocks} KV blocks")
-            config = {**config_summary(cfg), "executor": args.executor, **info,
-                      "cuda_graphs": spec.cuda_graphs and args.device == "cuda",
+            note(args, f"{len(requests)} requests, mode {ea.mode}, k {ea.k}, "
+                       f"{cfg.num_blocks} KV blocks of {ea.block_size}")
+            config = {**config_summary(cfg), "executor": ea.executor, **info,
+                      "cuda_graphs": ea.cuda_graphs and ea.device == "cuda",
                       "request_rate": args.request_rate if args.request_rate else "inf",
                       "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
                       "trace": args.trace or "mtbench", "seed": args.seed}
-            out = run_trace(ex, requests, cfg, vocab_size=target_cfg.vocab_size,
+            out = run_trace(ex, requests, cfg, vocab_size=target.vocab_size,
                             max_concurrency=args.max_concurrency, seed=args.seed,
-                            detailed=args.detailed, config=config)
+                            detailed=bool(args.detailed), config=config,
+                            **percentiles_from_args(args))
     except WorkerDied as e:
         print(f"stepgap run: error: {e}", file=sys.stderr)
         return 1
-    if args.result_json:
-        save_result(args.result_json, out.result)
+    if out_path:
+        save_result(out_path, out.result)
     if args.timeline:
         save_timeline(args.timeline, out.spans)
     if args.chrome_trace:
         save_chrome_trace(args.chrome_trace, out.spans, "stepgap engine")
     if not args.quiet:
         print(format_summary(out.result, "Engine Benchmark Result"))
+        if out_path:
+            print(f"result: {out_path}")
     return 0

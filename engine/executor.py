@@ -22,10 +22,10 @@ import time
 import traceback
 from collections import deque
 
-from engine.worker import RunConfig, StepMsg, StepResult, Worker, WorkerSpec
 from common.errors import UserError
+from common.options import EXECUTORS
+from engine.worker import RunConfig, StepMsg, StepResult, Worker, WorkerSpec
 
-EXECUTORS = ("inline", "process")
 
 
 class WorkerDied(RuntimeError):

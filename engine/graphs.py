@@ -18,6 +18,9 @@ from typing import Callable
 
 import torch
 
+from engine.kv_cache import make_context, set_context
+from common.scheduler import cdiv
+
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
@@ -92,3 +95,73 @@ class DecodeGraphs:
         else:
             graph.replay()
         return tuple(o[:b * self.q] for o in out)
+
+
+@torch.inference_mode()
+def capture_decode_graphs(worker, k: int) -> dict[str, DecodeGraphs]:
+    """The worker's decode forwards at depth k, over every (batch, window) bucket: the target
+    (1 + k tokens per row), and with k > 0 the draft's first pass (1 + k) and its one-token
+    passes. On the CPU they are emulated (the padded path, run eagerly)."""
+    emulate = not worker.cuda
+    dev, scratch, bs = worker.device, worker.scratch, worker.kv.block_size
+    if not emulate:
+        torch.cuda.synchronize(dev)
+        if worker.graph_pool is None:
+            worker.graph_pool = torch.cuda.graph_pool_handle()
+    spec = worker.spec
+    bb = buckets_up_to(spec.max_num_seqs, BATCH_BUCKETS)
+    wb = window_buckets(cdiv(spec.max_model_len + spec.max_k, bs))
+    q = k + 1
+
+    def inputs(rows_q: int, hidden: str | None = None, dim: int = 0):
+        def make(b, w):
+            t = {"ids": torch.zeros(b * rows_q, dtype=torch.long, device=dev),
+                 "pos": torch.zeros(b * rows_q, dtype=torch.long, device=dev),
+                 "block_tables": torch.full((b, w), scratch, dtype=torch.long, device=dev),
+                 "scratch": scratch}
+            if hidden:
+                t[hidden] = torch.zeros(b * rows_q, dim, dtype=worker.dtype, device=dev)
+            return t
+        return make
+
+    def meta(t, rows_q):
+        b = t["block_tables"].shape[0]
+        grid = torch.arange(b * rows_q, device=dev)
+        return make_context(t["pos"], t["block_tables"], grid.view(b, rows_q), grid, scratch,
+                            worker.dtype, block_size=bs)
+
+    def target_fn(t):
+        set_context(meta(t, q))
+        hidden, aux = worker.target(t["ids"], t["pos"], return_aux=k > 0)
+        set_context(None)
+        logits = worker.target.compute_logits(hidden)
+        return (logits, aux) if aux is not None else (logits,)
+
+    def first_fn(t):
+        set_context(meta(t, q))
+        out = worker.draft(t["ids"], t["pos"], worker.draft.combine(t["aux"]))
+        set_context(None)
+        return (out,)
+
+    def step_fn(t):
+        set_context(meta(t, 1))
+        out = worker.draft(t["ids"], t["pos"], t["hidden"])
+        set_context(None)
+        return (out,)
+
+    pool = worker.graph_pool
+    graphs = {"target": DecodeGraphs(target_fn, q, bb, wb, inputs(q), pool, emulate)}
+    if k:
+        graphs["draft_first"] = DecodeGraphs(
+            first_fn, q, bb, wb, inputs(q, "aux", 3 * worker.target_cfg.hidden_size), pool,
+            emulate)
+        if k > 1:
+            graphs["draft_step"] = DecodeGraphs(
+                step_fn, 1, bb, wb, inputs(1, "hidden", worker.draft_cfg.hidden_size), pool,
+                emulate)
+    for g in graphs.values():
+        g.capture_all()
+    set_context(None)
+    if not emulate:
+        torch.cuda.synchronize(dev)
+    return graphs

@@ -1,7 +1,8 @@
 """The paged KV cache: block tables, slot mapping, and attention over paged blocks.
 
 Every attention layer (the target's L layers and the EAGLE-3 head's one) owns a key and a value
-tensor of shape [num_blocks + 1, block_size, num_kv_heads, head_dim]. Block ids come from the
+tensor of shape [num_blocks + 1, block_size, num_kv_heads, head_dim] (`--block-size`, 16 by
+default as in vLLM). Block ids come from the
 shared scheduler's block pool, and one block table per request serves all layers, as in vLLM.
 The extra last block is a scratch block: padded tokens (CUDA-graph batch padding, drafts of rows
 that do not sample) write there, so no real slot is ever touched by them.
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-BLOCK_SIZE = 16
+BLOCK_SIZE = 16   # the default, as vLLM's
 
 
 @dataclass(slots=True)
@@ -38,6 +39,7 @@ class Context:
     positions: torch.Tensor     # [N] position of each token
     slot_mapping: torch.Tensor  # [N] cache slot each token's K/V is written to
     block_tables: torch.Tensor  # [B, W] block ids, padded with the scratch block
+    block_size: int             # tokens per block
     pad_idx: torch.Tensor       # [B, Q] token index of each query slot of the padded grid
     unpad_idx: torch.Tensor     # [N] grid slot (b * Q + q) of each token
     bias: torch.Tensor          # [B, 1, Q, T] additive mask: 0 where visible, -inf elsewhere
@@ -68,13 +70,14 @@ def get_context() -> Context | None:
 
 def make_context(positions: torch.Tensor, block_tables: torch.Tensor, pad_idx: torch.Tensor,
                  unpad_idx: torch.Tensor, scratch_block: int, dtype: torch.dtype,
-                 write_mask: torch.Tensor | None = None) -> Context:
+                 write_mask: torch.Tensor | None = None, block_size: int = BLOCK_SIZE
+                 ) -> Context:
     """Build the metadata on the device from positions and block tables (no host sync).
 
     `write_mask` ([N] bool), when given, sends the K/V of tokens where it is False to the
     scratch block.
     """
-    bs = BLOCK_SIZE
+    bs = block_size
     b, q = pad_idx.shape
     t = block_tables.shape[1] * bs
     rows = torch.div(unpad_idx, q, rounding_mode="floor")
@@ -87,7 +90,7 @@ def make_context(positions: torch.Tensor, block_tables: torch.Tensor, pad_idx: t
     visible = key_pos.view(1, 1, t) <= q_pos.unsqueeze(-1)
     bias = torch.zeros(visible.shape, dtype=dtype, device=positions.device)
     bias.masked_fill_(~visible, float("-inf"))
-    return Context(positions, slots, block_tables, pad_idx, unpad_idx, bias.unsqueeze(1))
+    return Context(positions, slots, block_tables, bs, pad_idx, unpad_idx, bias.unsqueeze(1))
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -103,7 +106,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     k_cache.view(-1, hkv, d).index_copy_(0, ctx.slot_mapping, k)
     v_cache.view(-1, hkv, d).index_copy_(0, ctx.slot_mapping, v)
     b, qlen = ctx.pad_idx.shape
-    t = ctx.block_tables.shape[1] * BLOCK_SIZE
+    t = ctx.block_tables.shape[1] * ctx.block_size
     keys = k_cache[ctx.block_tables].view(b, t, hkv, d).transpose(1, 2)      # [B, Hkv, T, D]
     values = v_cache[ctx.block_tables].view(b, t, hkv, d).transpose(1, 2)
     qg = q[ctx.pad_idx].view(b, qlen, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * qlen, d)
@@ -147,10 +150,10 @@ class KVCache:
     """K/V tensors for every attention layer, indexed by the scheduler's block ids."""
 
     def __init__(self, num_layers: int, num_blocks: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
-        self.num_blocks = num_blocks
+                 dtype: torch.dtype, device: torch.device, block_size: int = BLOCK_SIZE):
+        self.num_blocks, self.block_size = num_blocks, block_size
         self.scratch_block = num_blocks  # the extra last block
-        shape = (num_layers, 2, num_blocks + 1, BLOCK_SIZE, num_kv_heads, head_dim)
+        shape = (num_layers, 2, num_blocks + 1, block_size, num_kv_heads, head_dim)
         # Zeros, not empty: padded queries may read the scratch block, and garbage there could be
         # NaN, which a masked softmax would still propagate through 0 * NaN.
         self.data = torch.zeros(shape, dtype=dtype, device=device)
@@ -164,6 +167,6 @@ class KVCache:
 
 
 def kv_cache_bytes_per_block(num_layers: int, num_kv_heads: int, head_dim: int,
-                             dtype: torch.dtype) -> int:
-    return num_layers * 2 * BLOCK_SIZE * num_kv_heads * head_dim * \
+                             dtype: torch.dtype, block_size: int = BLOCK_SIZE) -> int:
+    return num_layers * 2 * block_size * num_kv_heads * head_dim * \
         torch.empty((), dtype=dtype).element_size()

@@ -1,16 +1,17 @@
-"""The engine core: the benchmark client, the shared scheduler, the step loop, and its records.
+"""The engine's run: the benchmark client, the engine core and its step loop, and the result.
 
-One run sends a trace's requests as `vllm bench serve` would (LoadGenerator: arrival times and
-max concurrency), adds them to the shared vLLM V1 scheduler between steps, and runs the step
-loop in one of the modes of DESIGN.md §1:
+One run sends a trace's requests as `vllm bench serve` would (`Client`: arrival times and max
+concurrency), adds them to the shared vLLM V1 scheduler between steps, and runs the step loop
+(`step_loop`) in one of the modes of DESIGN.md §1:
 
 - `sync`: schedule N, execute N, collect N, update_from_output N, then schedule N+1;
 - `async` and `zero-bubble`: a batch queue of depth 2: schedule and execute N+1, then collect and
   update N. The scheduler counts placeholders for the step in flight (`async_scheduling`).
 
-A chunk's time is when update_from_output emits it; TTFT and E2EL run from the request's send
-time. The run result has the keys of `vllm bench serve --save-result`, plus step gaps (from the
-device spans of the timeline), acceptance statistics and the run's config.
+The loop is vLLM's `EngineCore.step_with_batch_queue`, and sim/loop.py's engine process runs the
+same rule. A chunk's time is when update_from_output emits it; TTFT and E2EL run from the
+request's send time. The run result has the keys of `vllm bench serve --save-result`, plus step
+gaps (from the device spans of the timeline), acceptance statistics and the run's config.
 """
 
 from __future__ import annotations
@@ -19,18 +20,21 @@ import gc
 import time
 import zlib
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from engine.sampler import SamplingConfig
-from engine.worker import RunConfig, StepMsg
-from engine.timing import HostSpans
+from common.acceptance import Acceptance
 from common.errors import UserError
-from common.formats import (RequestTiming, Span, SpecStats, TraceRequest, run_result,
-                             step_gaps)
-from common.scheduler import FINISHED, Request, Scheduler, SchedulerConfig
+from common.formats import (METRICS, PERCENTILES, RequestTiming, Span, SpecStats, TraceRequest,
+                            run_result, step_gaps)
+from common.scheduler import FINISHED, Request, Scheduler, SchedulerConfig, SchedulerOutput
 from common.workloads import LoadGenerator
+from engine.kv_cache import BLOCK_SIZE
+from engine.sampler import SamplingConfig
+from engine.timing import HostSpans
+from engine.worker import ReqRow, RunConfig, StepMsg
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +48,11 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 2048
     sampling: SamplingConfig = SamplingConfig()
+    block_size: int = BLOCK_SIZE
 
     def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(num_blocks=self.num_blocks, max_num_seqs=self.max_num_seqs,
+        return SchedulerConfig(num_blocks=self.num_blocks, block_size=self.block_size,
+                               max_num_seqs=self.max_num_seqs,
                                max_num_batched_tokens=self.max_num_batched_tokens,
                                max_model_len=self.max_model_len, num_spec_tokens=self.k,
                                async_scheduling=self.mode != "sync")
@@ -75,130 +81,218 @@ def prompt_ids(req: TraceRequest, vocab_size: int, seed: int) -> list[int]:
     return rng.integers(0, vocab_size, req.prompt_len).tolist()
 
 
+def acceptance_plans(requests: list[TraceRequest], cfg: EngineConfig) -> dict[str, list[int]]:
+    """The accepted count of each request's decode steps, where drafts are not judged by the
+    target: the trace's own (replay), or drawn from the synthetic profile by the simulator's own
+    model (common/acceptance.py, the same draws for the same requests and seed)."""
+    s = cfg.sampling
+    if s.replay:
+        return {r.request_id: r.accepted for r in requests if r.accepted is not None}
+    if s.synthetic is None or not cfg.k:
+        return {}
+    acc = Acceptance(s.synthetic, cfg.k, requests, s.seed, replay=False)
+    return {r.request_id: [acc.next(r.request_id, cfg.k) for _ in range(r.output_len)]
+            for r in requests}
+
+
+# ---------------------------------------------------------------------------------------------
+# The client
+
+
+class Client:
+    """The benchmark client: sends each request at max(its arrival, a free slot), as `vllm bench
+    serve` does, and times the chunks it receives."""
+
+    def __init__(self, requests: list[TraceRequest], max_concurrency: int | None):
+        self.gen = LoadGenerator(requests, max_concurrency)
+        self.timings: dict[str, RequestTiming] = {}
+        self.outputs: dict[str, list[int]] = {r.request_id: [] for r in requests}
+        self.last_done = 0.0   # the run ends at the last request's last chunk
+        self.t0_ns = time.perf_counter_ns()
+
+    def clock(self) -> float:
+        return (time.perf_counter_ns() - self.t0_ns) / 1e9
+
+    @property
+    def done(self) -> bool:
+        return self.gen.done
+
+    def send_due(self, core: "EngineCore", at: float | None = None) -> None:
+        """Send every request that has arrived, while slots are free (at `at`, when a slot has
+        just freed, or else at its arrival time)."""
+        for r in self.gen.pop_due(self.clock() if at is None else at):
+            sent = r.arrival_s if at is None else max(at, r.arrival_s)
+            self.timings[r.request_id] = RequestTiming(r.request_id, r.prompt_len, sent)
+            core.add(r)
+
+    def receive(self, core: "EngineCore", emitted) -> None:
+        """One step's chunks; the next requests go out the moment slots free up."""
+        now = self.clock()
+        freed = 0
+        for req, new, finished in emitted:
+            self.timings[req.request_id].add_chunk(now, len(new))
+            self.outputs[req.request_id] += new
+            if finished:
+                self.gen.complete()
+                self.last_done = now
+                freed += 1
+        if freed:
+            self.send_due(core, now)
+
+    def wait_for_arrival(self) -> None:
+        nxt = self.gen.next_arrival()
+        if nxt is None:
+            raise RuntimeError("engine: the client waits for requests the engine does not hold")
+        time.sleep(max(0.0, nxt - self.clock()))
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine core
+
+
+class EngineCore:
+    """The scheduler, the queue of launched steps, and what their outputs have shown."""
+
+    def __init__(self, executor, cfg: EngineConfig, requests: list[TraceRequest],
+                 vocab_size: int, seed: int):
+        self.executor, self.cfg = executor, cfg
+        self.sched = Scheduler(cfg.scheduler_config())
+        self.depth = 1 if cfg.mode == "sync" else 2
+        self.queue: deque[tuple[SchedulerOutput, object]] = deque()   # launched, oldest first
+        self.host = HostSpans("cpu.engine")
+        self.prompts = {r.request_id: prompt_ids(r, vocab_size, seed) for r in requests}
+        self.plans = acceptance_plans(requests, cfg)
+        self.spec = SpecStats(cfg.k)
+        self.accepted: dict[str, list[int]] = {r.request_id: [] for r in requests}
+        self.spans: list[Span] = []
+        self.discarded = 0
+
+    def add(self, r: TraceRequest) -> None:
+        self.sched.add_request(Request(r.request_id, r.prompt_len, r.output_len,
+                                       self.prompts[r.request_id]))
+
+    def schedule_and_launch(self) -> bool:
+        """Schedule a step and hand it to the executor; False if nothing was scheduled."""
+        if not self.sched.has_unfinished():
+            return False
+        with self.host.span("schedule", self.sched.step) as args:
+            out = self.sched.schedule()
+            msg = self.step_msg(out) if out.scheduled else None
+            args.update(reqs=out.num_reqs, tokens=out.num_batched_tokens)
+        if msg is None:   # an empty step is not launched
+            return False
+        self.queue.append((out, self.executor.execute(msg)))
+        return True
+
+    def step_msg(self, out: SchedulerOutput) -> StepMsg:
+        rows = []
+        for s in out.scheduled:
+            r = s.request
+            rows.append(ReqRow(r.request_id, s.num_new_tokens, s.num_spec, s.samples, s.start,
+                               list(r.block_ids), r.token_ids() if s.fresh else None,
+                               self.plans.get(r.request_id) if s.fresh else None))
+        return StepMsg(out.step, rows, list(out.preempted), list(out.finished))
+
+    def update_oldest(self, client: Client) -> int:
+        """Block on the oldest step's output, apply it, and stream its chunks. Its step."""
+        out, handle = self.queue.popleft()
+        res = self.executor.collect(handle)
+        self.spans += res.spans
+        with self.host.span("update_from_output", out.step, reqs=out.num_reqs,
+                            tokens=out.num_batched_tokens):
+            self.observe(out, res.sampled)
+            client.receive(self, self.sched.update_from_output(out, res.sampled))
+        return out.step
+
+    def observe(self, out: SchedulerOutput, sampled: dict) -> None:
+        """Acceptance statistics of the chunks that will be emitted (not of discarded steps)."""
+        for s in out.scheduled:
+            if not s.samples:
+                continue
+            if s.request.status == FINISHED:
+                self.discarded += 1
+            elif s.num_spec:
+                a = len(sampled[s.request.request_id]) - 1
+                self.spec.observe(s.num_spec, a)
+                self.accepted[s.request.request_id].append(a)
+
+    def stalled(self) -> None:
+        if self.sched.has_unfinished():
+            raise RuntimeError("engine: requests are waiting but nothing can be scheduled "
+                               "(the KV cache is too small for them)")
+
+
+def step_loop(core: EngineCore, client: Client, on_step=None) -> None:
+    """vLLM's step_with_batch_queue (sim/loop.py runs the same rule): keep the queue of launched
+    steps filled, one deep in sync and two in async; block on the oldest step's output only when
+    the queue is full or nothing more could be scheduled."""
+    while not (client.done and not core.queue):
+        client.send_due(core)
+        launched = core.schedule_and_launch()
+        if not core.queue:
+            core.stalled()            # nothing in flight and nothing schedulable: idle
+            client.wait_for_arrival()
+            continue
+        if launched and len(core.queue) < core.depth:
+            continue                  # the queue has room: schedule the next step first
+        step = core.update_oldest(client)
+        if on_step is not None:
+            on_step(step)
+
+
+@contextmanager
+def frozen_gc():
+    """What the process already holds (models, earlier runs' results) is kept out of the cyclic
+    collector for the run, as vLLM's engine core freezes its start-up objects: a full collection
+    over a million objects stalls the step loop for 100-170 ms (docs/validation.md)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+# ---------------------------------------------------------------------------------------------
+# A run
+
+
 def run_trace(executor, requests: list[TraceRequest], cfg: EngineConfig, *, vocab_size: int,
               max_concurrency: int | None = None, seed: int = 0, detailed: bool = False,
-              config: dict | None = None, on_step=None) -> RunOutput:
+              config: dict | None = None, on_step=None, percentiles=PERCENTILES,
+              percentile_metrics=METRICS) -> RunOutput:
     """Run one trace to completion through `executor` and measure it."""
     if not requests:
         raise UserError("the trace holds no requests")
-    sched = Scheduler(cfg.scheduler_config())
-    gen = LoadGenerator(requests, max_concurrency)
-    prompts = {r.request_id: prompt_ids(r, vocab_size, seed) for r in requests}
+    core = EngineCore(executor, cfg, requests, vocab_size, seed)
     executor.configure(RunConfig(cfg.mode, cfg.k, cfg.sampling))  # may capture CUDA graphs
-    # What the process already holds (models, earlier runs' results) is kept out of the cyclic
-    # collector for the run, as vLLM's engine core freezes its start-up objects: a full
-    # collection over a million objects stalls the step loop for 100-170 ms (docs/validation.md).
-    gc.collect()
-    gc.freeze()
-    t0_ns = time.perf_counter_ns()
-    host = HostSpans("cpu.engine")
-    timings: dict[str, RequestTiming] = {}
-    outputs: dict[str, list[int]] = {r.request_id: [] for r in requests}
-    accepted: dict[str, list[int]] = {r.request_id: [] for r in requests}
-    replay = {r.request_id: r.accepted for r in requests}
-    spec = SpecStats(cfg.k)
-    spans: list[Span] = []
-    depth = 1 if cfg.mode == "sync" else 2
-    in_flight: deque = deque()
-    discarded = 0
-    last_done = 0.0
+    with frozen_gc():
+        client = Client(requests, max_concurrency)
+        step_loop(core, client, on_step)
+    return run_output(core, client, requests, config, detailed, percentiles, percentile_metrics)
 
-    def clock() -> float:
-        return (time.perf_counter_ns() - t0_ns) / 1e9
 
-    def send(reqs: list[TraceRequest], at: float | None) -> None:
-        for r in reqs:
-            sent = r.arrival_s if at is None else max(at, r.arrival_s)
-            timings[r.request_id] = RequestTiming(r.request_id, r.prompt_len, sent)
-            sched.add_request(Request(r.request_id, r.prompt_len, r.output_len,
-                                      prompts[r.request_id]))
-
-    while not (gen.done and not in_flight):
-        send(gen.pop_due(clock()), None)
-        out = None
-        if sched.has_unfinished() and len(in_flight) < depth:
-            with host.span("schedule", sched.step) as args:
-                out = sched.schedule()
-                msg = to_msg(out, replay) if out.scheduled else None
-                args.update(reqs=out.num_reqs, tokens=out.num_batched_tokens)
-            if msg is not None:
-                in_flight.append((out, executor.execute(msg)))
-            else:
-                out = None
-        if in_flight and (len(in_flight) == depth or out is None):
-            done_out, handle = in_flight.popleft()
-            res = executor.collect(handle)
-            spans += res.spans
-            with host.span("update_from_output", done_out.step, reqs=done_out.num_reqs,
-                           tokens=done_out.num_batched_tokens):
-                discarded += _observe(done_out, res.sampled, spec, accepted)
-                emitted = sched.update_from_output(done_out, res.sampled)
-                now = clock()
-                freed = 0
-                for req, new, finished in emitted:
-                    timings[req.request_id].add_chunk(now, len(new))
-                    outputs[req.request_id] += new
-                    if finished:
-                        gen.complete()
-                        freed += 1
-                        last_done = now
-                if freed:  # the client sends the next requests the moment slots free up
-                    send(gen.pop_due(now), now)
-            if on_step is not None:
-                on_step(done_out.step)
-        elif not in_flight and out is None:
-            nxt = gen.next_arrival()
-            if nxt is None:
-                if sched.has_unfinished():
-                    raise RuntimeError("engine: requests are waiting but nothing can be "
-                                       "scheduled (the KV cache is too small for them)")
-                break
-            time.sleep(max(0.0, nxt - clock()))
-    gc.unfreeze()
-    duration = last_done  # as the benchmark client ends: at the last request's last chunk
-    t0_us = t0_ns / 1000.0  # spans are taken on the monotonic clock: make them run-relative
+def run_output(core: EngineCore, client: Client, requests: list[TraceRequest], config,
+               detailed: bool, percentiles, percentile_metrics) -> RunOutput:
+    cfg = core.cfg
+    t0_us = client.t0_ns / 1000.0  # spans are taken on the monotonic clock: make them relative
     spans = sorted((s._replace(start_us=s.start_us - t0_us, end_us=s.end_us - t0_us)
-                    for s in spans + host.take()), key=lambda s: (s.start_us, s.end_us))
+                    for s in core.spans + core.host.take()), key=lambda s: (s.start_us, s.end_us))
     order = [r.request_id for r in requests]
-    result = run_result([timings[rid] for rid in order if rid in timings], duration,
-                        backend="stepgap-engine", config=dict(config or {}),
-                        gaps_us=step_gaps(spans), spec=spec if cfg.k else None,
-                        detailed=detailed)
+    result = run_result([client.timings[rid] for rid in order if rid in client.timings],
+                        client.last_done, backend="stepgap-engine", config=dict(config or {}),
+                        gaps_us=step_gaps(spans), spec=core.spec if cfg.k else None,
+                        detailed=detailed, percentiles=percentiles,
+                        percentile_metrics=percentile_metrics)
     result["config"].setdefault("mode", cfg.mode)
     result["config"].setdefault("k", cfg.k)
-    result["config"]["num_preemptions"] = sched.num_preemptions
+    result["config"]["num_preemptions"] = core.sched.num_preemptions
     if detailed:
-        result["output_token_ids"] = [outputs[rid] for rid in order]
+        result["output_token_ids"] = [client.outputs[rid] for rid in order]
         if cfg.k:
-            result["accepted"] = [accepted[rid] for rid in order]
-    return RunOutput(result, spans, outputs, accepted, sched.num_free_blocks, cfg.num_blocks,
-                     discarded)
-
-
-def to_msg(out, replay: dict) -> StepMsg:
-    reqs = []
-    for s in out.scheduled:
-        r = s.request
-        reqs.append((r.request_id, s.num_new_tokens, s.num_spec, s.samples, s.start,
-                     list(r.block_ids), r.token_ids() if s.fresh else None,
-                     replay.get(r.request_id) if s.fresh else None))
-    return StepMsg(out.step, reqs, list(out.preempted), list(out.finished))
-
-
-def _observe(out, sampled: dict, spec: SpecStats, accepted: dict) -> int:
-    """Acceptance statistics of the chunks that will be emitted (not of discarded steps).
-    Returns how many sampled rows belong to requests that have already finished."""
-    discarded = 0
-    for s in out.scheduled:
-        if not s.samples:
-            continue
-        if s.request.status == FINISHED:
-            discarded += 1
-        elif s.num_spec:
-            a = len(sampled[s.request.request_id]) - 1
-            spec.observe(s.num_spec, a)
-            accepted[s.request.request_id].append(a)
-    return discarded
+            result["accepted"] = [core.accepted[rid] for rid in order]
+    return RunOutput(result, spans, client.outputs, core.accepted, core.sched.num_free_blocks,
+                     cfg.num_blocks, core.discarded)
 
 
 def config_summary(cfg: EngineConfig) -> dict:

@@ -10,9 +10,11 @@ draft distribution is one-hot, so speculative sampling reduces to:
   first rejection emit a sample of the residual, p_j with x removed and renormalized; if all are
   accepted, emit a bonus sample of p_k. p is the target's distribution after temperature, top-k
   and top-p;
-- synthetic: accept by given per-position acceptance rates (or a replay of recorded accepted
-  counts), while the real target and draft still run. The emitted tokens are the drafts and the
-  target's sample after them, so timing is real and only acceptance is scripted.
+- forced: accept a given number of drafts per row (`forced`), while the real target and draft
+  still run. The emitted tokens are the drafts and the target's sample after them, so timing is
+  real and only acceptance is scripted. The counts are a replay of recorded ones, or synthetic:
+  drawn by the engine core from an acceptance profile (common/acceptance.py, the simulator's own
+  model), so that both halves accept alike.
 
 Sampling draws use the exponential trick (argmax p / E, E ~ Exp(1)), as gpt-fast does.
 """
@@ -23,9 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from common.acceptance import AcceptanceProfile
 from common.errors import UserError
-
-MTBENCH_ACCEPTANCE = (0.74, 0.54, 0.41, 0.31, 0.23, 0.17, 0.13)  # DESIGN.md §6, k = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +34,8 @@ class SamplingConfig:
     temperature: float = 0.0
     top_k: int = 0            # 0: off
     top_p: float = 1.0
-    synthetic: tuple[float, ...] | None = None  # per-position acceptance rates P(accepted > j)
-    replay: bool = False      # synthetic acceptance from each request's recorded `accepted`
+    synthetic: AcceptanceProfile | None = None  # accept drafts as this profile says
+    replay: bool = False      # accept as each request's recorded `accepted` list says
     seed: int = 0
 
     def __post_init__(self):
@@ -44,21 +45,19 @@ class SamplingConfig:
             raise UserError(f"--top-k must be >= 0 (0 is off), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise UserError(f"--top-p must be in (0, 1], got {self.top_p}")
-        if self.synthetic is not None:
-            rates = tuple(float(r) for r in self.synthetic)
-            if not rates or any(not 0 <= r <= 1 for r in rates):
-                raise UserError(f"--synthetic-acceptance rates must be in [0, 1], got {rates}")
-            if any(b > a for a, b in zip(rates, rates[1:])):
-                raise UserError("--synthetic-acceptance rates must not increase with position "
-                                f"(P(accepted > j) can only fall), got {rates}")
-            object.__setattr__(self, "synthetic", rates)
+        if self.synthetic is not None and self.replay:
+            raise UserError("give --synthetic-acceptance rates or replay, not both")
+        if isinstance(self.synthetic, (tuple, list)):   # bare rates: every request alike
+            object.__setattr__(self, "synthetic", AcceptanceProfile(
+                "custom", tuple(self.synthetic), 0.0, "--synthetic-acceptance"))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
     @property
-    def is_synthetic(self) -> bool:
+    def forced(self) -> bool:
+        """Drafts are accepted by given counts, not by comparing with the target."""
         return self.synthetic is not None or self.replay
 
 
@@ -87,26 +86,14 @@ def _uniform(shape, device, gen) -> torch.Tensor:
     return torch.rand(shape, device=device, generator=gen)
 
 
-def synthetic_conditionals(cfg: SamplingConfig, k: int, device) -> torch.Tensor | None:
-    """P(accept draft j | drafts < j accepted) from the per-position rates P(accepted > j).
-
-    Built once per run: a host-to-device copy inside the sampler would be a host sync."""
-    if cfg.synthetic is None or k == 0:
-        return None
-    rates = [*cfg.synthetic, *[0.0] * k][:k]
-    prev = [1.0] + rates[:-1]
-    return torch.tensor([r / p if p > 0 else 0.0 for r, p in zip(rates, prev)], device=device)
-
-
 def rejection_sample(logits: torch.Tensor, drafts: torch.Tensor, num_spec: torch.Tensor,
                      cfg: SamplingConfig, gen: torch.Generator | None = None,
-                     forced: torch.Tensor | None = None, cond: torch.Tensor | None = None):
+                     forced: torch.Tensor | None = None):
     """Verify drafts and sample. Returns (tokens [B, 1 + k], num_accepted [B]).
 
     logits [B, 1 + k, V] at each row's verify positions; drafts [B, k] target ids; num_spec [B]
-    real drafts per row; forced [B] accepted counts for replay; cond [k] the synthetic
-    conditional acceptance (synthetic_conditionals). A row emits tokens[:a + 1] where
-    a = num_accepted.
+    real drafts per row; forced [B] accepted counts (replayed or synthetic), which replace the
+    comparison with the target. A row emits tokens[:a + 1] where a = num_accepted.
     """
     b, width, _ = logits.shape
     k = width - 1
@@ -121,13 +108,8 @@ def rejection_sample(logits: torch.Tensor, drafts: torch.Tensor, num_spec: torch
         return samples, torch.zeros(b, dtype=torch.long, device=device)
     j = torch.arange(k, device=device)
     real = j.unsqueeze(0) < num_spec.unsqueeze(1)
-    if cfg.is_synthetic:
-        if forced is not None:
-            match = j.unsqueeze(0) < forced.unsqueeze(1)
-        else:
-            if cond is None:
-                cond = synthetic_conditionals(cfg, k, device)
-            match = _uniform((b, k), device, gen) < cond
+    if forced is not None:
+        match = j.unsqueeze(0) < forced.unsqueeze(1)
     elif probs is None:
         match = drafts == samples[:, :k]
     else:

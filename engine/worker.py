@@ -23,18 +23,18 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from engine.checkpoint import load_draft, load_target
-from engine.graphs import BATCH_BUCKETS, DecodeGraphs, buckets_up_to, window_buckets
-from engine.kv_cache import BLOCK_SIZE, KVCache, make_context, set_context
-from engine.sampler import SamplingConfig, rejection_sample, synthetic_conditionals
-from engine.timing import DeviceTimer, HostSpans
 from common.errors import UserError
 from common.formats import MODES, Span
-from common.scheduler import cdiv
+from engine.checkpoint import load_draft, load_target
+from engine.graphs import DecodeGraphs, capture_decode_graphs
+from engine.kv_cache import BLOCK_SIZE, KVCache, make_context, set_context
+from engine.sampler import SamplingConfig, rejection_sample
+from engine.timing import DeviceTimer, HostSpans
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float64": torch.float64}
@@ -53,6 +53,7 @@ class WorkerSpec:
     max_num_seqs: int = 256
     max_k: int = 8
     cuda_graphs: bool = True      # on CUDA: replay decode steps from CUDA graphs
+    block_size: int = BLOCK_SIZE  # tokens per KV block
     seed: int = 0
     num_threads: int | None = None
     emulate_graphs: bool = False  # tests: the graphs' padded, bucketed path, run eagerly
@@ -65,7 +66,7 @@ class WorkerSpec:
             raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise UserError("--device cuda: no CUDA device is available to torch here")
-        for f in ("num_blocks", "max_model_len", "max_num_seqs"):
+        for f in ("num_blocks", "max_model_len", "max_num_seqs", "block_size"):
             if getattr(self, f) < 1:
                 raise UserError(f"worker: {f} must be >= 1, got {getattr(self, f)}")
 
@@ -91,16 +92,25 @@ class RunConfig:
             raise UserError(f"--k must be >= 0, got {self.k}")
 
 
+class ReqRow(NamedTuple):
+    """One request's share of a step, as the engine core sends it to the worker."""
+
+    request_id: str
+    num_new: int                  # tokens this step computes for it
+    num_spec: int                 # draft tokens among them, verified this step
+    samples: bool                 # the chunk reaches the end of its known tokens
+    start: int                    # the scheduler's num_computed_tokens before this step
+    block_ids: list[int]
+    token_ids: list[int] | None = None   # fresh rows only: prompt and outputs so far
+    accepted: list[int] | None = None    # fresh rows only: forced accepted count per decode step
+
+
 @dataclass(slots=True)
 class StepMsg:
-    """One scheduled step, as the engine core sends it to the worker.
-
-    reqs: (request_id, num_new, num_spec, samples, start, block_ids, token_ids, accepted), where
-    token_ids (and the replay list `accepted`) come only when the request is fresh.
-    """
+    """One scheduled step, as the engine core sends it to the worker."""
 
     step: int
-    reqs: list[tuple]
+    reqs: list[ReqRow]
     preempted: list[str]
     finished: list[str]
 
@@ -124,18 +134,46 @@ class ReqState:
         return any(ph is h for ph, _ in self.pending)
 
 
+@dataclass(slots=True)
+class PreparedBatch:
+    """One step's flattened inputs on the host, before their one H2D copy."""
+
+    num_reqs: int
+    num_tokens: int
+    max_query: int            # the longest chunk: the padded query grid's width
+    width: int                # the widest block table
+    uniform: bool             # every row verifies 1 + k tokens: a CUDA-graph shape
+    shape: dict               # what the device ops work on, for their spans (sim/costs.py Batch)
+    num_patched: int          # input ids that come from the previous step's device outputs
+    num_fixed: int            # rows whose positions the zero-bubble fixup corrects
+    arrays: dict              # name -> np.ndarray
+
+
+@dataclass(slots=True, eq=False)
 class StepHandle:
     """A launched step: its rows, device outputs, host copies, events, and timing records."""
 
-    def __init__(self, step: int, rows: list[tuple[str, int, bool]]):
-        self.step = step
-        self.rows = rows            # (request id, num_spec, samples) per row
-        self.any_spec = any(ns for _, ns, _ in rows)
-        # num_computed corrected by the true accepted counts (nothing to correct without drafts)
-        self.corrected = not self.any_spec
-        self.records: list = []
-        self.spans: list[Span] = []
-        self.acc_event = self.out_event = None
+    step: int
+    rows: list[tuple[str, int, bool]]        # (request id, num_spec, samples) per row
+    # num_computed corrected by the true accepted counts (nothing to correct without drafts)
+    corrected: bool
+    records: list = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)
+    next_token: torch.Tensor | None = None   # [B] the token each row feeds the next step
+    num_accepted: torch.Tensor | None = None  # [B]
+    num_spec: torch.Tensor | None = None     # [B] drafts each row verified
+    tokens: torch.Tensor | None = None       # [B, 1 + k] sampled tokens
+    drafts: torch.Tensor | None = None       # [B, k] the next step's drafts (k > 0)
+    acc_host: torch.Tensor | None = None     # accepted counts on the host (pinned on CUDA)
+    acc_event: object = None                 # CUDA: acc_host has landed
+    out_host: torch.Tensor | None = None     # [B, 1 + k + 1 + k] tokens, count, drafts
+    out_event: object = None                 # CUDA: out_host has landed
+    packed: torch.Tensor | None = None       # the device buffer out_host copies from
+
+    @classmethod
+    def of(cls, msg: StepMsg) -> "StepHandle":
+        rows = [(r.request_id, r.num_spec, r.samples) for r in msg.reqs]
+        return cls(msg.step, rows, corrected=not any(r.num_spec for r in msg.reqs))
 
     def ready(self) -> bool:
         return self.out_event is None or self.out_event.query()
@@ -149,7 +187,7 @@ class Worker:
         self.device = torch.device(spec.device)
         self.dtype = spec.torch_dtype
         self.cuda = self.device.type == "cuda"
-        max_pos = spec.max_model_len + spec.max_k + BLOCK_SIZE
+        max_pos = spec.max_model_len + spec.max_k + spec.block_size
         self.target, self.target_cfg = load_target(spec.target, self.device, self.dtype, max_pos,
                                                    seed=spec.seed,
                                                    random_weights=spec.random_weights)
@@ -166,12 +204,13 @@ class Worker:
             raise UserError("the draft head's KV heads / head_dim differ from the target's; "
                             "the shared paged KV cache needs them equal")
         self.kv = KVCache(len(layers), spec.num_blocks, hkv.pop(), dims.pop(), self.dtype,
-                          self.device)
+                          self.device, spec.block_size)
         for i, attn in enumerate(layers):
             attn.k_cache, attn.v_cache = self.kv.layer(i)
         self.scratch = self.kv.scratch_block
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.graphs: dict[str, DecodeGraphs] = {}
+        self.graphs_k: int | None = None   # the k the graphs were captured for
         self.graph_pool = None
         self.graph_error: str | None = None
         self.run = None
@@ -200,13 +239,13 @@ class Worker:
         self.decode_steps: dict[str, int] = {}
         self.prev: StepHandle | None = None
         self.gen = torch.Generator(self.device).manual_seed(run.sampling.seed)
-        self.cond = synthetic_conditionals(run.sampling, run.k, self.device)
-        if (self.cuda and self.spec.cuda_graphs) or self.spec.emulate_graphs:
+        if ((self.cuda and self.spec.cuda_graphs) or self.spec.emulate_graphs) \
+                and self.graphs_k != run.k:
             try:
-                self._capture_graphs()
+                self.graphs, self.graphs_k = capture_decode_graphs(self, run.k), run.k
             except Exception as e:  # run eagerly rather than not at all; say so
                 set_context(None)
-                self.graphs, self._graphs_for = {}, None
+                self.graphs, self.graphs_k = {}, None
                 self.graph_error = f"{type(e).__name__}: {e}"
                 warnings.warn(f"CUDA graph capture failed, running eagerly: {self.graph_error}")
         self.host = HostSpans("cpu.worker")
@@ -228,23 +267,23 @@ class Worker:
                 if prev.acc_event is not None:
                     prev.acc_event.synchronize()
             self._correct(prev, prev.acc_host.tolist())
-        h = StepHandle(msg.step, [(r[0], r[2], r[3]) for r in msg.reqs])
+        h = StepHandle.of(msg)
         with self.host.span("prepare_inputs", msg.step, reqs=len(msg.reqs),
-                            tokens=sum(r[1] for r in msg.reqs)):
+                            tokens=sum(r.num_new for r in msg.reqs)):
             batch = self._prepare(msg, h)
-        with self.host.span("launch", msg.step, reqs=batch["b"], tokens=batch["n"]):
+        with self.host.span("launch", msg.step, reqs=batch.num_reqs, tokens=batch.num_tokens):
             self._launch(batch, h, prev)
         h.spans = self.host.take()
         self.prev = h
         return h
 
-    def _prepare(self, msg: StepMsg, h: StepHandle) -> dict:
+    def _prepare(self, msg: StepMsg, h: StepHandle) -> PreparedBatch:
         k, sync = self.k, self.run.mode == "sync"
         reqs = msg.reqs
         b = len(reqs)
-        n_tok = sum(r[1] for r in reqs)
-        qmax = max(r[1] for r in reqs)
-        width = max(len(r[5]) for r in reqs)
+        n_tok = sum(r.num_new for r in reqs)
+        qmax = max(r.num_new for r in reqs)
+        width = max(len(r.block_ids) for r in reqs)
         ids = np.zeros(n_tok, np.int64)
         pos = np.zeros(n_tok, np.int64)
         rows = np.zeros(n_tok, np.int64)
@@ -298,7 +337,7 @@ class Worker:
             verify[i, :ns + 1] = np.arange(off + n - 1 - ns, off + n)
             verify[i, ns + 1:] = off + n - 1
             num_spec[i], samples[i] = ns, samp
-            if ns and self.run.sampling.replay:
+            if ns and self.run.sampling.forced:
                 step_i = self.decode_steps.get(rid, 0)
                 plan = self.replay.get(rid, [])
                 forced[i] = plan[step_i] if step_i < len(plan) else 0
@@ -307,20 +346,19 @@ class Worker:
             if samp:
                 st.pending.append((h, i))
             off += n
-        uniform = all(r[1] == 1 + k and r[2] == k and r[3] for r in reqs)
+        uniform = all(r.num_new == 1 + k and r.num_spec == k and r.samples for r in reqs)
         # What the device ops work on, for their spans (the simulator's Batch, sim/costs.py).
         shape = {"q": qmax, "kv": kv, "sampling": int(samples.sum()),
                  "drafts": int(num_spec.sum())}
-        return {"b": b, "n": n_tok, "q": qmax, "w": width, "uniform": uniform, "shape": shape,
-                "patch": len(patch_dst), "fix": len(fix_row),
-                "arrays": {"ids": ids, "pos": pos, "rows": rows, "unpad": unpad, "pad": pad,
+        return PreparedBatch(b, n_tok, qmax, width, uniform, shape, len(patch_dst), len(fix_row),
+                             {"ids": ids, "pos": pos, "rows": rows, "unpad": unpad, "pad": pad,
                            "tables": tables, "verify": verify, "num_spec": num_spec,
                            "samples": samples, "fallback": fallback, "forced": forced,
                            "patch_dst": np.asarray(patch_dst, np.int64),
                            "patch_row": np.asarray(patch_row, np.int64),
                            "patch_col": np.asarray(patch_col, np.int64),
                            "fix_row": np.asarray(fix_row, np.int64),
-                           "fix_prev": np.asarray(fix_prev, np.int64)}}
+                              "fix_prev": np.asarray(fix_prev, np.int64)})
 
     def _to_device(self, arrays: dict) -> dict:
         """One H2D copy of every input array, packed; returns device views by name."""
@@ -334,25 +372,25 @@ class Worker:
             off += a.size
         return out
 
-    def _launch(self, batch: dict, h: StepHandle, prev: StepHandle | None) -> None:
+    def _launch(self, batch: PreparedBatch, h: StepHandle, prev: StepHandle | None) -> None:
         k, step, rec = self.k, h.step, h.records
-        b, n = batch["b"], batch["n"]
-        d = self._to_device(batch["arrays"])
+        b, n, width = batch.num_reqs, batch.num_tokens, batch.width
+        d = self._to_device(batch.arrays)
         ids, pos, samples = d["ids"], d["pos"], d["samples"].bool()
-        if batch["patch"]:
+        if batch.num_patched:
             prev_table = prev.next_token.unsqueeze(1) if prev.drafts is None else \
                 torch.cat([prev.next_token.unsqueeze(1), prev.drafts], dim=1)
             ids = ids.index_put((d["patch_dst"],), prev_table[d["patch_row"], d["patch_col"]])
-        if batch["fix"]:
-            with self.timer.op(rec, "fixup", step, reqs=batch["fix"]):
+        if batch.num_fixed:
+            with self.timer.op(rec, "fixup", step, reqs=batch.num_fixed):
                 rejected = prev.num_spec - prev.num_accepted
                 adj = torch.zeros(b, dtype=torch.long, device=self.device)
                 adj[d["fix_row"]] = rejected[d["fix_prev"]]
                 pos = pos - adj[d["rows"]]
-        graphs = batch["uniform"] and "target" in self.graphs
-        key = self.graphs["target"].bucket(b, batch["w"]) if graphs else None
-        shape = batch["shape"]
-        with self.timer.op(rec, "target_forward", step, tokens=n, reqs=b, blocks=batch["w"],
+        graphs = batch.uniform and "target" in self.graphs
+        key = self.graphs["target"].bucket(b, width) if graphs else None
+        shape = batch.shape
+        with self.timer.op(rec, "target_forward", step, tokens=n, reqs=b, blocks=width,
                            graph=key is not None, **shape):
             if key is not None:
                 outs = self.graphs["target"].run(
@@ -360,8 +398,7 @@ class Worker:
                 logits, aux = outs[0].view(b, k + 1, -1), (outs[1] if k else None)
                 ctx = None
             else:
-                ctx = make_context(pos, d["tables"], d["pad"], d["unpad"], self.scratch,
-                                   self.dtype)
+                ctx = self._context(pos, d["tables"], d["pad"], d["unpad"])
                 set_context(ctx)
                 hidden, aux = self.target(ids, pos, return_aux=k > 0)
                 set_context(None)
@@ -369,16 +406,14 @@ class Worker:
                 logits = logits.view(b, k + 1, -1)
         with self.timer.op(rec, "rejection_sample", step, reqs=b, tokens=n, **shape):
             drafts_in = ids[d["verify"][:, 1:]]
-            forced = d["forced"] if self.run.sampling.replay else None
+            forced = d["forced"] if self.run.sampling.forced else None
             tokens, num_accepted = rejection_sample(logits, drafts_in, d["num_spec"],
-                                                    self.run.sampling, self.gen, forced,
-                                                    self.cond)
+                                                    self.run.sampling, self.gen, forced)
             next_token = tokens.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
             next_token = torch.where(samples, next_token, d["fallback"])
         h.next_token, h.num_accepted, h.num_spec, h.tokens = next_token, num_accepted, \
             d["num_spec"], tokens
         h.acc_host = self._d2h_accepted(h)
-        h.drafts = None
         if k:
             h.drafts = self._propose(batch, d, ids, pos, aux, ctx, num_accepted, next_token,
                                      samples, h)
@@ -388,13 +423,13 @@ class Worker:
         """EAGLE-3 drafting in the padded-batch form: a first pass over every scheduled slot
         (rejected ones as padding), then k - 1 one-token passes from each row's last accepted
         position."""
-        k, step, rec, b = self.k, h.step, h.records, batch["b"]
+        k, step, rec, b, width = self.k, h.step, h.records, batch.num_reqs, batch.width
         last = d["verify"][:, 0] + num_accepted  # flat index of each row's last accepted token
         drafts = torch.empty(b, k, dtype=torch.long, device=self.device)
-        key = self.graphs["draft_first"].bucket(b, batch["w"]) \
-            if batch["uniform"] and "draft_first" in self.graphs else None
-        with self.timer.op(rec, "draft_forward", step, i=0, tokens=batch["n"], reqs=b,
-                           blocks=batch["w"], graph=key is not None, **batch["shape"]):
+        key = self.graphs["draft_first"].bucket(b, width) \
+            if batch.uniform and "draft_first" in self.graphs else None
+        with self.timer.op(rec, "draft_forward", step, i=0, tokens=batch.num_tokens, reqs=b,
+                           blocks=width, graph=key is not None, **batch.shape):
             draft_ids = ids.roll(-1).index_put((last,), next_token)
             if key is not None:
                 (pre,) = self.graphs["draft_first"].run(
@@ -402,8 +437,7 @@ class Worker:
                           "aux": aux}, b)
             else:
                 if ctx is None:
-                    ctx = make_context(pos, d["tables"], d["pad"], d["unpad"], self.scratch,
-                                       self.dtype)
+                    ctx = self._context(pos, d["tables"], d["pad"], d["unpad"])
                 set_context(ctx)
                 pre = self.draft(draft_ids, pos, self.draft.combine(aux))
                 set_context(None)
@@ -413,22 +447,26 @@ class Worker:
         p = pos[last]
         rows = torch.arange(b, device=self.device)
         for i in range(1, k):
-            key = self.graphs["draft_step"].bucket(b, batch["w"]) \
-                if batch["uniform"] and "draft_step" in self.graphs else None
+            key = self.graphs["draft_step"].bucket(b, width) \
+                if batch.uniform and "draft_step" in self.graphs else None
             with self.timer.op(rec, "draft_forward", step, i=i, tokens=b, reqs=b,
-                               blocks=batch["w"], graph=key is not None, q=1):
+                               blocks=width, graph=key is not None, q=1):
                 if key is not None:
                     (x,) = self.graphs["draft_step"].run(
                         key, {"ids": tok, "pos": p + i, "block_tables": d["tables"],
                               "hidden": x}, b)
                 else:
-                    set_context(make_context(p + i, d["tables"], rows.view(b, 1), rows,
-                                             self.scratch, self.dtype, write_mask=samples))
+                    set_context(self._context(p + i, d["tables"], rows.view(b, 1), rows,
+                                              write_mask=samples))
                     x = self.draft(tok, p + i, x)
                     set_context(None)
                 tok = self.draft.propose(x)
             drafts[:, i] = tok
         return drafts
+
+    def _context(self, pos, tables, pad, unpad, write_mask=None):
+        return make_context(pos, tables, pad, unpad, self.scratch, self.dtype, write_mask,
+                            self.kv.block_size)
 
     # -- device to host -----------------------------------------------------------------------
 
@@ -502,79 +540,3 @@ class Worker:
             if samp and ns and st is not None and st.in_flight(h):
                 st.num_computed -= ns - acc[i]
         h.corrected = True
-
-    # -- CUDA graphs ------------------------------------------------------------------------------
-
-    @torch.inference_mode()
-    def _capture_graphs(self) -> None:
-        k = self.k
-        key = ("graphs", k)
-        if getattr(self, "_graphs_for", None) == key:
-            return
-        self.graphs = {}
-        emulate = not self.cuda
-        if not emulate:
-            torch.cuda.synchronize(self.device)
-            if self.graph_pool is None:
-                self.graph_pool = torch.cuda.graph_pool_handle()
-        bb = buckets_up_to(self.spec.max_num_seqs, BATCH_BUCKETS)
-        wb = window_buckets(cdiv(self.spec.max_model_len + self.spec.max_k, BLOCK_SIZE))
-        q = k + 1
-
-        def inputs(extra):
-            def make(b, w):
-                t = {"ids": torch.zeros(b * extra["q"], dtype=torch.long, device=self.device),
-                     "pos": torch.zeros(b * extra["q"], dtype=torch.long, device=self.device),
-                     "block_tables": torch.full((b, w), self.scratch, dtype=torch.long,
-                                                device=self.device),
-                     "scratch": self.scratch}
-                if "hidden" in extra:
-                    t[extra["hidden"]] = torch.zeros(b * extra["q"], extra["dim"],
-                                                     dtype=self.dtype, device=self.device)
-                return t
-            return make
-
-        def meta(t, qq):
-            b = t["block_tables"].shape[0]
-            grid = torch.arange(b * qq, device=self.device)
-            return make_context(t["pos"], t["block_tables"], grid.view(b, qq), grid,
-                                self.scratch, self.dtype)
-
-        def target_fn(t):
-            set_context(meta(t, q))
-            hidden, aux = self.target(t["ids"], t["pos"], return_aux=k > 0)
-            set_context(None)
-            logits = self.target.compute_logits(hidden)
-            return (logits, aux) if aux is not None else (logits,)
-
-        self.graphs["target"] = DecodeGraphs(target_fn, q, bb, wb, inputs({"q": q}),
-                                             self.graph_pool, emulate)
-        if k:
-            aux_dim = 3 * self.target_cfg.hidden_size
-            h = self.draft_cfg.hidden_size
-
-            def first_fn(t):
-                set_context(meta(t, q))
-                out = self.draft(t["ids"], t["pos"], self.draft.combine(t["aux"]))
-                set_context(None)
-                return (out,)
-
-            def step_fn(t):
-                set_context(meta(t, 1))
-                out = self.draft(t["ids"], t["pos"], t["hidden"])
-                set_context(None)
-                return (out,)
-
-            self.graphs["draft_first"] = DecodeGraphs(
-                first_fn, q, bb, wb, inputs({"q": q, "hidden": "aux", "dim": aux_dim}),
-                self.graph_pool, emulate)
-            if k > 1:
-                self.graphs["draft_step"] = DecodeGraphs(
-                    step_fn, 1, bb, wb, inputs({"q": 1, "hidden": "hidden", "dim": h}),
-                    self.graph_pool, emulate)
-        for g in self.graphs.values():
-            g.capture_all()
-        set_context(None)
-        if not emulate:
-            torch.cuda.synchronize(self.device)
-        self._graphs_for = key

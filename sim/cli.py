@@ -11,13 +11,14 @@ import textwrap
 from pathlib import Path
 
 from common.acceptance import PROFILES
-from sim.config import DEVICES, WORKERS, SimConfig
+from common.modelcfg import DRAFT_PRESETS
+from common.options import (add_engine_args, add_load_args, add_model_args, add_result_args,
+                            add_scheduler_args, executor_from_args, mode_from_args,
+                            nonneg_float, rates_arg, speculative_from_args)
+from sim.config import SimConfig
 from sim.costs import CPU_COSTS, CPU_OPS, CpuCosts
 from sim.hardware import CATALOG
 from sim.presets import PRESETS
-from common.formats import MODES
-from common.modelcfg import DRAFT_PRESETS, MODEL_PRESETS
-from common.workloads import add_load_args, nonneg_float, nonneg_int, positive_int
 
 D = SimConfig()
 CPU = CpuCosts()
@@ -39,32 +40,25 @@ examples:
   stepgap simulate --preset seed-l20 --mode sync
   stepgap simulate --preset seed-l20 --mode async
   # the same on an H100 at depth 2, with a timeline to open in Perfetto (ui.perfetto.dev)
-  stepgap simulate --preset seed-l20 --gpu h100 -k 2 --mode zero-bubble --timeline run.jsonl
-  # ShareGPT-like load at 8 req/s, 64 in flight, any Hugging Face config.json
-  stepgap simulate --model path/to/config.json --draft eagle3 -k 3 --mode async \\
-      --trace sharegpt --num-prompts 2000 --request-rate 8 --max-concurrency 64
+  stepgap simulate --preset seed-l20 --gpu h100 --num-speculative-tokens 2 --mode zero-bubble \\
+      --timeline run.jsonl
+  # a pasted vLLM command line: the options stepgap does not model are named and ignored
+  stepgap simulate --model llama-3.1-8b --gpu h100 --async-scheduling \\
+      --speculative-config '{"method": "eagle3", "num_speculative_tokens": 3}' \\
+      --no-enable-prefix-caching --trace sharegpt --num-prompts 2000 --request-rate 8 \\
+      --max-concurrency 64 --save-result --result-dir out
   # a CPU-only engine: the worker in its own process, device ops on the worker's thread
-  stepgap simulate --gpu cpu --model llama-3.2-1b -k 0 --worker process --mode async \\
+  stepgap simulate --device cpu --model llama-3.2-1b --executor process --mode async \\
       --trace my_trace.jsonl --result-json out/sim.json
   # the trained pair on this CPU, with the committed measured profile (docs/validation.md)
-  stepgap simulate --gpu cpu --worker process --profile traces/measured/cpu/profile.json \\
-      --model checkpoints/pystdlib/target --draft checkpoints/pystdlib/eagle3 -k 4 \\
+  stepgap simulate --device cpu --executor process --profile traces/measured/cpu/profile.json \\
+      --model checkpoints/pystdlib/target --speculative-config \\
+      '{"method": "eagle3", "model": "checkpoints/pystdlib/eagle3", "num_speculative_tokens": 4}' \\
       --trace checkpoints/pystdlib/heldout.jsonl --max-concurrency 4 --mode async
 
 Units: times in microseconds (us) unless an option says ms; rates in requests/s.
 Errors in options or trace files name the field (and the file and line) and exit with status 2.
 """
-
-
-def rates_arg(text: str) -> tuple[float, ...]:
-    try:
-        rates = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") \
-            from None
-    if not rates:
-        raise argparse.ArgumentTypeError("expected at least one rate")
-    return rates
 
 
 def cost_arg(text: str) -> tuple[str, list[float]]:
@@ -82,44 +76,25 @@ def cost_arg(text: str) -> tuple[str, list[float]]:
     return op, abc
 
 
-def fraction(text: str) -> float:
-    v = nonneg_float(text)
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return v
-
-
 def register(sub) -> None:
     p = sub.add_parser("simulate", help="predict a serving run with the SimPy step-loop model",
-                       description=DESCRIPTION, epilog=EPILOG,
+                       description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = p.add_argument_group("scenario")
-    g.add_argument("--preset", choices=list(PRESETS), help="named scenario setting every option")
-    g.add_argument("--mode", choices=MODES, help=f"scheduling mode (default {D.mode})")
-    g.add_argument("-k", "--num-spec-tokens", dest="k", type=nonneg_int, metavar="K",
-                   help=f"EAGLE-3 draft tokens per step; 0 is plain decoding (default {D.k})")
-
-    g = p.add_argument_group("model and hardware")
+    p.add_argument("--preset", choices=list(PRESETS), help="named scenario setting every option")
+    add_model_args(p, D, draft_help=f" (default {D.draft}: a head shaped from the target; "
+                                    f"presets: {', '.join(DRAFT_PRESETS)})")
+    add_engine_args(p, D, device_help="cuda: the device runs launched ops while the CPU goes on; "
+                                      "cpu: device ops run on the worker's thread. Default: from "
+                                      "--gpu (cpu for --gpu cpu, else cuda)")
+    g = p.add_argument_group("hardware and measured costs")
     g.add_argument("--gpu", help=f"device from the catalog: {', '.join(CATALOG)} (default "
-                                 f"{D.gpu}); `cpu` models a CPU-only engine")
-    g.add_argument("--model", help=f"target: a preset ({', '.join(MODEL_PRESETS)}), a model "
-                                   f"folder or a config.json (default {D.model})")
-    g.add_argument("--draft", help=f"EAGLE-3 head: a preset ({', '.join(DRAFT_PRESETS)}), a "
-                                   "folder or config.json, or `eagle3` for a head shaped from "
-                                   f"the target (default {D.draft}; unused when k=0)")
-    g.add_argument("--worker", choices=WORKERS,
-                   help="inline: engine and worker share one thread (vLLM, one GPU); process: "
-                        "the worker is its own process, one IPC latency per message "
-                        f"(default {D.worker})")
-    g.add_argument("--device", choices=DEVICES,
-                   help="async: a GPU runs launched ops while the CPU goes on; sync: device ops "
-                        "run on the worker's thread (a CPU). Default: async for a GPU, sync "
-                        "for --gpu cpu")
+                                 f"{D.gpu}; cpu with --device cpu)")
     g.add_argument("--profile", metavar="PROFILE.json",
-                   help="a measured profile (`stepgap profile`, or bench/gpu_measure.py's "
-                        "profile.json): its device op fits replace the roofline wherever it "
-                        "covers the op, and its CPU costs replace the defaults (explicit CPU "
-                        "options still win). The result's config says which ops it covered")
+                   help="a measured profile (`stepgap profile`, `stepgap calibrate`, or a "
+                        "measured folder's profile.json): its device op fits replace the "
+                        "roofline wherever it covers the op, and its CPU costs replace the "
+                        "defaults (explicit CPU options still win). The result's config says "
+                        "which ops it covered")
     g.add_argument("--speed", type=nonneg_float, metavar="X",
                    help="the machine's level for this run: device ops and CPU costs take X "
                         "times as long (default 1, the profile's mean)")
@@ -140,22 +115,8 @@ def register(sub) -> None:
     g.add_argument("--no-replay", dest="replay", action="store_false", default=None,
                    help="ignore a trace's recorded `accepted` lists (default: replay them)")
 
-    g = p.add_argument_group("scheduler (vLLM V1)")
-    g.add_argument("--max-num-seqs", type=positive_int, metavar="N",
-                   help=f"most requests in one step (default {D.max_num_seqs})")
-    g.add_argument("--max-num-batched-tokens", type=positive_int, metavar="N",
-                   help=f"token budget of one step; longer prompts are chunked "
-                        f"(default {D.max_num_batched_tokens})")
-    g.add_argument("--max-model-len", type=positive_int, metavar="N",
-                   help=f"longest prompt + output, tokens (default {D.max_model_len})")
-    g.add_argument("--block-size", type=positive_int, metavar="N",
-                   help=f"tokens per KV block (default {D.block_size})")
-    g.add_argument("--num-kv-blocks", type=positive_int, metavar="N",
-                   help="KV cache size in blocks (default: what device memory holds after the "
-                        "weights)")
-    g.add_argument("--gpu-memory-utilization", type=fraction, metavar="FRAC",
-                   help=f"fraction of device memory for weights and KV cache "
-                        f"(default {D.gpu_memory_utilization})")
+    add_scheduler_args(p, D, blocks_help=" (default: what device memory holds after the "
+                                         "weights)")
 
     g = p.add_argument_group("CPU costs (microseconds; op cost = A + B*num_reqs + C*num_tokens)")
     g.add_argument("--cpu-scale", type=nonneg_float, metavar="X",
@@ -178,28 +139,19 @@ def register(sub) -> None:
                    help="from update_from_output to the client receiving the chunk (default 0)")
 
     add_load_args(p)
-
-    g = p.add_argument_group("output")
-    g.add_argument("--result-json", metavar="PATH",
-                   help="write the run result (vllm bench serve --save-result keys, plus "
-                        "step_gaps, spec_decode and config)")
-    g.add_argument("--timeline", metavar="PATH",
-                   help="write the timeline as JSON lines to PATH and a Chrome-trace/Perfetto "
-                        "file beside it (PATH with .chrome.json)")
-    g.add_argument("--detailed", action="store_true", default=None,
-                   help="add per-request lists (ttfts, itls, output_lens) and every step gap "
-                        "to the result")
-    g.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    p.set_defaults(func=run)
+    add_result_args(p, timeline_help="write the timeline as JSON lines to PATH and a "
+                                     "Chrome-trace/Perfetto file beside it (PATH with "
+                                     ".chrome.json)")
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    p.set_defaults(func=run, vllm_options=True)
 
 
-FIELDS = ("mode", "k", "gpu", "model", "draft", "worker", "device", "profile", "jitter",
-          "speed", "acceptance",
-          "acceptance_rates", "acceptance_spread", "replay", "max_num_seqs",
-          "max_num_batched_tokens", "max_model_len", "block_size", "num_kv_blocks",
-          "gpu_memory_utilization", "cpu_scale", "launch_latency_us", "wake_us", "ipc_us",
-          "output_latency_ms", "num_prompts", "output_len", "request_rate", "max_concurrency",
-          "detailed")
+FIELDS = ("mode", "gpu", "model", "executor", "device", "profile", "jitter", "speed",
+          "acceptance", "acceptance_rates", "acceptance_spread", "replay", "max_num_seqs",
+          "max_num_batched_tokens", "max_model_len", "block_size", "num_gpu_blocks_override",
+          "gpu_memory_utilization", "tensor_parallel_size", "cpu_scale", "launch_latency_us",
+          "wake_us", "ipc_us", "output_latency_ms", "num_prompts", "output_len", "request_rate",
+          "max_concurrency", "detailed", "metric_percentiles", "percentile_metrics")
 
 
 def config_from_args(args) -> SimConfig:
@@ -207,6 +159,15 @@ def config_from_args(args) -> SimConfig:
     from sim.presets import get_preset
 
     settings = dict(get_preset(args.preset).settings) if args.preset else {}
+    args.mode = mode_from_args(args)
+    args.executor = executor_from_args(args)
+    draft, k = speculative_from_args(args)
+    if draft is not None:
+        settings["draft"] = draft
+    if k is not None:
+        settings["k"] = k
+    if args.device == "cpu" and args.gpu is None:
+        settings["gpu"] = "cpu"
     for name in FIELDS:
         v = getattr(args, name, None)
         if v is not None:
@@ -239,14 +200,14 @@ def run(args) -> int:
     from sim.presets import comparison_table, get_preset
     from common.errors import UserError
     from common.formats import format_summary, save_chrome_trace, save_result, save_timeline
+    from common.options import result_path
 
-    if args.seed is not None and args.seed < 0:
-        raise UserError(f"--seed: must be an integer >= 0, got {args.seed}")
     cfg = config_from_args(args)
+    out = result_path(args, "stepgap-sim", cfg.model)
     res, spans = simulate(cfg)
     try:
-        if args.result_json:
-            save_result(args.result_json, res)
+        if out:
+            save_result(out, res)
         if args.timeline:
             save_timeline(args.timeline, spans)
             save_chrome_trace(chrome_path(args.timeline), spans, process_name="stepgap-sim")
@@ -259,8 +220,8 @@ def run(args) -> int:
             print(comparison_table(res, preset.measured[cfg.mode],
                                    f"{preset.name} {cfg.mode}: vs measured"))
             print(f"measured: {preset.source}")
-        if args.result_json:
-            print(f"result: {args.result_json}")
+        if out:
+            print(f"result: {out}")
         if args.timeline:
             print(f"timeline: {args.timeline} and {chrome_path(args.timeline)}")
     return 0

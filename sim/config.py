@@ -17,20 +17,31 @@ from sim.costs import CPU_COSTS, BF16, CpuCosts, DeviceCosts, OpCost, RooflineCo
 from sim.profile import Profile, ProfileCosts, load_profile
 from sim.hardware import GIB, Hardware, get_hardware
 from common.errors import UserError
-from common.formats import MODES
+from common.formats import METRICS, MODES
+from common.options import DEVICES, EXECUTORS
 from common.modelcfg import (Eagle3Config, ModelConfig, load_draft_config,
                               load_model_config)
 from common.scheduler import SchedulerConfig
 
-WORKERS = ("inline", "process")
-DEVICES = ("async", "sync")
+# Old spellings of fields and values, still read (grid files, folders written before).
+ALIASES = {"worker": "executor", "num_kv_blocks": "num_gpu_blocks_override",
+           "num_speculative_tokens": "k"}
+OLD_DEVICES = {"async": "cuda", "sync": "cpu"}
 RESERVED_BYTES = 2 * GIB  # CUDA context, CUDA graphs and peak activations, kept out of the KV
 
 
 def flag(name: str) -> str:
     """The command-line option of a config field."""
-    return {"k": "-k/--num-spec-tokens", "workload": "--trace"}.get(
+    return {"k": "--num-speculative-tokens", "workload": "--trace"}.get(
         name, "--" + name.replace("_", "-"))
+
+
+def settings_of(d: dict) -> dict:
+    """SimConfig settings from a dict that may use old spellings."""
+    out = {ALIASES.get(k, k): v for k, v in d.items()}
+    if out.get("device") in OLD_DEVICES:
+        out["device"] = OLD_DEVICES[out["device"]]
+    return out
 
 
 def _bad(name: str, what: str, v) -> UserError:
@@ -45,8 +56,10 @@ class SimConfig:
     gpu: str = "h100"
     model: str = "llama-3.1-8b"
     draft: str = "eagle3"
-    worker: str = "inline"
-    device: str | None = None          # None: async for a GPU, sync for the cpu entry
+    executor: str = "inline"          # the worker in the engine process, or its own
+    device: str | None = None          # cuda: runs asynchronously to the CPU; cpu: the worker's
+                                       # own cores. None: from the --gpu entry's kind
+    tensor_parallel_size: int = 1
     profile: str | None = None         # a measured profile (device ops, CPU costs) to use
     jitter: bool = True                # apply the profile's measured speed noise, if any
     speed: float = 1.0                 # the machine's level: every device op and CPU cost x it
@@ -60,7 +73,7 @@ class SimConfig:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 2048
     block_size: int = 16
-    num_kv_blocks: int | None = None   # None: from device memory
+    num_gpu_blocks_override: int | None = None   # None: from device memory
     gpu_memory_utilization: float = 0.9
     # CPU
     cpu_scale: float = 1.0
@@ -78,14 +91,18 @@ class SimConfig:
     max_concurrency: int | None = None
     seed: int = 0
     # output
+    metric_percentiles: tuple[float, ...] = (99,)
+    percentile_metrics: tuple[str, ...] = METRICS
     detailed: bool = False
     timeline: bool = False
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise _bad("mode", f"must be one of {', '.join(MODES)}", self.mode)
-        if self.worker not in WORKERS:
-            raise _bad("worker", f"must be one of {', '.join(WORKERS)}", self.worker)
+        if self.executor not in EXECUTORS:
+            raise _bad("executor", f"must be one of {', '.join(EXECUTORS)}", self.executor)
+        if self.device in OLD_DEVICES:
+            self.device = OLD_DEVICES[self.device]
         if self.device is not None and self.device not in DEVICES:
             raise _bad("device", f"must be one of {', '.join(DEVICES)}", self.device)
         for name in ("k", "seed"):
@@ -96,7 +113,10 @@ class SimConfig:
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
                 raise _bad(name, "must be an integer >= 1", v)
-        for name in ("num_kv_blocks", "num_prompts", "output_len", "max_concurrency"):
+        if self.tensor_parallel_size != 1:
+            raise _bad("tensor_parallel_size", "the simulator models one GPU per replica (1)",
+                       self.tensor_parallel_size)
+        for name in ("num_gpu_blocks_override", "num_prompts", "output_len", "max_concurrency"):
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 1):
                 raise _bad(name, "must be an integer >= 1", v)
@@ -120,6 +140,8 @@ class SimConfig:
             raise _bad("burstiness", "must be > 0", self.burstiness)
         if self.acceptance_rates is not None:
             self.acceptance_rates = tuple(self.acceptance_rates)
+        self.metric_percentiles = tuple(self.metric_percentiles)
+        self.percentile_metrics = tuple(self.percentile_metrics)
         for op, abc in self.cpu_costs.items():
             if op not in CPU_COSTS:
                 raise UserError(f"--cpu-cost: unknown op {op!r} (ops: {', '.join(CPU_COSTS)})")
@@ -128,8 +150,9 @@ class SimConfig:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        if d["acceptance_rates"] is not None:
-            d["acceptance_rates"] = list(d["acceptance_rates"])
+        for key in ("acceptance_rates", "metric_percentiles", "percentile_metrics"):
+            if d[key] is not None:
+                d[key] = list(d[key])
         return d
 
 
@@ -165,12 +188,12 @@ def resolve(cfg: SimConfig) -> Resolved:
     if cfg.k > 0:
         draft = load_draft_config(cfg.draft, target)
         draft.check_target(target, f"--draft {cfg.draft}")
-    device = cfg.device or ("async" if hw.kind == "gpu" else "sync")
+    device = cfg.device or ("cuda" if hw.kind == "gpu" else "cpu")
     device_costs: DeviceCosts = RooflineCosts(target, draft, hw, cfg.k)
     measured = load_profile(cfg.profile) if cfg.profile else None
     if measured is not None:
         device_costs = ProfileCosts(measured, cfg.k, device_costs, cfg.block_size)
-    return Resolved(hw, target, draft, device == "async", device_costs,
+    return Resolved(hw, target, draft, device == "cuda", device_costs,
                     cpu_costs(cfg, measured), acceptance_profile(cfg),
                     scheduler_config(cfg, target, draft, hw), measured)
 
@@ -205,7 +228,7 @@ def kv_bytes_per_token(target: ModelConfig, draft: Eagle3Config | None) -> int:
 
 def scheduler_config(cfg: SimConfig, target: ModelConfig, draft: Eagle3Config | None,
                      hw: Hardware) -> SchedulerConfig:
-    blocks = cfg.num_kv_blocks
+    blocks = cfg.num_gpu_blocks_override
     if blocks is None:
         weights = BF16 * (target.num_params + (draft.num_params if draft else 0))
         free = hw.mem_bytes * cfg.gpu_memory_utilization - weights - RESERVED_BYTES
@@ -213,7 +236,7 @@ def scheduler_config(cfg: SimConfig, target: ModelConfig, draft: Eagle3Config | 
         if blocks < 1:
             usable = hw.mem_bytes * cfg.gpu_memory_utilization / 1e9
             raise UserError(f"--gpu {hw.name}: the weights ({weights / 1e9:.1f} GB) leave no room "
-                            f"for a KV cache in {usable:.1f} GB; give --num-kv-blocks or a larger "
+                            f"for a KV cache in {usable:.1f} GB; give --num-gpu-blocks-override or a larger "
                             "--gpu-memory-utilization")
     return SchedulerConfig(num_blocks=blocks, block_size=cfg.block_size,
                            max_num_seqs=cfg.max_num_seqs,

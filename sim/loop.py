@@ -6,10 +6,11 @@ Time is in microseconds.
 
 Processes:
 - `client`: the benchmark client; sends each request at max(its arrival, a free slot).
-- `engine`: the engine-core loop. `sync` runs one step at a time: schedule, execute, wait,
-  update. `async` and `zero-bubble` keep a batch queue of depth 2, as vLLM's
-  step_with_batch_queue: schedule and launch step N+1, then block on step N's output, apply it,
-  and schedule N+2.
+- `engine`: the engine-core loop, vLLM's step_with_batch_queue (engine/loop.py's `step_loop`
+  runs the same rule): keep the queue of launched steps filled, one deep in `sync` and two in
+  `async` and `zero-bubble`; block on the oldest step's output only when the queue is full or
+  nothing more could be scheduled. So sync runs schedule, execute, wait, update; the async modes
+  schedule and launch step N+1, then block on step N's output, apply it, and schedule N+2.
 - `worker`: only for the `process` topology. Inline, the engine's thread runs the worker's code.
 
 Sync points:
@@ -136,7 +137,7 @@ class Sim:
         self.spans: list[Span] | None = [] if cfg.timeline else None
         self.async_ = cfg.mode != "sync"
         self.wait_accepted = cfg.mode == "async" and cfg.k > 0
-        self.inline = cfg.worker == "inline"
+        self.inline = cfg.executor == "inline"
         # A process worker on a synchronous device has computed step N (and knows its counts)
         # before it prepares N+1: zero-bubble then has nothing to fix up.
         self.computes_ahead = not self.inline and not r.device_async
@@ -246,14 +247,11 @@ class Sim:
                 self.wake = env.event()
                 yield self.wake
                 continue
-            if launched and len(queue) < depth and not self.output_ready(queue[0]):
-                continue  # the queue is not full: schedule the next step first
+            if launched and len(queue) < depth:
+                continue  # the queue has room: schedule the next step first
             step = queue.popleft()
             yield from self.await_output(step)
             yield from self.update(step)
-
-    def output_ready(self, step: Step) -> bool:
-        return (step.ready is None or step.ready.triggered) and step.t_output <= self.env.now
 
     def await_output(self, step: Step):
         env = self.env
@@ -347,7 +345,7 @@ class Sim:
             config["request_rate"] = ("inf" if all(tr.arrival_s == 0 for tr in self.requests)
                                       else "trace")
         config["resolved"] = {
-            "hardware": r.hw.name, "device": "async" if r.device_async else "sync",
+            "hardware": r.hw.name, "device": "cuda" if r.device_async else "cpu",
             "target": r.target.name, "draft": r.draft.name if r.draft else None,
             "num_kv_blocks": r.scheduler.num_blocks,
             "acceptance_rates": list(r.profile.rates), "acceptance_spread": r.profile.spread,
@@ -365,7 +363,8 @@ class Sim:
                                                                      "path", None), **sources}
         return run_result(timings, duration_s, backend="stepgap-sim", config=config,
                           gaps_us=self.device.gaps, spec=self.spec_stats() if cfg.k else None,
-                          detailed=cfg.detailed)
+                          detailed=cfg.detailed, percentiles=cfg.metric_percentiles,
+                          percentile_metrics=cfg.percentile_metrics)
 
     def spec_stats(self) -> SpecStats:
         """The acceptance counters of vLLM's SpecDecodingStats, from the histogram."""

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Iterator
 
-from sim.config import SimConfig, resolve
+from sim.config import ALIASES, SimConfig, resolve
 from common.errors import UserError
-from common.formats import save_result
+from common.formats import METRICS, save_result
 
 GRID_KEYS = tuple(f.name for f in fields(SimConfig) if f.name not in ("detailed", "timeline"))
 _TYPES = {f.name: str(f.type) for f in fields(SimConfig)}
@@ -50,10 +50,9 @@ CONNECT_TIMEOUT = "10s"      # to reach a Dask scheduler
 # The columns of the table after the axes: run-result metrics (DESIGN.md §4, §5).
 RESULT_METRICS = (
     "completed", "duration", "request_throughput", "output_throughput", "total_token_throughput",
-    *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
-      for stat in ("mean", "median", "std", "p99")),
+    *(f"{stat}_{m}_ms" for m in METRICS for stat in ("mean", "median", "std", "p99")),
 )
-METRICS = RESULT_METRICS + (
+COLUMNS = RESULT_METRICS + (
     "mean_step_gap_us", "median_step_gap_us", "p90_step_gap_us", "p99_step_gap_us",
     "acceptance_length", "num_steps", "num_preemptions", "num_kv_blocks",
 )
@@ -64,8 +63,10 @@ METRICS = RESULT_METRICS + (
 
 
 def grid_key(name: str, src: str) -> str:
-    """A grid or base key as a SimConfig field name ('max-concurrency' works too)."""
+    """A grid or base key as a SimConfig field name ('max-concurrency' works too, and so do
+    the old spellings: worker, num_kv_blocks, num_speculative_tokens)."""
     key = name.strip().replace("-", "_")
+    key = ALIASES.get(key, key)
     if key not in GRID_KEYS:
         raise UserError(f"{src}: unknown key {name!r}; valid keys: {', '.join(GRID_KEYS)}")
     return key
@@ -224,7 +225,7 @@ def load_grid_file(path) -> tuple[str | None, dict, dict]:
 
 
 @dataclass(slots=True)
-class Cell:
+class GridCell:
     values: dict          # axis -> value
     settings: dict        # the whole SimConfig settings of the cell
     key: str              # hash of the cell's config
@@ -255,7 +256,7 @@ class Grid:
     def size(self) -> int:
         return math.prod(len(v) for v in self.axes.values())
 
-    def cells(self) -> list[Cell]:
+    def cells(self) -> list[GridCell]:
         """Every cell, validated: its SimConfig is built and resolved and its workload checked,
         so that no run starts unless all can."""
         from sim.loop import build_workload, check_requests
@@ -276,7 +277,7 @@ class Grid:
                 raise UserError(f"grid cell {format_cell(values)}: {e}") from None
             except (TypeError, ValueError) as e:   # a value of the wrong shape from a file
                 raise UserError(f"grid cell {format_cell(values)}: bad value ({e})") from None
-            cells.append(Cell(values, settings, cell_key(cfg)))
+            cells.append(GridCell(values, settings, cell_key(cfg)))
         return cells
 
 
@@ -408,7 +409,7 @@ class CellStore:
                     continue  # a line torn by an interrupted run: that cell runs again
         self._file = None
 
-    def add(self, cell: Cell, metrics: dict) -> None:
+    def add(self, cell: GridCell, metrics: dict) -> None:
         if self._file is None:
             torn = self.path.is_file() and not self.path.read_bytes().endswith(b"\n") \
                 and self.path.stat().st_size > 0
@@ -479,7 +480,7 @@ class SweepTable:
 
     @property
     def columns(self) -> list[str]:
-        return [*self.axes, *METRICS, "cell"]
+        return [*self.axes, *COLUMNS, "cell"]
 
     def csv_text(self) -> str:
         buf = io.StringIO()

@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from common.workloads import positive_float, positive_int
+from common.options import positive_float, positive_int
 
 SWEEP_DESCRIPTION = """\
 Run the simulator over a grid of what-ifs (mode, k, concurrency or request rate, GPU, model,
@@ -222,11 +222,11 @@ def draw_sweep(table, out: Path, metric: str, x: str | None, quiet: bool) -> int
     import math
 
     from sim import plots
-    from sim.sweep import METRICS
+    from sim.sweep import COLUMNS
     from common.errors import UserError
 
-    if metric not in METRICS:
-        raise UserError(f"--metric: unknown metric {metric!r} (columns: {', '.join(METRICS)})")
+    if metric not in COLUMNS:
+        raise UserError(f"--metric: unknown metric {metric!r} (columns: {', '.join(COLUMNS)})")
     written, best_rows = [], []
     for view in plots.views(table, x):
         figures = [("heatmap", plots.metric_heatmap)]

@@ -11,8 +11,8 @@ import argparse
 import importlib
 import sys
 
-from stepgap import __version__
 from common.errors import UserError
+from stepgap import __version__
 
 COMMAND_MODULES = [
     "sim.cli",
@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "calibrate.demo",
     "calibrate.profile",
     "calibrate.validate",
+    "calibrate.gpu",
     "common.compare",
 ]
 
@@ -43,15 +44,32 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    parser.commands = sub.choices   # name -> its parser, for errors about leftover words
     return parser
+
+
+def vllm_spelling(argv: list[str]) -> list[str]:
+    """vLLM takes `_` for `-` in long option names (`--max_num_seqs`); so does stepgap."""
+    def one(word: str) -> str:
+        if not word.startswith("--"):
+            return word
+        name, eq, value = word.partition("=")
+        return name.replace("_", "-") + eq + value
+    return [one(w) for w in argv]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(vllm_spelling(sys.argv[1:] if argv is None else argv))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if extra:   # a pasted vLLM option is named and ignored; anything else is an error
+        command = parser.commands[args.command]
+        if not getattr(args, "vllm_options", False):
+            command.error(f"unrecognized arguments: {' '.join(extra)}")
+        from common.options import ignore_vllm_options
+        ignore_vllm_options(command, args, extra)
     try:
         return args.func(args) or 0
     except UserError as e:

@@ -9,8 +9,8 @@ import pytest
 from engine.executor import ProcessExecutor, WorkerDied
 from engine.sampler import SamplingConfig
 from engine.worker import WorkerSpec
-from engine_helpers import inline_executor, mixed_requests, run, tiny_checkpoints
-from test_engine_lossless import REQS, assert_lossless
+from tests.helpers import (REQS, assert_lossless, inline_executor, mixed_requests, run,
+                           tiny_checkpoints)
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +48,26 @@ def test_overlapped_modes_are_lossless_under_preemption(executor, mode, k):
 
 
 def test_zero_bubble_fixes_up_on_the_device_and_async_waits_for_counts():
+    def waits_before_prepare(out):
+        # a worker `wait` span that ends where the same step's prepare_inputs begins
+        prep = {s.step: s.start_us for s in out.spans if s.op == "prepare_inputs"}
+        return [s for s in out.spans if s.lane == "cpu.worker" and s.op == "wait"
+                and s.step in prep and s.end_us <= prep[s.step]]
+
     zb = run(inline_executor(), REQS, mode="zero-bubble", k=3)
     assert any(s.op == "fixup" for s in zb.spans)
+    assert not waits_before_prepare(zb)          # zero-bubble never waits for the counts
     sync = run(inline_executor(), REQS, mode="sync", k=3)
     assert not any(s.op == "fixup" for s in sync.spans)
+    asy = run(inline_executor(), REQS, mode="async", k=3)
+    assert not any(s.op == "fixup" for s in asy.spans)
+    waits = waits_before_prepare(asy)
+    # async waits for the previous step's accepted counts before it prepares the next step,
+    # once for every step launched while a step with drafts was still in flight
+    launched = sorted({s.step for s in asy.spans if s.op == "target_forward"})
+    drafted = {s.step for s in asy.spans if s.op == "target_forward" and s.args["drafts"]}
+    prev = dict(zip(launched[1:], launched))       # each step's previously launched one
+    assert {w.step for w in waits} == {n for n in launched[1:] if prev[n] in drafted}
 
 
 def test_synthetic_acceptance_follows_the_given_rates():

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.checkpoint import load_draft, load_target
-from engine_helpers import tiny_checkpoints
+from tests.helpers import tiny_checkpoints
 from common.errors import UserError
 
 CPU = torch.device("cpu")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from engine_helpers import tiny_checkpoints
+from tests.helpers import tiny_checkpoints
 from stepgap.cli import main
 from common.formats import load_result, load_timeline, save_trace, TraceRequest
 
@@ -18,9 +18,11 @@ def test_run_help_teaches_groups_units_and_examples(capsys):
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     text = capsys.readouterr().out
-    for needle in ("models:", "engine:", "scheduler (as vLLM V1):", "sampling:",
-                   "workload and load", "output:", "examples:", "--synthetic-acceptance",
-                   "default 0", "ms"):
+    for needle in ("model and speculative decoding (as `vllm serve`):", "engine:",
+                   "scheduler and KV cache (as `vllm serve`):", "sampling:",
+                   "workload and load (as `vllm bench serve`):",
+                   "results (as `vllm bench serve`):", "examples:", "--synthetic-acceptance",
+                   "--speculative-config", "--num-speculative-tokens", "default 0", "ms"):
         assert needle in text
 
 
@@ -56,12 +58,15 @@ def test_run_writes_result_timeline_and_output_ids_in_trace_order(tmp_path, path
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (["--k", "2"], "--k 2 needs a draft head"),
-    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--k", "2"], "--num-speculative-tokens 2 needs a draft head"),
+    (["--temperature", "-1"], "argument --temperature: must be a finite number >= 0"),
     (["--trace", "nope.jsonl"], "unknown workload 'nope.jsonl'"),
 ])
 def test_bad_input_is_one_clear_line(paths, capsys, extra, needle):
-    assert main(["run", "--target", paths["target"], "--num-prompts", "1", *extra]) == 2
+    with pytest.raises(SystemExit) as e:   # argparse's errors exit 2 as the others return 2
+        raise SystemExit(main(["run", "--target", paths["target"], "--num-prompts", "1",
+                               *extra]))
+    assert e.value.code == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
 

@@ -5,30 +5,13 @@ verifying 1 + k tokens instead of 1) cannot flip a near-tie of the greedy argmax
 token ids then tests the algorithm, not rounding.
 """
 
-import functools
 import math
 
 import pytest
 
-from engine.loop import prompt_ids
-from engine.sampler import SamplingConfig
-from engine_helpers import inline_executor, mixed_requests, reference_greedy, reference_model, run
 from common.formats import OPS, TraceRequest
-
-REQS = mixed_requests(10)  # more than max_num_seqs = 4
-
-
-@functools.lru_cache(maxsize=None)
-def expected(rid: str, prompt_len: int, output_len: int) -> tuple[int, ...]:
-    req = TraceRequest(rid, 0.0, prompt_len, output_len)
-    return tuple(reference_greedy(reference_model(), prompt_ids(req, 512, 0), output_len))
-
-
-def assert_lossless(out, reqs=REQS):
-    for r in reqs:
-        assert out.output_token_ids[r.request_id] == list(expected(r.request_id, r.prompt_len,
-                                                                   r.output_len)), r.request_id
-    assert out.num_free_blocks == out.num_blocks  # no KV block leaks
+from engine.sampler import SamplingConfig
+from tests.helpers import REQS, assert_lossless, inline_executor, run
 
 
 def test_target_alone_matches_the_reference_greedy_decoder():

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-import engine_helpers  # noqa: F401  (one torch thread)
+import tests.helpers  # noqa: F401  (one torch thread)
 
 from engine.checkpoint import load_target, save_target
 from engine.kv_cache import BLOCK_SIZE, KVCache, make_context, set_context

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-import engine_helpers  # noqa: F401  (one torch thread)
+import tests.helpers  # noqa: F401  (one torch thread)
 
 from engine.sampler import SamplingConfig, rejection_sample, target_probs
 from common.errors import UserError
@@ -86,14 +86,20 @@ def test_top_k_and_top_p_restrict_the_distribution():
 
 
 def test_synthetic_rates_set_per_position_acceptance():
-    rows, k = 40_000, 3
-    logits = torch.zeros(rows, k + 1, 8)
-    drafts = torch.randint(0, 8, (rows, k))
-    cfg = SamplingConfig(synthetic=(0.8, 0.5, 0.2))
-    _, acc = rejection_sample(logits, drafts, torch.full((rows,), k), cfg,
-                              torch.Generator().manual_seed(0))
-    per_pos = [(acc > j).float().mean().item() for j in range(k)]
+    # The engine core draws the counts (the simulator's model); the sampler then forces them.
+    from common.formats import TraceRequest
+    from engine.loop import EngineConfig, acceptance_plans
+    reqs = [TraceRequest(f"r{i}", 0.0, 4, 20) for i in range(2000)]
+    plans = acceptance_plans(reqs, EngineConfig(k=3, sampling=SamplingConfig(
+        synthetic=(0.8, 0.5, 0.2))))
+    acc = torch.tensor([a for r in reqs for a in plans[r.request_id]])
+    per_pos = [(acc > j).float().mean().item() for j in range(3)]
     assert per_pos == pytest.approx([0.8, 0.5, 0.2], abs=0.01)
+    logits = torch.zeros(len(acc), 4, 8)
+    _, got = rejection_sample(logits, torch.randint(0, 8, (len(acc), 3)),
+                              torch.full((len(acc),), 3), SamplingConfig(replay=True),
+                              forced=acc)
+    assert torch.equal(got, acc)
 
 
 def test_replay_accepts_the_recorded_counts_within_each_rows_drafts():
@@ -106,7 +112,7 @@ def test_replay_accepts_the_recorded_counts_within_each_rows_drafts():
 
 @pytest.mark.parametrize("kwargs, field", [({"temperature": -1}, "--temperature"),
                                            ({"top_p": 0.0}, "--top-p"),
-                                           ({"synthetic": (0.5, 0.7)}, "must not increase")])
+                                           ({"synthetic": (0.5, 0.7)}, "cannot increase")])
 def test_bad_sampling_settings_are_user_errors(kwargs, field):
     with pytest.raises(UserError, match=field):
         SamplingConfig(**kwargs)

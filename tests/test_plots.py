@@ -75,8 +75,8 @@ def test_tpot_heatmap_has_a_panel_per_mode_with_labels_values_and_best_boxes():
     assert len(ax.texts) == len(KS) * len(CONC)
     cbar = next(a for a in fig.axes if a.get_label() == "<colorbar>")
     assert cbar.get_ylabel() == "mean TPOT (ms), lower is better"
-    assert "Mean TPOT (ms) by speculation depth" in fig._suptitle.get_text()
-    assert "L20" in fig._suptitle.get_text()
+    assert "Mean TPOT (ms) by speculation depth" in fig.get_suptitle()
+    assert "L20" in fig.get_suptitle()
 
 
 def test_speedup_heatmap_is_diverging_around_one_and_one_at_k0():

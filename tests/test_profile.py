@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from calibrate.profile import build_profile, cpu_points, device_points
+from calibrate.fit import build_profile, cpu_points, device_points
 from sim.costs import Batch, ConstantCosts
 from sim.profile import (FEATURES, Fit, Profile, ProfileCosts, batch_features, features,
                          fit_points, load_profile, nnls)

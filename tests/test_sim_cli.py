@@ -22,8 +22,10 @@ def test_help_documents_every_option_with_examples():
         if action.option_strings and action.dest != "help":
             assert action.help, action.option_strings
     assert "examples:" in text and "stepgap simulate --preset seed-l20 --mode async" in text
-    for group in ("scenario", "model and hardware", "acceptance", "scheduler", "CPU costs",
-                  "workload and load", "output"):
+    for group in ("model and speculative decoding (as `vllm serve`)", "engine",
+                  "hardware and measured costs", "acceptance",
+                  "scheduler and KV cache (as `vllm serve`)", "CPU costs",
+                  "workload and load (as `vllm bench serve`)", "results (as `vllm bench serve`)"):
         assert group in text
 
 
@@ -68,12 +70,12 @@ def bad_trace(tmp_path):
     (["--gpu", "x900"], "gpu: unknown device 'x900'"),
     (["--model", "gpt-9"], "unknown model 'gpt-9'"),
     (["--draft", "nope", "-k", "2"], "unknown draft 'nope'"),
-    (["-k", "-1"], "argument -k/--num-spec-tokens: must be >= 0"),
+    (["-k", "-1"], "argument --num-speculative-tokens/-k/--k/--num-spec-tokens: must be >= 0"),
     (["--request-rate", "-2"], "argument --request-rate: must be > 0"),
     (["--acceptance-rates", "0.5,0.9", "-k", "2"], "cumulative"),
     (["--acceptance", "vibes"], "acceptance: unknown profile 'vibes'"),
     (["--cpu-cost", "nap=3"], "argument --cpu-cost: expected OP=A[,B[,C]]"),
-    (["--seed", "-3"], "--seed: must be an integer >= 0"),
+    (["--seed", "-3"], "argument --seed: must be >= 0"),
     (["--num-kv-blocks", "2", "--num-prompts", "2"], "KV blocks but the cache holds 2"),
     (["--max-model-len", "64", "--trace", "sharegpt"], "exceeds --max-model-len 64"),
 ])

@@ -15,7 +15,7 @@ S, P, L, U = 100.0, 200.0, 50.0, 150.0
 
 
 def cfg(**kw) -> SimConfig:
-    base = dict(model="llama-3.2-1b", num_kv_blocks=4096, max_model_len=4096,
+    base = dict(model="llama-3.2-1b", num_gpu_blocks_override=4096, max_model_len=4096,
                 cpu_costs={"schedule": [S], "update_from_output": [U], "prepare_inputs": [P],
                            "launch": [L]},
                 launch_latency_us=L, wake_us=0.0, ipc_us=0.0, acceptance_rates=(0.0,))
@@ -47,7 +47,7 @@ def run(costs, **kw):
 @pytest.mark.parametrize("worker", ["inline", "process"])
 @pytest.mark.parametrize("t_dev", [2000.0, 300.0])
 def test_sync_step_is_cpu_plus_device(worker, t_dev):
-    res, _ = run(ConstantCosts(target=t_dev), mode="sync", worker=worker)
+    res, _ = run(ConstantCosts(target=t_dev), mode="sync", executor=worker)
     assert steady_itl_us(res) == pytest.approx(S + P + L + U + t_dev)
 
 
@@ -61,12 +61,12 @@ def test_async_step_is_max_of_cpu_and_device_inline(mode, t_dev):
 @pytest.mark.parametrize("mode", ["async", "zero-bubble"])
 def test_async_process_worker_overlaps_engine_worker_and_device(mode):
     # Device-bound: the device sets the pace, as inline.
-    res, _ = run(ConstantCosts(target=2000.0), mode=mode, k=0, worker="process")
+    res, _ = run(ConstantCosts(target=2000.0), mode=mode, k=0, executor="process")
     assert steady_itl_us(res) == pytest.approx(2000.0)
     # CPU-bound: engine (S+U) and worker (P+L) are separate threads, so the slower one paces,
     # unless one step's round trip (schedule, prepare, launch, device, update) exceeds two
     # periods: the batch queue holds only two steps.
-    res, _ = run(ConstantCosts(target=100.0), mode=mode, k=0, worker="process")
+    res, _ = run(ConstantCosts(target=100.0), mode=mode, k=0, executor="process")
     round_trip = S + P + L + 100.0 + U
     assert steady_itl_us(res, periodic=True) == pytest.approx(
         max(S + U, P + L, 100.0, round_trip / 2))
@@ -76,11 +76,11 @@ def test_sync_device_runs_on_the_worker_thread():
     # The CPU as device: launch packs the inputs (its cost, L), then the ops run on the worker's
     # thread; inline, nothing overlaps in any mode.
     for mode in ("sync", "async", "zero-bubble"):
-        res, _ = run(ConstantCosts(target=900.0), mode=mode, device="sync")
+        res, _ = run(ConstantCosts(target=900.0), mode=mode, device="cpu")
         assert steady_itl_us(res) == pytest.approx(S + P + L + U + 900.0)
     # With its own process the worker still computes serially, but the engine's schedule and
     # update overlap it: async hides the engine side, not the worker's prepare and launch.
-    res, _ = run(ConstantCosts(target=900.0), mode="async", device="sync", worker="process")
+    res, _ = run(ConstantCosts(target=900.0), mode="async", device="cpu", executor="process")
     assert steady_itl_us(res) == pytest.approx(max(S + U, P + L + 900.0))
 
 
@@ -91,13 +91,13 @@ def test_process_worker_on_a_sync_device_sends_its_result_then_turns_around():
     R, C, I = 120.0, 80.0, 30.0
     costs = {"schedule": [S], "update_from_output": [U], "prepare_inputs": [P], "launch": [L],
              "result_latency": [R], "worker_turnaround": [C]}
-    res, spans = run(ConstantCosts(target=900.0), mode="sync", device="sync", worker="process",
+    res, spans = run(ConstantCosts(target=900.0), mode="sync", device="cpu", executor="process",
                      cpu_costs=costs, ipc_us=I, timeline=True)
     assert steady_itl_us(res) == pytest.approx(P + L + 900.0 + R + U + S + I)
     assert not [s for s in spans if s.op == "wait"]   # nothing waits on a device here
     for mode in ("async", "zero-bubble"):
-        res, spans = run(ConstantCosts(target=900.0), mode=mode, k=2, device="sync",
-                         worker="process", cpu_costs=costs, ipc_us=I, timeline=True)
+        res, spans = run(ConstantCosts(target=900.0), mode=mode, k=2, device="cpu",
+                         executor="process", cpu_costs=costs, ipc_us=I, timeline=True)
         assert steady_itl_us(res) == pytest.approx(P + L + 900.0 + C)
         assert not [s for s in spans if s.op == "fixup"]   # it computed N before preparing N+1
 
@@ -129,7 +129,7 @@ def test_zero_bubble_no_slower_than_async_no_slower_than_sync(t_dev, prep, worke
     reqs = sharegpt_like(30, seed=2)
     itl = {}
     for mode in ("sync", "async", "zero-bubble"):
-        res, _ = simulate(cfg(mode=mode, k=k, worker=worker, cpu_costs=costs,
+        res, _ = simulate(cfg(mode=mode, k=k, executor=worker, cpu_costs=costs,
                               acceptance_rates=(0.7, 0.4), max_concurrency=4), reqs, dev)
         itl[mode] = res["duration"]
     assert itl["zero-bubble"] <= itl["async"] * (1 + 1e-9) <= itl["sync"] * (1 + 1e-9)
@@ -179,12 +179,12 @@ def test_replay_clips_to_the_drafts_verified():
 
 @pytest.mark.parametrize("mode", ["sync", "async", "zero-bubble"])
 @pytest.mark.parametrize("worker, device", [("inline", None), ("process", None),
-                                            ("process", "sync")])
+                                            ("process", "cpu")])
 def test_every_request_ends_with_exactly_its_output_tokens(mode, worker, device):
     reqs = sharegpt_like(60, seed=5)
     # A small KV cache forces preemption by recompute along the way.
-    res, _ = simulate(cfg(gpu="h100", k=3, mode=mode, worker=worker, device=device,
-                          num_kv_blocks=120, max_num_seqs=24, acceptance="mtbench",
+    res, _ = simulate(cfg(gpu="h100", k=3, mode=mode, executor=worker, device=device,
+                          num_gpu_blocks_override=120, max_num_seqs=24, acceptance="mtbench",
                           acceptance_rates=None, detailed=True, cpu_costs={}), reqs)
     assert res["completed"] == 60
     assert res["output_lens"] == [r.output_len for r in reqs]

@@ -6,7 +6,7 @@ import json
 import pytest
 
 import sim.sweep as sweep
-from sim.sweep import (METRICS, Grid, build_grid, load_grid_file, load_sweep, parse_values,
+from sim.sweep import (COLUMNS, Grid, build_grid, load_grid_file, load_sweep, parse_values,
                        run_sweep)
 from stepgap.cli import main
 from common.errors import UserError
@@ -30,7 +30,7 @@ def tiny_grid(*specs, sets=()):
     ("mode", "sync, async,zero-bubble", ["sync", "async", "zero-bubble"]),
     ("acceptance_rates", "0.8/0.6,0.7", [(0.8, 0.6), (0.7,)]),
     ("replay", "true,false", [True, False]),
-    ("num_kv_blocks", "none,512", [None, 512]),
+    ("num_gpu_blocks_override", "none,512", [None, 512]),
 ])
 def test_axis_values_parse_to_typed_values(key, text, values):
     assert parse_values(key, text, "--grid") == values
@@ -111,7 +111,7 @@ def test_grid_file_errors_name_the_file_and_the_key(tmp_path, text, message):
 def test_the_table_has_one_row_per_cell_in_grid_order(tmp_path):
     run = run_sweep(tiny_grid("mode=sync,async", "k=0,2", "max_concurrency=1,4"), tmp_path)
     rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
-    assert list(rows[0]) == ["mode", "k", "max_concurrency", *METRICS, "cell"]
+    assert list(rows[0]) == ["mode", "k", "max_concurrency", *COLUMNS, "cell"]
     assert [(r["mode"], r["k"], r["max_concurrency"]) for r in rows] == [
         (m, k, c) for m in ("sync", "async") for k in ("0", "2") for c in ("1", "4")]
     assert all(r["completed"] == "4" for r in rows)

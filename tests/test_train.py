@@ -17,13 +17,13 @@ import torch
 
 from training import corpus
 from engine.checkpoint import load_draft, load_target
-from calibrate.demo import PAIR, load_heldout, pair_paths
+from calibrate.pair import PAIR, load_heldout, pair_paths
 from engine.executor import InlineExecutor
 from engine.model import Llama, init_weights
 from engine.sampler import SamplingConfig
 from training.train import PRESETS, Eagle3Head, train_pair, ttt_unroll
 from engine.worker import WorkerSpec
-from engine_helpers import reference_greedy
+from tests.helpers import reference_greedy
 from stepgap.cli import main
 from common.formats import load_trace
 

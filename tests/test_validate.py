@@ -6,17 +6,18 @@ from pathlib import Path
 
 import pytest
 
+from engine.args import EngineArgs
 from engine.loop import EngineConfig, run_trace
 from engine.executor import InlineExecutor
 from engine.sampler import SamplingConfig
-from calibrate.validate import Plan, chunk, units_of
+from calibrate.harness import Plan, chunk, units_of
 from engine.worker import WorkerSpec
 from sim.config import SimConfig
 from sim.loop import simulate
 from calibrate.measured import requests_of
 from stepgap.cli import main
 from common.formats import load_trace, save_trace
-from tests.engine_helpers import mixed_requests
+from tests.helpers import mixed_requests
 
 PAIR = Path(__file__).resolve().parents[1] / "checkpoints" / "pystdlib"
 
@@ -40,7 +41,7 @@ def test_the_simulator_replays_the_engines_chunks_exactly(tiny_executor, mode):
     assert res["config"]["num_preemptions"] > 0
     assert {a for accs in res["accepted"] for a in accs} == {0, 1, 2, 3}
     sim, _ = simulate(SimConfig(mode=mode, k=3, model="llama-3.2-1b", gpu="h100",
-                                worker="process", device="sync", num_kv_blocks=blocks,
+                                executor="process", device="cpu", num_gpu_blocks_override=blocks,
                                 max_num_seqs=8, max_num_batched_tokens=8192, max_model_len=512,
                                 max_concurrency=4, detailed=True), requests_of(res))
     assert sim["chunk_tokens"] == res["chunk_tokens"]
@@ -56,8 +57,11 @@ def test_chunks_of_a_trace_wrap_around():
 
 
 def plan(**kw):
-    base = dict(pair=str(PAIR), modes=["sync", "async", "zero-bubble"], ks=[0, 2, 4],
-                concs=[1, 4], judged=["j"] * 48, calibration=["c"] * 48, repeats=18)
+    judged = mixed_requests(48)
+    calibration = [replace(r, request_id=f"c{i}") for i, r in enumerate(judged)]
+    base = dict(engine=EngineArgs(model="tiny"), modes=["sync", "async", "zero-bubble"],
+                ks=[0, 2, 4], concs=[1, 4], judged=judged, calibration=calibration,
+                repeats=18)
     return Plan(**{**base, **kw})
 
 
@@ -97,7 +101,7 @@ def test_the_modes_of_a_group_take_every_place_and_follow_each_other_equally_oft
 
 
 def test_a_saving_s_interval_comes_from_the_paired_runs():
-    from calibrate.measured import paired_half_width
+    from calibrate.judge import paired_half_width
     base = [{"config": {"slice": i}, "mean_itl_ms": 10.0 + i} for i in range(4)]
     same = [{"config": {"slice": i}, "mean_itl_ms": 9.0 + i} for i in range(4)]
     assert paired_half_width(base, same) == 0.0        # the drift cancels in the pairs
@@ -147,7 +151,7 @@ def test_a_tiny_validation_end_to_end(tmp_path, capsys):
     assert "saving over sync" in report
     profile = json.loads((out / "profile.json").read_text())
     assert profile["calibration"]["trace"] == str(tmp_path / "cal.jsonl")
-    assert profile["topology"]["worker"] == "process"
+    assert profile["topology"]["executor"] == "process"
     # re-simulating the folder gives the same table (no engine run)
     again = tmp_path / "again"
     assert main(["validate", "--from-measured", str(out), "--out", str(again), "--quiet"]) == 0

@@ -1,0 +1,381 @@
+"""Fitting a profile: what every step costs on a machine, from the engine's own timelines.
+
+Two sources, one JSON profile (the format is `sim/profile.py`'s):
+
+1. A microbenchmark grid of the device ops, run through the worker's own execute/collect on
+   crafted steps: target forward over token counts x batch sizes x context lengths, with the
+   draft's first and one-token passes, rejection sampling and the D2H copy that every step runs.
+2. Calibration runs of the engine (the `process` executor, pinned) on a calibration trace cut
+   from the corpus's *training* files, never from the judged held-out prompts. Their timelines
+   give the device ops in situ and every CPU term the simulator uses (`sim/costs.py` CpuCosts):
+   schedule, update_from_output, prepare_inputs and launch as a + b·reqs + c·tokens, the IPC
+   latency of a step's message, and the worker's result latency and turnaround.
+
+Device op fits come from the calibration runs (the engine's real steps, with the other process
+running, which is what is being predicted), steadied by the grid: its points join the fit at
+the in-situ level, so that shapes the calibration runs rarely take (two or three requests, long
+prefills next to decodes) follow the grid's slopes (`fit_shaped`). How far the grid alone sits
+from the in-situ times is kept in the profile's `checks` (docs/validation.md has the numbers).
+
+How a step is cut into terms, from its spans (DESIGN.md §2 lanes and ops):
+
+    engine:  ...update N-1 | loop | schedule N |                                 | update N ...
+    worker:                               | prepare N | launch N .............| turnaround |
+    device:                                           | head | op | op | ... op |
+
+- `launch` (on the CPU) = prepare_inputs' end to the first device op: packing and copying the
+  inputs, the attention metadata;
+- a device op's cost runs from the end of the previous device op of its step (the Python
+  between two ops belongs to issuing the next), the first op's from its own start;
+- `ipc_us` = from update N-1's end to prepare N's start, less schedule N (sync runs): the
+  message's trip plus the engine loop's own turn, which has no op of its own;
+- `result_latency` = the last device op's end to update N's start, when the engine was waiting;
+- `worker_turnaround` = the last device op's end to prepare N+1's start, when N+1's message was
+  already waiting (async runs): collecting and sending N's result, receiving N+1.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from common.formats import Span
+from sim.costs import CPU_COSTS, OpCost
+from sim.profile import FEATURES, FORMAT, Fit, features, fit_points
+
+GRID_REQS = (1, 2, 4)
+GRID_CONTEXT = (64, 160, 240)
+GRID_QUERY = (16, 64)      # prefill chunks, besides the decode shape 1 + k
+GRID_REPEATS = 5
+
+
+# -------------------------------------------------------------------------------------------
+# Steps out of a timeline
+
+
+def steps_of(spans: list[Span]) -> dict[int, dict]:
+    """step -> {"engine": {op: span}, "worker": {op: span}, "device": [spans by start]}."""
+    out: dict[int, dict] = defaultdict(lambda: {"engine": {}, "worker": {}, "device": []})
+    for s in spans:
+        if s.lane == "device":
+            out[s.step]["device"].append(s)
+        else:
+            out[s.step]["engine" if s.lane == "cpu.engine" else "worker"][s.op] = s
+    for st in out.values():
+        st["device"].sort(key=lambda s: s.start_us)
+    return dict(out)
+
+
+def _shape(dev: list[Span]) -> dict:
+    """The step's batch shape, from its first device op's args (engine/worker.py)."""
+    a = dev[0].args or {}
+    return {"tokens": a.get("tokens", 0), "reqs": a.get("reqs", 1), "q": a.get("q") or 1,
+            "blocks": a.get("blocks") or 0}
+
+
+def device_points(spans: list[Span], k: int) -> list[dict]:
+    """One point per device op of every step: {op, i, k, x (features), us, t (its step's
+    start), step}."""
+    points = []
+    for n, st in sorted(steps_of(spans).items()):
+        dev = st["device"]
+        if not dev:
+            continue
+        shape = _shape(dev)
+        prev_end = None
+        for s in dev:
+            i = (s.args or {}).get("i") if s.op == "draft_forward" else None
+            us = s.end_us - (prev_end if prev_end is not None else s.start_us)
+            prev_end = s.end_us
+            points.append({"op": s.op, "i": i, "k": k, "us": us, "t": dev[0].start_us,
+                           "step": n, "x": features(s.op, i, shape["tokens"], shape["reqs"],
+                                                    shape["q"], shape["blocks"])})
+    return points
+
+
+def cpu_points(spans: list[Span], mode: str) -> dict[str, list[tuple[int, int, float]]]:
+    """Samples of every CPU term: term -> [(reqs, tokens, us)] (ipc_us: reqs = tokens = 0)."""
+    steps = steps_of(spans)
+    out: dict[str, list] = defaultdict(list)
+    engine_ends = sorted(s.end_us for s in spans if s.lane == "cpu.engine")
+    order = sorted(steps)
+    for n in order:
+        st = steps[n]
+        for op, s in list(st["engine"].items()) + list(st["worker"].items()):
+            if op in ("schedule", "update_from_output", "prepare_inputs"):
+                a = s.args or {}
+                out[op].append((a.get("reqs", 0), a.get("tokens", 0), s.end_us - s.start_us))
+        dev, prep = st["device"], st["worker"].get("prepare_inputs")
+        if not dev or prep is None:
+            continue
+        reqs, tokens = (prep.args or {}).get("reqs", 0), (prep.args or {}).get("tokens", 0)
+        out["launch"].append((reqs, tokens, dev[0].start_us - prep.end_us))
+        end = dev[-1].end_us
+        upd = st["engine"].get("update_from_output")
+        if upd is not None:
+            i = bisect.bisect_right(engine_ends, upd.start_us)
+            if i and engine_ends[i - 1] < end:   # the engine was waiting for this result
+                out["result_latency"].append((reqs, tokens, upd.start_us - end))
+        nxt = steps.get(n + 1)
+        if nxt is None:
+            continue
+        sched, nprep = nxt["engine"].get("schedule"), nxt["worker"].get("prepare_inputs")
+        if sched is None or nprep is None:
+            continue
+        if mode != "sync" and sched.end_us < end - 100.0:   # N+1's message was waiting
+            out["worker_turnaround"].append((reqs, tokens, nprep.start_us - end))
+        if mode == "sync" and upd is not None:
+            trip = nprep.start_us - upd.end_us - (sched.end_us - sched.start_us)
+            out["ipc_us"].append((0, 0, trip))
+    return dict(out)
+
+
+# -------------------------------------------------------------------------------------------
+# Fits
+
+
+def fit_device(points: list[dict], source: str) -> list[Fit]:
+    """One fit per (op, draft pass, k) over the points' features."""
+    groups = defaultdict(list)
+    for p in points:
+        groups[(p["op"], p["i"], p["k"])].append(p)
+    fits = []
+    for (op, i, k), ps in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        coef, err = fit_points([p["x"] for p in ps], [p["us"] for p in ps],
+                               [p.get("count", 1) for p in ps])
+        fits.append(Fit(op, i, k, coef, sum(p.get("count", 1) for p in ps), err, source))
+    return fits
+
+
+def fit_shaped(situ: list[dict], grid: list[dict], grid_fits: list[Fit]) -> list[Fit]:
+    """In-situ fits steadied by the grid. The calibration runs set the level, but their steps
+    cover few shapes (most are decodes of one size), so a fit on them alone can tilt anywhere
+    off those shapes. The grid covers the shapes evenly; its points join the fit rescaled to the
+    in-situ level (the ratio of the in-situ times to the grid fit's prediction of them) and
+    weighted to a quarter of the in-situ points."""
+    by_grid = {(f.op, f.i, f.k): f for f in grid_fits}
+    groups = defaultdict(list)
+    for p in situ:
+        groups[(p["op"], p["i"], p["k"])].append(p)
+    gpts = defaultdict(list)
+    for p in grid:
+        gpts[(p["op"], p["i"], p["k"])].append(p)
+    fits = []
+    for key, ps in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        gfit, gps = by_grid.get(key), gpts.get(key)
+        if gfit is None or not gps:
+            continue
+        predicted = sum(gfit(p["x"]) for p in ps)
+        level = sum(p["us"] for p in ps) / predicted if predicted else 1.0
+        w = max(1.0, 0.25 * len(ps) / len(gps))
+        xs = [p["x"] for p in ps] + [p["x"] for p in gps]
+        ys = [p["us"] for p in ps] + [p["us"] * level for p in gps]
+        coef, _ = fit_points(xs, ys, [1.0] * len(ps) + [w] * len(gps))
+        err = float(np.median([abs(p["us"] - np.dot(coef, p["x"])) / p["us"] for p in ps]))
+        fits.append(Fit(key[0], key[1], key[2], coef, len(ps), err,
+                        f"calibration runs, shaped by the grid (grid level x{level:.3f})"))
+    return fits
+
+
+def fit_cpu(samples: dict[str, list]) -> tuple[dict, dict]:
+    """CpuCosts fields (to_dict form) and, per term, how well the fit holds."""
+    costs, quality = {}, {}
+    for term in CPU_COSTS:
+        rows = samples.get(term) or []
+        if len(rows) < 5:
+            continue
+        coef, err = fit_points([[1.0, r, t] for r, t, _ in rows], [us for _, _, us in rows])
+        OpCost(*coef)   # validates
+        costs[term] = [round(c, 4) for c in coef]
+        quality[term] = {"n": len(rows), "median_rel_err": round(err, 4),
+                         "mean_us": round(statistics.fmean(us for _, _, us in rows), 2)}
+    trips = [us for _, _, us in samples.get("ipc_us") or []]
+    if trips:
+        costs["ipc_us"] = round(statistics.fmean(trips), 2)
+        quality["ipc_us"] = {"n": len(trips), "median_us": round(statistics.median(trips), 2)}
+    return costs, quality
+
+
+def check_against(fits: list[Fit], points: list[dict]) -> dict:
+    """How far `fits` sit from measured points: per op key, the mean of fitted / measured."""
+    by_key = {(f.op, f.i, f.k): f for f in fits}
+    sums = defaultdict(lambda: [0.0, 0.0])
+    for p in points:
+        f = by_key.get((p["op"], p["i"], p["k"]))
+        if f is not None:
+            s = sums[f"{p['op']}{'' if p['i'] is None else '/' + str(p['i'])} k={p['k']}"]
+            s[0] += f(p["x"])
+            s[1] += p["us"]
+    return {key: round(a / b, 4) for key, (a, b) in sorted(sums.items()) if b}
+
+
+def step_series(points: list[dict], fits: dict) -> list[list[float]]:
+    """A run's steps as [t (ms from the run's first step), measured us, fitted us] of its device
+    ops (the fitted time by `fits`, keyed (op, i, k))."""
+    steps = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for p in points:
+        f = fits.get((p["op"], p["i"], p["k"]))
+        if f is None:
+            continue
+        a = steps[p["step"]]
+        a[0] = p["t"]
+        a[1] += p["us"]
+        a[2] += f(p["x"])
+    rows = sorted(v for v in steps.values() if v[1] > 0 and v[2] > 0)
+    t0 = rows[0][0] if rows else 0.0
+    return [[round((t - t0) / 1e3, 3), round(m, 1), round(f, 1)] for t, m, f in rows]
+
+
+JITTER_BIN_MS = 50
+
+
+def fit_jitter(series: list[list[list[float]]], bin_ms: float = JITTER_BIN_MS) -> dict | None:
+    """The machine's speed noise, from the calibration runs' steps: z = log(measured / fitted
+    device time). Three parts (sim/costs.py Jitter):
+
+    - run level: each run's mean z. The machine's speed drifts over seconds and minutes, so
+      whole runs are fast or slow (by ±20 % on the machine of docs/validation.md); the spread of
+      the run means, centred;
+    - within a run: the rest, averaged over `bin_ms` windows, one segment per run, as a trace
+      the simulator replays from a seeded offset (bursts keep their length and height);
+    - per step: what is left, as a standard deviation.
+    """
+    levels, trace, rest = [], [], []
+    for rows in series:
+        if len(rows) < 20:
+            continue
+        t = np.array([r[0] for r in rows])
+        z = np.log([r[1] / r[2] for r in rows])
+        m = float(z.mean())
+        levels.append(m)
+        bins = (t // bin_ms).astype(int)
+        for b in np.unique(bins):
+            zb = z[bins == b] - m
+            trace.append(float(zb.mean()))
+            rest.extend((zb - zb.mean()).tolist())
+    if not levels:
+        return None
+    levels = np.array(levels) - np.mean(levels)
+    return {"run_log_factors": [round(float(x), 4) for x in np.sort(levels)],
+            "bin_ms": bin_ms, "trace": [round(x, 3) for x in trace],
+            "sigma_step": round(float(np.std(rest)), 4), "runs": len(levels),
+            "steps": int(sum(len(r) for r in series))}
+
+
+def build_profile(runs: list[tuple[str, int, list[Span]]], grid_points: list[dict],
+                  meta: dict) -> dict:
+    """The profile document from calibration runs [(mode, k, spans)] and grid points, and each
+    calibration run's device steps ([t ms, measured us, fitted us]) it fitted the noise on."""
+    situ, cpu, per_run = [], defaultdict(lambda: defaultdict(list)), []
+    for mode, k, spans in runs:
+        per_run.append(device_points(spans, k))
+        situ += per_run[-1]
+        for term, rows in cpu_points(spans, mode).items():
+            cpu[k][term] += rows
+            cpu[None][term] += rows
+    situ_fits = fit_device(situ, "calibration runs") if situ else []
+    grid_fits = fit_device(grid_points, "grid") if grid_points else []
+    chosen = {(f.op, f.i, f.k): f for f in grid_fits}
+    chosen.update({(f.op, f.i, f.k): f for f in situ_fits})
+    chosen.update({(f.op, f.i, f.k): f for f in fit_shaped(situ, grid_points, grid_fits)})
+    costs, quality = fit_cpu(cpu[None])
+    by_k = {str(k): fit_cpu(v) for k, v in sorted(cpu.items(), key=str) if k is not None}
+    series = [step_series(pts, chosen) for pts in per_run]
+    grid_rows = [{**{k: p[k] for k in ("op", "i", "k", "us")},
+                  **dict(zip(FEATURES[1:], p["x"][1:]))} for p in grid_points]
+    doc = {
+        "format": FORMAT, **meta,
+        "features": list(FEATURES),
+        "device_ops": [f.to_dict() for f in sorted(chosen.values(), key=lambda f: str(
+            (f.op, f.i, f.k)))],
+        "cpu": costs,
+        "cpu_fit_quality": quality,
+        "cpu_by_k": {k: c for k, (c, _) in by_k.items()},
+        "cpu_fit_quality_by_k": {k: q for k, (_, q) in by_k.items()},
+        "jitter": fit_jitter(series),
+        "checks": {"grid_fit_over_calibration_steps": check_against(grid_fits, situ),
+                   "calibration_fit_over_calibration_steps": check_against(situ_fits, situ)},
+        "grid": grid_rows,
+    }
+    return doc, series
+
+
+# -------------------------------------------------------------------------------------------
+# The microbenchmark grid
+
+
+@dataclass(frozen=True, slots=True)
+class GridShape:
+    """The shapes of the microbenchmark grid: requests x context x query length (the decode
+    shape 1 + k is always among the queries)."""
+
+    reqs: tuple[int, ...] = GRID_REQS
+    contexts: tuple[int, ...] = GRID_CONTEXT
+    queries: tuple[int, ...] = GRID_QUERY
+    repeats: int = GRID_REPEATS
+
+    def shapes(self, ks: list[int]) -> list[tuple[int, int, int, int]]:
+        """(k, reqs, context, query) of every grid point."""
+        return [(k, r, ctx, q) for k in ks for r in self.reqs for ctx in self.contexts
+                for q in sorted({1 + k, *self.queries}) if q < ctx]
+
+
+def measure_grid(spec, ks: list[int], cpu: int | None = None, grid: GridShape = GridShape(),
+                 progress=None) -> list[dict]:
+    """Device op points from crafted steps run by the worker's own execute/collect, in this
+    process, pinned to `cpu` (the worker's CPU) with one torch thread. Each point is the median
+    of `grid.repeats` runs of one step shape, after one warm-up run."""
+    import torch
+
+    from common.scheduler import cdiv
+    from engine.worker import ReqRow, RunConfig, StepMsg, Worker
+
+    saved = os.sched_getaffinity(0) if cpu is not None else None
+    threads = torch.get_num_threads()
+    try:
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+        if spec.device == "cpu":
+            torch.set_num_threads(1)
+        worker = Worker(spec)
+        rng = np.random.default_rng(0)
+        vocab = worker.target_cfg.vocab_size
+        bs = spec.block_size
+        points, step = [], 0
+        for k, reqs, ctx, q in grid.shapes(ks):
+            worker.configure(RunConfig("sync", k))
+            nb = cdiv(ctx + k + 1, bs)
+            prompts = [rng.integers(1, vocab, ctx + 1).tolist() for _ in range(reqs)]
+            ids = [f"g{step}-{j}" for j in range(reqs)]
+            blocks = [list(range(j * nb, (j + 1) * nb)) for j in range(reqs)]
+            setup = [ReqRow(ids[j], ctx - q, 0, False, 0, blocks[j], prompts[j])
+                     for j in range(reqs)]
+            worker.collect(worker.execute(StepMsg(step, setup, [], [])))
+            step += 1
+            ns = k if q == 1 + k else 0
+            runs = []
+            for rep in range(grid.repeats + 1):
+                for j in range(reqs):
+                    st = worker.states[ids[j]]
+                    st.num_computed, st.tokens = ctx - q, list(prompts[j][:ctx])
+                    st.pending, st.drafts = [], []
+                timed = [ReqRow(ids[j], q, ns, True, ctx - q, blocks[j]) for j in range(reqs)]
+                res = worker.collect(worker.execute(StepMsg(step, timed, [], [])))
+                step += 1
+                if rep:
+                    runs.append(device_points(res.spans, k))
+            for ops in zip(*runs):   # the same op of every repeat
+                points.append({**ops[0], "us": statistics.median(p["us"] for p in ops),
+                               "count": len(ops)})
+            if progress is not None:
+                progress(1)
+        return points
+    finally:
+        torch.set_num_threads(threads)
+        if saved is not None:
+            os.sched_setaffinity(0, saved)

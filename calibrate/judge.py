@@ -1,0 +1,245 @@
+"""Judging a measured folder: re-simulate every cell and hold it to its bounds (DESIGN.md §7).
+
+`resimulate` runs each judged run's trace through the simulator with that run's accepted counts
+(so both see the same acceptance) and the folder's profile, and pools the repeats of a cell as
+one benchmark; `judge_cell` takes the errors against BOUNDS; `savings` sets what async and
+zero-bubble save over sync, measured against simulated.
+
+The bounds are fixed here and never loosened by a command. A cell may miss one only where the
+folder's `known_misses.toml` (written by hand) says so: each entry names the cell and metric,
+its signed error when it was committed, a cap of the same sign, and the reason. The error may
+then go past the bound on that side only, up to the cap (`check_bounds`). A saving must also
+keep its sign: where the measured saving is outside its own 95 % interval of zero, the
+simulated saving must be of the same sign, whatever a known miss says.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from calibrate.measured import MeasuredCell, Setup, load_measured, requests_of
+from common.compare import compare, pool_results
+from common.errors import UserError, where
+from common.fileio import read_toml
+from sim.config import SimConfig
+from sim.costs import run_levels
+from sim.loop import simulate
+from sim.profile import load_profile
+
+# The issue's bounds: |simulated - measured| / measured.
+BOUNDS = (("mean_tpot_ms", "mean TPOT", 0.05), ("mean_itl_ms", "mean ITL", 0.05),
+          ("p99_tpot_ms", "P99 TPOT", 0.10))
+# Student's t, two-sided 95 %, by degrees of freedom (beyond the table: 1.96)
+T95 = {2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+       10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110,
+       18: 2.101, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042}
+SAVING_BOUND = 0.25   # of the measured saving of async / zero-bubble over sync (mean ITL)
+
+
+def sim_config(setup: Setup, run: dict, timeline: bool = False, **overrides) -> SimConfig:
+    """The simulator's configuration of one measured run: the folder's topology and costs, the
+    run's mode, k, concurrency and scheduler limits."""
+    c = run.get("config", {})
+    s = dict(setup.settings)
+    folder = {key: s.pop(key, None) for key in ("max_num_seqs", "max_model_len",
+                                                 "num_gpu_blocks_override")}
+    limits = {"max_num_seqs": c.get("max_num_seqs") or folder["max_num_seqs"] or 256,
+              "max_num_batched_tokens": c.get("max_num_batched_tokens", 8192),
+              "max_model_len": c.get("max_model_len") or folder["max_model_len"] or 2048,
+              "num_gpu_blocks_override": c.get("num_blocks")
+              or folder["num_gpu_blocks_override"]}
+    settings = {**s, **limits, "mode": c.get("mode", "sync"), "k": c.get("k", 0),
+                "max_concurrency": run.get("max_concurrency"), "replay": True,
+                "detailed": True, "timeline": timeline, **overrides}
+    return SimConfig(**settings)
+
+
+def resimulate(setup: Setup, cell: MeasuredCell, timeline: bool = False, **overrides):
+    """(the pooled simulated result, the first run's spans or None, each run's result).
+
+    With a profile that measured the machine's noise, the runs of a cell get the measured
+    spread of run-level speeds (stratified, mean 1: `sim.costs.run_levels`) and each its own
+    jitter seed, as the measured runs met the machine at different moments."""
+    results, spans = [], None
+    levels = [1.0] * len(cell.runs)
+    prof = setup.settings.get("profile")
+    if prof and overrides.get("jitter", True):
+        jitter = load_profile(prof).jitter
+        if jitter:
+            levels = run_levels(jitter["run_log_factors"], len(cell.runs))
+    for n, run in enumerate(cell.runs):
+        cfg = sim_config(setup, run, timeline and n == 0,
+                         **{"speed": levels[n], "seed": n, **overrides})
+        res, sp = simulate(cfg, requests_of(run))
+        results.append(res)
+        if n == 0 and timeline:
+            spans = sp
+    return pool_results(results), spans, results
+
+
+# -------------------------------------------------------------------------------------------
+# Judging
+
+
+@dataclass
+class Verdict:
+    cell: MeasuredCell
+    measured: dict        # pooled
+    simulated: dict       # pooled
+    errors: dict          # metric -> relative error
+    passed: dict          # metric -> bool
+    comparison: dict      # common.compare.compare(measured, simulated)
+
+    @property
+    def ok(self) -> bool:
+        return all(self.passed.values())
+
+
+def judge_cell(cell: MeasuredCell, simulated: dict) -> Verdict:
+    measured = pool_results(cell.runs)
+    errors, passed = {}, {}
+    for key, _, bound in BOUNDS:
+        e = (simulated[key] - measured[key]) / measured[key]
+        errors[key], passed[key] = e, abs(e) <= bound
+    return Verdict(cell, measured, simulated, errors, passed, compare(measured, simulated))
+
+
+def paired_half_width(base_runs: list[dict], runs: list[dict]) -> float | None:
+    """Half-width (ms) of the 95 % interval of a measured saving: the spread of the per-run
+    differences in mean ITL between runs of the two modes on the same slice (they ran back to
+    back), over the square root of their number. None with fewer than 3 pairs."""
+    def by_slice(rs):
+        return {r.get("config", {}).get("slice", i): r["mean_itl_ms"] for i, r in enumerate(rs)}
+    a, b = by_slice(base_runs), by_slice(runs)
+    d = [a[i] - b[i] for i in sorted(a.keys() & b.keys())]
+    if len(d) < 3:
+        return None
+    mean = sum(d) / len(d)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1))
+    return T95.get(len(d) - 1, 1.96) * sd / math.sqrt(len(d))
+
+
+def savings(verdicts: list[Verdict]) -> list[dict]:
+    """What async and zero-bubble save over sync in mean ITL, measured and simulated, per k and
+    concurrency, and whether the simulated saving is within SAVING_BOUND of the measured one."""
+    by = {(v.cell.mode, v.cell.k, v.cell.conc): v for v in verdicts}
+    rows = []
+    for (mode, k, conc), v in by.items():
+        base = by.get(("sync", k, conc))
+        if mode == "sync" or base is None:
+            continue
+        m = base.measured["mean_itl_ms"] - v.measured["mean_itl_ms"]
+        s = base.simulated["mean_itl_ms"] - v.simulated["mean_itl_ms"]
+        err = (s - m) / abs(m) if m else math.inf
+        half = paired_half_width(base.cell.runs, v.cell.runs)
+        rows.append({"mode": mode, "k": k, "conc": conc, "measured_ms": m, "simulated_ms": s,
+                     "measured_pct": 100 * m / base.measured["mean_itl_ms"],
+                     "half_width_ms": half,
+                     "within_noise": half is not None and abs(s - m) <= half,
+                     "error": err, "passed": abs(err) <= SAVING_BOUND})
+    return sorted(rows, key=lambda r: (r["k"], r["conc"] or 0, r["mode"]))
+
+
+def judge_folder(folder, timeline_cells: tuple = ()) -> tuple[Setup, list[Verdict], dict]:
+    """Re-simulate every cell of a measured folder and judge it. Also returns the simulated
+    spans of the first run of the cells named in `timeline_cells`."""
+    setup, cells = load_measured(folder)
+    verdicts, spans = [], {}
+    for cell in cells:
+        sim, sp, _ = resimulate(setup, cell, timeline=cell.name in timeline_cells)
+        verdicts.append(judge_cell(cell, sim))
+        if sp is not None:
+            spans[cell.name] = sp
+    return setup, verdicts, spans
+
+
+# -------------------------------------------------------------------------------------------
+# Known misses, written by hand
+
+
+MISS_METRICS = tuple(key for key, _, _ in BOUNDS) + ("saving",)
+MISSES_FILE = "known_misses.toml"
+
+
+@dataclass(frozen=True)
+class KnownMiss:
+    cell: str        # e.g. sync-k0-c4; for a saving, the async or zero-bubble cell
+    metric: str      # a BOUNDS key, or "saving"
+    error: float     # signed, when it was committed
+    cap: float       # same sign: the error may pass its bound on that side, up to here
+    reason: str
+
+
+def load_known_misses(folder) -> dict[tuple[str, str], KnownMiss]:
+    """The folder's known_misses.toml ({} if it has none). Every entry is checked: a known
+    metric, a signed error, a cap of the same sign at least as far out, and a reason."""
+    path = Path(folder) / MISSES_FILE
+    if not path.is_file():
+        return {}
+    doc = read_toml(path)
+    out = {}
+    for n, d in enumerate(doc.get("miss", [])):
+        src = where(path, field=f"miss[{n}]")
+        try:
+            m = KnownMiss(str(d["cell"]), str(d["metric"]), float(d["error"]), float(d["cap"]),
+                          str(d["reason"]).strip())
+        except (KeyError, TypeError, ValueError):
+            raise UserError(f"{src}: expected cell, metric, error, cap and reason") from None
+        if m.metric not in MISS_METRICS:
+            raise UserError(f"{src}: metric {m.metric!r} (expected one of "
+                            f"{', '.join(MISS_METRICS)})")
+        if not m.reason:
+            raise UserError(f"{src}: a known miss needs its reason")
+        if m.error * m.cap <= 0 or abs(m.cap) < abs(m.error):
+            raise UserError(f"{src}: the cap {m.cap:+.4f} must have the error's sign "
+                            f"({m.error:+.4f}) and lie at least as far out")
+        out[(m.cell, m.metric)] = m
+    return out
+
+
+def allowed(bound: float, miss: KnownMiss | None) -> tuple[float, float]:
+    """The interval an error must stay in: ±bound, widened on the known miss's side to its
+    cap."""
+    if miss is None:
+        return -bound, bound
+    return (min(miss.cap, -bound), bound) if miss.cap < 0 else (-bound, max(miss.cap, bound))
+
+
+def saving_cell(row: dict) -> str:
+    from calibrate.harness import cell_name
+    return cell_name(row["mode"], row["k"], row["conc"])
+
+
+def sign_flipped(row: dict) -> bool:
+    """The measured saving is outside its own 95 % interval of zero, and the simulated one has
+    the other sign."""
+    half = row.get("half_width_ms")
+    m, s = row["measured_ms"], row["simulated_ms"]
+    return half is not None and abs(m) > half and m * s < 0
+
+
+def bound_failures(verdicts: list[Verdict], rows: list[dict],
+                   misses: dict[tuple[str, str], KnownMiss]) -> list[str]:
+    """Every bound the judged folder breaks, one line each ([] when all hold)."""
+    out = []
+
+    def check(cell: str, key: str, label: str, e: float, bound: float) -> None:
+        miss = misses.get((cell, key))
+        lo, hi = allowed(bound, miss)
+        if not lo <= e <= hi:
+            note = f" (known miss: committed {miss.error:+.1%}, cap {miss.cap:+.1%})" \
+                if miss else ""
+            out.append(f"{cell}: {label} {e:+.1%} outside [{lo:+.1%}, {hi:+.1%}]{note}")
+
+    for v in verdicts:
+        for key, label, bound in BOUNDS:
+            check(v.cell.name, key, label, v.errors[key], bound)
+    for r in rows:
+        check(saving_cell(r), "saving", "saving over sync", r["error"], SAVING_BOUND)
+        if sign_flipped(r):
+            out.append(f"{saving_cell(r)}: the simulated saving {r['simulated_ms']:+.3f} ms has "
+                       f"the other sign from the measured {r['measured_ms']:+.3f} "
+                       f"± {r['half_width_ms']:.3f} ms")
+    return out

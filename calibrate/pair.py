@@ -1,0 +1,52 @@
+"""The trained pair (checkpoints/pystdlib: target/, eagle3/, heldout.jsonl) and its two traces.
+
+Judged runs use the held-out prompts (cut from stdlib files the pair never trained on);
+calibration runs use prompts cut from the corpus's *training* files, so that what a simulation
+is judged on is never what it was fitted on (docs/validation.md).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from common.errors import UserError
+from common.formats import TraceRequest, load_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+PAIR = ROOT / "checkpoints" / "pystdlib"
+
+
+def pair_paths(pair) -> dict:
+    pair = Path(pair)
+    paths = {"target": pair / "target", "eagle3": pair / "eagle3",
+             "heldout": pair / "heldout.jsonl"}
+    for name, path in paths.items():
+        if not path.exists():
+            raise UserError(f"{path}: missing (the pair's {name}; `stepgap train {pair}` "
+                            "makes it)")
+    return {k: str(v) for k, v in paths.items()}
+
+
+def load_heldout(pair, num_prompts: int | None = None) -> list[TraceRequest]:
+    reqs = load_trace(pair_paths(pair)["heldout"])
+    return reqs[:num_prompts] if num_prompts else reqs
+
+
+def calibration_trace(pair, num_prompts: int, seed: int = 1) -> list[TraceRequest]:
+    """Prompts cut from the corpus's *training* files (never the held-out ones the judged trace
+    comes from), tokenized with the pair's tokenizer, lengths as the held-out trace's."""
+    from training.corpus import heldout_trace, load_tokenizer, split
+
+    paths = pair_paths(pair)
+    info = json.loads((Path(pair) / "train.json").read_text()) \
+        if (Path(pair) / "train.json").is_file() else {}
+    cfg = info.get("config", {})
+    lo, hi = cfg.get("prompt_len", (64, 128))
+    out = cfg.get("output_len", (64, 128))
+    _, train, _ = split()
+    files = train[::8]   # a spread of the training files, enough for any trace size here
+    tok = load_tokenizer(paths["target"])
+    reqs = heldout_trace(tok, files, num_prompts, (lo, hi), tuple(out), seed)
+    return [replace(r, request_id=f"calib-{i:03d}") for i, r in enumerate(reqs)]

@@ -1,0 +1,199 @@
+"""The report of a judged measured folder: report.md, tpot.png, timeline.png, simulated/.
+
+`write_report` re-simulates the folder (calibrate/judge.py), writes the simulated results, the
+tables (every cell's errors, the savings, the known misses and whether they hold) and the two
+figures. It writes nothing into the folder's manifest or its known_misses.toml.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from calibrate.judge import (BOUNDS, SAVING_BOUND, Verdict, bound_failures, judge_folder,
+                             load_known_misses, saving_cell, savings)
+from common.formats import load_timeline, save_result, save_timeline
+
+TIMELINE_STEPS = (60, 100)   # the steps of the timeline cells kept, when the manifest says none
+
+
+def _pct(e: float | None) -> str:
+    return "-" if e is None or not math.isfinite(e) else f"{100 * e:+.1f} %"
+
+
+def _mark(ok: bool) -> str:
+    return "pass" if ok else "**MISS**"
+
+
+def report_table(verdicts: list[Verdict]) -> str:
+    """The errors per cell, markdown."""
+    head = ("| mode | k | conc | mean TPOT ms: measured / simulated | error | mean ITL ms: "
+            "measured / simulated | error | P99 TPOT ms: measured / simulated | error | "
+            "median step gap µs: measured / simulated | gap KS | device vs profile | bounds |")
+    lines = [head, "|" + "---|" * 13]
+    for v in verdicts:
+        c, m, s, e = v.cell, v.measured, v.simulated, v.errors
+        gm, gs = m.get("step_gaps", {}), s.get("step_gaps", {})
+        ks = v.comparison["ks"]
+        dev = c.info.get("device_vs_profile")
+        lines.append(
+            f"| {c.mode} | {c.k} | {c.conc} "
+            f"| {m['mean_tpot_ms']:.3f} / {s['mean_tpot_ms']:.3f} | {_pct(e['mean_tpot_ms'])} "
+            f"| {m['mean_itl_ms']:.3f} / {s['mean_itl_ms']:.3f} | {_pct(e['mean_itl_ms'])} "
+            f"| {m['p99_tpot_ms']:.3f} / {s['p99_tpot_ms']:.3f} | {_pct(e['p99_tpot_ms'])} "
+            f"| {gm.get('median_us', 0):.0f} / {gs.get('median_us', 0):.0f} "
+            f"| {'-' if ks is None else f'{ks:.2f}'} | {_pct(dev)} "
+            f"| {_mark(v.ok) if v.ok else ', '.join(n for k, n, _ in BOUNDS if not v.passed[k]) + ' MISS'} |")
+    return "\n".join(lines)
+
+
+def savings_table(rows: list[dict]) -> str:
+    lines = ["| saving over sync (mean ITL) | k | conc | measured ms (% of sync) | ± 95 % "
+             "| simulated ms | error (of the saving) | bound 25 % | simulated within ± 95 % |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        half = r.get("half_width_ms")
+        lines.append(f"| {r['mode']} | {r['k']} | {r['conc']} | {r['measured_ms']:.3f} "
+                     f"({r['measured_pct']:.1f} %) | "
+                     f"{'-' if half is None else f'{half:.3f}'} | {r['simulated_ms']:.3f} "
+                     f"| {_pct(r['error'])} | {_mark(r['passed'])} | "
+                     f"{'yes' if r.get('within_noise') else 'no'} |")
+    return "\n".join(lines)
+
+
+def summary_counts(verdicts: list[Verdict], saving_rows: list[dict]) -> str:
+    n = len(verdicts)
+    parts = [f"{sum(v.passed[k] for v in verdicts)}/{n} cells within ±{100 * b:g} % on {name}"
+             for k, name, b in BOUNDS]
+    if saving_rows:
+        parts.append(f"{sum(r['passed'] for r in saving_rows)}/{len(saving_rows)} savings "
+                     f"within {100 * SAVING_BOUND:g} %")
+        parts.append(f"{sum(bool(r.get('within_noise')) for r in saving_rows)}/"
+                     f"{len(saving_rows)} simulated savings within the measured saving's 95 % "
+                     "interval")
+    return "; ".join(parts)
+
+
+def write_report(folder: Path, command: str | None = None, quiet: bool = False) -> list:
+    """Re-simulate the folder's cells, judge them, and write report.md, tpot.png,
+    timeline.png and simulated/. Returns the verdicts."""
+    from sim import plots
+
+    man_path = folder / "manifest.json"
+    tl = json.loads(man_path.read_text()).get("timeline", {}) if man_path.is_file() else {}
+    tl_cells = tuple(tl.get("cells", []))
+    setup, verdicts, spans = judge_folder(folder, tl_cells)
+    rows = savings(verdicts)
+    for v in verdicts:
+        sim = {k: x for k, x in v.simulated.items() if k not in (
+            "request_ids", "input_lens", "output_lens", "ttfts", "itls", "chunk_tokens")}
+        sim["step_gaps"] = {k: x for k, x in sim.get("step_gaps", {}).items()
+                            if k != "values_us"}
+        save_result(folder / "simulated" / f"{v.cell.name}.json", sim)
+    points = [{"mode": v.cell.mode, "k": v.cell.k, "conc": v.cell.conc,
+               "measured": v.measured, "simulated": v.simulated} for v in verdicts]
+    plots.save(plots.sim_vs_measured_figure(points), folder / "tpot.png")
+    panels = []
+    lo, hi = tl.get("steps") or TIMELINE_STEPS
+    for name, sp in spans.items():
+        mode = name.split("-k")[0]
+        tl = folder / "timelines" / f"{name}.measured.jsonl"
+        sim_sp = [s for s in sp if lo <= s.step < hi]
+        save_timeline(folder / "timelines" / f"{name}.simulated.jsonl", sim_sp)
+        if tl.is_file():
+            panels.append(plots.Panel(mode, "measured", load_timeline(tl)))
+        panels.append(plots.Panel(mode, "simulated", sim_sp))
+    common = set.intersection(*({s.step for s in p.spans if s.lane == "device"}
+                                for p in panels)) if panels else set()
+    if common:
+        order = {"sync": 0, "async": 1, "zero-bubble": 2}
+        panels.sort(key=lambda p: (order.get(p.row, 9), p.column))
+        steps = sorted(common)
+        mid = steps[len(steps) // 2]
+        mid = mid if mid + 2 in common else steps[max(0, len(steps) - 3)]
+        k, conc = tl_cells[0].split("-k")[1].split("-c")
+        fig = plots.timeline_figure(
+            panels, steps=(mid, min(mid + 2, steps[-1])),
+            title=f"{setup.manifest.get('title', setup.manifest.get('device', ''))}, k={k}, "
+                  f"concurrency {conc}: steps {mid}–{min(mid + 2, steps[-1])}, measured and "
+                  "simulated")
+        plots.save(fig, folder / "timeline.png")
+    text = report_text(setup, verdicts, rows, command)
+    (folder / "report.md").write_text(text)
+    if not quiet:
+        print(report_table(verdicts))
+        print()
+        print(savings_table(rows))
+        print()
+        print(summary_counts(verdicts, rows))
+        fails = bound_failures(verdicts, rows, load_known_misses(folder))
+        print(f"\n{len(fails)} bound(s) broken beyond known_misses.toml" +
+              "".join(f"\n  {f}" for f in fails))
+        print(f"\nreport: {folder / 'report.md'}")
+    return verdicts
+
+
+def report_text(setup, verdicts, rows, command) -> str:
+    man = setup.manifest
+    machine = man.get("machine", {})
+    load = man.get("load_avg_1m", {})
+    lines = [f"# Simulated against measured: {man.get('device', 'cpu')}", ""]
+    if man.get("traces"):
+        lines += [
+            f"- machine: {machine.get('cpu', '?')}, {machine.get('cpus', '?')} CPUs, "
+            f"{machine.get('platform', '')}; Python {machine.get('python', '?')}, torch "
+            f"{machine.get('torch', '?')}",
+            f"- load average (1 min) during the runs: {load.get('min')}–{load.get('max')} "
+            f"(mean {load.get('mean')})",
+            f"- commit {man.get('commit')}, {man.get('created')}; engine and calibration runs "
+            f"took {man.get('wall_s')} s",
+            f"- measured: `{man.get('command')}`",
+            f"- judged trace: {man['traces']['judged']} ({man['traces']['judged_prompts']} "
+            f"prompts); each cell ran {man.get('repeats')} times on slices of "
+            f"{man.get('slice')} prompts, pooled as one benchmark",
+            f"- calibration: {man['traces']['calibration']}, {man['traces']['calibration_runs']}"
+            " runs interleaved with the judged ones, plus the microbenchmark grid "
+            "(profile.json); one profile for every cell",
+            f"- simulator: executor={setup.settings.get('executor')}, "
+            f"device={setup.settings.get('device')}, the profile's device fits and CPU costs, "
+            "each run's own accepted counts replayed",
+        ]
+    if man.get("note"):
+        lines.append(f"- {man['note']}")
+    if command:
+        lines.append(f"- report: `{command}`")
+    bounds = ", ".join(f"{name} within ±{100 * b:g} %" for _, name, b in BOUNDS)
+    lines += ["", f"Bounds: {bounds}; the saving of async and zero-bubble over sync (mean ITL) "
+              f"within {100 * SAVING_BOUND:g} % of its size. Errors are (simulated − measured) "
+              "/ measured. *device vs profile*: how much longer the judged runs' device ops "
+              "took than the profile predicts for the same steps (the machine's drift; a "
+              "diagnostic, not used by the simulator).", "",
+              f"**{summary_counts(verdicts, rows)}**", "", report_table(verdicts), "",
+              savings_table(rows), "", "![simulated against measured TPOT](tpot.png)", "",
+              "![step timelines](timeline.png)", ""]
+    lines += misses_section(setup.folder, verdicts, rows)
+    return "\n".join(lines)
+
+
+def misses_section(folder: Path, verdicts: list[Verdict], rows: list[dict]) -> list[str]:
+    """The known misses (known_misses.toml, written by hand), each with its error now, and
+    every bound broken beyond them."""
+    misses = load_known_misses(folder)
+    errors = {(v.cell.name, key): v.errors[key] for v in verdicts for key, _, _ in BOUNDS}
+    errors.update({(saving_cell(r), "saving"): r["error"] for r in rows})
+    lines = []
+    if misses:
+        lines += ["## Known misses (known_misses.toml, written by hand)", "",
+                  "| cell | metric | error now | committed | cap | reason |",
+                  "|---|---|---|---|---|---|"]
+        for (cell, metric), m in sorted(misses.items()):
+            lines.append(f"| {cell} | {metric} | {_pct(errors.get((cell, metric)))} "
+                         f"| {_pct(m.error)} | {_pct(m.cap)} | {m.reason} |")
+        lines.append("")
+    fails = bound_failures(verdicts, rows, misses)
+    lines += [f"**Bounds broken beyond the known misses: {len(fails)}**", ""]
+    lines += [f"- {f}" for f in fails] + ([""] if fails else [])
+    return lines
+
+

@@ -1,0 +1,425 @@
+"""The command-line vocabulary of both halves: every option spelled as `vllm serve` and
+`vllm bench serve` spell it, parsed in one place.
+
+`stepgap simulate` and `stepgap run` (and `stepgap serve`) take the same options with the same
+meaning, so that a user can paste a vLLM command line. Every option here defaults to None: each
+command fills in its own defaults (a preset's, SimConfig's, EngineArgs'), and can tell an option
+that was given from one that was not. Help texts say the default they are given.
+
+- model and speculation: `--model`, `--speculative-config JSON`, `--num-speculative-tokens`
+  (`-k`), stepgap's `--draft` (the head: speculative_config.model);
+- engine: `--mode` (`--async-scheduling`), `--executor` (`--distributed-executor-backend`),
+  `--device`;
+- scheduler and cache: `--max-num-seqs`, `--max-num-batched-tokens`, `--max-model-len`,
+  `--block-size`, `--num-gpu-blocks-override`, `--gpu-memory-utilization`,
+  `--tensor-parallel-size`;
+- load, as `vllm bench serve`: `--num-prompts`, `--request-rate`, `--burstiness`,
+  `--max-concurrency`, `--seed`, the trace (`--dataset-path`);
+- results: `--save-result`, `--result-dir`, `--result-filename`, `--save-detailed`,
+  `--result-json`, `--metric-percentiles`, `--percentile-metrics`.
+
+Old spellings stay as aliases (`--k`, `--num-spec-tokens`, `--target`, `--worker`,
+`--num-kv-blocks`, `--num-blocks`, `--detailed`). A vLLM option that stepgap does not model is
+named in one line and ignored (`ignore_vllm_options`); anything else unknown is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from common.errors import UserError
+from common.formats import METRICS, MODES
+
+EXECUTORS = ("inline", "process")
+DEVICES = ("cpu", "cuda")
+# vLLM's --distributed-executor-backend: one process (the worker inline) or a worker process.
+EXECUTOR_BACKENDS = {"uni": "inline", "mp": "process"}
+SPEC_METHODS = ("eagle3",)
+SPEC_KEYS = ("method", "model", "num_speculative_tokens")
+
+
+# ---------------------------------------------------------------------------------------------
+# Values
+
+
+def _parse(text: str, kind: type):
+    try:
+        return kind(text)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
+def rate_arg(text: str) -> float:
+    v = _parse(text, float)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 (or inf), got {text}")
+    return v
+
+
+def nonneg_int(text: str) -> int:
+    v = _parse(text, int)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    v = _parse(text, int)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def nonneg_float(text: str) -> float:
+    v = _parse(text, float)
+    if not 0 <= v < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    v = _parse(text, float)
+    if not 0 < v < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return v
+
+
+def fraction(text: str) -> float:
+    v = _parse(text, float)
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return v
+
+
+def rates_arg(text: str) -> tuple[float, ...]:
+    """Comma-separated per-position acceptance rates."""
+    try:
+        rates = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") \
+            from None
+    if not rates:
+        raise argparse.ArgumentTypeError("expected at least one rate")
+    if any(not 0 <= r <= 1 for r in rates):
+        raise argparse.ArgumentTypeError(f"rates must be in [0, 1], got {text!r}")
+    return rates
+
+
+def percentiles_arg(text: str) -> tuple[float, ...]:
+    """`--metric-percentiles 50,90,99`, as vLLM takes them."""
+    try:
+        ps = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") \
+            from None
+    if not ps or any(not 0 < p < 100 for p in ps):
+        raise argparse.ArgumentTypeError(f"percentiles must be in (0, 100), got {text!r}")
+    return ps
+
+
+def metrics_arg(text: str) -> tuple[str, ...]:
+    """`--percentile-metrics ttft,tpot,itl`, as vLLM takes them."""
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [n for n in names if n not in METRICS]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(METRICS)}, got {text!r}")
+    return names
+
+
+def speculative_config_arg(text: str) -> dict:
+    """`--speculative-config '{"method": "eagle3", "model": DIR, "num_speculative_tokens": 4}'`"""
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg} at column {e.colno})") \
+            from None
+    if not isinstance(d, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    method = d.get("method")
+    if method is not None and method not in SPEC_METHODS:
+        raise argparse.ArgumentTypeError(
+            f"method {method!r} is not modelled (stepgap models {', '.join(SPEC_METHODS)})")
+    model = d.get("model")
+    if model is not None and not isinstance(model, str):
+        raise argparse.ArgumentTypeError(f"model: expected a path or preset name, got {model!r}")
+    k = d.get("num_speculative_tokens")
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
+        raise argparse.ArgumentTypeError(f"num_speculative_tokens: expected an integer >= 0, "
+                                         f"got {k!r}")
+    return d
+
+
+# ---------------------------------------------------------------------------------------------
+# Option groups
+
+
+def _d(defaults, name: str) -> str:
+    """' (default X)' from a defaults object, or ''."""
+    v = getattr(defaults, name, None) if defaults is not None else None
+    return "" if v in (None, "") else f" (default {v})"
+
+
+def add_model_args(p, defaults=None, draft_help: str = ""):
+    g = p.add_argument_group("model and speculative decoding (as `vllm serve`)")
+    g.add_argument("--model", "--target", dest="model", metavar="DIR|PRESET",
+                   help="the target: a Hugging Face Llama folder, its config.json, or a preset"
+                        + _d(defaults, "model"))
+    g.add_argument("--speculative-config", type=speculative_config_arg, metavar="JSON",
+                   help='speculative decoding as vLLM takes it: {"method": "eagle3", "model": '
+                        'DIR|PRESET, "num_speculative_tokens": K}; other keys are ignored, '
+                        "with a note")
+    g.add_argument("--num-speculative-tokens", "-k", "--k", "--num-spec-tokens", dest="k",
+                   type=nonneg_int, metavar="K",
+                   help="draft tokens per step, the same as speculative_config's "
+                        "num_speculative_tokens; 0 is plain decoding" + _d(defaults, "k"))
+    g.add_argument("--draft", metavar="DIR|PRESET",
+                   help="the EAGLE-3 head, the same as speculative_config's model"
+                        + (draft_help or _d(defaults, "draft")))
+    g.add_argument("--tensor-parallel-size", "-tp", type=positive_int, metavar="N",
+                   help="GPUs per model replica (stepgap models 1)")
+    return g
+
+
+def add_engine_args(p, defaults=None, device_help: str = ""):
+    g = p.add_argument_group("engine")
+    g.add_argument("--mode", choices=MODES,
+                   help="step scheduling (docs/design.md §1)" + _d(defaults, "mode"))
+    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="vLLM's spelling: --async-scheduling is --mode async, "
+                        "--no-async-scheduling is --mode sync")
+    g.add_argument("--executor", "--worker", dest="executor", choices=EXECUTORS,
+                   help="inline: the worker in the engine process (vLLM with one GPU); process: "
+                        "its own process (vLLM's multiprocess executor)"
+                        + _d(defaults, "executor"))
+    g.add_argument("--distributed-executor-backend", choices=tuple(EXECUTOR_BACKENDS),
+                   help="vLLM's spelling: uni is --executor inline, mp is --executor process")
+    g.add_argument("--device", choices=DEVICES,
+                   help=device_help or "where the engine runs" + _d(defaults, "device"))
+    return g
+
+
+def add_scheduler_args(p, defaults=None, blocks_help: str = ""):
+    g = p.add_argument_group("scheduler and KV cache (as `vllm serve`)")
+    g.add_argument("--max-num-seqs", type=positive_int, metavar="N",
+                   help="most requests in one step" + _d(defaults, "max_num_seqs"))
+    g.add_argument("--max-num-batched-tokens", type=positive_int, metavar="N",
+                   help="token budget of one step; longer prompts are chunked"
+                        + _d(defaults, "max_num_batched_tokens"))
+    g.add_argument("--max-model-len", type=positive_int, metavar="N",
+                   help="longest prompt + output, in tokens" + _d(defaults, "max_model_len"))
+    g.add_argument("--block-size", type=positive_int, metavar="N",
+                   help="tokens per KV block" + _d(defaults, "block_size"))
+    g.add_argument("--num-gpu-blocks-override", "--num-kv-blocks", "--num-blocks",
+                   dest="num_gpu_blocks_override", type=positive_int, metavar="N",
+                   help="KV cache size in blocks" + (blocks_help or ""))
+    g.add_argument("--gpu-memory-utilization", type=fraction, metavar="FRAC",
+                   help="fraction of device memory for weights and the KV cache"
+                        + _d(defaults, "gpu_memory_utilization"))
+    return g
+
+
+def add_load_args(p, default_workload: str = "mtbench"):
+    from common.workloads import BUILTIN
+    g = p.add_argument_group("workload and load (as `vllm bench serve`)")
+    g.add_argument("--trace", "--workload", "--dataset-path", dest="trace", default=None,
+                   metavar="NAME|FILE",
+                   help=f"built-in workload ({', '.join(BUILTIN)}) or a trace file of JSON lines "
+                        f"{{request_id, arrival_s, prompt_len, output_len}} "
+                        f"(default: {default_workload})")
+    g.add_argument("--num-prompts", type=positive_int, default=None,
+                   help="number of requests (default: the workload's own; 80 for mtbench)")
+    g.add_argument("--output-len", type=positive_int, default=None,
+                   help="override every request's output length (tokens; ignore_eos)")
+    g.add_argument("--request-rate", type=rate_arg, default=None, metavar="RPS",
+                   help="requests per second, or inf to send all at once; default: the trace's "
+                        "own arrival times (built-in workloads: inf)")
+    g.add_argument("--burstiness", type=rate_arg, default=None,
+                   help="gamma shape of inter-arrival times: 1 is Poisson, <1 burstier, "
+                        ">1 more uniform (default 1)")
+    g.add_argument("--max-concurrency", type=positive_int, default=None,
+                   help="most requests in flight at once, as the benchmark client's semaphore "
+                        "(default: unlimited)")
+    g.add_argument("--seed", type=nonneg_int, default=None, help="seed for workloads, arrivals "
+                   "and sampling (default 0)")
+    g.add_argument("--ignore-eos", action="store_true",
+                   help="accepted for vLLM's sake: stepgap always generates each request's "
+                        "output length")
+    return g
+
+
+def add_result_args(p, timeline_help: str = ""):
+    g = p.add_argument_group("results (as `vllm bench serve`)")
+    g.add_argument("--result-json", metavar="PATH",
+                   help="write the run result here (vllm bench serve --save-result keys, plus "
+                        "step_gaps, spec_decode and config)")
+    g.add_argument("--save-result", action="store_true",
+                   help="write the run result to --result-dir/--result-filename, named as "
+                        "vLLM names it when no filename is given")
+    g.add_argument("--result-dir", metavar="DIR", help="folder of --save-result (default .)")
+    g.add_argument("--result-filename", metavar="NAME", help="file name of --save-result")
+    g.add_argument("--save-detailed", "--detailed", dest="detailed", action="store_true",
+                   default=None,
+                   help="add the per-request lists (ttfts, itls, input_lens, output_lens) and "
+                        "every step gap to the result")
+    g.add_argument("--metric-percentiles", type=percentiles_arg, metavar="LIST",
+                   help="percentiles of each metric, e.g. 50,90,99 (default 99)")
+    g.add_argument("--percentile-metrics", type=metrics_arg, metavar="LIST",
+                   help=f"metrics that get percentiles (default {','.join(METRICS)})")
+    g.add_argument("--timeline", metavar="PATH",
+                   help=timeline_help or "write the step timeline as JSON lines to PATH and a "
+                                         "Chrome-trace/Perfetto file beside it")
+    return g
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolving what was given
+
+
+def speculative_from_args(args) -> tuple[str | None, int | None]:
+    """(draft, k) from --speculative-config, --num-speculative-tokens and --draft: each given
+    once, or given alike. None where none of them says."""
+    spec = getattr(args, "speculative_config", None) or {}
+    ignored = sorted(set(spec) - set(SPEC_KEYS))
+    if ignored:
+        note(args, f"ignoring speculative_config key{'s' * (len(ignored) > 1)} "
+                   f"{', '.join(ignored)} (not modelled)")
+    draft, k = spec.get("model"), spec.get("num_speculative_tokens")
+    if args.draft is not None:
+        if draft is not None and draft != args.draft:
+            raise UserError(f"--draft {args.draft} and --speculative-config's model {draft} "
+                            "differ; give one")
+        draft = args.draft
+    if args.k is not None:
+        if k is not None and k != args.k:
+            raise UserError(f"--num-speculative-tokens {args.k} and --speculative-config's "
+                            f"num_speculative_tokens {k} differ; give one")
+        k = args.k
+    return draft, k
+
+
+def mode_from_args(args) -> str | None:
+    a = getattr(args, "async_scheduling", None)
+    if a is None:
+        return args.mode
+    implied = "async" if a else "sync"
+    if args.mode is not None and (args.mode == "sync") == a:
+        raise UserError(f"--mode {args.mode} and --{'' if a else 'no-'}async-scheduling "
+                        "disagree; give one")
+    return args.mode or implied
+
+
+def executor_from_args(args) -> str | None:
+    backend = getattr(args, "distributed_executor_backend", None)
+    if backend is None:
+        return args.executor
+    ex = EXECUTOR_BACKENDS[backend]
+    if args.executor is not None and args.executor != ex:
+        raise UserError(f"--executor {args.executor} and --distributed-executor-backend "
+                        f"{backend} disagree; give one")
+    return ex
+
+
+def check_tensor_parallel(args, supported: tuple[int, ...] = (1,), who: str = "stepgap") -> None:
+    tp = getattr(args, "tensor_parallel_size", None)
+    if tp is not None and tp not in supported:
+        raise UserError(f"--tensor-parallel-size {tp}: {who} models "
+                        f"{', '.join(map(str, supported))}")
+
+
+def result_path(args, backend: str, model: str) -> Path | None:
+    """Where the run result goes: --result-json, or --save-result's folder and name (vLLM's
+    default name: BACKEND-RATEqps[-concurrencyN]-MODEL-YYYYmmdd-HHMMSS.json)."""
+    if args.result_json:
+        return Path(args.result_json)
+    if not (args.save_result or args.result_dir or args.result_filename):
+        return None
+    name = args.result_filename
+    if not name:
+        rate = "inf" if args.request_rate in (None, math.inf) else f"{args.request_rate:g}"
+        conc = f"-concurrency{args.max_concurrency}" if args.max_concurrency else ""
+        name = f"{backend}-{rate}qps{conc}-{Path(str(model)).name}-" \
+               f"{time.strftime('%Y%m%d-%H%M%S')}.json"
+    return Path(args.result_dir or ".") / name
+
+
+def percentiles_from_args(args) -> dict:
+    """Keyword arguments for run_result: the percentiles and the metrics that get them."""
+    out = {}
+    if getattr(args, "metric_percentiles", None):
+        out["percentiles"] = args.metric_percentiles
+    if getattr(args, "percentile_metrics", None):
+        out["percentile_metrics"] = args.percentile_metrics
+    return out
+
+
+LOAD_DEFAULTS = {"burstiness": 1.0, "seed": 0}
+
+
+def fill_load_defaults(args) -> None:
+    """Give the load options left unset their defaults. (They default to None so that scenario
+    presets can tell an explicit value from none.)"""
+    for name, value in LOAD_DEFAULTS.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
+def workload_from_args(args, default_workload: str = "mtbench"):
+    from common.workloads import apply_request_rate, load_workload
+    fill_load_defaults(args)
+    reqs = load_workload(args.trace or default_workload, args.num_prompts, args.output_len,
+                         args.seed)
+    return apply_request_rate(reqs, args.request_rate, args.burstiness, args.seed)
+
+
+def note(args, text: str) -> None:
+    """One line to stderr, as `stepgap COMMAND: text` (unless --quiet)."""
+    if not getattr(args, "quiet", False):
+        print(f"stepgap {getattr(args, 'command', '')}: {text}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM options that stepgap does not model
+
+
+def vllm_option_names() -> frozenset[str]:
+    """Every long option of `vllm serve` and `vllm bench serve` (common/vllm_options.json,
+    dumped from vLLM's own parsers; its header names the version)."""
+    doc = json.loads((Path(__file__).with_name("vllm_options.json")).read_text())
+    return frozenset(doc["serve"]) | frozenset(doc["bench_serve"])
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def ignore_vllm_options(parser, args, extra: list[str]) -> None:
+    """Leftover command-line words: a vLLM option (with its values) gets one line saying it is
+    ignored; anything else is argparse's usual error."""
+    known = vllm_option_names()
+    ignored, unknown, i = [], [], 0
+    while i < len(extra):
+        word = extra[i]
+        name = word.split("=", 1)[0]
+        j = i + 1
+        while j < len(extra) and (not extra[j].startswith("-") or _is_number(extra[j])):
+            j += 1
+        if name.startswith("--") and name in known:
+            ignored.append(name)
+        else:
+            unknown += extra[i:j]
+        i = j
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    for name in ignored:   # even with --quiet: never a silent drop
+        print(f"stepgap {args.command}: ignoring {name} (a vLLM option that stepgap does not "
+              "model)", file=sys.stderr)

@@ -1,0 +1,120 @@
+"""One vocabulary: `stepgap simulate` and `stepgap run` take vLLM's option names with vLLM's
+meaning (common/options.py), old spellings as aliases, and name the vLLM options they ignore."""
+
+import json
+
+import pytest
+
+from common.formats import load_result
+from stepgap.cli import main
+from tests.helpers import tiny_checkpoints
+
+SPEC4 = json.dumps({"method": "eagle3", "num_speculative_tokens": 4})
+SIM = ["simulate", "--model", "llama-3.2-1b", "--num-prompts", "4", "--output-len", "32",
+       "--quiet"]
+
+
+def sim_result(tmp_path, name, *extra):
+    path = tmp_path / f"{name}.json"
+    assert main([*SIM, *extra, "--result-json", str(path)]) == 0
+    return load_result(path)
+
+
+def run_result(tmp_path, name, *extra):
+    path = tmp_path / f"{name}.json"
+    assert main(["run", "--model", tiny_checkpoints()["target"], "--num-prompts", "3",
+                 "--output-len", "12", "--quiet", *extra, "--result-json", str(path)]) == 0
+    return load_result(path)
+
+
+def exits_2(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(argv))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_simulate_takes_the_speculative_config_as_vllm_spells_it(tmp_path):
+    a = sim_result(tmp_path, "a", "--speculative-config", SPEC4)
+    b = sim_result(tmp_path, "b", "--num-speculative-tokens", "4")
+    c = sim_result(tmp_path, "c", "-k", "4")
+    assert a["config"]["k"] == b["config"]["k"] == c["config"]["k"] == 4
+    assert a["mean_tpot_ms"] == b["mean_tpot_ms"] == c["mean_tpot_ms"]
+    assert a["spec_decode"]["k"] == 4
+
+
+def test_run_takes_the_speculative_config_with_its_head(tmp_path):
+    head = tiny_checkpoints()["eagle3-yuhuili"]
+    spec = json.dumps({"method": "eagle3", "model": head, "num_speculative_tokens": 4})
+    a = run_result(tmp_path, "a", "--speculative-config", spec, "--detailed")
+    b = run_result(tmp_path, "b", "--draft", head, "--num-speculative-tokens", "4", "--detailed")
+    assert a["config"]["k"] == b["config"]["k"] == 4
+    assert a["output_token_ids"] == b["output_token_ids"]
+    assert a["spec_decode"]["num_drafts"] > 0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--num-speculative-tokens", "2", "--speculative-config", SPEC4],
+     "--num-speculative-tokens 2 and --speculative-config's num_speculative_tokens 4 differ"),
+    (["--speculative-config", '{"method": "medusa"}'], "method 'medusa' is not modelled"),
+    (["--speculative-config", "{oops"], "--speculative-config: not valid JSON"),
+    (["--mode", "sync", "--async-scheduling"], "--mode sync and --async-scheduling disagree"),
+    (["--tensor-parallel-size", "2"], "--tensor-parallel-size"),
+    (["--bogus-option", "3"], "unrecognized arguments: --bogus-option 3"),
+])
+def test_contradictions_and_strangers_are_one_clear_error(capsys, argv, needle):
+    assert needle in exits_2([*SIM, *argv], capsys)
+
+
+def test_a_pasted_vllm_option_is_named_and_ignored(tmp_path, capsys):
+    res = sim_result(tmp_path, "a", "--no-enable-prefix-caching", "--dtype", "bfloat16",
+                     "--port", "8000", "--max_num_seqs", "8")
+    err = capsys.readouterr().err
+    for name in ("--no-enable-prefix-caching", "--dtype", "--port"):
+        assert f"ignoring {name} (a vLLM option that stepgap does not model)" in err
+    assert err.count("ignoring") == 3
+    assert res["config"]["max_num_seqs"] == 8          # vLLM's underscores are taken too
+
+
+def test_vllm_spellings_of_the_mode_and_the_executor(tmp_path):
+    res = sim_result(tmp_path, "a", "--async-scheduling", "--distributed-executor-backend", "mp")
+    assert res["config"]["mode"] == "async" and res["config"]["executor"] == "process"
+    old = sim_result(tmp_path, "b", "--mode", "async", "--worker", "process")
+    assert old["mean_tpot_ms"] == res["mean_tpot_ms"]
+
+
+def test_save_result_names_the_file_as_vllm_does(tmp_path):
+    assert main([*SIM, "--save-result", "--result-dir", str(tmp_path / "d"),
+                 "--max-concurrency", "2"]) == 0
+    (path,) = (tmp_path / "d").iterdir()
+    assert path.name.startswith("stepgap-sim-infqps-concurrency2-llama-3.2-1b-")
+    assert load_result(path)["max_concurrency"] == 2
+    assert main([*SIM, "--save-result", "--result-dir", str(tmp_path / "e"),
+                 "--result-filename", "x.json"]) == 0
+    assert (tmp_path / "e" / "x.json").is_file()
+
+
+def test_metric_percentiles_as_vllm_takes_them(tmp_path):
+    res = sim_result(tmp_path, "a", "--metric-percentiles", "50,90",
+                     "--percentile-metrics", "ttft,tpot")
+    assert {"p50_ttft_ms", "p90_ttft_ms", "p50_tpot_ms", "p90_tpot_ms"} <= set(res)
+    assert "p50_itl_ms" not in res and "p99_tpot_ms" not in res
+    assert "mean_itl_ms" in res     # means are always there
+
+
+def test_the_engine_honours_the_block_size(tmp_path):
+    a = run_result(tmp_path, "a", "--block-size", "16", "--detailed")
+    b = run_result(tmp_path, "b", "--block-size", "32", "--detailed")
+    c = run_result(tmp_path, "c", "--block-size", "4", "--num-gpu-blocks-override", "40",
+                   "--detailed")
+    assert a["output_token_ids"] == b["output_token_ids"] == c["output_token_ids"]
+    assert c["config"]["num_blocks"] == 40 and c["config"]["block_size"] == 4
+    assert b["config"]["num_blocks"] * 32 == a["config"]["num_blocks"] * 16
+
+
+def test_run_ignores_vllm_options_it_does_not_model(tmp_path, capsys):
+    run_result(tmp_path, "a", "--enable-chunked-prefill", "--kv-cache-dtype", "auto")
+    err = capsys.readouterr().err
+    assert "ignoring --enable-chunked-prefill" in err and "ignoring --kv-cache-dtype" in err
