@@ -21,10 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from engine.loop import EngineConfig, run_trace  # noqa: E402
-from engine.executor import InlineExecutor  # noqa: E402
+from engine.args import EngineArgs  # noqa: E402
+from engine.loop import run_trace  # noqa: E402
 from training.tiny import make_tiny  # noqa: E402
-from engine.worker import WorkerSpec  # noqa: E402
 from common.formats import TraceRequest  # noqa: E402
 
 OPS = ("schedule", "prepare_inputs", "update_from_output")
@@ -48,15 +47,15 @@ def main() -> None:
     torch.set_num_threads(1)  # the tiny model gains nothing from more; busy cores lose a lot
     tmp = Path(tempfile.mkdtemp(prefix="stepgap-overhead-"))
     paths = make_tiny(tmp, train_steps=0)
-    spec = WorkerSpec(paths["target"], paths["eagle3-yuhuili"], "cpu", "float32", 1024,
-                      max_model_len=512, max_num_seqs=16, max_k=4)
-    ex = InlineExecutor(spec)
+    ea = EngineArgs(model=paths["target"], draft=paths["eagle3-yuhuili"], dtype="float32",
+                    num_gpu_blocks_override=1024, max_model_len=512, max_num_seqs=16, max_k=4)
+    ex = ea.make_executor()
     print(f"{'batch':>5} {'k':>2} {'schedule':>9} {'prepare':>9} {'update':>9} {'total':>9}"
           "   (µs)")
     for batch in (1, 16):
         for k in (0, 4):
             reqs = [TraceRequest(f"r{i}", 0.0, 64, args.output_len) for i in range(batch)]
-            cfg = EngineConfig("sync", k, 1024, 16, 8192, 512)
+            cfg = ea.engine_config("sync", k)
             runs = []
             for _ in range(args.repeats):
                 out = run_trace(ex, reqs, cfg, vocab_size=512)

@@ -28,11 +28,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.loop import EngineConfig, run_trace  # noqa: E402
-from engine.executor import ProcessExecutor  # noqa: E402
+from common.formats import MODES  # noqa: E402
+from engine.args import EngineArgs  # noqa: E402
+from engine.loop import run_trace  # noqa: E402
 from engine.tiny import TINY_TARGET  # noqa: E402
 from training.tiny import make_tiny  # noqa: E402
-from engine.worker import WorkerSpec  # noqa: E402
 from common.workloads import mtbench_like  # noqa: E402
 
 # Two layers of width 64: a decode step's compute is then a few hundred microseconds, about what
@@ -68,17 +68,14 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="stepgap-overlap-"))
     paths = make_tiny(tmp, train_steps=args.train_steps, target_cfg=BENCH_TARGET)
     reqs = mtbench_like(args.num_prompts, args.output_len)
-    spec = WorkerSpec(paths["target"], paths["eagle3-yuhuili"], "cpu", "float32", 2048,
-                      max_model_len=1024, max_num_seqs=args.concurrency, max_k=args.k)
+    ea = EngineArgs(model=paths["target"], draft=paths["eagle3-yuhuili"], k=args.k,
+                    executor="process", pin=pin, dtype="float32", num_gpu_blocks_override=2048,
+                    max_model_len=1024, max_num_seqs=args.concurrency)
     rows = {}
-    with ProcessExecutor(spec) as ex:
-        if pin:
-            cpus = sorted(os.sched_getaffinity(0))
-            os.sched_setaffinity(ex.pid, {cpus[1]})
-            os.sched_setaffinity(0, {cpus[0]})
+    with ea.make_executor() as ex:   # the process executor pins engine and worker itself
         for rep in range(args.repeats):
             for mode in MODES:  # interleaved, so that load from other jobs hits every mode
-                cfg = EngineConfig(mode, args.k, 2048, args.concurrency, 8192, 1024)
+                cfg = ea.engine_config(mode)
                 out = run_trace(ex, reqs, cfg, vocab_size=BENCH_TARGET.vocab_size,
                                 max_concurrency=args.concurrency)
                 r = out.result

@@ -10,15 +10,12 @@ from engine.executor import ProcessExecutor, WorkerDied
 from engine.sampler import SamplingConfig
 from engine.worker import WorkerSpec
 from tests.helpers import (REQS, assert_lossless, inline_executor, mixed_requests, run,
-                           tiny_checkpoints)
+                           tiny_args, tiny_checkpoints)
 
 
 @pytest.fixture(scope="module")
 def process_executor():
-    paths = tiny_checkpoints()
-    spec = WorkerSpec(paths["target"], paths["eagle3-yuhuili"], "cpu", "float64", 512,
-                      max_model_len=512, max_num_seqs=64, max_k=5)
-    with ProcessExecutor(spec) as ex:
+    with tiny_args(executor="process").make_executor() as ex:
         yield ex
     assert not ex.proc.is_alive()
 

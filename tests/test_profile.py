@@ -201,16 +201,17 @@ def test_simulate_with_a_profile_uses_its_device_and_cpu_costs(tmp_path):
 
 
 def test_a_profile_fitted_on_engine_runs_predicts_their_device_time():
-    from engine.loop import EngineConfig, run_trace
-    from engine.executor import InlineExecutor
-    from engine.worker import WorkerSpec
     from common.workloads import mtbench_like
-    ex = InlineExecutor(WorkerSpec("tiny", "tiny-eagle3", "cpu", "float32", 256, 512, 4, 2,
-                                   num_threads=1))
+    from engine.args import EngineArgs
+    from engine.loop import run_trace
+    ea = EngineArgs(model="tiny", draft="tiny-eagle3", k=2, dtype="float32",
+                    num_gpu_blocks_override=256, max_model_len=512, max_num_seqs=4,
+                    num_threads=1)
+    ex = ea.make_executor()
     runs = []
     for mode, conc in (("sync", 1), ("async", 3), ("sync", 3)):
-        out = run_trace(ex, mtbench_like(6, 12), EngineConfig(mode, 2, 256, 4, 8192, 512),
-                        vocab_size=512, max_concurrency=conc)
+        out = run_trace(ex, mtbench_like(6, 12), ea.engine_config(mode), vocab_size=512,
+                        max_concurrency=conc)
         runs.append((mode, 2, out.spans))
     doc, series = build_profile(runs, [], {"device": "cpu"})
     assert len(series) == 3 and all(len(row) == 3 for row in series[0])

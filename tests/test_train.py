@@ -18,11 +18,9 @@ import torch
 from training import corpus
 from engine.checkpoint import load_draft, load_target
 from calibrate.pair import PAIR, load_heldout, pair_paths
-from engine.executor import InlineExecutor
 from engine.model import Llama, init_weights
-from engine.sampler import SamplingConfig
 from training.train import PRESETS, Eagle3Head, train_pair, ttt_unroll
-from engine.worker import WorkerSpec
+from engine.args import EngineArgs
 from tests.helpers import reference_greedy
 from stepgap.cli import main
 from common.formats import load_trace
@@ -127,11 +125,16 @@ def test_bad_training_configs_name_the_field(field, value, needle):
 # -- the committed pair ---------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
-def pair_executor(dtype: str) -> InlineExecutor:
+def pair_args(dtype: str, **kw) -> EngineArgs:
     paths = pair_paths(PAIR)
-    return InlineExecutor(WorkerSpec(paths["target"], paths["eagle3"], "cpu", dtype, 160,
-                                     max_model_len=272, max_num_seqs=8, max_k=5))
+    return EngineArgs(model=paths["target"], draft=paths["eagle3"], dtype=dtype,
+                      num_gpu_blocks_override=160, max_model_len=272, max_num_seqs=8,
+                      max_k=5, **kw)
+
+
+@functools.lru_cache(maxsize=None)
+def pair_executor(dtype: str):
+    return pair_args(dtype).make_executor()
 
 
 @functools.lru_cache(maxsize=None)
@@ -143,9 +146,10 @@ def pair_reference(rid: str, n: int) -> tuple:
 
 def pair_run(dtype, reqs, k, mode="sync", executor=None, num_blocks=160, max_num_seqs=4,
              max_num_batched_tokens=8192, max_concurrency=None):
-    from engine.loop import EngineConfig, run_trace
-    cfg = EngineConfig(mode, k, num_blocks, max_num_seqs, max_num_batched_tokens, 272,
-                       SamplingConfig())
+    from engine.loop import run_trace
+    cfg = pair_args(dtype, mode=mode, num_gpu_blocks_override=num_blocks,
+                    max_num_seqs=max_num_seqs,
+                    max_num_batched_tokens=max_num_batched_tokens).engine_config(k=k)
     return run_trace(executor or pair_executor(dtype), reqs, cfg, vocab_size=4096,
                      max_concurrency=max_concurrency)
 
@@ -231,12 +235,8 @@ def test_overlapped_modes_on_the_pair_emit_the_targets_greedy_tokens(mode, concu
 
 
 def test_the_process_executor_on_the_pair_emits_the_targets_greedy_tokens():
-    from engine.executor import ProcessExecutor
-    paths = pair_paths(PAIR)
-    spec = WorkerSpec(paths["target"], paths["eagle3"], "cpu", "float64", 160,
-                      max_model_len=272, max_num_seqs=8, max_k=4, num_threads=1)
     reqs = heldout_prefixes()
-    with ProcessExecutor(spec) as ex:
+    with pair_args("float64", executor="process", max_k=4, num_threads=1).make_executor() as ex:
         out = pair_run("float64", reqs, 4, mode="zero-bubble", executor=ex, max_concurrency=4)
     assert_target_greedy(out, reqs)
 

@@ -7,11 +7,9 @@ from pathlib import Path
 import pytest
 
 from engine.args import EngineArgs
-from engine.loop import EngineConfig, run_trace
-from engine.executor import InlineExecutor
+from engine.loop import run_trace
 from engine.sampler import SamplingConfig
 from calibrate.harness import Plan, chunk, units_of
-from engine.worker import WorkerSpec
 from sim.config import SimConfig
 from sim.loop import simulate
 from calibrate.measured import requests_of
@@ -22,10 +20,13 @@ from tests.helpers import mixed_requests
 PAIR = Path(__file__).resolve().parents[1] / "checkpoints" / "pystdlib"
 
 
+TINY = EngineArgs(model="tiny", draft="tiny-eagle3", k=3, dtype="float32",
+                  num_gpu_blocks_override=64, max_model_len=512, max_num_seqs=8, num_threads=1)
+
+
 @pytest.fixture(scope="module")
 def tiny_executor():
-    return InlineExecutor(WorkerSpec("tiny", "tiny-eagle3", "cpu", "float32", 64, 512, 8, 3,
-                                     num_threads=1))
+    return TINY.make_executor()
 
 
 @pytest.mark.parametrize("mode", ["sync", "async", "zero-bubble"])
@@ -34,7 +35,8 @@ def test_the_simulator_replays_the_engines_chunks_exactly(tiny_executor, mode):
     # by recompute; async modes run extra steps for requests that finish early.
     reqs = mixed_requests(9, base_prompt=20, out_len=30)
     blocks = 22
-    cfg = EngineConfig(mode, 3, blocks, 8, 8192, 512, SamplingConfig(synthetic=(0.8, 0.6, 0.4)))
+    cfg = TINY.with_(sampling=SamplingConfig(synthetic=(0.8, 0.6, 0.4))).engine_config(
+        mode, num_blocks=blocks)
     run = run_trace(tiny_executor, reqs, cfg, vocab_size=512, max_concurrency=4, detailed=True,
                     config={"max_concurrency": 4})
     res = run.result

@@ -378,11 +378,10 @@ def greedy_sequences(target_dir, stream: torch.Tensor, cfg: TrainConfig, gen: to
     [distill_seqs, seq_len + 1]. EAGLE-3 trains its heads on the target's own responses; here
     they are what drafting at temperature 0 sees, so a step whose earlier drafts were accepted
     trains on exactly the inputs it will get."""
-    from engine.loop import EngineConfig, run_trace
-    from engine.executor import InlineExecutor
-    from engine.worker import WorkerSpec
     from common.formats import TraceRequest
     from common.scheduler import cdiv
+    from engine.args import EngineArgs
+    from engine.loop import run_trace
 
     n, t = cfg.distill_seqs, cfg.seq_len + 1
     lo, hi = cfg.distill_prompt_len
@@ -390,13 +389,13 @@ def greedy_sequences(target_dir, stream: torch.Tensor, cfg: TrainConfig, gen: to
     starts = torch.randint(0, len(stream) - hi + 1, (n,), generator=gen).tolist()
     reqs = [TraceRequest(f"d{i}", 0.0, p, t - p, stream[s:s + p].tolist())
             for i, (p, s) in enumerate(zip(lens, starts))]
-    blocks = cfg.distill_batch * cdiv(t + 1, 16)
-    spec = WorkerSpec(str(target_dir), None, "cpu", "float32", blocks, max_model_len=t + 1,
-                      max_num_seqs=cfg.distill_batch, max_k=1)
-    ecfg = EngineConfig("sync", 0, blocks, cfg.distill_batch, 8192, t + 1)
+    ea = EngineArgs(model=str(target_dir), dtype="float32",
+                    num_gpu_blocks_override=cfg.distill_batch * cdiv(t + 1, 16),
+                    max_model_len=t + 1, max_num_seqs=cfg.distill_batch)
+    ecfg = ea.engine_config()
     seqs = []
     with _bar(sum(r.output_len for r in reqs), "greedy", progress) as bar:
-        ex = TokenProgress(InlineExecutor(spec), bar)
+        ex = TokenProgress(ea.make_executor(), bar)
         # In waves of one batch: every prefill runs first, then decode steps only. Continuous
         # batching would put prefills next to decodes, which the padded query grid makes slow.
         for i in range(0, n, cfg.distill_batch):
