@@ -127,9 +127,9 @@ def test_bad_training_configs_name_the_field(field, value, needle):
 
 def pair_args(dtype: str, **kw) -> EngineArgs:
     paths = pair_paths(PAIR)
+    base = dict(num_gpu_blocks_override=160, max_model_len=272, max_num_seqs=8, max_k=5)
     return EngineArgs(model=paths["target"], draft=paths["eagle3"], dtype=dtype,
-                      num_gpu_blocks_override=160, max_model_len=272, max_num_seqs=8,
-                      max_k=5, **kw)
+                      **{**base, **kw})
 
 
 @functools.lru_cache(maxsize=None)
