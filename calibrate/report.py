@@ -150,8 +150,9 @@ def report_text(setup, verdicts, rows, command) -> str:
             f"took {man.get('wall_s')} s",
             f"- measured: `{man.get('command')}`",
             f"- judged trace: {man['traces']['judged']} ({man['traces']['judged_prompts']} "
-            f"prompts); each cell ran {man.get('repeats')} times on slices of "
-            f"{man.get('slice')} prompts, pooled as one benchmark",
+            f"prompts); each cell ran {man.get('repeats')} "
+            f"time{'s' * (man.get('repeats') != 1)} on slices of {man.get('slice')} prompts, "
+            "pooled as one benchmark",
             f"- calibration: {man['traces']['calibration']}, {man['traces']['calibration_runs']}"
             " runs interleaved with the judged ones, plus the microbenchmark grid "
             "(profile.json); one profile for every cell",

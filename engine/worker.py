@@ -89,7 +89,7 @@ class RunConfig:
         if self.mode not in MODES:
             raise UserError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not 0 <= self.k:
-            raise UserError(f"--k must be >= 0, got {self.k}")
+            raise UserError(f"--num-speculative-tokens must be >= 0, got {self.k}")
 
 
 class ReqRow(NamedTuple):
@@ -229,9 +229,10 @@ class Worker:
     def configure(self, run: RunConfig) -> None:
         """Start a run: drop all request state, seed sampling, capture graphs for this k."""
         if run.k > 0 and self.draft is None:
-            raise UserError(f"--k {run.k} needs a draft head (--draft)")
+            raise UserError(f"--num-speculative-tokens {run.k} needs a draft head (--draft)")
         if run.k > self.spec.max_k:
-            raise UserError(f"--k {run.k} exceeds the worker's max_k {self.spec.max_k}")
+            raise UserError(f"--num-speculative-tokens {run.k} exceeds the worker's max_k "
+                            f"{self.spec.max_k}")
         self.run = run
         self.k = run.k
         self.states: dict[str, ReqState] = {}

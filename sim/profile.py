@@ -17,8 +17,7 @@ batches does not; docs/validation.md shows how well the fits hold.
 
 `ProfileCosts` answers from the fit of the same k, else of the nearest k measured (said so in
 `sources`), and falls back to another DeviceCosts (the roofline) for ops the profile does not
-cover. bench/gpu_measure.py's `profile.json` (rows of op medians by shape) is read too: it is
-fitted the same way, once over all its k.
+cover.
 """
 
 from __future__ import annotations
@@ -129,7 +128,7 @@ class Profile:
 
 
 def load_profile(path) -> Profile:
-    """Read a stepgap profile, or the `profile.json` of bench/gpu_measure.py."""
+    """Read a stepgap profile (a file, or a measured folder's profile.json)."""
     path = Path(path)
     if path.is_dir():
         path = path / "profile.json"
@@ -143,10 +142,8 @@ def load_profile(path) -> Profile:
         raise UserError(f"{path}: expected a JSON object (a profile)")
     if doc.get("format") == FORMAT:
         return _stepgap_profile(path, doc)
-    if isinstance(doc.get("rows"), list):
-        return gpu_measure_profile(path, doc)
     raise UserError(f"{where(path, field='format')}: expected {FORMAT!r} (a profile of "
-                    "`stepgap profile`) or a `rows` list (bench/gpu_measure.py)")
+                    "`stepgap profile`, `stepgap validate` or `stepgap validate-gpu`)")
 
 
 def _stepgap_profile(path: Path, doc: dict) -> Profile:
@@ -183,31 +180,6 @@ def _stepgap_profile(path: Path, doc: dict) -> Profile:
     meta = {k: v for k, v in doc.items() if k not in ("device_ops", "cpu", "grid", "topology",
                                                        "jitter")}
     return Profile(str(path), fits, cpu, doc.get("topology") or {}, meta, jitter)
-
-
-def gpu_measure_profile(path: Path, doc: dict) -> Profile:
-    """bench/gpu_measure.py's rows (op medians by op, i, tokens, reqs, blocks, graph): one fit
-    per device op and draft pass over all rows, weighted by their counts; CPU terms are not
-    taken (its rows give CPU ops by requests only)."""
-    groups: dict[tuple, tuple[list, list, list]] = {}
-    for r in doc["rows"]:
-        if r.get("lane") != "device" or r.get("op") not in DEVICE_OPS:
-            continue
-        tokens, reqs = r.get("tokens") or 0, r.get("reqs") or 1
-        i = r.get("i") if r["op"] == "draft_forward" else None
-        query = -(-tokens // reqs) if tokens else 1
-        x = features(r["op"], i, tokens, reqs, query, r.get("blocks") or 0)
-        key = (r["op"], None if i is None else min(i, 1))
-        xs, ys, ws = groups.setdefault(key, ([], [], []))
-        xs.append(x)
-        ys.append(float(r["median_us"]))
-        ws.append(float(r.get("count") or 1))
-    fits = []
-    for (op, i), (xs, ys, ws) in sorted(groups.items(), key=str):
-        coef, err = fit_points(xs, ys, ws)
-        fits.append(Fit(op, i, None, coef, len(ys), err, "gpu_measure rows"))
-    return Profile(str(path), fits, None, {"worker": "inline", "device": "async"},
-                   {"source": "bench/gpu_measure.py"})
 
 
 # -------------------------------------------------------------------------------------------

@@ -33,7 +33,9 @@ measures one with a real torch engine. Both write the same run results and timel
 `sweep` runs the simulator over a grid of what-ifs; `plot` draws sweeps and step timelines.
 `demo` runs both on a small trained Llama + EAGLE-3 pair (`train` makes it). `profile` measures
 this machine's costs for the simulator; `validate` runs the engine and the simulator on the same
-traces over a grid and reports the errors; `compare` sets one run result against another.
+traces over a grid and reports the errors (`validate-gpu`: the same on a CUDA GPU at Llama-3.1-8B
+scale); `compare` sets one run result against another. Options are spelled as `vllm serve` and
+`vllm bench serve` spell them.
 """
 
 

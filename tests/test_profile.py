@@ -148,19 +148,6 @@ def test_load_profile_names_what_is_wrong(tmp_path):
         load_profile(tmp_path / "none.json")
 
 
-def test_gpu_measure_rows_are_fitted_per_op(tmp_path):
-    rows = [{"lane": "device", "op": "target_forward", "i": None, "tokens": t, "reqs": r,
-             "blocks": 4, "graph": True, "count": 10, "median_us": 5000 + 3 * t + 100 * r}
-            for t, r in ((5, 1), (10, 2), (20, 4), (40, 8))]
-    rows.append({"lane": "cpu.engine", "op": "schedule", "reqs": 1, "median_us": 30.0})
-    (tmp_path / "profile.json").write_text(json.dumps({"unit": "us", "rows": rows}))
-    p = load_profile(tmp_path)   # a gpu_measure folder
-    (f,) = p.fits
-    assert f.op == "target_forward" and f.k is None
-    x = features("target_forward", None, 20, 4, 5, 4)
-    assert f(x) == pytest.approx(5000 + 3 * 20 + 100 * 4, rel=1e-6)
-
-
 def write_profile(path, k=2):
     fits = [fit("target_forward", k, [2000, 20, 50, 0.05]),
             fit("rejection_sample", k, [100, 0, 10, 0]),
@@ -173,7 +160,7 @@ def write_profile(path, k=2):
                    "prepare_inputs": [80, 10, 0.2], "launch": [90, 2, 0.1],
                    "result_latency": [350, 10, 0.8], "worker_turnaround": [260, 9, 0.6],
                    "ipc_us": 180.0},
-           "topology": {"worker": "process", "device": "sync"}}
+           "topology": {"executor": "process", "device": "cpu"}}
     path.write_text(json.dumps(doc))
 
 

@@ -50,8 +50,9 @@ def register(sub) -> None:
                     "OUT/eagle3-speculators (the same head in both layouts). The head is "
                     "distilled from the target for --train-steps steps, so that drafts are "
                     "accepted; 0 leaves it random.",
-        epilog="example:\n  stepgap make-tiny out/tiny && stepgap run --target out/tiny/target "
-               "--draft out/tiny/eagle3-yuhuili --k 3 --num-prompts 4 --output-len 32",
+        epilog="example:\n  stepgap make-tiny out/tiny && stepgap run --model out/tiny/target "
+               "--draft out/tiny/eagle3-yuhuili --num-speculative-tokens 3 --num-prompts 4 "
+               "--output-len 32",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("out", metavar="OUT", help="output folder")
     t.add_argument("--train-steps", type=int, default=200,
