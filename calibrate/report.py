@@ -127,7 +127,8 @@ def write_report(folder: Path, command: str | None = None, quiet: bool = False) 
         print(savings_table(rows))
         print()
         print(summary_counts(verdicts, rows))
-        fails = bound_failures(verdicts, rows, load_known_misses(folder))
+        fails = bound_failures(verdicts, rows, load_known_misses(folder),
+                               setup.manifest.get("bounds", "engine"))
         print(f"\n{len(fails)} bound(s) broken beyond known_misses.toml" +
               "".join(f"\n  {f}" for f in fails))
         print(f"\nreport: {folder / 'report.md'}")
@@ -192,7 +193,8 @@ def misses_section(folder: Path, verdicts: list[Verdict], rows: list[dict]) -> l
             lines.append(f"| {cell} | {metric} | {_pct(errors.get((cell, metric)))} "
                          f"| {_pct(m.error)} | {_pct(m.cap)} | {m.reason} |")
         lines.append("")
-    fails = bound_failures(verdicts, rows, misses)
+    rules = json.loads((folder / "manifest.json").read_text()).get("bounds", "engine")
+    fails = bound_failures(verdicts, rows, misses, rules)
     lines += [f"**Bounds broken beyond the known misses: {len(fails)}**", ""]
     lines += [f"- {f}" for f in fails] + ([""] if fails else [])
     return lines

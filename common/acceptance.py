@@ -78,12 +78,33 @@ PROFILES: dict[str, AcceptanceProfile] = {p.name: p for p in (
 )}
 
 
+FILE_FORMAT = "stepgap-acceptance/1"
+
+
 def get_profile(name: str) -> AcceptanceProfile:
-    try:
+    """A named profile, or an acceptance file (`stepgap ingest vllm-metrics` writes them)."""
+    if name in PROFILES:
         return PROFILES[name]
-    except KeyError:
+    from pathlib import Path
+    if not Path(name).is_file():
         raise UserError(f"acceptance: unknown profile {name!r} (known: {', '.join(PROFILES)}; "
-                        "or give --acceptance-rates)") from None
+                        "or an acceptance file, or give --acceptance-rates)")
+    return load_profile_file(name)
+
+
+def load_profile_file(path) -> AcceptanceProfile:
+    """An acceptance file: {"format": "stepgap-acceptance/1", "rates": [...], ...}."""
+    from common.errors import where
+    from common.fileio import read_json
+    doc = read_json(path)
+    if not isinstance(doc, dict) or doc.get("format") != FILE_FORMAT:
+        raise UserError(f"{where(path, field='format')}: expected {FILE_FORMAT!r} (a file of "
+                        "`stepgap ingest vllm-metrics`)")
+    rates = doc.get("rates")
+    if not isinstance(rates, list) or not rates:
+        raise UserError(f"{where(path, field='rates')}: expected per-position rates")
+    return AcceptanceProfile(str(path), tuple(rates), float(doc.get("spread", 0.0)),
+                             doc.get("source", str(path)))
 
 
 def _logit(p: float) -> float:

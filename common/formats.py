@@ -22,12 +22,21 @@ import numpy as np
 from common.errors import UserError, where
 
 MODES = ("sync", "async", "zero-bubble")
-LANES = ("cpu.engine", "cpu.worker", "device")
+# cpu.frontend: the API server of a served engine (vLLM's, or `stepgap serve`), between a step's
+# output and the client's chunk (DESIGN.md §8). `add_request` is a request taken in; `wait` a
+# thread blocked (on the device, or the worker blocked on the engine core's next message);
+# `unmapped` a measured span no op stands for, its own name in args["vllm"].
+LANES = ("cpu.frontend", "cpu.engine", "cpu.worker", "device")
 OPS = {
-    "cpu.engine": ("schedule", "update_from_output"),
-    "cpu.worker": ("prepare_inputs", "launch", "wait"),
+    "cpu.frontend": ("add_request", "process_outputs"),
+    "cpu.engine": ("add_request", "schedule", "update_from_output", "wait"),
+    "cpu.worker": ("prepare_inputs", "launch", "wait", "unmapped"),
     "device": ("target_forward", "rejection_sample", "draft_forward", "d2h", "fixup"),
 }
+# (lane, op) only vLLM's timelines hold (ingested, or simulated with its topology): its API
+# server's work, the engine core taking a request in, and a vLLM scope with no stepgap op.
+VLLM_OPS = (("cpu.frontend", "add_request"), ("cpu.frontend", "process_outputs"),
+            ("cpu.engine", "add_request"), ("cpu.worker", "unmapped"))
 PERCENTILES = (99,)
 METRICS = ("ttft", "tpot", "itl", "e2el")
 

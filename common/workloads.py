@@ -89,8 +89,12 @@ def load_workload(spec: str, num_prompts: int | None = None, output_len: int | N
         return BUILTIN[spec](**kwargs)
     if not Path(spec).exists():
         raise UserError(f"unknown workload {spec!r}: expected one of {', '.join(BUILTIN)} "
-                        "or a trace file (JSON lines)")
-    reqs = load_trace(spec)
+                        "or a trace file (JSON lines, or a `vllm bench serve` result)")
+    if spec.endswith(".json"):   # a vllm bench serve result: the trace it served
+        from common.vllm_bench import bench_requests, read_bench
+        reqs = bench_requests(read_bench(spec), spec)
+    else:
+        reqs = load_trace(spec)
     if num_prompts is not None:
         base = reqs
         reqs = [base[i % len(base)] if i < len(base) else

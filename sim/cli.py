@@ -15,7 +15,7 @@ from common.modelcfg import DRAFT_PRESETS
 from common.options import (add_engine_args, add_load_args, add_model_args, add_result_args,
                             add_scheduler_args, executor_from_args, mode_from_args,
                             nonneg_float, rates_arg, speculative_from_args)
-from sim.config import SimConfig
+from sim.config import TOPOLOGIES, SimConfig
 from sim.costs import CPU_COSTS, CPU_OPS, CpuCosts
 from sim.hardware import CATALOG
 from sim.presets import PRESETS
@@ -98,6 +98,10 @@ def register(sub) -> None:
     g.add_argument("--speed", type=nonneg_float, metavar="X",
                    help="the machine's level for this run: device ops and CPU costs take X "
                         "times as long (default 1, the profile's mean)")
+    g.add_argument("--topology", choices=TOPOLOGIES,
+                   help="whose step loop: stepgap's engine, or vLLM's (its RPCs, its API "
+                        "server sharing the engine core's CPU; docs/vllm.md). Default: the "
+                        "profile's topology.engine, else stepgap")
     g.add_argument("--no-jitter", dest="jitter", action="store_false", default=None,
                    help="ignore the profile's measured speed noise (by default device ops "
                         "vary from step to step as measured; seeded by --seed)")
@@ -146,7 +150,7 @@ def register(sub) -> None:
     p.set_defaults(func=run, vllm_options=True)
 
 
-FIELDS = ("mode", "gpu", "model", "executor", "device", "profile", "jitter", "speed",
+FIELDS = ("mode", "gpu", "model", "executor", "device", "profile", "topology", "jitter", "speed",
           "acceptance", "acceptance_rates", "acceptance_spread", "replay", "max_num_seqs",
           "max_num_batched_tokens", "max_model_len", "block_size", "num_gpu_blocks_override",
           "gpu_memory_utilization", "tensor_parallel_size", "cpu_scale", "launch_latency_us",

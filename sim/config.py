@@ -27,6 +27,10 @@ from common.scheduler import SchedulerConfig
 ALIASES = {"worker": "executor", "num_kv_blocks": "num_gpu_blocks_override",
            "num_speculative_tokens": "k"}
 OLD_DEVICES = {"async": "cuda", "sync": "cpu"}
+# Whose step loop is simulated: stepgap's engine (one message per step, an in-process client) or
+# vLLM's (execute_model and sample_tokens RPCs, take_draft_token_ids in sync, an API server
+# sharing the engine core's CPU; docs/vllm.md). None: the profile's, else stepgap.
+TOPOLOGIES = ("stepgap", "vllm")
 RESERVED_BYTES = 2 * GIB  # CUDA context, CUDA graphs and peak activations, kept out of the KV
 
 
@@ -60,6 +64,7 @@ class SimConfig:
     device: str | None = None          # cuda: runs asynchronously to the CPU; cpu: the worker's
                                        # own cores. None: from the --gpu entry's kind
     tensor_parallel_size: int = 1
+    topology: str | None = None
     profile: str | None = None         # a measured profile (device ops, CPU costs) to use
     jitter: bool = True                # apply the profile's measured speed noise, if any
     speed: float = 1.0                 # the machine's level: every device op and CPU cost x it
@@ -113,6 +118,8 @@ class SimConfig:
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
                 raise _bad(name, "must be an integer >= 1", v)
+        if self.topology is not None and self.topology not in TOPOLOGIES:
+            raise _bad("topology", f"must be one of {', '.join(TOPOLOGIES)}", self.topology)
         if self.tensor_parallel_size != 1:
             raise _bad("tensor_parallel_size", "the simulator models one GPU per replica (1)",
                        self.tensor_parallel_size)
@@ -179,6 +186,7 @@ class Resolved(NamedTuple):
     profile: AcceptanceProfile
     scheduler: SchedulerConfig
     measured: Profile | None = None   # the --profile, when given
+    topology: str = "stepgap"
 
 
 def resolve(cfg: SimConfig) -> Resolved:
@@ -193,9 +201,14 @@ def resolve(cfg: SimConfig) -> Resolved:
     measured = load_profile(cfg.profile) if cfg.profile else None
     if measured is not None:
         device_costs = ProfileCosts(measured, cfg.k, device_costs, cfg.block_size)
+    topology = cfg.topology or (measured.topology.get("engine") if measured else None) \
+        or "stepgap"
+    if topology not in TOPOLOGIES:
+        raise UserError(f"{cfg.profile}: topology.engine {topology!r} (expected one of "
+                        f"{', '.join(TOPOLOGIES)})")
     return Resolved(hw, target, draft, device == "cuda", device_costs,
                     cpu_costs(cfg, measured), acceptance_profile(cfg),
-                    scheduler_config(cfg, target, draft, hw), measured)
+                    scheduler_config(cfg, target, draft, hw), measured, topology)
 
 
 def cpu_costs(cfg: SimConfig, measured: Profile | None = None) -> CpuCosts:

@@ -242,7 +242,17 @@ CPU_OPS = ("schedule", "update_from_output", "prepare_inputs", "launch")
 # step's last device op to the engine's update_from_output; `worker_turnaround` is the time the
 # worker then spends (collect, send, receive the next step) before it can prepare the next one.
 CPU_TERMS = ("result_latency", "worker_turnaround")
-CPU_COSTS = CPU_OPS + CPU_TERMS
+# vLLM's topology (`--topology vllm`, docs/vllm.md): terms of its RPC structure and of its API
+# server. None where absent (stepgap's engine sends one message per step and has no server).
+# `rpc_mid`: the worker idle between its execute_model and sample_tokens RPCs (it answers one
+# and takes the next off the shared-memory queue); `rpc_drafts`: in sync with drafts, the engine
+# core's take_draft_token_ids round trip after update_from_output; `process_outputs`: the API
+# server's work on one step's outputs (num_reqs = the chunks); `add_request`: the API server
+# taking in one request (num_tokens = its prompt). The engine core and the API server share one
+# core: their work is serialised (the `host` core of sim/loop.py).
+VLLM_TERMS = ("rpc_mid", "rpc_drafts", "process_outputs", "add_request")
+CPU_COSTS = CPU_OPS + CPU_TERMS + VLLM_TERMS
+LATENCIES = ("launch_latency_us", "wake_us", "ipc_us", "client_latency_us")
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,9 +287,16 @@ class CpuCosts:
     # Process worker on a synchronous device only. None: wake_us + ipc_us, as on a GPU host.
     result_latency: OpCost | None = None
     worker_turnaround: OpCost = field(default_factory=lambda: OpCost(0.0))
+    # vLLM's topology only (VLLM_TERMS); the client's latency: from the API server's processing
+    # of a chunk to the benchmark client having it (the HTTP path both ways, lumped).
+    rpc_mid: OpCost | None = None
+    rpc_drafts: OpCost | None = None
+    process_outputs: OpCost | None = None
+    add_request: OpCost | None = None
+    client_latency_us: float = 0.0
 
     def __post_init__(self):
-        for f in ("launch_latency_us", "wake_us", "ipc_us"):
+        for f in LATENCIES:
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or v < 0:
                 raise UserError(f"cpu cost: {f} must be a number >= 0, got {v!r}")
@@ -294,9 +311,10 @@ class CpuCosts:
         def mul(c: OpCost | None) -> OpCost | None:
             return None if c is None else OpCost(c.a * s, c.b * s, c.c * s)
         return CpuCosts(*(mul(getattr(self, op)) for op in CPU_OPS),
-                        launch_latency_us=self.launch_latency_us * s, wake_us=self.wake_us * s,
-                        ipc_us=self.ipc_us * s, result_latency=mul(self.result_latency),
-                        worker_turnaround=mul(self.worker_turnaround))
+                        result_latency=mul(self.result_latency),
+                        worker_turnaround=mul(self.worker_turnaround),
+                        **{t: mul(getattr(self, t)) for t in VLLM_TERMS},
+                        **{lat: getattr(self, lat) * s for lat in LATENCIES})
 
     def with_ops(self, overrides: dict[str, OpCost]) -> CpuCosts:
         for op in overrides:
@@ -307,15 +325,14 @@ class CpuCosts:
     def to_dict(self) -> dict:
         d = {op: [c.a, c.b, c.c] if (c := getattr(self, op)) is not None else None
              for op in CPU_COSTS}
-        d.update(launch_latency_us=self.launch_latency_us, wake_us=self.wake_us,
-                 ipc_us=self.ipc_us)
+        d.update({lat: getattr(self, lat) for lat in LATENCIES})
         return d
 
     @classmethod
     def from_dict(cls, d: dict, base: CpuCosts | None = None) -> CpuCosts:
         """The inverse of to_dict; keys it lacks keep `base`'s values (default: the defaults)."""
         base = base or cls()
-        known = set(CPU_COSTS) | {"launch_latency_us", "wake_us", "ipc_us"}
+        known = set(CPU_COSTS) | set(LATENCIES)
         unknown = set(d) - known
         if unknown:
             raise UserError(f"cpu costs: unknown key {sorted(unknown)[0]!r} "

@@ -21,6 +21,14 @@ Sync points:
 - zero-bubble: no wait; a device `fixup` at the start of N+1 applies N's accepted counts.
 A step with nothing scheduled is not launched: the engine waits for the step in flight.
 
+vLLM's topology (`topology="vllm"`, docs/vllm.md) adds what vLLM's own processes do: the worker
+answers two RPCs per step, so it idles `rpc_mid` between the target forward and the sampler; in
+sync with drafts the engine core makes a third, take_draft_token_ids (`rpc_drafts`), after
+update_from_output; an API server (`frontend`, lane cpu.frontend) takes each request in
+(`add_request`) and processes each step's outputs (`process_outputs`) before the client has
+its chunks (`client_latency_us` later); and the engine core and the API server share one core
+(`host`), so their work is serialised.
+
 The device is a FIFO lane whose op durations are known when a step is launched, so its timing is
 computed in closed form (`Device.place`) instead of by a process; a device step costs no SimPy
 event. With a synchronous device (the CPU) the device ops occupy the worker's thread, inside its
@@ -44,7 +52,7 @@ from common.formats import RequestTiming, Span, SpecStats, TraceRequest, run_res
 from common.scheduler import FINISHED, Request, Scheduler, SchedulerConfig, SchedulerOutput
 from common.workloads import LoadGenerator, apply_request_rate, load_workload
 
-ENGINE, WORKER, DEVICE = "cpu.engine", "cpu.worker", "device"
+FRONTEND, ENGINE, WORKER, DEVICE = "cpu.frontend", "cpu.engine", "cpu.worker", "device"
 
 
 @dataclass(slots=True, eq=False)
@@ -86,14 +94,18 @@ class Device:
         self.last_end: float | None = None
         self.gaps: list[float] = []
 
-    def place(self, step: Step, t_first: float, t_last: float) -> None:
+    def place(self, step: Step, t_first: float, t_last: float, pause: float = 0.0) -> None:
         """Run `step` on the lane. Its first kernel can start at `t_first`; the CPU enqueues its
-        last at `t_last`, so the step cannot end earlier (a CPU-bound launch starves the GPU)."""
+        last at `t_last`, so the step cannot end earlier (a CPU-bound launch starves the GPU).
+        `pause`: the lane idles that long after the target forward (vLLM's worker between its
+        execute_model and sample_tokens RPCs, on a synchronous device)."""
         c, b = self.costs, step.batch
         ops = []
         if self.fixup and b.num_drafts:
             ops.append(("fixup", c.fixup(b), None))
         ops.append(("target_forward", c.target_forward(b), None))
+        if pause:
+            ops.append((None, pause, {"on": "sample_tokens RPC"}))
         if self.k and b.num_sampling:
             ops.append(("rejection_sample", c.rejection_sample(b), None))
         verify = sum(d for _, d, _ in ops)
@@ -101,10 +113,10 @@ class Device:
             for i in range(self.k if b.num_sampling else 1):
                 ops.append(("draft_forward", c.draft_forward(b, i), {"i": i}))
         ops.append(("d2h", c.d2h(b), None))
-        if self.jitter is not None:
+        if self.jitter is not None:   # the machine's noise scales the device ops, not the pause
             f = self.jitter.factor(max(self.free, t_first))
-            ops = [(op, d * f, args) for op, d, args in ops]
-            verify *= f
+            ops = [(op, d * f if op else d, args) for op, d, args in ops]
+            verify = (verify - pause) * f + pause
         dur = sum(d for _, d, _ in ops)
         start = max(self.free, t_first, t_last - dur)
         step.t_accepted = start + verify
@@ -115,7 +127,8 @@ class Device:
         if self.spans is not None:
             t, n = start, step.out.step
             for op, d, args in ops:
-                self.spans.append(Span(DEVICE, op, n, t, t + d, args))
+                self.spans.append(Span(DEVICE, op, n, t, t + d, args) if op else
+                                  Span(WORKER, "wait", n, t, t + d, args))
                 t += d
 
 
@@ -160,6 +173,9 @@ class Sim:
         self.wake: simpy.Event | None = None         # the engine idles on it
         self.slot_free: simpy.Event | None = None    # the client waits on it
         self.to_worker = simpy.Store(self.env)
+        self.vllm = r.topology == "vllm"
+        self.host = simpy.Resource(self.env, 1) if self.vllm else None
+        self.to_frontend = simpy.Store(self.env)
         self.num_steps = 0
         self.tokens = [[0] * (1 + n) for n in range(cfg.k + 1)]
 
@@ -172,12 +188,24 @@ class Sim:
             self.spans.append(Span(lane, op, step, now, now + dur, args))
         return self.env.timeout(dur)
 
+    def on_host(self, lane: str, op: str, step: int, dur: float, args: dict | None = None):
+        """`busy`, on the core the engine core shares with the API server (vLLM's topology):
+        it waits for the core first."""
+        if self.host is None:
+            yield self.busy(lane, op, step, dur, args)
+            return
+        with self.host.request() as core:
+            yield core
+            yield self.busy(lane, op, step, dur, args)
+
     def run(self) -> tuple[dict, list[Span]]:
         env = self.env
         client = env.process(self.client())
         env.process(self.engine())
         if not self.inline:
             env.process(self.worker())
+        if self.vllm:
+            env.process(self.frontend())
         env.run(until=client)
         spans = sorted(self.spans, key=lambda s: s.start_us) if self.spans else []
         return self.result(env.now / 1e6), spans
@@ -201,8 +229,15 @@ class Sim:
         sent = self.gen.pop_due(now_s + 1e-9)
         for tr in sent:
             self.timings[tr.request_id] = RequestTiming(tr.request_id, tr.prompt_len, now_s)
-            self.inbox.append(tr)
-        if sent and self.wake is not None and not self.wake.triggered:
+            if self.vllm:   # the API server takes it in first
+                self.env.process(self.admit(tr))
+            else:
+                self.inbox.append(tr)
+        if sent and not self.vllm:
+            self.wake_engine()
+
+    def wake_engine(self) -> None:
+        if self.wake is not None and not self.wake.triggered:
             self.wake.succeed()
 
     def _complete(self, _=None) -> None:
@@ -228,8 +263,8 @@ class Sim:
             launched = False
             if sched.has_unfinished():
                 out = sched.schedule()
-                yield self.busy(ENGINE, "schedule", out.step,
-                                cpu.schedule(out.num_reqs, out.num_batched_tokens))
+                yield from self.on_host(ENGINE, "schedule", out.step,
+                                        cpu.schedule(out.num_reqs, out.num_batched_tokens))
                 if out.scheduled:
                     step = Step(out, batch_of(out))
                     self.num_steps += 1
@@ -276,8 +311,17 @@ class Sim:
                     self.num_draft_tokens += s.num_spec
                 sampled[req.request_id] = tokens[n]
         emitted = self.sched.update_from_output(out, sampled)
-        yield self.busy(ENGINE, "update_from_output", out.step,
-                        self.cpu.update_from_output(out.num_reqs, out.num_batched_tokens))
+        cpu = self.cpu
+        yield from self.on_host(ENGINE, "update_from_output", out.step,
+                                cpu.update_from_output(out.num_reqs, out.num_batched_tokens))
+        if self.vllm:
+            if emitted:
+                self.to_frontend.put((out.step, emitted))
+            if not self.async_ and self.cfg.k and cpu.rpc_drafts is not None:
+                yield self.busy(ENGINE, "wait", out.step,
+                                cpu.rpc_drafts(out.num_reqs, out.num_batched_tokens),
+                                {"on": "take_draft_token_ids"})
+            return
         t = (self.env.now + self.out_latency) / 1e6
         for req, new, done in emitted:
             self.timings[req.request_id].add_chunk(t, len(new))
@@ -287,6 +331,35 @@ class Sim:
                     self.env.timeout(self.out_latency).callbacks.append(self._complete)
                 else:
                     self._complete()
+
+    # -- the API server (vLLM's topology) ---------------------------------------------------
+
+    def admit(self, tr: TraceRequest):
+        """The API server takes a request in (tokenize, hand to the engine core)."""
+        cost = self.cpu.add_request
+        if cost is not None:
+            yield from self.on_host(FRONTEND, "add_request", -1, cost(1, tr.prompt_len),
+                                    {"request": tr.request_id})
+        self.inbox.append(tr)
+        self.wake_engine()
+
+    def frontend(self):
+        """The API server processes each step's outputs in turn; the client has the chunks
+        client_latency_us later."""
+        env, cpu = self.env, self.cpu
+        while True:
+            n, emitted = yield self.to_frontend.get()
+            if cpu.process_outputs is not None:
+                tokens = sum(len(new) for _, new, _ in emitted)
+                yield from self.on_host(FRONTEND, "process_outputs", n,
+                                        cpu.process_outputs(len(emitted), tokens))
+            lat = cpu.client_latency_us
+            t = (env.now + lat) / 1e6
+            for req, new, done in emitted:
+                self.timings[req.request_id].add_chunk(t, len(new))
+                if done:
+                    self.acc.finished(req.request_id)
+                    env.timeout(lat).callbacks.append(self._complete)
 
     # -- the worker -------------------------------------------------------------------------
 
@@ -331,7 +404,9 @@ class Sim:
             self.device.place(step, env.now + lat, env.now + dur + lat)
             yield self.busy(WORKER, "launch", out.step, dur)
         else:  # the device is this thread: launch packs the inputs, then runs the ops itself
-            self.device.place(step, env.now + dur, env.now + dur)
+            pause = cpu.rpc_mid(out.num_reqs, out.num_batched_tokens) \
+                if self.vllm and cpu.rpc_mid is not None else 0.0
+            self.device.place(step, env.now + dur, env.now + dur, pause)
             yield self.busy(WORKER, "launch", out.step, step.t_done - env.now)
         self.prev = step
 

@@ -302,7 +302,8 @@ OP_COLORS = {
     "schedule": "#1f77b4", "update_from_output": "#17becf",
     "prepare_inputs": "#2ca02c", "launch": "#bcbd22", "wait": "#d0d0d0",
     "fixup": "#e377c2", "target_forward": "#ff7f0e", "rejection_sample": "#d62728",
-    "draft_forward": "#9467bd", "d2h": "#8c564b",
+    "draft_forward": "#9467bd", "d2h": "#8c564b", "add_request": "#aec7e8",
+    "process_outputs": "#98df8a", "unmapped": "#c7c7c7",
 }
 GAP_COLOR = "#e41a1c"
 
@@ -413,7 +414,9 @@ def timeline_figure(panels: list[Panel], steps: tuple[int, int] | None = None,
 
 def _draw_panel(ax, spans: list[Span], t0: float, t1: float, seen_ops: dict,
                 at_gap: int | None) -> None:
-    lanes = list(reversed(LANES))   # device at the bottom, the engine on top
+    # device at the bottom, the engine above; an API server's lane on top where it has spans
+    lanes = [lane for lane in reversed(LANES)
+             if lane != "cpu.frontend" or any(s.lane == lane for s in spans)]
     width_ms = (t1 - t0) / 1e3
     for s in spans:
         if s.end_us < t0 or s.start_us > t1 or s.lane not in lanes:

@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "calibrate.profile",
     "calibrate.validate",
     "calibrate.gpu",
+    "calibrate.vllm_fit",
     "common.compare",
 ]
 

@@ -1,0 +1,170 @@
+"""Turn a measurement of bench/vllm/measure.py into a measured folder, judged and reported.
+
+    python bench/vllm/build_folder.py out/vllm-cpu traces/measured/vllm-cpu
+
+- profile.json: `stepgap calibrate`'s fit (calibrate/vllm_fit.py) on the sync calibration runs
+  (k in the plan's calibrate_ks, every concurrency; prompts cut from the corpus's training
+  files), with their timelines from bench/vllm/stepgap_hooks spans cut to each run's window;
+- runs/<cell>.json.gz: every judged run (the held-out prompts) as a run result, each request's
+  chunks sized by vLLM's own tokens of every chunk (the token capture), so that the simulator
+  replays vLLM's accepted count of every step;
+- timelines/: the profiled k=2, concurrency-1 runs, vLLM's torch-profiler traces ingested
+  (calibrate/vllm.py), and the simulator's prediction of the same runs;
+- tokens.json.gz: vLLM's output token ids and chunks of every held-out prompt per k (the
+  engine's test holds stepgap's engine to them);
+- manifest.json (the measured format), then report.md and the figures (calibrate/report.py).
+The known misses are written by hand into known_misses.toml, after reading the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from calibrate.measured import FORMAT as MEASURED, git_commit, save_runs, trim  # noqa: E402
+from calibrate.harness import cell_name, machine_info  # noqa: E402
+from calibrate.vllm import acceptance_from_scrapes, ingest_profile  # noqa: E402
+from calibrate.vllm_fit import BURSTY_MAX, Run, calibrate_runs  # noqa: E402
+from common.formats import save_timeline  # noqa: E402
+from common.vllm_bench import bench_result, bursty_share, read_bench  # noqa: E402
+
+PAIR = ROOT / "checkpoints" / "pystdlib"
+BLOCK_SIZE = 128   # vLLM's CPU default (vllm/platforms/cpu.py)
+
+
+def chunks_of(src: Path, server: str, dataset: str) -> dict[str, list[int]]:
+    """request id -> tokens per chunk, from the token capture of one server and dataset."""
+    doc = json.loads((src / "tokens" / f"{server}-{dataset}.json").read_text())
+    return {r["request_id"]: [len(c) for c in r["chunks"]] for r in doc["requests"]}
+
+
+def run_of(src: Path, r: dict, hooks: bool = True) -> Run:
+    doc = read_bench(src / "results" / f"{r['name']}.json")
+    m = src / "metrics"
+    acc = acceptance_from_scrapes((m / f"{r['name']}.after.txt").read_text(),
+                                  (m / f"{r['name']}.before.txt").read_text()) if r["k"] else None
+    t0, t1 = r["window_s"]
+    run = Run(r["name"], src / "results" / f"{r['name']}.json", doc, r["k"], r["mode"],
+              r["conc"], (t0 * 1e6, t1 * 1e6), acceptance=acc)
+    if hooks:
+        files = sorted((src / "hooks" / f"{r['mode']}-k{r['k']}").glob("*.jsonl"))
+        run.spans = ingest_profile(files, run.window)
+    return run
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("src", help="bench/vllm/measure.py's output folder")
+    ap.add_argument("out", help="the measured folder to write")
+    args = ap.parse_args(argv)
+    src, out = Path(args.src), Path(args.out)
+    plan = json.loads((src / "plan.json").read_text())
+    ids = [json.loads(line)["request_id"] for line in
+           (src / "data" / "heldout.jsonl").read_text().splitlines()]
+    for sub in ("runs", "timelines", "simulated", "models"):
+        shutil.rmtree(out / sub, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+
+    # the calibration: sync runs on the calibration prompts, with their hook timelines
+    calib = [run_of(src, r) for r in plan["runs"] if r["kind"] == "calibration"]
+    scheduler = {"max_num_seqs": plan["max_num_seqs"], "max_model_len": plan["max_model_len"],
+                 "block_size": BLOCK_SIZE}
+    meta = {"machine": machine_info(), "vllm": plan["vllm"], "cpus": plan["cpus"],
+            "model": {"target": str(PAIR / "target"), "draft": str(PAIR / "eagle3")},
+            "scheduler": scheduler}
+    profile = calibrate_runs(calib, meta)
+    profile["model"] = {"target": "models/target", "draft": "models/eagle3"}
+    (out / "profile.json").write_text(json.dumps(profile, indent=1) + "\n")
+    for name in ("target", "eagle3"):
+        (out / "models" / name).mkdir(parents=True, exist_ok=True)
+        shutil.copy(PAIR / name / "config.json", out / "models" / name / "config.json")
+
+    # the judged runs
+    cells, runs, bursty = [], {}, []
+    for r in plan["runs"]:
+        if r["kind"] != "judged":
+            continue
+        doc = read_bench(src / "results" / f"{r['name']}.json")
+        if bursty_share(doc) > BURSTY_MAX:   # its client was starved: it timed the client
+            bursty.append(r["name"])
+            continue
+        sizes = chunks_of(src, f"{r['mode']}-k{r['k']}", "heldout")
+        chunk_tokens = [sizes[i] for i in ids]
+        matched = sum(len(c) == len(itl) + 1 for c, itl in zip(chunk_tokens, doc["itls"]))
+        res = bench_result(doc, src / "results" / f"{r['name']}.json", chunk_tokens, ids,
+                           {"mode": r["mode"], "k": r["k"], "max_concurrency": r["conc"],
+                            "max_num_seqs": plan["max_num_seqs"],
+                            "max_model_len": plan["max_model_len"], "slice": r["rep"],
+                            "chunks_as_captured": matched, "load_avg_1m": r["load_avg_1m"],
+                            "cpu_s": r["cpu_s"]})
+        runs.setdefault(cell_name(r["mode"], r["k"], r["conc"]), []).append(trim(res))
+    for mode in plan["modes"]:
+        for k in plan["ks"]:
+            for conc in plan["concurrency"]:
+                name = cell_name(mode, k, conc)
+                if not runs.get(name):
+                    continue
+                f = f"runs/{name}.json.gz"
+                save_runs(out / f, runs.get(name, []))
+                cells.append({"mode": mode, "k": k, "max_concurrency": conc, "runs": f,
+                              "num_runs": len(runs.get(name, [])),
+                              "info": {"async_patch": mode == "async"}})
+
+    # vLLM's tokens of every held-out prompt, per k (from the sync servers)
+    tokens = {}
+    for k in plan["ks"]:
+        doc = json.loads((src / "tokens" / f"sync-k{k}-heldout.json").read_text())
+        tokens[str(k)] = [{"request_id": r["request_id"], "chunks": r["chunks"]}
+                          for r in doc["requests"]]
+    with gzip.open(out / "tokens.json.gz", "wt") as f:
+        json.dump(tokens, f, separators=(",", ":"))
+
+    # the profiled runs' timelines (vLLM's traces), for the report and the README's figure
+    timeline_cells = []
+    for p in plan["profiles"]:
+        if p["k"] != 2 or p["conc"] != 1:
+            continue
+        traces = [src / t for t in p["traces"] if t.endswith(".gz")]
+        spans = ingest_profile(traces)
+        name = cell_name(p["mode"], p["k"], p["conc"])
+        save_timeline(out / "timelines" / f"{name}.measured.jsonl",
+                      [s for s in spans if 10 <= s.step < 40])
+        timeline_cells.append(name)
+
+    manifest = {
+        "format": MEASURED, "device": "vllm-cpu", "bounds": "vllm",
+        "title": "vLLM 0.32.0 (CPU build) serving the trained pair", "machine": machine_info(),
+        "commit": git_commit(), "command": "python bench/vllm/measure.py && python "
+                                           "bench/vllm/build_folder.py",
+        "vllm": plan["vllm"], "cpus": plan["cpus"], "repeats": plan["repeats"],
+        "slice": plan["num_prompts"],
+        "note": "async rows ran vLLM's own async path on its CPU build with "
+                "bench/vllm/cpu_async_patch.py: a configuration vLLM does not support",
+        "traces": {"judged": "checkpoints/pystdlib/heldout.jsonl (48 prompts)",
+                   "judged_prompts": len(ids),
+                   "calibration": "48 prompts cut from the corpus's training files (seed 1)",
+                   "calibration_runs": len(calib),
+                   "left_out_bursty_client": bursty},
+        "sim": {"gpu": "cpu", "model": "models/target", "draft": "models/eagle3",
+                "executor": "process", "device": "cpu", "topology": "vllm",
+                "profile": "profile.json", "block_size": BLOCK_SIZE,
+                "max_num_seqs": plan["max_num_seqs"], "max_model_len": plan["max_model_len"]},
+        "timeline": {"cells": sorted(timeline_cells), "steps": [10, 40]},
+        "cells": cells}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    from calibrate.report import write_report
+    write_report(out, "python bench/vllm/build_folder.py " + " ".join(sys.argv[1:]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

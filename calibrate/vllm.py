@@ -1,0 +1,386 @@
+"""vLLM as the measured side: its profiler traces, its metrics and its benchmark files, read into
+stepgap's formats (DESIGN.md §8; docs/vllm.md says how each mapping was read off vLLM 0.32).
+
+- `ingest_profile`: the torch-profiler traces a vLLM server writes (the worker's, and the API
+  server's) become a stepgap timeline on DESIGN.md's lanes and ops (`SCOPES`), step by step;
+  the spans of bench/vllm/stepgap_hooks.py (vLLM's engine core and API server, which its
+  profiler does not trace) join them on the same clock. What maps to no op keeps vLLM's name
+  in `args["vllm"]`.
+- `acceptance_from_scrapes`: two `/metrics` scrapes become an acceptance profile (per-position
+  rates, as `stepgap simulate --acceptance FILE` takes them).
+(`vllm bench serve` files are read by common/vllm_bench.py, which every command can take.)
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+from bisect import bisect_left, bisect_right
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.errors import UserError, where
+from common.fileio import parse_json, read_bytes
+from common.formats import LANES, Span
+
+# vLLM 0.32's annotations (VLLM_CUSTOM_SCOPES_FOR_PROFILING=1; vllm/v1/worker/gpu_model_runner.py
+# record_function scopes, vllm/v1/worker/gpu_worker.py annotate_profile) -> (lane, op). Several
+# vLLM scopes can make one op: the forward and its logits (postprocess) are one target forward,
+# the output's steps one d2h. On a CPU the device lane is the worker's own compute.
+SCOPES = {
+    "gpu_model_runner: preprocess": ("cpu.worker", "prepare_inputs"),
+    "gpu_model_runner: forward": ("device", "target_forward"),
+    "gpu_model_runner: postprocess": ("device", "target_forward"),
+    "gpu_model_runner: sample": ("device", "rejection_sample"),
+    "gpu_model_runner: draft": ("device", "draft_forward"),
+    "gpu_model_runner: bookkeep": ("device", "d2h"),
+    "gpu_model_runner: eplb": ("device", "d2h"),
+    "gpu_model_runner: ModelRunnerOutput": ("device", "d2h"),
+    "gpu_model_runner: AsyncGPUModelRunnerOutput": ("device", "d2h"),
+    "gpu_model_runner: set_async_sampled_token_ids": ("device", "d2h"),
+}
+# One engine step on the worker: the execute_model RPC's annotation.
+STEP = re.compile(r"^execute_(?:\d+_)?context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
+# The first op of each EAGLE draft pass after the first (vllm/v1/spec_decode/llm_base_proposer.py
+# _update_positions_dependent_metadata; on a CPU the kernel's CPU replacement).
+PASS_MARKS = ("eagle_step_slot_mapping_metadata", "eagle_step_update_slot_mapping")
+
+
+@dataclass
+class Source:
+    """One process's events on the Unix-epoch microsecond clock: a torch-profiler trace, or a
+    stepgap_hooks span file. `events` are dicts {name, ts, dur, cat} by start: vLLM's
+    annotations (cat user_annotation), ops (cpu_op, or a GPU's kernel/cuda_runtime) and, from the
+    hooks, the spans of lanes the profiler does not trace (cat "hook", with lane, op, args)."""
+
+    path: Path
+    role: str            # "worker", "api_server", "engine_core"
+    events: list[dict]
+
+
+def read_trace(path) -> Source:
+    """One torch-profiler trace of a vLLM process (`*.pt.trace.json[.gz]`)."""
+    path = Path(path)
+    data = read_bytes(path)
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError):
+            raise UserError(f"{path}: not a gzip file that opens") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text (a torch-profiler trace is JSON)") from None
+    doc = parse_json(text, path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise UserError(f"{path}: not a torch-profiler trace (no traceEvents list)")
+    base = float(doc.get("baseTimeNanoseconds") or 0) / 1000.0
+    events = [{"name": str(e.get("name", "")), "ts": e["ts"] + base, "dur": e["dur"],
+               "cat": e.get("cat"), "args": e.get("args") or {}}
+              for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"
+              and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float))]
+    names = {(e.get("args") or {}).get("name") for e in doc["traceEvents"]
+             if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "process_name"}
+    worker = any(STEP.match(e["name"]) for e in events) or "VLLM::Worker" in names
+    if "vllm_version" not in doc and not worker:
+        raise UserError(f"{path}: not a vLLM profile (no vllm_version and no "
+                        "execute_context annotation: was it written by a vLLM server with "
+                        "--profiler-config?)")
+    return Source(path, "worker" if worker else "api_server",
+                  sorted(events, key=lambda e: e["ts"]))
+
+
+def read_hooks(path) -> Source:
+    """One process's spans of bench/vllm/stepgap_hooks.py (JSON lines of lane, op, start_us,
+    end_us, args): its worker scopes as annotations, the other lanes' spans as they are."""
+    path = Path(path)
+    events = []
+    text = read_bytes(path).decode("utf-8", errors="replace")
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            lane, op, t0, t1 = d["lane"], d["op"], float(d["start_us"]), float(d["end_us"])
+            args = d.get("args") or {}
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            raise UserError(f"{where(path, n)}: not a span of stepgap_hooks (lane, op, "
+                            "start_us, end_us)") from None
+        if lane not in LANES:
+            raise UserError(f"{where(path, n, 'lane')}: unknown lane {lane!r}")
+        if op == "vllm" and lane != "cpu.worker":
+            continue   # the engine core's own scopes: its schedule and update spans say it all
+        if lane == "cpu.worker" and op == "vllm":
+            events.append({"name": str(args.get("vllm", "")), "ts": t0, "dur": t1 - t0,
+                           "cat": "user_annotation"})
+        else:
+            events.append({"name": op, "ts": t0, "dur": t1 - t0, "cat": "hook", "lane": lane,
+                           "args": args})
+    lanes = {e.get("lane") for e in events}
+    role = "worker" if any(e["cat"] == "user_annotation" for e in events) else \
+        "engine_core" if "cpu.engine" in lanes else "api_server"
+    return Source(path, role, sorted(events, key=lambda e: e["ts"]))
+
+
+def read_source(path) -> Source:
+    """A torch-profiler trace, or a stepgap_hooks span file (by its content)."""
+    head = read_bytes(path)[:64]
+    if head[:2] == b"\x1f\x8b" or head.lstrip()[:1] == b"{" and b"traceEvents" in \
+            read_bytes(path)[:4096]:
+        return read_trace(path)
+    return read_hooks(path)
+
+
+def _inside(events: list[dict], start: float, end: float) -> list[dict]:
+    starts = [e["ts"] for e in events]
+    return events[bisect_left(starts, start):bisect_right(starts, end)]
+
+
+def worker_steps(src: Source, window: tuple[float, float] | None = None) -> list[dict]:
+    """The worker's steps: each execute_context annotation, the vLLM scopes that follow it up to
+    the next one, and its shape ({reqs, tokens, prefill, decode, q})."""
+    ann = [e for e in src.events if e["cat"] == "user_annotation"]
+    marks = [e for e in ann if STEP.match(e["name"])]
+    steps = []
+    for i, m in enumerate(marks):
+        if window is not None and not window[0] <= m["ts"] <= window[1]:
+            continue
+        end = marks[i + 1]["ts"] if i + 1 < len(marks) else math.inf
+        c, ct, g, gt = (int(x) for x in STEP.match(m["name"]).groups())
+        scopes = [e for e in _inside(ann, m["ts"], end) if e is not m and e["ts"] < end]
+        steps.append({"mark": m, "scopes": scopes, "reqs": c + g, "tokens": ct + gt,
+                      "prefill": c, "decode": g,
+                      "q": max(ct // c if c else 0, gt // g if g else 0) or 1})
+    return steps
+
+
+def _draft_passes(src: Source, draft: dict) -> list[tuple[float, float]]:
+    """The EAGLE proposer's passes inside one `draft` scope, as (start, end), tiling it: cut
+    where each later pass starts (in a trace, its position-update kernel; from the hooks, its
+    forward context)."""
+    t0, t1 = draft["ts"], draft["ts"] + draft["dur"]
+    inside = _inside(src.events, t0, t1)
+    cuts = [e["ts"] for e in inside if any(m in e["name"] for m in PASS_MARKS)]
+    if not cuts:
+        cuts = [e["ts"] for e in inside if e["name"] == "draft pass"][1:]
+    bounds = [t0, *cuts, t1]
+    return list(zip(bounds, bounds[1:]))
+
+
+def _gpu_kernels(src: Source) -> dict[int, list[dict]]:
+    """On a GPU trace: kernel and memcpy events by the correlation id of their launch."""
+    out = defaultdict(list)
+    for e in src.events:
+        if e["cat"] in ("kernel", "gpu_memcpy", "gpu_memset"):
+            cid = e["args"].get("correlation")
+            if cid is not None:
+                out[cid].append(e)
+    return out
+
+
+def _device_time(src: Source, kernels: dict, start: float, end: float):
+    """(first kernel start, last kernel end) of the kernels launched from host [start, end]
+    (a GPU trace), or None when nothing ran on a GPU."""
+    ks = [k for e in _inside(src.events, start, end) if e["cat"] == "cuda_runtime"
+          for k in kernels.get(e["args"].get("correlation"), ())]
+    if not ks:
+        return None
+    return min(k["ts"] for k in ks), max(k["ts"] + k["dur"] for k in ks)
+
+
+def step_spans(src: Source, n: int, step: dict, kernels: dict) -> list[Span]:
+    """One worker step as spans: prepare_inputs on the worker; target_forward, rejection_sample,
+    draft_forward i and d2h on the device (a GPU's kernels where the trace has them, else the
+    worker's own compute)."""
+    shape = {"reqs": step["reqs"], "tokens": step["tokens"], "q": step["q"],
+             "prefill": step["prefill"], "decode": step["decode"]}
+    by_op: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    other = []
+    for e in step["scopes"]:
+        key = SCOPES.get(e["name"])
+        if key:
+            by_op[key].append(e)
+        elif e["name"] != "draft pass":
+            other.append(e)
+    spans = []
+
+    def add(lane, op, t0, t1, names, **args):
+        dev = _device_time(src, kernels, t0, t1) if lane == "device" and kernels else None
+        a, b = dev or (t0, t1)
+        spans.append(Span(lane, op, n, a, b, {**shape, **args, "vllm": names}))
+
+    for (lane, op), evs in sorted(by_op.items(), key=lambda kv: min(e["ts"] for e in kv[1])):
+        names = sorted({e["name"] for e in evs})
+        t0, t1 = min(e["ts"] for e in evs), max(e["ts"] + e["dur"] for e in evs)
+        if op == "draft_forward":
+            for i, (a, b) in enumerate(_draft_passes(src, evs[0])):
+                add(lane, op, a, b, names, i=i, **({"tokens": step["reqs"], "q": 1} if i
+                                                   else {}))
+        else:
+            add(lane, op, t0, t1, names)
+    for e in other:   # a scope stepgap has no op for: kept, with vLLM's name
+        spans.append(Span("cpu.worker", "unmapped", n, e["ts"], e["ts"] + e["dur"],
+                          {"vllm": e["name"]}))
+    return spans
+
+
+def ingest_profile(paths, window: tuple[float, float] | None = None) -> list[Span]:
+    """A vLLM server's traces and stepgap_hooks span files as one timeline, microseconds from
+    its first worker step. The worker's steps come from its torch-profiler trace where one is
+    given, else from its hook spans; `window` (epoch microseconds) keeps the steps of one run.
+    Worker `wait` spans cover its unannotated gaps: before a step (blocked on the engine core,
+    at the shared-memory queue's dequeue) and between its execute_model and sample_tokens RPCs."""
+    sources = [read_source(p) for p in paths]
+    workers = [s for s in sources if s.role == "worker"]
+    traced = [s for s in workers if not s.path.name.endswith(".jsonl")]
+    if len(traced) > 1 or (not traced and len(workers) > 1):
+        raise UserError("give one worker trace per timeline (one profiled run): got "
+                        + ", ".join(str(s.path) for s in (traced or workers)))
+    if not workers:
+        raise UserError(f"{', '.join(str(p) for p in paths)}: no worker among them (a trace "
+                        "named rank0.*.pt.trace.json.gz, or the worker's hook spans)")
+    w = (traced or workers)[0]
+    kernels = _gpu_kernels(w)
+    steps = worker_steps(w, window)
+    if not steps:
+        raise UserError(f"{w.path}: no execute_context step" + (" in the window" if window
+                        else "") + ": not a vLLM worker of a served run")
+    spans: list[Span] = []
+    prev_end = None
+    for n, st in enumerate(steps):
+        sp = step_spans(w, n, st, kernels)
+        t0 = st["mark"]["ts"]
+        if prev_end is not None and t0 > prev_end:
+            spans.append(Span("cpu.worker", "wait", n, prev_end, t0,
+                              {"on": "engine core", "vllm": "shm_broadcast dequeue"}))
+        fwd = [s for s in sp if s.op == "target_forward"]
+        smp = [s for s in sp if s.op == "rejection_sample"]
+        if fwd and smp and smp[0].start_us > fwd[-1].end_us and not kernels:
+            spans.append(Span("cpu.worker", "wait", n, fwd[-1].end_us, smp[0].start_us,
+                              {"on": "sample_tokens RPC", "vllm": "shm_broadcast dequeue"}))
+        spans += sp
+        ends = [s.end_us for s in sp if s.lane != "device" or not kernels]
+        prev_end = max(ends + [st["mark"]["ts"] + st["mark"]["dur"]])
+    others = [e for s in sources if s is not w for e in s.events if e["cat"] == "hook"]
+    spans += hook_spans(others, steps)
+    t_first = steps[0]["mark"]["ts"]
+    return sorted((s._replace(start_us=s.start_us - t_first, end_us=s.end_us - t_first)
+                   for s in spans), key=lambda s: (s.start_us, s.end_us))
+
+
+def _first_schedule(sched: list[dict], steps: list[dict], probe: int = 24) -> int:
+    """The index of step 0's schedule in `sched` (negative when it lies before them): the
+    offset at which each schedule ends before its step starts (under async scheduling the next
+    step is scheduled before the worker has even begun the current one) and the token counts
+    agree best."""
+    def score(s0):
+        good = bad = 0
+        for i, st in enumerate(steps[:probe]):
+            if 0 <= s0 + i < len(sched):
+                e = sched[s0 + i]
+                if e["ts"] + e["dur"] > st["mark"]["ts"]:
+                    bad += 1
+                else:
+                    good += 1 + (e["args"].get("tokens") == st["tokens"])
+        return good - 4 * bad
+    before = sum(1 for e in sched if e["ts"] + e["dur"] <= steps[0]["mark"]["ts"])
+    return max(range(before - 3, before + 1), key=lambda s0: (score(s0), -abs(before - 1 - s0)))
+
+
+def hook_spans(events: list[dict], steps: list[dict]) -> list[Span]:
+    """The engine core's and API server's hook spans around the worker's steps, with step
+    numbers: a `schedule` belongs to the next worker step that starts after it; the i-th
+    update_from_output to the i-th schedule's step (vLLM updates in schedule order);
+    process_outputs and the engine core's wait for the drafts (its post-step) to the update
+    before them; add_request to the step scheduled next."""
+    starts = [st["mark"]["ts"] for st in steps]
+    last = steps[-1]["mark"]["ts"] + steps[-1]["mark"]["dur"]
+    lo, hi = starts[0] - 50_000, last + 50_000
+    raw = sorted((e for e in events if lo <= e["ts"] <= hi), key=lambda e: e["ts"])
+    sched = [e for e in raw if e["name"] == "schedule" and e["lane"] == "cpu.engine"]
+    s0 = _first_schedule(sched, steps)
+    step_of = {s0 + i: i for i in range(len(steps)) if 0 <= s0 + i < len(sched)}
+    out = [(n, sched[i]) for i, n in step_of.items()]
+    queue = list(range(len(sched)))   # schedules not yet updated, oldest first
+    upd = []
+    for u in (e for e in raw if e["name"] == "update_from_output"):
+        if not queue or sched[queue[0]]["ts"] + sched[queue[0]]["dur"] > u["ts"]:
+            continue   # the update of a step scheduled before the window
+        i = queue.pop(0)
+        if i in step_of:
+            upd.append((step_of[i], u))
+    out += upd
+    upd_ends = sorted((u["ts"] + u["dur"], n) for n, u in upd)
+    ends = [t for t, _ in upd_ends]
+    for e in raw:
+        if e["name"] in ("schedule", "update_from_output"):
+            continue
+        if e["name"] == "process_outputs" or e["name"] == "wait" and e["lane"] == "cpu.engine":
+            k = bisect_right(ends, e["ts"]) - 1   # the output, or the drafts, of that step
+            n = upd_ends[k][1] if k >= 0 else None
+        else:
+            j = bisect_left(starts, e["ts"] + e["dur"])
+            n = j if j < len(starts) else None
+        if n is not None:
+            out.append((n, e))
+    return [Span(e["lane"], e["name"], n, e["ts"], e["ts"] + e["dur"], e.get("args") or None)
+            for n, e in out]
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics
+
+
+SPEC = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
+def parse_metrics(text: str, source) -> dict:
+    """The spec-decode counters of one Prometheus scrape: {num_drafts, num_draft_tokens,
+    num_accepted_tokens, per_pos: {position: count}}, summed over engines."""
+    from prometheus_client.parser import text_string_to_metric_families
+    out = {key: 0.0 for key in SPEC}
+    out["per_pos"] = defaultdict(float)
+    found = False
+    try:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                name = s.name.removeprefix("vllm:spec_decode_").removesuffix("_total")
+                if not s.name.startswith("vllm:spec_decode_") or not s.name.endswith("_total"):
+                    continue
+                found = True
+                if name in SPEC:
+                    out[name] += s.value
+                elif name == "num_accepted_tokens_per_pos":
+                    out["per_pos"][int(s.labels["position"])] += s.value
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{source}: not Prometheus text ({e})") from None
+    if not found:
+        raise UserError(f"{source}: no vllm:spec_decode_* counters (a scrape of a vLLM server "
+                        "with --speculative-config, taken from its /metrics)")
+    return out
+
+
+def acceptance_from_scrapes(after: str, before: str | None = None, source="scrape",
+                            before_source="before") -> dict:
+    """Per-position acceptance between two scrapes (the counters are cumulative since the
+    server started), as an acceptance profile file."""
+    a = parse_metrics(after, source)
+    b = parse_metrics(before, before_source) if before is not None else None
+    d = {key: a[key] - (b[key] if b else 0.0) for key in SPEC}
+    pos = sorted(a["per_pos"])
+    per = [a["per_pos"][p] - (b["per_pos"].get(p, 0.0) if b else 0.0) for p in pos]
+    if any(x < 0 for x in [*d.values(), *per]):
+        raise UserError(f"{before_source}: its counters exceed {source}'s: is it the scrape "
+                        "before the run, of the same server?")
+    if d["num_drafts"] <= 0:
+        raise UserError(f"{source}: no drafts between the two scrapes (give --before the "
+                        "scrape taken before the run, and check the run used the server)")
+    rates = [c / d["num_drafts"] for c in per]
+    return {"format": "stepgap-acceptance/1", "k": len(pos), "rates": rates,
+            "num_drafts": int(d["num_drafts"]), "num_draft_tokens": int(d["num_draft_tokens"]),
+            "num_accepted_tokens": int(d["num_accepted_tokens"]),
+            "acceptance_length": 1 + d["num_accepted_tokens"] / d["num_drafts"],
+            "source": f"vllm:spec_decode_* counters, {before_source} -> {source}"}

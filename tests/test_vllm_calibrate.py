@@ -1,0 +1,154 @@
+"""`stepgap calibrate` (calibrate/vllm_fit.py) and the simulator's vLLM topology (sim/loop.py),
+on the fixtures of tests/data/vllm (real vLLM 0.32 output: one sync k=2, concurrency-4 run)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calibrate.vllm import ingest_profile
+from calibrate.vllm_fit import Run, calibrate_runs, determined, fit_determined, load_runs
+from common.errors import UserError
+from common.formats import TraceRequest
+from sim.config import SimConfig
+from sim.loop import simulate
+from stepgap.cli import main
+
+DATA = Path(__file__).resolve().parent / "data" / "vllm"
+ROOT = DATA.parents[2]
+PAIR = ROOT / "checkpoints" / "pystdlib"
+HOOKS = sorted((DATA / "hooks").glob("*.jsonl"))
+
+
+def test_only_the_columns_that_vary_independently_are_determined():
+    n = 12
+    reqs = np.full(n, 4.0)                 # one concurrency: requests never vary
+    tokens = np.arange(n) * 3.0 + 12
+    x = np.column_stack([np.ones(n), reqs, tokens])
+    assert determined(x) == [True, False, True]
+    x = np.column_stack([np.ones(n), tokens, 2 * tokens])   # a copy of another column
+    assert determined(x) == [True, True, False]
+    x = np.column_stack([np.ones(n), np.zeros(n), tokens])
+    assert determined(x) == [True, False, True]
+
+
+def test_a_fit_leaves_what_is_not_determined_at_zero_and_says_so():
+    rows = [[1.0, 4.0, t] for t in range(10, 20)]
+    ys = [50 + 2 * t for _, _, t in rows]
+    coef, err, missing = fit_determined(rows, ys, ("fixed", "per request", "per token"), "op")
+    assert coef[1] == 0.0 and coef[0] == pytest.approx(50, rel=1e-6)
+    assert coef[2] == pytest.approx(2, rel=1e-6) and err < 1e-6
+    assert missing == ["op: per request not determined by the data"]
+
+
+@pytest.fixture(scope="module")
+def fixture_run():
+    doc = json.loads((DATA / "bench.json").read_text())
+    spans = ingest_profile(HOOKS)
+    return Run("bench", DATA / "bench.json", doc, 2, "sync", 4, (0.0, 1e30), spans=spans)
+
+
+def test_calibration_fits_what_the_run_determines_and_names_the_rest(fixture_run):
+    doc = calibrate_runs([fixture_run])
+    ops = {(f["op"], f["i"]) for f in doc["device_ops"]}
+    assert ops == {("target_forward", None), ("rejection_sample", None), ("draft_forward", 0),
+                   ("draft_forward", 1), ("d2h", None)}
+    for term in ("schedule", "update_from_output", "prepare_inputs", "launch", "rpc_mid",
+                 "rpc_drafts", "process_outputs", "worker_turnaround"):
+        assert term in doc["cpu"], term
+    # every step had 4 requests: no per-request slope, and it says so
+    assert any("per request not determined" in m for m in doc["undetermined"])
+    # without a model config the runs cannot be re-simulated: the levels are not fitted
+    assert any(m.startswith("client_latency_us, level") for m in doc["undetermined"])
+    # the fitted forward reproduces the measured spans' mean
+    fwd = [s.end_us - s.start_us for s in fixture_run.spans if s.op == "target_forward"]
+    fit = next(f for f in doc["device_ops"] if f["op"] == "target_forward")
+    assert fit["coef"][0] + 12 * fit["coef"][1] + 4 * fit["coef"][2] == \
+        pytest.approx(np.mean(fwd), rel=0.05)
+
+
+def test_calibrate_from_the_command_line_then_simulate_another_k(tmp_path, capsys):
+    prof = tmp_path / "profile.json"
+    assert main(["calibrate", str(DATA), "--model", str(PAIR / "target"), "--draft",
+                 str(PAIR / "eagle3"), "--max-num-seqs", "8", "--max-model-len", "256",
+                 "--block-size", "128", "--out", str(prof)]) == 0
+    out, err = capsys.readouterr()
+    assert "fitted on 1 sync runs" in out and "undetermined" in err
+    assert "worker.pt.trace.json.gz: in no run's time window" in err   # the profiled run's
+    doc = json.loads(prof.read_text())
+    assert doc["calibration"]["with_timelines"] == ["bench"]
+    assert doc["level"]["device_ops_scaled_by"] == 1.0   # hook spans: no profiler to undo
+    assert [r["run"] for r in doc["residuals"]] == ["bench"]
+    res = tmp_path / "k4.json"
+    assert main(["simulate", "--profile", str(prof), "--model", str(PAIR / "target"),
+                 "--draft", str(PAIR / "eagle3"), "-k", "4", "--async-scheduling",
+                 "--trace", str(DATA / "bench.json"), "--max-concurrency", "4",
+                 "--save-result", "--result-filename", str(res), "--quiet"]) == 0
+    sim = json.loads(res.read_text())
+    bench = json.loads((DATA / "bench.json").read_text())
+    assert sim["completed"] == bench["completed"]
+    assert sim["total_output_tokens"] == sum(bench["output_lens"])
+
+
+def test_calibrate_refuses_inputs_that_do_not_determine_a_fit(tmp_path, capsys):
+    shutil.copy(DATA / "bench.json", tmp_path / "bench.json")
+    assert main(["calibrate", str(tmp_path), "--model", str(PAIR / "target"), "--out",
+                 str(tmp_path / "p.json")]) != 0
+    assert "no timeline for any sync run" in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()
+    with pytest.raises(UserError, match="no `vllm bench serve --save-result` file"):
+        load_runs(list(HOOKS))
+
+
+# ---------------------------------------------------------------------------------------------
+# The simulator's vLLM topology
+
+
+def vllm_sim(mode, k=2, conc=4, profile=None, **kw):
+    cfg = SimConfig(mode=mode, k=k, model=str(PAIR / "target"), draft=str(PAIR / "eagle3"),
+                    gpu="cpu", device="cpu", executor="process", topology="vllm",
+                    profile=profile, max_num_seqs=8, max_model_len=256, block_size=128,
+                    max_concurrency=conc, timeline=True, jitter=False, **kw)
+    reqs = [TraceRequest(f"r{i}", 0.0, 40 + 7 * i, 30 + 5 * i) for i in range(8)]
+    return reqs, simulate(cfg, reqs)
+
+
+@pytest.fixture(scope="module")
+def profile_path(tmp_path_factory, fixture_run):
+    path = tmp_path_factory.mktemp("p") / "profile.json"
+    path.write_text(json.dumps(calibrate_runs([fixture_run])))
+    return str(path)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_vllm_topology_shares_one_host_cpu_and_streams_every_token(mode, profile_path):
+    reqs, (res, spans) = vllm_sim(mode, profile=profile_path)
+    assert res["completed"] == len(reqs)
+    assert res["total_output_tokens"] == sum(r.output_len for r in reqs)
+    host = sorted((s for s in spans if s.lane in ("cpu.engine", "cpu.frontend")
+                   and s.op != "wait"), key=lambda s: s.start_us)
+    assert {s.lane for s in host} == {"cpu.engine", "cpu.frontend"}
+    # the engine core and the API server share CPU 0: their work never overlaps
+    assert all(a.end_us <= b.start_us + 1e-6 for a, b in zip(host, host[1:]))
+    steps = {s.step for s in spans if s.op == "target_forward"}
+    outs = {s.step for s in spans if s.op == "process_outputs"}
+    assert outs <= steps and len(outs) >= 0.9 * len(steps)
+
+
+def test_async_scheduling_schedules_ahead_of_the_worker(profile_path):
+    """Sync: each step is scheduled after the last one's output. Async (vLLM's batch queue of
+    2): the next step is scheduled while the worker still runs the one before."""
+    from calibrate.vllm_fit import ahead_share
+    _, (sync, s_spans) = vllm_sim("sync", profile=profile_path)
+    _, (asyn, a_spans) = vllm_sim("async", profile=profile_path)
+    assert ahead_share(s_spans) == 0.0
+    assert ahead_share(a_spans) > 0.9
+    assert asyn["mean_itl_ms"] < sync["mean_itl_ms"]
+
+
+def test_the_mode_of_a_measured_run_is_read_off_its_timeline(fixture_run):
+    from calibrate.vllm_fit import ahead_share, infer_mode
+    assert ahead_share(fixture_run.spans) == 0.0
+    assert infer_mode(Run(**{**fixture_run.__dict__, "mode": None})) == "sync"
