@@ -25,9 +25,13 @@ MODES = ("sync", "async", "zero-bubble")
 LANES = ("cpu.engine", "cpu.worker", "device")
 OPS = {
     "cpu.engine": ("schedule", "update_from_output"),
-    "cpu.worker": ("prepare_inputs", "launch", "wait"),
+    "cpu.worker": ("prepare_inputs", "launch", "wait", "propose", "broadcast", "collect"),
     "device": ("target_forward", "rejection_sample", "draft_forward", "d2h", "fixup"),
 }
+# Worker ops only the simulator runs: an n-gram proposer's host-side matching, and tensor
+# parallelism's broadcast of each step to the ranks and collection of rank 0's output (the
+# engine has one device and EAGLE-3 drafts).
+SIM_ONLY_OPS = ("propose", "broadcast", "collect")
 PERCENTILES = (99,)
 METRICS = ("ttft", "tpot", "itl", "e2el")
 
