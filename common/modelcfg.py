@@ -762,6 +762,18 @@ SPEC_METHODS = ("eagle3", "eagle", "mtp", "draft_model", "ngram", "ngram_gpu")
 DERIVED_HEADS = {"eagle3": eagle3_for, "eagle": eagle_for}
 
 
+def default_draft_model(target: ModelConfig) -> str:
+    """The smallest dense preset with the target's vocabulary (Llama-3.2-1B for Llama-3
+    targets, Qwen3-0.6B for Qwen3 ones), for draft_model without a model."""
+    same = [n for n, m in MODEL_PRESETS.items() if m.vocab_size == target.vocab_size
+            and not m.is_moe and m.num_params < target.num_params]
+    if not same:
+        raise UserError(f"--speculative-config method draft_model needs the draft model "
+                        f"(speculative_config's model): no preset shares {target.name}'s "
+                        f"vocabulary of {target.vocab_size}")
+    return min(same, key=lambda n: MODEL_PRESETS[n].num_params)
+
+
 def load_drafter(method: str, spec: str | None, target: ModelConfig,
                  k: int = 1) -> Eagle3Config | ModelConfig | None:
     """What drafts for `method` (speculative_config's model `spec`), checked against the

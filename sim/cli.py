@@ -51,12 +51,12 @@ examples:
       --no-enable-prefix-caching --trace sharegpt --num-prompts 2000 --request-rate 8 \\
       --max-concurrency 64 --save-result --result-dir out
   # Llama-3.3-70B + EAGLE-3 on 4 H100s (vLLM's multiprocess executor, NVLink all-reduces)
-  stepgap simulate --model llama-3.3-70b -tp 4 --gpu h100 --async-scheduling \
-      --speculative-config '{"method": "eagle3", "model": "llama-3.3-70b-eagle3", \
-      "num_speculative_tokens": 3}' --max-concurrency 16
+  stepgap simulate --model llama-3.3-70b -tp 4 --gpu h100 --async-scheduling \\
+      --speculative-config '{"method": "eagle3", "num_speculative_tokens": 3}' \\
+      --draft llama-3.3-70b-eagle3 --max-concurrency 16
   # a MoE target with a small draft model, and with skewed expert routing
-  stepgap simulate --model qwen3-30b-a3b --mode async --speculative-config \
-      '{"method": "draft_model", "model": "qwen3-0.6b", "num_speculative_tokens": 3}' \
+  stepgap simulate --model qwen3-30b-a3b --mode async --speculative-config \\
+      '{"method": "draft_model", "model": "qwen3-0.6b", "num_speculative_tokens": 3}' \\
       --moe-routing-skew 0.5 --max-concurrency 32
   # DeepSeek-V3 drafting with its own MTP layer on 8 H200s; n-gram proposals (vLLM: sync)
   stepgap simulate --model deepseek-v3 -tp 8 --gpu h200 --spec-method mtp -k 1 --mode async
@@ -119,6 +119,10 @@ def register(sub) -> None:
                    help="MoE targets: Zipf exponent of the experts' popularity (default 0: "
                         "uniform routing); skew means fewer distinct experts, so fewer expert "
                         "weights read, per step (docs/sim.md)")
+    g.add_argument("--all-reduce-latency-us", type=nonneg_float, metavar="US",
+                   help="tensor parallelism: one small all-reduce's time, which dominates the "
+                        "collectives at decode (default: the --gpu interconnect's; 6 on "
+                        "NVLink, 20 on PCIe; docs/sim.md)")
     g.add_argument("--no-jitter", dest="jitter", action="store_false", default=None,
                    help="ignore the profile's measured speed noise (by default device ops "
                         "vary from step to step as measured; seeded by --seed)")
@@ -168,7 +172,8 @@ def register(sub) -> None:
     p.set_defaults(func=run, vllm_options=True)
 
 
-FIELDS = ("mode", "gpu", "model", "method", "moe_routing_skew", "executor", "device", "profile", "jitter", "speed",
+FIELDS = ("mode", "gpu", "model", "method", "moe_routing_skew", "all_reduce_latency_us",
+          "executor", "device", "profile", "jitter", "speed",
           "acceptance", "acceptance_rates", "acceptance_spread", "replay", "max_num_seqs",
           "max_num_batched_tokens", "max_model_len", "block_size", "num_gpu_blocks_override",
           "gpu_memory_utilization", "tensor_parallel_size", "cpu_scale", "launch_latency_us",

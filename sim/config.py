@@ -21,8 +21,8 @@ from sim.hardware import GIB, Hardware, get_hardware
 from common.errors import UserError
 from common.formats import METRICS, MODES
 from common.options import DEVICES, EXECUTORS
-from common.modelcfg import (SPEC_METHODS, Eagle3Config, ModelConfig, load_drafter,
-                              load_model_config)
+from common.modelcfg import (SPEC_METHODS, Eagle3Config, ModelConfig, default_draft_model,
+                              load_drafter, load_model_config)
 from common.scheduler import SchedulerConfig
 
 # Old spellings of fields and values, still read (grid files, folders written before).
@@ -70,6 +70,7 @@ class SimConfig:
                                        # own cores. None: from the --gpu entry's kind
     tensor_parallel_size: int = 1      # GPUs of one node running one model replica
     moe_routing_skew: float = 0.0      # Zipf exponent of the experts' popularity (0: uniform)
+    all_reduce_latency_us: float | None = None   # None: the --gpu's interconnect's
     profile: str | None = None         # a measured profile (device ops, CPU costs) to use
     jitter: bool = True                # apply the profile's measured speed noise, if any
     speed: float = 1.0                 # the machine's level: every device op and CPU cost x it
@@ -148,7 +149,8 @@ class SimConfig:
             raise _bad("moe_routing_skew", "must be a number >= 0", self.moe_routing_skew)
         if not (_is_num(self.speed) and self.speed > 0):
             raise _bad("speed", "must be a number > 0", self.speed)
-        for name in ("launch_latency_us", "wake_us", "ipc_us", "acceptance_spread"):
+        for name in ("launch_latency_us", "wake_us", "ipc_us", "acceptance_spread",
+                     "all_reduce_latency_us"):
             v = getattr(self, name)
             if v is not None and not (_is_num(v) and v >= 0):
                 raise _bad(name, "must be a number >= 0", v)
@@ -212,10 +214,18 @@ def resolve(cfg: SimConfig) -> Resolved:
     if tp > 1 and hw.interconnect is None:
         raise _bad("tensor_parallel_size", f"--gpu {hw.name} has no interconnect in the "
                    "catalog", tp)
+    if cfg.all_reduce_latency_us is not None and hw.interconnect is not None:
+        hw = replace(hw, interconnect=replace(hw.interconnect,
+                                              latency_us=cfg.all_reduce_latency_us))
     target.check_tensor_parallel(tp)
     draft = None
     if cfg.k > 0:
-        draft = load_drafter(cfg.method, cfg.draft, target, cfg.k)
+        spec = cfg.draft
+        if cfg.method == "draft_model" and spec is None:
+            spec = default_draft_model(target)
+            notes.append(f"draft_model: no draft model given; using {spec}, the smallest "
+                         "preset with the target's vocabulary (give speculative_config's model)")
+        draft = load_drafter(cfg.method, spec, target, cfg.k)
         if draft is not None:
             draft.check_tensor_parallel(tp)
         if cfg.method == "mtp" and cfg.k > target.num_mtp_layers:
