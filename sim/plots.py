@@ -82,8 +82,7 @@ class View:
                                 if any(k > 0 for k in self.ks) and "method" not in self.fixed
                                 else "")
         tp = get("tensor_parallel_size")
-        gpu = str(get("gpu")).upper() + (f" × {tp} (TP {tp})" if tp and tp > 1 else "")
-        parts = [gpu, model,
+        parts = [str(get("gpu")).upper(), *([f"TP {tp}"] if tp and tp > 1 else []), model,
                  f"{get('workload')} {get('num_prompts') or ''} prompts".replace("  ", " ")]
         if get("output_len"):
             parts[-1] += f" × {get('output_len')} tokens"
