@@ -68,6 +68,22 @@ def specdecode_bench() -> None:
               f"{scale:g}: {gap:.2f} ms ({err(gap, OVERHEAD_MS)})")
 
 
+def tp_breakdown() -> None:
+    print("\n0. One decode token of Llama-3.3-70B on H100s (k=0, context 512): where it goes")
+    for tp in (4, 8):
+        r = resolve(SimConfig(gpu="h100", model="llama-3.3-70b", k=0, tensor_parallel_size=tp))
+        c, t = r.device_costs, r.target
+        b = Batch(1, 1, 1, 1, 0, 513, 513.0, 1, 33)
+        total = c.target_forward(b) / 1e3
+        weights = (t.weight_bytes_per_rank(tp) - 2 * t.vocab_size * t.hidden_size / tp) \
+            / r.hw.bw * 1e3
+        coll = ((2 * t.num_layers + 1) * c.all_reduce(1, t.hidden_size)
+                + c.gather_logits(1, t.vocab_size)) / 1e3
+        print(f"  TP {tp}: target_forward {total:.2f} ms = weights {weights:.2f} + collectives "
+              f"{coll:.2f} ({2 * t.num_layers + 1} all-reduces + the logits' gather) + "
+              f"kernels, attention and activations {total - weights - coll:.2f}")
+
+
 def sglang_tp8() -> None:
     print("\n2. SGLang #4716: Llama-3.3-70B, 8 H100 (TP 8), MT-bench at batch 1, 88.61 tok/s")
     for mode in ("sync", "async"):
@@ -96,5 +112,6 @@ def vllm_b200_tp4() -> None:
 
 if __name__ == "__main__":
     specdecode_bench()
+    tp_breakdown()
     sglang_tp8()
     vllm_b200_tp4()

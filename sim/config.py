@@ -322,8 +322,8 @@ def scheduler_config(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
             per = f" per GPU at --tensor-parallel-size {tp}" if tp > 1 else ""
             raise UserError(f"--gpu {hw.name}: the weights ({weights / 1e9:.1f} GB{per}) leave "
                             f"no room for a KV cache in {usable:.1f} GB; give "
-                            "--num-gpu-blocks-override, a larger --gpu-memory-utilization or "
-                            "--tensor-parallel-size")
+                            "--num-gpu-blocks-override, a larger --gpu-memory-utilization, more "
+                            "GPUs (--tensor-parallel-size) or a --gpu with more memory")
     return SchedulerConfig(num_blocks=blocks, block_size=cfg.block_size,
                            max_num_seqs=cfg.max_num_seqs,
                            max_num_batched_tokens=cfg.max_num_batched_tokens,

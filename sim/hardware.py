@@ -65,7 +65,8 @@ NVLINK4 = Interconnect(
 INTERCONNECTS: dict[str, Interconnect] = {i.name: i for i in (
     Interconnect("nvlink3", bw=246 * GB, latency_us=6.0, one_shot=True,
                  source="NVLink 3 (A100 SXM): 300 GB/s per direction at NVLink 4's 82 % "
-                        "efficiency; latency as NVLink 4 (no A100 measurement read)"),
+                        "efficiency (one 8-GPU node measured ~200 GB/s busbw, nccl-tests#149); "
+                        "latency as NVLink 4"),
     NVLINK4,
     Interconnect("nvlink5", bw=740 * GB, latency_us=6.0, one_shot=True,
                  source="NVLink 5 (B200): 900 GB/s per direction (1.8 TB/s bidirectional) at "
