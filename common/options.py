@@ -6,13 +6,14 @@ meaning, so that a user can paste a vLLM command line. Every option here default
 command fills in its own defaults (a preset's, SimConfig's, EngineArgs'), and can tell an option
 that was given from one that was not. Help texts say the default they are given.
 
-- model and speculation: `--model`, `--speculative-config JSON`, `--num-speculative-tokens`
-  (`-k`), stepgap's `--draft` (the head: speculative_config.model);
+- model and speculation: `--model`, `--speculative-config JSON` (its method, model and
+  num_speculative_tokens; vLLM's shortcuts `--spec-method`, `--spec-model`, `--spec-tokens`),
+  `--num-speculative-tokens` (`-k`), stepgap's `--draft` (speculative_config.model);
 - engine: `--mode` (`--async-scheduling`), `--executor` (`--distributed-executor-backend`),
   `--device`;
 - scheduler and cache: `--max-num-seqs`, `--max-num-batched-tokens`, `--max-model-len`,
   `--block-size`, `--num-gpu-blocks-override`, `--gpu-memory-utilization`,
-  `--tensor-parallel-size`;
+  `--tensor-parallel-size` (the simulator 1-8, the engine 1: `check_tensor_parallel`);
 - load, as `vllm bench serve`: `--num-prompts`, `--request-rate`, `--burstiness`,
   `--max-concurrency`, `--seed`, the trace (`--dataset-path`);
 - results: `--save-result`, `--result-dir`, `--result-filename`, `--save-detailed`,

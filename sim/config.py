@@ -211,9 +211,6 @@ def resolve(cfg: SimConfig) -> Resolved:
     hw = get_hardware(cfg.gpu)
     target = load_model_config(cfg.model)
     tp, notes = cfg.tensor_parallel_size, []
-    if tp > 1 and hw.interconnect is None:
-        raise _bad("tensor_parallel_size", f"--gpu {hw.name} has no interconnect in the "
-                   "catalog", tp)
     if cfg.all_reduce_latency_us is not None and hw.interconnect is not None:
         hw = replace(hw, interconnect=replace(hw.interconnect,
                                               latency_us=cfg.all_reduce_latency_us))
