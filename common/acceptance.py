@@ -67,6 +67,19 @@ class AcceptanceProfile:
         """1 + expected accepted drafts per step for the median request."""
         return 1.0 + float(sum(np.cumprod(self.conditional(k))))
 
+    @classmethod
+    def from_length(cls, name: str, length: float, k: int, source: str = "") -> AcceptanceProfile:
+        """Rates r_i = c^i whose acceptance length at depth k is `length`: where only the mean
+        was published, the conditional rate c is assumed the same at every position."""
+        if not 1.0 <= length <= 1.0 + k:
+            raise UserError(f"acceptance profile {name!r}: length {length} is outside 1..{1 + k}")
+        lo, hi = 0.0, 1.0
+        for _ in range(60):   # 1 + c + ... + c^k grows with c: bisect
+            c = (lo + hi) / 2
+            lo, hi = (c, hi) if 1.0 + sum(c ** i for i in range(1, k + 1)) < length else (lo, c)
+        c = (lo + hi) / 2
+        return cls(name, tuple(round(c ** i, 4) for i in range(1, k + 1)), 0.0, source)
+
 
 PROFILES: dict[str, AcceptanceProfile] = {p.name: p for p in (
     # vLLM issue #26191: Llama-3.1-8B-Instruct + yuhuili EAGLE3 head, MT-bench (80 prompts),
@@ -75,7 +88,47 @@ PROFILES: dict[str, AcceptanceProfile] = {p.name: p for p in (
                       source="vLLM #26191 (rates); spread fitted on vLLM #25872 sync P99 TPOT"),
     AcceptanceProfile("none", (0.0,), source="every draft rejected"),
     AcceptanceProfile("full", (1.0,), source="every draft accepted"),
+    # vLLM's acceptance-length regression test (tests/v1/spec_decode/test_acceptance_length.py):
+    # MT-bench, 80 prompts, 256 output tokens, temperature 0, k=3, the RedHatAI heads; and its
+    # MTP entry, DeepSeek-V3 FP8 at TP 8, k=1, acceptance length 1.882.
+    AcceptanceProfile("vllm-llama-3.1-8b-eagle3", (0.7296, 0.5208, 0.3545),
+                      source="vLLM test_acceptance_length.py: Llama-3.1-8B-Instruct + RedHatAI "
+                             "EAGLE-3, MT-bench, T=0, k=3"),
+    AcceptanceProfile("vllm-qwen3-8b-eagle3", (0.6541, 0.3993, 0.2020),
+                      source="vLLM test_acceptance_length.py: Qwen3-8B + RedHatAI EAGLE-3, "
+                             "MT-bench, T=0, k=3"),
+    AcceptanceProfile("vllm-gpt-oss-20b-eagle3", (0.7165, 0.5120, 0.3337),
+                      source="vLLM test_acceptance_length.py: gpt-oss-20b + RedHatAI EAGLE-3, "
+                             "MT-bench, T=0, k=3"),
+    AcceptanceProfile("vllm-deepseek-v3-mtp", (0.882,),
+                      source="vLLM test_acceptance_length.py: DeepSeek-V3 MTP, MT-bench, T=0, "
+                             "k=1, acceptance length 1.882"),
+    # Mean acceptance lengths of yuhuili's Llama-3.1-8B EAGLE-3 head at k=7, temperature 1, by
+    # dataset (the nebius/EAGLE3-Llama-3.3-70B-Instruct model card's comparison table); rates
+    # from the length with one conditional rate at every position.
+    *(AcceptanceProfile.from_length(
+        f"nebius-llama-3.1-8b-eagle3-{ds}", al, 7,
+        source=f"nebius/EAGLE3-Llama-3.3-70B-Instruct model card: yuhuili "
+               f"EAGLE3-LLaMA3.1-Instruct-8B, {ds}, T=1, k=7, acceptance length {al}; "
+               "geometric rates")
+      for ds, al in (("mtbench", 2.77), ("humaneval", 3.49), ("gsm8k", 3.34))),
 )}
+# The published profile of each (model preset, method); others fall back to `mtbench`.
+PUBLISHED = {("llama-3.1-8b", "eagle3"): "mtbench",
+             ("qwen3-8b", "eagle3"): "vllm-qwen3-8b-eagle3",
+             ("gpt-oss-20b", "eagle3"): "vllm-gpt-oss-20b-eagle3",
+             ("deepseek-v3", "mtp"): "vllm-deepseek-v3-mtp"}
+
+
+def default_profile(model: str, method: str) -> tuple[str, str | None]:
+    """The acceptance profile of a model and method: the published one, or `mtbench` (with a
+    note saying that it stands in)."""
+    name = PUBLISHED.get((model, method))
+    if name is not None:
+        return name, None
+    return "mtbench", (f"acceptance: no published profile for {model} with method {method}; "
+                       "using mtbench (Llama-3.1-8B + EAGLE-3, vLLM #26191); give --acceptance "
+                       "or --acceptance-rates")
 
 
 FILE_FORMAT = "stepgap-acceptance/1"

@@ -30,13 +30,18 @@ LANES = ("cpu.frontend", "cpu.engine", "cpu.worker", "device")
 OPS = {
     "cpu.frontend": ("add_request", "process_outputs"),
     "cpu.engine": ("add_request", "schedule", "update_from_output", "wait"),
-    "cpu.worker": ("prepare_inputs", "launch", "wait", "unmapped"),
+    "cpu.worker": ("prepare_inputs", "launch", "wait", "unmapped", "propose", "broadcast",
+                   "collect"),
     "device": ("target_forward", "rejection_sample", "draft_forward", "d2h", "fixup"),
 }
 # (lane, op) only vLLM's timelines hold (ingested, or simulated with its topology): its API
 # server's work, the engine core taking a request in, and a vLLM scope with no stepgap op.
 VLLM_OPS = (("cpu.frontend", "add_request"), ("cpu.frontend", "process_outputs"),
             ("cpu.engine", "add_request"), ("cpu.worker", "unmapped"))
+# Worker ops only the simulator runs: an n-gram proposer's host-side matching, and tensor
+# parallelism's broadcast of each step to the ranks and collection of rank 0's output (the
+# engine has one device and EAGLE-3 drafts).
+SIM_ONLY_OPS = ("propose", "broadcast", "collect")
 PERCENTILES = (99,)
 METRICS = ("ttft", "tpot", "itl", "e2el")
 

@@ -6,13 +6,14 @@ meaning, so that a user can paste a vLLM command line. Every option here default
 command fills in its own defaults (a preset's, SimConfig's, EngineArgs'), and can tell an option
 that was given from one that was not. Help texts say the default they are given.
 
-- model and speculation: `--model`, `--speculative-config JSON`, `--num-speculative-tokens`
-  (`-k`), stepgap's `--draft` (the head: speculative_config.model);
+- model and speculation: `--model`, `--speculative-config JSON` (its method, model and
+  num_speculative_tokens; vLLM's shortcuts `--spec-method`, `--spec-model`, `--spec-tokens`),
+  `--num-speculative-tokens` (`-k`), stepgap's `--draft` (speculative_config.model);
 - engine: `--mode` (`--async-scheduling`), `--executor` (`--distributed-executor-backend`),
   `--device`;
 - scheduler and cache: `--max-num-seqs`, `--max-num-batched-tokens`, `--max-model-len`,
   `--block-size`, `--num-gpu-blocks-override`, `--gpu-memory-utilization`,
-  `--tensor-parallel-size`;
+  `--tensor-parallel-size` (the simulator 1-8, the engine 1: `check_tensor_parallel`);
 - load, as `vllm bench serve`: `--num-prompts`, `--request-rate`, `--burstiness`,
   `--max-concurrency`, `--seed`, the trace (`--dataset-path`);
 - results: `--save-result`, `--result-dir`, `--result-filename`, `--save-detailed`,
@@ -34,12 +35,12 @@ from pathlib import Path
 
 from common.errors import UserError
 from common.formats import METRICS, MODES
+from common.modelcfg import SPEC_METHODS
 
 EXECUTORS = ("inline", "process")
 DEVICES = ("cpu", "cuda")
 # vLLM's --distributed-executor-backend: one process (the worker inline) or a worker process.
 EXECUTOR_BACKENDS = {"uni": "inline", "mp": "process"}
-SPEC_METHODS = ("eagle3",)
 SPEC_KEYS = ("method", "model", "num_speculative_tokens")
 
 
@@ -144,7 +145,8 @@ def speculative_config_arg(text: str) -> dict:
     method = d.get("method")
     if method is not None and method not in SPEC_METHODS:
         raise argparse.ArgumentTypeError(
-            f"method {method!r} is not modelled (stepgap models {', '.join(SPEC_METHODS)})")
+            f"method {method!r} is not modelled (stepgap models {', '.join(SPEC_METHODS)}; "
+            "the engine eagle3 only)")
     model = d.get("model")
     if model is not None and not isinstance(model, str):
         raise argparse.ArgumentTypeError(f"model: expected a path or preset name, got {model!r}")
@@ -165,24 +167,31 @@ def _d(defaults, name: str) -> str:
     return "" if v in (None, "") else f" (default {v})"
 
 
-def add_model_args(p, defaults=None, draft_help: str = ""):
+def add_model_args(p, defaults=None, draft_help: str = "", tp_help: str = ""):
     g = p.add_argument_group("model and speculative decoding (as `vllm serve`)")
     g.add_argument("--model", "--target", dest="model", metavar="DIR|PRESET",
                    help="the target: a Hugging Face Llama folder, its config.json, or a preset"
                         + _d(defaults, "model"))
     g.add_argument("--speculative-config", type=speculative_config_arg, metavar="JSON",
-                   help='speculative decoding as vLLM takes it: {"method": "eagle3", "model": '
-                        'DIR|PRESET, "num_speculative_tokens": K}; other keys are ignored, '
-                        "with a note")
-    g.add_argument("--num-speculative-tokens", "-k", "--k", "--num-spec-tokens", dest="k",
-                   type=nonneg_int, metavar="K",
+                   help='speculative decoding as vLLM takes it: {"method": METHOD, "model": '
+                        'DIR|PRESET, "num_speculative_tokens": K}, METHOD one of '
+                        f"{', '.join(SPEC_METHODS)}; other keys are ignored, with a note")
+    g.add_argument("--spec-method", dest="method", choices=SPEC_METHODS,
+                   help="vLLM's shortcut for speculative_config's method" +
+                        _d(defaults, "method"))
+    g.add_argument("--spec-model", metavar="DIR|PRESET",
+                   help="vLLM's shortcut for speculative_config's model (as --draft)")
+    g.add_argument("--spec-tokens", type=nonneg_int, metavar="K",
+                   help="vLLM's shortcut for num_speculative_tokens (as -k)")
+    g.add_argument("--num-speculative-tokens", "-k", "--k", "--num-spec-tokens",
+                   dest="k", type=nonneg_int, metavar="K",
                    help="draft tokens per step, the same as speculative_config's "
                         "num_speculative_tokens; 0 is plain decoding" + _d(defaults, "k"))
     g.add_argument("--draft", metavar="DIR|PRESET",
-                   help="the EAGLE-3 head, the same as speculative_config's model"
+                   help="the drafter, the same as speculative_config's model"
                         + (draft_help or _d(defaults, "draft")))
     g.add_argument("--tensor-parallel-size", "-tp", type=positive_int, metavar="N",
-                   help="GPUs per model replica (stepgap models 1)")
+                   help=tp_help or "GPUs per model replica (the engine runs 1)")
     return g
 
 
@@ -281,15 +290,26 @@ def add_result_args(p, timeline_help: str = ""):
 # Resolving what was given
 
 
-def speculative_from_args(args) -> tuple[str | None, int | None]:
-    """(draft, k) from --speculative-config, --num-speculative-tokens and --draft: each given
-    once, or given alike. None where none of them says."""
+def speculative_from_args(args) -> tuple[str | None, str | None, int | None]:
+    """(method, draft, k) from --speculative-config and its shortcuts (--spec-method,
+    --num-speculative-tokens, --draft): each given once, or given alike. None where none of
+    them says."""
     spec = getattr(args, "speculative_config", None) or {}
     ignored = sorted(set(spec) - set(SPEC_KEYS))
     if ignored:
         note(args, f"ignoring speculative_config key{'s' * (len(ignored) > 1)} "
                    f"{', '.join(ignored)} (not modelled)")
-    draft, k = spec.get("model"), spec.get("num_speculative_tokens")
+    method, draft, k = spec.get("method"), spec.get("model"), spec.get("num_speculative_tokens")
+    for flag, key, given in (("--spec-method", "method", getattr(args, "method", None)),
+                             ("--spec-model", "model", getattr(args, "spec_model", None)),
+                             ("--spec-tokens", "num_speculative_tokens",
+                              getattr(args, "spec_tokens", None))):
+        if given is not None and spec.get(key) is not None and spec[key] != given:
+            raise UserError(f"{flag} {given} and --speculative-config's {key} {spec[key]} "
+                            "differ; give one")
+    method = method if getattr(args, "method", None) is None else args.method
+    draft = draft if getattr(args, "spec_model", None) is None else args.spec_model
+    k = k if getattr(args, "spec_tokens", None) is None else args.spec_tokens
     if args.draft is not None:
         if draft is not None and draft != args.draft:
             raise UserError(f"--draft {args.draft} and --speculative-config's model {draft} "
@@ -300,7 +320,7 @@ def speculative_from_args(args) -> tuple[str | None, int | None]:
             raise UserError(f"--num-speculative-tokens {args.k} and --speculative-config's "
                             f"num_speculative_tokens {k} differ; give one")
         k = args.k
-    return draft, k
+    return method, draft, k
 
 
 def mode_from_args(args) -> str | None:

@@ -28,8 +28,12 @@ from common.modelcfg import (DRAFT_PRESETS, MODEL_PRESETS, Eagle3Config, ModelCo
 
 
 def target_config(spec: str) -> ModelConfig:
-    """A target's config: `tiny`, a preset, a folder or a config.json."""
-    return TINY_TARGET if spec == "tiny" else load_model_config(spec)
+    """A target's config: `tiny`, a preset, a folder or a config.json (Llama-family only)."""
+    if spec == "tiny":
+        return TINY_TARGET
+    cfg = load_model_config(spec)
+    cfg.check_engine(f"--model {spec}")
+    return cfg
 
 
 def draft_config(spec: str, target: ModelConfig) -> Eagle3Config:
@@ -182,7 +186,7 @@ def load_target(spec: str, device: torch.device, dtype: torch.dtype,
     if spec == "tiny":
         target, _ = build_tiny(seed=seed, max_positions=max_positions)
         return target.to(device=device, dtype=dtype).eval(), target.cfg
-    cfg = load_model_config(spec)
+    cfg = target_config(spec)
     with build_on(device, dtype):
         model = Llama(cfg, aux_layers, max_positions)
     if spec in MODEL_PRESETS or random_weights:

@@ -133,7 +133,10 @@ def engine_args_from(args):
     if not args.model:
         raise UserError("--model is required (a Llama folder, a preset, or tiny)")
     check_tensor_parallel(args, who="the engine (one device)")
-    draft, k = speculative_from_args(args)
+    method, draft, k = speculative_from_args(args)
+    if method not in (None, "eagle3"):
+        raise UserError(f"--speculative-config method {method}: the engine drafts with EAGLE-3 "
+                        "heads only (method eagle3); `stepgap simulate` models the others")
     settings = {name: getattr(args, name) for name in FIELDS
                 if getattr(args, name, None) is not None}
     mode, executor = mode_from_args(args), executor_from_args(args)

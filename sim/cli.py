@@ -25,8 +25,11 @@ CPU = CpuCosts()
 
 DESCRIPTION = """\
 Simulate a serving run of an LLM engine's step loop (engine core, worker, device) in sync,
-async or zero-bubble scheduling, with EAGLE-3 speculative decoding of k draft tokens, and print
-what `vllm bench serve` would report (TTFT, TPOT, ITL, E2EL), the acceptance and the step gaps.
+async or zero-bubble scheduling, with speculative decoding of k draft tokens (EAGLE-3, EAGLE,
+MTP, a draft model, n-gram on the CPU or the GPU), on one GPU or a tensor-parallel group of up
+to 8, and print what `vllm bench serve` would report (TTFT, TPOT, ITL, E2EL), the acceptance
+and the step gaps. Targets: the presets, or any Hugging Face config.json of the families
+llama, qwen3, qwen3_moe, gpt_oss and deepseek_v3.
 
 A preset sets every option at once; options given on the command line override it.
 
@@ -47,6 +50,17 @@ examples:
       --speculative-config '{"method": "eagle3", "num_speculative_tokens": 3}' \\
       --no-enable-prefix-caching --trace sharegpt --num-prompts 2000 --request-rate 8 \\
       --max-concurrency 64 --save-result --result-dir out
+  # Llama-3.3-70B + EAGLE-3 on 4 H100s (vLLM's multiprocess executor, NVLink all-reduces)
+  stepgap simulate --model llama-3.3-70b -tp 4 --gpu h100 --async-scheduling \\
+      --speculative-config '{"method": "eagle3", "num_speculative_tokens": 3}' \\
+      --draft llama-3.3-70b-eagle3 --max-concurrency 16
+  # a MoE target with a small draft model, and with skewed expert routing
+  stepgap simulate --model qwen3-30b-a3b --mode async --speculative-config \\
+      '{"method": "draft_model", "model": "qwen3-0.6b", "num_speculative_tokens": 3}' \\
+      --moe-routing-skew 0.5 --max-concurrency 32
+  # DeepSeek-V3 drafting with its own MTP layer on 8 H200s; n-gram proposals (vLLM: sync)
+  stepgap simulate --model deepseek-v3 -tp 8 --gpu h200 --spec-method mtp -k 1 --mode async
+  stepgap simulate --spec-method ngram -k 3 --mode async     # says it runs in sync, and why
   # a CPU-only engine: the worker in its own process, device ops on the worker's thread
   stepgap simulate --device cpu --model llama-3.2-1b --executor process --mode async \\
       --trace my_trace.jsonl --result-json out/sim.json
@@ -81,8 +95,11 @@ def register(sub) -> None:
                        description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=list(PRESETS), help="named scenario setting every option")
-    add_model_args(p, D, draft_help=f" (default {D.draft}: a head shaped from the target; "
-                                    f"presets: {', '.join(DRAFT_PRESETS)})")
+    add_model_args(p, D, draft_help=" (default: for eagle3 and eagle a head shaped from the "
+                                    "target; for draft_model a model preset or folder, e.g. "
+                                    f"qwen3-0.6b; head presets: {', '.join(DRAFT_PRESETS)})",
+                   tp_help="GPUs of one node running the model (vLLM's tensor parallelism, "
+                           "1 to 8; above 1 the multiprocess executor, --executor process)")
     add_engine_args(p, D, device_help="cuda: the device runs launched ops while the CPU goes on; "
                                       "cpu: device ops run on the worker's thread. Default: from "
                                       "--gpu (cpu for --gpu cpu, else cuda)")
@@ -102,6 +119,14 @@ def register(sub) -> None:
                    help="whose step loop: stepgap's engine, or vLLM's (its RPCs, its API "
                         "server sharing the engine core's CPU; docs/vllm.md). Default: the "
                         "profile's topology.engine, else stepgap")
+    g.add_argument("--moe-routing-skew", type=nonneg_float, metavar="S",
+                   help="MoE targets: Zipf exponent of the experts' popularity (default 0: "
+                        "uniform routing); skew means fewer distinct experts, so fewer expert "
+                        "weights read, per step (docs/sim.md)")
+    g.add_argument("--all-reduce-latency-us", type=nonneg_float, metavar="US",
+                   help="tensor parallelism: one small all-reduce's time, which dominates the "
+                        "collectives at decode (default: the --gpu interconnect's; 6 on "
+                        "NVLink, 20 on PCIe; docs/sim.md)")
     g.add_argument("--no-jitter", dest="jitter", action="store_false", default=None,
                    help="ignore the profile's measured speed noise (by default device ops "
                         "vary from step to step as measured; seeded by --seed)")
@@ -109,7 +134,8 @@ def register(sub) -> None:
     g = p.add_argument_group("acceptance")
     g.add_argument("--acceptance", metavar="PROFILE",
                    help=f"named per-position acceptance profile: {', '.join(PROFILES)} "
-                        f"(default {D.acceptance}: vLLM #26191, Llama-3.1-8B EAGLE-3 on MT-bench)")
+                        "(default: the published one of the model and method, else mtbench: "
+                        "vLLM #26191, Llama-3.1-8B EAGLE-3 on MT-bench; docs/sim.md)")
     g.add_argument("--acceptance-rates", type=rates_arg, metavar="R1,R2,...",
                    help="per-position acceptance rates as vLLM reports them (cumulative: the "
                         "fraction of drafts whose position i was accepted); overrides the profile")
@@ -150,7 +176,8 @@ def register(sub) -> None:
     p.set_defaults(func=run, vllm_options=True)
 
 
-FIELDS = ("mode", "gpu", "model", "executor", "device", "profile", "topology", "jitter", "speed",
+FIELDS = ("mode", "gpu", "model", "method", "moe_routing_skew", "all_reduce_latency_us",
+          "executor", "device", "profile", "topology", "jitter", "speed",
           "acceptance", "acceptance_rates", "acceptance_spread", "replay", "max_num_seqs",
           "max_num_batched_tokens", "max_model_len", "block_size", "num_gpu_blocks_override",
           "gpu_memory_utilization", "tensor_parallel_size", "cpu_scale", "launch_latency_us",
@@ -165,7 +192,8 @@ def config_from_args(args) -> SimConfig:
     settings = dict(get_preset(args.preset).settings) if args.preset else {}
     args.mode = mode_from_args(args)
     args.executor = executor_from_args(args)
-    draft, k = speculative_from_args(args)
+    method, draft, k = speculative_from_args(args)
+    args.method = method
     if draft is not None:
         settings["draft"] = draft
     if k is not None:
@@ -204,11 +232,13 @@ def run(args) -> int:
     from sim.presets import comparison_table, get_preset
     from common.errors import UserError
     from common.formats import format_summary, save_chrome_trace, save_result, save_timeline
-    from common.options import result_path
+    from common.options import note, result_path
 
     cfg = config_from_args(args)
     out = result_path(args, "stepgap-sim", cfg.model)
     res, spans = simulate(cfg)
+    for line in res["config"]["resolved"]["notes"]:
+        note(args, line)
     try:
         if out:
             save_result(out, res)

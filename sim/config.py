@@ -2,8 +2,10 @@
 
 `SimConfig` names everything a run needs by plain values (preset names, paths, numbers), so it
 serialises into the run result as it is. `resolve()` turns it into the objects the model runs
-on: model shapes, the hardware entry, the device and CPU cost models, the acceptance profile and
-the scheduler configuration. Every error names the field (as its command-line option).
+on: model shapes, the drafter, the hardware entry, the device and CPU cost models, the
+acceptance profile, the scheduler configuration and the mode the run really has (vLLM runs
+some speculation methods in sync only), with a note for each thing it chose. Every error names
+the field (as its command-line option), and comes before any work.
 """
 
 from __future__ import annotations
@@ -12,32 +14,36 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import NamedTuple
 
-from common.acceptance import AcceptanceProfile, get_profile
+from common.acceptance import AcceptanceProfile, default_profile, get_profile
 from sim.costs import CPU_COSTS, BF16, CpuCosts, DeviceCosts, OpCost, RooflineCosts
 from sim.profile import Profile, ProfileCosts, load_profile
 from sim.hardware import GIB, Hardware, get_hardware
 from common.errors import UserError
 from common.formats import METRICS, MODES
 from common.options import DEVICES, EXECUTORS
-from common.modelcfg import (Eagle3Config, ModelConfig, load_draft_config,
-                              load_model_config)
+from common.modelcfg import (SPEC_METHODS, Eagle3Config, ModelConfig, default_draft_model,
+                              load_drafter, load_model_config)
 from common.scheduler import SchedulerConfig
 
 # Old spellings of fields and values, still read (grid files, folders written before).
 ALIASES = {"worker": "executor", "num_kv_blocks": "num_gpu_blocks_override",
-           "num_speculative_tokens": "k"}
+           "num_speculative_tokens": "k", "spec_method": "method", "tp": "tensor_parallel_size"}
 OLD_DEVICES = {"async": "cuda", "sync": "cpu"}
 # Whose step loop is simulated: stepgap's engine (one message per step, an in-process client) or
 # vLLM's (execute_model and sample_tokens RPCs, take_draft_token_ids in sync, an API server
 # sharing the engine core's CPU; docs/vllm.md). None: the profile's, else stepgap.
 TOPOLOGIES = ("stepgap", "vllm")
 RESERVED_BYTES = 2 * GIB  # CUDA context, CUDA graphs and peak activations, kept out of the KV
+                          # (per GPU)
+# Methods whose drafter proposes from the sampled tokens on the host: vLLM runs them with sync
+# scheduling only (vllm/config/vllm.py; docs/sim.md).
+CPU_PROPOSERS = ("ngram",)
 
 
 def flag(name: str) -> str:
     """The command-line option of a config field."""
-    return {"k": "--num-speculative-tokens", "workload": "--trace"}.get(
-        name, "--" + name.replace("_", "-"))
+    return {"k": "--num-speculative-tokens", "workload": "--trace",
+            "method": "--speculative-config method"}.get(name, "--" + name.replace("_", "-"))
 
 
 def settings_of(d: dict) -> dict:
@@ -59,17 +65,22 @@ class SimConfig:
     k: int = 0
     gpu: str = "h100"
     model: str = "llama-3.1-8b"
-    draft: str = "eagle3"
-    executor: str = "inline"          # the worker in the engine process, or its own
+    method: str = "eagle3"            # speculative_config's method
+    draft: str | None = None          # speculative_config's model: an EAGLE head (None: shaped
+                                      # from the target), the draft model of draft_model
+    executor: str | None = None       # the worker in the engine process, or its own; None:
+                                      # vLLM's default, inline at TP 1, process (mp) above
     device: str | None = None          # cuda: runs asynchronously to the CPU; cpu: the worker's
                                        # own cores. None: from the --gpu entry's kind
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1      # GPUs of one node running one model replica
+    moe_routing_skew: float = 0.0      # Zipf exponent of the experts' popularity (0: uniform)
+    all_reduce_latency_us: float | None = None   # None: the --gpu's interconnect's
     topology: str | None = None
     profile: str | None = None         # a measured profile (device ops, CPU costs) to use
     jitter: bool = True                # apply the profile's measured speed noise, if any
     speed: float = 1.0                 # the machine's level: every device op and CPU cost x it
     # acceptance
-    acceptance: str = "mtbench"
+    acceptance: str | None = None      # None: the published profile of this model and method
     acceptance_rates: tuple[float, ...] | None = None
     acceptance_spread: float | None = None   # None: the profile's
     replay: bool = True                # use a trace's recorded `accepted` lists
@@ -104,8 +115,20 @@ class SimConfig:
     def __post_init__(self):
         if self.mode not in MODES:
             raise _bad("mode", f"must be one of {', '.join(MODES)}", self.mode)
+        tp = self.tensor_parallel_size
+        if not _is_int(tp) or not 1 <= tp <= 8:
+            raise _bad("tensor_parallel_size", "must be an integer from 1 to 8 (the GPUs of one "
+                       "node; multi-node parallelism is not modelled)", tp)
+        if self.executor is None:
+            self.executor = "process" if tp > 1 else "inline"
         if self.executor not in EXECUTORS:
             raise _bad("executor", f"must be one of {', '.join(EXECUTORS)}", self.executor)
+        if tp > 1 and self.executor == "inline":
+            raise _bad("executor", "tensor parallelism runs vLLM's multiprocess executor, one "
+                       "worker process per GPU (--executor process, or leave it unset)",
+                       self.executor)
+        if self.method not in SPEC_METHODS:
+            raise _bad("method", f"must be one of {', '.join(SPEC_METHODS)}", self.method)
         if self.device in OLD_DEVICES:
             self.device = OLD_DEVICES[self.device]
         if self.device is not None and self.device not in DEVICES:
@@ -120,9 +143,6 @@ class SimConfig:
                 raise _bad(name, "must be an integer >= 1", v)
         if self.topology is not None and self.topology not in TOPOLOGIES:
             raise _bad("topology", f"must be one of {', '.join(TOPOLOGIES)}", self.topology)
-        if self.tensor_parallel_size != 1:
-            raise _bad("tensor_parallel_size", "the simulator models one GPU per replica (1)",
-                       self.tensor_parallel_size)
         for name in ("num_gpu_blocks_override", "num_prompts", "output_len", "max_concurrency"):
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 1):
@@ -132,9 +152,12 @@ class SimConfig:
                        self.gpu_memory_utilization)
         if not (_is_num(self.cpu_scale) and self.cpu_scale >= 0):
             raise _bad("cpu_scale", "must be a number >= 0", self.cpu_scale)
+        if not (_is_num(self.moe_routing_skew) and self.moe_routing_skew >= 0):
+            raise _bad("moe_routing_skew", "must be a number >= 0", self.moe_routing_skew)
         if not (_is_num(self.speed) and self.speed > 0):
             raise _bad("speed", "must be a number > 0", self.speed)
-        for name in ("launch_latency_us", "wake_us", "ipc_us", "acceptance_spread"):
+        for name in ("launch_latency_us", "wake_us", "ipc_us", "acceptance_spread",
+                     "all_reduce_latency_us"):
             v = getattr(self, name)
             if v is not None and not (_is_num(v) and v >= 0):
                 raise _bad(name, "must be a number >= 0", v)
@@ -179,36 +202,70 @@ def _is_num(v, inf: bool = False) -> bool:
 class Resolved(NamedTuple):
     hw: Hardware
     target: ModelConfig
-    draft: Eagle3Config | None
+    draft: Eagle3Config | ModelConfig | None   # what drafts (None: mtp, n-gram, k = 0)
     device_async: bool
     device_costs: DeviceCosts
     cpu: CpuCosts
     profile: AcceptanceProfile
     scheduler: SchedulerConfig
     measured: Profile | None = None   # the --profile, when given
+    mode: str = "sync"                # the mode the run has (see CPU_PROPOSERS)
+    notes: tuple[str, ...] = ()       # what was chosen for the user, one line each
     topology: str = "stepgap"
 
 
 def resolve(cfg: SimConfig) -> Resolved:
+    """Every object the run needs, and every check that can fail, before any work."""
     hw = get_hardware(cfg.gpu)
     target = load_model_config(cfg.model)
+    tp, notes = cfg.tensor_parallel_size, []
+    if cfg.all_reduce_latency_us is not None and hw.interconnect is not None:
+        hw = replace(hw, interconnect=replace(hw.interconnect,
+                                              latency_us=cfg.all_reduce_latency_us))
+    target.check_tensor_parallel(tp)
     draft = None
     if cfg.k > 0:
-        draft = load_draft_config(cfg.draft, target)
-        draft.check_target(target, f"--draft {cfg.draft}")
+        spec = cfg.draft
+        if cfg.method == "draft_model" and spec is None:
+            spec = default_draft_model(target)
+            notes.append(f"draft_model: no draft model given; using {spec}, the smallest "
+                         "preset with the target's vocabulary (give speculative_config's model)")
+        draft = load_drafter(cfg.method, spec, target, cfg.k)
+        if draft is not None:
+            draft.check_tensor_parallel(tp)
+        if cfg.method == "mtp" and cfg.k > target.num_mtp_layers:
+            notes.append(f"mtp: k={cfg.k} runs the model's {target.num_mtp_layers} MTP "
+                         f"layer(s) {cfg.k // target.num_mtp_layers} times in turn, as vLLM "
+                         "does; acceptance past the layers' own depth is extrapolated")
+    mode = cfg.mode
+    if cfg.k > 0 and cfg.method in CPU_PROPOSERS and mode != "sync":
+        mode = "sync"
+        notes.append(f"method {cfg.method} proposes on the CPU from the sampled tokens on the "
+                     f"host, so vLLM runs it with sync scheduling (async takes EAGLE, MTP, "
+                     f"draft models and ngram_gpu): --mode {cfg.mode} is simulated as sync")
     device = cfg.device or ("cuda" if hw.kind == "gpu" else "cpu")
-    device_costs: DeviceCosts = RooflineCosts(target, draft, hw, cfg.k)
+    device_costs: DeviceCosts = RooflineCosts(
+        target, draft, hw, cfg.k, tp=tp, method=cfg.method, routing_skew=cfg.moe_routing_skew,
+        max_model_len=cfg.max_model_len)
     measured = load_profile(cfg.profile) if cfg.profile else None
     if measured is not None:
+        if tp > 1 or (cfg.k and cfg.method != "eagle3"):
+            raise UserError(f"--profile {cfg.profile}: a measured profile times one device "
+                            "running EAGLE-3 drafts; --tensor-parallel-size > 1 and other "
+                            "methods use the roofline (drop --profile)")
         device_costs = ProfileCosts(measured, cfg.k, device_costs, cfg.block_size)
     topology = cfg.topology or (measured.topology.get("engine") if measured else None) \
         or "stepgap"
     if topology not in TOPOLOGIES:
         raise UserError(f"{cfg.profile}: topology.engine {topology!r} (expected one of "
                         f"{', '.join(TOPOLOGIES)})")
+    prof, note = acceptance_profile(cfg, target)
+    if note and cfg.k:
+        notes.append(note)
     return Resolved(hw, target, draft, device == "cuda", device_costs,
-                    cpu_costs(cfg, measured), acceptance_profile(cfg),
-                    scheduler_config(cfg, target, draft, hw), measured, topology)
+                    cpu_costs(cfg, measured), prof,
+                    scheduler_config(cfg, target, draft, hw, mode), measured, mode,
+                    tuple(notes), topology)
 
 
 def cpu_costs(cfg: SimConfig, measured: Profile | None = None) -> CpuCosts:
@@ -221,38 +278,64 @@ def cpu_costs(cfg: SimConfig, measured: Profile | None = None) -> CpuCosts:
     return costs.with_ops({op: OpCost(*abc) for op, abc in cfg.cpu_costs.items()})
 
 
-def acceptance_profile(cfg: SimConfig) -> AcceptanceProfile:
+def acceptance_profile(cfg: SimConfig, target: ModelConfig | None = None
+                       ) -> tuple[AcceptanceProfile, str | None]:
+    """The run's acceptance: --acceptance-rates, the named profile, or the published one of
+    this model and method (with a note when there is none and another stands in)."""
+    note = None
     if cfg.acceptance_rates is not None:
         prof = AcceptanceProfile("custom", cfg.acceptance_rates, cfg.acceptance_spread or 0.0,
                                  "--acceptance-rates")
-    else:
-        prof = get_profile(cfg.acceptance)
-        if cfg.acceptance_spread is not None:
-            prof = AcceptanceProfile(prof.name, prof.rates, cfg.acceptance_spread, prof.source)
-    return prof
+        return prof, None
+    name = cfg.acceptance
+    if name is None:
+        name, note = default_profile(target.name if target else cfg.model, cfg.method)
+    prof = get_profile(name)
+    if cfg.acceptance_spread is not None:
+        prof = AcceptanceProfile(prof.name, prof.rates, cfg.acceptance_spread, prof.source)
+    return prof, note
 
 
-def kv_bytes_per_token(target: ModelConfig, draft: Eagle3Config | None) -> int:
-    per = target.num_layers * 2 * target.num_kv_heads * target.head_dim * BF16
+def kv_bytes_per_token(target: ModelConfig, draft, tp: int = 1, method: str = "eagle3") -> int:
+    """KV-cache bytes one GPU holds per token: the target's layers, and the drafter's (an
+    EAGLE head's one layer, a draft model's layers, the MTP layers)."""
+    per = target.kv_bytes_per_token(tp)
     if draft is not None:
-        per += 2 * draft.num_kv_heads * draft.head_dim * BF16
+        per += draft.kv_bytes_per_token(tp)
+    elif method == "mtp":
+        per += target.num_mtp_layers * target.kv_bytes_per_layer(tp)
     return per
 
 
-def scheduler_config(cfg: SimConfig, target: ModelConfig, draft: Eagle3Config | None,
-                     hw: Hardware) -> SchedulerConfig:
+def weight_bytes(target: ModelConfig, draft, tp: int = 1, method: str = "eagle3") -> float:
+    """Weight bytes one GPU holds: the target's and the drafter's."""
+    w = target.weight_bytes_per_rank(tp)
+    if draft is not None:
+        w += draft.weight_bytes_per_rank(tp)
+    elif method == "mtp":
+        w += target.mtp_bytes_per_rank(tp)
+    return w
+
+
+def scheduler_config(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
+                     mode: str | None = None) -> SchedulerConfig:
+    """The scheduler's limits, with the KV cache sized per GPU: memory × utilization − that
+    GPU's weights − RESERVED_BYTES, over the KV bytes a token takes on one GPU."""
     blocks = cfg.num_gpu_blocks_override
+    tp, method = cfg.tensor_parallel_size, cfg.method if cfg.k else None
     if blocks is None:
-        weights = BF16 * (target.num_params + (draft.num_params if draft else 0))
+        weights = weight_bytes(target, draft, tp, method)
         free = hw.mem_bytes * cfg.gpu_memory_utilization - weights - RESERVED_BYTES
-        blocks = int(free // (cfg.block_size * kv_bytes_per_token(target, draft)))
+        blocks = int(free // (cfg.block_size * kv_bytes_per_token(target, draft, tp, method)))
         if blocks < 1:
             usable = hw.mem_bytes * cfg.gpu_memory_utilization / 1e9
-            raise UserError(f"--gpu {hw.name}: the weights ({weights / 1e9:.1f} GB) leave no room "
-                            f"for a KV cache in {usable:.1f} GB; give --num-gpu-blocks-override or a larger "
-                            "--gpu-memory-utilization")
+            per = f" per GPU at --tensor-parallel-size {tp}" if tp > 1 else ""
+            raise UserError(f"--gpu {hw.name}: the weights ({weights / 1e9:.1f} GB{per}) leave "
+                            f"no room for a KV cache in {usable:.1f} GB; give "
+                            "--num-gpu-blocks-override, a larger --gpu-memory-utilization, more "
+                            "GPUs (--tensor-parallel-size) or a --gpu with more memory")
     return SchedulerConfig(num_blocks=blocks, block_size=cfg.block_size,
                            max_num_seqs=cfg.max_num_seqs,
                            max_num_batched_tokens=cfg.max_num_batched_tokens,
                            max_model_len=cfg.max_model_len, num_spec_tokens=cfg.k,
-                           async_scheduling=cfg.mode != "sync")
+                           async_scheduling=(mode or cfg.mode) != "sync")

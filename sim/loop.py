@@ -1,8 +1,8 @@
 """The step loop as a SimPy model (DESIGN.md §1 and §2).
 
 Lanes and ops: `cpu.engine` (schedule, update_from_output), `cpu.worker` (prepare_inputs,
-launch, wait) and `device` (fixup, target_forward, rejection_sample, draft_forward i, d2h).
-Time is in microseconds.
+launch, wait; and propose, broadcast, collect, below) and `device` (fixup, target_forward,
+rejection_sample, draft_forward i, d2h). Time is in microseconds.
 
 Processes:
 - `client`: the benchmark client; sends each request at max(its arrival, a free slot).
@@ -20,6 +20,14 @@ Sync points:
   (only if N verified drafts: otherwise every count is known to be 1).
 - zero-bubble: no wait; a device `fixup` at the start of N+1 applies N's accepted counts.
 A step with nothing scheduled is not launched: the engine waits for the step in flight.
+
+Speculation methods: every device drafter (eagle, eagle3, mtp, draft_model) runs k
+`draft_forward` passes after rejection sampling, ngram_gpu one matching pass; `ngram` has no
+device draft: after the step's sampled tokens reach the host, the worker `propose`s on the CPU,
+and the output goes to the engine only then (vLLM runs it in sync; `resolve` says so).
+With tensor parallelism the worker is vLLM's multiprocess executor over N ranks, drawn as one
+lane: each step is `broadcast` to the ranks before they prepare it, and rank 0 `collect`s its
+output for the engine after the step (in async, on its output thread: a latency, no span).
 
 vLLM's topology (`topology="vllm"`, docs/vllm.md) adds what vLLM's own processes do: the worker
 answers two RPCs per step, so it idles `rpc_mid` between the target forward and the sampler; in
@@ -45,7 +53,7 @@ from dataclasses import dataclass
 import simpy
 
 from common.acceptance import Acceptance
-from sim.config import SimConfig, resolve
+from sim.config import CPU_PROPOSERS, SimConfig, resolve
 from sim.costs import Batch, DeviceCosts, Jitter
 from common.errors import UserError
 from common.formats import RequestTiming, Span, SpecStats, TraceRequest, run_result
@@ -87,9 +95,9 @@ class Device:
     previous one is done. Records step gaps and, when asked, one span per op."""
 
     def __init__(self, costs: DeviceCosts, k: int, fixup: bool, spans: list | None,
-                 jitter: Jitter | None = None):
+                 jitter: Jitter | None = None, method: str = "eagle3"):
         self.costs, self.k, self.fixup, self.spans = costs, k, fixup, spans
-        self.jitter = jitter
+        self.jitter, self.method = jitter, method
         self.free = 0.0
         self.last_end: float | None = None
         self.gaps: list[float] = []
@@ -109,9 +117,8 @@ class Device:
         if self.k and b.num_sampling:
             ops.append(("rejection_sample", c.rejection_sample(b), None))
         verify = sum(d for _, d, _ in ops)
-        if self.k:
-            for i in range(self.k if b.num_sampling else 1):
-                ops.append(("draft_forward", c.draft_forward(b, i), {"i": i}))
+        for i in range(self.draft_passes(b)):
+            ops.append(("draft_forward", c.draft_forward(b, i), {"i": i}))
         ops.append(("d2h", c.d2h(b), None))
         if self.jitter is not None:   # the machine's noise scales the device ops, not the pause
             f = self.jitter.factor(max(self.free, t_first))
@@ -131,6 +138,15 @@ class Device:
                                   Span(WORKER, "wait", n, t, t + d, args))
                 t += d
 
+    def draft_passes(self, b: Batch) -> int:
+        """k passes of a device drafter (one over a step that only prefills, to fill its KV);
+        one n-gram matching pass of ngram_gpu; none for a CPU proposer."""
+        if not self.k or self.method in CPU_PROPOSERS:
+            return 0
+        if self.method == "ngram_gpu":
+            return 1 if b.num_sampling else 0
+        return self.k if b.num_sampling else 1
+
 
 class Sim:
     """One simulated serving run. `run()` returns (run result, spans)."""
@@ -148,9 +164,11 @@ class Sim:
         self.cpu = r.cpu
         self.acc = Acceptance(r.profile, cfg.k, requests, cfg.seed, cfg.replay)
         self.spans: list[Span] | None = [] if cfg.timeline else None
-        self.async_ = cfg.mode != "sync"
-        self.wait_accepted = cfg.mode == "async" and cfg.k > 0
+        self.async_ = r.mode != "sync"
+        self.wait_accepted = r.mode == "async" and cfg.k > 0
         self.inline = cfg.executor == "inline"
+        self.tp = cfg.tensor_parallel_size
+        self.cpu_propose = cfg.k > 0 and cfg.method in CPU_PROPOSERS
         # A process worker on a synchronous device has computed step N (and knows its counts)
         # before it prepares N+1: zero-bubble then has nothing to fix up.
         self.computes_ahead = not self.inline and not r.device_async
@@ -161,8 +179,8 @@ class Sim:
         elif cfg.speed != 1.0:
             jitter = Jitter([], 1.0, 0.0, cfg.speed, cfg.seed)
         self.device = Device(device_costs or r.device_costs, cfg.k,
-                             cfg.mode == "zero-bubble" and not self.computes_ahead, self.spans,
-                             jitter)
+                             r.mode == "zero-bubble" and not self.computes_ahead, self.spans,
+                             jitter, cfg.method)
         self.out_latency = cfg.output_latency_ms * 1e3
         self.gen = LoadGenerator(requests, cfg.max_concurrency)
         self.timings: dict[str, RequestTiming] = {}
@@ -297,6 +315,13 @@ class Sim:
                 yield self.busy(WORKER, "wait", step.out.step, step.t_output - env.now)
             else:
                 yield env.timeout(step.t_output - env.now)
+        if self.inline and self.cpu_propose:
+            yield self.propose(step)
+
+    def propose(self, step: Step):
+        """A CPU proposer's drafts for the next step, from this step's tokens on the host."""
+        return self.busy(WORKER, "propose", step.out.step,
+                         self.cpu.propose(step.out.num_reqs, step.batch.kv_tokens))
 
     def update(self, step: Step):
         out, acc, tokens, hist = step.out, self.acc, self.tokens, self.accepted_hist
@@ -370,20 +395,31 @@ class Sim:
             step, t_arrive = yield self.to_worker.get()
             if t_arrive > env.now:
                 yield env.timeout(t_arrive - env.now)
+            n, tokens = step.out.num_reqs, step.out.num_batched_tokens
+            if self.tp > 1:   # the executor's message reaches every rank
+                yield self.busy(WORKER, "broadcast", step.out.step, cpu.broadcast(n, tokens))
             yield from self.execute(step)
             if self.computes_ahead:  # it computed the step itself: it sends the result and
                 # turns to the next message, which keeps its thread busy (no span: no op)
-                n, tokens = step.out.num_reqs, step.out.num_batched_tokens
-                step.t_output = step.t_done + cpu.result_latency_us(n, tokens)
+                t_host = step.t_done
+                if self.cpu_propose:
+                    yield self.propose(step)
+                    t_host = env.now
+                step.t_output = t_host + cpu.result_latency_us(n, tokens)
                 step.ready.succeed()
                 yield env.timeout(cpu.worker_turnaround(n, tokens))
                 continue
             if self.async_:  # an output thread sends the result once the copy lands
-                step.t_output = step.t_done + cpu.wake_us + cpu.ipc_us
+                collect = cpu.collect(n, tokens) if self.tp > 1 else 0.0
+                step.t_output = step.t_done + cpu.wake_us + collect + cpu.ipc_us
             else:
                 t = step.t_done + cpu.wake_us
                 if t > env.now:
                     yield self.busy(WORKER, "wait", step.out.step, t - env.now)
+                if self.cpu_propose:
+                    yield self.propose(step)
+                if self.tp > 1:
+                    yield self.busy(WORKER, "collect", step.out.step, cpu.collect(n, tokens))
                 step.t_output = env.now + cpu.ipc_us
             step.ready.succeed()
 
@@ -421,6 +457,7 @@ class Sim:
                                       else "trace")
         config["resolved"] = {
             "hardware": r.hw.name, "device": "cuda" if r.device_async else "cpu",
+            "mode": r.mode, "notes": list(r.notes),
             "target": r.target.name, "draft": r.draft.name if r.draft else None,
             "num_kv_blocks": r.scheduler.num_blocks,
             "acceptance_rates": list(r.profile.rates), "acceptance_spread": r.profile.spread,

@@ -74,19 +74,50 @@ class View:
     def suffix(self) -> str:
         return "".join(f"__{k}-{_slug(v)}" for k, v in self.fixed.items())
 
-    def scenario(self) -> str:
-        """One line that says what the sweep held fixed."""
+    def scenario_parts(self) -> list[str]:
         t = self.table
         get = lambda key: self.fixed.get(key, t.setting(key))  # noqa: E731
-        model = get("model") + (" + EAGLE-3" if any(k > 0 for k in self.ks) else "")
-        parts = [str(get("gpu")).upper(), model,
+        method = get("method")
+        model = get("model") + (f" + {METHOD_NAMES.get(method, method)}"
+                                if any(k > 0 for k in self.ks) and "method" not in self.fixed
+                                else "")
+        tp = get("tensor_parallel_size")
+        parts = [str(get("gpu")).upper(), *([f"TP {tp}"] if tp and tp > 1 else []), model,
                  f"{get('workload')} {get('num_prompts') or ''} prompts".replace("  ", " ")]
         if get("output_len"):
             parts[-1] += f" × {get('output_len')} tokens"
-        parts += [f"{k}={v}" for k, v in self.fixed.items() if k not in ("gpu", "model")]
+        parts += [self.facet_label(k) for k in self.fixed
+                  if k not in ("gpu", "model", "tensor_parallel_size")]
         if t.preset:
             parts.insert(0, f"preset {t.preset}")
-        return ", ".join(parts)
+        return parts
+
+    def scenario(self) -> str:
+        """One line that says what the sweep held fixed."""
+        return ", ".join(self.scenario_parts())
+
+    def facet_label(self, key: str) -> str:
+        v = self.fixed[key]
+        return {"tensor_parallel_size": f"TP {v}", "method": f"method {v}"}.get(key, f"{key}={v}")
+
+    @property
+    def label(self) -> str:
+        """This facet's values, for a row of panels."""
+        return ", ".join(self.facet_label(k) for k in self.fixed)
+
+
+METHOD_NAMES = {"eagle3": "EAGLE-3", "eagle": "EAGLE", "mtp": "MTP", "draft_model": "draft model",
+                "ngram": "n-gram", "ngram_gpu": "n-gram (GPU)"}
+
+
+def _as_views(view) -> list[View]:
+    return list(view) if isinstance(view, (list, tuple)) else [view]
+
+
+def common_scenario(views: list[View]) -> str:
+    """The scenario parts every view shares (the rest is on each row's label)."""
+    first, rest = views[0].scenario_parts(), [set(v.scenario_parts()) for v in views[1:]]
+    return ", ".join(p for p in first if all(p in r for r in rest))
 
 
 def views(table: SweepTable, x: str | None = None) -> list[View]:
@@ -177,113 +208,130 @@ def _annotate(ax, m: np.ndarray, norm, cmap, fmt: str) -> None:
                 color="white" if dark else "black")
 
 
-def _heatmap_panels(view: View, mats: dict, best: dict, norm, cmap, fmt: str, cbar_label: str,
-                    title: str) -> Figure:
-    n = len(view.modes)
-    fig = Figure(figsize=(1.6 + 0.62 * len(view.xs) * n + 1.2, 1.9 + 0.42 * len(view.ks)),
+def _heatmap_panels(rows: list, norm, cmap, fmt: str, cbar_label: str, title: str) -> Figure:
+    """One row of panels per facet (view), one column per mode, on one colour scale. `rows`:
+    (view, {mode: matrix}, {(mode, x): best k})."""
+    view = rows[0][0]
+    n, multi = len(view.modes), len(rows) > 1
+    fig = Figure(figsize=(1.6 + 0.62 * len(view.xs) * n + 1.2,
+                          1.9 + (0.42 * len(view.ks) + 0.5 * multi) * len(rows)),
                  dpi=DPI, layout="constrained")
-    axes = fig.subplots(1, n, sharey=True, squeeze=False)[0]
+    grid = fig.subplots(len(rows), n, sharey=True, squeeze=False)
     im = None
-    for ax, mode in zip(axes, view.modes):
-        m = mats[mode]
-        im = ax.imshow(m, origin="lower", cmap=cmap, norm=norm, aspect="auto")
-        _annotate(ax, m, norm, cmap, fmt)
-        for j, x in enumerate(view.xs):
-            if (mode, x) in best:
-                i = view.ks.index(best[mode, x])
-                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, lw=2.2,
-                                       edgecolor="black"))
-        ax.set_title(f"{mode}", fontsize=11)
-        ax.set_xticks(range(len(view.xs)), [_fmt_x(x) for x in view.xs])
-        ax.set_yticks(range(len(view.ks)), [str(k) for k in view.ks])
-        ax.set_xlabel(label(view.x))
-    axes[0].set_ylabel("speculation depth k (draft tokens per step)")
-    cb = fig.colorbar(im, ax=list(axes), shrink=0.95, pad=0.02)
+    for axes, (v, mats, best) in zip(grid, rows):
+        for ax, mode in zip(axes, v.modes):
+            m = mats[mode]
+            im = ax.imshow(m, origin="lower", cmap=cmap, norm=norm, aspect="auto")
+            _annotate(ax, m, norm, cmap, fmt)
+            for j, x in enumerate(v.xs):
+                if (mode, x) in best:
+                    i = v.ks.index(best[mode, x])
+                    ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, lw=2.2,
+                                           edgecolor="black"))
+            ax.set_title(f"{mode} · {v.label}" if multi else f"{mode}", fontsize=11)
+            ax.set_xticks(range(len(v.xs)), [_fmt_x(x) for x in v.xs])
+            ax.set_yticks(range(len(v.ks)), [str(k) for k in v.ks])
+            ax.set_xlabel(label(v.x))
+        axes[0].set_ylabel("speculation depth k (draft tokens per step)")
+    cb = fig.colorbar(im, ax=list(grid.ravel()), shrink=0.95, pad=0.02)
     cb.set_label(cbar_label)
     fig.legend(handles=[Patch(fill=False, edgecolor="black", lw=2.2,
                               label="best k for each concurrency")],
                loc="outside lower center", frameon=False, fontsize=9)
-    fig.suptitle(f"{title}\n{view.scenario()}", fontsize=11)
+    scenario = common_scenario([r[0] for r in rows]) if multi else view.scenario()
+    fig.suptitle(f"{title}\n{scenario}", fontsize=11)
     return fig
 
 
-def metric_heatmap(view: View, metric: str = "mean_tpot_ms") -> Figure:
-    """The metric over k × concurrency, one panel per mode, best k boxed."""
-    mats = {mode: view.matrix(metric, mode) for mode in view.modes}
-    vals = np.concatenate([m.ravel() for m in mats.values()])
+def metric_heatmap(view, metric: str = "mean_tpot_ms") -> Figure:
+    """The metric over k × concurrency, one panel per mode (a row per view when given a list
+    of views: e.g. TP 4 above TP 8), best k boxed."""
+    rows = [(v, {mode: v.matrix(metric, mode) for mode in v.modes},
+             {(r.mode, r.x): r.k for r in best_k(v, metric)}) for v in _as_views(view)]
+    vals = np.concatenate([m.ravel() for _, mats, _ in rows for m in mats.values()])
     vals = vals[~np.isnan(vals)]
     if not vals.size:
         raise UserError(f"plot sweep: no values of {metric}")
     lower = lower_is_better(metric)
     cmap = colormaps["YlOrRd" if lower else "YlGn"]
     norm = Normalize(vals.min(), vals.max())
-    best = {(r.mode, r.x): r.k for r in best_k(view, metric)}
     better = "lower is better" if lower else "higher is better"
-    return _heatmap_panels(view, mats, best, norm, cmap, ".1f" if vals.max() < 1000 else ".0f",
+    return _heatmap_panels(rows, norm, cmap, ".1f" if vals.max() < 1000 else ".0f",
                            f"{label(metric)}, {better}",
                            f"{_cap(label(metric))} by speculation depth and load")
 
 
-def speedup_heatmap(view: View, metric: str = "mean_tpot_ms") -> Figure:
-    """Speedup over k = 0 in the same mode (> 1: speculation pays), one panel per mode."""
-    if 0 not in view.ks:
+def speedup_heatmap(view, metric: str = "mean_tpot_ms") -> Figure:
+    """Speedup over k = 0 in the same mode (> 1: speculation pays), one panel per mode (and
+    a row per view)."""
+    views = _as_views(view)
+    if any(0 not in v.ks for v in views):
         raise UserError("plot sweep: a speedup over k=0 needs k=0 in the grid")
     lower = lower_is_better(metric)
-    mats = {}
-    for mode in view.modes:
-        m = view.matrix(metric, mode)
-        base = m[view.ks.index(0)][None, :]
-        mats[mode] = base / m if lower else m / base
-    vals = np.concatenate([m.ravel() for m in mats.values()])
+    rows = []
+    for v in views:
+        mats = {}
+        for mode in v.modes:
+            m = v.matrix(metric, mode)
+            base = m[v.ks.index(0)][None, :]
+            mats[mode] = base / m if lower else m / base
+        rows.append((v, mats, {(r.mode, r.x): r.k for r in best_k(v, metric)}))
+    vals = np.concatenate([m.ravel() for _, mats, _ in rows for m in mats.values()])
     vals = vals[~np.isnan(vals)]
     # Symmetric on a ratio scale: a 2x slowdown is as red as a 2x speedup is blue.
     hi = max(vals.max(), 1 / vals.min(), 1.05)
     norm = TwoSlopeNorm(vcenter=1.0, vmin=1 / hi, vmax=hi)
-    best = {(r.mode, r.x): r.k for r in best_k(view, metric)}
-    return _heatmap_panels(view, mats, best, norm, colormaps["RdBu"], ".2f",
+    return _heatmap_panels(rows, norm, colormaps["RdBu"], ".2f",
                            f"speedup of {label(metric).split(' (')[0]} over k=0 (×); "
                            "blue > 1 is faster",
                            f"Speedup of {label(metric).split(' (')[0]} from speculation over "
                            "k=0, same mode")
 
 
-def saving_plot(view: View, metric: str = "mean_tpot_ms") -> Figure:
+def saving_plot(view, metric: str = "mean_tpot_ms") -> Figure:
     """What async (and zero-bubble) save over sync, in % of sync's metric, against concurrency:
-    one line per k, and a black line for each mode at its own best k against sync's best k."""
+    one line per k, and a black line for each mode at its own best k against sync's best k.
+    A list of views gives a row of panels per view, on one y axis."""
+    views = _as_views(view)
+    view = views[0]
     others = [m for m in view.modes if m != "sync"]
     if "sync" not in view.modes or not others:
         raise UserError("plot sweep: the saving over sync needs mode=sync and another mode")
-    lower = lower_is_better(metric)
-    fig = Figure(figsize=(1.5 + 4.6 * len(others), 4.4), dpi=DPI, layout="constrained")
-    axes = fig.subplots(1, len(others), sharey=True, squeeze=False)[0]
+    lower, multi = lower_is_better(metric), len(views) > 1
+    fig = Figure(figsize=(1.5 + 4.6 * len(others), 0.6 + 3.8 * len(views)), dpi=DPI,
+                 layout="constrained")
+    grid = fig.subplots(len(views), len(others), sharey=True, squeeze=False)
     cmap = colormaps["viridis"]
     kn = Normalize(min(view.ks), max(max(view.ks), 1))
-    best = {(r.mode, r.x): r.value for r in best_k(view, metric)}
-    xs = np.array(view.xs, dtype=float)
-    for ax, mode in zip(axes, others):
-        for k in view.ks:
-            s = np.array([view.value(metric, "sync", k, x) for x in view.xs])
-            a = np.array([view.value(metric, mode, k, x) for x in view.xs])
-            saving = 100 * ((s - a) if lower else (a - s)) / s
-            ax.plot(xs, saving, marker="o", ms=3.5, lw=1.4, color=cmap(kn(k)), label=f"k={k}")
-        s = np.array([best.get(("sync", x), math.nan) for x in view.xs])
-        a = np.array([best.get((mode, x), math.nan) for x in view.xs])
-        ax.plot(xs, 100 * ((s - a) if lower else (a - s)) / s, color="black", lw=2.4, ls="--",
-                label="each at its best k")
-        ax.axhline(0, color="grey", lw=0.8)
-        if xs.min() > 0 and xs.max() / xs.min() >= 8 and np.isfinite(xs).all():
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(xs, [_fmt_x(x) for x in view.xs])
-            ax.minorticks_off()
-        ax.set_xlabel(label(view.x))
-        ax.set_title(f"{mode} vs sync")
-        ax.grid(alpha=0.3)
-    name = label(metric).split(" (")[0]
-    axes[0].set_ylabel(f"saving in {name} over sync (%)\n(> 0: {', '.join(others)} faster)")
-    axes[-1].legend(title="speculation depth", fontsize=8, title_fontsize=8,
-                    loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
-    fig.suptitle(f"What async scheduling saves over sync, by load\n{view.scenario()}",
-                 fontsize=11)
+    for axes, v in zip(grid, views):
+        best = {(r.mode, r.x): r.value for r in best_k(v, metric)}
+        xs = np.array(v.xs, dtype=float)
+        for ax, mode in zip(axes, others):
+            for k in v.ks:
+                s = np.array([v.value(metric, "sync", k, x) for x in v.xs])
+                a = np.array([v.value(metric, mode, k, x) for x in v.xs])
+                saving = 100 * ((s - a) if lower else (a - s)) / s
+                ax.plot(xs, saving, marker="o", ms=3.5, lw=1.4, color=cmap(kn(k)),
+                        label=f"k={k}")
+            s = np.array([best.get(("sync", x), math.nan) for x in v.xs])
+            a = np.array([best.get((mode, x), math.nan) for x in v.xs])
+            ax.plot(xs, 100 * ((s - a) if lower else (a - s)) / s, color="black", lw=2.4,
+                    ls="--", label="each at its best k")
+            ax.axhline(0, color="grey", lw=0.8)
+            if xs.min() > 0 and xs.max() / xs.min() >= 8 and np.isfinite(xs).all():
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(xs, [_fmt_x(x) for x in v.xs])
+                ax.minorticks_off()
+            ax.set_xlabel(label(v.x))
+            ax.set_title(f"{mode} vs sync" + (f" · {v.label}" if multi else ""))
+            ax.grid(alpha=0.3)
+        name = label(metric).split(" (")[0]
+        axes[0].set_ylabel(f"saving in {name} over sync (%)\n(> 0: {', '.join(others)} "
+                           "faster)")
+    grid[0][-1].legend(title="speculation depth", fontsize=8, title_fontsize=8,
+                       loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+    scenario = common_scenario(views) if multi else view.scenario()
+    fig.suptitle(f"What async scheduling saves over sync, by load\n{scenario}", fontsize=11)
     return fig
 
 
@@ -301,6 +349,7 @@ def save(fig: Figure, path) -> None:
 OP_COLORS = {
     "schedule": "#1f77b4", "update_from_output": "#17becf",
     "prepare_inputs": "#2ca02c", "launch": "#bcbd22", "wait": "#d0d0d0",
+    "propose": "#7f3b08", "broadcast": "#66c2a5", "collect": "#a6d854",
     "fixup": "#e377c2", "target_forward": "#ff7f0e", "rejection_sample": "#d62728",
     "draft_forward": "#9467bd", "d2h": "#8c564b", "add_request": "#aec7e8",
     "process_outputs": "#98df8a", "unmapped": "#c7c7c7",

@@ -28,7 +28,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         "vLLM PR #25872 on one L20: Llama-3.1-8B + EAGLE-3 head, k=4, MT-bench 80 prompts, "
         "output 256, max-concurrency 1",
         settings=dict(gpu="l20", model="llama-3.1-8b", draft="llama-3.1-8b-eagle3", k=4,
-                      acceptance="mtbench", executor="inline", max_model_len=2048,
+                      acceptance="mtbench", max_model_len=2048,
                       workload="mtbench", num_prompts=80, output_len=256, max_concurrency=1,
                       # Fitted on the sync row's mean ITL only (bench/seed_calibration.py).
                       cpu_scale=2.42),

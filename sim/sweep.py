@@ -55,6 +55,7 @@ RESULT_METRICS = (
 COLUMNS = RESULT_METRICS + (
     "mean_step_gap_us", "median_step_gap_us", "p90_step_gap_us", "p99_step_gap_us",
     "acceptance_length", "num_steps", "num_preemptions", "num_kv_blocks",
+    "simulated_mode",   # the mode the cell ran in (an n-gram cell asked for async runs sync)
 )
 
 
@@ -229,6 +230,7 @@ class GridCell:
     values: dict          # axis -> value
     settings: dict        # the whole SimConfig settings of the cell
     key: str              # hash of the cell's config
+    notes: tuple = ()     # what resolving the cell chose for the user (sim/config.py)
 
 
 @dataclass(slots=True)
@@ -277,7 +279,7 @@ class Grid:
                 raise UserError(f"grid cell {format_cell(values)}: {e}") from None
             except (TypeError, ValueError) as e:   # a value of the wrong shape from a file
                 raise UserError(f"grid cell {format_cell(values)}: bad value ({e})") from None
-            cells.append(GridCell(values, settings, cell_key(cfg)))
+            cells.append(GridCell(values, settings, cell_key(cfg), r.notes))
         return cells
 
 
@@ -326,7 +328,7 @@ def cell_key(cfg: SimConfig) -> str:
     """The cell's hash: its whole config, the files it names and the simulator's code."""
     h = hashlib.sha256(f"{STORE_VERSION}:{model_digest()}:".encode())
     h.update(json.dumps(cfg.to_dict(), sort_keys=True).encode())
-    for name in (cfg.workload, cfg.model, cfg.draft, cfg.profile or ""):   # files it names
+    for name in (cfg.workload, cfg.model, cfg.draft or "", cfg.profile or ""):   # files it names
         path = Path(name)
         path = path / "config.json" if path.is_dir() else path
         if path.is_file():
@@ -356,6 +358,7 @@ def metrics_of(res: dict) -> dict:
     resolved = res["config"]["resolved"]
     for key in ("num_steps", "num_preemptions", "num_kv_blocks"):
         row[key] = resolved[key]
+    row["simulated_mode"] = resolved.get("mode", res["config"]["mode"])
     return row
 
 
@@ -433,6 +436,16 @@ class SweepRun:
     ran: int          # cells simulated by this call
     skipped: int      # cells found done in the store
     seconds: float
+    notes: list = field(default_factory=list)   # each distinct note of the cells, once
+
+
+def cell_notes(cells: list[GridCell]) -> list[str]:
+    """The cells' notes, each once, with how many cells it concerns."""
+    counts: dict[str, int] = {}
+    for c in cells:
+        for n in c.notes:
+            counts[n] = counts.get(n, 0) + 1
+    return [f"{n} ({c} of {len(cells)} cells)" for n, c in counts.items()]
 
 
 def run_sweep(grid: Grid, out, jobs: int = 1, cluster: str | None = None, fresh: bool = False,
@@ -462,7 +475,8 @@ def run_sweep(grid: Grid, out, jobs: int = 1, cluster: str | None = None, fresh:
     table = SweepTable(grid.preset, grid.base, grid.axes,
                        [{**c.values, **store.done[c.key], "cell": c.key} for c in cells])
     table.save(out)
-    return SweepRun(table, len(todo), len(cells) - len(todo), time.perf_counter() - t0)
+    return SweepRun(table, len(todo), len(cells) - len(todo), time.perf_counter() - t0,
+                    cell_notes(cells))
 
 
 # -------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ grid syntax (--grid KEY=VALUES; keys are `stepgap simulate` settings with _ or -
   max_concurrency=1..64:x2           1,2,4,...,64: a geometric range
   request_rate=0.5..4:0.5            an arithmetic range; values and ranges mix: 1,2,8..12
   gpu=l20,h100,h200   acceptance=mtbench,full   max_num_seqs=64,128,256
+  tensor_parallel_size=4,8   model=llama-3.3-70b,qwen3-30b-a3b   method=eagle3,draft_model
   acceptance_rates=0.8/0.6/0.4,0.9/0.8/0.7      list-valued settings: '/' between numbers
 
 a grid file (--grid-file F.toml or F.json):
@@ -62,10 +63,13 @@ examples:
   stepgap plot sweep out/seed-l20                       # mean TPOT heatmaps, speedup, saving
   stepgap plot sweep out/seed-l20 --metric p99_tpot_ms --out out/seed-l20/p99
 
-Figures (one set per combination of the axes other than mode, k and the concurrency axis):
+Figures (one set per combination of the axes other than mode, k and the concurrency axis,
+e.g. tensor_parallel_size, model, method or gpu: the "facets"):
   heatmap_METRIC.png   the metric over k x concurrency, one panel per mode, best k boxed
   speedup_METRIC.png   speedup over k=0 in the same mode (diverging, centred at 1)
   saving_METRIC.png    async and zero-bubble saving over sync (%) against concurrency
+  *__panels.png        with more than one facet: the same figures with a row of panels per
+                       facet on one scale (e.g. TP 4 above TP 8)
   best_k.csv           the best k for each mode and concurrency (also printed)
 """
 
@@ -182,11 +186,13 @@ def _steps(text: str) -> tuple[int, int]:
 
 
 def run_sweep_cmd(args) -> int:
-    from sim.sweep import CellStore, build_grid, format_cell, run_sweep
+    from sim.sweep import CellStore, build_grid, cell_notes, format_cell, run_sweep
 
     grid = build_grid(args.grid, args.grid_file, args.preset, args.set)
     if args.dry_run:
         cells = grid.cells()
+        for line in cell_notes(cells):
+            print(f"note: {line}")
         done = CellStore(Path(args.out) / "cells.jsonl").done
         print(f"{len(cells)} cells, all valid; {sum(c.key in done for c in cells)} already "
               f"done in {args.out}")
@@ -198,6 +204,8 @@ def run_sweep_cmd(args) -> int:
     run = run_sweep(grid, args.out, jobs=args.jobs, cluster=args.cluster, fresh=args.fresh,
                     progress=not args.quiet)
     if not args.quiet:
+        for line in run.notes:
+            print(f"note: {line}")
         where = f"on {args.cluster}" if args.cluster else \
             f"on {min(args.jobs, max(run.ran, 1))} process(es)"
         print(f"{run.ran + run.skipped} cells: {run.ran} run {where}, {run.skipped} done "
@@ -228,7 +236,18 @@ def draw_sweep(table, out: Path, metric: str, x: str | None, quiet: bool) -> int
     if metric not in COLUMNS:
         raise UserError(f"--metric: unknown metric {metric!r} (columns: {', '.join(COLUMNS)})")
     written, best_rows = [], []
-    for view in plots.views(table, x):
+    views = plots.views(table, x)
+    if len(views) > 1:   # the facets (TP, model, method, GPU, ...) as rows of one figure each
+        figures = [("heatmap", plots.metric_heatmap)]
+        if all(0 in v.ks for v in views):
+            figures.append(("speedup", plots.speedup_heatmap))
+        if "sync" in views[0].modes and len(views[0].modes) > 1:
+            figures.append(("saving", plots.saving_plot))
+        for name, draw in figures:
+            path = out / f"{name}_{metric}__panels.png"
+            plots.save(draw(views, metric), path)
+            written.append(path)
+    for view in views:
         figures = [("heatmap", plots.metric_heatmap)]
         if 0 in view.ks:
             figures.append(("speedup", plots.speedup_heatmap))

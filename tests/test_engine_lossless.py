@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from common.formats import OPS, VLLM_OPS, TraceRequest
+from common.formats import OPS, SIM_ONLY_OPS, VLLM_OPS, TraceRequest
 from engine.sampler import SamplingConfig
 from tests.helpers import REQS, assert_lossless, inline_executor, run
 
@@ -100,9 +100,10 @@ def test_run_result_has_the_benchmark_keys_and_acceptance():
 def test_timeline_has_every_op_on_its_lane():
     out = run(inline_executor(), REQS, k=3)
     seen = {(s.lane, s.op) for s in out.spans}
-    # fixup: zero-bubble only; wait: a GPU only; VLLM_OPS: vLLM's timelines only
+    # fixup: zero-bubble only; wait: a GPU only; SIM_ONLY_OPS: methods and TP the engine
+    # lacks; VLLM_OPS: vLLM's timelines only
     want = {(lane, op) for lane, ops in OPS.items() for op in ops
-            if op not in ("fixup", "wait") and (lane, op) not in VLLM_OPS}
+            if op not in ("fixup", "wait", *SIM_ONLY_OPS) and (lane, op) not in VLLM_OPS}
     assert want <= seen
     drafts = {s.args["i"] for s in out.spans if s.op == "draft_forward"}
     assert drafts == {0, 1, 2}

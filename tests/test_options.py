@@ -61,11 +61,31 @@ def test_run_takes_the_speculative_config_with_its_head(tmp_path):
     (["--speculative-config", '{"method": "medusa"}'], "method 'medusa' is not modelled"),
     (["--speculative-config", "{oops"], "--speculative-config: not valid JSON"),
     (["--mode", "sync", "--async-scheduling"], "--mode sync and --async-scheduling disagree"),
-    (["--tensor-parallel-size", "2"], "--tensor-parallel-size"),
+    (["--tensor-parallel-size", "3"],
+     "--tensor-parallel-size 3: model 'llama-3.2-1b' has 8 KV heads, which 3 neither divides"),
+    (["--spec-method", "mtp", "-k", "1"], "model 'llama-3.2-1b' has no MTP layers"),
+    (["--spec-tokens", "2", "--speculative-config", SPEC4],
+     "--spec-tokens 2 and --speculative-config's num_speculative_tokens 4 differ"),
     (["--bogus-option", "3"], "unrecognized arguments: --bogus-option 3"),
 ])
 def test_contradictions_and_strangers_are_one_clear_error(capsys, argv, needle):
     assert needle in exits_2([*SIM, *argv], capsys)
+
+
+def test_the_engine_keeps_to_one_device_and_eagle3(capsys):
+    run = ["run", "--model", tiny_checkpoints()["target"], "--num-prompts", "2", "--quiet"]
+    assert "the engine (one device) models 1" in exits_2([*run, "-tp", "2"], capsys)
+    err = exits_2([*run, "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'],
+                  capsys)
+    assert "the engine drafts with EAGLE-3 heads only" in err
+
+
+def test_vllm_shortcuts_of_the_speculative_config(tmp_path):
+    a = sim_result(tmp_path, "a", "--spec-method", "ngram_gpu", "--spec-tokens", "3")
+    b = sim_result(tmp_path, "b", "--speculative-config",
+                   '{"method": "ngram_gpu", "num_speculative_tokens": 3}')
+    assert a["config"]["method"] == b["config"]["method"] == "ngram_gpu"
+    assert a["config"]["k"] == 3 and a["mean_tpot_ms"] == b["mean_tpot_ms"]
 
 
 def test_a_pasted_vllm_option_is_named_and_ignored(tmp_path, capsys):
