@@ -13,12 +13,12 @@ Named presets stand for well-known models, so nothing is downloaded.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from common.errors import UserError, where
+from common.fileio import read_json
 
 LLAMA3_ROPE_8K = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -47,20 +47,16 @@ class ModelConfig:
     eos_token_id: int | list | None = None
 
     def __post_init__(self):
-        for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
-                  "vocab_size"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v < 1:
-                raise UserError(f"model {self.name!r}: field '{f}' must be an integer >= 1, "
-                                f"got {v!r}")
-        if self.num_heads % self.num_kv_heads:
-            raise UserError(f"model {self.name!r}: num_heads ({self.num_heads}) must be a "
-                            f"multiple of num_kv_heads ({self.num_kv_heads})")
-        if self.head_dim == 0:
-            if self.hidden_size % self.num_heads:
-                raise UserError(f"model {self.name!r}: hidden_size ({self.hidden_size}) must be "
-                                f"a multiple of num_heads ({self.num_heads}) or head_dim given")
-            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        who = f"model {self.name!r}"
+        check_layer_fields(self, who, ("num_layers",))
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise UserError(f"{who}: field 'tie_word_embeddings' must be true or false, got "
+                            f"{self.tie_word_embeddings!r}")
+        if not isinstance(self.torch_dtype, str):
+            raise UserError(f"{who}: field 'torch_dtype' must be a string, got "
+                            f"{self.torch_dtype!r}")
+        for f in ("bos_token_id", "eos_token_id"):
+            check_token_ids(getattr(self, f), f"{who}: field '{f}'", lists=f == "eos_token_id")
 
     # Parameter counts, used by the roofline and by the engine's checks.
     @property
@@ -98,16 +94,23 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, d: dict, source: str = "config.json", name: str | None = None):
-        if "speculators_model_type" in d or "LlamaForCausalLMEagle3" in d.get("architectures", ()):
+        check_config_object(d, source)
+        if "speculators_model_type" in d or "LlamaForCausalLMEagle3" in architectures(d, source):
             raise UserError(f"{source}: this is an EAGLE-3 draft head, not a target model")
         model_type = d.get("model_type", "llama")
         if model_type != "llama":
             raise UserError(f"{where(source, field='model_type')}: {model_type!r} is not "
                             "supported (stepgap models Llama-family targets: model_type 'llama')")
+        dtype = d.get("torch_dtype") or d.get("dtype") or "bfloat16"
+        if not isinstance(dtype, str):
+            raise UserError(f"{where(source, field='torch_dtype')}: expected a dtype name such "
+                            f"as \"bfloat16\", got {dtype!r}")
+        for key in ("bos_token_id", "eos_token_id"):
+            check_token_ids(d.get(key), where(source, field=key), lists=key == "eos_token_id")
         return cls(name=name or d.get("_name_or_path") or str(source), **_llama_fields(d, source),
-                   tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-                   torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "bfloat16"),
-                   bos_token_id=d.get("bos_token_id"), eos_token_id=d.get("eos_token_id"))
+                   tie_word_embeddings=bool_field(d, "tie_word_embeddings", source),
+                   torch_dtype=dtype, bos_token_id=d.get("bos_token_id"),
+                   eos_token_id=d.get("eos_token_id"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,21 +135,22 @@ class Eagle3Config:
     layout: str = "yuhuili"
 
     def __post_init__(self):
-        for f in ("hidden_size", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size",
-                  "draft_vocab_size", "target_hidden_size"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v < 1:
-                raise UserError(f"draft {self.name!r}: field '{f}' must be an integer >= 1, "
-                                f"got {v!r}")
+        who = f"draft {self.name!r}"
+        check_layer_fields(self, who, ("draft_vocab_size", "target_hidden_size"))
         if self.draft_vocab_size > self.vocab_size:
-            raise UserError(f"draft {self.name!r}: draft_vocab_size ({self.draft_vocab_size}) "
+            raise UserError(f"{who}: draft_vocab_size ({self.draft_vocab_size}) "
                             f"exceeds vocab_size ({self.vocab_size})")
         if self.layout not in ("yuhuili", "speculators"):
-            raise UserError(f"draft {self.name!r}: layout must be 'yuhuili' or 'speculators'")
-        if self.head_dim == 0:
-            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+            raise UserError(f"{who}: layout must be 'yuhuili' or 'speculators'")
+        if not isinstance(self.norm_before_residual, bool):
+            raise UserError(f"{who}: field 'norm_before_residual' must be true or false, got "
+                            f"{self.norm_before_residual!r}")
         if self.aux_layer_ids is not None:
-            object.__setattr__(self, "aux_layer_ids", tuple(self.aux_layer_ids))
+            aux = tuple(self.aux_layer_ids)
+            if len(aux) != 3 or not all(_is_int(i) and i >= 0 for i in aux):
+                raise UserError(f"{who}: field 'aux_layer_ids' must be three layer indices, got "
+                                f"{self.aux_layer_ids!r}")
+            object.__setattr__(self, "aux_layer_ids", aux)
 
     @property
     def num_params(self) -> int:
@@ -205,6 +209,7 @@ class Eagle3Config:
 
     @classmethod
     def from_hf_dict(cls, d: dict, source: str = "config.json", name: str | None = None):
+        check_config_object(d, source)
         if d.get("speculators_model_type") is not None:
             if d["speculators_model_type"] != "eagle3":
                 raise UserError(f"{where(source, field='speculators_model_type')}: "
@@ -215,24 +220,25 @@ class Eagle3Config:
                                 "not an object")
             layout, fields = "speculators", _llama_fields(layer, f"{source} "
                                                                  "(transformer_layer_config)")
-            norm_before_residual = bool(d.get("norm_before_residual", False))
-        elif "LlamaForCausalLMEagle3" in d.get("architectures", ()) or "draft_vocab_size" in d:
+        elif "LlamaForCausalLMEagle3" in architectures(d, source) or "draft_vocab_size" in d:
             layout, fields = "yuhuili", _llama_fields(d, source)
-            norm_before_residual = bool(d.get("norm_before_residual", False))
         else:
             raise UserError(f"{source}: not an EAGLE-3 head (expected architectures "
                             "['LlamaForCausalLMEagle3'] or speculators_model_type 'eagle3')")
         fields.pop("num_layers")
-        draft_vocab = d.get("draft_vocab_size") or fields["vocab_size"]
         aux = d.get("eagle_aux_hidden_state_layer_ids")
         if aux is not None and (not isinstance(aux, list) or len(aux) != 3
-                                or not all(isinstance(i, int) for i in aux)):
+                                or not all(_is_int(i) and i >= 0 for i in aux)):
             raise UserError(f"{where(source, field='eagle_aux_hidden_state_layer_ids')}: "
                             f"expected three layer indices, got {aux!r}")
-        return cls(name=name or str(source), draft_vocab_size=int(draft_vocab),
-                   target_hidden_size=int(d.get("target_hidden_size") or fields["hidden_size"]),
+        return cls(name=name or str(source),
+                   draft_vocab_size=int_field(d, "draft_vocab_size", source,
+                                              fields["vocab_size"]),
+                   target_hidden_size=int_field(d, "target_hidden_size", source,
+                                                fields["hidden_size"]),
                    aux_layer_ids=tuple(aux) if aux else None,
-                   norm_before_residual=norm_before_residual, layout=layout, **fields)
+                   norm_before_residual=bool_field(d, "norm_before_residual", source),
+                   layout=layout, **fields)
 
 
 def _llama_fields(d: dict, source) -> dict:
@@ -241,28 +247,142 @@ def _llama_fields(d: dict, source) -> dict:
         v = d.get(key, default)
         if v is None:
             raise UserError(f"{where(source, field=key)}: missing")
-        if kind is int and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-            raise UserError(f"{where(source, field=key)}: expected an integer >= 1, got {v!r}")
-        if kind is float and (not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
+        if kind is int:
+            return int_field(d, key, source, default)
+        if not _is_number(v) or not math.isfinite(v) or v <= 0:
             raise UserError(f"{where(source, field=key)}: expected a positive number, got {v!r}")
         return v
 
     heads = need("num_attention_heads")
-    scaling = d.get("rope_scaling")
-    if scaling is not None and not isinstance(scaling, dict):
-        raise UserError(f"{where(source, field='rope_scaling')}: expected an object or null")
-    if scaling is not None:
-        kind = scaling.get("rope_type", scaling.get("type"))
-        if kind not in ("llama3", "linear", "default", None):
-            raise UserError(f"{where(source, field='rope_scaling')}: rope_type {kind!r} is not "
-                            "supported (llama3, linear, default)")
+    head_dim = d.get("head_dim")
     return {"hidden_size": need("hidden_size"), "num_layers": need("num_hidden_layers"),
             "num_heads": heads, "num_kv_heads": need("num_key_value_heads", default=heads),
             "intermediate_size": need("intermediate_size"), "vocab_size": need("vocab_size"),
-            "head_dim": d.get("head_dim") or 0,
-            "rope_theta": float(need("rope_theta", float, 10000.0)), "rope_scaling": scaling,
+            "head_dim": 0 if head_dim is None else int_field(d, "head_dim", source),
+            "rope_theta": float(need("rope_theta", float, 10000.0)),
+            "rope_scaling": check_rope_scaling(d.get("rope_scaling"),
+                                               where(source, field="rope_scaling")),
             "rms_norm_eps": float(need("rms_norm_eps", float, 1e-5)),
             "max_position_embeddings": need("max_position_embeddings", default=8192)}
+
+
+# -- checks of single fields, shared by the configs and by their config.json readers ------------
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check_config_object(d, source) -> None:
+    if not isinstance(d, dict):
+        raise UserError(f"{source}: expected a JSON object (a model config), got "
+                        f"{type(d).__name__}")
+
+
+def architectures(d: dict, source) -> list[str]:
+    """`architectures`: a list of class names; missing or null is none."""
+    archs = d.get("architectures")
+    if archs is None:
+        return []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise UserError(f"{where(source, field='architectures')}: expected a list of class "
+                        f"names, got {archs!r}")
+    return archs
+
+
+def int_field(d: dict, key: str, source, default=None) -> int:
+    """An integer >= 1 (not a float, a string or a bool); missing or null takes `default`."""
+    v = d.get(key)
+    if v is None:
+        if default is None:
+            raise UserError(f"{where(source, field=key)}: missing")
+        return default
+    if not _is_int(v) or v < 1:
+        raise UserError(f"{where(source, field=key)}: expected an integer >= 1, got {v!r}")
+    return v
+
+
+def bool_field(d: dict, key: str, source, default: bool = False) -> bool:
+    """true or false (a string "false" is not false); missing or null takes `default`."""
+    v = d.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise UserError(f"{where(source, field=key)}: expected true or false, got {v!r}")
+    return v
+
+
+def check_token_ids(v, what: str, lists: bool = False) -> None:
+    """A token id (an integer >= 0), None, or with `lists` a list of them (eos_token_id)."""
+    ok = v is None or (_is_int(v) and v >= 0) or (
+        lists and isinstance(v, list) and all(_is_int(t) and t >= 0 for t in v))
+    if not ok:
+        raise UserError(f"{what}: expected a token id{' or a list of them' if lists else ''}, "
+                        f"got {v!r}")
+
+
+ROPE_KEYS = {"linear": ("factor",),
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                        "original_max_position_embeddings")}
+
+
+def check_rope_scaling(scaling, what: str) -> dict | None:
+    """`rope_scaling`: null, or an object of a supported rope_type with every key that type
+    needs, each a positive number (llama3's original_max_position_embeddings an integer, its
+    high_freq_factor above its low_freq_factor)."""
+    if scaling is None:
+        return None
+    if not isinstance(scaling, dict):
+        raise UserError(f"{what}: expected an object or null, got {scaling!r}")
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind not in ("llama3", "linear", "default", None):
+        raise UserError(f"{what}: rope_type {kind!r} is not supported (llama3, linear, "
+                        "default)")
+    for key in ROPE_KEYS.get(kind, ()):
+        v = scaling.get(key)
+        if v is None:
+            raise UserError(f"{what}: rope_type {kind} needs '{key}' "
+                            f"({', '.join(ROPE_KEYS[kind])})")
+        integral = key == "original_max_position_embeddings"
+        if not (_is_int(v) if integral else _is_number(v)) or not math.isfinite(v) or v <= 0:
+            raise UserError(f"{what}: '{key}' must be {'an integer' if integral else 'a number'}"
+                            f" > 0, got {v!r}")
+    if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
+        raise UserError(f"{what}: high_freq_factor ({scaling['high_freq_factor']}) must exceed "
+                        f"low_freq_factor ({scaling['low_freq_factor']})")
+    return scaling
+
+
+def check_layer_fields(cfg, who: str, extra_ints: tuple[str, ...] = ()) -> None:
+    """The fields a target and a head share (their decoder layers), in __post_init__: sizes
+    are integers >= 1, head_dim 0 (derived) or an even integer, GQA divides, RoPE and the norm
+    are positive numbers."""
+    for f in ("hidden_size", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size",
+              "max_position_embeddings") + extra_ints:
+        v = getattr(cfg, f)
+        if not _is_int(v) or v < 1:
+            raise UserError(f"{who}: field '{f}' must be an integer >= 1, got {v!r}")
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise UserError(f"{who}: num_heads ({cfg.num_heads}) must be a multiple of "
+                        f"num_kv_heads ({cfg.num_kv_heads})")
+    if not _is_int(cfg.head_dim) or cfg.head_dim < 0:
+        raise UserError(f"{who}: field 'head_dim' must be an integer >= 1, got {cfg.head_dim!r}")
+    if cfg.head_dim == 0:
+        if cfg.hidden_size % cfg.num_heads:
+            raise UserError(f"{who}: hidden_size ({cfg.hidden_size}) must be a multiple of "
+                            f"num_heads ({cfg.num_heads}) or head_dim given")
+        object.__setattr__(cfg, "head_dim", cfg.hidden_size // cfg.num_heads)
+    if cfg.head_dim % 2:
+        raise UserError(f"{who}: head_dim ({cfg.head_dim}) must be even (RoPE rotates pairs)")
+    for f in ("rope_theta", "rms_norm_eps"):
+        v = getattr(cfg, f)
+        if not _is_number(v) or not math.isfinite(v) or v <= 0:
+            raise UserError(f"{who}: field '{f}' must be a positive number, got {v!r}")
+    check_rope_scaling(cfg.rope_scaling, f"{who}: field 'rope_scaling'")
 
 
 def eagle3_for(target: ModelConfig, draft_vocab_size: int | None = None,
@@ -311,10 +431,7 @@ def _read_config(spec: str) -> tuple[dict, str]:
         path = path / "config.json"
     if not path.is_file():
         raise UserError(f"{path}: no config.json there")
-    try:
-        return json.loads(path.read_text()), str(path)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    return read_json(path), str(path)
 
 
 def load_model_config(spec: str) -> ModelConfig:

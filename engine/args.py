@@ -140,7 +140,7 @@ class EngineArgs:
         return EngineConfig(mode or self.mode, self.k if k is None else k,
                             num_blocks or self.num_blocks(), self.max_num_seqs,
                             self.max_num_batched_tokens, self.max_model_len, self.sampling,
-                            self.block_size)
+                            self.block_size, self.target_config().max_position_embeddings)
 
     def make_executor(self):
         from engine.executor import make_executor
