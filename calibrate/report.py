@@ -7,12 +7,12 @@ figures. It writes nothing into the folder's manifest or its known_misses.toml.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from calibrate.judge import (BOUNDS, SAVING_BOUND, Verdict, bound_failures, judge_folder,
                              load_known_misses, saving_cell, savings)
+from common.fileio import read_json_object, write_text
 from common.formats import load_timeline, save_result, save_timeline
 
 TIMELINE_STEPS = (60, 100)   # the steps of the timeline cells kept, when the manifest says none
@@ -81,7 +81,8 @@ def write_report(folder: Path, command: str | None = None, quiet: bool = False) 
     from sim import plots
 
     man_path = folder / "manifest.json"
-    tl = json.loads(man_path.read_text()).get("timeline", {}) if man_path.is_file() else {}
+    tl = read_json_object(man_path, "a measured folder's manifest").get("timeline") or {} \
+        if man_path.is_file() else {}
     tl_cells = tuple(tl.get("cells", []))
     setup, verdicts, spans = judge_folder(folder, tl_cells)
     rows = savings(verdicts)
@@ -120,7 +121,7 @@ def write_report(folder: Path, command: str | None = None, quiet: bool = False) 
                   "simulated")
         plots.save(fig, folder / "timeline.png")
     text = report_text(setup, verdicts, rows, command)
-    (folder / "report.md").write_text(text)
+    write_text(folder / "report.md", text)
     if not quiet:
         print(report_table(verdicts))
         print()

@@ -14,6 +14,7 @@ Named presets stand for well-known models, so nothing is downloaded.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -107,10 +108,12 @@ class ModelConfig:
                             f"as \"bfloat16\", got {dtype!r}")
         for key in ("bos_token_id", "eos_token_id"):
             check_token_ids(d.get(key), where(source, field=key), lists=key == "eos_token_id")
-        return cls(name=name or d.get("_name_or_path") or str(source), **_llama_fields(d, source),
-                   tie_word_embeddings=bool_field(d, "tie_word_embeddings", source),
-                   torch_dtype=dtype, bos_token_id=d.get("bos_token_id"),
-                   eos_token_id=d.get("eos_token_id"))
+        with named(source):
+            return cls(name=name or d.get("_name_or_path") or str(source),
+                       **_llama_fields(d, source),
+                       tie_word_embeddings=bool_field(d, "tie_word_embeddings", source),
+                       torch_dtype=dtype, bos_token_id=d.get("bos_token_id"),
+                       eos_token_id=d.get("eos_token_id"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,14 +234,15 @@ class Eagle3Config:
                                 or not all(_is_int(i) and i >= 0 for i in aux)):
             raise UserError(f"{where(source, field='eagle_aux_hidden_state_layer_ids')}: "
                             f"expected three layer indices, got {aux!r}")
-        return cls(name=name or str(source),
-                   draft_vocab_size=int_field(d, "draft_vocab_size", source,
-                                              fields["vocab_size"]),
-                   target_hidden_size=int_field(d, "target_hidden_size", source,
-                                                fields["hidden_size"]),
-                   aux_layer_ids=tuple(aux) if aux else None,
-                   norm_before_residual=bool_field(d, "norm_before_residual", source),
-                   layout=layout, **fields)
+        with named(source):
+            return cls(name=name or str(source),
+                       draft_vocab_size=int_field(d, "draft_vocab_size", source,
+                                                  fields["vocab_size"]),
+                       target_hidden_size=int_field(d, "target_hidden_size", source,
+                                                    fields["hidden_size"]),
+                       aux_layer_ids=tuple(aux) if aux else None,
+                       norm_before_residual=bool_field(d, "norm_before_residual", source),
+                       layout=layout, **fields)
 
 
 def _llama_fields(d: dict, source) -> dict:
@@ -275,6 +279,17 @@ def _is_int(v) -> bool:
 
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@contextmanager
+def named(source):
+    """A config's own checks (its __post_init__) name the file they came from."""
+    try:
+        yield
+    except UserError as e:
+        if str(source) in str(e):
+            raise
+        raise UserError(f"{source}: {e}") from None
 
 
 def check_config_object(d, source) -> None:

@@ -112,10 +112,12 @@ class SchedulerConfig:
     def check_fits(self, request_id: str, prompt_len: int, output_len: int) -> None:
         """Reject a request this engine could never serve, naming it."""
         total = prompt_len + output_len
-        if self.max_position_embeddings is not None and total > self.max_position_embeddings:
-            raise UserError(f"request {request_id!r}: prompt_len + output_len = {total} "
-                            "exceeds the target's context (max_position_embeddings "
-                            f"{self.max_position_embeddings} in its config)")
+        # The last output token is never fed: positions 0..total-2 are.
+        if self.max_position_embeddings is not None and total - 1 > self.max_position_embeddings:
+            raise UserError(f"request {request_id!r}: prompt_len + output_len = {total} takes "
+                            f"positions 0..{total - 2}, past the target's context "
+                            f"(max_position_embeddings {self.max_position_embeddings} in its "
+                            "config)")
         if total > self.max_model_len:
             raise UserError(f"request {request_id!r}: prompt_len + output_len = {total} "
                             f"exceeds --max-model-len {self.max_model_len}")
