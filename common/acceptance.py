@@ -40,16 +40,19 @@ class AcceptanceProfile:
     def __post_init__(self):
         rates = tuple(self.rates)
         object.__setattr__(self, "rates", rates)
+        # Custom rates come from an option (their source): errors name it.
+        who = self.source if self.name == "custom" and self.source else \
+            f"acceptance profile {self.name!r}"
         if not rates:
-            raise UserError(f"acceptance profile {self.name!r}: rates must not be empty")
+            raise UserError(f"{who}: rates must not be empty")
         prev = 1.0
         for i, r in enumerate(rates):
             if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r <= 1.0:
-                raise UserError(f"acceptance rates: position {i} must be in [0, 1], got {r!r}")
+                raise UserError(f"{who}: position {i} must be in [0, 1], got {r!r}")
             if r > prev + 1e-12:
-                raise UserError(f"acceptance rates: position {i} ({r}) exceeds position "
-                                f"{i - 1} ({prev}); vLLM's per-position rates are cumulative, "
-                                "so they cannot increase")
+                raise UserError(f"{who}: position {i} ({r}) exceeds position {i - 1} ({prev}); "
+                                "vLLM's per-position acceptance rates are cumulative, so they "
+                                "cannot increase")
             prev = r
         if not (isinstance(self.spread, (int, float)) and math.isfinite(self.spread)
                 and self.spread >= 0):

@@ -209,6 +209,7 @@ def load_grid_file(path) -> tuple[str | None, dict, dict]:
             parsed[key] = [tuple(x) if isinstance(x, list) else x for x in v]
         else:
             parsed[key] = [v]
+        check_repeats(key, parsed[key], src)
     return preset, base, parsed
 
 
@@ -236,12 +237,7 @@ class Grid:
             grid_key(key, "grid")
             if not values:
                 raise UserError(f"grid: {key} has no values")
-            seen = set()
-            for v in values:
-                text = json.dumps(v, sort_keys=True, default=str)
-                if text in seen:
-                    raise UserError(f"grid: {key} is given the value {v!r} twice")
-                seen.add(text)
+            check_repeats(key, values, "grid")
         for key in self.base:
             grid_key(key, "base")
 
@@ -281,19 +277,35 @@ def build_grid(specs: list[str] = (), grid_file=None, preset: str | None = None,
     from sim.presets import get_preset
 
     file_preset, base, axes = load_grid_file(grid_file) if grid_file else (None, {}, {})
-    preset = preset or file_preset
     seen = set()
     for spec in specs:
         key, text = parse_assignment(spec, "--grid")
         if key in seen:
             raise UserError(f"--grid {spec!r}: {key} is given twice")
         seen.add(key)
-        axes[key] = parse_values(key, text, f"--grid {spec!r}")
+        axes[key] = check_repeats(key, parse_values(key, text, f"--grid {spec!r}"),
+                                  f"--grid {spec!r}")
     for spec in sets:
         key, text = parse_assignment(spec, "--set")
         base[key] = parse_scalar(key, text, f"--set {spec!r}")
-    settings = dict(get_preset(preset).settings) if preset else {}
-    return Grid(axes, {**settings, **base}, preset)
+    try:
+        settings = dict(get_preset(preset or file_preset).settings) \
+            if preset or file_preset else {}
+    except UserError as e:
+        raise UserError(f"{grid_file}: {e}" if not preset else str(e)) from None
+    return Grid(axes, {**settings, **base}, preset or file_preset)
+
+
+def check_repeats(key: str, values: list, src: str) -> list:
+    """An axis takes each value once (a value the user gave twice is an error; one a range's
+    rounding gave twice is dropped by parse_range)."""
+    seen = set()
+    for v in values:
+        text = json.dumps(v, sort_keys=True, default=str)
+        if text in seen:
+            raise UserError(f"{src}: {key} is given the value {v!r} twice")
+        seen.add(text)
+    return values
 
 
 def format_cell(values: dict) -> str:
@@ -442,7 +454,8 @@ class CellStore:
                             from None
                     self.cut_at = offset
                     return
-                self.done[self._cell(d, lineno)] = d["metrics"]
+                key = self._cell(d, lineno)
+                self.done[key] = d["metrics"]
             offset += len(line) + 1
         self.newline_due = bool(data) and not data.endswith(b"\n")
 

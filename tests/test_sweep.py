@@ -231,3 +231,12 @@ def test_help_teaches_the_grid_syntax_with_examples():
         assert needle in text
     for action in sub.choices["sweep"]._actions:
         assert action.help, action.option_strings
+
+
+def test_a_range_whose_rounding_repeats_a_value_keeps_it_once():
+    # 1, 1.5, 2.25, 3.4, 5.1, 7.6 round to 1, 2, 2, 3, 5, 8: the range means each one once
+    assert parse_values("max_concurrency", "1..8:x1.5", "--grid") == [1, 2, 3, 5, 8]
+    grid = build_grid(["max_concurrency=1..8:x1.5"])
+    assert grid.axes["max_concurrency"] == [1, 2, 3, 5, 8]
+    with pytest.raises(UserError, match=r"--grid 'k=0..2,1': k is given the value 1 twice"):
+        build_grid(["k=0..2,1"])   # one the user typed twice is an error, naming the option
