@@ -685,10 +685,12 @@ def small_ones(rng: random.Random, d: Path, base: Base) -> Case:
         lines = trace_lines()
         lines[0]["accepted"] = [1, rng.choice([3, 5, 100])]
         path = write_lines(d / "acc.jsonl", lines)
-        argv = ["simulate", *sim_args(base, out), "-k", "2"] if "run" not in how else \
+        # no --output-len: it would drop the recorded counts
+        argv = ["simulate", "-k", "2"] if "run" not in how else \
             ["run", "--model", "tiny", "--draft", "tiny-eagle3", "-k", "2",
-             "--synthetic-acceptance", "replay", *run_args(base, out)[2:]]
-        return Case(how, argv + ["--trace", str(path), "--output-len", "8"], ("'a'",))
+             "--synthetic-acceptance", "replay", "--random-weights"]
+        return Case(how, argv + ["--trace", str(path), "--num-prompts", "2", "--quiet",
+                                 "--result-json", str(out / "r.json")], ("'a'",))
     if how == "demo profile missing":
         path = str(d / "missing.json")
         return Case(how, ["demo", "--profile", path, "--quiet"], (path,))
