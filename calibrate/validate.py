@@ -186,9 +186,8 @@ def command_line(name: str) -> str:
 
 def cmd_validate(args) -> int:
     from calibrate.harness import run_plan
-    from calibrate.measured import write_measured
+    from calibrate.measured import load_measured, write_measured
     from calibrate.report import write_report
-    from calibrate.measured import load_measured
     from common.fileio import check_writable
     out = Path(args.out)
     command = command_line("validate")
