@@ -40,7 +40,7 @@ from common.options import MAX_K, at_most, positive_int
 
 PROFILE = ROOT / "traces" / "measured" / "cpu" / "profile.json"
 MEASURE = "measure"
-CALIBRATION_PROMPTS = 16      # one calibration run of 16 prompts: a few seconds on 2 cores
+CALIBRATION_PROMPTS = 16      # one calibration run of 16 prompts (fewer for a shorter trace)
 # A short grid: one request, the pair's context range, prefill chunks and the decode shape.
 QUICK_GRID = dict(reqs=(1,), contexts=(64, 160, 240), queries=(16, 64), repeats=3)
 
@@ -199,15 +199,21 @@ def measure_and_run(pair, requests, k: int, max_concurrency: int | None, mode: s
     from calibrate.pair import calibration_trace
     from calibrate.validate import pair_engine
 
-    calibration = calibration_trace(pair, CALIBRATION_PROMPTS)
+    n = calibration_size(requests)
+    calibration = calibration_trace(pair, n)
     plan = Plan(pair_engine(pair), [mode], [k], [max_concurrency], requests, calibration,
-                repeats=1, slice=len(requests), calibration_slice=CALIBRATION_PROMPTS,
+                repeats=1, slice=len(requests), calibration_slice=n,
                 grid=GridShape(**QUICK_GRID), judged_name="held-out prompts",
-                calibration_name=f"{CALIBRATION_PROMPTS} prompts cut from the corpus's training "
-                                 "files", device_name="this machine")
+                calibration_name=f"{n} prompts cut from the corpus's training files",
+                device_name="this machine")
     m = run_plan(plan, progress=progress, desc="measure this machine, then run")
     name = cell_name(mode, k, max_concurrency)
     return m.runs[name][0], m.outputs[name], m.profile, plan.limits()
+
+
+def calibration_size(requests) -> int:
+    """Calibration prompts: as many as the demo's, from 4 to CALIBRATION_PROMPTS."""
+    return min(CALIBRATION_PROMPTS, max(4, len(requests)))
 
 
 def resolve_profile(profile: str | None) -> str | None:
@@ -258,7 +264,7 @@ def run_demo(pair=PAIR, k: int = 4, num_prompts: int | None = None,
             sim = simulate_trace(pair, reqs, accepted, k, max_concurrency, device_costs, mode,
                                  path, lim)
         costs = ("costs: measured on this machine just before, in the same worker (a short\n"
-                 f"  microbenchmark grid and a calibration run of {CALIBRATION_PROMPTS} other "
+                 f"  microbenchmark grid and a calibration run of {calibration_size(reqs)} other "
                  "prompts, cut from the\n  corpus's training files)")
     else:
         if progress:

@@ -114,7 +114,11 @@ def load_tokenizer(folder: Path | str):
     path = Path(folder) / "tokenizer.json"
     if not path.is_file():
         raise UserError(f"{path}: no tokenizer there")
-    return Tokenizer.from_file(str(path))
+    from common.fileio import read_text as read_file
+    try:
+        return Tokenizer.from_str(read_file(path))
+    except Exception as e:   # tokenizers raises its own exception type
+        raise UserError(f"{path}: not a tokenizer ({str(e).splitlines()[0][:100]})") from None
 
 
 def encode_files(tok, files: list[Path]) -> list[np.ndarray]:
