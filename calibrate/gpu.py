@@ -224,7 +224,8 @@ def register(sub) -> None:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--ks", default="0,2,4")
     p.add_argument("--concurrency", default=GPU_CONCURRENCY)
-    p.add_argument("--repeats", type=positive_int, default=1, help="judged runs per cell (default 1)")
+    p.add_argument("--repeats", type=positive_int, default=1,
+                   help="judged runs per cell (default 1)")
     p.add_argument("--prompts", type=positive_int, default=None,
                    help="prompts in the judged and in the calibration trace (default 32; 4 on "
                         "a CPU); a run takes min(prompts, max(8, 2 x concurrency))")
