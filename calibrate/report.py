@@ -194,7 +194,8 @@ def misses_section(folder: Path, verdicts: list[Verdict], rows: list[dict]) -> l
             lines.append(f"| {cell} | {metric} | {_pct(errors.get((cell, metric)))} "
                          f"| {_pct(m.error)} | {_pct(m.cap)} | {m.reason} |")
         lines.append("")
-    rules = json.loads((folder / "manifest.json").read_text()).get("bounds", "engine")
+    rules = read_json_object(folder / "manifest.json",
+                             "a measured folder's manifest").get("bounds", "engine")
     fails = bound_failures(verdicts, rows, misses, rules)
     lines += [f"**Bounds broken beyond the known misses: {len(fails)}**", ""]
     lines += [f"- {f}" for f in fails] + ([""] if fails else [])
