@@ -22,8 +22,11 @@ import numpy as np
 from common.errors import UserError, where
 
 MODES = ("sync", "async", "zero-bubble")
-LANES = ("cpu.engine", "cpu.worker", "device")
+LANES = ("cpu.frontend", "cpu.engine", "cpu.worker", "device")
 OPS = {
+    # The API server (`stepgap serve`, vLLM's API server): add_request tokenizes a request and
+    # hands it to the engine core; process_outputs detokenizes one step's chunks and streams them.
+    "cpu.frontend": ("add_request", "process_outputs"),
     "cpu.engine": ("schedule", "update_from_output"),
     "cpu.worker": ("prepare_inputs", "launch", "wait"),
     "device": ("target_forward", "rejection_sample", "draft_forward", "d2h", "fixup"),

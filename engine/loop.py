@@ -125,7 +125,7 @@ class Client:
             self.timings[r.request_id] = RequestTiming(r.request_id, r.prompt_len, sent)
             core.add(r)
 
-    def receive(self, core: "EngineCore", emitted) -> None:
+    def receive(self, core: "EngineCore", emitted, step: int) -> None:
         """One step's chunks; the next requests go out the moment slots free up."""
         now = self.clock()
         freed = 0
@@ -160,6 +160,7 @@ class EngineCore:
         self.depth = 1 if cfg.mode == "sync" else 2
         self.queue: deque[tuple[SchedulerOutput, object]] = deque()   # launched, oldest first
         self.host = HostSpans("cpu.engine")
+        self.vocab_size, self.seed = vocab_size, seed
         self.prompts = {r.request_id: prompt_ids(r, vocab_size, seed) for r in requests}
         self.plans = acceptance_plans(requests, cfg)
         self.spec = SpecStats(cfg.k)
@@ -167,9 +168,15 @@ class EngineCore:
         self.spans: list[Span] = []
         self.discarded = 0
 
-    def add(self, r: TraceRequest) -> None:
-        self.sched.add_request(Request(r.request_id, r.prompt_len, r.output_len,
-                                       self.prompts[r.request_id]))
+    def add(self, r: TraceRequest, eos_token_id: int | None = None) -> None:
+        """Hand a request to the scheduler: a trace's (its prompt made up front) or a served
+        one (its prompt ids with it, and an EOS token unless the client said ignore_eos)."""
+        ids = self.prompts.get(r.request_id)
+        if ids is None:
+            ids = prompt_ids(r, self.vocab_size, self.seed)
+        self.sched.add_request(Request(r.request_id, r.prompt_len, r.output_len, ids,
+                                       eos_token_id=eos_token_id))
+        self.accepted.setdefault(r.request_id, [])
 
     def schedule_and_launch(self) -> bool:
         """Schedule a step and hand it to the executor; False if nothing was scheduled."""
@@ -201,7 +208,7 @@ class EngineCore:
         with self.host.span("update_from_output", out.step, reqs=out.num_reqs,
                             tokens=out.num_batched_tokens):
             self.observe(out, res.sampled)
-            client.receive(self, self.sched.update_from_output(out, res.sampled))
+            client.receive(self, self.sched.update_from_output(out, res.sampled), out.step)
         return out.step
 
     def observe(self, out: SchedulerOutput, sampled: dict) -> None:

@@ -413,7 +413,9 @@ def timeline_figure(panels: list[Panel], steps: tuple[int, int] | None = None,
 
 def _draw_panel(ax, spans: list[Span], t0: float, t1: float, seen_ops: dict,
                 at_gap: int | None) -> None:
-    lanes = list(reversed(LANES))   # device at the bottom, the engine on top
+    # device at the bottom, the engine on top; the front end above it where a server ran
+    lanes = [lane for lane in reversed(LANES)
+             if lane != "cpu.frontend" or any(s.lane == lane for s in spans)]
     width_ms = (t1 - t0) / 1e3
     for s in spans:
         if s.end_us < t0 or s.start_us > t1 or s.lane not in lanes:

@@ -110,14 +110,6 @@ def save_tokenizer(tok, folder: Path, max_length: int) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1) + "\n")
 
 
-def load_tokenizer(folder: Path | str):
-    from tokenizers import Tokenizer
-    path = Path(folder) / "tokenizer.json"
-    if not path.is_file():
-        raise UserError(f"{path}: no tokenizer there")
-    return Tokenizer.from_file(str(path))
-
-
 def encode_files(tok, files: list[Path]) -> list[np.ndarray]:
     encs = tok.encode_batch([read_text(f) for f in files], add_special_tokens=False)
     return [np.asarray(e.ids, dtype=np.int32) for e in encs]
