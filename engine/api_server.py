@@ -232,9 +232,10 @@ class EngineClient:
             batch.subs.append(sub)
             self.subs[rid] = sub
             self._send(("add", rid, ids, n, eos))
-        self.spans.append(Span("cpu.frontend", "add_request", -1, (arrival_ns - self.t0_ns) / 1e3,
-                               self._now_us(), {"reqs": len(plans),
-                                                "tokens": sum(len(x) for x in all_ids)}))
+        if self.record:
+            self.spans.append(Span("cpu.frontend", "add_request", -1,
+                                   (arrival_ns - self.t0_ns) / 1e3, self._now_us(),
+                                   {"reqs": len(plans), "tokens": sum(map(len, all_ids))}))
         return batch
 
     def release(self, batch: Batch) -> None:
@@ -246,6 +247,13 @@ class EngineClient:
                     self._send(("abort", sub.rid))
                 self.metrics.on_finish("abort", sub.prompt_len, sub.num_tokens, 0.0, 0.0)
                 self.num_aborted += 1
+
+    def fail(self, sub: Sub, error: Exception) -> None:
+        """A request the engine refused or lost: it ends with an error."""
+        self.subs.pop(sub.rid, None)
+        sub.finished, sub.reason = True, "error"
+        self.metrics.on_finish("error", sub.prompt_len, sub.num_tokens, 0.0, 0.0)
+        sub.batch.queue.put_nowait(error)
 
     def end_all(self, message: str) -> None:
         """End every request in flight with an error (shutdown)."""
@@ -266,7 +274,8 @@ class EngineClient:
             t = sub.timing
             self.metrics.on_finish(finish, sub.prompt_len, sub.num_tokens, now - t.send_s,
                                    now - t.chunk_s[0])
-            self.timings.append(t)
+            if self.record:
+                self.timings.append(t)
             self.last_done = max(self.last_done, now)
 
     # -- what the engine says ---------------------------------------------------------------
@@ -289,9 +298,9 @@ class EngineClient:
             self.spec = msg[1][4]
             self.metrics.on_step(msg[1], None)
         elif kind == "rejected":
-            sub = self.subs.pop(msg[1], None)
+            sub = self.subs.get(msg[1])
             if sub is not None:
-                sub.batch.queue.put_nowait(APIError(msg[2]))
+                self.fail(sub, APIError(msg[2]))
         elif kind == "spans":
             fut = self._dumps.pop(msg[1], None)
             if fut is not None and not fut.done():
@@ -318,7 +327,7 @@ class EngineClient:
             sub.batch.queue.put_nowait((sub, text, new, reason))
         self.spec = stats[4]
         self.metrics.on_step(stats, gap_us)
-        if outs:
+        if outs and self.record:
             self.spans.append(Span("cpu.frontend", "process_outputs", step, t0, self._now_us(),
                                    {"reqs": len(outs)}))
 
@@ -331,8 +340,7 @@ class EngineClient:
             if not fut.done():
                 fut.set_result([])
         for sub in list(self.subs.values()):
-            sub.batch.queue.put_nowait(EngineError(f"the engine is dead: {message}"))
-        self.subs.clear()
+            self.fail(sub, EngineError(f"the engine is dead: {message}"))
 
     # -- the recorded window: timeline and run result ----------------------------------------
 
@@ -439,14 +447,14 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
         task = asyncio.ensure_future(collect(batch, shapes))
         gone = asyncio.ensure_future(disconnected(raw))
         try:
-            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
-            if not task.done():    # the client went away: stop its requests
+            if not task.done():    # the client went away (or the server stops): stop it
                 task.cancel()
                 engine.release(batch)
-        if task.cancelled():
-            return Response(status_code=499)
+        if task not in done:
+            return Response(status_code=499)   # nobody is there to read it
         try:
             return JSONResponse(task.result())
         except APIError as e:

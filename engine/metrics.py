@@ -10,7 +10,8 @@ engine series carries `engine="0"` and `model_name` (the served name); a counter
   vLLM's scheduler counts them (common/formats.py SpecStats), so that `vllm bench serve` reads
   the acceptance from their differences over its run;
 - requests and tokens: `vllm:prompt_tokens`, `vllm:generation_tokens`,
-  `vllm:request_success{finished_reason}` (length, stop, abort), `vllm:num_preemptions`; gauges
+  `vllm:request_success{finished_reason}` (length, stop, abort, error), `vllm:num_preemptions`;
+  gauges
   `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`;
 - latencies, taken in the front end: `vllm:time_to_first_token_seconds` (arrival to first
   chunk), `vllm:inter_token_latency_seconds` (one observation per chunk, i.e. per engine step,
@@ -136,7 +137,7 @@ class Metrics:
     def on_finish(self, reason: str, prompt_tokens: int, output_tokens: int, e2e_s: float,
                   decode_s: float) -> None:
         self.success.labels("0", self.model_name, reason).inc()
-        if reason == "abort":
+        if reason not in ("length", "stop"):   # abort, error: no latency to speak of
             return
         self.e2e.observe(e2e_s)
         self.req_prompt.observe(prompt_tokens)

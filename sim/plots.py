@@ -299,6 +299,7 @@ def save(fig: Figure, path) -> None:
 # Timelines
 
 OP_COLORS = {
+    "add_request": "#393b79", "process_outputs": "#6b6ecf",
     "schedule": "#1f77b4", "update_from_output": "#17becf",
     "prepare_inputs": "#2ca02c", "launch": "#bcbd22", "wait": "#d0d0d0",
     "fixup": "#e377c2", "target_forward": "#ff7f0e", "rejection_sample": "#d62728",

@@ -375,6 +375,14 @@ def test_64_clients_half_of_them_leaving_mid_stream_leave_no_block_or_request_be
         assert m["vllm:spec_decode_num_drafts_total"] > 0
         ok = httpx.post(server.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 3})
         assert ok.json()["usage"]["completion_tokens"] == 3
+        # A whole (non-streamed) request whose client gives up is aborted too.
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/completions", timeout=0.3,
+                       json={"prompt": [1, 2], "max_tokens": 480, "ignore_eos": True})
+        deadline = time.monotonic() + 10
+        while server.metrics()['vllm:request_success_total{finished_reason="abort"}'] < 33:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
     finally:
         assert server.stop() < 10.0
 
