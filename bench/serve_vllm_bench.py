@@ -293,14 +293,14 @@ def report(summary: dict) -> str:
         return 100 * (a - b) / b
     lines = [f"output latency set in the simulator: {summary['output_latency_ms']:.2f} ms "
              "(served - in-process mean TTFT, median over the concurrency-1 cells)", "",
-             "| cell | mean TTFT ms in-process / served (Δ) | mean TPOT ms in-process / served "
-             "(Δ) | mean ITL ms in-process / served (Δ) | P99 ITL ms in-process / served |",
-             "|---|---|---|---|---|"]
+             "| cell | mean TTFT ms in-process / server-side / served (Δ) | mean TPOT ms "
+             "in-process / served (Δ) | mean ITL ms in-process / served (Δ) | P99 ITL ms "
+             "in-process / served |", "|---|---|---|---|---|"]
     for r in summary["rows"]:
         t, p, i, q = (r[k] for k in ("mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms",
                                      "p99_itl_ms"))
         lines.append(
-            f"| {r['cell']} | {t['inproc']:.2f} / {t['served']:.2f} "
+            f"| {r['cell']} | {t['inproc']:.2f} / {t['server']:.2f} / {t['served']:.2f} "
             f"({t['served'] - t['inproc']:+.2f}) | {p['inproc']:.3f} / {p['served']:.3f} "
             f"({pct(p['served'], p['inproc']):+.1f} %) | {i['inproc']:.3f} / {i['served']:.3f} "
             f"({pct(i['served'], i['inproc']):+.1f} %) | {q['inproc']:.2f} / {q['served']:.2f} |")

@@ -9,7 +9,8 @@ concurrency), adds them to the shared vLLM V1 scheduler between steps, and runs 
   update N. The scheduler counts placeholders for the step in flight (`async_scheduling`).
 
 The loop is vLLM's `EngineCore.step_with_batch_queue`, and sim/loop.py's engine process runs the
-same rule. A chunk's time is when update_from_output emits it; TTFT and E2EL run from the
+same rule; `stepgap serve` runs it too, with engine/core_proc.py's `ServedClient` in the client's
+place (requests from the HTTP front end instead of a trace). A chunk's time is when update_from_output emits it; TTFT and E2EL run from the
 request's send time. The run result has the keys of `vllm bench serve --save-result`, plus step
 gaps (from the device spans of the timeline), acceptance statistics and the run's config.
 """
