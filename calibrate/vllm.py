@@ -20,6 +20,7 @@ import re
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from common.errors import UserError, where
@@ -42,6 +43,7 @@ SCOPES = {
     "gpu_model_runner: AsyncGPUModelRunnerOutput": ("device", "d2h"),
     "gpu_model_runner: set_async_sampled_token_ids": ("device", "d2h"),
 }
+HOOK_MARGIN_US = 50_000   # hook spans this far outside the worker's steps may still be theirs
 # One engine step on the worker: the execute_model RPC's annotation.
 STEP = re.compile(r"^execute_(?:\d+_)?context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
 # The first op of each EAGLE draft pass after the first (vllm/v1/spec_decode/llm_base_proposer.py
@@ -59,6 +61,20 @@ class Source:
     path: Path
     role: str            # "worker", "api_server", "engine_core"
     events: list[dict]
+
+    @cached_property
+    def starts(self) -> list[float]:
+        return [e["ts"] for e in self.events]
+
+    @cached_property
+    def annotations(self) -> tuple[list[dict], list[float]]:
+        """vLLM's annotations (user_annotation events), with their starts."""
+        ann = [e for e in self.events if e["cat"] == "user_annotation"]
+        return ann, [e["ts"] for e in ann]
+
+    def inside(self, start: float, end: float) -> list[dict]:
+        """The events that start in [start, end]."""
+        return self.events[bisect_left(self.starts, start):bisect_right(self.starts, end)]
 
 
 def read_trace(path) -> Source:
@@ -134,15 +150,13 @@ def read_source(path) -> Source:
     return read_hooks(path)
 
 
-def _inside(events: list[dict], start: float, end: float) -> list[dict]:
-    starts = [e["ts"] for e in events]
-    return events[bisect_left(starts, start):bisect_right(starts, end)]
-
-
 def worker_steps(src: Source, window: tuple[float, float] | None = None) -> list[dict]:
     """The worker's steps: each execute_context annotation, the vLLM scopes that follow it up to
     the next one, and its shape ({reqs, tokens, prefill, decode, q})."""
-    ann = [e for e in src.events if e["cat"] == "user_annotation"]
+    ann, starts = src.annotations
+    if window is not None:   # the window's annotations, and the next one (its last step's end)
+        ann = ann[bisect_left(starts, window[0]):bisect_right(starts, window[1]) + 64]
+        starts = [e["ts"] for e in ann]
     marks = [e for e in ann if STEP.match(e["name"])]
     steps = []
     for i, m in enumerate(marks):
@@ -150,7 +164,8 @@ def worker_steps(src: Source, window: tuple[float, float] | None = None) -> list
             continue
         end = marks[i + 1]["ts"] if i + 1 < len(marks) else math.inf
         c, ct, g, gt = (int(x) for x in STEP.match(m["name"]).groups())
-        scopes = [e for e in _inside(ann, m["ts"], end) if e is not m and e["ts"] < end]
+        inside = ann[bisect_left(starts, m["ts"]):bisect_right(starts, end)]
+        scopes = [e for e in inside if e is not m and e["ts"] < end]
         steps.append({"mark": m, "scopes": scopes, "reqs": c + g, "tokens": ct + gt,
                       "prefill": c, "decode": g,
                       "q": max(ct // c if c else 0, gt // g if g else 0) or 1})
@@ -162,7 +177,7 @@ def _draft_passes(src: Source, draft: dict) -> list[tuple[float, float]]:
     where each later pass starts (in a trace, its position-update kernel; from the hooks, its
     forward context)."""
     t0, t1 = draft["ts"], draft["ts"] + draft["dur"]
-    inside = _inside(src.events, t0, t1)
+    inside = src.inside(t0, t1)
     cuts = [e["ts"] for e in inside if any(m in e["name"] for m in PASS_MARKS)]
     if not cuts:
         cuts = [e["ts"] for e in inside if e["name"] == "draft pass"][1:]
@@ -184,7 +199,7 @@ def _gpu_kernels(src: Source) -> dict[int, list[dict]]:
 def _device_time(src: Source, kernels: dict, start: float, end: float):
     """(first kernel start, last kernel end) of the kernels launched from host [start, end]
     (a GPU trace), or None when nothing ran on a GPU."""
-    ks = [k for e in _inside(src.events, start, end) if e["cat"] == "cuda_runtime"
+    ks = [k for e in src.inside(start, end) if e["cat"] == "cuda_runtime"
           for k in kernels.get(e["args"].get("correlation"), ())]
     if not ks:
         return None
@@ -265,7 +280,8 @@ def ingest_profile(paths, window: tuple[float, float] | None = None) -> list[Spa
         spans += sp
         ends = [s.end_us for s in sp if s.lane != "device" or not kernels]
         prev_end = max(ends + [st["mark"]["ts"] + st["mark"]["dur"]])
-    others = [e for s in sources if s is not w for e in s.events if e["cat"] == "hook"]
+    lo, hi = steps[0]["mark"]["ts"] - HOOK_MARGIN_US, prev_end + HOOK_MARGIN_US
+    others = [e for s in sources if s is not w for e in s.inside(lo, hi) if e["cat"] == "hook"]
     spans += hook_spans(others, steps)
     t_first = steps[0]["mark"]["ts"]
     return sorted((s._replace(start_us=s.start_us - t_first, end_us=s.end_us - t_first)
@@ -299,7 +315,7 @@ def hook_spans(events: list[dict], steps: list[dict]) -> list[Span]:
     before them; add_request to the step scheduled next."""
     starts = [st["mark"]["ts"] for st in steps]
     last = steps[-1]["mark"]["ts"] + steps[-1]["mark"]["dur"]
-    lo, hi = starts[0] - 50_000, last + 50_000
+    lo, hi = starts[0] - HOOK_MARGIN_US, last + HOOK_MARGIN_US
     raw = sorted((e for e in events if lo <= e["ts"] <= hi), key=lambda e: e["ts"])
     sched = [e for e in raw if e["name"] == "schedule" and e["lane"] == "cpu.engine"]
     s0 = _first_schedule(sched, steps)
