@@ -80,8 +80,14 @@ def _shape(dev: list[Span]) -> dict:
 
 def device_points(spans: list[Span], k: int) -> list[dict]:
     """One point per device op of every step: {op, i, k, x (features), us, t (its step's
-    start), step}."""
+    start), step}. An op's time runs from the previous op's end (what lies between is the
+    device's), except where the worker waited in between (vLLM's sample_tokens RPC on a
+    synchronous device): that is the worker's, modelled apart (`rpc_mid`)."""
     points = []
+    waits = defaultdict(list)
+    for s in spans:
+        if s.lane == "cpu.worker" and s.op == "wait":
+            waits[s.step].append(s.end_us)
     for n, st in sorted(steps_of(spans).items()):
         dev = st["device"]
         if not dev:
@@ -90,7 +96,10 @@ def device_points(spans: list[Span], k: int) -> list[dict]:
         prev_end = None
         for s in dev:
             i = (s.args or {}).get("i") if s.op == "draft_forward" else None
-            us = s.end_us - (prev_end if prev_end is not None else s.start_us)
+            start = s.start_us
+            if prev_end is not None:
+                start = max([prev_end] + [e for e in waits[n] if prev_end < e <= s.start_us])
+            us = s.end_us - start
             prev_end = s.end_us
             points.append({"op": s.op, "i": i, "k": k, "us": us, "t": dev[0].start_us,
                            "step": n, "x": features(s.op, i, shape["tokens"], shape["reqs"],

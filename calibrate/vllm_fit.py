@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from calibrate.fit import device_points, fit_jitter, step_series
 from common.errors import UserError, where
 from common.fileio import read_text
 
@@ -230,7 +231,10 @@ def cpu_samples(spans) -> dict[str, list[tuple[int, int, float]]]:
     for s in spans:
         a = s.args or {}
         if s.lane == "cpu.engine" and s.op == "wait" and a.get("on") == "take_draft_token_ids":
-            out["rpc_drafts"].append((0, 0, s.end_us - s.start_us))
+            sched = steps.get(s.step, {}).get("engine", {}).get("schedule")
+            b = (sched.args or {}) if sched is not None else {}
+            out["rpc_drafts"].append((b.get("reqs", 0), b.get("tokens", 0),
+                                      s.end_us - s.start_us))
         elif s.lane == "cpu.frontend" and s.op == "process_outputs":
             out["process_outputs"].append((a.get("reqs", 0), 0, s.end_us - s.start_us))
         elif s.lane == "cpu.frontend" and s.op == "add_request":
@@ -280,7 +284,6 @@ def fit_cpu_terms(samples: dict) -> tuple[dict, dict, list[str]]:
 
 def fit_device_ops(runs: list[Run]) -> tuple[list, list[str]]:
     """One fit per (op, draft pass, k) over the determined features."""
-    from calibrate.fit import device_points
     from sim.profile import Fit
     groups = defaultdict(list)
     for r in runs:
@@ -308,6 +311,9 @@ def calibrate_runs(runs: list[Run], meta: dict | None = None) -> dict:
                         "(a profiled run per setup) or bench/vllm/stepgap_hooks span files; "
                         "a bench file alone does not determine the per-op costs")
     fits, missing = fit_device_ops(timed)
+    jitter = fit_jitter([step_series(device_points(r.spans, r.k), {(f.op, f.i, f.k): f
+                                                                     for f in fits})
+                         for r in timed])
     samples, by_k = defaultdict(list), defaultdict(lambda: defaultdict(list))
     for r in timed:
         for term, rows in cpu_samples(r.spans).items():
@@ -319,7 +325,8 @@ def calibrate_runs(runs: list[Run], meta: dict | None = None) -> dict:
     for k, s in sorted(by_k.items()):
         cpu_by_k[str(k)], _, _ = fit_cpu_terms(s)
     # Not observable in sync runs: the async worker's turnaround (it answers one RPC and takes
-    # the next, already queued) is the same operation as the mid-step RPC turnaround.
+    # the next, already queued) is the same operation as the mid-step RPC turnaround (the
+    # simulator halves both in async: sim/loop.py, docs/vllm.md).
     for c in (cpu, *cpu_by_k.values()):
         if "rpc_mid" in c:
             c["worker_turnaround"] = list(c["rpc_mid"])
@@ -338,7 +345,8 @@ def calibrate_runs(runs: list[Run], meta: dict | None = None) -> dict:
                            [r.name for r in timed], "not_sync (left out)": skipped,
                            "ks": sorted({r.k for r in sync}),
                            "concurrency": sorted({r.conc or 0 for r in sync})},
-           "acceptance_by_k": acceptance, "undetermined": sorted(set(missing))}
+           "acceptance_by_k": acceptance, "jitter": jitter,
+           "undetermined": sorted(set(missing))}
     fit_levels(doc, sync)
     return doc
 

@@ -30,7 +30,8 @@ lane: each step is `broadcast` to the ranks before they prepare it, and rank 0 `
 output for the engine after the step (in async, on its output thread: a latency, no span).
 
 vLLM's topology (`topology="vllm"`, docs/vllm.md) adds what vLLM's own processes do: the worker
-answers two RPCs per step, so it idles `rpc_mid` between the target forward and the sampler; in
+answers two RPCs per step, so it idles `rpc_mid` between the target forward and the sampler (half
+of it in async, where the next RPC is already queued, and so for `worker_turnaround`); in
 sync with drafts the engine core makes a third, take_draft_token_ids (`rpc_drafts`), after
 update_from_output; an API server (`frontend`, lane cpu.frontend) takes each request in
 (`add_request`) and processes each step's outputs (`process_outputs`) before the client has
@@ -193,6 +194,10 @@ class Sim:
         self.to_worker = simpy.Store(self.env)
         self.vllm = r.topology == "vllm"
         self.host = simpy.Resource(self.env, 1) if self.vllm else None
+        # vLLM's worker turns an RPC around in a round trip in sync (it replies, and the engine
+        # core sends the next only then) and in one message in async (the next is already
+        # queued): the share of the sync-fitted turnaround it waits (docs/vllm.md)
+        self.rpc_share = 0.5 if self.vllm and self.async_ else 1.0
         self.to_frontend = simpy.Store(self.env)
         self.num_steps = 0
         self.tokens = [[0] * (1 + n) for n in range(cfg.k + 1)]
@@ -407,7 +412,7 @@ class Sim:
                     t_host = env.now
                 step.t_output = t_host + cpu.result_latency_us(n, tokens)
                 step.ready.succeed()
-                yield env.timeout(cpu.worker_turnaround(n, tokens))
+                yield env.timeout(cpu.worker_turnaround(n, tokens) * self.rpc_share)
                 continue
             if self.async_:  # an output thread sends the result once the copy lands
                 collect = cpu.collect(n, tokens) if self.tp > 1 else 0.0
@@ -440,7 +445,7 @@ class Sim:
             self.device.place(step, env.now + lat, env.now + dur + lat)
             yield self.busy(WORKER, "launch", out.step, dur)
         else:  # the device is this thread: launch packs the inputs, then runs the ops itself
-            pause = cpu.rpc_mid(out.num_reqs, out.num_batched_tokens) \
+            pause = cpu.rpc_mid(out.num_reqs, out.num_batched_tokens) * self.rpc_share \
                 if self.vllm and cpu.rpc_mid is not None else 0.0
             self.device.place(step, env.now + dur, env.now + dur, pause)
             yield self.busy(WORKER, "launch", out.step, step.t_done - env.now)

@@ -287,7 +287,8 @@ def test_our_engine_gives_vllms_tokens_and_acceptance_step_by_step():
         args = EngineArgs(model=str(pair / "target"), draft=str(pair / "eagle3") if k else None,
                           k=k, dtype="float32", max_model_len=256, max_num_seqs=8,
                           num_threads=1)
-        out = run_trace(args.make_executor(), reqs, args.engine_config("sync"), vocab_size=0,
+        vocab = json.loads((pair / "target" / "config.json").read_text())["vocab_size"]
+        out = run_trace(args.make_executor(), reqs, args.engine_config("sync"), vocab_size=vocab,
                         max_concurrency=4, detailed=True)
         for r, sizes in zip(reqs, out.result["chunk_tokens"]):
             want = chunks[r.request_id]

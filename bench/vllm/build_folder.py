@@ -26,14 +26,17 @@ import functools
 import gzip
 import json
 import shutil
+import statistics
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from calibrate.measured import FORMAT as MEASURED, git_commit, requests_of, save_runs, trim  # noqa: E402,E501
-from calibrate.harness import cell_name, machine_info  # noqa: E402
+from calibrate.fit import device_points  # noqa: E402
+from calibrate.harness import add_device, cell_name, device_vs_profile, machine_info  # noqa: E402,E501
 from calibrate.vllm import acceptance_from_scrapes, ingest_profile, read_source  # noqa: E402
 from calibrate.vllm_fit import BURSTY_MAX, Run, calibrate_runs  # noqa: E402
 from common.formats import gap_summary, save_timeline, step_gaps  # noqa: E402
@@ -100,7 +103,8 @@ def main(argv=None) -> int:
         shutil.copy(PAIR / name / "config.json", out / "models" / name / "config.json")
 
     # the judged runs
-    cells, runs, bursty = [], {}, []
+    cells, runs, bursty, device = [], {}, [], {}
+    fitted_ks = sorted({f["k"] for f in profile["device_ops"]})
     for r in plan["runs"]:
         if r["kind"] != "judged":
             continue
@@ -118,8 +122,11 @@ def main(argv=None) -> int:
                             "chunks_as_captured": matched, "load_avg_1m": r["load_avg_1m"],
                             "cpu_s": r["cpu_s"]})
         # the run's step gaps, from its own hook timeline (a bench file has none)
-        res["step_gaps"] = gap_summary(step_gaps(run_of(src, r).spans), detailed=True)
-        runs.setdefault(cell_name(r["mode"], r["k"], r["conc"]), []).append(trim(res))
+        spans = run_of(src, r).spans
+        res["step_gaps"] = gap_summary(step_gaps(spans), detailed=True)
+        name = cell_name(r["mode"], r["k"], r["conc"])
+        runs.setdefault(name, []).append(trim(res))
+        add_device(device.setdefault(name, {}), device_points(spans, r["k"]))
     for mode in plan["modes"]:
         for k in plan["ks"]:
             for conc in plan["concurrency"]:
@@ -130,7 +137,9 @@ def main(argv=None) -> int:
                 save_runs(out / f, runs.get(name, []))
                 cells.append({"mode": mode, "k": k, "max_concurrency": conc, "runs": f,
                               "num_runs": len(runs.get(name, [])),
-                              "info": {"async_patch": mode == "async"}})
+                              "info": {"async_patch": mode == "async", "device_vs_profile":
+                                       device_vs_profile(device[name], profile, min(
+                                           fitted_ks, key=lambda f: abs(f - k)))}})
 
     # vLLM's tokens of every held-out prompt, per k (from the sync servers)
     tokens = {}
@@ -153,8 +162,14 @@ def main(argv=None) -> int:
                           [s for s in spans if TIMELINE_STEPS[0] <= s.step < TIMELINE_STEPS[1]])
             timeline_cells.append(name)
 
+    loads = [r["load_avg_1m"] for r in plan["runs"]]
+    started = min(r["window_s"][0] for r in plan["runs"])
     manifest = {
         "format": MEASURED, "device": "vllm-cpu", "bounds": "vllm",
+        "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "wall_s": round(sum(r["wall_s"] for r in plan["runs"]), 1),
+        "load_avg_1m": {"min": min(loads), "max": max(loads),
+                        "mean": round(statistics.fmean(loads), 2)},
         "title": "vLLM 0.32.0 (CPU build) serving the trained pair", "machine": machine_info(),
         "commit": git_commit(), "command": "python bench/vllm/measure.py && python "
                                            "bench/vllm/build_folder.py",
