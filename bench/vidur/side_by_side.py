@@ -3,6 +3,7 @@
     make vidur                                  # Vidur 0.0.26 in .vidur/venv, its profile cache
     python bench/vidur/side_by_side.py          # 10,000 requests, 3 rounds: about 2 min here
     python bench/vidur/side_by_side.py --vidur-venv V --vidur-cache C --repeat 3
+    python bench/vidur/side_by_side.py --baseline ../main   # and another checkout, same rounds
 
 The trace: stepgap's ShareGPT-like workload (seed 0), every request arriving at t = 0, written
 once to OUT/trace.csv in Vidur's trace_replay columns (Date, Time, PromptTokenCount,
@@ -161,10 +162,11 @@ def read_trace(path: Path):
 
 # -- one run of each, in its own process -------------------------------------------------------
 
-def stepgap_child(trace: Path, k: int, mode: str) -> None:
-    """Runs in a child process: one stepgap run of the trace, its phases as one JSON line."""
+def stepgap_child(trace: Path, k: int, mode: str, root: Path) -> None:
+    """Runs in a child process: one run of the trace by the stepgap checkout at `root`, its
+    phases as one JSON line."""
     t0 = time.perf_counter()
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(root))
     from sim.config import SimConfig
     from sim.loop import Sim
     t_import = time.perf_counter()
@@ -214,31 +216,40 @@ def runners(args, vidur_py: Path, trace: Path, out: Path) -> dict:
     env = {**os.environ, **OFFLINE}
     vidur_out = out / "vidur-output"
     me = [sys.executable, str(Path(__file__).resolve())]
-    return {
-        "vidur": lambda t: timed([str(vidur_py), str(HERE / "driver.py"),
-                                  *vidur_args(t, args.vidur_cache.resolve(), vidur_out)],
-                                 env, "VIDUR_STATS", out),
-        "stepgap k=0 sync": lambda t: timed([*me, "--stepgap-child", str(t), "0", "sync"],
-                                            None, "STEPGAP_STATS", out),
-        "stepgap k=4 async": lambda t: timed([*me, "--stepgap-child", str(t), "4", "async"],
-                                             None, "STEPGAP_STATS", out),
-    }
+
+    def stepgap(root: Path, k: int, mode: str):
+        return lambda t: timed([*me, "--stepgap-child", str(t), str(k), mode, str(root)],
+                               None, "STEPGAP_STATS", out)
+
+    run = {"vidur": lambda t: timed([str(vidur_py), str(HERE / "driver.py"),
+                                     *vidur_args(t, args.vidur_cache.resolve(), vidur_out)],
+                                    env, "VIDUR_STATS", out),
+           "stepgap k=0 sync": stepgap(ROOT, 0, "sync"),
+           "stepgap k=4 async": stepgap(ROOT, 4, "async")}
+    if args.baseline:   # another checkout in the same rounds: a before/after that holds
+        run["baseline k=0 sync"] = stepgap(args.baseline.resolve(), 0, "sync")
+        run["baseline k=4 async"] = stepgap(args.baseline.resolve(), 4, "async")
+    return run
 
 
 # -- the table ---------------------------------------------------------------------------------
 
+RATES = ("req/s (process)", "req/s (loop CPU)", "steps/s (loop CPU)")
+
+
 def rates(s: dict) -> dict:
+    """Requests per second of the whole process's wall time (what a user waits), and requests
+    and steps per CPU second of the event loop alone (steadier on a shared machine)."""
     n = s["requests"]
-    return {"req/s (process)": n / s["wall_s"], "req/s (loop)": n / s["loop_s"],
-            "steps/s (loop)": s["batches"] / s["loop_s"]}
+    return dict(zip(RATES, (n / s["wall_s"], n / s["loop_cpu_s"],
+                            s["batches"] / s["loop_cpu_s"])))
 
 
 def table(rounds: list[dict]) -> str:
     names = list(rounds[0])
-    med = lambda xs: statistics.median(xs)   # noqa: E731
-    rng = lambda xs: f"{min(xs):,.0f}-{max(xs):,.0f}"   # noqa: E731
+    med = statistics.median
     lines = [f"{'':<20}{'requests':>9}{'steps':>8}{'process s':>10}{'loop s':>8}"
-             f"{'req/s (process)':>17}{'req/s (loop)':>14}{'steps/s (loop)':>16}"
+             f"{'loop CPU s':>11}{RATES[0]:>17}{RATES[1]:>18}{RATES[2]:>20}"
              f"{'sim. s':>8}{'TPOT ms':>9}"]
     for name in names:
         runs = [r[name] for r in rounds]
@@ -246,22 +257,18 @@ def table(rounds: list[dict]) -> str:
         lines.append(
             f"{name:<20}{runs[0]['requests']:>9,}{runs[0]['batches']:>8,}"
             f"{med([s['wall_s'] for s in runs]):>10.2f}{med([s['loop_s'] for s in runs]):>8.2f}"
-            f"{med([x['req/s (process)'] for x in rr]):>17,.0f}"
-            f"{med([x['req/s (loop)'] for x in rr]):>14,.0f}"
-            f"{med([x['steps/s (loop)'] for x in rr]):>16,.0f}"
+            f"{med([s['loop_cpu_s'] for s in runs]):>11.2f}"
+            f"{med([x[RATES[0]] for x in rr]):>17,.0f}{med([x[RATES[1]] for x in rr]):>18,.0f}"
+            f"{med([x[RATES[2]] for x in rr]):>20,.0f}"
             f"{runs[0]['simulated_s']:>8.1f}{runs[0]['mean_tpot_ms']:>9.2f}")
-    lines.append("")
-    lines.append(f"{'ratio to vidur (median of paired rounds; range)':<48}"
-                 f"{'req/s (process)':>24}{'req/s (loop)':>20}{'steps/s (loop)':>20}")
+    lines += ["", f"{'ratio to vidur: median of the rounds (range)':<46}"
+                  f"{RATES[0]:>24}{RATES[1]:>24}{RATES[2]:>24}"]
     for name in names[1:]:
         cols = []
-        for key in ("req/s (process)", "req/s (loop)", "steps/s (loop)"):
+        for key in RATES:
             xs = [rates(r[name])[key] / rates(r["vidur"])[key] for r in rounds]
             cols.append(f"{med(xs):.2f}x ({min(xs):.2f}-{max(xs):.2f})")
-        lines.append(f"{name:<48}{cols[0]:>24}{cols[1]:>20}{cols[2]:>20}")
-    lines.append("")
-    lines.append("ranges over rounds, req/s (process): " + "; ".join(
-        f"{n} {rng([rates(r[n])['req/s (process)'] for r in rounds])}" for n in names))
+        lines.append(f"{name:<46}" + "".join(f"{c:>24}" for c in cols))
     return "\n".join(lines)
 
 
@@ -283,12 +290,15 @@ def main(argv=None) -> int:
                     help="the real profile tables, to lay the cache out from (profiles.py)")
     ap.add_argument("--setup-only", action="store_true",
                     help="make the venv and the profile cache, run nothing")
-    ap.add_argument("--stepgap-child", nargs=3, metavar=("TRACE", "K", "MODE"),
+    ap.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                    help="also run another stepgap checkout (e.g. `git worktree add` of main) "
+                         "in the same rounds, as rows `baseline ...`")
+    ap.add_argument("--stepgap-child", nargs=4, metavar=("TRACE", "K", "MODE", "ROOT"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.stepgap_child:
-        trace, k, mode = args.stepgap_child
-        stepgap_child(Path(trace), int(k), mode)
+        trace, k, mode, root = args.stepgap_child
+        stepgap_child(Path(trace), int(k), mode, Path(root))
         return 0
     ensure_cache(args.vidur_cache, args.vidur_profiles)   # first: it needs no install
     vidur_py = ensure_vidur(args.vidur_venv, args.python)
