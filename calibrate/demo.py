@@ -1,39 +1,54 @@
 """`stepgap demo`: the engine on the committed trained pair, next to the simulator's prediction.
 
-1. The engine (the `process` executor, engine and worker pinned to a CPU each; CPU, float32,
-   greedy) runs the pair's held-out workload (prompts cut from Python stdlib files the pair never
-   trained on) with k draft tokens per step and measures what `vllm bench serve` measures, with
-   real acceptance.
+1. This machine is measured on the spot (`--profile measure`, the default): the measurement
+   harness (calibrate/harness.py) runs a small plan in one engine worker, a short
+   microbenchmark grid and one calibration run on prompts cut from the corpus's *training*
+   files (calibrate/pair.py), and fits a profile from them (calibrate/fit.py), as `stepgap
+   profile` does at length. Then, in the same worker, the engine (the `process` executor,
+   engine and worker pinned to a CPU each; CPU, float32, greedy) runs the pair's held-out
+   workload (prompts cut from Python stdlib files the pair never trained on) with k draft
+   tokens per step and measures what `vllm bench serve` measures, with real acceptance.
 2. The simulator runs the same trace with the same k, concurrency, mode, scheduler limits and
-   topology (`executor=process`, `device=cpu`: the device is the worker's own CPU), on the
-   measured profile committed with the CPU validation (traces/measured/cpu/profile.json: device
-   op fits and CPU costs of this kind of machine, docs/validation.md), replaying the engine's
-   accepted count of every decode step, so both see the same acceptance.
-3. Both are printed side by side, with the simulator's error.
+   topology (`executor=process`, `device=cpu`: the device is the worker's own CPU) on that
+   profile, replaying the engine's accepted count of every decode step, so both see the same
+   acceptance.
+3. Both are printed side by side, with the simulator's error. Because the costs were measured
+   here, a moment before, the error means the same on every machine: how well the step-loop
+   model predicts, not how far this machine's speed is from another's.
 
-Why the process executor: it is the topology the committed profile was calibrated on, and the
-one where the modes differ on a CPU (inline, the engine's thread computes everything, and async
-hides nothing). On another machine, `stepgap profile --out P` measures its own profile and
-`stepgap demo --profile P` uses it.
+`--profile committed` takes the profile committed with the CPU validation instead
+(traces/measured/cpu/profile.json, measured on the machine of docs/validation.md), and
+`--profile PATH` any other: then the error also holds how much faster or slower this machine
+is. Why the process executor: it is the topology the profiles are calibrated on, and the one
+where the modes differ on a CPU (inline, the engine's thread computes everything, and async
+hides nothing).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 from calibrate.pair import PAIR, ROOT, load_heldout, pair_paths
 from common.errors import UserError
+from common.fileio import write_json
 from common.formats import MODES
+from common.options import MAX_K, at_most, positive_int
 
 PROFILE = ROOT / "traces" / "measured" / "cpu" / "profile.json"
+MEASURE = "measure"
+CALIBRATION_PROMPTS = 16      # one calibration run of 16 prompts (fewer for a shorter trace)
+# A short grid: one request, the pair's context range, prefill chunks and the decode shape.
+QUICK_GRID = dict(reqs=(1,), contexts=(64, 160, 240), queries=(16, 64), repeats=3)
 
 EPILOG = """\
 examples:
   stepgap demo                                  # k = 4, 48 held-out prompts, concurrency 1
-  stepgap demo --k 2 --max-concurrency 4 --num-prompts 16
+  stepgap demo --k 2 --max-concurrency 4 --num-prompts 16 --mode async
+  stepgap demo --profile committed              # the profile of docs/validation.md's machine
 
 The pair (checkpoints/pystdlib) was trained by `stepgap train`; docs/training.md tells how.
 """
@@ -49,16 +64,19 @@ def register(sub) -> None:
     p.add_argument("--pair", default=str(PAIR), metavar="DIR",
                    help="folder with target/, eagle3/ and heldout.jsonl (default: the committed "
                         "checkpoints/pystdlib)")
-    p.add_argument("--k", type=int, default=4, help="draft tokens per step (default 4)")
-    p.add_argument("--num-prompts", type=int, default=None, metavar="N",
+    p.add_argument("--k", type=at_most(positive_int, MAX_K), default=4,
+                   help="draft tokens per step (default 4)")
+    p.add_argument("--num-prompts", type=positive_int, default=None, metavar="N",
                    help="the first N requests of the trace (default: all)")
-    p.add_argument("--max-concurrency", type=int, default=1, metavar="N",
+    p.add_argument("--max-concurrency", type=positive_int, default=1, metavar="N",
                    help="requests in flight (default 1, as the seed run)")
     p.add_argument("--mode", default="sync", choices=MODES,
                    help="step scheduling, both halves (default sync)")
-    p.add_argument("--profile", default=None, metavar="PROFILE.json",
-                   help="the simulator's measured costs (default: the committed CPU profile, "
-                        "traces/measured/cpu/profile.json; the roofline if it is missing)")
+    p.add_argument("--profile", default=MEASURE, metavar="measure|committed|PATH",
+                   help="the simulator's measured costs: measure (default) measures this machine "
+                        "on the spot, in seconds, before the engine runs; committed takes "
+                        "traces/measured/cpu/profile.json (another machine's, docs/"
+                        "validation.md); or a profile file of `stepgap profile`")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_demo)
 
@@ -103,19 +121,21 @@ def run_engine(pair, requests, k: int, max_concurrency: int | None = 1, progress
 
 
 def simulate_trace(pair, requests, accepted: dict, k: int, max_concurrency: int | None = 1,
-                   device_costs=None, mode: str = "sync", profile=None) -> dict:
+                   device_costs=None, mode: str = "sync", profile=None,
+                   lim: dict | None = None) -> dict:
     """The simulator on the same trace and topology, replaying the engine's accepted counts.
 
     `profile` (a path; default the committed CPU profile when it is there) gives the device op
     and CPU costs; without one the device is the roofline over the `cpu` catalog entry (a
-    placeholder). `device_costs` (a sim.costs.DeviceCosts) overrides the device side.
+    placeholder). `device_costs` (a sim.costs.DeviceCosts) overrides the device side. `lim`:
+    the engine's scheduler limits (default: those run_engine gives it).
     """
     from calibrate.harness import limits
     from sim.config import SimConfig
     from sim.loop import simulate
 
     paths = pair_paths(pair)
-    lim = limits(requests, k, max_concurrency)
+    lim = lim or limits(requests, k, max_concurrency)
     if profile is None and PROFILE.is_file():
         profile = PROFILE
     cfg = SimConfig(mode=mode, k=k, gpu="cpu", model=paths["target"], draft=paths["eagle3"],
@@ -169,14 +189,55 @@ def sample_text(pair, request, output_ids: list[int], lines: int = 4) -> str:
     return "\n".join("    " + s for s in cut)
 
 
+def measure_and_run(pair, requests, k: int, max_concurrency: int | None, mode: str,
+                    progress: bool):
+    """This machine measured on the spot, then the engine on `requests`, in one worker: (the
+    engine's result, its output ids in trace order, the fitted profile, the scheduler
+    limits)."""
+    from calibrate.fit import GridShape
+    from calibrate.harness import Plan, cell_name, run_plan
+    from calibrate.pair import calibration_trace
+    from calibrate.validate import pair_engine
+
+    n = calibration_size(requests)
+    calibration = calibration_trace(pair, n)
+    plan = Plan(pair_engine(pair), [mode], [k], [max_concurrency], requests, calibration,
+                repeats=1, slice=len(requests), calibration_slice=n,
+                grid=GridShape(**QUICK_GRID), judged_name="held-out prompts",
+                calibration_name=f"{n} prompts cut from the corpus's training files",
+                device_name="this machine")
+    m = run_plan(plan, progress=progress, desc="measure this machine, then run")
+    name = cell_name(mode, k, max_concurrency)
+    return m.runs[name][0], m.outputs[name], m.profile, plan.limits()
+
+
+def calibration_size(requests) -> int:
+    """Calibration prompts: as many as the demo's, from 4 to CALIBRATION_PROMPTS."""
+    return min(CALIBRATION_PROMPTS, max(4, len(requests)))
+
+
+def resolve_profile(profile: str | None) -> str | None:
+    """--profile: `measure` (None: measured on the spot), `committed`, or a path, checked
+    before anything runs."""
+    from sim.profile import load_profile
+    if profile in (None, MEASURE):
+        return None
+    path = str(PROFILE) if profile == "committed" else profile
+    load_profile(path)   # a missing or broken profile fails now, not after the engine ran
+    return path
+
+
 def run_demo(pair=PAIR, k: int = 4, num_prompts: int | None = None,
              max_concurrency: int | None = 1, progress: bool = True, device_costs=None,
-             out=print, mode: str = "sync", profile=None) -> tuple[dict, dict]:
+             out=print, mode: str = "sync", profile=MEASURE) -> tuple[dict, dict]:
     from common.modelcfg import load_draft_config, load_model_config
     if k < 1:
         raise UserError(f"--k must be >= 1, got {k}")
     if max_concurrency is not None and max_concurrency < 1:
         raise UserError(f"--max-concurrency must be >= 1, got {max_concurrency}")
+    if num_prompts is not None and num_prompts < 1:
+        raise UserError(f"--num-prompts must be >= 1, got {num_prompts}")
+    path = resolve_profile(profile)
     paths = pair_paths(pair)
     reqs = load_heldout(pair, num_prompts)
     tcfg = load_model_config(paths["target"])
@@ -192,24 +253,38 @@ def run_demo(pair=PAIR, k: int = 4, num_prompts: int | None = None,
     out(f"  trace   {len(reqs)} held-out prompts of {min(p_lens)}-{max(p_lens)} tokens, "
         f"outputs of {min(o_lens)}-{max(o_lens)}; k={k}, greedy, max concurrency "
         f"{max_concurrency}, {mode}, process worker, CPU float32")
-    run = run_engine(pair, reqs, k, max_concurrency, progress, mode=mode)
-    engine = run.result
-    sim = simulate_trace(pair, reqs, run.accepted, k, max_concurrency, device_costs, mode,
-                         profile)
-    used = (sim["config"].get("profile") or "")
+    if path is None:
+        engine, outputs, prof, lim = measure_and_run(pair, reqs, k, max_concurrency, mode,
+                                                     progress)
+        first = outputs[0]   # in trace order
+        accepted = dict(zip(engine["request_ids"], engine["accepted"]))
+        with tempfile.TemporaryDirectory(prefix="stepgap-demo-") as tmp:
+            path = Path(tmp) / "profile.json"
+            write_json(path, prof)
+            sim = simulate_trace(pair, reqs, accepted, k, max_concurrency, device_costs, mode,
+                                 path, lim)
+        costs = ("costs: measured on this machine just before, in the same worker (a short\n"
+                 f"  microbenchmark grid and a calibration run of {calibration_size(reqs)} other "
+                 "prompts, cut from the\n  corpus's training files)")
+    else:
+        if progress:
+            print(f"  engine: {len(reqs)} requests ...", file=sys.stderr)
+        run = run_engine(pair, reqs, k, max_concurrency, False, mode=mode)
+        engine, accepted = run.result, run.accepted
+        first = run.output_token_ids[reqs[0].request_id]
+        sim = simulate_trace(pair, reqs, accepted, k, max_concurrency, device_costs, mode, path)
+        costs = (f"costs: the measured profile {_show(path)}"
+                 + ("\n  (measured on the machine of docs/validation.md, not this one)"
+                    if Path(path).resolve() == PROFILE.resolve() else ""))
     out("")
     out(side_by_side(engine, sim))
     out("")
     out("  sim: same trace, k, concurrency, mode, scheduler and topology (process worker, CPU")
-    out("  device); the engine's accepted counts replayed; " + (
-        f"costs: the measured profile {_show(used)}" if used else
-        "device = roofline over the `cpu` catalog entry (no profile), CPU = defaults") + ".")
-    if used:
-        out("  (measured on the machine of docs/validation.md; `stepgap profile` measures "
-            "this one)")
+    out("  device); the engine's accepted counts replayed;")
+    out(f"  {costs}.")
     out("")
     out(f"  {reqs[0].request_id}, the end of its prompt and the start of its greedy output:")
-    out(sample_text(pair, reqs[0], run.output_token_ids[reqs[0].request_id]))
+    out(sample_text(pair, reqs[0], first))
     return engine, sim
 
 

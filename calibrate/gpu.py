@@ -27,6 +27,7 @@ Cells that would overrun --budget-s are skipped and listed. Needs torch and nump
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import platform
 import subprocess
@@ -37,7 +38,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from common.errors import UserError
+from common.fileio import check_writable, write_bytes, write_json
 from common.formats import MODES
+from common.options import positive_float, positive_int
 
 GPU_CONCURRENCY = "1,8,32"
 
@@ -216,16 +219,17 @@ def register(sub) -> None:
                    help="output folder (default out/gpu-validate, or out/cpu-validate on a CPU)")
     p.add_argument("--device", default=None, choices=("cuda", "cpu"),
                    help="default: cuda if torch sees one, else cpu")
-    p.add_argument("--budget-s", type=float, default=330.0,
+    p.add_argument("--budget-s", type=positive_float, default=330.0,
                    help="wall-clock budget of the plan; judged runs past it are skipped")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--ks", default="0,2,4")
     p.add_argument("--concurrency", default=GPU_CONCURRENCY)
-    p.add_argument("--repeats", type=int, default=1, help="judged runs per cell (default 1)")
-    p.add_argument("--prompts", type=int, default=None,
+    p.add_argument("--repeats", type=positive_int, default=1,
+                   help="judged runs per cell (default 1)")
+    p.add_argument("--prompts", type=positive_int, default=None,
                    help="prompts in the judged and in the calibration trace (default 32; 4 on "
                         "a CPU); a run takes min(prompts, max(8, 2 x concurrency))")
-    p.add_argument("--output-len", type=int, default=None,
+    p.add_argument("--output-len", type=positive_int, default=None,
                    help="output tokens per request (default 128 on cuda, 8 on cpu)")
     p.add_argument("--no-cuda-graphs", action="store_true")
     p.add_argument("--skip-selfcheck", action="store_true")
@@ -246,6 +250,9 @@ def cmd_validate_gpu(args) -> int:
     if cuda and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device here; use --device cpu for the tiny plan")
     out = Path(args.out or ("out/gpu-validate" if cuda else "out/cpu-validate"))
+    check_writable(out, "--out", folder=True)
+    if args.tar:
+        check_writable(f"{out}.tar.gz", "--tar")
     log = Log(out / "log.txt")
     device = torch.device(args.device)
     if not cuda:
@@ -269,7 +276,7 @@ def cmd_validate_gpu(args) -> int:
     m = run_plan(plan, progress=not args.quiet, log=log)
     env["skipped"] = m.skipped
     env["total_s"] = round(time.monotonic() - log.t0, 1)
-    (out / "env.json").write_text(json.dumps(env, indent=1, default=str) + "\n")
+    write_json(out / "env.json", json.loads(json.dumps(env, default=str)))
     gpu = env.get("gpu", "cpu")
     write_measured(plan, m, out, command_line("validate-gpu"),
                    extra={"title": f"Llama-3.1-8B + EAGLE-3 (random weights) on {gpu}" if cuda
@@ -279,7 +286,9 @@ def cmd_validate_gpu(args) -> int:
     write_report(out, command_line("validate-gpu"), args.quiet)
     log(f"done in {env['total_s']:.0f}s; wrote {out}/")
     if args.tar:
-        with tarfile.open(f"{out}.tar.gz", "w:gz") as tar:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
             tar.add(out, arcname=out.name)
+        write_bytes(f"{out}.tar.gz", buf.getvalue())
         log(f"packed {out}.tar.gz")
     return 0

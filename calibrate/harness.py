@@ -77,7 +77,13 @@ class Plan:
         """Scheduler limits every cell shares (engine and simulator): KV for every request at
         once, so nothing is preempted; the client's concurrency is the binding cap."""
         reqs = (self.judged or []) + (self.calibration or [])
-        return limits(reqs, max(self.ks), max(self.concs), self.engine.block_size)
+        k, bs = max(self.ks), self.engine.block_size
+        lim = limits(reqs, k, max(self.concs), bs)
+        if self.grid:   # the microbenchmark grid's longest contexts must fit too
+            ctx = max(self.grid.contexts) + k + 1
+            lim["max_model_len"] = max(lim["max_model_len"], ctx)
+            lim["num_blocks"] = max(lim["num_blocks"], max(self.grid.reqs) * cdiv(ctx, bs))
+        return lim
 
     def worker_args(self) -> EngineArgs:
         lim = self.limits()
@@ -111,6 +117,7 @@ class Measured:
     calibration_steps: list = field(default_factory=list)   # per run: [t ms, measured, fitted]
     worker: dict = field(default_factory=dict)    # the executor's info()
     skipped: list = field(default_factory=list)   # judged units past the budget
+    outputs: dict = field(default_factory=dict)   # cell -> its first run's output token ids
 
 
 def chunk(items: list, size: int, i: int) -> list:
@@ -151,9 +158,9 @@ def units_of(plan: Plan) -> list[tuple[str, str, int, int, int]]:
     return units
 
 
-def run_plan(plan: Plan, progress: bool = True, log=None) -> Measured:
+def run_plan(plan: Plan, progress: bool = True, log=None, desc: str | None = None) -> Measured:
     """Run every unit of the plan on the engine and fit the profile. `log`, when given, gets a
-    line per judged run."""
+    line per judged run; `desc` names the progress bar."""
     from tqdm import tqdm
 
     from engine.executor import pin_plan
@@ -178,7 +185,7 @@ def run_plan(plan: Plan, progress: bool = True, log=None) -> Measured:
     out.loads.append(os.getloadavg()[0])
     points = []
     with tqdm(total=total + grid_points, unit=" tok", disable=not progress, file=sys.stderr,
-              mininterval=1.0, desc="validate" if plan.judged else "profile") as bar:
+              mininterval=1.0, desc=desc or ("validate" if plan.judged else "profile")) as bar:
         if plan.grid:
             bar.set_postfix_str("microbenchmark grid")
             points = measure_grid(spec, plan.ks, min(pins[1]) if pins else None, plan.grid,
@@ -245,7 +252,7 @@ def keep_judged(out: Measured, plan: Plan, name: str, k: int, conc: int, run, lo
     """A judged run's result, its device points (for the drift diagnostic) and, for the
     timeline group's first run, the middle of its timeline."""
     res = run.result
-    res.pop("output_token_ids", None)
+    out.outputs.setdefault(name, res.pop("output_token_ids", None))
     res["config"]["load_avg_1m"] = [round(load0, 2), round(out.loads[-1], 2)]
     out.runs[name].append(res)
     add_device(out.device.setdefault(name, {}), device_points(run.spans, k))

@@ -18,15 +18,14 @@ calibrate/judge.py re-simulates and judges a folder; calibrate/report.py writes 
 
 from __future__ import annotations
 
-import gzip
-import json
 import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.errors import UserError
+from common.errors import UserError, where
+from common.fileio import read_json, read_json_object, write_json
 from common.formats import TraceRequest, save_timeline, save_trace
 from calibrate.harness import (Measured, Plan, cell_name, device_vs_profile, machine_info)
 
@@ -63,39 +62,53 @@ class Setup:
 def load_measured(folder) -> tuple[Setup, list[MeasuredCell]]:
     from sim.config import settings_of
     folder = Path(folder)
-    path = folder / "manifest.json"
-    if not path.is_file():
-        raise UserError(f"{folder}: no manifest.json there (a measured folder of `stepgap "
-                        "validate`, `stepgap validate-gpu` or `stepgap calibrate`)")
-    try:
-        man = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-    if not isinstance(man, dict) or man.get("format") != FORMAT:
-        got = man.get("format") if isinstance(man, dict) else type(man).__name__
-        raise UserError(f"{path}: format: expected {FORMAT!r}, got {got!r}")
+    man = read_manifest(folder)
     settings = settings_of(dict(man["sim"]))
     for key in ("model", "draft", "profile"):   # paths are relative to the folder
-        if settings.get(key) and not Path(settings[key]).is_absolute() \
+        if isinstance(settings.get(key), str) and not Path(settings[key]).is_absolute() \
                 and (folder / settings[key]).exists():
             settings[key] = str(folder / settings[key])
-    cells = [MeasuredCell(c["mode"], c["k"], c["max_concurrency"],
-                          load_runs(folder / c["runs"]), c.get("info", {}))
+    cells = [MeasuredCell(c["mode"], c["k"], c.get("max_concurrency"),
+                          load_runs(folder / c["runs"]), c.get("info") or {})
              for c in man["cells"]]
     return Setup(folder, settings, man), cells
 
 
+def read_manifest(folder: Path) -> dict:
+    """A measured folder's manifest.json, its shape checked (errors name the folder)."""
+    path = folder / "manifest.json"
+    if not path.is_file():
+        raise UserError(f"{folder}: no manifest.json there (a measured folder of `stepgap "
+                        "validate`, `stepgap validate-gpu` or `stepgap calibrate`)")
+    man = read_json_object(path, "a measured folder's manifest")
+    if man.get("format") != FORMAT:
+        raise UserError(f"{where(path, field='format')}: expected {FORMAT!r}, got "
+                        f"{man.get('format')!r}")
+    if not isinstance(man.get("sim"), dict):
+        raise UserError(f"{where(path, field='sim')}: expected the simulator's settings")
+    cells = man.get("cells")
+    if not isinstance(cells, list) or not cells:
+        raise UserError(f"{where(path, field='cells')}: expected a list of cells")
+    for n, c in enumerate(cells):
+        if not isinstance(c, dict) or not isinstance(c.get("runs"), str) \
+                or not isinstance(c.get("k"), int) or c.get("mode") is None:
+            raise UserError(f"{where(path, field=f'cells[{n}]')}: expected {{mode, k, "
+                            "max_concurrency, runs}")
+        if c.get("info") is not None and not isinstance(c["info"], dict):
+            raise UserError(f"{where(path, field=f'cells[{n}].info')}: expected an object")
+    return man
+
+
 def load_runs(path: Path) -> list[dict]:
     """A cell's runs: a gzip-compressed JSON list of run results."""
+    from common.formats import check_result
     if not path.is_file():
         raise UserError(f"{path}: not found (a cell's runs)")
-    try:
-        runs = json.loads(gzip.decompress(path.read_bytes()))
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"{path}: not a gzip-compressed JSON list of run results ({e})") \
-            from None
-    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+    runs = read_json(path)
+    if not isinstance(runs, list):
         raise UserError(f"{path}: expected a list of run results")
+    for n, r in enumerate(runs):
+        check_result(r, f"{path} (run {n})")
     return runs
 
 
@@ -134,15 +147,14 @@ def write_measured(plan: Plan, m: Measured, out: Path, command: str,
     out.mkdir(parents=True, exist_ok=True)
     for sub in ("runs", "timelines", "simulated"):
         shutil.rmtree(out / sub, ignore_errors=True)
-    (out / "profile.json").write_text(json.dumps(m.profile, indent=1) + "\n")
+    write_json(out / "profile.json", m.profile)
     ea = plan.engine
     target = ea.target_config()
     configs = {"target": target.to_hf_dict()}
     if ea.draft and max(plan.ks):
         configs["eagle3"] = ea.draft_config(target).to_hf_dict()
     for name, cfg in configs.items():
-        (out / "models" / name).mkdir(parents=True, exist_ok=True)
-        (out / "models" / name / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
+        write_json(out / "models" / name / "config.json", cfg)
     if plan.calibration is not None:
         save_trace(out / "calibration.jsonl", plan.calibration)
     if m.calibration_steps:   # what the noise model was fitted on (calibrate/fit.py)
@@ -184,7 +196,7 @@ def write_measured(plan: Plan, m: Measured, out: Path, command: str,
         "timeline": {"cells": sorted(m.timelines), "steps": list(m.timeline_steps or (0, 0))},
         "cells": cells, **(extra or {}),
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    write_json(out / "manifest.json", manifest)
 
 
 def sim_hardware(plan: Plan) -> str:
@@ -198,10 +210,7 @@ def sim_hardware(plan: Plan) -> str:
 
 def save_runs(path: Path, results: list[dict]) -> None:
     """A cell's runs, one gzip-compressed JSON list (no timestamp: same runs, same bytes)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("wb") as raw, \
-            gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as f:
-        f.write(json.dumps(results, separators=(",", ":")).encode())
+    write_json(path, results)
 
 
 def trim(res: dict) -> dict:

@@ -7,11 +7,11 @@ is judged on is never what it was fitted on (docs/validation.md).
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
 from common.errors import UserError
+from common.fileio import read_json_object
 from common.formats import TraceRequest, load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,9 +40,9 @@ def calibration_trace(pair, num_prompts: int, seed: int = 1) -> list[TraceReques
     from training.corpus import heldout_trace, load_tokenizer, split
 
     paths = pair_paths(pair)
-    info = json.loads((Path(pair) / "train.json").read_text()) \
-        if (Path(pair) / "train.json").is_file() else {}
-    cfg = info.get("config", {})
+    log = Path(pair) / "train.json"
+    info = read_json_object(log, "the pair's training log") if log.is_file() else {}
+    cfg = info.get("config") or {}
     lo, hi = cfg.get("prompt_len", (64, 128))
     out = cfg.get("output_len", (64, 128))
     _, train, _ = split()

@@ -42,6 +42,7 @@ import sys
 from pathlib import Path
 
 from calibrate.validate import add_grid_args, plan_from_args
+from common.options import positive_int
 
 EPILOG = """\
 examples:
@@ -67,11 +68,11 @@ def register(sub) -> None:
     g = p.add_argument_group("calibration")
     g.add_argument("--calibration-trace", default=None, metavar="FILE",
                    help="trace to calibrate on (default: cut from the corpus's training files)")
-    g.add_argument("--calibration-prompts", type=int, default=16, metavar="N",
+    g.add_argument("--calibration-prompts", type=positive_int, default=16, metavar="N",
                    help="calibration prompts (default 16)")
-    g.add_argument("--calibration-slice", type=int, default=16, metavar="N",
+    g.add_argument("--calibration-slice", type=positive_int, default=16, metavar="N",
                    help="prompts per calibration run (default 16)")
-    g.add_argument("--repeats", type=int, default=1, metavar="R",
+    g.add_argument("--repeats", type=positive_int, default=1, metavar="R",
                    help="calibration runs of every cell (default 1)")
     g.add_argument("--no-grid", action="store_true", help="skip the microbenchmark grid")
     g.add_argument("--out", default="out/profile.json", metavar="PATH",
@@ -82,7 +83,8 @@ def register(sub) -> None:
 
 def cmd_profile(args) -> int:
     from calibrate.harness import run_plan
-    from common.fileio import write_text
+    from common.fileio import check_writable, write_text
+    check_writable(args.out, "--out")
     plan = plan_from_args(args, judged=False)
     out = run_plan(plan, progress=not args.quiet)
     path = Path(args.out)

@@ -7,12 +7,12 @@ figures. It writes nothing into the folder's manifest or its known_misses.toml.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from calibrate.judge import (BOUNDS, SAVING_BOUND, Verdict, bound_failures, judge_folder,
                              load_known_misses, saving_cell, savings)
+from common.fileio import read_json_object, write_text
 from common.formats import load_timeline, save_result, save_timeline
 
 TIMELINE_STEPS = (60, 100)   # the steps of the timeline cells kept, when the manifest says none
@@ -81,7 +81,8 @@ def write_report(folder: Path, command: str | None = None, quiet: bool = False) 
     from sim import plots
 
     man_path = folder / "manifest.json"
-    tl = json.loads(man_path.read_text()).get("timeline", {}) if man_path.is_file() else {}
+    tl = read_json_object(man_path, "a measured folder's manifest").get("timeline") or {} \
+        if man_path.is_file() else {}
     tl_cells = tuple(tl.get("cells", []))
     setup, verdicts, spans = judge_folder(folder, tl_cells)
     rows = savings(verdicts)
@@ -120,7 +121,7 @@ def write_report(folder: Path, command: str | None = None, quiet: bool = False) 
                   "simulated")
         plots.save(fig, folder / "timeline.png")
     text = report_text(setup, verdicts, rows, command)
-    (folder / "report.md").write_text(text)
+    write_text(folder / "report.md", text)
     if not quiet:
         print(report_table(verdicts))
         print()
@@ -193,7 +194,8 @@ def misses_section(folder: Path, verdicts: list[Verdict], rows: list[dict]) -> l
             lines.append(f"| {cell} | {metric} | {_pct(errors.get((cell, metric)))} "
                          f"| {_pct(m.error)} | {_pct(m.cap)} | {m.reason} |")
         lines.append("")
-    rules = json.loads((folder / "manifest.json").read_text()).get("bounds", "engine")
+    rules = read_json_object(folder / "manifest.json",
+                             "a measured folder's manifest").get("bounds", "engine")
     fails = bound_failures(verdicts, rows, misses, rules)
     lines += [f"**Bounds broken beyond the known misses: {len(fails)}**", ""]
     lines += [f"- {f}" for f in fails] + ([""] if fails else [])

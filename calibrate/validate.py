@@ -24,6 +24,7 @@ from pathlib import Path
 
 from common.errors import UserError
 from common.formats import MODES
+from common.options import positive_int
 
 EPILOG = """\
 grid:
@@ -107,6 +108,8 @@ def plan_from_args(args, judged: bool = True):
     pair_paths(args.pair)   # names what is missing
     profile = None
     if getattr(args, "profile", None):
+        from sim.profile import load_profile
+        load_profile(args.profile)   # names what is wrong with it, before any work
         profile = read_json(args.profile)
     calibration = cname = None
     if profile is None:
@@ -147,18 +150,18 @@ def register(sub) -> None:
     g = p.add_argument_group("traces and repeats")
     g.add_argument("--trace", default=None, metavar="FILE",
                    help="judged trace (default: the pair's heldout.jsonl)")
-    g.add_argument("--num-prompts", type=int, default=None, metavar="N",
+    g.add_argument("--num-prompts", type=positive_int, default=None, metavar="N",
                    help="the first N requests of the judged trace (default: all, 48)")
-    g.add_argument("--repeats", type=int, default=18, metavar="R",
+    g.add_argument("--repeats", type=positive_int, default=18, metavar="R",
                    help="runs of every cell, interleaved and pooled (default 18)")
-    g.add_argument("--slice", type=int, default=8, metavar="N",
+    g.add_argument("--slice", type=positive_int, default=8, metavar="N",
                    help="judged prompts per run: run r takes the r-th N of the trace, "
                         "wrapping (default 8)")
     g.add_argument("--calibration-trace", default=None, metavar="FILE",
                    help="calibration trace (default: cut from the corpus's training files)")
-    g.add_argument("--calibration-prompts", type=int, default=48, metavar="N",
+    g.add_argument("--calibration-prompts", type=positive_int, default=48, metavar="N",
                    help="calibration prompts in all (default 48)")
-    g.add_argument("--calibration-slice", type=int, default=8, metavar="N",
+    g.add_argument("--calibration-slice", type=positive_int, default=8, metavar="N",
                    help="calibration prompts per run (default 8); every (k, concurrency) group "
                         "runs one calibration run per repeat, before its judged runs")
     g.add_argument("--profile", default=None, metavar="PROFILE.json",
@@ -183,14 +186,17 @@ def command_line(name: str) -> str:
 
 def cmd_validate(args) -> int:
     from calibrate.harness import run_plan
-    from calibrate.measured import write_measured
+    from calibrate.measured import load_measured, write_measured
     from calibrate.report import write_report
+    from common.fileio import check_writable
     out = Path(args.out)
     command = command_line("validate")
+    check_writable(out, "--out", folder=True)
     if args.from_measured:
         src = Path(args.from_measured)
         if not src.is_dir():
             raise UserError(f"--from-measured {src}: not a folder")
+        load_measured(src)   # what is wrong with the folder is named there, before a copy
         if src.resolve() != out.resolve():
             copy_measured(src, out)
         write_report(out, command, args.quiet)

@@ -229,11 +229,12 @@ def step_spans(src: Source, n: int, step: dict, kernels: dict) -> list[Span]:
 
 def ingest_profile(paths, window: tuple[float, float] | None = None) -> list[Span]:
     """A vLLM server's traces and stepgap_hooks span files as one timeline, microseconds from
-    its first worker step. The worker's steps come from its torch-profiler trace where one is
-    given, else from its hook spans; `window` (epoch microseconds) keeps the steps of one run.
+    its first worker step (`paths` may hold Sources already read). The worker's steps come from
+    its torch-profiler trace where one is given, else from its hook spans; `window` (epoch
+    microseconds) keeps the steps of one run.
     Worker `wait` spans cover its unannotated gaps: before a step (blocked on the engine core,
     at the shared-memory queue's dequeue) and between its execute_model and sample_tokens RPCs."""
-    sources = [read_source(p) for p in paths]
+    sources = [p if isinstance(p, Source) else read_source(p) for p in paths]
     workers = [s for s in sources if s.role == "worker"]
     traced = [s for s in workers if not s.path.name.endswith(".jsonl")]
     if len(traced) > 1 or (not traced and len(workers) > 1):

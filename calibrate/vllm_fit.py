@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import UserError, where
+from common.fileio import read_text
 
 FORMAT = "stepgap-profile/1"
 FEATURE_NAMES = {"cpu": ("a (fixed)", "b (per request)", "c (per token)"),
@@ -163,7 +164,7 @@ def load_runs(paths) -> tuple[list[Run], list[str]]:
     for r in runs:
         before, after = scrapes.get(f"{r.name}.before.txt"), scrapes.get(f"{r.name}.after.txt")
         if after is not None and r.k:
-            r.acceptance = acceptance_from_scrapes(after.read_text(), before.read_text()
+            r.acceptance = acceptance_from_scrapes(read_text(after), read_text(before)
                                                    if before else None, after, before)
     traces = [read_source(p) for p in kinds["traces"]]
     used = set()
@@ -512,7 +513,11 @@ def register(sub) -> None:
 
 def cmd_ingest_profile(args) -> int:
     from calibrate.vllm import ingest_profile
+    from common.fileio import check_writable
     from common.formats import save_chrome_trace, save_timeline, step_gaps
+    check_writable(args.out, "--out")
+    if args.chrome:
+        check_writable(args.chrome, "--chrome")
     spans = ingest_profile(args.traces)
     save_timeline(args.out, spans)
     if args.chrome:
@@ -528,7 +533,8 @@ def cmd_ingest_profile(args) -> int:
 
 def cmd_ingest_metrics(args) -> int:
     from calibrate.vllm import acceptance_from_scrapes
-    from common.fileio import read_text, write_text
+    from common.fileio import check_writable, read_text, write_text
+    check_writable(args.out, "--out")
     doc = acceptance_from_scrapes(read_text(args.scrape), read_text(args.before)
                                   if args.before else None, args.scrape, args.before)
     write_text(args.out, json.dumps(doc, indent=1) + "\n")
@@ -540,7 +546,11 @@ def cmd_ingest_metrics(args) -> int:
 
 def cmd_ingest_bench(args) -> int:
     from common.vllm_bench import bench_requests, bench_result, read_bench
+    from common.fileio import check_writable
     from common.formats import format_summary, save_result, save_trace
+    for path, option in ((args.out, "--out"), (args.trace_out, "--trace-out")):
+        if path:
+            check_writable(path, option)
     doc = read_bench(args.result)
     res = bench_result(doc, args.result)
     if args.out:
@@ -552,7 +562,8 @@ def cmd_ingest_bench(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from common.fileio import write_text
+    from common.fileio import check_writable, write_text
+    check_writable(args.out, "--out")
     runs, unused = load_runs(args.measured)
     for line in unused + [f"{r.name}: {n}" for r in runs for n in r.notes]:
         print(f"  note: {line}", file=sys.stderr)

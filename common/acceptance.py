@@ -12,8 +12,10 @@ whatever the seed. The profile's rates are thus those of the median request. doc
 where the `mtbench` numbers come from.
 
 Replay: a trace line's `accepted` list gives the accepted count of each decode step of that
-request, in order; the i-th decode step with drafts uses accepted[i], clipped to the drafts it
-verified. Past the end of the list the rates take over.
+request, in order; the i-th decode step with drafts uses accepted[i]. A count above k is an
+error (`check_replay`), never clipped: it was recorded at another depth. A step that verified
+fewer than k drafts (the request's last tokens) accepts at most those. Past the end of the list
+the rates take over.
 """
 
 from __future__ import annotations
@@ -39,16 +41,19 @@ class AcceptanceProfile:
     def __post_init__(self):
         rates = tuple(self.rates)
         object.__setattr__(self, "rates", rates)
+        # Custom rates come from an option (their source): errors name it.
+        who = self.source if self.name == "custom" and self.source else \
+            f"acceptance profile {self.name!r}"
         if not rates:
-            raise UserError(f"acceptance profile {self.name!r}: rates must not be empty")
+            raise UserError(f"{who}: rates must not be empty")
         prev = 1.0
         for i, r in enumerate(rates):
             if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r <= 1.0:
-                raise UserError(f"acceptance rates: position {i} must be in [0, 1], got {r!r}")
+                raise UserError(f"{who}: position {i} must be in [0, 1], got {r!r}")
             if r > prev + 1e-12:
-                raise UserError(f"acceptance rates: position {i} ({r}) exceeds position "
-                                f"{i - 1} ({prev}); vLLM's per-position rates are cumulative, "
-                                "so they cannot increase")
+                raise UserError(f"{who}: position {i} ({r}) exceeds position {i - 1} ({prev}); "
+                                "vLLM's per-position acceptance rates are cumulative, so they "
+                                "cannot increase")
             prev = r
         if not (isinstance(self.spread, (int, float)) and math.isfinite(self.spread)
                 and self.spread >= 0):
@@ -161,6 +166,18 @@ def load_profile_file(path) -> AcceptanceProfile:
                              doc.get("source", str(path)))
 
 
+def check_replay(requests: list[TraceRequest], k: int) -> None:
+    """Every recorded accepted count is one that k drafts allow: 0..k."""
+    if k == 0:
+        return   # nothing is drafted: the counts are not used
+    for r in requests:
+        bad = next(((i, a) for i, a in enumerate(r.accepted or ()) if a > k), None)
+        if bad is not None:
+            raise UserError(f"request {r.request_id!r}: field 'accepted': decode step {bad[0]} "
+                            f"accepted {bad[1]} drafts, more than k = {k} (recorded at another "
+                            "depth? replay it at its own k)")
+
+
 def _logit(p: float) -> float:
     return math.log(p / (1.0 - p))
 
@@ -181,6 +198,8 @@ class Acceptance:
         self.index = {r.request_id: i for i, r in enumerate(requests)}
         self.z = [profile.spread * nd.inv_cdf((order[i] + 0.5) / n) if profile.spread else 0.0
                   for i in range(n)]
+        if replay:
+            check_replay(requests, k)
         self.recorded = {r.request_id: r.accepted for r in requests
                          if replay and r.accepted is not None}
         self._state: dict[str, Iterator[int]] = {}   # request id -> its counts, in order

@@ -64,6 +64,37 @@ def compare(measured: dict, simulated: dict) -> dict:
             "gap_counts": (ga.get("count", 0), gb.get("count", 0))}
 
 
+# What must match for two results to be of the same run: the trace (its size, its tokens) and
+# the configuration. Keys of the result, then of its config; a key either lacks is not compared
+# (a vLLM result has no config).
+SAME_TRACE = ("num_prompts", "total_input_tokens")
+SAME_CONFIG = ("max_concurrency", "request_rate", "burstiness")
+SAME_CONFIG_KEYS = ("mode", "k", "executor", "device", "block_size", "max_num_seqs",
+                    "max_num_batched_tokens")
+
+
+def mismatches(a: dict, b: dict) -> list[str]:
+    """Why two results may not be comparable (they ran different traces or configs, or one
+    finished no request), one line each; [] when nothing says so."""
+    out = []
+    for name, res in (("MEASURED", a), ("SIMULATED", b)):
+        if res.get("completed") == 0:
+            out.append(f"{name} completed no request: its metrics are zeros, not measurements")
+
+    def differ(keys, get):
+        return [f"{k} {get(a, k)!r} vs {get(b, k)!r}" for k in keys
+                if get(a, k) is not None and get(b, k) is not None and get(a, k) != get(b, k)]
+
+    trace = differ(SAME_TRACE, lambda r, k: r.get(k))
+    if trace:
+        out.append("the two results ran different traces (" + "; ".join(trace) + ")")
+    config = differ(SAME_CONFIG, lambda r, k: r.get(k)) + \
+        differ(SAME_CONFIG_KEYS, lambda r, k: (r.get("config") or {}).get(k))
+    if config:
+        out.append("the two results ran different configurations (" + "; ".join(config) + ")")
+    return out
+
+
 def _fmt(v, width: int = 12) -> str:
     return f"{v:>{width}.3f}" if isinstance(v, (int, float)) else f"{'-':>{width}}"
 
@@ -169,6 +200,8 @@ def register(sub) -> None:
 
 def cmd_compare(args) -> int:
     measured, simulated = load_result(args.measured), load_result(args.simulated)
+    for line in mismatches(measured, simulated):
+        print(f"stepgap compare: warning: {line}", file=sys.stderr)
     cmp = compare(measured, simulated)
     if args.json:
         json.dump(cmp_to_json(cmp), sys.stdout, indent=1)

@@ -1,17 +1,23 @@
 """Reading and writing files, the same way everywhere.
 
 Every loader reads text through `read_text` (UTF-8, a BOM allowed and dropped, anything else a
-clear "not UTF-8 text" error) and JSON through `read_json`; every writer goes through
-`write_text`/`write_bytes`, which write a temporary file beside the target and rename it over,
-so that an interrupted or failed write never leaves a torn file. Errors name the path.
+clear "not UTF-8 text" error), JSON through `read_json` (a `.gz` path is decompressed first) and
+JSON lines through `json_lines`; every writer goes through `write_bytes` (and `write_text`,
+`write_json`), which write a temporary file beside the target and rename it over, so that an
+interrupted or failed write never leaves a torn or empty file. Every command checks its output
+paths with `check_writable` before it starts its work, so that a wrong path or a full disk is
+found before a measurement, not after it. Errors name the path (docs/robustness.md).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from common.errors import UserError
 
@@ -19,6 +25,14 @@ try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
+
+MIN_FREE_BYTES = 1 << 20      # less free space than this on an output's disk: "disk full"
+_UMASK = os.umask(0)          # read once: files are created with the mode open() would give
+os.umask(_UMASK)
+
+
+# -------------------------------------------------------------------------------------------
+# Reading
 
 
 def read_bytes(path) -> bytes:
@@ -33,27 +47,56 @@ def read_bytes(path) -> bytes:
         raise UserError(f"{path}: cannot read ({e.strerror})") from None
 
 
-def read_text(path) -> str:
+def decode_text(data: bytes, source) -> str:
     """UTF-8 text; a leading byte-order mark is dropped."""
-    data = read_bytes(path)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text (byte {e.start})") from None
+        raise UserError(f"{source}: not UTF-8 text (byte {e.start})") from None
 
 
-def parse_json(text: str, source) -> object:
+def read_text(path) -> str:
+    """A file's UTF-8 text; a `.gz` file is decompressed first."""
+    data = read_bytes(path)
+    if str(path).endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, gzip.BadGzipFile):
+            raise UserError(f"{path}: not a gzip file (or a truncated one)") from None
+    return decode_text(data, path)
+
+
+def parse_json(text: str, source, lineno: int | None = None) -> object:
+    """JSON from `text`; errors say `source:line` (`lineno`: the line `text` is, in a file of
+    JSON lines)."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise UserError(f"{source}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})") \
+        line = lineno if lineno is not None else e.lineno
+        raise UserError(f"{source}:{line}: not valid JSON ({e.msg}, column {e.colno})") \
             from None
     except RecursionError:
-        raise UserError(f"{source}: not valid JSON (nested too deeply)") from None
+        at = f":{lineno}" if lineno is not None else ""
+        raise UserError(f"{source}{at}: not valid JSON (nested too deeply)") from None
 
 
 def read_json(path) -> object:
     return parse_json(read_text(path), path)
+
+
+def read_json_object(path, what: str) -> dict:
+    """A JSON file that must hold an object (`what` names it in the error)."""
+    doc = read_json(path)
+    if not isinstance(doc, dict):
+        raise UserError(f"{path}: expected a JSON object ({what}), got {type(doc).__name__}")
+    return doc
+
+
+def json_lines(path) -> Iterator[tuple[int, object]]:
+    """(line number, value) of each non-blank line of a JSON-lines file."""
+    for lineno, line in enumerate(read_text(path).splitlines(), 1):
+        if line.strip():
+            yield lineno, parse_json(line, path, lineno)
 
 
 def read_toml(path) -> dict:
@@ -61,11 +104,59 @@ def read_toml(path) -> dict:
         return tomllib.loads(read_text(path))
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path}: not valid TOML ({e})") from None
+    except RecursionError:
+        raise UserError(f"{path}: not valid TOML (nested too deeply)") from None
+
+
+# -------------------------------------------------------------------------------------------
+# Writing
+
+
+def _nearest_folder(path: Path) -> Path:
+    """The closest ancestor of `path` that exists (where its missing folders would be made)."""
+    p = path.absolute().parent
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def check_writable(path, option: str, folder: bool = False) -> Path:
+    """Fail now, naming `option` and the path, if a file (or with `folder`, a folder) cannot be
+    written there: it is a folder (a file), a missing folder cannot be made under a file, the
+    folder is not writable, or its disk is full. Creates nothing."""
+    path = Path(path)
+    what = f"{option} {path}"
+    if folder:
+        if path.exists() and not path.is_dir():
+            raise UserError(f"{what}: is a file, not a folder")
+    elif path.is_dir():
+        raise UserError(f"{what}: is a folder; give a file name")
+    elif path.exists() and not path.is_file():
+        raise UserError(f"{what}: not a regular file")
+    base = path if folder and path.is_dir() else _nearest_folder(path)
+    if not base.is_dir():
+        raise UserError(f"{what}: {base} is a file, so no folder can be made under it")
+    try:
+        fd, probe = tempfile.mkstemp(dir=base, prefix=".stepgap-probe-")
+        os.close(fd)
+        os.unlink(probe)
+        st = os.statvfs(base)
+    except OSError as e:
+        raise UserError(f"{what}: cannot write in {base} ({e.strerror})") from None
+    free = st.f_bavail * st.f_frsize
+    if free < MIN_FREE_BYTES:
+        raise UserError(f"{what}: the disk is full ({free} bytes free in {base})")
+    return path
 
 
 def write_bytes(path, data: bytes) -> None:
     """Write atomically: a temporary file in the same folder, then a rename over `path`."""
     path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()   # write through the link, keep it
+    if path.exists() and not stat.S_ISREG(path.stat().st_mode):
+        what = "a folder" if path.is_dir() else "not a regular file"
+        raise UserError(f"{path}: cannot write ({what})")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -73,6 +164,7 @@ def write_bytes(path, data: bytes) -> None:
         raise UserError(f"{path}: cannot write ({e.strerror})") from None
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_UMASK)
             f.write(data)
         os.replace(tmp, path)
     except OSError as e:
@@ -85,3 +177,13 @@ def write_bytes(path, data: bytes) -> None:
 
 def write_text(path, text: str) -> None:
     write_bytes(path, text.encode())
+
+
+def write_json(path, obj, indent: int | None = 1) -> None:
+    """JSON, `indent`ed with a final newline; a `.gz` path gets compact JSON, gzip-compressed
+    with no timestamp (the same object gives the same bytes)."""
+    if str(path).endswith(".gz"):
+        text = json.dumps(obj, separators=(",", ":"))
+        write_bytes(path, gzip.compress(text.encode(), mtime=0))
+    else:
+        write_text(path, json.dumps(obj, indent=indent) + "\n")

@@ -20,6 +20,7 @@ from typing import Iterable, NamedTuple
 import numpy as np
 
 from common.errors import UserError, where
+from common.fileio import json_lines, read_json_object, write_json, write_text
 
 MODES = ("sync", "async", "zero-bubble")
 # cpu.frontend: the API server of a served engine (vLLM's, or `stepgap serve`), between a step's
@@ -44,6 +45,9 @@ VLLM_OPS = (("cpu.frontend", "add_request"), ("cpu.frontend", "process_outputs")
 SIM_ONLY_OPS = ("propose", "broadcast", "collect")
 PERCENTILES = (99,)
 METRICS = ("ttft", "tpot", "itl", "e2el")
+# Past these a trace's value is a typo, not a workload: an arrival after 1e6 s (11.6 days) would
+# have the engine sleep that long and the simulator's clock lose its microseconds.
+MAX_ARRIVAL_S = 1e6
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,9 +98,9 @@ def parse_trace_line(obj, path, lineno) -> TraceRequest:
                         f"integer, got {rid!r}")
     arrival = obj["arrival_s"]
     if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) \
-            or not math.isfinite(arrival) or arrival < 0:
-        raise UserError(f"{where(path, lineno, 'arrival_s')}: expected a finite number >= 0, "
-                        f"got {arrival!r}")
+            or not 0 <= arrival <= MAX_ARRIVAL_S:
+        raise UserError(f"{where(path, lineno, 'arrival_s')}: expected seconds from 0 to "
+                        f"{MAX_ARRIVAL_S:g}, got {arrival!r}")
     for key in ("prompt_len", "output_len"):
         v = obj[key]
         if not _is_int(v) or v < 1:
@@ -127,32 +131,20 @@ def load_trace(path) -> list[TraceRequest]:
     if not path.is_file():
         raise UserError(f"{path}: trace file not found")
     requests, seen = [], {}
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{where(path, lineno)}: not valid JSON ({e.msg}, column "
-                                f"{e.colno})") from None
-            req = parse_trace_line(obj, path, lineno)
-            if req.request_id in seen:
-                raise UserError(f"{where(path, lineno, 'request_id')}: duplicate id "
-                                f"{req.request_id!r} (first on line {seen[req.request_id]})")
-            seen[req.request_id] = lineno
-            requests.append(req)
+    for lineno, obj in json_lines(path):
+        req = parse_trace_line(obj, path, lineno)
+        if req.request_id in seen:
+            raise UserError(f"{where(path, lineno, 'request_id')}: duplicate id "
+                            f"{req.request_id!r} (first on line {seen[req.request_id]})")
+        seen[req.request_id] = lineno
+        requests.append(req)
     if not requests:
         raise UserError(f"{path}: the trace holds no requests")
     return requests
 
 
 def save_trace(path, requests: Iterable[TraceRequest]) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for r in requests:
-            f.write(json.dumps(r.to_dict()) + "\n")
+    write_text(path, "".join(json.dumps(r.to_dict()) + "\n" for r in requests))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,38 +168,48 @@ class Span(NamedTuple):
 
 
 def save_timeline(path, spans: Iterable[Span]) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for s in spans:
-            f.write(json.dumps(s.to_dict()) + "\n")
+    write_text(path, "".join(json.dumps(s.to_dict()) + "\n" for s in spans))
+
+
+def _number(d: dict, key: str, path, lineno) -> float:
+    v = d.get(key)
+    if v is None:
+        raise UserError(f"{where(path, lineno, key)}: missing")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise UserError(f"{where(path, lineno, key)}: expected a finite number, got {v!r}")
+    return float(v)
+
+
+def parse_span(d, path, lineno) -> Span:
+    """One decoded timeline line. Errors name the file, the line and the field."""
+    if not isinstance(d, dict):
+        raise UserError(f"{where(path, lineno)}: expected a JSON object (a span), got "
+                        f"{type(d).__name__}")
+    lane = d.get("lane")
+    if lane not in OPS:
+        raise UserError(f"{where(path, lineno, 'lane')}: unknown lane {lane!r} "
+                        f"(expected one of {', '.join(LANES)})")
+    op = d.get("op")
+    if not isinstance(op, str) or not op:
+        raise UserError(f"{where(path, lineno, 'op')}: expected an op name, got {op!r}")
+    step = d.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise UserError(f"{where(path, lineno, 'step')}: expected an integer >= 0, got {step!r}")
+    start, end = _number(d, "start_us", path, lineno), _number(d, "end_us", path, lineno)
+    if end < start:
+        raise UserError(f"{where(path, lineno, 'end_us')}: {end:g} is before start_us "
+                        f"{start:g}")
+    args = d.get("args")
+    if args is not None and not isinstance(args, dict):
+        raise UserError(f"{where(path, lineno, 'args')}: expected an object, got {args!r}")
+    return Span(lane, op, step, start, end, args or {})
 
 
 def load_timeline(path) -> list[Span]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: timeline file not found")
-    spans = []
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-                span = Span(d["lane"], d["op"], int(d["step"]), float(d["start_us"]),
-                            float(d["end_us"]), d.get("args") or {})
-            except json.JSONDecodeError as e:
-                raise UserError(f"{where(path, lineno)}: not valid JSON ({e.msg})") from None
-            except KeyError as e:
-                raise UserError(f"{where(path, lineno, e.args[0])}: missing") from None
-            except (TypeError, ValueError):
-                raise UserError(f"{where(path, lineno)}: step, start_us and end_us must be "
-                                "numbers") from None
-            if span.lane not in OPS:
-                raise UserError(f"{where(path, lineno, 'lane')}: unknown lane {span.lane!r} "
-                                f"(expected one of {', '.join(LANES)})")
-            spans.append(span)
-    return spans
+    return [parse_span(d, path, lineno) for lineno, d in json_lines(path)]
 
 
 def chrome_trace(spans: Iterable[Span], process_name: str = "stepgap") -> dict:
@@ -224,9 +226,7 @@ def chrome_trace(spans: Iterable[Span], process_name: str = "stepgap") -> dict:
 
 
 def save_chrome_trace(path, spans: Iterable[Span], process_name: str = "stepgap") -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(chrome_trace(spans, process_name)))
+    write_text(path, json.dumps(chrome_trace(spans, process_name)))
 
 
 def step_gaps(spans: Iterable[Span]) -> list[float]:
@@ -388,6 +388,9 @@ def run_result(timings: list[RequestTiming], duration_s: float, *, backend: str,
     return res
 
 
+NONFINITE = ("nan", "inf", "-inf")   # how _jsonable writes non-finite floats (JSON has none)
+
+
 def _jsonable(x):
     if isinstance(x, float) and not math.isfinite(x):
         return "inf" if x > 0 else ("-inf" if x < 0 else "nan")
@@ -403,18 +406,53 @@ def _jsonable(x):
 def save_result(path, result: dict) -> None:
     """Write a run result. Same input, same bytes: keys keep their order, floats their repr.
     A path ending in `.gz` is written gzip-compressed (compact JSON, no timestamp)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".gz":
-        import gzip
-        with path.open("wb") as raw, \
-                gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as f:
-            f.write(json.dumps(_jsonable(result), separators=(",", ":")).encode())
-        return
-    path.write_text(json.dumps(_jsonable(result), indent=1) + "\n")
+    write_json(path, _jsonable(result))
 
 
 REQUIRED_RESULT_KEYS = ("completed", "duration", "mean_tpot_ms", "mean_itl_ms", "mean_ttft_ms")
+# The parts of a run result other code reads, and what each must be.
+RESULT_SECTIONS = {"step_gaps": dict, "spec_decode": dict, "config": dict}
+
+
+def _is_metric(key: str) -> bool:
+    return key in ("completed", "failed", "duration", "total_input_tokens",
+                   "total_output_tokens") or key.endswith(("_ms", "_throughput")) \
+        or key == "request_throughput"
+
+
+def check_result(res, path) -> dict:
+    """A run result's shape: an object, its required keys there, every metric a number (NaN
+    allowed: vLLM writes it for a metric with no samples), its sections objects."""
+    if not isinstance(res, dict):
+        raise UserError(f"{path}: expected a JSON object (a run result), got "
+                        f"{type(res).__name__}")
+    for key in REQUIRED_RESULT_KEYS:
+        if key not in res:
+            raise UserError(f"{where(path, field=key)}: missing; is this a run result of "
+                            "stepgap or of `vllm bench serve --save-result`?")
+    for key, v in res.items():
+        if v is None and key not in REQUIRED_RESULT_KEYS:
+            continue   # vLLM writes null for a metric it did not take (goodput)
+        if _is_metric(key) and v in NONFINITE:
+            res[key] = float(v)   # as save_result wrote it
+        elif _is_metric(key) and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise UserError(f"{where(path, field=key)}: expected a number, got {v!r}")
+    for key, kind in RESULT_SECTIONS.items():
+        if res.get(key) is not None and not isinstance(res[key], kind):
+            raise UserError(f"{where(path, field=key)}: expected an object, got "
+                            f"{type(res[key]).__name__}")
+    for key, v in (res.get("step_gaps") or {}).items():
+        ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v) \
+            if key == "values_us" and isinstance(v, list) else \
+            isinstance(v, (int, float)) and not isinstance(v, bool)
+        if not ok:
+            raise UserError(f"{where(path, field=f'step_gaps.{key}')}: expected "
+                            f"{'a list of numbers' if key == 'values_us' else 'a number'}, "
+                            f"got {v!r}")
+    if res["completed"] < 0:
+        raise UserError(f"{where(path, field='completed')}: expected a count >= 0, got "
+                        f"{res['completed']!r}")
+    return res
 
 
 def load_result(path) -> dict:
@@ -426,24 +464,11 @@ def load_result(path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: result file not found")
-    try:
-        if path.suffix == ".gz":
-            import gzip
-            res = json.loads(gzip.decompress(path.read_bytes()))
-        else:
-            res = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError):
-        raise UserError(f"{path}: not a JSON file (or a gzip of one)") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-    if not isinstance(res, dict):
-        raise UserError(f"{path}: expected a JSON object (a run result)")
-    for key in REQUIRED_RESULT_KEYS:
-        if key not in res:
-            raise UserError(f"{where(path, field=key)}: missing; is this a run result of "
-                            "stepgap or of `vllm bench serve --save-result`?")
-    res.setdefault("step_gaps", {"count": 0})
-    res.setdefault("config", {})
+    res = check_result(read_json_object(path, "a run result"), path)
+    if res.get("step_gaps") is None:
+        res["step_gaps"] = {"count": 0}
+    if res.get("config") is None:
+        res["config"] = {}
     return res
 
 

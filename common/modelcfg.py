@@ -17,7 +17,9 @@ each from the fields that family's config uses (`from_hf_dict`):
 Any other family, a field it needs that is missing, or a quantization that is not modelled is
 one clear error naming the file and the field: nothing is guessed. `quantization_config` is read
 for `fp8` (one byte per weight of the decoder's linear layers) and `mxfp4` (4.25 bits per expert
-weight; the modules it names as not converted stay bf16).
+weight; the modules it names as not converted stay bf16). The checks of single fields
+(`int_field`, `bool_field`, `check_token_ids`, `check_rope_scaling`, `check_layer_fields`) serve
+every family, the heads and both halves alike (docs/robustness.md).
 
 An EAGLE-3 head is one Llama decoder layer over [token embedding ‖ fused target hidden states],
 in one of the two checkpoint layouts of DESIGN.md §4:
@@ -37,16 +39,20 @@ Named presets stand for well-known models, so nothing is downloaded.
 
 from __future__ import annotations
 
-import json
 import math
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from common.errors import UserError, where
+from common.fileio import read_json
 
 LLAMA3_ROPE_8K = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 LLAMA32_ROPE = {**LLAMA3_ROPE_8K, "factor": 32.0}
+# The RoPE scalings the engine implements (its Llama rotary embedding); the simulator's costs do
+# not depend on RoPE, so the other families take any (their known keys still checked).
+LLAMA_ROPES = ("llama3", "linear", "default", None)
 BF16 = 2  # bytes per bf16 element
 
 
@@ -115,38 +121,46 @@ class ModelConfig:
     quantization: str | None = None
 
     def __post_init__(self):
-        ints = ["hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
-                "vocab_size"]
-        for f in ints:
+        who = f"model {self.name!r}"
+        if not isinstance(self.model_type, str) or self.model_type not in FAMILIES:
+            raise UserError(f"{who}: model_type {self.model_type!r} is not modelled "
+                            f"(families: {', '.join(FAMILIES)})")
+        check_layer_fields(self, who, ("num_layers",),
+                           LLAMA_ROPES if self.model_type == "llama" else None)
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise UserError(f"{who}: field 'tie_word_embeddings' must be true or false, got "
+                            f"{self.tie_word_embeddings!r}")
+        if not isinstance(self.torch_dtype, str):
+            raise UserError(f"{who}: field 'torch_dtype' must be a string, got "
+                            f"{self.torch_dtype!r}")
+        for f in ("bos_token_id", "eos_token_id"):
+            check_token_ids(getattr(self, f), f"{who}: field '{f}'", lists=f == "eos_token_id")
+        for f in FAMILY_COUNTS:
             v = getattr(self, f)
-            if not isinstance(v, int) or v < 1:
-                raise UserError(f"model {self.name!r}: field '{f}' must be an integer >= 1, "
-                                f"got {v!r}")
-        if self.num_heads % self.num_kv_heads:
-            raise UserError(f"model {self.name!r}: num_heads ({self.num_heads}) must be a "
-                            f"multiple of num_kv_heads ({self.num_kv_heads})")
-        if self.head_dim == 0:
-            if self.hidden_size % self.num_heads:
-                raise UserError(f"model {self.name!r}: hidden_size ({self.hidden_size}) must be "
-                                f"a multiple of num_heads ({self.num_heads}) or head_dim given")
-            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+            if not _is_int(v) or v < 0:
+                raise UserError(f"{who}: field '{f}' must be an integer >= 0, got {v!r}")
         if self.num_experts:
             if not 1 <= self.num_experts_per_tok <= self.num_experts:
-                raise UserError(f"model {self.name!r}: num_experts_per_tok "
-                                f"({self.num_experts_per_tok}) must be in 1..num_experts "
-                                f"({self.num_experts})")
+                raise UserError(f"{who}: num_experts_per_tok ({self.num_experts_per_tok}) "
+                                f"must be in 1..num_experts ({self.num_experts})")
             if self.moe_intermediate_size < 1 or not 1 <= self.num_moe_layers <= self.num_layers:
-                raise UserError(f"model {self.name!r}: a MoE model needs moe_intermediate_size "
-                                f">= 1 and 1..{self.num_layers} MoE layers")
+                raise UserError(f"{who}: a MoE model needs moe_intermediate_size >= 1 and "
+                                f"1..{self.num_layers} MoE layers")
         if self.kv_lora_rank and min(self.qk_nope_head_dim, self.qk_rope_head_dim,
                                      self.v_head_dim) < 1:
-            raise UserError(f"model {self.name!r}: latent attention needs qk_nope_head_dim, "
+            raise UserError(f"{who}: latent attention needs qk_nope_head_dim, "
                             "qk_rope_head_dim and v_head_dim")
         if not 0 <= self.num_sliding_layers <= self.num_layers or \
                 (self.num_sliding_layers and self.sliding_window < 1):
-            raise UserError(f"model {self.name!r}: sliding layers need a sliding_window >= 1")
-        if not (self.weight_bytes > 0 and self.expert_weight_bytes > 0):
-            raise UserError(f"model {self.name!r}: bytes per weight must be > 0")
+            raise UserError(f"{who}: sliding layers need a sliding_window >= 1")
+        for f in ("weight_bytes", "expert_weight_bytes"):
+            v = getattr(self, f)
+            if not _is_number(v) or not math.isfinite(v) or v <= 0:
+                raise UserError(f"{who}: field '{f}' (bytes per weight) must be a number > 0, "
+                                f"got {v!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise UserError(f"{who}: quantization {self.quantization!r} is not modelled "
+                            f"({', '.join(q for q in QUANTIZATIONS if q)})")
 
     @property
     def is_moe(self) -> bool:
@@ -317,21 +331,30 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, d: dict, source: str = "config.json", name: str | None = None):
-        if "speculators_model_type" in d or "LlamaForCausalLMEagle3" in d.get("architectures", ()):
+        check_config_object(d, source)
+        if "speculators_model_type" in d or "LlamaForCausalLMEagle3" in architectures(d, source):
             raise UserError(f"{source}: this is an EAGLE-3 draft head, not a target model")
         model_type = d.get("model_type", "llama")
-        reader = FAMILIES.get(model_type)
+        reader = FAMILIES.get(model_type) if isinstance(model_type, str) else None
         if reader is None:
             raise UserError(f"{where(source, field='model_type')}: {model_type!r} is not "
                             f"modelled (families: {', '.join(FAMILIES)})")
-        rope_ok = ("llama3", "linear", "default", None) if model_type == "llama" else None
+        dtype = d.get("torch_dtype") or d.get("dtype") or "bfloat16"
+        if not isinstance(dtype, str):
+            raise UserError(f"{where(source, field='torch_dtype')}: expected a dtype name such "
+                            f"as \"bfloat16\", got {dtype!r}")
+        for key in ("bos_token_id", "eos_token_id"):
+            check_token_ids(d.get(key), where(source, field=key), lists=key == "eos_token_id")
+        rope_ok = LLAMA_ROPES if model_type == "llama" else None
         fields = {**_llama_fields(d, source, rope_ok), **reader(d, source),
                   **_quantization(d, source, model_type)}
-        return cls(name=name or d.get("_name_or_path") or str(source), model_type=model_type,
-                   tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-                   torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "bfloat16"),
-                   bos_token_id=d.get("bos_token_id"), eos_token_id=d.get("eos_token_id"),
-                   **fields)
+        hf_name = d.get("_name_or_path")
+        with named(source):
+            return cls(name=name or (hf_name if isinstance(hf_name, str) and hf_name else None)
+                       or str(source), model_type=model_type,
+                       tie_word_embeddings=bool_field(d, "tie_word_embeddings", source),
+                       torch_dtype=dtype, bos_token_id=d.get("bos_token_id"),
+                       eos_token_id=d.get("eos_token_id"), **fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,23 +382,27 @@ class Eagle3Config:
     kind: str = "eagle3"
 
     def __post_init__(self):
-        for f in ("hidden_size", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size",
-                  "draft_vocab_size", "target_hidden_size"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v < 1:
-                raise UserError(f"draft {self.name!r}: field '{f}' must be an integer >= 1, "
-                                f"got {v!r}")
+        who = f"draft {self.name!r}"
+        # Any RoPE here: a head shaped from a target (eagle3_for) takes the target's, which the
+        # simulator's families need not share with Llama; a head's config.json is held to the
+        # engine's (_llama_fields).
+        check_layer_fields(self, who, ("draft_vocab_size", "target_hidden_size"), None)
         if self.draft_vocab_size > self.vocab_size:
-            raise UserError(f"draft {self.name!r}: draft_vocab_size ({self.draft_vocab_size}) "
+            raise UserError(f"{who}: draft_vocab_size ({self.draft_vocab_size}) "
                             f"exceeds vocab_size ({self.vocab_size})")
         if self.layout not in ("yuhuili", "speculators"):
-            raise UserError(f"draft {self.name!r}: layout must be 'yuhuili' or 'speculators'")
+            raise UserError(f"{who}: layout must be 'yuhuili' or 'speculators'")
         if self.kind not in ("eagle3", "eagle"):
-            raise UserError(f"draft {self.name!r}: kind must be 'eagle3' or 'eagle'")
-        if self.head_dim == 0:
-            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+            raise UserError(f"{who}: kind must be 'eagle3' or 'eagle'")
+        if not isinstance(self.norm_before_residual, bool):
+            raise UserError(f"{who}: field 'norm_before_residual' must be true or false, got "
+                            f"{self.norm_before_residual!r}")
         if self.aux_layer_ids is not None:
-            object.__setattr__(self, "aux_layer_ids", tuple(self.aux_layer_ids))
+            aux = tuple(self.aux_layer_ids)
+            if len(aux) != 3 or not all(_is_int(i) and i >= 0 for i in aux):
+                raise UserError(f"{who}: field 'aux_layer_ids' must be three layer indices, got "
+                                f"{self.aux_layer_ids!r}")
+            object.__setattr__(self, "aux_layer_ids", aux)
 
     @property
     def num_params(self) -> int:
@@ -459,6 +486,7 @@ class Eagle3Config:
 
     @classmethod
     def from_hf_dict(cls, d: dict, source: str = "config.json", name: str | None = None):
+        check_config_object(d, source)
         if d.get("speculators_model_type") is not None:
             if d["speculators_model_type"] != "eagle3":
                 raise UserError(f"{where(source, field='speculators_model_type')}: "
@@ -469,64 +497,74 @@ class Eagle3Config:
                                 "not an object")
             layout, fields = "speculators", _llama_fields(layer, f"{source} "
                                                                  "(transformer_layer_config)")
-            norm_before_residual = bool(d.get("norm_before_residual", False))
-        elif "LlamaForCausalLMEagle3" in d.get("architectures", ()) or "draft_vocab_size" in d:
+        elif "LlamaForCausalLMEagle3" in architectures(d, source) or "draft_vocab_size" in d:
             layout, fields = "yuhuili", _llama_fields(d, source)
-            norm_before_residual = bool(d.get("norm_before_residual", False))
         else:
             raise UserError(f"{source}: not an EAGLE-3 head (expected architectures "
                             "['LlamaForCausalLMEagle3'] or speculators_model_type 'eagle3')")
         fields.pop("num_layers")
-        draft_vocab = d.get("draft_vocab_size") or fields["vocab_size"]
         aux = d.get("eagle_aux_hidden_state_layer_ids")
         if aux is not None and (not isinstance(aux, list) or len(aux) != 3
-                                or not all(isinstance(i, int) for i in aux)):
+                                or not all(_is_int(i) and i >= 0 for i in aux)):
             raise UserError(f"{where(source, field='eagle_aux_hidden_state_layer_ids')}: "
                             f"expected three layer indices, got {aux!r}")
-        return cls(name=name or str(source), draft_vocab_size=int(draft_vocab),
-                   target_hidden_size=int(d.get("target_hidden_size") or fields["hidden_size"]),
-                   aux_layer_ids=tuple(aux) if aux else None,
-                   norm_before_residual=norm_before_residual, layout=layout, **fields)
+        with named(source):
+            return cls(name=name or str(source),
+                       draft_vocab_size=int_field(d, "draft_vocab_size", source,
+                                                  fields["vocab_size"]),
+                       target_hidden_size=int_field(d, "target_hidden_size", source,
+                                                    fields["hidden_size"]),
+                       aux_layer_ids=tuple(aux) if aux else None,
+                       norm_before_residual=bool_field(d, "norm_before_residual", source),
+                       layout=layout, **fields)
 
 
 def _need(d: dict, source, key, kind=int, default=None):
-    """A config field, validated, with an error naming the file and the field."""
-    v = d.get(key, default)
+    """A config field, validated, with an error naming the file and the field: an integer
+    >= 1 (`int_field`) or a positive number; missing or null takes `default`."""
+    if kind is int:
+        return int_field(d, key, source, default)
+    v = d.get(key)
+    if v is None:
+        v = default
     if v is None:
         raise UserError(f"{where(source, field=key)}: missing")
-    if kind is int and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-        raise UserError(f"{where(source, field=key)}: expected an integer >= 1, got {v!r}")
-    if kind is float and (not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
+    if not _is_number(v) or not math.isfinite(v) or v <= 0:
         raise UserError(f"{where(source, field=key)}: expected a positive number, got {v!r}")
     return v
 
 
-def _llama_fields(d: dict, source, rope_kinds=("llama3", "linear", "default", None)) -> dict:
+def _count(d: dict, source, key) -> int:
+    """An integer >= 0; missing or null is 0."""
+    v = d.get(key)
+    if v is None:
+        return 0
+    if not _is_int(v) or v < 0:
+        raise UserError(f"{where(source, field=key)}: expected an integer >= 0, got {v!r}")
+    return v
+
+
+def _llama_fields(d: dict, source, rope_kinds=LLAMA_ROPES) -> dict:
     """The Llama fields every config has, validated with errors naming the field. `rope_kinds`:
     the RoPE scalings accepted (None: any; the simulator's costs do not depend on it)."""
     def need(key, kind=int, default=None):
         return _need(d, source, key, kind, default)
 
     heads = need("num_attention_heads")
-    scaling = d.get("rope_scaling")
-    if scaling is not None and not isinstance(scaling, dict):
-        raise UserError(f"{where(source, field='rope_scaling')}: expected an object or null")
-    if scaling is not None and rope_kinds is not None:
-        kind = scaling.get("rope_type", scaling.get("type"))
-        if kind not in rope_kinds:
-            raise UserError(f"{where(source, field='rope_scaling')}: rope_type {kind!r} is not "
-                            "supported (llama3, linear, default)")
+    head_dim = d.get("head_dim")
     return {"hidden_size": need("hidden_size"), "num_layers": need("num_hidden_layers"),
             "num_heads": heads, "num_kv_heads": need("num_key_value_heads", default=heads),
             "intermediate_size": need("intermediate_size"), "vocab_size": need("vocab_size"),
-            "head_dim": d.get("head_dim") or 0,
-            "rope_theta": float(need("rope_theta", float, 10000.0)), "rope_scaling": scaling,
+            "head_dim": 0 if head_dim is None else int_field(d, "head_dim", source),
+            "rope_theta": float(need("rope_theta", float, 10000.0)),
+            "rope_scaling": check_rope_scaling(d.get("rope_scaling"),
+                                               where(source, field="rope_scaling"), rope_kinds),
             "rms_norm_eps": float(need("rms_norm_eps", float, 1e-5)),
             "max_position_embeddings": need("max_position_embeddings", default=8192)}
 
 
 def _dense(d: dict, source) -> dict:
-    if d.get("use_sliding_window"):
+    if bool_field(d, "use_sliding_window", source):
         raise UserError(f"{where(source, field='use_sliding_window')}: sliding-window "
                         "attention is not modelled for this family")
     return {}
@@ -535,9 +573,12 @@ def _dense(d: dict, source) -> dict:
 def _qwen3_moe(d: dict, source) -> dict:
     n = _need(d, source, "num_hidden_layers")
     step = _need(d, source, "decoder_sparse_step", default=1)
-    dense = d.get("mlp_only_layers") or []
-    if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
-        raise UserError(f"{where(source, field='mlp_only_layers')}: expected a list of layers")
+    dense = d.get("mlp_only_layers")
+    if dense is None:
+        dense = []
+    if not isinstance(dense, list) or not all(_is_int(i) and i >= 0 for i in dense):
+        raise UserError(f"{where(source, field='mlp_only_layers')}: expected a list of layer "
+                        f"indices, got {dense!r}")
     moe = sum(1 for i in range(n) if i not in dense and (i + 1) % step == 0)
     if not moe:
         raise UserError(f"{where(source, field='decoder_sparse_step')}: no layer is a MoE layer")
@@ -547,17 +588,22 @@ def _qwen3_moe(d: dict, source) -> dict:
             "num_moe_layers": moe}
 
 
+LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
 def _gpt_oss(d: dict, source) -> dict:
     n = _need(d, source, "num_hidden_layers")
     types = d.get("layer_types")
     if not isinstance(types, list) or len(types) != n or \
-            not set(types) <= {"sliding_attention", "full_attention"}:
+            not all(isinstance(t, str) and t in LAYER_TYPES for t in types):
         raise UserError(f"{where(source, field='layer_types')}: expected {n} entries of "
                         "sliding_attention or full_attention")
     sliding = types.count("sliding_attention")
+    # gpt-oss's own name for top-k, read where the HF name is absent
+    top_k = "experts_per_token" if d.get("num_experts_per_tok") is None \
+        and d.get("experts_per_token") is not None else "num_experts_per_tok"
     return {"num_experts": _need(d, source, "num_local_experts"),
-            "num_experts_per_tok": _need(d, source, "num_experts_per_tok",
-                                         default=d.get("experts_per_token")),
+            "num_experts_per_tok": _need(d, source, top_k),
             "moe_intermediate_size": _need(d, source, "intermediate_size"),
             "num_moe_layers": n, "num_sliding_layers": sliding,
             "sliding_window": _need(d, source, "sliding_window") if sliding else 0,
@@ -569,21 +615,20 @@ def _deepseek_v3(d: dict, source) -> dict:
     if d.get("moe_layer_freq", 1) != 1:
         raise UserError(f"{where(source, field='moe_layer_freq')}: only 1 (every layer after "
                         "first_k_dense_replace) is modelled")
-    first_dense = d.get("first_k_dense_replace", 0)
-    if not isinstance(first_dense, int) or not 0 <= first_dense < n:
-        raise UserError(f"{where(source, field='first_k_dense_replace')}: expected 0..{n - 1}")
-    shared = d.get("n_shared_experts") or 0
-    mtp = d.get("num_nextn_predict_layers") or 0
-    if not isinstance(shared, int) or not isinstance(mtp, int) or shared < 0 or mtp < 0:
-        raise UserError(f"{where(source, field='n_shared_experts')}: expected an integer >= 0")
-    q_lora = d.get("q_lora_rank") or 0
+    first_dense = _count(d, source, "first_k_dense_replace")
+    if first_dense >= n:
+        raise UserError(f"{where(source, field='first_k_dense_replace')}: expected 0..{n - 1}, "
+                        f"got {first_dense}")
+    shared = _count(d, source, "n_shared_experts")
     moe_inter = _need(d, source, "moe_intermediate_size")
     return {"num_experts": _need(d, source, "n_routed_experts"),
             "num_experts_per_tok": _need(d, source, "num_experts_per_tok"),
             "moe_intermediate_size": moe_inter,
             "shared_expert_intermediate_size": shared * moe_inter,
-            "num_moe_layers": n - first_dense, "num_mtp_layers": mtp,
-            "kv_lora_rank": _need(d, source, "kv_lora_rank"), "q_lora_rank": q_lora,
+            "num_moe_layers": n - first_dense,
+            "num_mtp_layers": _count(d, source, "num_nextn_predict_layers"),
+            "kv_lora_rank": _need(d, source, "kv_lora_rank"),
+            "q_lora_rank": _count(d, source, "q_lora_rank"),   # 0 or null: no q compression
             "qk_nope_head_dim": _need(d, source, "qk_nope_head_dim"),
             "qk_rope_head_dim": _need(d, source, "qk_rope_head_dim"),
             "v_head_dim": _need(d, source, "v_head_dim")}
@@ -592,6 +637,12 @@ def _deepseek_v3(d: dict, source) -> dict:
 # The families the simulator models, each with the reader of the fields it adds.
 FAMILIES = {"llama": _dense, "qwen3": _dense, "qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss,
             "deepseek_v3": _deepseek_v3}
+# ModelConfig's fields of the other families: counts, 0 where the family has none.
+FAMILY_COUNTS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                 "shared_expert_intermediate_size", "num_moe_layers", "kv_lora_rank",
+                 "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                 "sliding_window", "num_sliding_layers", "num_mtp_layers")
+QUANTIZATIONS = (None, "fp8", "mxfp4")
 MXFP4_BYTES = 4.25 / 8   # 4-bit values plus one 8-bit scale per 32
 
 
@@ -599,7 +650,10 @@ def _quantization(d: dict, source, model_type: str) -> dict:
     q = d.get("quantization_config")
     if q is None:
         return {}
-    method = q.get("quant_method") if isinstance(q, dict) else None
+    if not isinstance(q, dict):
+        raise UserError(f"{where(source, field='quantization_config')}: expected an object or "
+                        f"null, got {q!r}")
+    method = q.get("quant_method")
     if method == "fp8":
         return {"quantization": "fp8", "weight_bytes": 1.0, "expert_weight_bytes": 1.0}
     if method == "mxfp4" and model_type == "gpt_oss":
@@ -608,6 +662,141 @@ def _quantization(d: dict, source, model_type: str) -> dict:
         return {"quantization": "mxfp4", "expert_weight_bytes": MXFP4_BYTES}
     raise UserError(f"{where(source, field='quantization_config')}: quant_method {method!r} is "
                     "not modelled (fp8; mxfp4 for gpt_oss)")
+
+
+# -- checks of single fields, shared by the configs and by their config.json readers ------------
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@contextmanager
+def named(source):
+    """A config's own checks (its __post_init__) name the file they came from."""
+    try:
+        yield
+    except UserError as e:
+        if str(source) in str(e):
+            raise
+        raise UserError(f"{source}: {e}") from None
+
+
+def check_config_object(d, source) -> None:
+    if not isinstance(d, dict):
+        raise UserError(f"{source}: expected a JSON object (a model config), got "
+                        f"{type(d).__name__}")
+
+
+def architectures(d: dict, source) -> list[str]:
+    """`architectures`: a list of class names; missing or null is none."""
+    archs = d.get("architectures")
+    if archs is None:
+        return []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise UserError(f"{where(source, field='architectures')}: expected a list of class "
+                        f"names, got {archs!r}")
+    return archs
+
+
+def int_field(d: dict, key: str, source, default=None) -> int:
+    """An integer >= 1 (not a float, a string or a bool); missing or null takes `default`."""
+    v = d.get(key)
+    if v is None:
+        if default is None:
+            raise UserError(f"{where(source, field=key)}: missing")
+        return default
+    if not _is_int(v) or v < 1:
+        raise UserError(f"{where(source, field=key)}: expected an integer >= 1, got {v!r}")
+    return v
+
+
+def bool_field(d: dict, key: str, source, default: bool = False) -> bool:
+    """true or false (a string "false" is not false); missing or null takes `default`."""
+    v = d.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise UserError(f"{where(source, field=key)}: expected true or false, got {v!r}")
+    return v
+
+
+def check_token_ids(v, what: str, lists: bool = False) -> None:
+    """A token id (an integer >= 0), None, or with `lists` a list of them (eos_token_id)."""
+    ok = v is None or (_is_int(v) and v >= 0) or (
+        lists and isinstance(v, list) and all(_is_int(t) and t >= 0 for t in v))
+    if not ok:
+        raise UserError(f"{what}: expected a token id{' or a list of them' if lists else ''}, "
+                        f"got {v!r}")
+
+
+# The keys each RoPE scaling needs (HF's rope_config_validation); others are not checked.
+ROPE_KEYS = {"linear": ("factor",), "yarn": ("factor",),
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                        "original_max_position_embeddings")}
+
+
+def check_rope_scaling(scaling, what: str, kinds=LLAMA_ROPES) -> dict | None:
+    """`rope_scaling`: null, or an object of a supported rope_type (`kinds`; None: any) with
+    every key that type needs (ROPE_KEYS), each a positive number (llama3's
+    original_max_position_embeddings an integer, its high_freq_factor above its
+    low_freq_factor)."""
+    if scaling is None:
+        return None
+    if not isinstance(scaling, dict):
+        raise UserError(f"{what}: expected an object or null, got {scaling!r}")
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind is not None and not isinstance(kind, str):
+        raise UserError(f"{what}: rope_type must be a name, got {kind!r}")
+    if kinds is not None and kind not in kinds:
+        raise UserError(f"{what}: rope_type {kind!r} is not supported "
+                        f"({', '.join(k for k in kinds if k)})")
+    for key in ROPE_KEYS.get(kind, ()):
+        v = scaling.get(key)
+        if v is None:
+            raise UserError(f"{what}: rope_type {kind} needs '{key}' "
+                            f"({', '.join(ROPE_KEYS[kind])})")
+        integral = key == "original_max_position_embeddings"
+        if not (_is_int(v) if integral else _is_number(v)) or not math.isfinite(v) or v <= 0:
+            raise UserError(f"{what}: '{key}' must be {'an integer' if integral else 'a number'}"
+                            f" > 0, got {v!r}")
+    if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
+        raise UserError(f"{what}: high_freq_factor ({scaling['high_freq_factor']}) must exceed "
+                        f"low_freq_factor ({scaling['low_freq_factor']})")
+    return scaling
+
+
+def check_layer_fields(cfg, who: str, extra_ints: tuple[str, ...] = (),
+                       rope_kinds=LLAMA_ROPES) -> None:
+    """The fields a target and a head share (their decoder layers), in __post_init__: sizes
+    are integers >= 1, head_dim 0 (derived) or an even integer, GQA divides, RoPE (of
+    `rope_kinds`) and the norm are positive numbers."""
+    for f in ("hidden_size", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size",
+              "max_position_embeddings") + extra_ints:
+        v = getattr(cfg, f)
+        if not _is_int(v) or v < 1:
+            raise UserError(f"{who}: field '{f}' must be an integer >= 1, got {v!r}")
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise UserError(f"{who}: num_heads ({cfg.num_heads}) must be a multiple of "
+                        f"num_kv_heads ({cfg.num_kv_heads})")
+    if not _is_int(cfg.head_dim) or cfg.head_dim < 0:
+        raise UserError(f"{who}: field 'head_dim' must be an integer >= 1, got {cfg.head_dim!r}")
+    if cfg.head_dim == 0:
+        if cfg.hidden_size % cfg.num_heads:
+            raise UserError(f"{who}: hidden_size ({cfg.hidden_size}) must be a multiple of "
+                            f"num_heads ({cfg.num_heads}) or head_dim given")
+        object.__setattr__(cfg, "head_dim", cfg.hidden_size // cfg.num_heads)
+    if cfg.head_dim % 2:
+        raise UserError(f"{who}: head_dim ({cfg.head_dim}) must be even (RoPE rotates pairs)")
+    for f in ("rope_theta", "rms_norm_eps"):
+        v = getattr(cfg, f)
+        if not _is_number(v) or not math.isfinite(v) or v <= 0:
+            raise UserError(f"{who}: field '{f}' must be a positive number, got {v!r}")
+    check_rope_scaling(cfg.rope_scaling, f"{who}: field 'rope_scaling'", rope_kinds)
 
 
 def eagle3_for(target: ModelConfig, draft_vocab_size: int | None = None,
@@ -725,10 +914,7 @@ def _read_config(spec: str) -> tuple[dict, str]:
         path = path / "config.json"
     if not path.is_file():
         raise UserError(f"{path}: no config.json there")
-    try:
-        return json.loads(path.read_text()), str(path)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    return read_json(path), str(path)
 
 
 def load_model_config(spec: str) -> ModelConfig:
@@ -788,11 +974,13 @@ def load_drafter(method: str, spec: str | None, target: ModelConfig,
             head = DERIVED_HEADS[method](target)
         elif method == "eagle" and spec not in DRAFT_PRESETS and Path(spec).exists():
             d, source = _read_config(spec)   # an EAGLE head's config is a 1-layer Llama's
+            check_config_object(d, source)
             fields = _llama_fields(d, source)
             fields.pop("num_layers")
-            head = Eagle3Config(name=Path(spec).name, draft_vocab_size=fields["vocab_size"],
-                                target_hidden_size=fields["hidden_size"], kind="eagle",
-                                **fields)
+            with named(source):
+                head = Eagle3Config(name=Path(spec).name, draft_vocab_size=fields["vocab_size"],
+                                    target_hidden_size=fields["hidden_size"], kind="eagle",
+                                    **fields)
         else:
             head = load_draft_config(spec, target)
             if method == "eagle":

@@ -43,6 +43,18 @@ DEVICES = ("cpu", "cuda")
 EXECUTOR_BACKENDS = {"uni": "inline", "mp": "process"}
 SPEC_KEYS = ("method", "model", "num_speculative_tokens")
 
+# The most a setting may be. Past these a value is a typo (1e308), not a setting: it would
+# overflow the simulator's clock, hang the engine or fill the memory (docs/robustness.md).
+# SimConfig holds its fields (grid files, presets) to the same limits.
+MAX_US = 1e9              # an op's cost or a latency in microseconds: 1000 s
+MAX_MS = MAX_US / 1e3     # the same in milliseconds
+MAX_SCALE = 1e6           # a multiplier of every cost (--cpu-scale, --speed)
+MAX_SPREAD = 100.0        # a logit-scale spread of acceptance
+MAX_SKEW = 10.0           # the Zipf exponent of MoE routing (at 10 the top-k experts take
+                          # nearly every token: 64 tokens touch 12 of 128 at top-8)
+MAX_K = 64                # draft tokens per step
+MAX_PROMPTS = 1_000_000   # requests of one run
+
 
 # ---------------------------------------------------------------------------------------------
 # Values
@@ -89,6 +101,17 @@ def positive_float(text: str) -> float:
     if not 0 < v < math.inf:
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return v
+
+
+def at_most(parse, hi: float):
+    """The parser `parse`, refusing values above `hi` (see MAX_US)."""
+    def bounded(text: str):
+        v = parse(text)
+        if v > hi:
+            raise argparse.ArgumentTypeError(f"must be at most {hi:g}, got {text}")
+        return v
+    bounded.__name__ = parse.__name__
+    return bounded
 
 
 def fraction(text: str) -> float:
@@ -140,6 +163,8 @@ def speculative_config_arg(text: str) -> dict:
     except json.JSONDecodeError as e:
         raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg} at column {e.colno})") \
             from None
+    except RecursionError:
+        raise argparse.ArgumentTypeError("not valid JSON (nested too deeply)") from None
     if not isinstance(d, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
     method = d.get("method")
@@ -151,9 +176,9 @@ def speculative_config_arg(text: str) -> dict:
     if model is not None and not isinstance(model, str):
         raise argparse.ArgumentTypeError(f"model: expected a path or preset name, got {model!r}")
     k = d.get("num_speculative_tokens")
-    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
-        raise argparse.ArgumentTypeError(f"num_speculative_tokens: expected an integer >= 0, "
-                                         f"got {k!r}")
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_K):
+        raise argparse.ArgumentTypeError(f"num_speculative_tokens: expected an integer from 0 "
+                                         f"to {MAX_K}, got {k!r}")
     return d
 
 
@@ -181,10 +206,10 @@ def add_model_args(p, defaults=None, draft_help: str = "", tp_help: str = ""):
                         _d(defaults, "method"))
     g.add_argument("--spec-model", metavar="DIR|PRESET",
                    help="vLLM's shortcut for speculative_config's model (as --draft)")
-    g.add_argument("--spec-tokens", type=nonneg_int, metavar="K",
+    g.add_argument("--spec-tokens", type=at_most(nonneg_int, MAX_K), metavar="K",
                    help="vLLM's shortcut for num_speculative_tokens (as -k)")
     g.add_argument("--num-speculative-tokens", "-k", "--k", "--num-spec-tokens",
-                   dest="k", type=nonneg_int, metavar="K",
+                   dest="k", type=at_most(nonneg_int, MAX_K), metavar="K",
                    help="draft tokens per step, the same as speculative_config's "
                         "num_speculative_tokens; 0 is plain decoding" + _d(defaults, "k"))
     g.add_argument("--draft", metavar="DIR|PRESET",
@@ -241,7 +266,7 @@ def add_load_args(p, default_workload: str = "mtbench"):
                    help=f"built-in workload ({', '.join(BUILTIN)}) or a trace file of JSON lines "
                         f"{{request_id, arrival_s, prompt_len, output_len}} "
                         f"(default: {default_workload})")
-    g.add_argument("--num-prompts", type=positive_int, default=None,
+    g.add_argument("--num-prompts", type=at_most(positive_int, MAX_PROMPTS), default=None,
                    help="number of requests (default: the workload's own; 80 for mtbench)")
     g.add_argument("--output-len", type=positive_int, default=None,
                    help="override every request's output length (tokens; ignore_eos)")
@@ -368,6 +393,18 @@ def result_path(args, backend: str, model: str) -> Path | None:
     return Path(args.result_dir or ".") / name
 
 
+def check_outputs(args, result: Path | None, timeline=(), chrome: str | None = None) -> None:
+    """Every output path of a run (its result, its timeline files), checked before the run
+    starts (common/fileio.py check_writable), each named by its option."""
+    from common.fileio import check_writable
+    if result is not None:
+        check_writable(result, "--result-json" if args.result_json else "--save-result")
+    for path in timeline or ():
+        check_writable(path, "--timeline")
+    if chrome:
+        check_writable(chrome, "--chrome-trace")
+
+
 def percentiles_from_args(args) -> dict:
     """Keyword arguments for run_result: the percentiles and the metrics that get them."""
     out = {}
@@ -410,7 +447,8 @@ def note(args, text: str) -> None:
 def vllm_option_names() -> frozenset[str]:
     """Every long option of `vllm serve` and `vllm bench serve` (common/vllm_options.json,
     dumped from vLLM's own parsers; its header names the version)."""
-    doc = json.loads((Path(__file__).with_name("vllm_options.json")).read_text())
+    from common.fileio import read_json
+    doc = read_json(Path(__file__).with_name("vllm_options.json"))
     return frozenset(doc["serve"]) | frozenset(doc["bench_serve"])
 
 

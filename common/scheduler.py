@@ -94,6 +94,7 @@ class SchedulerConfig:
     max_model_len: int = 2048
     num_spec_tokens: int = 0        # k
     async_scheduling: bool = False
+    max_position_embeddings: int | None = None   # the target's context (its config.json's)
 
     def __post_init__(self):
         for f in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
@@ -111,6 +112,12 @@ class SchedulerConfig:
     def check_fits(self, request_id: str, prompt_len: int, output_len: int) -> None:
         """Reject a request this engine could never serve, naming it."""
         total = prompt_len + output_len
+        # The last output token is never fed: positions 0..total-2 are.
+        if self.max_position_embeddings is not None and total - 1 > self.max_position_embeddings:
+            raise UserError(f"request {request_id!r}: prompt_len + output_len = {total} takes "
+                            f"positions 0..{total - 2}, past the target's context "
+                            f"(max_position_embeddings {self.max_position_embeddings} in its "
+                            "config)")
         if total > self.max_model_len:
             raise UserError(f"request {request_id!r}: prompt_len + output_len = {total} "
                             f"exceeds --max-model-len {self.max_model_len}")
@@ -121,18 +128,25 @@ class SchedulerConfig:
 
 
 class BlockPool:
-    """A free list of KV block ids, allocated from the front, freed to the back."""
+    """A free list of KV block ids, allocated from the front, freed to the back.
+
+    The ids never handed out yet are the front of the list, held as a count rather than
+    listed: a cache sized from a large device's memory holds tens of millions of blocks."""
 
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
-        self.free_ids = deque(range(num_blocks))
+        self.fresh = 0                 # ids fresh..num_blocks-1 were never allocated
+        self.free_ids: deque[int] = deque()   # freed ids, behind the fresh ones
 
     @property
     def num_free(self) -> int:
-        return len(self.free_ids)
+        return self.num_blocks - self.fresh + len(self.free_ids)
 
     def allocate(self, n: int) -> list[int]:
-        return [self.free_ids.popleft() for _ in range(n)]
+        new = min(n, self.num_blocks - self.fresh)
+        ids = list(range(self.fresh, self.fresh + new))
+        self.fresh += new
+        return ids + [self.free_ids.popleft() for _ in range(n - new)]
 
     def free(self, ids: list[int]) -> None:
         self.free_ids.extend(ids)

@@ -103,9 +103,10 @@ def bench_result(doc: dict, path, chunk_tokens: list[list[int]] | None = None,
 
 def bursty_share(doc: dict, under_ms: float = 0.05) -> float:
     """The share of a run's ITLs under `under_ms`: chunks the client read together (no engine
-    streams two steps that close), the mark of a client short of CPU. 0 without --save-detailed."""
+    streams two steps that close), the mark of a client that did not read as the server wrote.
+    0 without --save-detailed. (vLLM writes ttfts and itls in seconds.)"""
     itls = [x for row in doc.get("itls") or [] for x in row]
-    return sum(1 for x in itls if x < under_ms) / len(itls) if itls else 0.0
+    return sum(1 for x in itls if x * 1e3 < under_ms) / len(itls) if itls else 0.0
 
 
 def is_bench(doc) -> bool:

@@ -96,13 +96,27 @@ def load_workload(spec: str, num_prompts: int | None = None, output_len: int | N
     else:
         reqs = load_trace(spec)
     if num_prompts is not None:
-        base = reqs
-        reqs = [base[i % len(base)] if i < len(base) else
-                replace(base[i % len(base)], request_id=f"{base[i % len(base)].request_id}#{i}")
-                for i in range(num_prompts)]
+        reqs = cycle(reqs, num_prompts)
     if output_len is not None:
         reqs = [replace(r, output_len=output_len, accepted=None) for r in reqs]
     return reqs
+
+
+def cycle(reqs: list[TraceRequest], n: int) -> list[TraceRequest]:
+    """The first n requests, cycling through the trace if it holds fewer, as the benchmark
+    oversamples. A repeat is named ID#i (i its place in the run), with '#' added until the name
+    is one the trace does not hold (a trace may have ids `a` and `a#2`)."""
+    out, taken = [], {r.request_id for r in reqs}
+    for i in range(n):
+        r = reqs[i % len(reqs)]
+        if i >= len(reqs):
+            rid = f"{r.request_id}#{i}"
+            while rid in taken:
+                rid += "#"
+            taken.add(rid)
+            r = replace(r, request_id=rid)
+        out.append(r)
+    return out
 
 
 def arrival_times(n: int, request_rate: float, burstiness: float = 1.0,
@@ -123,6 +137,9 @@ def arrival_times(n: int, request_rate: float, burstiness: float = 1.0,
     t = np.cumsum(delays)
     if t[-1] > 0:
         t *= (n / request_rate) / t[-1]
+    if not np.isfinite(t).all():
+        raise UserError(f"--request-rate {request_rate:g} with --burstiness {burstiness:g}: "
+                        "the arrival times are not finite numbers; give a burstiness nearer 1")
     return [float(x) for x in t]
 
 

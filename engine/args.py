@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from common.errors import UserError
 from common.formats import MODES
-from common.options import DEVICES, EXECUTORS
+from common.options import DEVICES, EXECUTORS, MAX_K
 from common.scheduler import cdiv
 from engine.kv_cache import BLOCK_SIZE
 from engine.loop import EngineConfig
@@ -65,8 +65,9 @@ class EngineArgs:
             raise UserError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.dtype is not None and self.dtype not in DTYPE_BYTES:
             raise UserError(f"--dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
-        if not isinstance(self.k, int) or self.k < 0:
-            raise UserError(f"--num-speculative-tokens must be an integer >= 0, got {self.k!r}")
+        if not isinstance(self.k, int) or not 0 <= self.k <= MAX_K:
+            raise UserError(f"--num-speculative-tokens must be an integer from 0 to {MAX_K}, "
+                            f"got {self.k!r}")
         if self.k > 0 and not self.draft:
             raise UserError(f"--num-speculative-tokens {self.k} needs a draft head: give "
                             "--speculative-config's model (or --draft)")
@@ -125,10 +126,35 @@ class EngineArgs:
         want = self.max_num_seqs * cdiv(self.max_model_len + self.k, self.block_size)
         return max(1, min(want, int(self.kv_cache_gib * 2 ** 30 // per_block)))
 
+    def check_memory(self, num_blocks: int) -> None:
+        """What the worker will allocate (weights, the KV cache, the RoPE tables) fits the
+        device's memory: a typo such as --num-gpu-blocks-override 1e9 fails here, naming the
+        options, not in the kernel's out-of-memory killer."""
+        target = self.target_config()
+        draft = self.draft_config(target)
+        nbytes = DTYPE_BYTES[self.dtype_name]
+        layers = target.num_layers + (1 if draft is not None else 0)
+        kv = num_blocks * layers * 2 * self.block_size * target.num_kv_heads * \
+            target.head_dim * nbytes
+        weights = nbytes * (target.num_params + (draft.num_params if draft else 0))
+        positions = self.max_model_len + (self.max_k or max(self.k, 1)) + self.block_size
+        rope = 2 * 2 * 4 * positions * target.head_dim   # cos and sin, target and head
+        have = device_memory(self.device)
+        if weights + kv + rope > have:
+            gib = 2 ** 30
+            raise UserError(
+                f"the {self.device} worker would need {(weights + kv + rope) / gib:.1f} GiB "
+                f"(weights {weights / gib:.1f}, KV cache of {num_blocks} blocks {kv / gib:.1f}, "
+                f"RoPE tables for --max-model-len {self.max_model_len} {rope / gib:.1f}) but the "
+                f"{self.device} has {have / gib:.1f} GiB; lower --num-gpu-blocks-override, "
+                "--max-model-len or --kv-cache-gib")
+
     def worker_spec(self):
         from engine.worker import WorkerSpec
+        blocks = self.num_blocks()
+        self.check_memory(blocks)
         return WorkerSpec(self.model, self.draft, self.device, self.dtype,
-                          num_blocks=self.num_blocks(), max_model_len=self.max_model_len,
+                          num_blocks=blocks, max_model_len=self.max_model_len,
                           max_num_seqs=self.max_num_seqs, max_k=self.max_k or max(self.k, 1),
                           cuda_graphs=self.cuda_graphs, block_size=self.block_size,
                           seed=self.seed, num_threads=self.num_threads,
@@ -140,7 +166,7 @@ class EngineArgs:
         return EngineConfig(mode or self.mode, self.k if k is None else k,
                             num_blocks or self.num_blocks(), self.max_num_seqs,
                             self.max_num_batched_tokens, self.max_model_len, self.sampling,
-                            self.block_size)
+                            self.block_size, self.target_config().max_position_embeddings)
 
     def make_executor(self):
         from engine.executor import make_executor

@@ -13,7 +13,6 @@ device) and moved: they need no files at all. safetensors is imported only to re
 
 from __future__ import annotations
 
-import json
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,7 +21,8 @@ import torch
 from engine.eagle3 import Eagle3Head
 from engine.model import Llama, init_weights
 from engine.tiny import TINY_TARGET, build_tiny, tiny_draft_config
-from common.errors import UserError
+from common.errors import UserError, where
+from common.fileio import read_json_object, write_bytes, write_json
 from common.modelcfg import (DRAFT_PRESETS, MODEL_PRESETS, Eagle3Config, ModelConfig,
                               load_draft_config, load_model_config)
 
@@ -116,11 +116,17 @@ def _shape(t, lo, hi) -> list[int]:
 def _weight_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, AttributeError):
-            raise UserError(f"{index}: not a safetensors index (expected a 'weight_map')") from None
-        return [folder / f for f in files]
+        weight_map = read_json_object(index, "a safetensors index").get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise UserError(f"{where(index, field='weight_map')}: missing or not an object "
+                            "(tensor name -> file)")
+        bad = next((k for k, f in weight_map.items()
+                    if not isinstance(f, str) or not f or Path(f).is_absolute()
+                    or ".." in Path(f).parts), None)
+        if bad is not None:
+            raise UserError(f"{where(index, field='weight_map')}: tensor {bad!r} maps to "
+                            f"{weight_map[bad]!r}, not a file name in the folder")
+        return [folder / f for f in sorted(set(weight_map.values()))]
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise UserError(f"{folder}: no *.safetensors weights there")
@@ -199,11 +205,14 @@ def load_target(spec: str, device: torch.device, dtype: torch.dtype,
 
 def save_target(model: Llama, folder) -> None:
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(model.cfg.to_hf_dict(), indent=1) + "\n")
-    from safetensors.torch import save_file
-    save_file(_gather(target_names(model)), str(folder / "model.safetensors"),
-              metadata={"format": "pt"})
+    write_json(folder / "config.json", model.cfg.to_hf_dict())
+    _save_tensors(folder / "model.safetensors", _gather(target_names(model)))
+
+
+def _save_tensors(path: Path, tensors: dict) -> None:
+    """model.safetensors, written atomically (common/fileio.py) like every output."""
+    from safetensors.torch import save
+    write_bytes(path, save(tensors, metadata={"format": "pt"}))
 
 
 def _gather(names: dict) -> dict:
@@ -266,12 +275,11 @@ def save_draft(head: Eagle3Head, folder, layout: str | None = None,
                aux_layer_ids=None) -> None:
     """Write a head in the yuhuili or speculators layout (config.json + model.safetensors)."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     layout = layout or head.cfg.layout
     cfg_dict = head.cfg.to_hf_dict(layout)
     if aux_layer_ids is not None:
         cfg_dict["eagle_aux_hidden_state_layer_ids"] = list(aux_layer_ids)
-    (folder / "config.json").write_text(json.dumps(cfg_dict, indent=1) + "\n")
+    write_json(folder / "config.json", cfg_dict)
     tensors = _gather(draft_names(head, layout))
     ids = torch.arange(head.cfg.draft_vocab_size) + tensors["d2t"]
     t2d = torch.zeros(head.cfg.vocab_size, dtype=torch.bool)
@@ -279,6 +287,5 @@ def save_draft(head: Eagle3Head, folder, layout: str | None = None,
     tensors["t2d"] = t2d
     if head.owns_embedding:
         tensors["embed_tokens.weight"] = head.embed_tokens.weight.detach().contiguous().cpu()
-    from safetensors.torch import save_file
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    _save_tensors(folder / "model.safetensors", tensors)
 

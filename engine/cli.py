@@ -10,9 +10,9 @@ import argparse
 import sys
 
 from common.errors import UserError
-from common.options import (add_engine_args, add_load_args, add_model_args, add_result_args,
-                            add_scheduler_args, nonneg_float, nonneg_int, positive_float,
-                            rates_arg)
+from common.options import (MAX_SPREAD, add_engine_args, add_load_args, add_model_args,
+                            add_result_args, add_scheduler_args, at_most, nonneg_float,
+                            nonneg_int, positive_float, rates_arg)
 
 RUN_EPILOG = """\
 examples:
@@ -83,7 +83,8 @@ def add_run_args(p) -> None:
     g.add_argument("--top-p", type=positive_float, default=1.0, help="default 1.0 (off)")
     g.add_argument("--synthetic-acceptance", type=acceptance_arg, metavar="PROFILE|RATES",
                    help=ACCEPTANCE_HELP)
-    g.add_argument("--acceptance-spread", type=nonneg_float, metavar="SIGMA",
+    g.add_argument("--acceptance-spread", type=at_most(nonneg_float, MAX_SPREAD),
+                   metavar="SIGMA",
                    help="with --synthetic-acceptance: std of each request's logit shift of the "
                         "rates (default: the profile's; 0 for rates)")
 
@@ -135,8 +136,10 @@ def engine_args_from(args):
     check_tensor_parallel(args, who="the engine (one device)")
     method, draft, k = speculative_from_args(args)
     if method not in (None, "eagle3"):
-        raise UserError(f"--speculative-config method {method}: the engine drafts with EAGLE-3 "
-                        "heads only (method eagle3); `stepgap simulate` models the others")
+        given = "--spec-method" if getattr(args, "method", None) else \
+            "--speculative-config method"
+        raise UserError(f"{given} {method}: the engine drafts with EAGLE-3 heads only (method "
+                        "eagle3); `stepgap simulate` models the others")
     settings = {name: getattr(args, name) for name in FIELDS
                 if getattr(args, name, None) is not None}
     mode, executor = mode_from_args(args), executor_from_args(args)
@@ -148,7 +151,8 @@ def engine_args_from(args):
 
 def cmd_run(args) -> int:
     from common.formats import format_summary, save_chrome_trace, save_result, save_timeline
-    from common.options import note, percentiles_from_args, result_path, workload_from_args
+    from common.options import (check_outputs, note, percentiles_from_args, result_path,
+                                workload_from_args)
     from engine.executor import WorkerDied
     from engine.loop import config_summary, run_trace
 
@@ -159,7 +163,10 @@ def cmd_run(args) -> int:
     target = ea.target_config()
     ea.draft_config(target)    # a head that does not fit fails here, before any work
     out_path = result_path(args, "stepgap-engine", ea.model)
+    check_outputs(args, out_path, args.timeline and (args.timeline,), args.chrome_trace)
     cfg = ea.engine_config()
+    for r in requests:   # before the worker is built: a request that cannot run fails now
+        cfg.scheduler_config().check_fits(r.request_id, r.prompt_len, r.output_len)
     note(args, f"building the {ea.executor} worker on {ea.device} ...")
     try:
         with ea.make_executor() as ex:

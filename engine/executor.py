@@ -10,7 +10,9 @@
 Both offer configure / execute / collect / close. The process executor sends one compact message
 per step (token ids only for fresh requests) and gets back the sampled ids and the worker's
 spans. Shutdown is robust: a dead worker is detected while waiting (WorkerDied, with its exit
-code), the worker exits when the engine goes away, and close() always reaps the process.
+code), a stuck one by the watchdog (`Watchdog`: stopped, or no CPU used, for stall_timeout_s
+while a step is due), the worker exits when the engine goes away, and close() always reaps the
+process.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import signal
 import time
 import traceback
 from collections import deque
+from pathlib import Path
 
 from common.errors import UserError
 from common.options import EXECUTORS
@@ -30,6 +33,50 @@ from engine.worker import RunConfig, StepMsg, StepResult, Worker, WorkerSpec
 
 class WorkerDied(RuntimeError):
     """The worker process exited, failed or stopped answering."""
+
+
+# A step is seconds at most, and a worker computing it uses CPU (on a GPU too: the host side
+# launches and waits). One stopped (SIGSTOP) or stuck without using any CPU this long while a
+# step is due ends the run. Start-up and configure (weights, CUDA-graph capture) are not held
+# to it: they have their own, longer timeouts.
+STALL_TIMEOUT_S = 60.0
+CONFIGURE_TIMEOUT_S = 1800.0
+
+
+def cpu_state(pid: int) -> tuple[str, float] | None:
+    """(state letter, CPU seconds used) of a process, from /proc (Linux); None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Watchdog:
+    """Fires when a process has used no CPU for `timeout_s` (it is stopped, or stuck waiting
+    on something that never comes)."""
+
+    def __init__(self, pid: int, timeout_s: float):
+        self.pid, self.timeout_s = pid, timeout_s
+        state = cpu_state(pid)
+        self.cpu = state[1] if state else None
+        self.since = time.monotonic()
+
+    def check(self) -> str | None:
+        """None while the process makes progress; else why it is stuck."""
+        state = cpu_state(self.pid)
+        if state is None:
+            return None
+        now = time.monotonic()
+        if state[1] != self.cpu:
+            self.cpu, self.since = state[1], now
+            return None
+        if now - self.since < self.timeout_s:
+            return None
+        how = "is stopped (SIGSTOP, or a debugger)" if state[0] in "Tt" else \
+            "has used no CPU"
+        return (f"the worker process (pid {self.pid}) {how} and answered nothing for "
+                f"{self.timeout_s:.0f} s while a step was due; the run is ended")
 
 
 class InlineExecutor:
@@ -121,7 +168,8 @@ class ProcessExecutor:
     name = "process"
 
     def __init__(self, spec: WorkerSpec, start_timeout_s: float = 600.0,
-                 step_timeout_s: float = 600.0, pin: bool = True):
+                 step_timeout_s: float = 600.0, pin: bool = True,
+                 stall_timeout_s: float = STALL_TIMEOUT_S):
         if spec.num_threads is None:
             from dataclasses import replace
             spec = replace(spec, num_threads=1)
@@ -138,6 +186,7 @@ class ProcessExecutor:
         if plan:
             os.sched_setaffinity(0, plan[0])
         self.step_timeout_s = step_timeout_s
+        self.stall_timeout_s = stall_timeout_s
         self.in_flight = 0
         try:
             self._info = self._recv("ready", start_timeout_s)
@@ -165,14 +214,20 @@ class ProcessExecutor:
             f"exited with code {code}" if code is not None else "stopped answering"
         return f"the worker process (pid {self.proc.pid}) {how}"
 
-    def _recv(self, want: str, timeout_s: float):
+    def _recv(self, want: str, timeout_s: float, watch: bool = False):
         deadline = time.monotonic() + timeout_s
+        dog = None   # made at the first wait, so that a step's result that is ready costs none
         while not self.conn.poll(0.05):
             if not self.proc.is_alive():
                 raise WorkerDied(self._death())
             if time.monotonic() > deadline:
                 raise WorkerDied(f"the worker process (pid {self.proc.pid}) sent nothing for "
                                  f"{timeout_s:.0f} s")
+            if watch:
+                dog = dog or Watchdog(self.proc.pid, self.stall_timeout_s)
+                stuck = dog.check()
+                if stuck:
+                    raise WorkerDied(stuck)
         try:
             kind, payload = self.conn.recv()
         except (EOFError, OSError):
@@ -187,7 +242,7 @@ class ProcessExecutor:
 
     def configure(self, run: RunConfig) -> None:
         self._send(("configure", run))
-        self._recv("configured", self.step_timeout_s)
+        self._recv("configured", max(self.step_timeout_s, CONFIGURE_TIMEOUT_S))
 
     def execute(self, msg: StepMsg):
         self._send(("step", msg))
@@ -195,7 +250,7 @@ class ProcessExecutor:
         return msg.step
 
     def collect(self, step: int) -> StepResult:
-        res = self._recv("result", self.step_timeout_s)
+        res = self._recv("result", self.step_timeout_s, watch=True)
         self.in_flight -= 1
         if res.step != step:
             raise WorkerDied(f"the worker answered step {res.step} where step {step} was due")
@@ -205,6 +260,9 @@ class ProcessExecutor:
         if self._affinity is not None:
             os.sched_setaffinity(0, self._affinity)
             self._affinity = None
+        state = cpu_state(self.proc.pid) if self.proc.is_alive() else None
+        if state and state[0] in "Tt":   # stopped: it would take no message, no SIGTERM
+            self.proc.kill()
         if self.proc.is_alive():
             try:
                 self.conn.send(("close", None))

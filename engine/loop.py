@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from common.acceptance import Acceptance
+from common.acceptance import Acceptance, check_replay
 from common.errors import UserError
 from common.formats import (METRICS, PERCENTILES, RequestTiming, Span, SpecStats, TraceRequest,
                             run_result, step_gaps)
@@ -49,13 +49,15 @@ class EngineConfig:
     max_model_len: int = 2048
     sampling: SamplingConfig = SamplingConfig()
     block_size: int = BLOCK_SIZE
+    max_position_embeddings: int | None = None   # the target's context
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(num_blocks=self.num_blocks, block_size=self.block_size,
                                max_num_seqs=self.max_num_seqs,
                                max_num_batched_tokens=self.max_num_batched_tokens,
                                max_model_len=self.max_model_len, num_spec_tokens=self.k,
-                               async_scheduling=self.mode != "sync")
+                               async_scheduling=self.mode != "sync",
+                               max_position_embeddings=self.max_position_embeddings)
 
 
 @dataclass
@@ -87,6 +89,7 @@ def acceptance_plans(requests: list[TraceRequest], cfg: EngineConfig) -> dict[st
     model (common/acceptance.py, the same draws for the same requests and seed)."""
     s = cfg.sampling
     if s.replay:
+        check_replay(requests, cfg.k)
         return {r.request_id: r.accepted for r in requests if r.accepted is not None}
     if s.synthetic is None or not cfg.k:
         return {}
@@ -157,6 +160,8 @@ class EngineCore:
                  vocab_size: int, seed: int):
         self.executor, self.cfg = executor, cfg
         self.sched = Scheduler(cfg.scheduler_config())
+        for r in requests:   # before anything a request asks for is allocated (its prompt ids)
+            self.sched.cfg.check_fits(r.request_id, r.prompt_len, r.output_len)
         self.depth = 1 if cfg.mode == "sync" else 2
         self.queue: deque[tuple[SchedulerOutput, object]] = deque()   # launched, oldest first
         self.host = HostSpans("cpu.engine")

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from common.acceptance import PROFILES
 from common.modelcfg import DRAFT_PRESETS
-from common.options import (add_engine_args, add_load_args, add_model_args, add_result_args,
-                            add_scheduler_args, executor_from_args, mode_from_args,
+from common.options import (MAX_MS, MAX_SCALE, MAX_SKEW, MAX_SPREAD, MAX_US,
+                            add_engine_args, add_load_args, add_model_args, add_result_args,
+                            add_scheduler_args, at_most, executor_from_args, mode_from_args,
                             nonneg_float, rates_arg, speculative_from_args)
 from sim.config import TOPOLOGIES, SimConfig
 from sim.costs import CPU_COSTS, CPU_OPS, CpuCosts
@@ -85,8 +86,9 @@ def cost_arg(text: str) -> tuple[str, list[float]]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{op}: expected numbers A[,B[,C]], got {vals!r}") \
             from None
-    if not 1 <= len(abc) <= 3 or any(v < 0 for v in abc):
-        raise argparse.ArgumentTypeError(f"{op}: expected 1 to 3 numbers >= 0, got {vals!r}")
+    if not 1 <= len(abc) <= 3 or not all(0 <= v <= MAX_US for v in abc):
+        raise argparse.ArgumentTypeError(f"{op}: expected 1 to 3 numbers from 0 to {MAX_US:g} "
+                                         f"(microseconds), got {vals!r}")
     return op, abc
 
 
@@ -112,18 +114,18 @@ def register(sub) -> None:
                         "roofline wherever it covers the op, and its CPU costs replace the "
                         "defaults (explicit CPU options still win). The result's config says "
                         "which ops it covered")
-    g.add_argument("--speed", type=nonneg_float, metavar="X",
+    g.add_argument("--speed", type=at_most(nonneg_float, MAX_SCALE), metavar="X",
                    help="the machine's level for this run: device ops and CPU costs take X "
                         "times as long (default 1, the profile's mean)")
     g.add_argument("--topology", choices=TOPOLOGIES,
                    help="whose step loop: stepgap's engine, or vLLM's (its RPCs, its API "
                         "server sharing the engine core's CPU; docs/vllm.md). Default: the "
                         "profile's topology.engine, else stepgap")
-    g.add_argument("--moe-routing-skew", type=nonneg_float, metavar="S",
+    g.add_argument("--moe-routing-skew", type=at_most(nonneg_float, MAX_SKEW), metavar="S",
                    help="MoE targets: Zipf exponent of the experts' popularity (default 0: "
                         "uniform routing); skew means fewer distinct experts, so fewer expert "
                         "weights read, per step (docs/sim.md)")
-    g.add_argument("--all-reduce-latency-us", type=nonneg_float, metavar="US",
+    g.add_argument("--all-reduce-latency-us", type=at_most(nonneg_float, MAX_US), metavar="US",
                    help="tensor parallelism: one small all-reduce's time, which dominates the "
                         "collectives at decode (default: the --gpu interconnect's; 6 on "
                         "NVLink, 20 on PCIe; docs/sim.md)")
@@ -139,7 +141,8 @@ def register(sub) -> None:
     g.add_argument("--acceptance-rates", type=rates_arg, metavar="R1,R2,...",
                    help="per-position acceptance rates as vLLM reports them (cumulative: the "
                         "fraction of drafts whose position i was accepted); overrides the profile")
-    g.add_argument("--acceptance-spread", type=nonneg_float, metavar="SIGMA",
+    g.add_argument("--acceptance-spread", type=at_most(nonneg_float, MAX_SPREAD),
+                   metavar="SIGMA",
                    help="std of each request's logit shift of the rates; 0 makes every request "
                         "alike (default: the profile's; mtbench 0.50)")
     g.add_argument("--no-replay", dest="replay", action="store_false", default=None,
@@ -149,7 +152,7 @@ def register(sub) -> None:
                                          "weights)")
 
     g = p.add_argument_group("CPU costs (microseconds; op cost = A + B*num_reqs + C*num_tokens)")
-    g.add_argument("--cpu-scale", type=nonneg_float, metavar="X",
+    g.add_argument("--cpu-scale", type=at_most(nonneg_float, MAX_SCALE), metavar="X",
                    help="multiply every default CPU cost and latency (default 1; the seed-l20 "
                         "preset's value is fitted on its sync row)")
     g.add_argument("--cpu-cost", action="append", type=cost_arg, metavar="OP=A[,B[,C]]",
@@ -158,14 +161,14 @@ def register(sub) -> None:
                        f"{getattr(CPU, op).c:g}" for op in CPU_OPS)
                    + "; and, for a process worker on a synchronous device, result_latency "
                      "(default: wake + ipc) and worker_turnaround (default 0)")
-    g.add_argument("--launch-latency-us", type=nonneg_float, metavar="US",
+    g.add_argument("--launch-latency-us", type=at_most(nonneg_float, MAX_US), metavar="US",
                    help="from a launch's start to its first kernel running "
                         f"(default {CPU.launch_latency_us:g})")
-    g.add_argument("--wake-us", type=nonneg_float, metavar="US",
+    g.add_argument("--wake-us", type=at_most(nonneg_float, MAX_US), metavar="US",
                    help=f"a blocking wait returning after its event (default {CPU.wake_us:g})")
-    g.add_argument("--ipc-us", type=nonneg_float, metavar="US",
+    g.add_argument("--ipc-us", type=at_most(nonneg_float, MAX_US), metavar="US",
                    help=f"one engine<->worker message, process topology (default {CPU.ipc_us:g})")
-    g.add_argument("--output-latency-ms", type=nonneg_float, metavar="MS",
+    g.add_argument("--output-latency-ms", type=at_most(nonneg_float, MAX_MS), metavar="MS",
                    help="from update_from_output to the client receiving the chunk (default 0)")
 
     add_load_args(p)
@@ -230,23 +233,20 @@ def chrome_path(path: str) -> Path:
 def run(args) -> int:
     from sim.loop import simulate
     from sim.presets import comparison_table, get_preset
-    from common.errors import UserError
     from common.formats import format_summary, save_chrome_trace, save_result, save_timeline
-    from common.options import note, result_path
+    from common.options import check_outputs, note, result_path
 
     cfg = config_from_args(args)
     out = result_path(args, "stepgap-sim", cfg.model)
+    check_outputs(args, out, args.timeline and (args.timeline, chrome_path(args.timeline)))
     res, spans = simulate(cfg)
     for line in res["config"]["resolved"]["notes"]:
         note(args, line)
-    try:
-        if out:
-            save_result(out, res)
-        if args.timeline:
-            save_timeline(args.timeline, spans)
-            save_chrome_trace(chrome_path(args.timeline), spans, process_name="stepgap-sim")
-    except OSError as e:
-        raise UserError(f"cannot write {e.filename}: {e.strerror}") from None
+    if out:
+        save_result(out, res)
+    if args.timeline:
+        save_timeline(args.timeline, spans)
+        save_chrome_trace(chrome_path(args.timeline), spans, process_name="stepgap-sim")
     if not args.quiet:
         print(format_summary(res, title=f"Simulated Serving Result ({cfg.mode}, k={cfg.k})"))
         preset = get_preset(args.preset) if args.preset else None

@@ -20,7 +20,8 @@ from sim.profile import Profile, ProfileCosts, load_profile
 from sim.hardware import GIB, Hardware, get_hardware
 from common.errors import UserError
 from common.formats import METRICS, MODES
-from common.options import DEVICES, EXECUTORS
+from common.options import (DEVICES, EXECUTORS, MAX_K, MAX_MS, MAX_PROMPTS, MAX_SCALE,
+                            MAX_SKEW, MAX_SPREAD, MAX_US)
 from common.modelcfg import (SPEC_METHODS, Eagle3Config, ModelConfig, default_draft_model,
                               load_drafter, load_model_config)
 from common.scheduler import SchedulerConfig
@@ -133,50 +134,59 @@ class SimConfig:
             self.device = OLD_DEVICES[self.device]
         if self.device is not None and self.device not in DEVICES:
             raise _bad("device", f"must be one of {', '.join(DEVICES)}", self.device)
-        for name in ("k", "seed"):
-            v = getattr(self, name)
-            if not _is_int(v) or v < 0:
-                raise _bad(name, "must be an integer >= 0", v)
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
-            v = getattr(self, name)
-            if not _is_int(v) or v < 1:
-                raise _bad(name, "must be an integer >= 1", v)
+        for name in ("gpu", "model", "workload"):
+            if not isinstance(getattr(self, name), str):
+                raise _bad(name, "must be a name or a path", getattr(self, name))
+        for name in ("draft", "acceptance", "profile"):   # None: chosen in resolve()
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise _bad(name, "must be a name or a path", getattr(self, name))
+        for name in ("jitter", "replay", "detailed", "timeline"):
+            if not isinstance(getattr(self, name), bool):
+                raise _bad(name, "must be true or false", getattr(self, name))
+        _ints(self, ("k",), 0, MAX_K)
+        _ints(self, ("seed",), 0)
+        _ints(self, ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"), 1)
+        _ints(self, ("num_gpu_blocks_override", "output_len", "max_concurrency"), 1,
+              optional=True)
+        _ints(self, ("num_prompts",), 1, MAX_PROMPTS, optional=True)
         if self.topology is not None and self.topology not in TOPOLOGIES:
             raise _bad("topology", f"must be one of {', '.join(TOPOLOGIES)}", self.topology)
-        for name in ("num_gpu_blocks_override", "num_prompts", "output_len", "max_concurrency"):
-            v = getattr(self, name)
-            if v is not None and (not _is_int(v) or v < 1):
-                raise _bad(name, "must be an integer >= 1", v)
         if not (_is_num(self.gpu_memory_utilization) and 0 < self.gpu_memory_utilization <= 1):
             raise _bad("gpu_memory_utilization", "must be in (0, 1]",
                        self.gpu_memory_utilization)
-        if not (_is_num(self.cpu_scale) and self.cpu_scale >= 0):
-            raise _bad("cpu_scale", "must be a number >= 0", self.cpu_scale)
-        if not (_is_num(self.moe_routing_skew) and self.moe_routing_skew >= 0):
-            raise _bad("moe_routing_skew", "must be a number >= 0", self.moe_routing_skew)
-        if not (_is_num(self.speed) and self.speed > 0):
-            raise _bad("speed", "must be a number > 0", self.speed)
-        for name in ("launch_latency_us", "wake_us", "ipc_us", "acceptance_spread",
-                     "all_reduce_latency_us"):
-            v = getattr(self, name)
-            if v is not None and not (_is_num(v) and v >= 0):
-                raise _bad(name, "must be a number >= 0", v)
-        if not (_is_num(self.output_latency_ms) and self.output_latency_ms >= 0):
-            raise _bad("output_latency_ms", "must be a number >= 0", self.output_latency_ms)
+        _numbers(self, ("cpu_scale",), MAX_SCALE)
+        _numbers(self, ("moe_routing_skew",), MAX_SKEW)
+        if not (_is_num(self.speed) and 0 < self.speed <= MAX_SCALE):
+            raise _bad("speed", f"must be a number in (0, {MAX_SCALE:g}]", self.speed)
+        _numbers(self, ("launch_latency_us", "wake_us", "ipc_us", "all_reduce_latency_us"),
+                 MAX_US, optional=True)
+        _numbers(self, ("acceptance_spread",), MAX_SPREAD, optional=True)
+        _numbers(self, ("output_latency_ms",), MAX_MS)
         if self.request_rate is not None and not (_is_num(self.request_rate, inf=True)
                                                   and self.request_rate > 0):
             raise _bad("request_rate", "must be > 0 (or inf)", self.request_rate)
         if not (_is_num(self.burstiness, inf=True) and self.burstiness > 0):
             raise _bad("burstiness", "must be > 0", self.burstiness)
         if self.acceptance_rates is not None:
-            self.acceptance_rates = tuple(self.acceptance_rates)
-        self.metric_percentiles = tuple(self.metric_percentiles)
-        self.percentile_metrics = tuple(self.percentile_metrics)
+            self.acceptance_rates = _tuple(self, "acceptance_rates")
+        self.metric_percentiles = _tuple(self, "metric_percentiles")
+        if not self.metric_percentiles or not all(_is_num(p) and 0 < p < 100
+                                                  for p in self.metric_percentiles):
+            raise _bad("metric_percentiles", "must be percentiles in (0, 100)",
+                       self.metric_percentiles)
+        self.percentile_metrics = _tuple(self, "percentile_metrics")
+        if not set(self.percentile_metrics) <= set(METRICS):
+            raise _bad("percentile_metrics", f"must be some of {', '.join(METRICS)}",
+                       self.percentile_metrics)
+        if not isinstance(self.cpu_costs, dict):
+            raise _bad("cpu_costs", "must be a table of OP = [A, B, C]", self.cpu_costs)
         for op, abc in self.cpu_costs.items():
             if op not in CPU_COSTS:
                 raise UserError(f"--cpu-cost: unknown op {op!r} (ops: {', '.join(CPU_COSTS)})")
-            if not isinstance(abc, (list, tuple)) or not 1 <= len(abc) <= 3:
-                raise UserError(f"--cpu-cost {op}: expected A[,B[,C]] microseconds, got {abc!r}")
+            if not isinstance(abc, (list, tuple)) or not 1 <= len(abc) <= 3 \
+                    or not all(_is_num(v) and 0 <= v <= MAX_US for v in abc):
+                raise UserError(f"--cpu-cost {op}: expected A[,B[,C]], 1 to 3 numbers from 0 "
+                                f"to {MAX_US:g} microseconds, got {abc!r}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -193,6 +203,33 @@ def _is_int(v) -> bool:
 def _is_num(v, inf: bool = False) -> bool:
     return (isinstance(v, (int, float)) and not isinstance(v, bool)
             and not math.isnan(v) and (inf or math.isfinite(v)))
+
+
+def _ints(cfg, names, lo: int, hi: int | None = None, optional: bool = False) -> None:
+    for name in names:
+        v = getattr(cfg, name)
+        if v is None and optional:
+            continue
+        if not _is_int(v) or v < lo or (hi is not None and v > hi):
+            raise _bad(name, f"must be an integer from {lo} to {hi}" if hi is not None
+                       else f"must be an integer >= {lo}", v)
+
+
+def _numbers(cfg, names, hi: float, optional: bool = False) -> None:
+    """Finite numbers from 0 to `hi` (common/options.py's limits)."""
+    for name in names:
+        v = getattr(cfg, name)
+        if v is None and optional:
+            continue
+        if not (_is_num(v) and 0 <= v <= hi):
+            raise _bad(name, f"must be a number from 0 to {hi:g}", v)
+
+
+def _tuple(cfg, name: str) -> tuple:
+    v = getattr(cfg, name)
+    if isinstance(v, (str, dict)) or not hasattr(v, "__iter__"):
+        raise _bad(name, "must be a list", v)
+    return tuple(v)
 
 
 # -------------------------------------------------------------------------------------------
@@ -338,4 +375,5 @@ def scheduler_config(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
                            max_num_seqs=cfg.max_num_seqs,
                            max_num_batched_tokens=cfg.max_num_batched_tokens,
                            max_model_len=cfg.max_model_len, num_spec_tokens=cfg.k,
-                           async_scheduling=(mode or cfg.mode) != "sync")
+                           async_scheduling=(mode or cfg.mode) != "sync",
+                           max_position_embeddings=target.max_position_embeddings)

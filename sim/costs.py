@@ -542,12 +542,21 @@ class CpuCosts:
         if unknown:
             raise UserError(f"cpu costs: unknown key {sorted(unknown)[0]!r} "
                             f"(known: {', '.join(sorted(known))})")
+
+        def us(x) -> bool:
+            return isinstance(x, (int, float)) and not isinstance(x, bool) \
+                and math.isfinite(x) and x >= 0
+
         kw = {}
         for key, v in d.items():
             if key in CPU_COSTS:
-                if v is not None and (not isinstance(v, (list, tuple)) or not 1 <= len(v) <= 3):
-                    raise UserError(f"cpu costs: {key}: expected [a, b, c], got {v!r}")
+                if v is not None and (not isinstance(v, (list, tuple)) or not 1 <= len(v) <= 3
+                                      or not all(us(x) for x in v)):
+                    raise UserError(f"cpu costs: {key}: expected [a, b, c], finite "
+                                    f"microseconds >= 0, got {v!r}")
                 kw[key] = None if v is None else OpCost(*v)
             else:
+                if v is not None and not us(v):
+                    raise UserError(f"cpu costs: {key}: expected microseconds >= 0, got {v!r}")
                 kw[key] = v
         return replace(base, **kw)

@@ -336,11 +336,13 @@ def saving_plot(view, metric: str = "mean_tpot_ms") -> Figure:
 
 
 def save(fig: Figure, path) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=DPI)
-    except OSError as e:
-        raise UserError(f"cannot write {path}: {e.strerror}") from None
+    """The figure as a PNG, written atomically (common/fileio.py)."""
+    import io
+
+    from common.fileio import write_bytes
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    write_bytes(path, buf.getvalue())
 
 
 # -------------------------------------------------------------------------------------------

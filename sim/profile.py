@@ -22,7 +22,6 @@ cover.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ import numpy as np
 
 from sim.costs import Batch, CpuCosts, DeviceCosts
 from common.errors import UserError, where
+from common.fileio import read_json_object
 
 FORMAT = "stepgap-profile/1"
 FEATURES = ("1", "tokens", "reqs", "padded")
@@ -134,52 +134,82 @@ def load_profile(path) -> Profile:
         path = path / "profile.json"
     if not path.is_file():
         raise UserError(f"{path}: profile not found (`stepgap profile` writes one)")
-    try:
-        doc = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-    if not isinstance(doc, dict):
-        raise UserError(f"{path}: expected a JSON object (a profile)")
+    doc = read_json_object(path, "a profile")
     if doc.get("format") == FORMAT:
         return _stepgap_profile(path, doc)
     raise UserError(f"{where(path, field='format')}: expected {FORMAT!r} (a profile of "
                     "`stepgap profile`, `stepgap validate` or `stepgap validate-gpu`)")
 
 
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _index(v) -> bool:
+    return v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+
+
 def _stepgap_profile(path: Path, doc: dict) -> Profile:
     fits = []
-    for n, f in enumerate(doc.get("device_ops") or []):
-        try:
-            if f["op"] not in DEVICE_OPS:
-                raise UserError(f"{where(path, field=f'device_ops[{n}].op')}: unknown op "
-                                f"{f['op']!r} (ops: {', '.join(DEVICE_OPS)})")
-            coef = tuple(float(c) for c in f["coef"])
-            if len(coef) != len(FEATURES):
-                raise UserError(f"{where(path, field=f'device_ops[{n}].coef')}: expected "
-                                f"{len(FEATURES)} numbers ({', '.join(FEATURES)})")
-            fits.append(Fit(f["op"], f.get("i"), f.get("k"), coef, int(f.get("n", 0)),
-                            float(f.get("median_rel_err", math.nan)), f.get("source", "")))
-        except (KeyError, TypeError, ValueError):
-            raise UserError(f"{where(path, field=f'device_ops[{n}]')}: expected "
-                            "{op, i, k, coef: [4 numbers], n}") from None
+    ops = doc.get("device_ops") or []
+    if not isinstance(ops, list):
+        raise UserError(f"{where(path, field='device_ops')}: expected a list of fits")
+    for n, f in enumerate(ops):
+        def src(sub: str = "") -> str:
+            return where(path, field=f"device_ops[{n}]{sub}")
+        if not isinstance(f, dict) or f.get("op") not in DEVICE_OPS:
+            op = f.get("op") if isinstance(f, dict) else f
+            raise UserError(f"{src('.op')}: unknown op {op!r} (ops: {', '.join(DEVICE_OPS)})")
+        coef = f.get("coef")
+        if not isinstance(coef, list) or len(coef) != len(FEATURES) \
+                or not all(_finite(c) for c in coef):
+            raise UserError(f"{src('.coef')}: expected {len(FEATURES)} finite numbers "
+                            f"({', '.join(FEATURES)}), got {coef!r}")
+        if not (_index(f.get("i")) and _index(f.get("k")) and _index(f.get("n", 0))):
+            raise UserError(f"{src()}: i, k and n must be integers >= 0 (or null)")
+        err = f.get("median_rel_err", math.nan)
+        if err is not None and (not isinstance(err, (int, float)) or isinstance(err, bool)):
+            raise UserError(f"{src('.median_rel_err')}: expected a number, got {err!r}")
+        fits.append(Fit(f["op"], f.get("i"), f.get("k"), tuple(float(c) for c in coef),
+                        f.get("n") or 0, math.nan if err is None else float(err),
+                        str(f.get("source", ""))))
     cpu = doc.get("cpu")
     if cpu is not None:
-        CpuCosts.from_dict(cpu)  # validates
+        _cpu_costs(cpu, where(path, field="cpu"))
     jitter = doc.get("jitter")
     if jitter is not None and not (
-            isinstance(jitter, dict) and isinstance(jitter.get("trace"), list)
-            and isinstance(jitter.get("run_log_factors"), list)
-            and all(isinstance(jitter.get(k), (int, float)) and jitter[k] > 0
-                    for k in ("bin_ms",))
-            and isinstance(jitter.get("sigma_step"), (int, float)) and jitter["sigma_step"] >= 0):
+            isinstance(jitter, dict)
+            and all(isinstance(jitter.get(k), list) and all(_finite(x) for x in jitter[k])
+                    for k in ("trace", "run_log_factors"))
+            and _finite(jitter.get("bin_ms")) and jitter["bin_ms"] > 0
+            and _finite(jitter.get("sigma_step")) and jitter["sigma_step"] >= 0):
         raise UserError(f"{where(path, field='jitter')}: expected {{run_log_factors: [...], "
                         "trace: [...], bin_ms > 0, sigma_step >= 0}")
     by_k = doc.get("cpu_by_k") or {}
+    if not isinstance(by_k, dict):
+        raise UserError(f"{where(path, field='cpu_by_k')}: expected k -> CPU costs")
     for k, c in by_k.items():
-        CpuCosts.from_dict(c)
+        if not k.isdigit():
+            raise UserError(f"{where(path, field='cpu_by_k')}: key {k!r} is not a k")
+        _cpu_costs(c, where(path, field=f"cpu_by_k.{k}"))
     meta = {k: v for k, v in doc.items() if k not in ("device_ops", "cpu", "grid", "topology",
                                                        "jitter")}
-    return Profile(str(path), fits, cpu, doc.get("topology") or {}, meta, jitter)
+    topology = doc.get("topology") or {}
+    if not isinstance(topology, dict):
+        raise UserError(f"{where(path, field='topology')}: expected an object")
+    return Profile(str(path), fits, cpu, topology, meta, jitter)
+
+
+def _cpu_costs(d, src: str) -> None:
+    """A profile's CPU costs: CpuCosts.from_dict's checks, with the profile's field named."""
+    if not isinstance(d, dict):
+        raise UserError(f"{src}: expected an object of CPU costs")
+    try:
+        CpuCosts.from_dict(d)
+    except UserError as e:
+        raise UserError(f"{src}: {e}") from None
+    except (TypeError, ValueError):
+        raise UserError(f"{src}: expected op -> [a, b, c] microseconds and latencies") from None
 
 
 # -------------------------------------------------------------------------------------------

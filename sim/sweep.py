@@ -32,6 +32,7 @@ import itertools
 import json
 import math
 import re
+import signal
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, fields
@@ -39,8 +40,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from sim.config import ALIASES, SimConfig, resolve
-from common.errors import UserError
-from common.formats import METRICS, save_result
+from common.errors import UserError, where
+from common.fileio import decode_text, parse_json, read_bytes, read_json, read_toml, write_text
+from common.formats import METRICS, MODES, NONFINITE, save_result
 
 GRID_KEYS = tuple(f.name for f in fields(SimConfig) if f.name not in ("detailed", "timeline"))
 _TYPES = {f.name: str(f.type) for f in fields(SimConfig)}
@@ -58,6 +60,17 @@ COLUMNS = RESULT_METRICS + (
     "acceptance_length", "num_steps", "num_preemptions", "num_kv_blocks",
     "simulated_mode",   # the mode the cell ran in (an n-gram cell asked for async runs sync)
 )
+TEXT_COLUMNS = ("simulated_mode",)   # the columns that are not numbers (not plotted)
+
+
+def is_column_value(key: str, v) -> bool:
+    """What a finished cell may hold in a column: a number (a mode name in TEXT_COLUMNS), or
+    None where a metric has no value."""
+    if v is None:
+        return True
+    if key in TEXT_COLUMNS:
+        return v in MODES
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 # -------------------------------------------------------------------------------------------
@@ -145,7 +158,7 @@ def parse_range(key: str, text: str, src: str) -> list:
         values = [lo + i * step if kind == "int" else round(lo + i * step, 12) for i in range(n)]
     if len(values) > MAX_VALUES:
         raise UserError(f"{src}: range {text!r} has more than {MAX_VALUES} values")
-    return values
+    return list(dict.fromkeys(values))   # a value the rounding gave twice is one value
 
 
 def parse_values(key: str, text: str, src: str) -> list:
@@ -176,22 +189,12 @@ def load_grid_file(path) -> tuple[str | None, dict, dict]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: grid file not found")
-    text = path.read_text()
-    try:
-        if path.suffix == ".toml":
-            try:
-                import tomllib
-            except ModuleNotFoundError:  # Python 3.10
-                import tomli as tomllib
-            doc = tomllib.loads(text)
-        elif path.suffix == ".json":
-            doc = json.loads(text)
-        else:
-            raise UserError(f"{path}: a grid file ends in .toml or .json")
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-    except ValueError as e:  # tomllib.TOMLDecodeError
-        raise UserError(f"{path}: not valid TOML ({e})") from None
+    if path.suffix == ".toml":
+        doc = read_toml(path)
+    elif path.suffix == ".json":
+        doc = read_json(path)
+    else:
+        raise UserError(f"{path}: a grid file ends in .toml or .json")
     if not isinstance(doc, dict):
         raise UserError(f"{path}: expected a table with `grid` (and optionally `preset`, `base`)")
     unknown = set(doc) - {"preset", "base", "grid"}
@@ -219,6 +222,7 @@ def load_grid_file(path) -> tuple[str | None, dict, dict]:
             parsed[key] = [tuple(x) if isinstance(x, list) else x for x in v]
         else:
             parsed[key] = [v]
+        check_repeats(key, parsed[key], src)
     return preset, base, parsed
 
 
@@ -247,11 +251,7 @@ class Grid:
             grid_key(key, "grid")
             if not values:
                 raise UserError(f"grid: {key} has no values")
-            seen = set()
-            for v in values:
-                if json.dumps(v) in seen:
-                    raise UserError(f"grid: {key} repeats the value {v!r}")
-                seen.add(json.dumps(v))
+            check_repeats(key, values, "grid")
         for key in self.base:
             grid_key(key, "base")
 
@@ -291,19 +291,35 @@ def build_grid(specs: list[str] = (), grid_file=None, preset: str | None = None,
     from sim.presets import get_preset
 
     file_preset, base, axes = load_grid_file(grid_file) if grid_file else (None, {}, {})
-    preset = preset or file_preset
     seen = set()
     for spec in specs:
         key, text = parse_assignment(spec, "--grid")
         if key in seen:
             raise UserError(f"--grid {spec!r}: {key} is given twice")
         seen.add(key)
-        axes[key] = parse_values(key, text, f"--grid {spec!r}")
+        axes[key] = check_repeats(key, parse_values(key, text, f"--grid {spec!r}"),
+                                  f"--grid {spec!r}")
     for spec in sets:
         key, text = parse_assignment(spec, "--set")
         base[key] = parse_scalar(key, text, f"--set {spec!r}")
-    settings = dict(get_preset(preset).settings) if preset else {}
-    return Grid(axes, {**settings, **base}, preset)
+    try:
+        settings = dict(get_preset(preset or file_preset).settings) \
+            if preset or file_preset else {}
+    except UserError as e:
+        raise UserError(f"{grid_file}: {e}" if not preset else str(e)) from None
+    return Grid(axes, {**settings, **base}, preset or file_preset)
+
+
+def check_repeats(key: str, values: list, src: str) -> list:
+    """An axis takes each value once (a value the user gave twice is an error; one a range's
+    rounding gave twice is dropped by parse_range)."""
+    seen = set()
+    for v in values:
+        text = json.dumps(v, sort_keys=True, default=str)
+        if text in seen:
+            raise UserError(f"{src}: {key} is given the value {v!r} twice")
+        seen.add(text)
+    return values
 
 
 def format_cell(values: dict) -> str:
@@ -333,7 +349,7 @@ def cell_key(cfg: SimConfig) -> str:
         path = Path(name)
         path = path / "config.json" if path.is_dir() else path
         if path.is_file():
-            h.update(path.read_bytes())
+            h.update(read_bytes(path))
     return h.hexdigest()[:16]
 
 
@@ -363,19 +379,41 @@ def metrics_of(res: dict) -> dict:
     return row
 
 
+def _pool_worker_signals() -> None:
+    """A pool worker leaves Ctrl-C and SIGTERM to the sweep's own process, which stops it: it
+    must not take the SIGTERM handler it forked with (stepgap/cli.py), which would unwind the
+    cell and leave the worker waiting for the next one."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def stop_pool(ex: ProcessPoolExecutor) -> None:
+    """Stop the pool's workers now (an interrupted sweep), so that none outlives the sweep.
+    Python 3.14 has terminate_workers(); before it, the processes are reached directly."""
+    if hasattr(ex, "terminate_workers"):
+        ex.terminate_workers()
+        return
+    for proc in list((getattr(ex, "_processes", None) or {}).values()):
+        proc.terminate()
+    ex.shutdown(wait=True, cancel_futures=True)
+
+
 def run_local(settings: list[dict], jobs: int) -> Iterator[tuple[int, dict]]:
     """(index, metrics) as cells finish, over `jobs` processes (1: in this process)."""
     if jobs <= 1 or len(settings) <= 1:
         for i, s in enumerate(settings):
             yield i, run_cell(s)
         return
-    ex = ProcessPoolExecutor(max_workers=min(jobs, len(settings)))
+    ex = ProcessPoolExecutor(max_workers=min(jobs, len(settings)),
+                             initializer=_pool_worker_signals)
     try:
         futures = {ex.submit(run_cell, s): i for i, s in enumerate(settings)}
         for f in as_completed(futures):
             yield futures[f], f.result()
-    finally:
-        ex.shutdown(cancel_futures=True)
+    except BaseException:   # interrupted, or the consumer stopped (GeneratorExit)
+        stop_pool(ex)
+        raise
+    ex.shutdown()
 
 
 @dataclass(frozen=True)
@@ -448,31 +486,66 @@ def run_cluster(settings: list[dict], address: str) -> Iterator[tuple[int, dict]
 
 
 class CellStore:
-    """OUT/cells.jsonl: one line per finished cell, appended as it finishes."""
+    """OUT/cells.jsonl: one line per finished cell, appended as it finishes.
+
+    An interrupted run can leave its last line torn (no newline, not JSON): that cell runs
+    again, and the torn line is cut off before the next one is appended. Any other line that is
+    not a finished cell is an error naming its line."""
 
     def __init__(self, path: Path, fresh: bool = False):
         self.path = path
         self.done: dict[str, dict] = {}
-        if fresh:
-            path.unlink(missing_ok=True)
-        if path.is_file():
-            for line in path.read_text().splitlines():
-                try:
-                    d = json.loads(line)
-                    self.done[d["cell"]] = d["metrics"]
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    continue  # a line torn by an interrupted run: that cell runs again
+        self.cut_at: int | None = None   # a torn last line starts at this byte
+        self.newline_due = False         # the last line is whole but has no newline
+        if fresh and path.is_file():
+            path.unlink()
+        if path.exists():
+            self._read()
         self._file = None
+
+    def _read(self) -> None:
+        data = read_bytes(self.path)
+        decode_text(data, self.path)   # names the file if it is not UTF-8 text
+        lines = data.split(b"\n")
+        offset = 0
+        for lineno, line in enumerate(lines, 1):
+            text = line.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            if text.strip():
+                try:
+                    d = parse_json(text, self.path, lineno)
+                except UserError:
+                    if lineno < len(lines):
+                        raise UserError(f"{where(self.path, lineno)}: not a finished cell (not "
+                                        "valid JSON); delete the line, or rerun with --fresh") \
+                            from None
+                    self.cut_at = offset
+                    return
+                key = self._cell(d, lineno)
+                self.done[key] = d["metrics"]
+            offset += len(line) + 1
+        self.newline_due = bool(data) and not data.endswith(b"\n")
+
+    def _cell(self, d, lineno: int) -> str:
+        if not isinstance(d, dict) or not isinstance(d.get("cell"), str):
+            raise UserError(f"{where(self.path, lineno, 'cell')}: expected a cell's hash; is "
+                            "this a store of `stepgap sweep`? (rerun with --fresh)")
+        metrics = d.get("metrics")
+        if not isinstance(metrics, dict) or not all(is_column_value(k, v)
+                                                    for k, v in metrics.items()):
+            raise UserError(f"{where(self.path, lineno, 'metrics')}: expected an object of "
+                            f"numbers, got {str(metrics)[:60]!r}; delete the line, or rerun "
+                            "with --fresh")
+        return d["cell"]
 
     def add(self, cell: GridCell, metrics: dict) -> None:
         if self._file is None:
-            torn = self.path.is_file() and not self.path.read_bytes().endswith(b"\n") \
-                and self.path.stat().st_size > 0
-            self._file = self.path.open("a")
-            if torn:
-                self._file.write("\n")
-        self._file.write(json.dumps({"cell": cell.key, "values": cell.values,
-                                     "metrics": metrics}) + "\n")
+            self._file = self.path.open("ab")
+            if self.cut_at is not None:
+                self._file.truncate(self.cut_at)
+            elif self.newline_due:
+                self._file.write(b"\n")
+        self._file.write((json.dumps({"cell": cell.key, "values": cell.values,
+                                      "metrics": metrics}) + "\n").encode())
         self._file.flush()
         self.done[cell.key] = metrics
 
@@ -523,6 +596,7 @@ def run_sweep(grid: Grid, out, jobs: int = 1, cluster: str | None = None, fresh:
                 store.add(todo[j], metrics)
                 bar.update()
     finally:
+        runner.close()   # an interrupted sweep stops its workers here
         store.close()
     table = SweepTable(grid.preset, grid.base, grid.axes,
                        [{**c.values, **store.done[c.key], "cell": c.key} for c in cells])
@@ -558,7 +632,7 @@ class SweepTable:
 
     def save(self, out) -> None:
         out = Path(out)
-        (out / "sweep.csv").write_text(self.csv_text())
+        write_text(out / "sweep.csv", self.csv_text())
         save_result(out / "sweep.json", {"preset": self.preset, "base": self.base,
                                          "axes": self.axes, "columns": self.columns,
                                          "rows": self.rows})
@@ -596,20 +670,38 @@ def load_sweep(path) -> SweepTable:
         path = path / "sweep.json"
     if not path.is_file():
         raise UserError(f"{path}: no sweep here (run `stepgap sweep --out DIR` first)")
-    try:
-        doc = json.loads(path.read_text())
-        axes = {k: [_restore(k, v) for v in vals] for k, vals in doc["axes"].items()}
-        rows = [{k: (_restore(k, v) if k in axes else v) for k, v in r.items()}
-                for r in doc["rows"]]
-        return SweepTable(doc.get("preset"), doc.get("base", {}), axes, rows)
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-        raise UserError(f"{path}: not a sweep table written by `stepgap sweep`") from None
+    doc = read_json(path)
+    what = "not a sweep table written by `stepgap sweep`"
+    if not isinstance(doc, dict):
+        raise UserError(f"{path}: {what} (expected a JSON object)")
+    axes, rows = doc.get("axes"), doc.get("rows")
+    if not isinstance(axes, dict) or not all(isinstance(v, list) for v in axes.values()):
+        raise UserError(f"{where(path, field='axes')}: {what} (expected axis -> values)")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise UserError(f"{where(path, field='rows')}: {what} (expected a list of rows)")
+    for n, r in enumerate(rows):
+        for key, v in r.items():
+            if key in COLUMNS and key not in TEXT_COLUMNS and v in NONFINITE:
+                r[key] = float(v)   # as save_result wrote it
+            elif key in COLUMNS and not is_column_value(key, v):
+                expected = "a mode" if key in TEXT_COLUMNS else "a number"
+                raise UserError(f"{where(path, field=f'rows[{n}].{key}')}: expected {expected}, "
+                                f"got {v!r}")
+    if not isinstance(doc.get("base", {}), dict):
+        raise UserError(f"{where(path, field='base')}: {what} (expected an object)")
+    axes = {k: [_restore(k, v, path) for v in vals] for k, vals in axes.items()}
+    rows = [{k: (_restore(k, v, path) if k in axes else v) for k, v in r.items()}
+            for r in rows]
+    return SweepTable(doc.get("preset"), doc.get("base", {}), axes, rows)
 
 
-def _restore(key: str, v):
+def _restore(key: str, v, path):
     """JSON has no inf and no tuples: undo what saving did to an axis value."""
     if isinstance(v, str) and key in _TYPES and _kind(key) == "float":
-        return float(v)
+        try:
+            return float(v)
+        except ValueError:
+            raise UserError(f"{where(path, field=key)}: expected a number, got {v!r}") from None
     if isinstance(v, list):
         return tuple(v)
     return v

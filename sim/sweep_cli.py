@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from common.options import positive_float, positive_int
+from common.options import MAX_MS, at_most, positive_float, positive_int
 
 SWEEP_DESCRIPTION = """\
 Run the simulator over a grid of what-ifs (mode, k, concurrency or request rate, GPU, model,
@@ -162,7 +162,7 @@ def register(sub) -> None:
                    help="steps A to B inclusive (default: the first four device steps)")
     w.add_argument("--at-gap", type=int, metavar="STEP",
                    help="instead: the step gap before STEP, with --pad-ms either side")
-    w.add_argument("--pad-ms", type=positive_float, default=5.0, metavar="MS",
+    w.add_argument("--pad-ms", type=at_most(positive_float, MAX_MS), default=5.0, metavar="MS",
                    help="time shown either side of the --at-gap gap (default 5 ms)")
     o = q.add_argument_group("output")
     o.add_argument("--out", default="timeline.png", metavar="PNG",
@@ -190,9 +190,12 @@ def _steps(text: str) -> tuple[int, int]:
 
 
 def run_sweep_cmd(args) -> int:
+    from common.fileio import check_writable
     from sim.sweep import CellStore, build_grid, cell_notes, format_cell, run_sweep
 
     grid = build_grid(args.grid, args.grid_file, args.preset, args.set)
+    if not args.dry_run:
+        check_writable(args.out, "--out", folder=True)
     if args.dry_run:
         cells = grid.cells()
         for line in cell_notes(cells):
@@ -221,24 +224,29 @@ def run_sweep_cmd(args) -> int:
 
 
 def plot_sweep_cmd(args) -> int:
+    from common.fileio import check_writable
     from sim.sweep import load_sweep
 
     table = load_sweep(args.sweep)
     src = Path(args.sweep)
     out = Path(args.out) if args.out else (src if src.is_dir() else src.parent) / "plots"
+    check_writable(out, "--out", folder=True)
     return draw_sweep(table, out, args.metric, args.x, args.quiet)
 
 
 def draw_sweep(table, out: Path, metric: str, x: str | None, quiet: bool) -> int:
     import csv
+    import io
     import math
 
     from sim import plots
-    from sim.sweep import COLUMNS
+    from sim.sweep import COLUMNS, TEXT_COLUMNS
     from common.errors import UserError
+    from common.fileio import write_text
 
-    if metric not in COLUMNS:
-        raise UserError(f"--metric: unknown metric {metric!r} (columns: {', '.join(COLUMNS)})")
+    if metric not in COLUMNS or metric in TEXT_COLUMNS:
+        numeric = [c for c in COLUMNS if c not in TEXT_COLUMNS]
+        raise UserError(f"--metric: unknown metric {metric!r} (columns: {', '.join(numeric)})")
     written, best_rows = [], []
     views = plots.views(table, x)
     if len(views) > 1:   # the facets (TP, model, method, GPU, ...) as rows of one figure each
@@ -270,10 +278,11 @@ def draw_sweep(table, out: Path, metric: str, x: str | None, quiet: bool) -> int
             print()
     path = out / "best_k.csv"
     keys = list(dict.fromkeys(k for r in best_rows for k in r))
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, keys, lineterminator="\n")
-        w.writeheader()
-        w.writerows(best_rows)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, keys, lineterminator="\n")
+    w.writeheader()
+    w.writerows(best_rows)
+    write_text(path, buf.getvalue())
     written.append(path)
     if not quiet:
         print("figures:\n" + "\n".join(f"  {p}" for p in written))
@@ -294,23 +303,30 @@ def plot_timeline_cmd(args) -> int:
 
     from sim import plots
     from common.errors import UserError
+    from common.fileio import check_writable, write_text
     from common.formats import load_timeline
 
     if args.steps and args.at_gap is not None:
         raise UserError("give --steps or --at-gap, not both")
+    check_writable(args.out, "--out")
+    if args.chrome:
+        check_writable(args.chrome, "--chrome")
     panels = []
     for spec in args.timelines:
         column, row, path = parse_timeline_spec(spec)
-        panels.append(plots.Panel(row, column, load_timeline(path)))
+        spans = load_timeline(path)
+        if not spans:
+            raise UserError(f"{path}: the timeline holds no spans")
+        try:   # the window must exist in every timeline: say which one lacks it
+            plots.window(spans, args.steps, args.at_gap, args.pad_ms)
+        except UserError as e:
+            raise UserError(f"{path}: {e}") from None
+        panels.append(plots.Panel(row, column, spans))
     fig = plots.timeline_figure(panels, args.steps, args.at_gap, args.pad_ms, args.title)
     plots.save(fig, Path(args.out))
     if args.chrome:
         doc = plots.chrome_panels(panels, args.steps, args.at_gap, args.pad_ms)
-        try:
-            Path(args.chrome).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.chrome).write_text(json.dumps(doc))
-        except OSError as e:
-            raise UserError(f"--chrome {args.chrome}: {e.strerror}") from None
+        write_text(args.chrome, json.dumps(doc))
     if not args.quiet:
         print(f"figure: {args.out}" + (f"\nchrome trace: {args.chrome}" if args.chrome else ""))
     return 0

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 
 from common.errors import UserError
@@ -61,7 +63,28 @@ def vllm_spelling(argv: list[str]) -> list[str]:
     return [one(w) for w in argv]
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so that it unwinds as from Ctrl-C: every `finally`
+    and `with` runs (worker processes are stopped, temporary files removed)."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
+def _stdout_gone() -> None:
+    """The reader of stdout went away (`stepgap compare ... | head`): send whatever is still
+    buffered nowhere, so that exiting does not print a BrokenPipeError."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Exit status: 0, 2 for bad input (one line naming the file, line and
+    field; docs/robustness.md), 1 for a failed run, 130 on Ctrl-C, 143 on SIGTERM, 141 when
+    stdout's reader has gone."""
     parser = build_parser()
     args, extra = parser.parse_known_args(vllm_spelling(sys.argv[1:] if argv is None else argv))
     if not getattr(args, "func", None):
@@ -73,14 +96,33 @@ def main(argv: list[str] | None = None) -> int:
             command.error(f"unrecognized arguments: {' '.join(extra)}")
         from common.options import ignore_vllm_options
         ignore_vllm_options(command, args, extra)
+    on_main_thread = threading_main()
+    if on_main_thread:
+        old = signal.signal(signal.SIGTERM, _terminate)
     try:
-        return args.func(args) or 0
+        code = args.func(args) or 0
+        sys.stdout.flush()
+        return code
     except UserError as e:
         print(f"stepgap {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"stepgap {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except BrokenPipeError:
+        _stdout_gone()
+        return 141
+    except KeyboardInterrupt as e:
+        how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+        print(f"stepgap {args.command}: {how}", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
+    finally:
+        if on_main_thread:
+            signal.signal(signal.SIGTERM, old if old is not None else signal.SIG_DFL)
+
+
+def threading_main() -> bool:
+    """Signal handlers can only be set from the main thread (main() may run in another, as in
+    a notebook's or a test's thread)."""
+    import threading
+    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":

@@ -95,3 +95,21 @@ def test_pooled_runs_count_every_request_once():
     spec = pooled["spec_decode"]
     assert spec["num_drafts"] == a["spec_decode"]["num_drafts"] + b["spec_decode"]["num_drafts"]
     assert pool_results([a]) is a
+
+
+def test_compare_warns_when_the_results_ran_different_traces_or_configs(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    save_result(a, sim_result())
+    save_result(b, sim_result(mode="async"))
+    assert main(["compare", str(a), str(b)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: the two results ran different configurations (mode 'sync' vs 'async')" \
+        in err
+    save_result(b, {**sim_result(), "num_prompts": 5, "completed": 0})
+    assert main(["compare", str(a), str(b)]) == 0
+    err = capsys.readouterr().err
+    assert "SIMULATED completed no request" in err
+    assert "different traces (num_prompts 6 vs 5)" in err
+    save_result(b, sim_result())
+    assert main(["compare", str(a), str(b)]) == 0
+    assert "warning" not in capsys.readouterr().err   # the same run twice: nothing to say

@@ -139,7 +139,7 @@ def test_load_profile_names_what_is_wrong(tmp_path):
         load_profile(bad)
     bad.write_text(json.dumps({"format": "stepgap-profile/1",
                                "device_ops": [{"op": "d2h", "coef": [1, 2]}]}))
-    with pytest.raises(UserError, match="expected 4 numbers"):
+    with pytest.raises(UserError, match="expected 4 finite numbers"):
         load_profile(bad)
     bad.write_text("{}")
     with pytest.raises(UserError, match="format"):

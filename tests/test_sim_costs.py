@@ -118,7 +118,7 @@ def test_replay_then_rates_past_the_end_of_the_record():
 
 
 @pytest.mark.parametrize("kw, needle", [
-    (dict(k=-1), "--num-speculative-tokens: must be an integer >= 0, got -1"),
+    (dict(k=-1), "--num-speculative-tokens: must be an integer from 0 to 64, got -1"),
     (dict(mode="fast"), "--mode: must be one of sync, async, zero-bubble, got 'fast'"),
     (dict(executor="thread"), "--executor: must be one of inline, process"),
     (dict(request_rate=-1.0), "--request-rate: must be > 0 (or inf), got -1.0"),

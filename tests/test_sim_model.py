@@ -6,6 +6,7 @@ import pytest
 from sim.config import SimConfig
 from sim.costs import ConstantCosts
 from sim.loop import Clock, simulate
+from common.errors import UserError
 from common.formats import LANES, OPS, TraceRequest, save_result, step_gaps
 from common.workloads import sharegpt_like
 
@@ -171,10 +172,18 @@ def test_replay_reproduces_recorded_accepted_counts(mode):
     assert res["chunk_tokens"] == [expected]
 
 
-def test_replay_clips_to_the_drafts_verified():
+def test_a_recorded_count_above_k_is_an_error_not_clipped():
+    with pytest.raises(UserError, match=r"request 'r': field 'accepted': decode step 0 "
+                                        r"accepted 5 drafts, more than k = 2"):
+        simulate(cfg(gpu="h100", k=2, detailed=True, cpu_costs={}),
+                 one_request(output_len=10, accepted=[5, 5, 5, 5]))
+
+
+def test_replay_at_a_requests_end_accepts_only_the_drafts_that_step_verified():
+    # 6 tokens: the prefill's 1, a step of 1 + 2, then one of 1 + 1 (one token is left to draft)
     res, _ = simulate(cfg(gpu="h100", k=2, detailed=True, cpu_costs={}),
-                      one_request(output_len=10, accepted=[5, 5, 5, 5]))
-    assert res["chunk_tokens"] == [[1, 3, 3, 3]]
+                      one_request(output_len=6, accepted=[2, 2, 2]))
+    assert res["chunk_tokens"] == [[1, 3, 2]]
 
 
 @pytest.mark.parametrize("mode", ["sync", "async", "zero-bubble"])

@@ -250,8 +250,17 @@ def test_demo_prints_the_engine_next_to_the_simulator(capsys):
     assert main(["demo", "--num-prompts", "2", "--k", "3", "--quiet"]) == 0
     text = capsys.readouterr().out
     for needle in ("engine (measured)", "sim (predicted)", "Acceptance length", "Mean TPOT (ms)",
-                   "P99 ITL (ms)", "Per-position acceptance (%)", "generated"):
+                   "P99 ITL (ms)", "Per-position acceptance (%)", "generated",
+                   "costs: measured on this machine just before, in the same worker"):
         assert needle in text
+
+
+def test_demo_takes_the_committed_profile_when_asked(capsys):
+    assert main(["demo", "--num-prompts", "2", "--k", "3", "--profile", "committed",
+                 "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "costs: the measured profile traces/measured/cpu/profile.json" in text
+    assert "(measured on the machine of docs/validation.md, not this one)" in text
 
 
 def test_demo_names_a_missing_pair(tmp_path, capsys):

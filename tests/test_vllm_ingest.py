@@ -261,9 +261,9 @@ def test_bench_files_of_different_models_are_refused(tmp_path):
 
 
 def test_a_starved_clients_bursts_are_told_apart():
-    doc = {"itls": [[3.1, 2.9, 0.004, 0.003], [3.0, 0.002]]}
+    doc = {"itls": [[3.1e-3, 2.9e-3, 4e-6, 3e-6], [3.0e-3, 2e-6]]}   # seconds, as vLLM's
     assert bursty_share(doc) == pytest.approx(0.5)
-    assert bursty_share({"itls": [[3.0, 2.0]]}) == 0.0
+    assert bursty_share({"itls": [[3.0e-3, 2.0e-3]]}) == 0.0
 
 
 # ---------------------------------------------------------------------------------------------

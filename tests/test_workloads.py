@@ -77,3 +77,10 @@ def test_mtbench_like_prompt_lengths_follow_the_question_set():
     means = {c: sum(v) / len(v) for c, v in by_cat.items()}
     assert max(means, key=means.get) == "extraction" and min(means, key=means.get) == "humanities"
     assert 95 < sum(r.prompt_len for r in reqs) / len(reqs) < 110
+
+
+def test_cycling_a_trace_never_repeats_an_id_the_trace_holds(tmp_path):
+    path = tmp_path / "t.jsonl"
+    save_trace(path, [TraceRequest(rid, 0.0, 4, 4) for rid in ("a", "a#2")])
+    ids = [r.request_id for r in load_workload(str(path), num_prompts=5)]
+    assert ids == ["a", "a#2", "a#2#", "a#2#3", "a#4"]   # the 3rd repeats a, as a#2 would

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common.errors import UserError
+from common.options import nonneg_int, positive_int
 
 EPILOG = """\
 examples:
@@ -31,14 +31,14 @@ def register(sub) -> None:
     p.add_argument("out", metavar="OUT", help="output folder")
     p.add_argument("--preset", default="pystdlib", choices=("pystdlib", "smoke"),
                    help="sizes and steps (default pystdlib: the committed pair)")
-    p.add_argument("--seed", type=int, default=None, help="default: the preset's (0)")
-    p.add_argument("--target-steps", type=int, default=None, metavar="N",
+    p.add_argument("--seed", type=nonneg_int, default=None, help="default: the preset's (0)")
+    p.add_argument("--target-steps", type=positive_int, default=None, metavar="N",
                    help="optimizer steps of the target (default: the preset's)")
-    p.add_argument("--head-steps", type=int, default=None, metavar="N",
+    p.add_argument("--head-steps", type=positive_int, default=None, metavar="N",
                    help="optimizer steps of the head (default: the preset's)")
     p.add_argument("--corpus", default=None, metavar="DIR",
                    help="a folder of .py files instead of this Python's standard library")
-    p.add_argument("--threads", type=int, default=2,
+    p.add_argument("--threads", type=positive_int, default=2,
                    help="torch threads (default 2, whatever the core count: the head's bytes "
                         "depend on it)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -55,9 +55,9 @@ def register(sub) -> None:
                "--output-len 32",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("out", metavar="OUT", help="output folder")
-    t.add_argument("--train-steps", type=int, default=200,
+    t.add_argument("--train-steps", type=nonneg_int, default=200,
                    help="distillation steps for the head (default 200, a few seconds; 0: random)")
-    t.add_argument("--seed", type=int, default=0, help="default 0")
+    t.add_argument("--seed", type=nonneg_int, default=0, help="default 0")
     t.set_defaults(func=cmd_make_tiny)
 
 
@@ -68,13 +68,13 @@ def cmd_train(args) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from dataclasses import replace
 
+    from common.fileio import check_writable
     from training.train import PRESETS, train_pair
+    check_writable(args.out, "OUT", folder=True)
     cfg = PRESETS[args.preset]
     overrides = {k: v for k, v in (("seed", args.seed), ("target_steps", args.target_steps),
                                    ("head_steps", args.head_steps)) if v is not None}
     cfg = replace(cfg, **overrides)
-    if args.threads < 1:
-        raise UserError(f"--threads must be >= 1, got {args.threads}")
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr))
     out = train_pair(args.out, cfg, args.corpus, args.threads, progress=not args.quiet, log=say)
     for name in ("target", "eagle3", "heldout", "log"):
@@ -85,9 +85,9 @@ def cmd_train(args) -> int:
 
 
 def cmd_make_tiny(args) -> int:
+    from common.fileio import check_writable
     from training.tiny import make_tiny
-    if args.train_steps < 0:
-        raise UserError(f"--train-steps must be >= 0, got {args.train_steps}")
+    check_writable(args.out, "OUT", folder=True)
     paths = make_tiny(args.out, seed=args.seed, train_steps=args.train_steps)
     for name in ("target", "eagle3-yuhuili", "eagle3-speculators"):
         print(f"{name:20} {paths[name]}")

@@ -17,7 +17,6 @@ bytes) is recorded with a trained pair: equal fingerprints mean an equal corpus.
 from __future__ import annotations
 
 import hashlib
-import json
 import sysconfig
 import zlib
 from pathlib import Path
@@ -102,12 +101,12 @@ def train_tokenizer(texts: list[str], vocab_size: int):
 
 def save_tokenizer(tok, folder: Path, max_length: int) -> None:
     """tokenizer.json plus the small files `transformers.AutoTokenizer` reads."""
-    folder.mkdir(parents=True, exist_ok=True)
-    tok.save(str(folder / "tokenizer.json"))
+    from common.fileio import write_json, write_text
+    write_text(folder / "tokenizer.json", tok.to_str(pretty=True))
     cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOT, "eos_token": EOT,
            "unk_token": None, "pad_token": None, "model_max_length": max_length,
            "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False}
-    (folder / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1) + "\n")
+    write_json(folder / "tokenizer_config.json", cfg)
 
 
 def load_tokenizer(folder: Path | str):
@@ -115,7 +114,11 @@ def load_tokenizer(folder: Path | str):
     path = Path(folder) / "tokenizer.json"
     if not path.is_file():
         raise UserError(f"{path}: no tokenizer there")
-    return Tokenizer.from_file(str(path))
+    from common.fileio import read_text as read_file
+    try:
+        return Tokenizer.from_str(read_file(path))
+    except Exception as e:   # tokenizers raises its own exception type
+        raise UserError(f"{path}: not a tokenizer ({str(e).splitlines()[0][:100]})") from None
 
 
 def encode_files(tok, files: list[Path]) -> list[np.ndarray]:

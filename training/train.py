@@ -33,7 +33,6 @@ stream of random numbers for all sampling.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import platform
@@ -51,6 +50,7 @@ from engine.checkpoint import load_target, save_draft, save_target
 from engine.eagle3 import Eagle3Head
 from engine.model import Llama, init_weights
 from common.errors import UserError
+from common.fileio import read_json, write_json
 from common.formats import save_trace
 from common.modelcfg import Eagle3Config, ModelConfig, eagle3_for
 
@@ -439,7 +439,7 @@ def save_target_folder(out: Path, target: Llama, tok, cfg: TrainConfig) -> dict:
     save_target(copy.deepcopy(target).half(), folder)
     corpus.save_tokenizer(tok, folder, cfg.seq_len)
     gen_cfg = {"bos_token_id": 0, "eos_token_id": 0, "do_sample": False}
-    (folder / "generation_config.json").write_text(json.dumps(gen_cfg, indent=1) + "\n")
+    write_json(folder / "generation_config.json", gen_cfg)
     return {"target": str(folder)}
 
 
@@ -452,9 +452,9 @@ def save_head_folder(out: Path, head: Eagle3Head, cfg: TrainConfig) -> str:
     finally:
         head.embed_tokens = embed
     cfg_path = folder / "config.json"
-    d = json.loads(cfg_path.read_text())
+    d = read_json(cfg_path)
     d["torch_dtype"] = "float16"
-    cfg_path.write_text(json.dumps(d, indent=1) + "\n")
+    write_json(cfg_path, d)
     return str(folder)
 
 
@@ -532,7 +532,7 @@ def train_pair(out, cfg: TrainConfig = TrainConfig(), corpus_dir=None, threads: 
             environment={"python": platform.python_version(), "torch": torch.__version__,
                          "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
                          "load_avg_1m": _load_avg()})
-        (out / "train.json").write_text(json.dumps(asdict(record), indent=1) + "\n")
+        write_json(out / "train.json", asdict(record))
     finally:
         torch.set_num_threads(old_threads)
         torch.use_deterministic_algorithms(old_det)

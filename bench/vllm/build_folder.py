@@ -8,8 +8,11 @@
 - runs/<cell>.json.gz: every judged run (the held-out prompts) as a run result, each request's
   chunks sized by vLLM's own tokens of every chunk (the token capture), so that the simulator
   replays vLLM's accepted count of every step;
-- timelines/: the profiled k=2, concurrency-1 runs, vLLM's torch-profiler traces ingested
-  (calibrate/vllm.py), and the simulator's prediction of the same runs;
+- timelines/: the first judged run of each k=2, concurrency-1 cell from its hook spans (beside
+  the same run re-simulated, in the report's timeline.png), and the profiled k=2,
+  concurrency-1 runs, vLLM's torch-profiler traces ingested (calibrate/vllm.py);
+- profiled.png: those profiled runs above the simulator's prediction of the very same runs
+  (the README's figure);
 - tokens.json.gz: vLLM's output token ids and chunks of every held-out prompt per k (the
   engine's test holds stepgap's engine to them);
 - manifest.json (the measured format), then report.md and the figures (calibrate/report.py).
@@ -19,6 +22,7 @@ The known misses are written by hand into known_misses.toml, after reading the r
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import shutil
@@ -28,21 +32,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from calibrate.measured import FORMAT as MEASURED, git_commit, save_runs, trim  # noqa: E402
+from calibrate.measured import FORMAT as MEASURED, git_commit, requests_of, save_runs, trim  # noqa: E402,E501
 from calibrate.harness import cell_name, machine_info  # noqa: E402
-from calibrate.vllm import acceptance_from_scrapes, ingest_profile  # noqa: E402
+from calibrate.vllm import acceptance_from_scrapes, ingest_profile, read_source  # noqa: E402
 from calibrate.vllm_fit import BURSTY_MAX, Run, calibrate_runs  # noqa: E402
-from common.formats import save_timeline  # noqa: E402
+from common.formats import gap_summary, save_timeline, step_gaps  # noqa: E402
 from common.vllm_bench import bench_result, bursty_share, read_bench  # noqa: E402
 
 PAIR = ROOT / "checkpoints" / "pystdlib"
 BLOCK_SIZE = 128   # vLLM's CPU default (vllm/platforms/cpu.py)
+TIMELINE_STEPS = (40, 80)   # the steps of the judged runs' timelines kept
 
 
 def chunks_of(src: Path, server: str, dataset: str) -> dict[str, list[int]]:
     """request id -> tokens per chunk, from the token capture of one server and dataset."""
     doc = json.loads((src / "tokens" / f"{server}-{dataset}.json").read_text())
     return {r["request_id"]: [len(c) for c in r["chunks"]] for r in doc["requests"]}
+
+
+@functools.lru_cache(maxsize=None)
+def hook_sources(folder: Path) -> tuple:
+    """A server's hook span files, read once."""
+    return tuple(read_source(f) for f in sorted(folder.glob("*.jsonl")))
 
 
 def run_of(src: Path, r: dict, hooks: bool = True) -> Run:
@@ -54,8 +65,8 @@ def run_of(src: Path, r: dict, hooks: bool = True) -> Run:
     run = Run(r["name"], src / "results" / f"{r['name']}.json", doc, r["k"], r["mode"],
               r["conc"], (t0 * 1e6, t1 * 1e6), acceptance=acc)
     if hooks:
-        files = sorted((src / "hooks" / f"{r['mode']}-k{r['k']}").glob("*.jsonl"))
-        run.spans = ingest_profile(files, run.window)
+        run.spans = ingest_profile(hook_sources(src / "hooks" / f"{r['mode']}-k{r['k']}"),
+                                   run.window)
     return run
 
 
@@ -106,6 +117,8 @@ def main(argv=None) -> int:
                             "max_model_len": plan["max_model_len"], "slice": r["rep"],
                             "chunks_as_captured": matched, "load_avg_1m": r["load_avg_1m"],
                             "cpu_s": r["cpu_s"]})
+        # the run's step gaps, from its own hook timeline (a bench file has none)
+        res["step_gaps"] = gap_summary(step_gaps(run_of(src, r).spans), detailed=True)
         runs.setdefault(cell_name(r["mode"], r["k"], r["conc"]), []).append(trim(res))
     for mode in plan["modes"]:
         for k in plan["ks"]:
@@ -128,17 +141,17 @@ def main(argv=None) -> int:
     with gzip.open(out / "tokens.json.gz", "wt") as f:
         json.dump(tokens, f, separators=(",", ":"))
 
-    # the profiled runs' timelines (vLLM's traces), for the report and the README's figure
+    # the judged runs' own timelines (their hook spans: vLLM's scopes, engine core and API
+    # server), k=2 concurrency 1, for the report's figure beside the same runs re-simulated
     timeline_cells = []
-    for p in plan["profiles"]:
-        if p["k"] != 2 or p["conc"] != 1:
-            continue
-        traces = [src / t for t in p["traces"] if t.endswith(".gz")]
-        spans = ingest_profile(traces)
-        name = cell_name(p["mode"], p["k"], p["conc"])
-        save_timeline(out / "timelines" / f"{name}.measured.jsonl",
-                      [s for s in spans if 10 <= s.step < 40])
-        timeline_cells.append(name)
+    for r in plan["runs"]:
+        if (r["kind"], r["k"], r["conc"], r["rep"]) == ("judged", 2, 1, 0) \
+                and r["name"] not in bursty:
+            name = cell_name(r["mode"], r["k"], r["conc"])
+            spans = run_of(src, r).spans
+            save_timeline(out / "timelines" / f"{name}.measured.jsonl",
+                          [s for s in spans if TIMELINE_STEPS[0] <= s.step < TIMELINE_STEPS[1]])
+            timeline_cells.append(name)
 
     manifest = {
         "format": MEASURED, "device": "vllm-cpu", "bounds": "vllm",
@@ -158,12 +171,52 @@ def main(argv=None) -> int:
                 "executor": "process", "device": "cpu", "topology": "vllm",
                 "profile": "profile.json", "block_size": BLOCK_SIZE,
                 "max_num_seqs": plan["max_num_seqs"], "max_model_len": plan["max_model_len"]},
-        "timeline": {"cells": sorted(timeline_cells), "steps": [10, 40]},
+        "timeline": {"cells": sorted(timeline_cells), "steps": list(TIMELINE_STEPS)},
         "cells": cells}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     from calibrate.report import write_report
     write_report(out, "python bench/vllm/build_folder.py " + " ".join(sys.argv[1:]))
+    profiled_figure(src, out, plan)
     return 0
+
+
+def profiled_figure(src: Path, out: Path, plan: dict, k: int = 2, conc: int = 1) -> None:
+    """profiled.png: each mode's profiled run at k, concurrency `conc` as vLLM's torch-profiler
+    trace shows it (with the engine core's and API server's hook spans of the same run), above
+    the simulator's prediction of that very run (its prompts, vLLM's chunks replayed)."""
+    from calibrate.judge import sim_config
+    from calibrate.measured import load_measured
+    from sim import plots
+    from sim.loop import simulate
+    setup, _ = load_measured(out)
+    ids = [json.loads(line)["request_id"] for line in
+           (src / "data" / "calibration.jsonl").read_text().splitlines()]
+    panels = []
+    for p in plan["profiles"]:
+        if (p["k"], p["conc"]) != (k, conc):
+            continue
+        path = src / "results" / f"{p['name']}.json"
+        doc = read_bench(path)
+        sizes = chunks_of(src, f"{p['mode']}-k{k}", "calibration")
+        mine = ids[:len(doc["output_lens"])]   # the bench took the first prompts, in order
+        run = bench_result(doc, path, [sizes[i] for i in mine], mine,
+                           {"mode": p["mode"], "k": k, "max_concurrency": conc})
+        t0, t1 = p["window_s"]
+        traces = [src / t for t in p["traces"] if t.endswith(".gz")]
+        hooks = hook_sources(src / "hooks" / f"{p['mode']}-k{k}")
+        measured = ingest_profile([*traces, *hooks], (t0 * 1e6, t1 * 1e6))
+        _, simulated = simulate(sim_config(setup, run, timeline=True, jitter=False),
+                                requests_of(run))
+        name = cell_name(p["mode"], k, conc)
+        save_timeline(out / "timelines" / f"{name}.profiled.jsonl",
+                      [s for s in measured if 10 <= s.step < 40])
+        panels += [plots.Panel(f"{p['mode']}: vLLM's torch-profiler trace", "", measured),
+                   plots.Panel(f"{p['mode']}: the simulator, the same run", "", simulated)]
+    steps = (20, 23)
+    fig = plots.timeline_figure(
+        panels, steps=steps, title=f"vLLM 0.32.0 (CPU build), k={k}, concurrency {conc}: a "
+        f"profiled run, steps {steps[0]}-{steps[1]}, and the simulator's prediction of it")
+    plots.save(fig, out / "profiled.png")
 
 
 if __name__ == "__main__":

@@ -92,6 +92,11 @@ def write_dataset(requests, path: Path) -> dict:
 # Servers
 
 
+def pinned(cpu) -> list[str]:
+    """The prefix that runs a command on one CPU (nothing for None: anywhere)."""
+    return [] if cpu is None else ["taskset", "-c", str(cpu)]
+
+
 class Server:
     """One `vllm serve` of the pair, at one mode and k."""
 
@@ -120,7 +125,7 @@ class Server:
                    SG_VLLM_CPU_ASYNC="1" if mode == "async" else "0")
         self.log_path = out / "logs" / f"server-{self.name}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(["taskset", "-c", str(cpus["host"]), *cmd], env=env,
+        self.proc = subprocess.Popen([*pinned(cpus["host"]), *cmd], env=env,
                                      stdout=self.log_path.open("w"), stderr=subprocess.STDOUT,
                                      start_new_session=True, cwd=ROOT)
 
@@ -204,7 +209,8 @@ def bench(venv: Path, server: Server, dataset: Path, conc: int, out: Path, name:
     pids = server.pids()
     before = server.scrape()
     cpu0 = {role: cpu_seconds(pid) for role, pid in pids.items()}
-    cmd = ["taskset", "-c", str(cpus["client"]), str(venv / "bin" / "python"), str(CLI), "bench",
+    rt = ["chrt", "-f", "1"] if cpus.get("client_rt") else []
+    cmd = [*rt, *pinned(cpus["client"]), str(venv / "bin" / "python"), str(CLI), "bench",
            "serve", "--backend", "openai", "--base-url", server.url, "--endpoint",
            "/v1/completions", "--dataset-name", "custom", "--dataset-path", str(dataset),
            "--custom-output-len", "-1", "--skip-chat-template", "--disable-shuffle",
@@ -301,6 +307,10 @@ def main(argv=None) -> int:
     ap.add_argument("--host-cpu", type=int, default=0)
     ap.add_argument("--worker-cpu", type=int, default=1)
     ap.add_argument("--client-cpu", type=int, default=None, help="default: the host CPU")
+    ap.add_argument("--no-client-rt", dest="client_rt", action="store_false",
+                    help="run the bench client at normal priority (by default SCHED_FIFO 1: "
+                         "on this VM a client at normal priority is woken late, and reads a "
+                         "whole response in one burst; docs/vllm.md)")
     ap.add_argument("--retries", type=int, default=2,
                     help="reruns of a run whose client read the stream in bursts")
     args = ap.parse_args(argv)
@@ -313,7 +323,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     log = Log(out / "log.txt")
     cpus = {"host": args.host_cpu, "worker": args.worker_cpu,
-            "client": args.host_cpu if args.client_cpu is None else args.client_cpu}
+            "client": args.host_cpu if args.client_cpu is None else args.client_cpu,
+            "client_rt": args.client_rt}
     modes = [m for m in args.modes.split(",") if m]
     ks = [int(x) for x in args.ks.split(",")]
     calibrate_ks = [int(x) for x in args.calibrate_ks.split(",") if x]

@@ -1,0 +1,142 @@
+"""Interrupted and stuck runs (docs/robustness.md): SIGTERM stops a command as Ctrl-C does, with
+no process of it left behind (checked by pid), a stopped worker ends its run with a clear error,
+and a closed stdout is no traceback."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.executor import ProcessExecutor, WorkerDied
+from engine.worker import WorkerSpec
+from tests.helpers import REQS, run, tiny_checkpoints
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def stepgap(*args, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "stepgap", *args], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def children(pid: int) -> set[int]:
+    """The live child processes of `pid` (Linux /proc)."""
+    out = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out |= {int(c) for c in (task / "children").read_text().split()}
+        except OSError:
+            pass
+    return out
+
+
+def gone(pid: int, wait_s: float = 10.0) -> bool:
+    """The process has exited (a zombie whose parent has gone counts: it runs nothing)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        if state in "ZX":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def wait_for(predicate, timeout_s: float = 60.0, what: str = ""):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_sigterm_stops_a_sweep_and_leaves_no_pool_worker(tmp_path):
+    out = tmp_path / "sweep"
+    proc = stepgap("sweep", "--preset", "seed-l20", "--grid", "mode=sync,async,zero-bubble",
+                   "--grid", "k=0..6", "--grid", "max_concurrency=1..64:x2", "--jobs", "2",
+                   "--out", str(out), "--quiet")
+    workers = wait_for(lambda: len(children(proc.pid)) >= 2 and children(proc.pid),
+                       what="the sweep's pool workers")
+    wait_for(lambda: (out / "cells.jsonl").is_file(), what="the first finished cell")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "terminated (SIGTERM)" in err and "Traceback" not in err
+    assert all(gone(pid) for pid in workers), f"pool workers left running: {workers}"
+    assert not (out / "sweep.csv").exists()   # no table unless it is whole
+    for line in (out / "cells.jsonl").read_text().splitlines():   # the store resumes
+        assert line.startswith('{"cell"') and line.endswith("}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_sigterm_stops_a_run_and_its_worker_process(tmp_path):
+    result = tmp_path / "r.json"
+    proc = stepgap("run", "--model", "tiny", "--draft", "tiny-eagle3", "-k", "2",
+                   "--executor", "process", "--num-prompts", "400", "--output-len", "64",
+                   "--result-json", str(result))
+    worker = wait_for(lambda: children(proc.pid), what="the worker process")
+    wait_for(lambda: "requests, mode" in (proc.stderr.readline() or ""), what="the run")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err
+    assert all(gone(pid) for pid in worker), f"worker left running: {worker}"
+    assert not result.exists()
+
+
+def test_a_stopped_worker_ends_the_run_with_a_clear_error():
+    paths = tiny_checkpoints()
+    spec = WorkerSpec(paths["target"], None, "cpu", "float32", 256, max_model_len=512,
+                      max_num_seqs=8)
+    ex = ProcessExecutor(spec, stall_timeout_s=1.0)
+    pid = ex.pid
+
+    def stop_at_step_3(step):
+        if step == 3:
+            os.kill(pid, signal.SIGSTOP)
+
+    t0 = time.monotonic()
+    with pytest.raises(WorkerDied, match=rf"worker process \(pid {pid}\) is stopped"):
+        with ex:
+            run(ex, REQS, mode="async", k=0, on_step=stop_at_step_3)
+    assert time.monotonic() - t0 < 30   # the watchdog, not the 600 s step timeout
+    assert not ex.proc.is_alive() and gone(pid)
+
+
+def test_a_request_too_long_is_refused_before_anything_is_built_for_it(monkeypatch):
+    import engine.loop
+    from common.errors import UserError
+    from common.formats import TraceRequest
+    from tests.helpers import inline_executor
+    ex = inline_executor()
+
+    def no_prompt_ids(*a):   # 10^9 prompt ids would be gigabytes
+        raise AssertionError("prompt ids were built before the request-fits check")
+    monkeypatch.setattr(engine.loop, "prompt_ids", no_prompt_ids)
+    with pytest.raises(UserError, match=r"request 'big': prompt_len \+ output_len"):
+        run(ex, [TraceRequest("ok", 0.0, 4, 4), TraceRequest("big", 0.0, 10 ** 9, 4)])
+
+
+def test_a_closed_stdout_is_no_traceback(tmp_path):
+    from common.formats import RequestTiming, run_result, save_result
+    t = RequestTiming("a", 4, 0.0)
+    t.add_chunk(0.1, 1)
+    t.add_chunk(0.2, 1)
+    path = tmp_path / "r.json"
+    save_result(path, run_result([t], 0.2, backend="x", config={}))
+    read, write = os.pipe()
+    os.close(read)   # `| head` that has already gone
+    proc = subprocess.run([sys.executable, "-m", "stepgap", "compare", str(path), str(path)],
+                          cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True, timeout=60)
+    os.close(write)
+    assert proc.returncode == 141
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr

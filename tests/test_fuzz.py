@@ -1,0 +1,940 @@
+"""Bad input and faults, generated: every one ends in exit status 2 and one error line that names
+the file, the field or the option, with no traceback, and leaves no output file behind
+(docs/robustness.md lists the promises).
+
+A seeded generator makes CASES cases, cycling through the kinds of bad input stepgap is fed:
+files that are not UTF-8, not JSON, nested too deeply, of the wrong shape or in the wrong place;
+traces, model and draft configs, run results, timelines, sweep stores and tables, grid files,
+profiles, measured folders and safetensors indexes with one field mistyped; option values that
+are non-finite or absurd; requests that would fill the memory; output paths that are folders,
+under a file, not writable or on a full disk (before the work, and during the write). Each case
+runs `stepgap.cli.main` in this process. A failure names its case number and seed: the same seed
+(STEPGAP_FUZZ_SEED, default 16) makes the same case again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import json
+import os
+import random
+import shutil
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+from unittest import mock
+
+import pytest
+
+from common.formats import RequestTiming, run_result, save_result
+from stepgap.cli import main
+
+SEED = int(os.environ.get("STEPGAP_FUZZ_SEED", "16"))
+CASES = int(os.environ.get("STEPGAP_FUZZ_CASES", "1200"))
+UNWRITABLE = "/sys/stepgap-fuzz"   # read-only even for root
+
+
+@dataclass
+class Case:
+    what: str                        # what is wrong, for the failure message
+    argv: list[str]
+    names: tuple[str, ...]           # the error line names one of these
+    fault: Callable | None = None    # a context manager injecting a fault while it runs
+
+
+# -------------------------------------------------------------------------------------------
+# Valid inputs, which the cases break
+
+
+def trace_lines() -> list[dict]:
+    return [{"request_id": rid, "arrival_s": 0.0, "prompt_len": 8, "output_len": 8}
+            for rid in ("a", "b", "c")]
+
+
+def result_doc() -> dict:
+    timings = []
+    for rid in ("a", "b"):
+        t = RequestTiming(rid, 8, 0.0)
+        for i in range(4):
+            t.add_chunk(0.01 * (i + 1), 1)
+        timings.append(t)
+    return run_result(timings, 0.05, backend="x", config={"mode": "sync", "k": 0},
+                      gaps_us=[10.0, 20.0], detailed=True)
+
+
+def model_configs() -> tuple[dict, dict]:
+    from engine.tiny import TINY_TARGET, tiny_draft_config
+    return TINY_TARGET.to_hf_dict(), tiny_draft_config(TINY_TARGET).to_hf_dict()
+
+
+def span_lines() -> list[dict]:
+    out = []
+    for step in range(3):
+        t = step * 100.0
+        out += [{"lane": "cpu.engine", "op": "schedule", "step": step, "start_us": t,
+                 "end_us": t + 10, "args": {}},
+                {"lane": "device", "op": "target_forward", "step": step, "start_us": t + 20,
+                 "end_us": t + 80, "args": {}}]
+    return out
+
+
+def profile_doc() -> dict:
+    return {"format": "stepgap-profile/1",
+            "device_ops": [{"op": "d2h", "i": None, "k": 0, "coef": [5.0, 0, 0, 0], "n": 3}],
+            "cpu": {"schedule": [10.0, 1.0, 0.0]}}
+
+
+def table_doc() -> dict:
+    from sim.sweep import COLUMNS, TEXT_COLUMNS
+    rows = [{"k": k, "max_concurrency": c, **{m: 1.0 for m in COLUMNS},
+             **{m: "sync" for m in TEXT_COLUMNS}, "cell": f"{k}{c}"}
+            for k in (0, 1) for c in (1, 2)]
+    return {"preset": None, "base": {}, "axes": {"k": [0, 1], "max_concurrency": [1, 2]},
+            "columns": ["k", "max_concurrency", *COLUMNS, "cell"], "rows": rows}
+
+
+def store_lines() -> list[dict]:
+    return [{"cell": f"c{i}", "values": {"k": i}, "metrics": {"mean_tpot_ms": 1.0 + i}}
+            for i in range(3)]
+
+
+def manifest_doc() -> dict:
+    return {"format": "stepgap-measured/1",
+            "sim": {"gpu": "cpu", "model": "models/target", "draft": "eagle3",
+                    "executor": "process", "device": "cpu"},
+            "cells": [{"mode": "sync", "k": 0, "max_concurrency": 1,
+                       "runs": "runs/sync-k0-c1.json.gz"}]}
+
+
+GRID_TOML = 'preset = "seed-l20"\n[base]\nnum_prompts = 2\n[grid]\nk = "0..1"\n'
+
+
+def write_json(path: Path, doc, indent=None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(encode(path, json.dumps(doc, indent=indent).encode()))
+    return path
+
+
+def encode(path: Path, data: bytes) -> bytes:
+    import gzip
+    return gzip.compress(data, mtime=0) if path.name.endswith(".gz") else data
+
+
+def write_lines(path: Path, lines: list) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    return path
+
+
+@dataclass
+class Base:
+    root: Path
+    trace: Path = field(init=False)
+    target: Path = field(init=False)
+    draft: Path = field(init=False)
+    result: Path = field(init=False)
+
+    def __post_init__(self):
+        self.trace = write_lines(self.root / "trace.jsonl", trace_lines())
+        target, draft = model_configs()
+        self.target = write_json(self.root / "target" / "config.json", target).parent
+        self.draft = write_json(self.root / "draft" / "config.json", draft).parent
+        self.result = self.root / "result.json"
+        save_result(self.result, result_doc())
+
+
+# -------------------------------------------------------------------------------------------
+# The files a command reads, each with its valid content and the command that reads it
+
+
+def sim_args(base: Base, out: Path) -> list[str]:
+    return ["--trace", str(base.trace), "--num-prompts", "2", "--quiet",
+            "--result-json", str(out / "r.json")]
+
+
+def run_args(base: Base, out: Path, random_weights: bool = True) -> list[str]:
+    """`stepgap run`'s tail: the config folders here hold no weights."""
+    return ["--trace", str(base.trace), "--num-prompts", "2", "--output-len", "4", "--quiet",
+            *(["--random-weights"] if random_weights else []),
+            "--result-json", str(out / "r.json")]
+
+
+def measured_folder(d: Path, base: Base, manifest=None, runs=None) -> Path:
+    folder = d / "measured"
+    write_json(folder / "manifest.json", manifest_doc() if manifest is None else manifest)
+    write_json(folder / "models" / "target" / "config.json", model_configs()[0])
+    write_json(folder / "runs" / "sync-k0-c1.json.gz", [result_doc()] if runs is None else runs)
+    return folder
+
+
+# name -> (the file's path in the case's folder, valid content (bytes), argv(path, out, base))
+def file_kinds(base: Base) -> dict:
+    target, draft = model_configs()
+    lines = lambda docs: "".join(json.dumps(x) + "\n" for x in docs).encode()  # noqa: E731
+    return {
+        "trace": ("t.jsonl", lines(trace_lines()),
+                  lambda p, out: ["simulate", *sim_args(base, out)[2:], "--trace", str(p)]),
+        "trace (run)": ("t.jsonl", lines(trace_lines()),
+                        lambda p, out: ["run", "--model", "tiny", *run_args(base, out)[2:],
+                                        "--trace", str(p)]),
+        "grid file": ("g.json", json.dumps({"preset": "seed-l20", "grid": {"k": "0..1"}}).encode(),
+                      lambda p, out: ["sweep", "--grid-file", str(p), "--jobs", "1",
+                                      "--out", str(out / "sw"), "--quiet"]),
+        "grid file (toml)": ("g.toml", GRID_TOML.encode(),
+                             lambda p, out: ["sweep", "--grid-file", str(p), "--jobs", "1",
+                                             "--out", str(out / "sw"), "--quiet"]),
+        "profile": ("p.json", json.dumps(profile_doc()).encode(),
+                    lambda p, out: ["simulate", "--profile", str(p), *sim_args(base, out)]),
+        "demo profile": ("p.json", json.dumps(profile_doc()).encode(),
+                         lambda p, out: ["demo", "--profile", str(p), "--quiet"]),
+        "sweep store": ("sw/cells.jsonl", lines(store_lines()),
+                        lambda p, out: ["sweep", "--set", f"workload={base.trace}", "--set",
+                                        "num_prompts=2", "--grid", "k=0,1", "--jobs", "1",
+                                        "--out", str(p.parent), "--quiet"]),
+        "sweep table": ("tb/sweep.json", json.dumps(table_doc()).encode(),
+                        lambda p, out: ["plot", "sweep", str(p.parent), "--out",
+                                        str(out / "plots"), "--quiet"]),
+        "timeline": ("tl.jsonl", lines(span_lines()),
+                     lambda p, out: ["plot", "timeline", str(p), "--out", str(out / "t.png"),
+                                     "--quiet"]),
+        "target config": ("m/config.json", json.dumps(target).encode(),
+                          lambda p, out: ["simulate", "--model", str(p.parent),
+                                          *sim_args(base, out)]),
+        "target config (run)": ("m/config.json", json.dumps(target).encode(),
+                                lambda p, out: ["run", "--model", str(p.parent),
+                                                *run_args(base, out)]),
+        "draft config": ("h/config.json", json.dumps(draft).encode(),
+                         lambda p, out: ["simulate", "--model", str(base.target), "--draft",
+                                         str(p.parent), "-k", "2", *sim_args(base, out)]),
+        "draft config (run)": ("h/config.json", json.dumps(draft).encode(),
+                               lambda p, out: ["run", "--model", str(base.target), "--draft",
+                                               str(p.parent), "-k", "2", *run_args(base, out)]),
+        "run result": ("r.json", json.dumps(result_doc()).encode(),
+                       lambda p, out: ["compare", str(p), str(base.result)]),
+        "measured manifest": ("measured/manifest.json", json.dumps(manifest_doc()).encode(),
+                              lambda p, out: ["validate", "--from-measured", str(p.parent),
+                                              "--out", str(out / "v"), "--quiet"]),
+        "measured runs": ("measured/runs/sync-k0-c1.json.gz", json.dumps([result_doc()]).encode(),
+                          lambda p, out: ["validate", "--from-measured", str(p.parents[1]),
+                                          "--out", str(out / "v"), "--quiet"]),
+    }
+
+
+def prepare(kind: str, d: Path, base: Base) -> None:
+    """What a kind's file needs beside it."""
+    if kind.startswith("measured"):
+        measured_folder(d, base)
+
+
+# -------------------------------------------------------------------------------------------
+# Generators, one per kind of bad input
+
+
+def deep(n: int = 100_000) -> bytes:
+    return b"[" * n + b"]" * n
+
+
+def broken_file(rng: random.Random, d: Path, base: Base) -> Case:
+    """Encoding and structure: not UTF-8, not JSON, nested too deeply, the wrong shape, empty,
+    a folder, missing."""
+    kinds = file_kinds(base)
+    kind = rng.choice(sorted(kinds))
+    name, valid, argv = kinds[kind]
+    prepare(kind, d, base)
+    path = d / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    toml = name.endswith(".toml")
+    how = rng.choice(["not utf-8", "nested", "garbage", "shape", "empty", "folder", "missing"])
+    if how == "not utf-8":
+        at = rng.randrange(len(valid))
+        data = valid[:at] + bytes([rng.choice([0xff, 0xfe, 0xc3, 0x80])]) + b"\xff" + valid[at:]
+    elif how == "nested":
+        data = b"a = " + deep() if toml else deep() + (b"\n" + valid if name.endswith("l")
+                                                       else b"")
+    elif how == "garbage":
+        data = b"@" + rng.choice([b"{", b"[", b"x = ", b"\"unterminated"]) + b"\n" + valid
+    elif how == "shape":
+        data = b"grid = 5\n" if toml else (b'[1, "x"]\n' if not name.endswith("l") else
+                                           b'["not", "an", "object"]\n' + valid)
+    elif how == "empty":
+        data = b""
+    if kind == "sweep store" and how in ("empty", "missing"):   # a store of no finished cells
+        how, data = "garbage", b"@\n" + valid
+    if how in ("folder", "missing"):
+        path.unlink(missing_ok=True)   # prepare() may have written it
+        if how == "folder":
+            (path / "inside").mkdir(parents=True)
+    else:
+        path.write_bytes(encode(path, data))
+    names = (str(path), str(path.parent)) if how in ("missing", "folder") else (str(path),)
+    return Case(f"{kind} file {how}", argv(path, d / "out"), names)
+
+
+def mistyped(doc: dict, rng: random.Random, table: dict) -> tuple[str, object]:
+    key = rng.choice(sorted(table))
+    value = rng.choice(table[key])
+    if value is DELETE:
+        doc.pop(key, None)
+    else:
+        doc[key] = value
+    return key, value
+
+
+DELETE = object()
+BAD_TRACE = {
+    "request_id": ["", None, [1], 1.5, True, {}],
+    "arrival_s": [-1, 1e12, 1e308, float("nan"), float("inf"), "0", None, True, [0]],
+    "prompt_len": [0, -1, 1.5, "8", None, True, 1e9],
+    "output_len": [0, -3, 2.5, "8", None, False],
+    "prompt_token_ids": [[1, 2], "x", [1, -1, 2, 3, 4, 5, 6, 7], [0.5] * 8, 5],
+    "accepted": ["x", [-1], [1.5], 3, [None]],
+    "category": [5, [], {}],
+}
+BAD_TARGET = {
+    "hidden_size": ["64", 64.5, 0, -64, True, None],
+    "num_hidden_layers": [0, "4", 4.0, None],
+    "num_attention_heads": [0, "4", 4.5],
+    "num_key_value_heads": [3, 0, "2"],
+    "head_dim": ["abc", 16.5, -8, 15, True],
+    "intermediate_size": [0, "128", 1e3],
+    "vocab_size": [0, "512", 512.5],
+    "rope_theta": [0, -1, "x", float("inf"), True],
+    "rms_norm_eps": [0, -1e-5, "x", float("nan")],
+    "max_position_embeddings": [0, "4096", 4096.5],
+    "rope_scaling": ["llama3", [1], {"rope_type": "yarn", "factor": 2.0},
+                     {"rope_type": "llama3", "factor": "x", "low_freq_factor": 1,
+                      "high_freq_factor": 4, "original_max_position_embeddings": 64},
+                     {"rope_type": "llama3", "factor": 4.0},
+                     {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 4,
+                      "high_freq_factor": 1, "original_max_position_embeddings": 64},
+                     {"rope_type": "linear"}, {"type": "linear", "factor": -2}],
+    "tie_word_embeddings": ["false", "true", 1, 0],
+    "architectures": [5, "LlamaForCausalLM", [1], {}],
+    "model_type": ["mistral", 5, ["llama"]],   # (qwen3 etc. are simulator-only: BAD_FAMILY)
+    "torch_dtype": [5, ["bfloat16"]],
+    "bos_token_id": [-1, "1", 1.5],
+    "eos_token_id": [[1, "2"], "2", -2],
+}
+BAD_DRAFT = {
+    "draft_vocab_size": ["abc", 2048.7, 0, -1, 100000],
+    "target_hidden_size": [0, "64", 65.5, 32],
+    "eagle_aux_hidden_state_layer_ids": [[1, 2], [1, 2, "3"], "1,2,3", [1, 2, -3], [1, 2, 99]],
+    "norm_before_residual": ["false", 1],
+    "head_dim": ["abc", 16.5, -8],
+    "architectures": [5, "LlamaForCausalLMEagle3", [None]],
+    "rope_scaling": [{"rope_type": "llama3", "factor": 4.0}, "x"],
+    "num_key_value_heads": [3, 0],
+    "hidden_size": [0, "64"],
+}
+# The simulator's other families (common/modelcfg.py FAMILIES), each from its preset's
+# config.json fields (HF_PRESETS) with one field broken; the simulator only (the engine builds
+# Llama targets). FAMILY_ARGS: what the preset needs to fit in memory.
+FAMILY_PRESETS = {"qwen3_moe": "qwen3-30b-a3b", "gpt_oss": "gpt-oss-20b",
+                  "deepseek_v3": "deepseek-v3"}
+FAMILY_ARGS = {"deepseek_v3": ["--tensor-parallel-size", "8", "--gpu", "h200"]}
+BAD_FAMILY = {
+    "qwen3_moe": {
+        "num_experts": [0, "128", 12.5, None, True],
+        "num_experts_per_tok": [0, 129, "8", None],
+        "moe_intermediate_size": [0, "768", None],
+        "decoder_sparse_step": [0, "1", 49],
+        "mlp_only_layers": ["x", [1, "2"], [-1], [True], list(range(48))],
+        "use_sliding_window": [True, "false", 1],
+        "quantization_config": [5, "fp8", {"quant_method": "awq"}, {"quant_method": "mxfp4"}],
+        "rope_scaling": [{"rope_type": [1]}, {"rope_type": "linear", "factor": 0}],
+    },
+    "gpt_oss": {
+        "num_local_experts": [0, "32", None],
+        "num_experts_per_tok": [0, 33, "4"],
+        "layer_types": ["x", ["sliding_attention"] * 3, [["x"]] * 24, ["local"] * 24, None],
+        "sliding_window": [0, "128", None, 1.5],
+        "head_dim": [None, 15, "64", 0],
+        "quantization_config": [{"quant_method": "gptq"}, ["mxfp4"]],
+        "rope_scaling": [{"rope_type": "yarn"}, {"rope_type": "yarn", "factor": -1}, "yarn"],
+    },
+    "deepseek_v3": {
+        "kv_lora_rank": [0, "512", None],
+        "q_lora_rank": [-1, "x", 1.5],
+        "qk_nope_head_dim": [0, None],
+        "qk_rope_head_dim": [0, None, "64"],
+        "v_head_dim": ["128", 0],
+        "n_routed_experts": [0, None],
+        "n_shared_experts": [-1, "1", 1.5],
+        "first_k_dense_replace": [61, -1, "3", 1.5],
+        "moe_layer_freq": [2, "1"],
+        "num_nextn_predict_layers": [-1, "1"],
+        "quantization_config": [{"quant_method": "mxfp4"}, [1], {"quant_method": None}],
+        "num_key_value_heads": [3],
+    },
+}
+# Values of those fields the real configs use besides the presets' (DeepSeek-V2-Lite has no
+# q_lora_rank; gpt-oss's own config.json also spells top-k experts_per_token).
+# Each variant: the fields it changes.
+ACCEPTED_FAMILY = {
+    "qwen3_moe": [{"mlp_only_layers": None}, {"decoder_sparse_step": 2, "mlp_only_layers": [0]},
+                  {"use_sliding_window": None}],
+    "gpt_oss": [{"num_experts_per_tok": DELETE, "experts_per_token": 4},
+                {"layer_types": ["full_attention"] * 24}],
+    "deepseek_v3": [{"q_lora_rank": None}, {"first_k_dense_replace": 0},
+                    {"num_nextn_predict_layers": 0, "n_shared_experts": None}],
+}
+
+
+def family_config(family: str) -> dict:
+    from common.modelcfg import HF_PRESETS
+    return json.loads(json.dumps(HF_PRESETS[FAMILY_PRESETS[family]]))
+
+
+BAD_RESULT = {
+    "completed": ["2", -1, None, [2], True],
+    "duration": ["0.05", None, {}],
+    "mean_tpot_ms": ["1.0", None, [1.0], True],
+    "p99_itl_ms": ["x", {}],
+    "step_gaps": [[10.0, 20.0], "x", 5, {"mean_us": "x"}, {"values_us": ["x"]}],
+    "config": [[1], "x", 5],
+    "spec_decode": ["x", [1]],
+    "mean_itl_ms": [DELETE],
+}
+BAD_SPAN = {
+    "end_us": [float("inf"), "x", None, -1e9, float("nan"), True],
+    "start_us": [float("-inf"), "0", None],
+    "step": [-1, 1.5, "3", None, True],
+    "lane": ["gpu", 5, None],
+    "op": [5, "", None, []],
+    "args": [[1], "x", 5],
+}
+BAD_STORE = {
+    "metrics": [None, "x", [1], 5, {"mean_tpot_ms": "1.0"}, {"a": [1]},
+                {"simulated_mode": "fast"}, {"simulated_mode": 1.0}],
+    "cell": [5, None, [1]],
+}
+BAD_PROFILE = {
+    "device_ops": ["x", 5, [5], [{"op": "warp", "coef": [1, 0, 0, 0]}],
+                   [{"op": "d2h", "coef": [1, 0]}], [{"op": "d2h", "coef": ["x", 0, 0, 0]}],
+                   [{"op": "d2h", "coef": [float("inf"), 0, 0, 0]}],
+                   [{"op": "d2h", "coef": [1, 0, 0, 0], "k": "x"}]],
+    "cpu": ["x", [1], {"schedule": ["x"]}, {"schedule": [float("nan")]}, {"bogus": [1]},
+            {"wake_us": -1}, {"schedule": [1, 2, 3, 4]}],
+    "jitter": ["x", {"trace": [1], "run_log_factors": [0], "bin_ms": 0, "sigma_step": 0},
+               {"trace": ["x"], "run_log_factors": [0], "bin_ms": 1, "sigma_step": 0}],
+    "cpu_by_k": ["x", {"x": {}}, {"2": {"schedule": "x"}}],
+    "topology": [5, "x"],
+    "format": ["stepgap-profile/0", 5, DELETE],
+}
+BAD_TABLE = {
+    "axes": ["x", [1], {"k": 5}, None],
+    "rows": ["x", {"a": 1}, [5]],
+    "base": [5, "x"],
+    "row": [{"mean_tpot_ms": "1.0"}, {"p99_tpot_ms": [1]}, {"mean_itl_ms": True},
+            {"simulated_mode": 5}, {"simulated_mode": "nan"}],
+}
+BAD_MANIFEST = {
+    "format": ["stepgap-measured/0", 5, DELETE],
+    "sim": [5, "x", None],
+    "cells": [[], "x", [5], [{"mode": "sync"}], [{"mode": "sync", "k": "0", "runs": "x"}],
+              [{"mode": "sync", "k": 0, "runs": "runs/none.json.gz"}]],
+}
+BAD_RUNS = [{"x": 1}, [5], ["x"], [{**result_doc(), "mean_tpot_ms": "1.0"}],
+            [{**result_doc(), "step_gaps": [1]}], {"a": [result_doc()]}]
+BAD_GRID = {
+    "grid": ["x", 5, {}, {"k": []}, {"k": "0..x"}, {"k": "5..1"}, {"nope": "1,2"},
+             {"k": "0..100000"}, {"k": [1, 1]}, {"k": "1,1"}, {"max_concurrency": "1..8:x1"}],
+    "base": [5, "x", {"nope": 1}, {"max_num_seqs": "x"}, {"output_latency_ms": 1e308},
+             {"cpu_costs": {"schedule": ["x"]}}, {"num_prompts": 10 ** 9},
+             {"max_concurrency": 0},
+             {"mode": "fast"}, {"model": 5}, {"jitter": "yes"}],
+    "preset": [5, "nope", ["seed-l20"]],
+    "extra": [{"x": 1}],
+}
+BAD_INDEX = [{"weight_map": {"a.weight": ["model.safetensors"]}}, {"weight_map": ["x"]},
+             {"weight_map": {"a.weight": "/etc/passwd"}}, {"weight_map": {"a.weight": "../x"}},
+             {"weight_map": {"a.weight": 5}}, {}, [1]]
+
+
+def mistyped_field(rng: random.Random, d: Path, base: Base) -> Case:
+    """One field of a valid file set to a value of the wrong type or out of range."""
+    out = d / "out"
+    which = rng.choice(["trace", "trace (run)", "target", "target (run)", "draft",
+                        "draft (run)", "family", "result", "span", "store", "profile", "table",
+                        "manifest", "runs", "grid", "index"])
+    if which.startswith("trace"):
+        lines = trace_lines()
+        n = rng.randrange(len(lines))
+        key, value = mistyped(lines[n], rng, BAD_TRACE)
+        path = write_lines(d / "t.jsonl", lines)
+        argv = ["simulate", *sim_args(base, out)[2:]] if which == "trace" else \
+            ["run", "--model", "tiny", *run_args(base, out)[2:]]
+        return Case(f"{which} line {n + 1} {key}={value!r}", argv + ["--trace", str(path)],
+                    (f"{path}:{n + 1}",))
+    if which.startswith("target") or which.startswith("draft"):
+        target, draft = model_configs()
+        doc = target if which.startswith("target") else draft
+        key, value = mistyped(doc, rng, BAD_TARGET if doc is target else BAD_DRAFT)
+        path = write_json(d / "m" / "config.json", doc)
+        tail = sim_args(base, out) if "(run)" not in which else run_args(base, out)
+        command = "run" if "(run)" in which else "simulate"
+        if doc is target:
+            argv = [command, "--model", str(path.parent), *tail]
+        else:
+            argv = [command, "--model", str(base.target), "--draft", str(path.parent), "-k", "2",
+                    *tail]
+        return Case(f"{which} config {key}={value!r}", argv, (str(path), str(path.parent)))
+    if which == "family":
+        family = rng.choice(sorted(BAD_FAMILY))
+        doc = family_config(family)
+        key, value = mistyped(doc, rng, BAD_FAMILY[family])
+        path = write_json(d / "m" / "config.json", doc)
+        return Case(f"{family} config {key}={value!r}",
+                    ["simulate", "--model", str(path.parent), *FAMILY_ARGS.get(family, []),
+                     *sim_args(base, out)], (str(path), str(path.parent)))
+    if which == "result":
+        doc = result_doc()
+        key, value = mistyped(doc, rng, BAD_RESULT)
+        path = write_json(d / "r.json", doc)
+        first = rng.random() < 0.5
+        argv = ["compare", str(path), str(base.result)] if first else \
+            ["compare", str(base.result), str(path)]
+        return Case(f"run result {key}={value!r}", argv, (str(path),))
+    if which == "span":
+        lines = span_lines()
+        n = rng.randrange(len(lines))
+        key, value = mistyped(lines[n], rng, BAD_SPAN)
+        path = write_lines(d / "tl.jsonl", lines)
+        return Case(f"timeline line {n + 1} {key}={value!r}",
+                    ["plot", "timeline", str(path), "--out", str(out / "t.png"), "--quiet"],
+                    (f"{path}:{n + 1}",))
+    if which == "store":
+        lines = store_lines()
+        n = rng.randrange(len(lines))
+        key, value = mistyped(lines[n], rng, BAD_STORE)
+        path = write_lines(d / "sw" / "cells.jsonl", lines)
+        return Case(f"sweep store line {n + 1} {key}={value!r}",
+                    ["sweep", "--set", f"workload={base.trace}", "--set", "num_prompts=2",
+                     "--grid", "k=0,1", "--jobs", "1", "--out", str(path.parent), "--quiet"],
+                    (f"{path}:{n + 1}",))
+    if which == "profile":
+        doc = profile_doc()
+        key, value = mistyped(doc, rng, BAD_PROFILE)
+        path = write_json(d / "p.json", doc)
+        return Case(f"profile {key}={value!r}",
+                    ["simulate", "--profile", str(path), *sim_args(base, out)], (str(path),))
+    if which == "table":
+        doc = table_doc()
+        key, value = mistyped(doc, rng, BAD_TABLE)
+        if key == "row":
+            doc.pop("row")
+            doc["rows"][rng.randrange(len(doc["rows"]))].update(value)
+        path = write_json(d / "tb" / "sweep.json", doc)
+        return Case(f"sweep table {key}={value!r}",
+                    ["plot", "sweep", str(path.parent), "--out", str(out / "plots"), "--quiet"],
+                    (str(path),))
+    if which == "manifest":
+        doc = manifest_doc()
+        key, value = mistyped(doc, rng, BAD_MANIFEST)
+        folder = measured_folder(d, base, manifest=doc)
+        return Case(f"measured manifest {key}={value!r}",
+                    ["validate", "--from-measured", str(folder), "--out", str(out / "v"),
+                     "--quiet"], (str(folder),))
+    if which == "runs":
+        runs = rng.choice(BAD_RUNS)
+        folder = measured_folder(d, base, runs=runs)
+        return Case(f"measured runs {str(runs)[:60]}",
+                    ["validate", "--from-measured", str(folder), "--out", str(out / "v"),
+                     "--quiet"], (str(folder / "runs"),))
+    if which == "grid":
+        doc = {"preset": "seed-l20", "base": {"num_prompts": 2}, "grid": {"k": "0..1"}}
+        key, value = mistyped(doc, rng, BAD_GRID)
+        path = write_json(d / "g.json", doc)
+        return Case(f"grid file {key}={value!r}",
+                    ["sweep", "--grid-file", str(path), "--jobs", "1", "--out", str(out / "sw"),
+                     "--quiet"], (str(path), "grid", "--num-speculative-tokens", "--mode"))
+    index = rng.choice(BAD_INDEX)
+    folder = write_json(d / "m" / "config.json", model_configs()[0]).parent
+    path = write_json(folder / "model.safetensors.index.json", index)
+    return Case(f"safetensors index {index!r}", ["run", "--model", str(folder),
+                                                 *run_args(base, out, False)], (str(path),))
+
+
+# option -> bad values, per command
+BAD_OPTIONS = {
+    "simulate": {
+        "--cpu-cost": ["schedule=nan", "schedule=inf", "schedule=1e308", "schedule=-1",
+                       "schedule=1,2,3,4", "nap=1", "schedule=x", "schedule"],
+        "--output-latency-ms": ["1e308", "nan", "inf", "-1", "x"],
+        "--launch-latency-us": ["1e308", "nan", "-0.5"], "--wake-us": ["inf", "-1"],
+        "--ipc-us": ["nan", "1e12"], "--speed": ["0", "nan", "1e9", "-1"],
+        "--cpu-scale": ["-1", "inf", "1e308"], "--acceptance-spread": ["-1", "nan", "1e6"],
+        "--num-speculative-tokens": ["-1", "1000", "1.5", "x"],
+        "--num-prompts": ["0", "-1", "1000000000", "x"],
+        "--request-rate": ["0", "-1", "nan", "x"], "--burstiness": ["0", "-1", "nan"],
+        "--max-model-len": ["0", "-5", "1.5"], "--block-size": ["0", "x"],
+        "--max-num-seqs": ["0"], "--gpu-memory-utilization": ["0", "1.5", "nan", "-1"],
+        "--metric-percentiles": ["0", "100", "nan", "x", ""],
+        "--acceptance-rates": ["1.5", "nan", "0.5,0.9", "x"], "--output-len": ["0", "-1"],
+        "--max-concurrency": ["0", "-1"], "--seed": ["-1", "x"],
+        "--speculative-config": ['{"num_speculative_tokens": 1000}', '{"method": "medusa"}',
+                                 "[1]", "{", '{"model": 5}', "[" * 100000],
+        "--spec-tokens": ["-1", "1000", "x"], "--spec-method": ["medusa", "EAGLE3"],
+        "--tensor-parallel-size": ["0", "9", "3", "x"],
+        "--moe-routing-skew": ["-1", "nan", "1e9"], "--all-reduce-latency-us": ["1e308", "-1"],
+        "--percentile-metrics": ["ttft,nope", ""],
+    },
+    "run": {
+        "--kv-cache-gib": ["nan", "inf", "-1", "0", "x"],
+        "--temperature": ["-1", "nan", "inf"], "--top-p": ["2", "0", "nan"],
+        "--top-k": ["-1", "x"], "--num-gpu-blocks-override": ["0", "1000000000000"],
+        "--max-model-len": ["1000000000000", "0"], "--num-speculative-tokens": ["1000", "-2"],
+        "--spec-tokens": ["1000"], "--tensor-parallel-size": ["2", "0"],
+        "--spec-method": ["mtp", "ngram", "medusa"],
+        "--synthetic-acceptance": ["1.5", "nope", "0.5,0.9"],
+        "--acceptance-spread": ["nan", "-1"],
+    },
+    "sweep": {
+        "--set": ["k=1000", "output_latency_ms=1e308", "num_prompts=0", "k=x", "nope=1",
+                  "cpu_costs=1", "speed=nan", "mode=fast", "k"],
+        "--grid": ["k=0..x", "k=5..1", "request_rate=nan..2", "k=1,1", "k=", "nope=1",
+                   "max_concurrency=1..100000:x1.0001", "k=0..100000"],
+        "--jobs": ["0", "x"],
+    },
+    "demo": {"--num-prompts": ["0", "-1", "x"], "--k": ["0", "-1", "1000"],
+             "--max-concurrency": ["0", "-3"]},
+}
+
+
+def bad_option(rng: random.Random, d: Path, base: Base) -> Case:
+    """Numbers: non-finite, negative, absurd or unparsable option values."""
+    out = d / "out"
+    command = rng.choice(sorted(BAD_OPTIONS))
+    option = rng.choice(sorted(BAD_OPTIONS[command]))
+    value = rng.choice(BAD_OPTIONS[command][option])
+    argv = {"simulate": ["simulate", *sim_args(base, out)],
+            "run": ["run", "--model", "tiny", "--draft", "tiny-eagle3", "-k", "1",
+                    *run_args(base, out)],
+            "sweep": ["sweep", "--set", f"workload={base.trace}", "--set", "num_prompts=2",
+                      "--grid", "max_num_seqs=1,2", "--jobs", "1", "--out", str(out / "sw"),
+                      "--quiet"],
+            "demo": ["demo", "--quiet"]}[command]
+    names = {"--set": ("--set", "grid cell", "--"), "--grid": ("--grid",)}.get(option, (option,))
+    if option == "--num-speculative-tokens" and command == "run":
+        argv = [a for a in argv if a not in ("-k", "1")]
+    return Case(f"{command} {option} {value[:40]!r}", argv + [f"{option}={value}"], names)
+
+
+def too_large(rng: random.Random, d: Path, base: Base) -> Case:
+    """Memory: requests and caches far larger than the machine, refused before allocating."""
+    out = d / "out"
+    how = rng.choice(["prompt", "output", "blocks", "model-len"])
+    if how in ("prompt", "output"):
+        lines = trace_lines()
+        lines[rng.randrange(2)][f"{how}_len"] = rng.choice([10 ** 9, 10 ** 12, 5000])
+        path = write_lines(d / "big.jsonl", lines)
+        command = rng.choice(["simulate", "run"])
+        argv = ["simulate", *sim_args(base, out)[2:]] if command == "simulate" else \
+            ["run", "--model", "tiny", "--num-prompts", "3", "--quiet", "--result-json",
+             str(out / "r.json")]
+        if how == "output" and command == "run":
+            argv = argv  # no --output-len: the trace's own is used
+        return Case(f"{command}: {how}_len too large", argv + ["--trace", str(path)],
+                    ("exceeds", "past the target's context"))
+    if how == "blocks":
+        return Case("run: --num-gpu-blocks-override 10**11",
+                    ["run", "--model", "tiny", *run_args(base, out),
+                     "--num-gpu-blocks-override", str(10 ** 11)], ("--num-gpu-blocks-override",))
+    return Case("run: --max-model-len 10**11",
+                ["run", "--model", "tiny", *run_args(base, out), "--max-model-len",
+                 str(10 ** 11)], ("--max-model-len",))
+
+
+@contextlib.contextmanager
+def disk_full_now():
+    """The output's disk has no space left (statvfs says so)."""
+    real = os.statvfs
+
+    def statvfs(path):
+        st = real(path)
+        return os.statvfs_result((st.f_bsize, st.f_frsize, st.f_blocks, 0, 0, st.f_files,
+                                  st.f_ffree, st.f_favail, st.f_flag, st.f_namemax))
+    with mock.patch("common.fileio.os.statvfs", statvfs):
+        yield
+
+
+class _FillsUp:
+    """A file whose disk fills up half way through the write."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def write(self, data):
+        self.f.write(data[:len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def fileno(self):
+        return self.f.fileno()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+@contextlib.contextmanager
+def disk_full_while_writing():
+    real = os.fdopen
+    with mock.patch("common.fileio.os.fdopen", lambda fd, mode: _FillsUp(real(fd, mode))):
+        yield
+
+
+def bad_output(rng: random.Random, d: Path, base: Base) -> Case:
+    """Output paths: a folder, under a file, not writable, a full disk (found before the work
+    starts), and a disk that fills up during the write (no torn file left)."""
+    out = d / "out"
+    out.mkdir(parents=True)
+    (out / "afile").write_text("x")   # out/afile is where the case's own input lives
+    how = rng.choice(["folder", "under a file", "not writable", "disk full", "fills up"])
+    folder_outputs = {
+        "sweep": lambda p: ["sweep", "--set", f"workload={base.trace}", "--set",
+                            "num_prompts=2", "--grid", "k=0,1", "--jobs", "1", "--out", p,
+                            "--quiet"],
+        "plot sweep": lambda p: ["plot", "sweep", str(table_folder(d)), "--out", p, "--quiet"],
+        "make-tiny": lambda p: ["make-tiny", p, "--train-steps", "0"],
+        "train": lambda p: ["train", p, "--preset", "smoke", "--quiet"],
+        "validate": lambda p: ["validate", "--from-measured", str(measured_folder(d, base)),
+                               "--out", p, "--quiet"],
+    }
+    file_outputs = {
+        "simulate --result-json": lambda p: ["simulate", *sim_args(base, out)[:-1], p],
+        "simulate --timeline": lambda p: ["simulate", *sim_args(base, out)[:-2], "--timeline",
+                                          p],
+        "run --result-json": lambda p: ["run", "--model", "tiny", *run_args(base, out)[:-1], p],
+        "run --timeline": lambda p: ["run", "--model", "tiny", *run_args(base, out)[:-2],
+                                     "--timeline", p],
+        "run --chrome-trace": lambda p: ["run", "--model", "tiny", *run_args(base, out)[:-2],
+                                         "--chrome-trace", p],
+        "plot timeline --out": lambda p: ["plot", "timeline", str(timeline_file(d)), "--out", p,
+                                          "--quiet"],
+        "plot timeline --chrome": lambda p: ["plot", "timeline", str(timeline_file(d)), "--out",
+                                             str(out / "t.png"), "--chrome", p, "--quiet"],
+        "profile --out": lambda p: ["profile", "--out", p, "--quiet"],
+    }
+    png = str(out / "t.png")   # plot timeline --chrome writes its figure too, first
+    if how == "fills up":   # the work runs; its write fails half way
+        which = rng.choice(["simulate --result-json", "simulate --timeline",
+                            "plot timeline --out", "plot timeline --chrome"])
+        path = str(out / "new" / "x.out")
+        return Case(f"{which}: the disk fills up while writing", file_outputs[which](path),
+                    (path, png), disk_full_while_writing)
+    folder = how != "under a file" and rng.random() < 0.4
+    which = rng.choice(sorted(folder_outputs if folder else file_outputs))
+    build = (folder_outputs if folder else file_outputs)[which]
+    if how == "folder":
+        path = str(out / "afile") if folder else str(out)   # the wrong kind of thing
+    elif how == "under a file":
+        path = str(out / "afile" / "x.json")
+    elif how == "not writable":
+        path = f"{UNWRITABLE}/x.json"
+    else:
+        path = str(out / "x.json")
+    return Case(f"{which}: output {how}", build(path), (path, png),
+                disk_full_now if how == "disk full" else None)
+
+
+def table_folder(d: Path) -> Path:
+    return write_json(d / "tb" / "sweep.json", table_doc()).parent
+
+
+def timeline_file(d: Path) -> Path:
+    return write_lines(d / "tl.jsonl", span_lines())
+
+
+def small_ones(rng: random.Random, d: Path, base: Base) -> Case:
+    """The small ones of the issue: names the right file or option."""
+    out = d / "out"
+    how = rng.choice(["demo profile missing", "empty measured folder", "empty timeline",
+                      "timeline without the steps", "missing trace", "missing model",
+                      "accepted above k", "accepted above k (run)"])
+    if how.startswith("accepted above k"):
+        lines = trace_lines()
+        lines[0]["accepted"] = [1, rng.choice([3, 5, 100])]
+        path = write_lines(d / "acc.jsonl", lines)
+        # no --output-len: it would drop the recorded counts
+        argv = ["simulate", "-k", "2"] if "run" not in how else \
+            ["run", "--model", "tiny", "--draft", "tiny-eagle3", "-k", "2",
+             "--synthetic-acceptance", "replay", "--random-weights"]
+        return Case(how, argv + ["--trace", str(path), "--num-prompts", "2", "--quiet",
+                                 "--result-json", str(out / "r.json")], ("'a'",))
+    if how == "demo profile missing":
+        path = str(d / "missing.json")
+        return Case(how, ["demo", "--profile", path, "--quiet"], (path,))
+    if how == "empty measured folder":
+        (d / "EMPTY").mkdir(parents=True)
+        return Case(how, ["validate", "--from-measured", str(d / "EMPTY"), "--out",
+                          str(out / "v"), "--quiet"], (str(d / "EMPTY"),))
+    if how == "empty timeline":
+        path = write_lines(d / "e.jsonl", [])
+        return Case(how, ["plot", "timeline", str(path), "--out", str(out / "t.png")],
+                    (str(path),))
+    if how == "timeline without the steps":
+        path = timeline_file(d)
+        return Case(how, ["plot", "timeline", str(path), "--steps", "50:60", "--out",
+                          str(out / "t.png")], (str(path),))
+    if how == "missing trace":
+        path = str(d / "none.jsonl")
+        return Case(how, ["simulate", *sim_args(base, out), "--trace", path], (path,))
+    path = str(d / "nomodel")
+    return Case(how, ["simulate", "--model", path, *sim_args(base, out)], (path,))
+
+
+GENERATORS = (broken_file, broken_file, mistyped_field, mistyped_field, mistyped_field,
+              bad_option, too_large, bad_output, small_ones)
+
+
+# -------------------------------------------------------------------------------------------
+# Running and judging one case
+
+
+def run_case(case: Case) -> tuple[int | str, str]:
+    """(exit status, or the exception that escaped; stderr)."""
+    err = io.StringIO()
+    fault = case.fault() if case.fault else contextlib.nullcontext()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), fault:
+        try:
+            code = main(case.argv)
+        except SystemExit as e:   # argparse's own errors
+            code = e.code
+        except BaseException:     # a traceback: the failure this test exists to catch
+            code = "raised " + traceback.format_exc()
+    return code, err.getvalue()
+
+
+def judge(case: Case, code, err: str, out: Path) -> str | None:
+    """Why the case failed its promises, or None."""
+    if not isinstance(code, int):
+        return code
+    if code != 2:
+        return f"exit status {code}"
+    lines = [line for line in err.splitlines() if line.strip()]
+    errors = [line for line in lines if ": error: " in line]
+    others = [line for line in lines if line not in errors and not line.startswith("usage:")
+              and not line.startswith(" ")]
+    if len(errors) != 1 or others:
+        return f"expected one error line, got:\n{err}"
+    if not any(name in errors[0] for name in case.names):
+        return f"the error names none of {case.names}: {errors[0]}"
+    if "Traceback" in err:
+        return f"a traceback:\n{err}"
+    left = [p for p in out.rglob("*") if p.is_file() and p.name != "afile"] \
+        if out.exists() else []
+    if left:
+        return f"left output files behind: {[str(p) for p in left]}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return Base(tmp_path_factory.mktemp("fuzz-base"))
+
+
+def test_bad_input_and_faults_end_in_one_clear_error_and_no_output(base, tmp_path):
+    failures = []
+    for i in range(CASES):
+        rng = random.Random(f"{SEED}:{i}")
+        d = tmp_path / f"case{i}"
+        d.mkdir()
+        case = GENERATORS[i % len(GENERATORS)](rng, d, base)
+        code, err = run_case(case)
+        why = judge(case, code, err, d / "out")
+        if why:
+            failures.append(f"case {i} (STEPGAP_FUZZ_SEED={SEED}): {case.what}\n"
+                            f"  argv: {case.argv}\n  {why}")
+        shutil.rmtree(d, ignore_errors=True)
+    assert not failures, f"{len(failures)} of {CASES} cases failed:\n\n" + \
+        "\n\n".join(failures[:20])
+
+
+# -------------------------------------------------------------------------------------------
+# What is not an error
+
+
+# Fields whose value is accepted by both commands, beside the bad ones above.
+ACCEPTED_TARGET = {"architectures": None, "head_dim": None, "tie_word_embeddings": DELETE,
+                   "rope_scaling": None, "bos_token_id": None, "eos_token_id": [2, 3]}
+ACCEPTED_DRAFT = {"architectures": None, "eagle_aux_hidden_state_layer_ids": None,
+                  "norm_before_residual": True}
+
+
+def config_cases():
+    for table, accepted, which in ((BAD_TARGET, ACCEPTED_TARGET, "target"),
+                                   (BAD_DRAFT, ACCEPTED_DRAFT, "draft")):
+        for key, values in table.items():
+            for value in values:
+                yield which, key, value, 2
+        for key, value in accepted.items():
+            yield which, key, value, 0
+
+
+def test_simulate_and_run_accept_and_reject_the_same_configs(base, tmp_path):
+    """One validation of every field (common/modelcfg.py) serves both halves."""
+    differ = []
+    for n, (which, key, value, want) in enumerate(config_cases()):
+        target, draft = model_configs()
+        doc = target if which == "target" else draft
+        if value is DELETE:
+            doc.pop(key, None)
+        else:
+            doc[key] = value
+        path = write_json(tmp_path / f"c{n}" / "config.json", doc)
+        model, head = (path.parent, None) if which == "target" else (base.target, path.parent)
+        codes = []
+        for command, tail in (("simulate", sim_args), ("run", run_args)):
+            argv = [command, "--model", str(model), *(["--draft", str(head), "-k", "2"]
+                                                      if head else []),
+                    *tail(base, tmp_path / f"c{n}" / command)]
+            codes.append(run_case(Case("", argv, ()))[0])
+        if codes != [want, want]:
+            differ.append(f"{which} {key}={value!r}: simulate {codes[0]}, run {codes[1]} "
+                          f"(expected {want})")
+    assert not differ, "\n".join(differ)
+
+
+@pytest.mark.parametrize("kind", sorted(set(file_kinds(Base.__new__(Base))) - {"demo profile"}))
+def test_a_byte_order_mark_is_read_as_nothing_by_every_loader(kind, base, tmp_path):
+    name, valid, argv = file_kinds(base)[kind]
+    prepare(kind, tmp_path, base)
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(encode(path, b"\xef\xbb\xbf" + valid))
+    code, err = run_case(Case(kind, argv(path, tmp_path / "out"), ()))
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("family", sorted(ACCEPTED_FAMILY))
+def test_each_familys_config_json_and_its_real_variants_simulate(family, base, tmp_path):
+    """The validation of the other families accepts their published configs (the preset's
+    fields as a config.json) and the variants real configs use, and rejects each broken
+    field of BAD_FAMILY (the fuzz cases above sample those)."""
+    for n, changes in enumerate([{}, *ACCEPTED_FAMILY[family]]):
+        doc = family_config(family)
+        for key, value in changes.items():
+            if value is DELETE:
+                doc.pop(key, None)
+            else:
+                doc[key] = value
+        path = write_json(tmp_path / f"v{n}" / "config.json", doc)
+        argv = ["simulate", "--model", str(path.parent), *FAMILY_ARGS.get(family, []),
+                *sim_args(base, tmp_path / f"v{n}" / "out")]
+        code, err = run_case(Case("", argv, ()))
+        assert code == 0, f"{family} {changes or 'preset'}: {err}"
+    for key, values in BAD_FAMILY[family].items():
+        for value in values:
+            doc = family_config(family)
+            doc[key] = value
+            path = write_json(tmp_path / "bad" / "config.json", doc)
+            argv = ["simulate", "--model", str(path.parent), *FAMILY_ARGS.get(family, []),
+                    *sim_args(base, tmp_path / "bad" / "out")]
+            case = Case(f"{family} {key}={value!r}", argv, (str(path),))
+            why = judge(case, *run_case(case), tmp_path / "bad" / "out")
+            assert why is None, f"{case.what}: {why}"
