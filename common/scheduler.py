@@ -298,18 +298,19 @@ class Scheduler:
             if req.status == FINISHED or not s.samples:
                 continue
             ids = sampled[req.request_id]
+            n = len(ids)
             if s.num_spec:
-                rejected = s.num_spec - (len(ids) - 1)
+                rejected = s.num_spec - (n - 1)
                 if req.status == RUNNING:  # a preempted request was already reset to 0
                     req.num_computed_tokens -= rejected
                 if async_:
                     req.num_output_placeholders -= rejected
             room = req.max_tokens - len(req.output_token_ids)
-            done = len(ids) >= room
-            new = ids[:room] if len(ids) > room else ids   # (no copy in the common case)
+            done = n >= room
+            new = ids[:room] if n > room else ids   # (no copy in the common case)
             req.output_token_ids += new
             if async_:
-                req.num_output_placeholders -= len(ids)
+                req.num_output_placeholders -= n
             if done:
                 self._finish(req)
             elif not async_ and req.status == RUNNING:
