@@ -181,7 +181,7 @@ def side_by_side(engine: dict, sim: dict) -> str:
 
 def sample_text(pair, request, output_ids: list[int], lines: int = 4) -> str:
     """The end of a prompt and the start of its greedy continuation, decoded."""
-    from training.corpus import load_tokenizer
+    from engine.tokenizer import load_tokenizer
     tok = load_tokenizer(pair_paths(pair)["target"])
     prompt = tok.decode(request.prompt_token_ids).splitlines()[-lines:]
     cont = tok.decode(output_ids).splitlines()[:lines]

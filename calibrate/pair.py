@@ -37,7 +37,8 @@ def load_heldout(pair, num_prompts: int | None = None) -> list[TraceRequest]:
 def calibration_trace(pair, num_prompts: int, seed: int = 1) -> list[TraceRequest]:
     """Prompts cut from the corpus's *training* files (never the held-out ones the judged trace
     comes from), tokenized with the pair's tokenizer, lengths as the held-out trace's."""
-    from training.corpus import heldout_trace, load_tokenizer, split
+    from engine.tokenizer import load_tokenizer
+    from training.corpus import heldout_trace, split
 
     paths = pair_paths(pair)
     log = Path(pair) / "train.json"

@@ -17,6 +17,10 @@ identically and differ only in how time passes. It follows vLLM V1 (`vllm/v1/cor
   is skipped only when its in-flight step surely finishes it (even if every draft is rejected),
   so one extra step may be scheduled for a request that has in fact finished; that step's tokens
   are discarded, never emitted.
+- A request finishes at `max_tokens`, at its `eos_token_id` when it has one (a served request
+  without `ignore_eos`; traces have none), or when it is aborted (`abort_request`: a served
+  client went away). Either way its blocks return to the pool at once and the worker hears of
+  it through the next step's `finished`; tokens of its steps still in flight are discarded.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class Request:
     block_ids: list[int] = field(default_factory=list)
     status: str = WAITING
     num_preemptions: int = 0
+    eos_token_id: int | None = None   # stop at this token (None: generate max_tokens)
 
     @property
     def num_tokens(self) -> int:
@@ -172,6 +177,15 @@ class Scheduler:
             raise UserError(f"request id {req.request_id!r} is already in the scheduler")
         self.requests[req.request_id] = req
         self.waiting.append(req)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Finish a request early, wherever it is (waiting, running, or with a step in
+        flight). False if the scheduler does not hold it (it finished already)."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return False
+        self._finish(req)
+        return True
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
@@ -308,6 +322,9 @@ class Scheduler:
             room = req.max_tokens - len(req.output_token_ids)
             done = n >= room
             new = ids[:room] if n > room else ids   # (no copy in the common case)
+            if req.eos_token_id is not None and req.eos_token_id in new:
+                new = new[:new.index(req.eos_token_id) + 1]
+                done = True
             req.output_token_ids += new
             if async_:
                 req.num_output_placeholders -= n

@@ -9,7 +9,8 @@ concurrency), adds them to the shared vLLM V1 scheduler between steps, and runs 
   update N. The scheduler counts placeholders for the step in flight (`async_scheduling`).
 
 The loop is vLLM's `EngineCore.step_with_batch_queue`, and sim/loop.py's engine process runs the
-same rule. A chunk's time is when update_from_output emits it; TTFT and E2EL run from the
+same rule; `stepgap serve` runs it too, with engine/core_proc.py's `ServedClient` in the client's
+place (requests from the HTTP front end instead of a trace). A chunk's time is when update_from_output emits it; TTFT and E2EL run from the
 request's send time. The run result has the keys of `vllm bench serve --save-result`, plus step
 gaps (from the device spans of the timeline), acceptance statistics and the run's config.
 """
@@ -128,7 +129,7 @@ class Client:
             self.timings[r.request_id] = RequestTiming(r.request_id, r.prompt_len, sent)
             core.add(r)
 
-    def receive(self, core: "EngineCore", emitted) -> None:
+    def receive(self, core: "EngineCore", emitted, step: int) -> None:
         """One step's chunks; the next requests go out the moment slots free up."""
         now = self.clock()
         freed = 0
@@ -165,6 +166,7 @@ class EngineCore:
         self.depth = 1 if cfg.mode == "sync" else 2
         self.queue: deque[tuple[SchedulerOutput, object]] = deque()   # launched, oldest first
         self.host = HostSpans("cpu.engine")
+        self.vocab_size, self.seed = vocab_size, seed
         self.prompts = {r.request_id: prompt_ids(r, vocab_size, seed) for r in requests}
         self.plans = acceptance_plans(requests, cfg)
         self.spec = SpecStats(cfg.k)
@@ -172,9 +174,15 @@ class EngineCore:
         self.spans: list[Span] = []
         self.discarded = 0
 
-    def add(self, r: TraceRequest) -> None:
-        self.sched.add_request(Request(r.request_id, r.prompt_len, r.output_len,
-                                       self.prompts[r.request_id]))
+    def add(self, r: TraceRequest, eos_token_id: int | None = None) -> None:
+        """Hand a request to the scheduler: a trace's (its prompt made up front) or a served
+        one (its prompt ids with it, and an EOS token unless the client said ignore_eos)."""
+        ids = self.prompts.get(r.request_id)
+        if ids is None:
+            ids = prompt_ids(r, self.vocab_size, self.seed)
+        self.sched.add_request(Request(r.request_id, r.prompt_len, r.output_len, ids,
+                                       eos_token_id=eos_token_id))
+        self.accepted.setdefault(r.request_id, [])
 
     def schedule_and_launch(self) -> bool:
         """Schedule a step and hand it to the executor; False if nothing was scheduled."""
@@ -206,7 +214,7 @@ class EngineCore:
         with self.host.span("update_from_output", out.step, reqs=out.num_reqs,
                             tokens=out.num_batched_tokens):
             self.observe(out, res.sampled)
-            client.receive(self, self.sched.update_from_output(out, res.sampled))
+            client.receive(self, self.sched.update_from_output(out, res.sampled), out.step)
         return out.step
 
     def observe(self, out: SchedulerOutput, sampled: dict) -> None:

@@ -349,6 +349,7 @@ def save(fig: Figure, path) -> None:
 # Timelines
 
 OP_COLORS = {
+    "add_request": "#393b79", "process_outputs": "#6b6ecf",
     "schedule": "#1f77b4", "update_from_output": "#17becf",
     "prepare_inputs": "#2ca02c", "launch": "#bcbd22", "wait": "#d0d0d0",
     "propose": "#7f3b08", "broadcast": "#66c2a5", "collect": "#a6d854",
@@ -465,7 +466,7 @@ def timeline_figure(panels: list[Panel], steps: tuple[int, int] | None = None,
 
 def _draw_panel(ax, spans: list[Span], t0: float, t1: float, seen_ops: dict,
                 at_gap: int | None) -> None:
-    # device at the bottom, the engine above; an API server's lane on top where it has spans
+    # device at the bottom, the engine on top; the front end above it where a server ran
     lanes = [lane for lane in reversed(LANES)
              if lane != "cpu.frontend" or any(s.lane == lane for s in spans)]
     width_ms = (t1 - t0) / 1e3

@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "sim.cli",
     "sim.sweep_cli",
     "engine.cli",
+    "engine.serve",
     "training.cli",
     "calibrate.demo",
     "calibrate.profile",

@@ -8,26 +8,34 @@ from common.errors import UserError
 from common.scheduler import Request, Scheduler, SchedulerConfig
 
 
-def drive(cfg, reqs, accept, max_steps=100_000):
+def drive(cfg, reqs, accept, max_steps=100_000, aborts=None, eos=None):
     """Run requests to completion as an engine would: sync updates each step before the next
     schedule; async schedules step N+1 before step N's output is applied (a queue of depth 2).
-    `accept(request, num_spec)` gives the accepted draft count. Returns (scheduler, chunks,
-    outputs) where chunks[rid] lists the tokens per streamed chunk."""
+    `accept(request, num_spec)` gives the accepted draft count; every sampled token is 7, or
+    `eos` from output position 10 on (each request then stops at its eos_token_id `eos`; the
+    position is the scheduler's own, exact when every draft is accepted).
+    `aborts` maps a step number to the requests aborted before it is scheduled. Returns
+    (scheduler, chunks, outputs) where chunks[rid] lists the tokens per streamed chunk."""
     s = Scheduler(cfg)
     for rid, plen, out_len in reqs:
-        s.add_request(Request(rid, plen, out_len, list(range(plen))))
+        s.add_request(Request(rid, plen, out_len, list(range(plen)), eos_token_id=eos))
     chunks = {rid: [] for rid, _, _ in reqs}
     outputs = []
     in_flight = None
-    for _ in range(max_steps):
+    for step in range(max_steps):
         if not s.has_unfinished() and in_flight is None:
             break
+        for rid in (aborts or {}).get(step, ()):
+            assert s.abort_request(rid)
         out = s.schedule() if s.has_unfinished() else None
         if out is not None and not out.scheduled:
             out = None  # nothing to launch: an engine just waits for the step in flight
         if out is not None:
-            sampled = {x.request.request_id: [7] * (1 + accept(x.request, x.num_spec))
-                       for x in out.scheduled if x.samples}
+            sampled = {x.request.request_id: [
+                eos if eos is not None and x.start + x.num_new_tokens - x.num_spec
+                - x.request.num_prompt_tokens + j >= 10 else 7
+                for j in range(1 + accept(x.request, x.num_spec))]
+                for x in out.scheduled if x.samples}
             outputs.append(out)
         if cfg.async_scheduling:
             ready, in_flight = in_flight, (out, sampled) if out is not None else None
@@ -36,6 +44,7 @@ def drive(cfg, reqs, accept, max_steps=100_000):
         if ready is not None:
             for req, new, done in s.update_from_output(*ready):
                 chunks[req.request_id].append(len(new))
+                assert done == (req.request_id not in s.requests)
     else:
         raise AssertionError("did not finish")
     return s, chunks, outputs
@@ -167,3 +176,43 @@ def test_bad_config_names_the_field():
         SchedulerConfig(num_blocks=4, num_spec_tokens=-1)
     with pytest.raises(UserError, match="max_num_batched_tokens"):
         SchedulerConfig(num_blocks=4, max_num_batched_tokens=2, num_spec_tokens=4)
+
+
+@pytest.mark.parametrize("async_", [False, True])
+@pytest.mark.parametrize("k", [0, 3])
+def test_aborted_requests_stop_streaming_and_give_their_blocks_back(async_, k):
+    # r0 aborted while running (at step 3, with a step in flight under async), r5 while still
+    # waiting (max_num_seqs 2 holds it back): neither streams again, the others get exactly
+    # their tokens, and every block comes back.
+    reqs = [(f"r{i}", 12 + 5 * i, 30) for i in range(6)]
+    cfg = SchedulerConfig(num_blocks=100, max_num_seqs=2, num_spec_tokens=k,
+                          async_scheduling=async_)
+    s, chunks, outputs = drive(cfg, reqs, seeded(k), aborts={3: ["r0", "r5"]})
+    assert 0 < sum(chunks["r0"]) < 30 and chunks["r5"] == []
+    assert {rid: sum(c) for rid, c in chunks.items() if rid not in ("r0", "r5")} == \
+        {f"r{i}": 30 for i in range(1, 5)}
+    assert s.num_free_blocks == 100 and not s.running and not s.waiting and not s.requests
+    after = [x.request.request_id for o in outputs[3:] for x in o.scheduled]
+    assert "r0" not in after and "r5" not in after
+    told = [rid for o in outputs for rid in o.finished]
+    assert told.count("r0") == 1 and told.count("r5") == 1  # the worker drops their state
+
+
+def test_abort_of_a_request_the_scheduler_does_not_hold_is_a_no_op():
+    s = Scheduler(SchedulerConfig(num_blocks=10))
+    s.add_request(Request("a", 4, 2))
+    assert not s.abort_request("nope")
+    assert s.abort_request("a") and not s.abort_request("a")
+    assert s.num_free_blocks == 10 and not s.has_unfinished()
+
+
+@pytest.mark.parametrize("async_", [False, True])
+@pytest.mark.parametrize("k", [0, 3])
+def test_a_request_with_an_eos_token_stops_there_and_keeps_it(async_, k):
+    # Every token is 7 until a request holds 10, then the eos token 2: each stops at 11
+    # tokens (the eos included), whatever it asked for, and discards what follows it.
+    cfg = SchedulerConfig(num_blocks=100, max_num_seqs=4, num_spec_tokens=k,
+                          async_scheduling=async_)
+    s, chunks, _ = drive(cfg, [(f"r{i}", 9 + i, 40) for i in range(3)], full, eos=2)
+    assert {rid: sum(c) for rid, c in chunks.items()} == {f"r{i}": 11 for i in range(3)}
+    assert s.num_free_blocks == 100 and not s.requests

@@ -109,18 +109,6 @@ def save_tokenizer(tok, folder: Path, max_length: int) -> None:
     write_json(folder / "tokenizer_config.json", cfg)
 
 
-def load_tokenizer(folder: Path | str):
-    from tokenizers import Tokenizer
-    path = Path(folder) / "tokenizer.json"
-    if not path.is_file():
-        raise UserError(f"{path}: no tokenizer there")
-    from common.fileio import read_text as read_file
-    try:
-        return Tokenizer.from_str(read_file(path))
-    except Exception as e:   # tokenizers raises its own exception type
-        raise UserError(f"{path}: not a tokenizer ({str(e).splitlines()[0][:100]})") from None
-
-
 def encode_files(tok, files: list[Path]) -> list[np.ndarray]:
     encs = tok.encode_batch([read_text(f) for f in files], add_special_tokens=False)
     return [np.asarray(e.ids, dtype=np.int32) for e in encs]

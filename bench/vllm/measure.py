@@ -73,7 +73,7 @@ class Log:
 def write_dataset(requests, path: Path) -> dict:
     """A `--dataset-name custom` file ({"prompt", "output_tokens", "request_id"}), in trace
     order; every prompt's text must encode back to its token ids."""
-    from training.corpus import load_tokenizer
+    from engine.tokenizer import load_tokenizer
     tok = load_tokenizer(PAIR / "target")
     exact = 0
     with path.open("w") as f:

@@ -1,0 +1,129 @@
+"""`stepgap serve`: the engine behind an OpenAI-compatible HTTP server, as `vllm serve`.
+
+It takes `stepgap run`'s engine options (engine/cli.py `add_run_args`, vLLM's spellings) and
+`vllm serve`'s server options (`--host`, `--port`, `--served-model-name`, `--tokenizer`,
+`--uvicorn-log-level`). The HTTP front end (engine/api_server.py) runs in this process, the
+engine core (engine/core_proc.py) in another, and with `--executor process` the worker in a
+third, as vLLM's API server, engine core and workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from common.errors import UserError
+
+SERVE_EPILOG = """\
+examples:
+  stepgap serve checkpoints/pystdlib/target --port 8000
+  stepgap serve --model checkpoints/pystdlib/target --speculative-config \\
+      '{"method": "eagle3", "model": "checkpoints/pystdlib/eagle3", "num_speculative_tokens": 4}' \\
+      --async-scheduling --executor process --max-model-len 256 --port 8000
+  curl -s localhost:8000/v1/completions -H 'Content-Type: application/json' \\
+      -d '{"prompt": "def main(", "max_tokens": 32, "stream": true}'
+  vllm bench serve --backend vllm --base-url http://127.0.0.1:8000 --dataset-name custom \\
+      --dataset-path prompts.jsonl --num-prompts 48 --max-concurrency 4 --temperature 0 \\
+      --ignore-eos --save-result          # bench/serve_vllm_bench.py runs the full grid
+
+Endpoints: POST /v1/completions (stream or not; a prompt as text or token ids, or a list of
+them), POST /v1/chat/completions (with the tokenizer's chat template; a 400 where there is
+none), GET /v1/models, /health (503 once the engine has died), /metrics (Prometheus, vLLM's
+metric names), /version; with --timeline or --result-json also POST /start_profile and
+/stop_profile (which `vllm bench serve --profile` calls around its run).
+
+Every request is sampled as the server's --temperature/--top-k/--top-p say (default greedy): a
+request asking for other values gets a 400. A request stops at max_tokens, or at the EOS token
+unless it sets ignore_eos (the benchmark does). A client that disconnects aborts its request and
+frees its KV blocks. SIGINT or SIGTERM ends every stream in flight with an error, writes the
+timeline and result, and stops every process within a few seconds.
+"""
+
+
+def register(sub) -> None:
+    from common.options import nonneg_int
+    from engine.cli import add_run_args
+    p = sub.add_parser(
+        "serve", help="serve the engine over HTTP with the OpenAI API, as `vllm serve`",
+        description="Serve the reference engine behind an OpenAI-compatible streaming server "
+                    "(FastAPI + uvicorn), so that the real `vllm bench serve` can drive it "
+                    "unchanged: one SSE chunk per engine step, usage, vLLM's /metrics.",
+        epilog=SERVE_EPILOG, allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model_tag", nargs="?", metavar="MODEL",
+                   help="the target, as `vllm serve MODEL` takes it (the same as --model)")
+    add_run_args(p)
+    g = p.add_argument_group("server (as `vllm serve`)")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
+                   "127.0.0.1; vLLM's default is every address)")
+    g.add_argument("--port", type=int, default=8000, help="default 8000")
+    g.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="the model's name in the API (default: --model as given)")
+    g.add_argument("--tokenizer", metavar="DIR",
+                   help="the folder of tokenizer.json (default: the model's folder)")
+    g.add_argument("--seed", type=nonneg_int, help="seeds random sampling (default 0)")
+    g.add_argument("--uvicorn-log-level", default="warning",
+                   choices=("critical", "error", "warning", "info", "debug", "trace"),
+                   help="default warning")
+    g = p.add_argument_group("recording the served traffic")
+    g.add_argument("--timeline", metavar="PATH",
+                   help="write the step timeline (JSON lines, every lane including "
+                        "cpu.frontend; a Chrome trace beside it) at shutdown or POST "
+                        "/stop_profile")
+    g.add_argument("--result-json", metavar="PATH",
+                   help="write the run result of the served traffic (vllm bench serve keys, "
+                        "as the server saw each request, plus step_gaps, spec_decode and "
+                        "config) at shutdown or POST /stop_profile")
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    p.set_defaults(func=cmd_serve, vllm_options=True)
+
+
+def cmd_serve(args) -> int:
+    from common.options import note
+    from engine.api_server import EngineClient, build_app, run_server
+    from engine.cli import engine_args_from
+    from engine.loop import config_summary
+    from engine.tokenizer import ServedTokenizer
+
+    if args.model_tag:
+        if args.model and args.model != args.model_tag:
+            raise UserError(f"the model is given twice ({args.model_tag} and --model "
+                            f"{args.model}); give one")
+        args.model = args.model_tag
+    ea = engine_args_from(args)
+    if ea.sampling.synthetic is not None or ea.sampling.replay:
+        raise UserError("--synthetic-acceptance is not served: its draws are made per trace "
+                        "(use `stepgap run`)")
+    if not 0 < args.port < 65536:
+        raise UserError(f"--port must be in 1..65535, got {args.port}")
+    target = ea.target_config()
+    ea.draft_config(target)    # a head that does not fit fails here, before any process starts
+    tok = ServedTokenizer.load(args.tokenizer or ea.model)
+    if args.tokenizer and tok is None:
+        raise UserError(f"--tokenizer {args.tokenizer}: no tokenizer.json there")
+    if tok is not None and tok.vocab_size > target.vocab_size:
+        raise UserError(f"the tokenizer has {tok.vocab_size} tokens but the model's vocabulary "
+                        f"is {target.vocab_size}")
+    name = (args.served_model_name or [ea.model])[0]
+    cfg = ea.engine_config()
+    record = bool(args.timeline or args.result_json)
+    engine = EngineClient(ea, tok, name, record)
+    note(args, f"starting the engine core ({ea.executor} worker on {ea.device}, mode {ea.mode}, "
+               f"k {ea.k}, {cfg.num_blocks} KV blocks of {ea.block_size}) ...")
+    engine.start()
+    try:
+        info = engine.info
+        note(args, f"engine core pid {info['engine_pid']}, worker pid {info['worker_pid']}; "
+                   f"serving {name!r} on http://{args.host}:{args.port}"
+                   + ("" if tok else " (no tokenizer: prompts as token ids)"))
+        config = {**config_summary(cfg), "executor": ea.executor, **info,
+                  "served_model_name": name, "tokenizer": bool(tok)}
+        app = build_app(engine, name, ea.sampling, timeline=args.timeline,
+                        result_json=args.result_json, config=config)
+        run_server(app, engine, args.host, args.port, args.uvicorn_log_level)
+    finally:
+        engine.stop()
+    if engine.dead:
+        print(f"stepgap serve: the engine died: {engine.dead}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,141 @@
+"""The served model's tokenizer: loading it, its chat template, and incremental detokenization.
+
+- `load_tokenizer(folder)`: a Hugging Face `tokenizer.json` (the `tokenizers` library), the
+  format `stepgap train` writes; `ServedTokenizer.load` adds what a server needs beside it: the
+  EOS token (generation_config.json, else tokenizer_config.json) and the chat template
+  (tokenizer_config.json's `chat_template`, or chat_template.jinja), rendered with jinja2 as
+  transformers renders it. A folder without tokenizer.json has no tokenizer: prompts must then
+  be token ids, and the text of a completion is empty (vLLM's --skip-tokenizer-init).
+- `Detokenizer`: one request's text, a step's tokens at a time. Byte-level BPE pieces can split
+  a character (`é` is two tokens), so a piece that ends inside a character is held back until
+  the character is complete: `tokenizers`' DecodeStream, the detokenizer vLLM uses for fast
+  tokenizers. At the end `finish` emits what is still held, so that the streamed pieces add up
+  to the full decode, exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.errors import UserError
+
+
+def load_tokenizer(folder: Path | str):
+    from tokenizers import Tokenizer
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        raise UserError(f"{path}: no tokenizer there")
+    from common.fileio import read_text
+    try:
+        return Tokenizer.from_str(read_text(path))
+    except Exception as e:   # tokenizers raises its own exception type
+        raise UserError(f"{path}: not a tokenizer ({str(e).splitlines()[0][:100]})") from None
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    from common.fileio import read_json
+    d = read_json(path)
+    return d if isinstance(d, dict) else {}
+
+
+def _token_text(v) -> str | None:
+    """A special token as tokenizer_config.json gives it: a string or {"content": ...}."""
+    return v.get("content") if isinstance(v, dict) else v
+
+
+@dataclass
+class ServedTokenizer:
+    tok: object                     # tokenizers.Tokenizer
+    eos_token_id: int | None
+    chat_template: str | None
+    bos_token: str | None = None
+    eos_token: str | None = None
+
+    @classmethod
+    def load(cls, folder: Path | str) -> "ServedTokenizer | None":
+        """The tokenizer of a model folder, or None where it has none (presets, `tiny`)."""
+        folder = Path(folder)
+        if folder.is_file():
+            folder = folder.parent
+        if not (folder / "tokenizer.json").is_file():
+            return None
+        tok = load_tokenizer(folder)
+        cfg = _read_json(folder / "tokenizer_config.json")
+        gen = _read_json(folder / "generation_config.json")
+        bos, eos = _token_text(cfg.get("bos_token")), _token_text(cfg.get("eos_token"))
+        eos_id = gen.get("eos_token_id")
+        if isinstance(eos_id, list):
+            eos_id = eos_id[0] if eos_id else None
+        if eos_id is None and eos:
+            eos_id = tok.token_to_id(eos)
+        template = cfg.get("chat_template")
+        if isinstance(template, list):   # named templates: the default one
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default")
+        jinja = folder / "chat_template.jinja"
+        if not template and jinja.is_file():
+            template = jinja.read_text()
+        return cls(tok, eos_id, template or None, bos, eos)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size()
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The prompt text of a conversation, by the model's chat template (as transformers'
+        apply_chat_template renders it: a sandboxed jinja2 environment, trim_blocks and
+        lstrip_blocks)."""
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        except TemplateError as e:
+            raise ValueError(f"the chat template failed: {e}") from None
+
+
+class Detokenizer:
+    """One request's output text, step by step; `finish` flushes what a split character held
+    back, so that the pieces concatenate to decode(all tokens)."""
+
+    __slots__ = ("tok", "stream", "ids", "text_len")
+
+    def __init__(self, tok: ServedTokenizer | None):
+        self.tok = tok
+        self.ids: list[int] = []
+        self.text_len = 0
+        if tok is not None:
+            from tokenizers.decoders import DecodeStream
+            self.stream = DecodeStream(skip_special_tokens=True)
+
+    def step(self, new_ids: list[int]) -> str:
+        self.ids += new_ids
+        if self.tok is None:
+            return ""
+        pieces = [self.stream.step(self.tok.tok, t) for t in new_ids]
+        text = "".join(p for p in pieces if p)
+        self.text_len += len(text)
+        return text
+
+    def finish(self) -> str:
+        """What decode(all) holds beyond the streamed text: normally nothing; the replacement
+        character of an incomplete last character, as decode writes it."""
+        if self.tok is None:
+            return ""
+        return self.tok.decode(self.ids)[self.text_len:]

@@ -1,0 +1,442 @@
+"""`stepgap serve`: the OpenAI API over HTTP, driven by a streaming client as `vllm bench serve`
+drives it, on 127.0.0.1 only. Every server here is a real `python -m stepgap serve` process
+(front end, engine core and, with --executor process, a worker), bounded in time."""
+
+import asyncio
+import json
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from common.formats import load_result
+from engine.tokenizer import Detokenizer, ServedTokenizer
+from stepgap.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+PAIR = ROOT / "checkpoints" / "pystdlib"
+K = 4
+CHAT_TEMPLATE = ("{% for m in messages %}# {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}# assistant:{% endif %}")
+START_S = 90.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+class Server:
+    """`stepgap serve ARGS` on a free port of 127.0.0.1; its three pids once it is up."""
+
+    def __init__(self, *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="stepgap-serve-", suffix=".log")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "stepgap", "serve", *args, "--host", "127.0.0.1",
+             "--port", str(self.port)], cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_S
+        while True:
+            assert self.proc.poll() is None, f"the server exited:\n{self.text()}"
+            try:
+                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"the server did not start:\n{self.text()}"
+            time.sleep(0.2)
+        m = re.search(r"engine core pid (\d+), worker pid (\d+)", self.text())
+        self.pids = [self.proc.pid, int(m[1]), int(m[2])]
+
+    def text(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self, sig=signal.SIGTERM, timeout_s: float = 10.0) -> float:
+        """Signal the front end; the seconds until every one of its processes is gone."""
+        t0 = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        while any(alive(p) for p in self.pids) and time.monotonic() - t0 < timeout_s:
+            time.sleep(0.05)
+        gone = time.monotonic() - t0
+        for p in self.pids:      # never leave one behind, even when the test fails
+            if alive(p):
+                subprocess.run(["kill", "-9", str(p)], check=False)
+        self.proc.wait(5)
+        return gone
+
+    def metrics(self) -> dict[str, float]:
+        """Every series of /metrics by its name and labels, engine and model labels dropped."""
+        out = {}
+        for line in httpx.get(self.url + "/metrics").text.splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            name, value = line.rsplit(" ", 1)
+            name = re.sub(r'(engine|model_name)="[^"]*",?', "", name)
+            name = name.replace(",}", "}").replace("{}", "")
+            out[name] = float(value)
+        return out
+
+
+def stream(url: str, body: dict, timeout: float = 60.0, events: list | None = None) -> list:
+    """A streamed completion: the decoded data events, [DONE] as the string (appended to
+    `events` as they come, when given)."""
+    events = [] if events is None else events
+    with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True},
+                      timeout=timeout) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                data = line[len("data: "):]
+                events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+# ---------------------------------------------------------------------------------------------
+# The trained pair, with its tokenizer (and a chat template added to a copy of it)
+
+
+@pytest.fixture(scope="module")
+def pair_server():
+    tmp = Path(tempfile.mkdtemp(prefix="stepgap-serve-pair-"))
+    target = tmp / "target"
+    shutil.copytree(PAIR / "target", target)
+    cfg = json.loads((target / "tokenizer_config.json").read_text())
+    (target / "tokenizer_config.json").write_text(json.dumps({**cfg,
+                                                              "chat_template": CHAT_TEMPLATE}))
+    # float32 with one torch thread on both sides (the process executor's worker, and the
+    # tests' own engine): equal shapes then give equal bits, so greedy outputs can be compared.
+    server = Server("--model", str(target), "--draft", str(PAIR / "eagle3"), "-k", str(K),
+                    "--max-model-len", "256", "--executor", "process", "--max-num-seqs", "8",
+                    "--num-gpu-blocks-override", "256", "--served-model-name", "pystdlib")
+    yield server
+    assert server.stop(signal.SIGINT) < 10.0
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return ServedTokenizer.load(PAIR / "target")
+
+
+def heldout(n: int) -> list[dict]:
+    lines = (PAIR / "heldout.jsonl").read_text().splitlines()[:n]
+    return [json.loads(x) for x in lines]
+
+
+def test_a_stream_is_one_chunk_per_step_with_1_to_k_plus_1_tokens_then_usage(pair_server):
+    events = stream(pair_server.url, {"prompt": "def main(argv):\n", "max_tokens": 40,
+                                      "ignore_eos": True, "return_token_ids": True,
+                                      "stream_options": {"include_usage": True}})
+    assert events[-1] == "[DONE]"
+    *chunks, usage_chunk, _ = events
+    for c in chunks:
+        assert c["object"] == "text_completion" and c["model"] == "pystdlib"
+        assert c["id"] == chunks[0]["id"] and c["id"].startswith("cmpl-")
+        (choice,) = c["choices"]
+        assert set(choice) >= {"index", "text", "logprobs", "finish_reason"}
+        assert 1 <= len(choice["token_ids"]) <= K + 1
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + \
+        ["length"]
+    assert any(len(c["choices"][0]["token_ids"]) > 1 for c in chunks)   # drafts accepted
+    assert usage_chunk["choices"] == []
+    n = sum(len(c["choices"][0]["token_ids"]) for c in chunks)
+    assert usage_chunk["usage"] == {"prompt_tokens": 6, "completion_tokens": n,
+                                    "total_tokens": 6 + n} and n == 40
+
+
+def test_greedy_text_and_acceptance_counters_equal_stepgap_runs(pair_server, tok, tmp_path):
+    reqs = heldout(3)
+    for r in reqs:
+        r["output_len"] = 24
+        assert tok.encode(tok.decode(r["prompt_token_ids"])) == r["prompt_token_ids"]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in reqs))
+    assert main(["run", "--model", str(PAIR / "target"), "--draft", str(PAIR / "eagle3"),
+                 "-k", str(K), "--max-model-len", "256", "--max-num-seqs", "8", "--num-gpu-blocks-override", "256", "--trace",
+                 str(trace), "--max-concurrency", "1", "--detailed", "--quiet",
+                 "--result-json", str(tmp_path / "run.json")]) == 0
+    run = load_result(tmp_path / "run.json")
+
+    before = pair_server.metrics()
+    for r, want in zip(reqs, run["output_token_ids"]):
+        events = stream(pair_server.url, {"prompt": tok.decode(r["prompt_token_ids"]),
+                                          "max_tokens": 24, "ignore_eos": True,
+                                          "return_token_ids": True})
+        chunks = [e["choices"][0] for e in events[:-1]]
+        assert [t for c in chunks for t in c["token_ids"]] == want
+        assert "".join(c["text"] for c in chunks) == tok.decode(want)
+    after = pair_server.metrics()
+
+    spec = run["spec_decode"]
+    grew = {k: after[k] - before.get(k, 0.0) for k in after if k.startswith("vllm:spec_decode")}
+    assert grew["vllm:spec_decode_num_drafts_total"] == spec["num_drafts"] > 0
+    assert grew["vllm:spec_decode_num_draft_tokens_total"] == spec["num_draft_tokens"]
+    assert grew["vllm:spec_decode_num_accepted_tokens_total"] == spec["num_accepted_tokens"]
+    per_pos = [grew[f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}}']
+               for i in range(K)]
+    assert per_pos == [round(r * spec["num_drafts"]) for r in spec["acceptance_rate_per_pos"]]
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == 72
+
+
+@pytest.mark.parametrize("body, param", [
+    (b'{"max_tokens": 8}', "prompt"),
+    (b'{"prompt": "x", "max_tokens": -1}', "max_tokens"),
+    (b'{"prompt": [1, 2, 99999]}', "prompt"),
+    (b'{"prompt": "x", "max_tokens": "many"}', "max_tokens"),
+    (b'{"prompt": 5}', "prompt"),
+    (b'{"prompt": "x", "stream": [1]}', "stream"),
+    (b'{"prompt": "x", "temperature": 0.7}', "temperature"),
+    (b'{"prompt": "x", "stop": ["\\n"]}', "stop"),
+    (b'{"prompt": "x", "n": 2}', "n"),
+    (b'{"prompt": ""}', "prompt"),
+    (b'{"prompt": "x", "stream_options": {"include_usage": true}}', "stream_options"),
+    (b"not json at all", None),
+    (b"[1, 2]", None),
+])
+def test_a_bad_request_gets_an_openai_400_naming_the_field_and_the_server_serves_on(
+        pair_server, body, param):
+    r = httpx.post(pair_server.url + "/v1/completions", content=body,
+                   headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["type"] == "BadRequestError" and err["code"] == 400 and err["param"] == param
+    assert err["message"] and (param is None or err["message"].startswith(param))
+    ok = httpx.post(pair_server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2},
+                    timeout=60)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+def test_a_prompt_longer_than_max_model_len_is_refused(pair_server):
+    r = httpx.post(pair_server.url + "/v1/completions", json={"prompt": [5] * 300})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    assert "256" in r.json()["error"]["message"]
+
+
+def test_an_unknown_model_is_a_404_and_models_lists_the_served_name(pair_server):
+    r = httpx.post(pair_server.url + "/v1/completions", json={"prompt": "x", "model": "gpt"})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    (card,) = httpx.get(pair_server.url + "/v1/models").json()["data"]
+    assert card["id"] == "pystdlib" and card["max_model_len"] == 256
+
+
+def test_a_whole_completion_of_two_prompts_has_two_choices_and_their_usage(pair_server, tok):
+    ids = tok.encode("class Foo:\n")
+    r = httpx.post(pair_server.url + "/v1/completions", timeout=60,
+                   json={"prompt": [ids, ids], "max_tokens": 12, "ignore_eos": True,
+                         "return_token_ids": True}).json()
+    a, b = r["choices"]
+    assert (a["index"], b["index"]) == (0, 1) and a["token_ids"] == b["token_ids"]
+    assert a["text"] == tok.decode(a["token_ids"]) and a["finish_reason"] == "length"
+    assert r["usage"] == {"prompt_tokens": 2 * len(ids), "completion_tokens": 24,
+                          "total_tokens": 2 * len(ids) + 24}
+
+
+def test_chat_completions_use_the_chat_template(pair_server, tok):
+    msgs = [{"role": "user", "content": "write a loop"}]
+    r = httpx.post(pair_server.url + "/v1/chat/completions", timeout=60,
+                   json={"messages": msgs, "max_tokens": 10, "ignore_eos": True,
+                         "return_token_ids": True}).json()
+    prompt = "# user: write a loop\n# assistant:"
+    assert r["object"] == "chat.completion"
+    assert r["usage"]["prompt_tokens"] == len(tok.encode(prompt))
+    want = httpx.post(pair_server.url + "/v1/completions", timeout=60,
+                      json={"prompt": prompt, "max_tokens": 10, "ignore_eos": True}).json()
+    assert r["choices"][0]["message"] == {"role": "assistant",
+                                          "content": want["choices"][0]["text"]}
+
+
+def test_eos_stops_a_request_unless_ignore_eos_and_no_chat_template_is_a_400(tmp_path):
+    # The trained pair hardly ever writes its EOS, so: the tiny random pair, with a small BPE
+    # tokenizer (no chat template) whose EOS is a token the tiny target writes greedily.
+    import sysconfig
+
+    from common.formats import TraceRequest
+    from engine.args import EngineArgs
+    from engine.loop import run_trace
+    from training.corpus import save_tokenizer, train_tokenizer
+    prompt = [11, 22, 33, 44]
+    ea = EngineArgs(model="tiny", dtype="float64", max_model_len=512,
+                    num_gpu_blocks_override=64)
+    with ea.make_executor() as ex:
+        out = run_trace(ex, [TraceRequest("a", 0.0, 4, 40, prompt)], ea.engine_config(),
+                        vocab_size=512).output_token_ids["a"]
+    eos = out[6]
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    texts = [(stdlib / f).read_text() for f in ("argparse.py", "inspect.py", "typing.py")]
+    save_tokenizer(train_tokenizer(texts, 512), tmp_path, 512)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    server = Server("--model", "tiny", "--tokenizer", str(tmp_path), "--dtype", "float64",
+                    "--max-model-len", "512", "--num-gpu-blocks-override", "64")
+    try:
+        body = {"prompt": prompt, "max_tokens": 40, "return_token_ids": True}
+        free = httpx.post(server.url + "/v1/completions",
+                          json={**body, "ignore_eos": True}).json()["choices"][0]
+        assert free["token_ids"] == out and free["finish_reason"] == "length"
+        stop = httpx.post(server.url + "/v1/completions", json=body).json()["choices"][0]
+        assert stop["token_ids"] == out[:out.index(eos) + 1]
+        assert stop["finish_reason"] == "stop"
+        r = httpx.post(server.url + "/v1/chat/completions",
+                       json={"messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+        assert "chat template" in r.json()["error"]["message"]
+    finally:
+        assert server.stop() < 10.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Detokenization
+
+
+def test_streamed_text_adds_up_to_the_decode_even_where_pieces_split_characters(tok):
+    ids = tok.encode("héllo — “wörld” 日本 ✓ 🎉 done")
+    for cut in range(1, len(ids) + 1):
+        d = Detokenizer(tok)
+        pieces = [d.step(ids[i:min(i + 3, cut)]) for i in range(0, cut, 3)]
+        text = "".join(pieces) + d.finish()
+        assert text == tok.decode(ids[:cut])
+        assert all("\ufffd" not in p for p in pieces)   # a split character is held back
+
+
+# ---------------------------------------------------------------------------------------------
+# Load and faults, on the tiny random pair (no tokenizer: prompts as token ids)
+
+
+TINY = ("--model", "tiny", "--draft", "tiny-eagle3", "-k", "2", "--max-model-len", "512",
+        "--max-num-seqs", "16", "--num-gpu-blocks-override", "400", "--executor", "process",
+        "--mode", "async")
+
+
+async def _client(url: str, i: int, leave_after: int | None) -> tuple[int, bool]:
+    """One streaming client; with `leave_after`, it disconnects after that many chunks."""
+    body = {"prompt": [(7 * i + j) % 500 + 1 for j in range(20 + i)], "max_tokens": 40,
+            "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    tokens, done = 0, False
+    async with httpx.AsyncClient(timeout=60) as client:
+        async with client.stream("POST", url + "/v1/completions", json=body) as r:
+            chunks = 0
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    done = True
+                    break
+                event = json.loads(data)
+                if "usage" in event and not event["choices"]:
+                    tokens = event["usage"]["completion_tokens"]
+                chunks += 1
+                if leave_after is not None and chunks >= leave_after:
+                    break     # leaving the block closes the connection mid-stream
+    return tokens, done
+
+
+def test_64_clients_half_of_them_leaving_mid_stream_leave_no_block_or_request_behind():
+    server = Server(*TINY)
+    try:
+        async def all_clients():
+            return await asyncio.gather(*(_client(server.url, i, 2 + i % 5 if i % 2 else None)
+                                          for i in range(64)))
+
+        results = asyncio.run(asyncio.wait_for(all_clients(), 120))
+        assert all(done and tokens == 40 for (tokens, done), i in zip(results, range(64))
+                   if i % 2 == 0)
+        deadline = time.monotonic() + 10
+        while True:
+            m = server.metrics()
+            idle = (m["vllm:num_requests_running"], m["vllm:num_requests_waiting"],
+                    m["vllm:kv_cache_usage_perc"]) == (0, 0, 0)
+            if idle or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert idle, m
+        assert m['vllm:request_success_total{finished_reason="length"}'] == 32
+        assert m['vllm:request_success_total{finished_reason="abort"}'] == 32
+        assert m["vllm:spec_decode_num_drafts_total"] > 0
+        ok = httpx.post(server.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 3})
+        assert ok.json()["usage"]["completion_tokens"] == 3
+        # A whole (non-streamed) request whose client gives up is aborted too.
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/completions", timeout=0.3,
+                       json={"prompt": [1, 2], "max_tokens": 480, "ignore_eos": True})
+        deadline = time.monotonic() + 10
+        while server.metrics()['vllm:request_success_total{finished_reason="abort"}'] < 33:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        assert server.stop() < 10.0
+
+
+def _stream_in_background(url: str, out: list):
+    import threading
+
+    def go():
+        try:
+            stream(url, {"prompt": [3, 4, 5], "max_tokens": 480, "ignore_eos": True},
+                   timeout=30, events=out)
+        except Exception as e:    # the connection may go too: that ends it as well
+            out.append(e)
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+def _wait_for_chunks(out: list, n: int = 3) -> None:
+    deadline = time.monotonic() + 20
+    while len(out) < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(out) >= n
+
+
+@pytest.mark.parametrize("sig, executor", [(signal.SIGINT, "inline"),
+                                            (signal.SIGTERM, "process")])
+def test_a_signal_ends_streams_in_flight_and_every_process_within_seconds(sig, executor):
+    server = Server(*TINY[:-4], "--executor", executor)
+    out: list = []
+    t = _stream_in_background(server.url, out)
+    _wait_for_chunks(out)
+    assert server.stop(sig) < 6.0
+    t.join(10)
+    assert not t.is_alive()
+    assert any(isinstance(e, dict) and "error" in e for e in out) or \
+        isinstance(out[-1], Exception)
+    assert not any(alive(p) for p in server.pids)
+
+
+def test_a_killed_worker_fails_health_and_ends_requests_in_flight_with_an_error():
+    server = Server(*TINY)
+    try:
+        out: list = []
+        t = _stream_in_background(server.url, out)
+        _wait_for_chunks(out)
+        subprocess.run(["kill", "-9", str(server.pids[2])], check=True)
+        t.join(15)
+        assert not t.is_alive()                        # never a hang
+        assert "error" in out[-2] and out[-1] == "[DONE]"
+        assert "worker" in out[-2]["error"]["message"]
+        assert httpx.get(server.url + "/health").status_code == 503
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": [1], "max_tokens": 2})
+        assert r.status_code == 503 and "dead" in r.json()["error"]["message"]
+    finally:
+        assert server.stop(signal.SIGINT) < 10.0
+    assert not any(alive(p) for p in server.pids)
