@@ -1,6 +1,6 @@
 """stepgap next to Vidur on one trace: simulated requests/s, steps/s and wall time of each.
 
-    make vidur                                  # Vidur 0.0.26 in .vidur/venv, its profile cache
+    make vidur VIDUR_PROFILES=DIR               # Vidur 0.0.26 in .vidur/venv, its profile cache
     python bench/vidur/side_by_side.py          # 10,000 requests, 3 rounds: about 2 min here
     python bench/vidur/side_by_side.py --vidur-venv V --vidur-cache C --repeat 3
     python bench/vidur/side_by_side.py --baseline ../main   # and another checkout, same rounds
@@ -14,8 +14,8 @@ one token per request per step; stepgap runs twice, the same (k = 0, sync) and w
 at k = 4, async (the issue's concurrency-64 scenario, here capped by max_num_seqs).
 
 Each round runs the three once, each in its own process, in alternating order; each process
-reports its phases (import, setup, loop, output) and the bench times the whole process (wall
-and CPU). The table gives the medians over the rounds, and the ratios pair each round's runs.
+reports its phases (import, setup, loop and the loop's CPU time, output) and the bench times
+the whole process's wall. The table gives the medians over the rounds, and the ratios pair each round's runs.
 One warm-up round runs first, untimed, on the first 100 requests (on a fresh cache it is
 where Vidur trains its predictors: 18 min on a 2-core VM, once).
 
