@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: install demo test bench clean vllm
+.PHONY: install demo test bench clean vllm vidur
 
 install: $(VENV)/.installed
 
@@ -45,6 +45,14 @@ $(VLLM_VENV)/.installed: bench/vllm/cpu_async_patch.py bench/vllm/stepgap_hooks.
 	    cp bench/vllm/stepgap_hooks.py $$site/_sg_hooks.py && \
 	    echo "import _sg_cpu_async, _sg_hooks" > $$site/_sg_cpu_async.pth
 	@touch $@
+
+# Vidur 0.0.26 in a venv of its own (bench/vidur/, never `make test`), for the side-by-side
+# benchmark: `python bench/vidur/side_by_side.py`. Its profile tables are not on the package
+# index: give them with VIDUR_PROFILES=DIR (bench/vidur/profiles.py says which, and whence).
+VIDUR_PROFILES ?=
+vidur:
+	$(PYTHON) bench/vidur/side_by_side.py --setup-only \
+	    $(if $(VIDUR_PROFILES),--vidur-profiles $(VIDUR_PROFILES))
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -5,7 +5,11 @@ Scenarios: the seed (seed-l20: 80 MT-bench requests at concurrency 1, k=4) in sy
 --repeat times and the best is kept (the machine may be shared). Not a test: it prints figures
 for docs/sim.md.
 
-Usage: python bench/sim_speed.py [--repeat 3] [--num-prompts 10000]
+Usage: python bench/sim_speed.py [--repeat 3] [--num-prompts 10000] [--profile [N]]
+
+--profile runs the ShareGPT-like scenario once more under cProfile and prints its N functions
+with the most time of their own (what docs/sim.md's profile is taken from; cProfile's own cost
+inflates the small functions, so read it for where the time goes, not for how much).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--num-prompts", type=int, default=10000,
                     help="requests of the ShareGPT-like scenario")
+    ap.add_argument("--profile", type=int, nargs="?", const=25, default=0, metavar="N",
+                    help="then profile the ShareGPT-like scenario, print the top N (25)")
     args = ap.parse_args()
     seed, share = get_preset("seed-l20").settings, get_preset("sharegpt-h100").settings
     scenarios = [
@@ -51,6 +57,15 @@ def main() -> int:
     for name, cfg in scenarios:
         steps, reqs, cpu, _ = measure(cfg, args.repeat)
         print(f"{name:<32}{steps:>8}{reqs:>10}{cpu:>8.2f}{steps / cpu:>10.0f}{reqs / cpu:>9.0f}")
+    if args.profile:
+        import cProfile
+        import pstats
+        cfg = scenarios[-1][1]
+        sim = Sim(cfg, build_workload(cfg))
+        prof = cProfile.Profile()
+        prof.runcall(sim.run)
+        print(f"\n{scenarios[-1][0]}, under cProfile ({sim.num_steps} steps):")
+        pstats.Stats(prof).strip_dirs().sort_stats("tottime").print_stats(args.profile)
     return 0
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Iterator
 from statistics import NormalDist
 
 import numpy as np
@@ -201,7 +202,7 @@ class Acceptance:
             check_replay(requests, k)
         self.recorded = {r.request_id: r.accepted for r in requests
                          if replay and r.accepted is not None}
-        self._state: dict[str, list] = {}   # request id -> [next index, counts, rng]
+        self._state: dict[str, Iterator[int]] = {}   # request id -> its counts, in order
 
     def rates_for(self, request_id: str) -> np.ndarray:
         """The conditional rates of one request, after its quality shift."""
@@ -209,23 +210,22 @@ class Acceptance:
         return np.array([c if c <= 0.0 or c >= 1.0 or z == 0.0 else
                          1.0 / (1.0 + math.exp(-(_logit(c) + z))) for c in self.cond])
 
-    def _extend(self, request_id: str, state: list) -> None:
-        rng = state[2]
-        if rng is None:
-            rng = state[2] = np.random.default_rng([self.seed, 1, self.index[request_id]])
-        hits = rng.random((self.BLOCK, self.k)) < self.rates_for(request_id)
-        state[1].extend(np.cumprod(hits, axis=1).sum(axis=1).tolist())
+    def _counts(self, request_id: str) -> Iterator[int]:
+        """One request's accepted counts: the recorded ones, then draws from its own stream,
+        BLOCK steps at a time."""
+        yield from self.recorded.get(request_id, ())
+        rng = np.random.default_rng([self.seed, 1, self.index[request_id]])
+        rates = self.rates_for(request_id)
+        while True:
+            hits = rng.random((self.BLOCK, self.k)) < rates
+            yield from np.cumprod(hits, axis=1).sum(axis=1).tolist()
 
     def next(self, request_id: str, num_drafts: int) -> int:
         """Accepted count of this request's next decode step that verified `num_drafts`."""
-        state = self._state.get(request_id)
-        if state is None:
-            state = self._state[request_id] = [0, list(self.recorded.get(request_id, ())), None]
-        i = state[0]
-        state[0] = i + 1
-        if i >= len(state[1]):
-            self._extend(request_id, state)
-        n = state[1][i]
+        counts = self._state.get(request_id)
+        if counts is None:
+            counts = self._state[request_id] = self._counts(request_id)
+        n = next(counts)
         return n if n < num_drafts else num_drafts
 
     def finished(self, request_id: str) -> None:

@@ -222,7 +222,9 @@ class Scheduler:
         start = req.num_computed_tokens
         end = start + num_new
         known = req.num_prompt_tokens + len(req.output_token_ids) + req.num_output_placeholders
-        num_spec = min(req.num_spec_tokens, end - known) if end > known else 0
+        num_spec = 0
+        if end > known:   # the chunk reaches past the known tokens: drafts are verified
+            num_spec = req.num_spec_tokens if req.num_spec_tokens < end - known else end - known
         samples = end >= known
         req.num_computed_tokens = end
         if self.cfg.async_scheduling and samples:
@@ -238,32 +240,36 @@ class Scheduler:
         scheduled: list[Scheduled] = []
         preempted: list[str] = []
 
-        # Running requests first, in order.
+        # Running requests first, in order. This loop runs for every running request every
+        # step (the simulator's hot path): conditionals instead of min(), and the blocks a
+        # request holds checked here before _allocate is called.
+        running, k, last = self.running, self.k, cfg.max_model_len - 1
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            p = req.num_output_placeholders
-            if p and req.num_computed_tokens + 2 - p >= req.num_prompt_tokens + req.max_tokens:
-                i += 1  # the in-flight step finishes it even if every draft is rejected
-                continue
-            c = req.num_computed_tokens
+        while i < len(running) and budget > 0:
+            req = running[i]
+            i += 1
+            c, p = req.num_computed_tokens, req.num_output_placeholders
+            if p and c + 2 - p >= req.num_prompt_tokens + req.max_tokens:
+                continue  # the in-flight step finishes it even if every draft is rejected
             num_new = req.num_prompt_tokens + len(req.output_token_ids) + req.num_spec_tokens \
                 + p - c
-            num_new = min(num_new, budget, cfg.max_model_len - 1 - c)
+            if num_new > budget:
+                num_new = budget
+            if num_new > last - c:
+                num_new = last - c
             if num_new <= 0:
-                i += 1
                 continue
-            while not self._allocate(req, num_new, self.k):
-                victim = self.running.pop()  # FCFS: the newest request goes first
-                self._preempt(victim)
-                preempted.append(victim.request_id)
-                if victim is req:
+            if c + num_new + k > len(req.block_ids) * cfg.block_size:
+                while not self._allocate(req, num_new, k):
+                    victim = running.pop()  # FCFS: the newest request goes first
+                    self._preempt(victim)
+                    preempted.append(victim.request_id)
+                    if victim is req:
+                        break
+                if req.status != RUNNING:
                     break
-            if req.status != RUNNING:
-                break
             scheduled.append(self._take(req, num_new, fresh=False))
             budget -= num_new
-            i += 1
 
         # Then waiting requests, FCFS, unless this step had to preempt.
         while not preempted and self.waiting and budget > 0 \
@@ -306,20 +312,22 @@ class Scheduler:
             if req.status == FINISHED or not s.samples:
                 continue
             ids = sampled[req.request_id]
+            n = len(ids)
             if s.num_spec:
-                rejected = s.num_spec - (len(ids) - 1)
+                rejected = s.num_spec - (n - 1)
                 if req.status == RUNNING:  # a preempted request was already reset to 0
                     req.num_computed_tokens -= rejected
                 if async_:
                     req.num_output_placeholders -= rejected
-            new = ids[:req.max_tokens - len(req.output_token_ids)]
-            stop = req.eos_token_id is not None and req.eos_token_id in new
-            if stop:
+            room = req.max_tokens - len(req.output_token_ids)
+            done = n >= room
+            new = ids[:room] if n > room else ids   # (no copy in the common case)
+            if req.eos_token_id is not None and req.eos_token_id in new:
                 new = new[:new.index(req.eos_token_id) + 1]
+                done = True
             req.output_token_ids += new
             if async_:
-                req.num_output_placeholders -= len(ids)
-            done = stop or len(req.output_token_ids) >= req.max_tokens
+                req.num_output_placeholders -= n
             if done:
                 self._finish(req)
             elif not async_ and req.status == RUNNING:

@@ -75,20 +75,46 @@ class Step:
 
 
 def batch_of(out: SchedulerOutput) -> Batch:
+    """The step's totals, summed over its requests (one pass; conditionals, not max(), as this
+    runs for every request of every step)."""
     sampling = logits = drafts = kv = max_query = max_blocks = 0
     pairs = 0.0
     for s in out.scheduled:
-        n = s.num_new_tokens
-        kv += s.start + n
-        pairs += n * (s.start + (n + 1) / 2)
+        n, start = s.num_new_tokens, s.start
+        kv += start + n
+        pairs += n * (start + (n + 1) / 2)
         drafts += s.num_spec
-        max_query = max(max_query, n)
-        max_blocks = max(max_blocks, len(s.request.block_ids))
+        if n > max_query:
+            max_query = n
+        blocks = len(s.request.block_ids)
+        if blocks > max_blocks:
+            max_blocks = blocks
         if s.samples:
             sampling += 1
             logits += 1 + s.num_spec
     return Batch(out.num_batched_tokens, len(out.scheduled), sampling, logits, drafts, kv, pairs,
                  max_query, max_blocks)
+
+
+class Clock(simpy.Environment):
+    """SimPy's environment with one more way to pass time: `hold(dt)`, a timeout that costs no
+    event when no other event is due by then. Nothing can happen in between, so the clock moves
+    on at once (to `now + dt`, the float a timeout would reach, set as `Environment.step` sets
+    it) and the process carries on, given an event that has already passed. Every time, and the
+    order of everything else, are as with `timeout`; a step with nothing else going on costs no
+    trip through the event queue (docs/sim.md, "Speed")."""
+
+    def __init__(self):
+        super().__init__()
+        self.passed = self.event().succeed()
+        self.step()   # processed: a process that yields it carries on at once
+
+    def hold(self, dt: float):
+        t = self._now + dt
+        if dt >= 0 and t < self.peek():
+            self._now = t
+            return self.passed
+        return self.timeout(dt)
 
 
 class Device:
@@ -109,23 +135,29 @@ class Device:
         `pause`: the lane idles that long after the target forward (vLLM's worker between its
         execute_model and sample_tokens RPCs, on a synchronous device)."""
         c, b = self.costs, step.batch
-        ops = []
+        ops, durs = [], []   # the ops' names and times, in lane order
         if self.fixup and b.num_drafts:
-            ops.append(("fixup", c.fixup(b), None))
-        ops.append(("target_forward", c.target_forward(b), None))
+            ops.append("fixup")
+            durs.append(c.fixup(b))
+        ops.append("target_forward")
+        durs.append(c.target_forward(b))
         if pause:
-            ops.append((None, pause, {"on": "sample_tokens RPC"}))
+            ops.append(None)
+            durs.append(pause)
         if self.k and b.num_sampling:
-            ops.append(("rejection_sample", c.rejection_sample(b), None))
-        verify = sum(d for _, d, _ in ops)
+            ops.append("rejection_sample")
+            durs.append(c.rejection_sample(b))
+        verify = sum(durs)
         for i in range(self.draft_passes(b)):
-            ops.append(("draft_forward", c.draft_forward(b, i), {"i": i}))
-        ops.append(("d2h", c.d2h(b), None))
+            ops.append("draft_forward")
+            durs.append(c.draft_forward(b, i))
+        ops.append("d2h")
+        durs.append(c.d2h(b))
         if self.jitter is not None:   # the machine's noise scales the device ops, not the pause
             f = self.jitter.factor(max(self.free, t_first))
-            ops = [(op, d * f if op else d, args) for op, d, args in ops]
+            durs = [d * f if op else d for op, d in zip(ops, durs)]
             verify = (verify - pause) * f + pause
-        dur = sum(d for _, d, _ in ops)
+        dur = sum(durs)
         start = max(self.free, t_first, t_last - dur)
         step.t_accepted = start + verify
         step.t_done = self.free = start + dur
@@ -133,11 +165,20 @@ class Device:
             self.gaps.append(max(0.0, start - self.last_end))
         self.last_end = step.t_done
         if self.spans is not None:
-            t, n = start, step.out.step
-            for op, d, args in ops:
-                self.spans.append(Span(DEVICE, op, n, t, t + d, args) if op else
-                                  Span(WORKER, "wait", n, t, t + d, args))
-                t += d
+            self.record(step.out.step, start, ops, durs)
+
+    def record(self, n: int, t: float, ops: list, durs: list) -> None:
+        """One span per op of step n, from `t` on (the args only now: no timeline, no spans)."""
+        i = 0
+        for op, d in zip(ops, durs):
+            if op is None:
+                self.spans.append(Span(WORKER, "wait", n, t, t + d, {"on": "sample_tokens RPC"}))
+            elif op == "draft_forward":
+                self.spans.append(Span(DEVICE, op, n, t, t + d, {"i": i}))
+                i += 1
+            else:
+                self.spans.append(Span(DEVICE, op, n, t, t + d, None))
+            t += d
 
     def draft_passes(self, b: Batch) -> int:
         """k passes of a device drafter (one over a step that only prefills, to fill its KV);
@@ -160,7 +201,7 @@ class Sim:
         self.r = r = resolve(cfg)
         check_requests(requests, r.scheduler)
         self.requests = requests
-        self.env = simpy.Environment()
+        self.env = Clock()
         self.sched = Scheduler(r.scheduler)
         self.cpu = r.cpu
         self.acc = Acceptance(r.profile, cfg.k, requests, cfg.seed, cfg.replay)
@@ -209,7 +250,7 @@ class Sim:
         if self.spans is not None:
             now = self.env.now
             self.spans.append(Span(lane, op, step, now, now + dur, args))
-        return self.env.timeout(dur)
+        return self.env.hold(dur)
 
     def on_host(self, lane: str, op: str, step: int, dur: float, args: dict | None = None):
         """`busy`, on the core the engine core shares with the API server (vLLM's topology):
@@ -241,7 +282,7 @@ class Sim:
             self.send_due()
             nxt = gen.next_arrival()
             if nxt is not None:
-                yield env.timeout(max(0.0, nxt * 1e6 - env.now))
+                yield env.hold(max(0.0, nxt * 1e6 - env.now))
             elif not gen.done:
                 self.slot_free = env.event()
                 yield self.slot_free
@@ -319,7 +360,7 @@ class Sim:
             if self.inline:  # the engine's thread is the worker's: blocked on the device
                 yield self.busy(WORKER, "wait", step.out.step, step.t_output - env.now)
             else:
-                yield env.timeout(step.t_output - env.now)
+                yield env.hold(step.t_output - env.now)
         if self.inline and self.cpu_propose:
             yield self.propose(step)
 
@@ -330,7 +371,7 @@ class Sim:
 
     def update(self, step: Step):
         out, acc, tokens, hist = step.out, self.acc, self.tokens, self.accepted_hist
-        sampled = {}
+        sampled, drafts = {}, 0
         for s in out.scheduled:
             req = s.request
             if s.samples and req.status != FINISHED:
@@ -338,8 +379,9 @@ class Sim:
                 if s.num_spec:
                     n = acc.next(req.request_id, s.num_spec)
                     hist[n] += 1
-                    self.num_draft_tokens += s.num_spec
+                    drafts += s.num_spec
                 sampled[req.request_id] = tokens[n]
+        self.num_draft_tokens += drafts
         emitted = self.sched.update_from_output(out, sampled)
         cpu = self.cpu
         yield from self.on_host(ENGINE, "update_from_output", out.step,
@@ -352,9 +394,9 @@ class Sim:
                                 cpu.rpc_drafts(out.num_reqs, out.num_batched_tokens),
                                 {"on": "take_draft_token_ids"})
             return
-        t = (self.env.now + self.out_latency) / 1e6
+        t, timings = (self.env.now + self.out_latency) / 1e6, self.timings
         for req, new, done in emitted:
-            self.timings[req.request_id].add_chunk(t, len(new))
+            timings[req.request_id].add_chunk(t, len(new))
             if done:
                 acc.finished(req.request_id)
                 if self.out_latency:
@@ -399,7 +441,7 @@ class Sim:
         while True:
             step, t_arrive = yield self.to_worker.get()
             if t_arrive > env.now:
-                yield env.timeout(t_arrive - env.now)
+                yield env.hold(t_arrive - env.now)
             n, tokens = step.out.num_reqs, step.out.num_batched_tokens
             if self.tp > 1:   # the executor's message reaches every rank
                 yield self.busy(WORKER, "broadcast", step.out.step, cpu.broadcast(n, tokens))
@@ -412,7 +454,7 @@ class Sim:
                     t_host = env.now
                 step.t_output = t_host + cpu.result_latency_us(n, tokens)
                 step.ready.succeed()
-                yield env.timeout(cpu.worker_turnaround(n, tokens) * self.rpc_share)
+                yield env.hold(cpu.worker_turnaround(n, tokens) * self.rpc_share)
                 continue
             if self.async_:  # an output thread sends the result once the copy lands
                 collect = cpu.collect(n, tokens) if self.tp > 1 else 0.0

@@ -7,11 +7,11 @@ so a bad key or value stops the sweep before work starts. Every cell runs with t
 never one derived from the order cells happen to run in, so local, parallel and cluster runs
 give the same table.
 
-Cells run in local processes (`concurrent.futures`) or on a Dask distributed cluster. Each
-finished cell is appended to OUT/cells.jsonl under a hash of its whole config and of the
-simulator's source; a rerun skips the cells found there. The tidy table (one row per cell,
-in grid order: the axes, then the run-result metrics) is written to OUT/sweep.csv and
-OUT/sweep.json.
+Cells run in local processes (`concurrent.futures`) or on a cluster, Dask distributed or Ray
+(`run_cluster`, one piece for both; each an optional extra). Each finished cell is appended to
+OUT/cells.jsonl under a hash of its whole config and of the simulator's source; a rerun skips
+the cells found there. The tidy table (one row per cell, in grid order: the axes, then the
+run-result metrics) is written to OUT/sweep.csv and OUT/sweep.json.
 
 Grid syntax (command line; docs/sweeps.md has the file form):
     mode=sync,async,zero-bubble      a list
@@ -26,6 +26,7 @@ from __future__ import annotations
 import csv
 import functools
 import hashlib
+import importlib
 import io
 import itertools
 import json
@@ -36,7 +37,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from sim.config import ALIASES, SimConfig, resolve
 from common.errors import UserError, where
@@ -415,22 +416,73 @@ def run_local(settings: list[dict], jobs: int) -> Iterator[tuple[int, dict]]:
     ex.shutdown()
 
 
-def run_dask(settings: list[dict], address: str) -> Iterator[tuple[int, dict]]:
-    """(index, metrics) as cells finish on the Dask distributed cluster at `address`."""
+@dataclass(frozen=True)
+class ClusterEngine:
+    """One cluster engine as run_cluster drives it: how to reach it (`connect`, a context
+    manager whose value is handed to `run`) and how to run the cells on it (`run`, yielding
+    (index, metrics) as they finish). The rest, the checks and the messages, is shared."""
+
+    name: str
+    module: str           # imported first: missing, the user is told what to install
+    extra: str            # the pip extra that installs it
+    connect: Callable
+    run: Callable
+
+
+def _dask_connect(address: str):
+    from distributed import Client
+    return Client(address, timeout=CONNECT_TIMEOUT)
+
+
+def _dask_run(client, settings: list[dict]) -> Iterator[tuple[int, dict]]:
+    from distributed import as_completed as dask_completed
+    futures = client.map(run_cell, settings, pure=False)
+    index = {f.key: i for i, f in enumerate(futures)}
+    for f in dask_completed(futures):
+        yield index[f.key], f.result()
+
+
+def _ray_connect(address: str):
+    import ray
+    # `ray`: a local instance for this sweep; ray://HOST:PORT: a running cluster (Ray Client)
+    return ray.init(address=None if address == "ray" else address, include_dashboard=False,
+                    log_to_driver=False, logging_level="warning")
+
+
+def _ray_run(_, settings: list[dict]) -> Iterator[tuple[int, dict]]:
+    import ray
+    cell = ray.remote(num_cpus=1)(run_cell)   # one CPU each: a cell is pure Python
+    refs = [cell.remote(s) for s in settings]
+    index = {ref: i for i, ref in enumerate(refs)}
+    pending = refs
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        yield index[done[0]], ray.get(done[0])
+
+
+DASK = ClusterEngine("Dask distributed", "distributed", "cluster", _dask_connect, _dask_run)
+RAY = ClusterEngine("Ray", "ray", "ray", _ray_connect, _ray_run)
+
+
+def cluster_engine(address: str) -> ClusterEngine:
+    """Ray for `ray` (a local instance) and ray://HOST:PORT; Dask for any other address."""
+    return RAY if address == "ray" or address.startswith("ray://") else DASK
+
+
+def run_cluster(settings: list[dict], address: str) -> Iterator[tuple[int, dict]]:
+    """(index, metrics) as cells finish on the cluster at `address` (`cluster_engine`)."""
+    engine = cluster_engine(address)
     try:
-        from distributed import Client, as_completed as dask_completed
+        importlib.import_module(engine.module)
     except ImportError:
-        raise UserError("--cluster needs Dask distributed: pip install 'stepgap[cluster]'") \
-            from None
+        raise UserError(f"--cluster {address} needs {engine.name}: "
+                        f"pip install 'stepgap[{engine.extra}]'") from None
     try:
-        client = Client(address, timeout=CONNECT_TIMEOUT)
-    except (OSError, TimeoutError, ValueError) as e:
+        session = engine.connect(address)
+    except (OSError, TimeoutError, ValueError, ConnectionError) as e:
         raise UserError(f"--cluster {address}: cannot connect ({e})") from None
-    with client:
-        futures = client.map(run_cell, settings, pure=False)
-        index = {f.key: i for i, f in enumerate(futures)}
-        for f in dask_completed(futures):
-            yield index[f.key], f.result()
+    with session:
+        yield from engine.run(session, settings)
 
 
 class CellStore:
@@ -536,7 +588,7 @@ def run_sweep(grid: Grid, out, jobs: int = 1, cluster: str | None = None, fresh:
         raise UserError(f"--out {out}: {e.strerror}") from None
     todo = [c for c in cells if c.key not in store.done]
     settings = [c.settings for c in todo]
-    runner = run_dask(settings, cluster) if cluster else run_local(settings, jobs)
+    runner = run_cluster(settings, cluster) if cluster else run_local(settings, jobs)
     try:
         with tqdm(total=len(cells), initial=len(cells) - len(todo), disable=not progress,
                   unit="cell", desc="sweep", dynamic_ncols=True) as bar:

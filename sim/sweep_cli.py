@@ -16,7 +16,7 @@ order (the axes, then the metrics of `vllm bench serve`, the step gaps and the a
 
 Each cell is a preset's settings (--preset), then fixed settings (--set, the grid file's base),
 then the cell's axis values. The whole grid is checked before anything runs. Cells run in
-parallel on local cores (--jobs) or on a Dask distributed cluster (--cluster). Finished cells
+parallel on local cores (--jobs) or on a Dask or Ray cluster (--cluster). Finished cells
 are kept in OUT/cells.jsonl, so a rerun (after an interruption, or with a larger grid) runs
 only the cells not done yet. Every cell uses the same seed, so the table is the same however
 and wherever it runs.
@@ -48,9 +48,11 @@ examples:
       --grid max_concurrency=1..64:x2 --out out/seed-l20 --plot
   # three GPUs, async only, from a file plus one more axis
   stepgap sweep --grid-file grid.toml --grid gpu=l20,h100,h200 --out out/gpus
-  # on a running Dask cluster (stepgap installed on its workers)
+  # on a running Dask cluster (stepgap installed on its workers), or on Ray: a running
+  # cluster (ray://head:10001) or a local instance started for the sweep (ray)
   stepgap sweep --preset seed-l20 --grid k=0..8 --grid max_concurrency=1..256:x2 \\
       --cluster tcp://scheduler:8786 --out out/big
+  stepgap sweep --preset seed-l20 --grid k=0..8 --cluster ray --out out/big
   # check a grid without running it
   stepgap sweep --preset seed-l20 --grid k=0..6 --grid gpu=h100,h200 --dry-run
 
@@ -109,8 +111,10 @@ def register(sub) -> None:
     g.add_argument("--jobs", "-j", type=positive_int, default=os.cpu_count() or 1, metavar="N",
                    help=f"local worker processes (default: all {os.cpu_count()} cores)")
     g.add_argument("--cluster", metavar="ADDRESS",
-                   help="run the cells on the Dask distributed cluster at ADDRESS "
-                        "(e.g. tcp://host:8786) instead of local processes")
+                   help="run the cells on a cluster instead of local processes: the Dask "
+                        "distributed scheduler at ADDRESS (e.g. tcp://host:8786), a Ray "
+                        "cluster (ray://host:10001) or a local Ray instance (ray); "
+                        "pip install 'stepgap[cluster]' or 'stepgap[ray]'")
     g.add_argument("--fresh", action="store_true",
                    help="forget the cells done before and run every cell")
     g.add_argument("--dry-run", action="store_true",

@@ -5,7 +5,7 @@ import pytest
 
 from sim.config import SimConfig
 from sim.costs import ConstantCosts
-from sim.loop import simulate
+from sim.loop import Clock, simulate
 from common.errors import UserError
 from common.formats import LANES, OPS, TraceRequest, save_result, step_gaps
 from common.workloads import sharegpt_like
@@ -240,3 +240,49 @@ def test_request_rate_and_concurrency_shape_the_load():
     assert capped["duration"] > burst["duration"]
     assert paced["duration"] >= 20.0 * 0.99 - 1.0  # the last request arrives at 40 / 2 s
     assert capped["max_concurrency"] == 2
+
+
+# -- the clock: hold() is a timeout that skips the event queue when it can ---------------------
+
+def test_hold_moves_the_clock_at_once_only_when_nothing_else_is_due():
+    env, seen = Clock(), []
+
+    def proc():
+        first = env.hold(5.0)
+        seen.append((first is env.passed, env.now))   # nothing due: no event, time moved on
+        yield first
+        env.timeout(7.0)                             # an event due at 12
+        second = env.hold(10.0)                      # 15 is past it: a real timeout
+        seen.append((second is env.passed, env.now))
+        yield second
+        seen.append((None, env.now))
+
+    env.process(proc())
+    env.run()
+    assert seen == [(True, 5.0), (False, 5.0), (None, 15.0)]
+
+
+VLLM_TERMS = {"rpc_mid": [30, 1, 0.01], "rpc_drafts": [40, 0.5, 0],
+              "process_outputs": [50, 3, 0.1], "add_request": [80, 0, 0.05]}
+
+
+@pytest.mark.parametrize("kw", [
+    dict(mode="sync"),
+    dict(mode="async", executor="process"),
+    dict(mode="zero-bubble", request_rate=40.0, output_latency_ms=2.0),
+    dict(mode="async", gpu="cpu", device="cpu", executor="process"),
+    dict(mode="sync", topology="vllm", cpu_costs=VLLM_TERMS),
+    dict(mode="async", tensor_parallel_size=2),
+])
+def test_hold_gives_the_times_and_order_that_timeouts_give(kw, tmp_path, monkeypatch):
+    c = cfg(**{**dict(gpu="h100", k=3, acceptance="mtbench", acceptance_rates=None,
+                      cpu_costs={}, workload="sharegpt", num_prompts=24, max_concurrency=4,
+                      timeline=True, detailed=True), **kw})
+    fast, fast_spans = simulate(c)
+    monkeypatch.setattr(Clock, "hold", lambda env, dt: env.timeout(dt))   # plain SimPy
+    plain, plain_spans = simulate(c)
+    save_result(tmp_path / "fast.json", fast)
+    save_result(tmp_path / "plain.json", plain)
+    assert (tmp_path / "fast.json").read_bytes() == (tmp_path / "plain.json").read_bytes()
+    assert fast_spans == plain_spans
+

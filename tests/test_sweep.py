@@ -191,6 +191,30 @@ def test_local_parallel_and_dask_cluster_give_identical_tables(tmp_path):
         (tmp_path / "one" / "sweep.json").read_bytes()
 
 
+def test_a_local_ray_instance_gives_the_local_table(tmp_path):
+    """`--cluster ray` (skipped without the ray extra: it is not in the dev extra)."""
+    pytest.importorskip("ray")
+    grid = tiny_grid("mode=sync,zero-bubble", "k=0,3", "max_concurrency=1,3")
+    run_sweep(grid, tmp_path / "one", jobs=1)
+    run_sweep(grid, tmp_path / "ray", cluster="ray")
+    for name in ("sweep.csv", "sweep.json"):
+        assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
+
+
+@pytest.mark.parametrize("address, engine, extra", [("ray", "Ray", "ray"),
+                                                    ("ray://head:10001", "Ray", "ray"),
+                                                    ("tcp://h:8786", "Dask distributed",
+                                                     "cluster")])
+def test_a_missing_cluster_engine_says_what_to_install(tmp_path, monkeypatch, address, engine,
+                                                       extra):
+    def no_module(name):
+        raise ImportError(name)
+    monkeypatch.setattr(sweep.importlib, "import_module", no_module)
+    with pytest.raises(UserError, match=rf"--cluster {address} needs {engine}: "
+                                        rf"pip install 'stepgap\[{extra}\]'"):
+        run_sweep(tiny_grid("k=0"), tmp_path, cluster=address)
+
+
 def test_an_unreachable_cluster_is_a_clear_error(tmp_path, monkeypatch):
     pytest.importorskip("distributed")
     monkeypatch.setattr(sweep, "CONNECT_TIMEOUT", "1s")
