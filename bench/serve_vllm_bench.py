@@ -67,17 +67,10 @@ def free_port() -> int:
 
 
 def write_dataset(path: Path) -> list:
-    """The held-out trace as `--dataset-name custom` lines; every prompt must round-trip."""
-    from engine.tokenizer import ServedTokenizer
-    tok = ServedTokenizer.load(PAIR / "target")
+    """The held-out trace as `--dataset-name custom` lines (every prompt round-trips)."""
+    from calibrate.pair import write_custom_dataset
     reqs = load_trace(PAIR / "heldout.jsonl")
-    with path.open("w") as f:
-        for r in reqs:
-            text = tok.decode(r.prompt_token_ids)
-            if tok.encode(text) != r.prompt_token_ids:
-                raise SystemExit(f"{r.request_id}: its text does not re-encode to its ids")
-            f.write(json.dumps({"prompt": text, "output_tokens": r.output_len,
-                                "request_id": r.request_id}) + "\n")
+    write_custom_dataset(reqs, path, PAIR)
     return reqs
 
 

@@ -26,7 +26,8 @@ How a step is cut into terms, from its spans (DESIGN.md §2 lanes and ops):
 - `launch` (on the CPU) = prepare_inputs' end to the first device op: packing and copying the
   inputs, the attention metadata;
 - a device op's cost runs from the end of the previous device op of its step (the Python
-  between two ops belongs to issuing the next), the first op's from its own start;
+  between two ops belongs to issuing the next), the first op's from its own start; where the
+  worker waited in between (vLLM's sample_tokens RPC), from the wait's end;
 - `ipc_us` = from update N-1's end to prepare N's start, less schedule N (sync runs): the
   message's trip plus the engine loop's own turn, which has no op of its own;
 - `result_latency` = the last device op's end to update N's start, when the engine was waiting;

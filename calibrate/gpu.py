@@ -46,9 +46,11 @@ GPU_CONCURRENCY = "1,8,32"
 
 
 class Log:
-    def __init__(self, path: Path):
+    """Timestamped lines (seconds since start) to stdout and to `path` (`mode` "a": appended)."""
+
+    def __init__(self, path: Path, mode: str = "w"):
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = path.open("w")
+        self.f = path.open(mode)
         self.t0 = time.monotonic()
 
     def __call__(self, msg: str) -> None:

@@ -51,3 +51,23 @@ def calibration_trace(pair, num_prompts: int, seed: int = 1) -> list[TraceReques
     tok = load_tokenizer(paths["target"])
     reqs = heldout_trace(tok, files, num_prompts, (lo, hi), tuple(out), seed)
     return [replace(r, request_id=f"calib-{i:03d}") for i, r in enumerate(reqs)]
+
+
+def write_custom_dataset(requests: list[TraceRequest], path, pair=PAIR) -> None:
+    """The requests as a `vllm bench serve --dataset-name custom` file ({"prompt",
+    "output_tokens", "request_id"} a line, in trace order). Every prompt's text must encode back
+    to its token ids, or the benchmark would send other tokens."""
+    import json
+    from engine.tokenizer import load_tokenizer
+    tok = load_tokenizer(pair_paths(pair)["target"])
+    lines, bad = [], []
+    for r in requests:
+        text = tok.decode(r.prompt_token_ids)
+        if tok.encode(text, add_special_tokens=False).ids != r.prompt_token_ids:
+            bad.append(r.request_id)
+        lines.append(json.dumps({"prompt": text, "output_tokens": r.output_len,
+                                 "request_id": r.request_id}) + "\n")
+    if bad:
+        raise UserError(f"{path}: {len(bad)} prompts do not round-trip through the pair's "
+                        f"tokenizer (the first: {bad[0]}); the bench would send other tokens")
+    Path(path).write_text("".join(lines))

@@ -1,37 +1,9 @@
 """`stepgap profile`: measure what every step costs on this machine, for the simulator.
 
-Two sources, one JSON profile (the format is `sim/profile.py`'s; calibrate/fit.py fits it):
-
-1. A microbenchmark grid of the device ops, run through the worker's own execute/collect on
-   crafted steps: target forward over token counts x batch sizes x context lengths, with the
-   draft's first and one-token passes, rejection sampling and the D2H copy that every step runs.
-2. Calibration runs of the engine (the `process` executor, pinned) on a calibration trace cut
-   from the corpus's *training* files, never from the judged held-out prompts. Their timelines
-   give the device ops in situ and every CPU term the simulator uses (`sim/costs.py` CpuCosts):
-   schedule, update_from_output, prepare_inputs and launch as a + b·reqs + c·tokens, the IPC
-   latency of a step's message, and the worker's result latency and turnaround.
-
-Device op fits come from the calibration runs (the engine's real steps, with the other process
-running, which is what is being predicted), steadied by the grid: its points join the fit at
-the in-situ level, so that shapes the calibration runs rarely take (two or three requests, long
-prefills next to decodes) follow the grid's slopes (`fit_shaped`). How far the grid alone sits
-from the in-situ times is kept in the profile's `checks` (docs/validation.md has the numbers).
-
-How a step is cut into terms, from its spans (DESIGN.md §2 lanes and ops):
-
-    engine:  ...update N-1 | loop | schedule N |                                 | update N ...
-    worker:                               | prepare N | launch N .............| turnaround |
-    device:                                           | head | op | op | ... op |
-
-- `launch` (on the CPU) = prepare_inputs' end to the first device op: packing and copying the
-  inputs, the attention metadata;
-- a device op's cost runs from the end of the previous device op of its step (the Python
-  between two ops belongs to issuing the next), the first op's from its own start;
-- `ipc_us` = from update N-1's end to prepare N's start, less schedule N (sync runs): the
-  message's trip plus the engine loop's own turn, which has no op of its own;
-- `result_latency` = the last device op's end to update N's start, when the engine was waiting;
-- `worker_turnaround` = the last device op's end to prepare N+1's start, when N+1's message was
-  already waiting (async runs): collecting and sending N's result, receiving N+1.
+It runs a microbenchmark grid of the device ops and calibration runs of the engine on prompts
+cut from the corpus's training files (calibrate/harness.py), and writes the profile that
+calibrate/fit.py fits from them (the format is `sim/profile.py`'s; fit.py's docstring says how a
+step is cut into terms).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import json
 import math
 import re
 from bisect import bisect_left, bisect_right
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -77,10 +77,11 @@ class Source:
         return self.events[bisect_left(self.starts, start):bisect_right(self.starts, end)]
 
 
-def read_trace(path) -> Source:
-    """One torch-profiler trace of a vLLM process (`*.pt.trace.json[.gz]`)."""
+def read_trace(path, data: bytes | None = None) -> Source:
+    """One torch-profiler trace of a vLLM process (`*.pt.trace.json[.gz]`; `data`: its bytes,
+    where already read)."""
     path = Path(path)
-    data = read_bytes(path)
+    data = read_bytes(path) if data is None else data
     if data[:2] == b"\x1f\x8b":
         try:
             data = gzip.decompress(data)
@@ -143,10 +144,10 @@ def read_hooks(path) -> Source:
 
 def read_source(path) -> Source:
     """A torch-profiler trace, or a stepgap_hooks span file (by its content)."""
-    head = read_bytes(path)[:64]
-    if head[:2] == b"\x1f\x8b" or head.lstrip()[:1] == b"{" and b"traceEvents" in \
-            read_bytes(path)[:4096]:
-        return read_trace(path)
+    data = read_bytes(path)
+    if data[:2] == b"\x1f\x8b" or data[:64].lstrip()[:1] == b"{" and b"traceEvents" in \
+            data[:4096]:
+        return read_trace(path, data)
     return read_hooks(path)
 
 
@@ -321,12 +322,12 @@ def hook_spans(events: list[dict], steps: list[dict]) -> list[Span]:
     s0 = _first_schedule(sched, steps)
     step_of = {s0 + i: i for i in range(len(steps)) if 0 <= s0 + i < len(sched)}
     out = [(n, sched[i]) for i, n in step_of.items()]
-    queue = list(range(len(sched)))   # schedules not yet updated, oldest first
+    queue = deque(range(len(sched)))   # schedules not yet updated, oldest first
     upd = []
     for u in (e for e in raw if e["name"] == "update_from_output"):
         if not queue or sched[queue[0]]["ts"] + sched[queue[0]]["dur"] > u["ts"]:
             continue   # the update of a step scheduled before the window
-        i = queue.pop(0)
+        i = queue.popleft()
         if i in step_of:
             upd.append((step_of[i], u))
     out += upd

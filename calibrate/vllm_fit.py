@@ -44,8 +44,6 @@ FORMAT = "stepgap-profile/1"
 FEATURE_NAMES = {"cpu": ("a (fixed)", "b (per request)", "c (per token)"),
                  "device": ("fixed", "per token", "per request", "per padded KV slot")}
 MIN_POINTS = 5
-BURSTY_ITL_MS = 0.05   # no vLLM step streams a chunk this soon after the last
-BURSTY_MAX = 0.25      # a run with more of its ITLs under that has a starved client
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,9 +217,8 @@ def cpu_samples(spans) -> dict[str, list[tuple[int, int, float]]]:
     from calibrate.fit import steps_of
     out = defaultdict(list)
     steps = steps_of(spans)
-    upd_starts = {}
+    upd_starts, mid_waits = {}, {}
     for n, st in steps.items():
-        a = {}
         for op, s in st["engine"].items():
             a = s.args or {}
             if op in ("schedule", "update_from_output"):
@@ -239,6 +236,8 @@ def cpu_samples(spans) -> dict[str, list[tuple[int, int, float]]]:
             out["process_outputs"].append((a.get("reqs", 0), 0, s.end_us - s.start_us))
         elif s.lane == "cpu.frontend" and s.op == "add_request":
             out["add_request"].append((1, 0, s.end_us - s.start_us))
+        elif s.op == "wait" and a.get("on") == "sample_tokens RPC":
+            mid_waits.setdefault(s.step, s)
     for n, st in sorted(steps.items()):
         dev = st["device"]
         prep = st["worker"].get("prepare_inputs")
@@ -248,10 +247,9 @@ def cpu_samples(spans) -> dict[str, list[tuple[int, int, float]]]:
         reqs, tokens = a.get("reqs", 0), a.get("tokens", 0)
         out["prepare_inputs"].append((reqs, tokens, prep.end_us - prep.start_us))
         out["launch"].append((reqs, tokens, dev[0].start_us - prep.end_us))
-        wait = [s for s in spans if s.step == n and s.op == "wait"
-                and (s.args or {}).get("on") == "sample_tokens RPC"]
-        if wait:
-            out["rpc_mid"].append((reqs, tokens, wait[0].end_us - wait[0].start_us))
+        wait = mid_waits.get(n)
+        if wait is not None:
+            out["rpc_mid"].append((reqs, tokens, wait.end_us - wait.start_us))
         upd = upd_starts.get(n)
         if upd is not None and upd.start_us > dev[-1].end_us:
             out["result_latency"].append((reqs, tokens, upd.start_us - dev[-1].end_us))
@@ -372,17 +370,17 @@ def fit_levels(doc: dict, runs: list[Run]) -> None:
     model's config (doc["model"]["target"]). Runs whose client read the stream in bursts
     (bursty_share) time the client, not the engine: they are left out of both levels."""
     import tempfile
-    from common.vllm_bench import bursty_share
+    from common.vllm_bench import BURSTY_ITL_MS, bursty_share, is_bursty
     model = (doc.get("model") or {}).get("target")
     if not model:
         doc["undetermined"].append("client_latency_us, level: no model config given "
                                    "(--model): the runs could not be re-simulated")
         return
-    steady = [r for r in runs if bursty_share(r.doc, BURSTY_ITL_MS) <= BURSTY_MAX]
+    steady = [r for r in runs if not is_bursty(r.doc)]
     for r in runs:
         if r not in steady:
             doc["undetermined"].append(
-                f"{r.name}: {bursty_share(r.doc, BURSTY_ITL_MS):.0%} of its ITLs under "
+                f"{r.name}: {bursty_share(r.doc):.0%} of its ITLs under "
                 f"{BURSTY_ITL_MS * 1e3:.0f} us (the client read the stream in bursts: it was "
                 "short of CPU); left out of the level fits")
     scale = any(r.profiled for r in runs if r.spans)

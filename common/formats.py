@@ -35,8 +35,9 @@ OPS = {
                    "collect"),
     "device": ("target_forward", "rejection_sample", "draft_forward", "d2h", "fixup"),
 }
-# (lane, op) only vLLM's timelines hold (ingested, or simulated with its topology): its API
-# server's work, the engine core taking a request in, and a vLLM scope with no stepgap op.
+# (lane, op) the in-process engine never records: an API server's work (vLLM's, simulated with
+# its topology, or `stepgap serve`'s front end), vLLM's engine core taking a request in, and a
+# vLLM scope with no stepgap op.
 VLLM_OPS = (("cpu.frontend", "add_request"), ("cpu.frontend", "process_outputs"),
             ("cpu.engine", "add_request"), ("cpu.worker", "unmapped"))
 # Worker ops only the simulator runs: an n-gram proposer's host-side matching, and tensor

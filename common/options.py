@@ -121,13 +121,18 @@ def fraction(text: str) -> float:
     return v
 
 
-def rates_arg(text: str) -> tuple[float, ...]:
-    """Comma-separated per-position acceptance rates."""
+def _numbers(text: str) -> tuple[float, ...]:
+    """Comma-separated numbers."""
     try:
-        rates = tuple(float(x) for x in text.split(",") if x.strip())
+        return tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") \
             from None
+
+
+def rates_arg(text: str) -> tuple[float, ...]:
+    """Comma-separated per-position acceptance rates."""
+    rates = _numbers(text)
     if not rates:
         raise argparse.ArgumentTypeError("expected at least one rate")
     if any(not 0 <= r <= 1 for r in rates):
@@ -137,11 +142,7 @@ def rates_arg(text: str) -> tuple[float, ...]:
 
 def percentiles_arg(text: str) -> tuple[float, ...]:
     """`--metric-percentiles 50,90,99`, as vLLM takes them."""
-    try:
-        ps = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") \
-            from None
+    ps = _numbers(text)
     if not ps or any(not 0 < p < 100 for p in ps):
         raise argparse.ArgumentTypeError(f"percentiles must be in (0, 100), got {text!r}")
     return ps

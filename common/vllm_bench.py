@@ -101,12 +101,21 @@ def bench_result(doc: dict, path, chunk_tokens: list[list[int]] | None = None,
     return res
 
 
-def bursty_share(doc: dict, under_ms: float = 0.05) -> float:
+BURSTY_ITL_MS = 0.05   # no vLLM step streams a chunk this soon after the last
+BURSTY_MAX = 0.25      # a run with more of its ITLs under that had a starved client
+
+
+def bursty_share(doc: dict, under_ms: float = BURSTY_ITL_MS) -> float:
     """The share of a run's ITLs under `under_ms`: chunks the client read together (no engine
     streams two steps that close), the mark of a client that did not read as the server wrote.
     0 without --save-detailed. (vLLM writes ttfts and itls in seconds.)"""
     itls = [x for row in doc.get("itls") or [] for x in row]
     return sum(1 for x in itls if x * 1e3 < under_ms) / len(itls) if itls else 0.0
+
+
+def is_bursty(doc: dict) -> bool:
+    """The run timed its client, not the engine: more than BURSTY_MAX of its ITLs bursty."""
+    return bursty_share(doc) > BURSTY_MAX
 
 
 def is_bench(doc) -> bool:

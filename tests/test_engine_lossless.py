@@ -101,7 +101,7 @@ def test_timeline_has_every_op_on_its_lane():
     out = run(inline_executor(), REQS, k=3)
     seen = {(s.lane, s.op) for s in out.spans}
     # fixup: zero-bubble only; wait: a GPU only; SIM_ONLY_OPS: methods and TP the engine
-    # lacks; VLLM_OPS: vLLM's timelines only
+    # lacks; VLLM_OPS: served and vLLM timelines only
     want = {(lane, op) for lane, ops in OPS.items() for op in ops
             if op not in ("fixup", "wait", *SIM_ONLY_OPS) and (lane, op) not in VLLM_OPS}
     assert want <= seen

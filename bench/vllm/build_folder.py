@@ -38,9 +38,9 @@ from calibrate.measured import FORMAT as MEASURED, git_commit, requests_of, save
 from calibrate.fit import device_points  # noqa: E402
 from calibrate.harness import add_device, cell_name, device_vs_profile, machine_info  # noqa: E402,E501
 from calibrate.vllm import acceptance_from_scrapes, ingest_profile, read_source  # noqa: E402
-from calibrate.vllm_fit import BURSTY_MAX, Run, calibrate_runs  # noqa: E402
+from calibrate.vllm_fit import Run, calibrate_runs  # noqa: E402
 from common.formats import gap_summary, save_timeline, step_gaps  # noqa: E402
-from common.vllm_bench import bench_result, bursty_share, read_bench  # noqa: E402
+from common.vllm_bench import bench_result, is_bursty, read_bench  # noqa: E402
 
 PAIR = ROOT / "checkpoints" / "pystdlib"
 BLOCK_SIZE = 128   # vLLM's CPU default (vllm/platforms/cpu.py)
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
         if r["kind"] != "judged":
             continue
         doc = read_bench(src / "results" / f"{r['name']}.json")
-        if bursty_share(doc) > BURSTY_MAX:   # its client was starved: it timed the client
+        if is_bursty(doc):   # its client was starved: it timed the client
             bursty.append(r["name"])
             continue
         sizes = chunks_of(src, f"{r['mode']}-k{r['k']}", "heldout")

@@ -44,8 +44,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from calibrate.vllm_fit import BURSTY_MAX  # noqa: E402
-from common.vllm_bench import bursty_share  # noqa: E402
+from calibrate.gpu import Log  # noqa: E402
+from common.vllm_bench import BURSTY_MAX, bursty_share  # noqa: E402
 
 CLI = ROOT / "bench" / "vllm" / "vllm_cli.py"
 PAIR = ROOT / "checkpoints" / "pystdlib"
@@ -54,38 +54,15 @@ MAX_MODEL_LEN = 256
 MAX_NUM_SEQS = 8
 
 
-class Log:
-    def __init__(self, path: Path):
-        self.f = path.open("a")
-        self.t0 = time.monotonic()
-
-    def __call__(self, msg: str) -> None:
-        line = f"[{time.monotonic() - self.t0:7.1f}s] {msg}"
-        print(line, flush=True)
-        self.f.write(line + "\n")
-        self.f.flush()
-
-
 # ---------------------------------------------------------------------------------------------
 # Datasets
 
 
 def write_dataset(requests, path: Path) -> dict:
-    """A `--dataset-name custom` file ({"prompt", "output_tokens", "request_id"}), in trace
-    order; every prompt's text must encode back to its token ids."""
-    from engine.tokenizer import load_tokenizer
-    tok = load_tokenizer(PAIR / "target")
-    exact = 0
-    with path.open("w") as f:
-        for r in requests:
-            text = tok.decode(r.prompt_token_ids)
-            exact += tok.encode(text, add_special_tokens=False).ids == r.prompt_token_ids
-            f.write(json.dumps({"prompt": text, "output_tokens": r.output_len,
-                                "request_id": r.request_id}) + "\n")
-    if exact != len(requests):
-        raise SystemExit(f"{path}: {len(requests) - exact} prompts do not round-trip through "
-                         "the tokenizer; the bench would send other tokens")
-    return {"prompts": len(requests), "round_trip_exact": exact}
+    """A `--dataset-name custom` file of `requests` (calibrate/pair.py), and what it holds."""
+    from calibrate.pair import write_custom_dataset
+    write_custom_dataset(requests, path, PAIR)
+    return {"prompts": len(requests), "round_trip_exact": len(requests)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,7 +298,7 @@ def main(argv=None) -> int:
     if not (venv / "bin" / "python").is_file():
         raise SystemExit(f"{venv}: no vLLM venv there; run `make vllm` first")
     out.mkdir(parents=True, exist_ok=True)
-    log = Log(out / "log.txt")
+    log = Log(out / "log.txt", "a")
     cpus = {"host": args.host_cpu, "worker": args.worker_cpu,
             "client": args.host_cpu if args.client_cpu is None else args.client_cpu,
             "client_rt": args.client_rt}
