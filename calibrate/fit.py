@@ -145,6 +145,30 @@ def cpu_points(spans: list[Span], mode: str) -> dict[str, list[tuple[int, int, f
     return dict(out)
 
 
+def add_device(acc: dict, points: list[dict]) -> None:
+    """Per (op, pass): the measured time and the features, summed (the fits are linear, so
+    the profile's prediction for all these steps is its coefficients times the sums)."""
+    for p in points:
+        a = acc.setdefault(f"{p['op']}/{p['i']}", [0.0, [0.0] * len(p["x"])])
+        a[0] += p["us"]
+        a[1] = [s + x for s, x in zip(a[1], p["x"])]
+
+
+def device_vs_profile(acc: dict, profile: dict, k: int) -> float | None:
+    """How much longer (> 0) the judged runs' device ops took than the profile predicts for
+    the same steps: the machine's drift between calibration and these runs, not a model error."""
+    fits = {(f["op"], f["i"]): f["coef"] for f in profile.get("device_ops", []) if f["k"] == k}
+    measured = predicted = 0.0
+    for key, (us, x) in acc.items():
+        op, i = key.split("/")
+        coef = fits.get((op, None if i == "None" else int(i)))
+        if coef is None:
+            continue
+        measured += us
+        predicted += sum(c * v for c, v in zip(coef, x))
+    return measured / predicted - 1 if predicted else None
+
+
 # -------------------------------------------------------------------------------------------
 # Fits
 

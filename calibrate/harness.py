@@ -29,7 +29,7 @@ from common.errors import UserError
 from common.formats import MODES, TraceRequest
 from common.scheduler import cdiv
 from engine.args import EngineArgs
-from calibrate.fit import GridShape, build_profile, device_points, measure_grid
+from calibrate.fit import GridShape, add_device, build_profile, device_points, measure_grid
 
 TIMELINE_HALF = 20            # steps kept either side of the timeline cells' first run's middle
 
@@ -262,30 +262,6 @@ def keep_judged(out: Measured, plan: Plan, name: str, k: int, conc: int, run, lo
             out.timeline_steps = (max(0, mid - TIMELINE_HALF), mid + TIMELINE_HALF)
         lo, hi = out.timeline_steps
         out.timelines[name] = [s for s in run.spans if lo <= s.step < hi]
-
-
-def add_device(acc: dict, points: list[dict]) -> None:
-    """Per (op, pass): the measured time and the features, summed (the fits are linear, so
-    the profile's prediction for all these steps is its coefficients times the sums)."""
-    for p in points:
-        a = acc.setdefault(f"{p['op']}/{p['i']}", [0.0, [0.0] * len(p["x"])])
-        a[0] += p["us"]
-        a[1] = [s + x for s, x in zip(a[1], p["x"])]
-
-
-def device_vs_profile(acc: dict, profile: dict, k: int) -> float | None:
-    """How much longer (> 0) the judged runs' device ops took than the profile predicts for
-    the same steps: the machine's drift between calibration and these runs, not a model error."""
-    fits = {(f["op"], f["i"]): f["coef"] for f in profile.get("device_ops", []) if f["k"] == k}
-    measured = predicted = 0.0
-    for key, (us, x) in acc.items():
-        op, i = key.split("/")
-        coef = fits.get((op, None if i == "None" else int(i)))
-        if coef is None:
-            continue
-        measured += us
-        predicted += sum(c * v for c, v in zip(coef, x))
-    return measured / predicted - 1 if predicted else None
 
 
 def machine_info() -> dict:

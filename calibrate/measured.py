@@ -27,7 +27,8 @@ from pathlib import Path
 from common.errors import UserError, where
 from common.fileio import read_json, read_json_object, write_json
 from common.formats import TraceRequest, save_timeline, save_trace
-from calibrate.harness import (Measured, Plan, cell_name, device_vs_profile, machine_info)
+from calibrate.fit import device_vs_profile
+from calibrate.harness import Measured, Plan, cell_name, machine_info
 
 FORMAT = "stepgap-measured/1"
 ROOT = Path(__file__).resolve().parents[1]

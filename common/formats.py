@@ -24,12 +24,13 @@ from common.fileio import json_lines, read_json_object, write_json, write_text
 
 MODES = ("sync", "async", "zero-bubble")
 # cpu.frontend: the API server of a served engine (vLLM's, or `stepgap serve`), between a step's
-# output and the client's chunk (DESIGN.md §8). `add_request` is a request taken in; `wait` a
-# thread blocked (on the device, or the worker blocked on the engine core's next message);
-# `unmapped` a measured span no op stands for, its own name in args["vllm"].
+# output and the client's chunk (DESIGN.md §8). `add_request` is a request taken in, `stream`
+# one chunk written to its client (stepgap serve); `wait` a thread blocked (on the device, or
+# the worker blocked on the engine core's next message); `unmapped` a measured span no op
+# stands for, its own name in args["vllm"].
 LANES = ("cpu.frontend", "cpu.engine", "cpu.worker", "device")
 OPS = {
-    "cpu.frontend": ("add_request", "process_outputs"),
+    "cpu.frontend": ("add_request", "process_outputs", "stream"),
     "cpu.engine": ("add_request", "schedule", "update_from_output", "wait"),
     "cpu.worker": ("prepare_inputs", "launch", "wait", "unmapped", "propose", "broadcast",
                    "collect"),
@@ -39,7 +40,7 @@ OPS = {
 # its topology, or `stepgap serve`'s front end), vLLM's engine core taking a request in, and a
 # vLLM scope with no stepgap op.
 VLLM_OPS = (("cpu.frontend", "add_request"), ("cpu.frontend", "process_outputs"),
-            ("cpu.engine", "add_request"), ("cpu.worker", "unmapped"))
+            ("cpu.frontend", "stream"), ("cpu.engine", "add_request"), ("cpu.worker", "unmapped"))
 # Worker ops only the simulator runs: an n-gram proposer's host-side matching, and tensor
 # parallelism's broadcast of each step to the ranks and collection of rank 0's output (the
 # engine has one device and EAGLE-3 drafts).
@@ -194,8 +195,9 @@ def parse_span(d, path, lineno) -> Span:
     if not isinstance(op, str) or not op:
         raise UserError(f"{where(path, lineno, 'op')}: expected an op name, got {op!r}")
     step = d.get("step")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise UserError(f"{where(path, lineno, 'step')}: expected an integer >= 0, got {step!r}")
+    if isinstance(step, bool) or not isinstance(step, int) or step < -1:
+        raise UserError(f"{where(path, lineno, 'step')}: expected an integer >= 0 (or -1: no "
+                        f"step, a request taken in), got {step!r}")
     start, end = _number(d, "start_us", path, lineno), _number(d, "end_us", path, lineno)
     if end < start:
         raise UserError(f"{where(path, lineno, 'end_us')}: {end:g} is before start_us "

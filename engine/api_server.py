@@ -10,7 +10,7 @@ step's chunks reach their streams as soon as the step's message lands.
   engine core (`add_request` on the `cpu.frontend` lane of the timeline);
 - a step's message lands: every chunk in it is detokenized (engine/tokenizer.py) and put on
   its request's queue (`process_outputs`); the request's handler takes it off, times it (its
-  TTFT and ITL, as the server sees them) and writes it out: one SSE chunk per step;
+  TTFT and ITL, as the server sees them) and writes it out (`stream`): one SSE chunk per step;
 - a client goes away mid-request: its requests are aborted, and the engine core frees their KV
   blocks before its next step;
 - the engine core dies (or its worker: the engine core then reports and exits): /health answers
@@ -101,6 +101,7 @@ class EngineClient:
         self.subs: dict[str, Sub] = {}
         self.dead: str | None = None
         self.stopping = False
+        self.saved = False      # a window was written (a /stop_profile)
         self.info: dict = {}
         self.spec = (0, 0, 0, (0,) * self.cfg.k)   # the engine's cumulative counts
         self._dumps: dict[int, asyncio.Future] = {}
@@ -324,7 +325,7 @@ class EngineClient:
                 text += sub.detok.finish()
                 reason = "stop" if sub.eos is not None and new and new[-1] == sub.eos \
                     else "length"
-            sub.batch.queue.put_nowait((sub, text, new, reason))
+            sub.batch.queue.put_nowait((sub, text, new, reason, step))
         self.spec = stats[4]
         self.metrics.on_step(stats, gap_us)
         if outs and self.record:
@@ -393,6 +394,7 @@ class EngineClient:
             save_chrome_trace(Path(timeline).with_suffix(".trace.json"), spans, "stepgap serve")
         if result_json:
             save_result(result_json, self.window_result(spans, config))
+        self.saved = True
         self.reset_window()
 
     def window_result(self, spans: list[Span], config: dict) -> dict:
@@ -426,7 +428,9 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
         try:
             yield
         finally:
-            if recording:
+            # the last window, unless it is an empty one after a /stop_profile (which would
+            # overwrite the run that call saved)
+            if recording and (engine.timings or engine.subs or not engine.saved):
                 await engine.save(timeline, result_json, config)
             engine.stop()
 
@@ -474,7 +478,7 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
                 item = await batch.queue.get()
                 if isinstance(item, Exception):
                     raise item
-                sub, text, new, finish = item
+                sub, text, new, finish, _ = item
                 engine.took(sub, len(new), finish)
                 texts[sub.index].append(text)
                 ids[sub.index] += new
@@ -494,12 +498,16 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
                         APIError(str(item), status=500 if engine.dead else 503)
                     yield sse(e.body())
                     break
-                sub, text, new, finish = item
+                sub, text, new, finish, step = item
+                t0 = engine._now_us()
                 if shapes.chat and sub.index not in started:
                     started.add(sub.index)
                     yield shapes.role_chunk(sub.index)
                 engine.took(sub, len(new), finish)
                 yield shapes.chunk(sub.index, text, new, finish)
+                if engine.record:   # the chunk is written (Starlette resumes us after send)
+                    engine.spans.append(Span("cpu.frontend", "stream", step, t0,
+                                             engine._now_us(), {"reqs": 1, "tokens": len(new)}))
             else:
                 if include_usage:
                     yield shapes.usage_chunk(usage(sum(s.prompt_len for s in batch.subs),

@@ -118,9 +118,10 @@ def register(sub) -> None:
                    help="the machine's level for this run: device ops and CPU costs take X "
                         "times as long (default 1, the profile's mean)")
     g.add_argument("--topology", choices=TOPOLOGIES,
-                   help="whose step loop: stepgap's engine, or vLLM's (its RPCs, its API "
-                        "server sharing the engine core's CPU; docs/vllm.md). Default: the "
-                        "profile's topology.engine, else stepgap")
+                   help="whose step loop: stepgap's engine, vLLM's (its RPCs, its API "
+                        "server sharing the engine core's CPU; docs/vllm.md), or stepgap's "
+                        "engine behind `stepgap serve`'s API server (docs/serve.md). Default: "
+                        "the profile's topology.engine, else stepgap")
     g.add_argument("--moe-routing-skew", type=at_most(nonneg_float, MAX_SKEW), metavar="S",
                    help="MoE targets: Zipf exponent of the experts' popularity (default 0: "
                         "uniform routing); skew means fewer distinct experts, so fewer expert "

@@ -33,7 +33,7 @@ OLD_DEVICES = {"async": "cuda", "sync": "cpu"}
 # Whose step loop is simulated: stepgap's engine (one message per step, an in-process client) or
 # vLLM's (execute_model and sample_tokens RPCs, take_draft_token_ids in sync, an API server
 # sharing the engine core's CPU; docs/vllm.md). None: the profile's, else stepgap.
-TOPOLOGIES = ("stepgap", "vllm")
+TOPOLOGIES = ("stepgap", "vllm", "served")
 RESERVED_BYTES = 2 * GIB  # CUDA context, CUDA graphs and peak activations, kept out of the KV
                           # (per GPU)
 # Methods whose drafter proposes from the sampled tokens on the host: vLLM runs them with sync

@@ -36,7 +36,8 @@ sync with drafts the engine core makes a third, take_draft_token_ids (`rpc_draft
 update_from_output; an API server (`frontend`, lane cpu.frontend) takes each request in
 (`add_request`) and processes each step's outputs (`process_outputs`) before the client has
 its chunks (`client_latency_us` later); and the engine core and the API server share one core
-(`host`), so their work is serialised.
+(`host`), so their work is serialised. The `served` topology is `stepgap serve` (docs/serve.md):
+stepgap's own engine core and worker, with that API server in front on the engine core's CPU.
 
 The device is a FIFO lane whose op durations are known when a step is launched, so its timing is
 computed in closed form (`Device.place`) instead of by a process; a device step costs no SimPy
@@ -233,12 +234,14 @@ class Sim:
         self.wake: simpy.Event | None = None         # the engine idles on it
         self.slot_free: simpy.Event | None = None    # the client waits on it
         self.to_worker = simpy.Store(self.env)
-        self.vllm = r.topology == "vllm"
-        self.host = simpy.Resource(self.env, 1) if self.vllm else None
+        # vLLM's topology and a served stepgap engine: an API server in front, on the engine
+        # core's CPU
+        self.api_server = r.topology in ("vllm", "served")
+        self.host = simpy.Resource(self.env, 1) if self.api_server else None
         # vLLM's worker turns an RPC around in a round trip in sync (it replies, and the engine
         # core sends the next only then) and in one message in async (the next is already
         # queued): the share of the sync-fitted turnaround it waits (docs/vllm.md)
-        self.rpc_share = 0.5 if self.vllm and self.async_ else 1.0
+        self.rpc_share = 0.5 if r.topology == "vllm" and self.async_ else 1.0
         self.to_frontend = simpy.Store(self.env)
         self.num_steps = 0
         self.tokens = [[0] * (1 + n) for n in range(cfg.k + 1)]
@@ -268,7 +271,7 @@ class Sim:
         env.process(self.engine())
         if not self.inline:
             env.process(self.worker())
-        if self.vllm:
+        if self.api_server:
             env.process(self.frontend())
         env.run(until=client)
         spans = sorted(self.spans, key=lambda s: s.start_us) if self.spans else []
@@ -293,11 +296,11 @@ class Sim:
         sent = self.gen.pop_due(now_s + 1e-9)
         for tr in sent:
             self.timings[tr.request_id] = RequestTiming(tr.request_id, tr.prompt_len, now_s)
-            if self.vllm:   # the API server takes it in first
+            if self.api_server:   # the API server takes it in first
                 self.env.process(self.admit(tr))
             else:
                 self.inbox.append(tr)
-        if sent and not self.vllm:
+        if sent and not self.api_server:
             self.wake_engine()
 
     def wake_engine(self) -> None:
@@ -386,7 +389,7 @@ class Sim:
         cpu = self.cpu
         yield from self.on_host(ENGINE, "update_from_output", out.step,
                                 cpu.update_from_output(out.num_reqs, out.num_batched_tokens))
-        if self.vllm:
+        if self.api_server:
             if emitted:
                 self.to_frontend.put((out.step, emitted))
             if not self.async_ and self.cfg.k and cpu.rpc_drafts is not None:
@@ -488,7 +491,7 @@ class Sim:
             yield self.busy(WORKER, "launch", out.step, dur)
         else:  # the device is this thread: launch packs the inputs, then runs the ops itself
             pause = cpu.rpc_mid(out.num_reqs, out.num_batched_tokens) * self.rpc_share \
-                if self.vllm and cpu.rpc_mid is not None else 0.0
+                if self.api_server and cpu.rpc_mid is not None else 0.0
             self.device.place(step, env.now + dur, env.now + dur, pause)
             yield self.busy(WORKER, "launch", out.step, step.t_done - env.now)
         self.prev = step

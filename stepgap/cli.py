@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "calibrate.validate",
     "calibrate.gpu",
     "calibrate.vllm_fit",
+    "calibrate.serve_fit",
     "common.compare",
 ]
 

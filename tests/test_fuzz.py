@@ -401,7 +401,7 @@ BAD_RESULT = {
 BAD_SPAN = {
     "end_us": [float("inf"), "x", None, -1e9, float("nan"), True],
     "start_us": [float("-inf"), "0", None],
-    "step": [-1, 1.5, "3", None, True],
+    "step": [-2, 1.5, "3", None, True],
     "lane": ["gpu", 5, None],
     "op": [5, "", None, []],
     "args": [[1], "x", 5],

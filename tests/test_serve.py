@@ -440,3 +440,46 @@ def test_a_killed_worker_fails_health_and_ends_requests_in_flight_with_an_error(
     finally:
         assert server.stop(signal.SIGINT) < 10.0
     assert not any(alive(p) for p in server.pids)
+
+
+def test_a_recorded_window_is_a_timeline_and_result_the_served_fit_reads(tmp_path, tok):
+    """POST /start_profile ... /stop_profile, as `vllm bench serve --profile` brackets its run:
+    the timeline loads, has the front end's ops (one `stream` per chunk sent), and fits."""
+    from calibrate.serve_fit import load_served_run
+    from common.formats import load_timeline
+    run = tmp_path / "run"
+    server = Server("--model", str(PAIR / "target"), "--draft", str(PAIR / "eagle3"), "-k", "2",
+                    "--max-model-len", "256", "--executor", "process", "--max-num-seqs", "4",
+                    "--num-gpu-blocks-override", "128", "--timeline", f"{run}.server.jsonl",
+                    "--result-json", f"{run}.server.json")
+    try:
+        stream(server.url, {"prompt": "warm", "max_tokens": 4})   # outside the window
+        assert httpx.post(server.url + "/start_profile", timeout=30).status_code == 200
+        chunks = 0
+        for r in heldout(6):
+            events = stream(server.url, {"prompt": tok.decode(r["prompt_token_ids"]),
+                                         "max_tokens": 12, "ignore_eos": True})
+            chunks += sum(1 for e in events if e != "[DONE]" and e["choices"])
+        assert httpx.post(server.url + "/stop_profile", timeout=30).status_code == 200
+    finally:
+        server.stop()
+    spans = load_timeline(f"{run}.server.jsonl")
+    ops = [(s.lane, s.op) for s in spans]
+    assert ops.count(("cpu.frontend", "add_request")) == 6
+    assert ops.count(("cpu.frontend", "stream")) == chunks
+    assert ops.count(("cpu.frontend", "process_outputs")) == \
+        ops.count(("cpu.engine", "update_from_output"))
+    assert all(s.step == -1 for s in spans if s.op == "add_request")
+    assert load_result(f"{run}.server.json")["completed"] == 6
+    # the client's own result: the server's, 2 ms later (what a client file gives)
+    client = json.loads(Path(f"{run}.server.json").read_text())
+    client["mean_ttft_ms"] += 2.0
+    Path(f"{run}.vllm.json").write_text(json.dumps(client))
+    assert load_served_run(Path(f"{run}.server.json"))["k"] == 2
+    out = tmp_path / "served.json"
+    assert main(["calibrate-served", str(ROOT / "traces/measured/cpu/profile.json"),
+                 str(tmp_path), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["topology"]["engine"] == "served" and doc["served_fit"]["runs"] == 1
+    assert doc["served_fit"]["client_latency_us"] == pytest.approx(2000.0, abs=0.1)
+    assert all(sum(doc["cpu"][t]) > 0 for t in ("add_request", "process_outputs"))

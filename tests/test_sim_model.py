@@ -272,6 +272,8 @@ VLLM_TERMS = {"rpc_mid": [30, 1, 0.01], "rpc_drafts": [40, 0.5, 0],
     dict(mode="zero-bubble", request_rate=40.0, output_latency_ms=2.0),
     dict(mode="async", gpu="cpu", device="cpu", executor="process"),
     dict(mode="sync", topology="vllm", cpu_costs=VLLM_TERMS),
+    dict(mode="async", executor="process", topology="served",
+         cpu_costs={"process_outputs": [50, 3, 0.1], "add_request": [80, 0, 0.05]}),
     dict(mode="async", tensor_parallel_size=2),
 ])
 def test_hold_gives_the_times_and_order_that_timeouts_give(kw, tmp_path, monkeypatch):

@@ -36,7 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 from calibrate.measured import FORMAT as MEASURED, git_commit, requests_of, save_runs, trim  # noqa: E402,E501
 from calibrate.fit import device_points  # noqa: E402
-from calibrate.harness import add_device, cell_name, device_vs_profile, machine_info  # noqa: E402,E501
+from calibrate.fit import add_device, device_vs_profile  # noqa: E402
+from calibrate.harness import cell_name, machine_info  # noqa: E402
 from calibrate.vllm import acceptance_from_scrapes, ingest_profile, read_source  # noqa: E402
 from calibrate.vllm_fit import Run, calibrate_runs  # noqa: E402
 from common.formats import gap_summary, save_timeline, step_gaps  # noqa: E402
