@@ -87,10 +87,12 @@ def fit_served(base: dict, runs: list[dict]) -> dict:
     cpu, quality, missing = fit_cpu_terms(pooled)
     for term in TERMS:
         if term not in cpu:
-            raise UserError(f"the served runs' timelines have too few {term} spans to fit it "
-                            "(record them with `stepgap serve --timeline`)")
+            need = "a sync run's" if term in ("ipc_us", "result_latency") else "their"
+            raise UserError(f"the served runs' timelines have too few samples of {term} to "
+                            f"fit it (it needs {need} steps, recorded with `stepgap serve "
+                            "--timeline`)")
     latency = round(max(0.0, 1e3 * statistics.median(
-        r["client_ttft_ms"] - r["server_ttft_ms"] for r in runs)), 1)
+        (r["client_ttft_ms"] - r["server_ttft_ms"]) / lv for r, lv in zip(runs, levels))), 1)
     doc = json.loads(json.dumps(base))
     for k, c in [(None, doc.setdefault("cpu", {})), *doc.get("cpu_by_k", {}).items()]:
         own = fit_cpu_terms(by_k[k])[0] if k in by_k else {}
