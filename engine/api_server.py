@@ -499,7 +499,7 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
                     yield sse(e.body())
                     break
                 sub, text, new, finish, step = item
-                t0 = engine._now_us()
+                t0 = engine._now_us() if engine.record else 0.0
                 if shapes.chat and sub.index not in started:
                     started.add(sub.index)
                     yield shapes.role_chunk(sub.index)
