@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from engine.args import EngineArgs  # noqa: E402
-from engine.loop import run_trace  # noqa: E402
-from training.tiny import make_tiny  # noqa: E402
-from common.formats import TraceRequest  # noqa: E402
+from stepgap.engine.args import EngineArgs  # noqa: E402
+from stepgap.engine.loop import run_trace  # noqa: E402
+from stepgap.training.tiny import make_tiny  # noqa: E402
+from stepgap.common.formats import TraceRequest  # noqa: E402
 
 OPS = ("schedule", "prepare_inputs", "update_from_output")
 

@@ -28,12 +28,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.formats import MODES  # noqa: E402
-from engine.args import EngineArgs  # noqa: E402
-from engine.loop import run_trace  # noqa: E402
-from engine.tiny import TINY_TARGET  # noqa: E402
-from training.tiny import make_tiny  # noqa: E402
-from common.workloads import mtbench_like  # noqa: E402
+from stepgap.common.formats import MODES  # noqa: E402
+from stepgap.engine.args import EngineArgs  # noqa: E402
+from stepgap.engine.loop import run_trace  # noqa: E402
+from stepgap.engine.tiny import TINY_TARGET  # noqa: E402
+from stepgap.training.tiny import make_tiny  # noqa: E402
+from stepgap.common.workloads import mtbench_like  # noqa: E402
 
 # Two layers of width 64: a decode step's compute is then a few hundred microseconds, about what
 # the engine process spends per step on scheduling, updating and messages.

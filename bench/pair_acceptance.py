@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from calibrate.demo import run_engine  # noqa: E402
-from calibrate.pair import PAIR, load_heldout  # noqa: E402
+from stepgap.calibrate.demo import run_engine  # noqa: E402
+from stepgap.calibrate.pair import PAIR, load_heldout  # noqa: E402
 
 
 def main() -> None:

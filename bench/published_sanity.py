@@ -25,10 +25,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.formats import TraceRequest  # noqa: E402
-from sim.config import SimConfig, resolve  # noqa: E402
-from sim.costs import Batch  # noqa: E402
-from sim.loop import simulate  # noqa: E402
+from stepgap.common.formats import TraceRequest  # noqa: E402
+from stepgap.sim.config import SimConfig, resolve  # noqa: E402
+from stepgap.sim.costs import Batch  # noqa: E402
+from stepgap.sim.loop import simulate  # noqa: E402
 
 TARGET = (3.92645679e-08, 2.10103129e-05, 5.88590713e-03)   # kv, batched tokens, fixed (s)
 DRAFT = (2.37768493e-09, 8.41429603e-07, 2.13526175e-03)    # kv, spec tokens, fixed (s)

@@ -52,9 +52,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from calibrate.harness import limits  # noqa: E402
-from calibrate.judge import BOUNDS as JUDGE_BOUNDS  # noqa: E402
-from common.formats import load_result, load_trace, save_result  # noqa: E402
+from stepgap.calibrate.harness import limits  # noqa: E402
+from stepgap.calibrate.judge import BOUNDS as JUDGE_BOUNDS  # noqa: E402
+from stepgap.common.formats import load_result, load_trace, save_result  # noqa: E402
 
 PAIR = ROOT / "checkpoints" / "pystdlib"
 MODES = ("sync", "async")
@@ -76,7 +76,7 @@ def free_port() -> int:
 
 def write_dataset(path: Path) -> list:
     """The held-out trace as `--dataset-name custom` lines (every prompt round-trips)."""
-    from calibrate.pair import write_custom_dataset
+    from stepgap.calibrate.pair import write_custom_dataset
     reqs = load_trace(PAIR / "heldout.jsonl")
     write_custom_dataset(reqs, path, PAIR)
     return reqs
@@ -148,8 +148,8 @@ def vllm_bench(args, server: Server, dataset: Path, conc: int, out: Path, name: 
 
 def in_process(reqs, lim: dict, mode: str, k: int, conc: int):
     """run_trace (what `stepgap run` runs) with the served engine's EngineArgs."""
-    from engine.args import EngineArgs
-    from engine.loop import run_trace
+    from stepgap.engine.args import EngineArgs
+    from stepgap.engine.loop import run_trace
     ea = EngineArgs(model=str(PAIR / "target"), draft=str(PAIR / "eagle3") if k else None, k=k,
                     mode=mode, executor="process", dtype="float32",
                     num_gpu_blocks_override=lim["num_blocks"], max_num_seqs=lim["max_num_seqs"],
@@ -169,8 +169,8 @@ def simulate(reqs, accepted: dict, lim: dict, mode: str, k: int, conc: int,
              profile: Path, speed: float = 1.0) -> dict:
     """The simulator on the trace, the engine's accepted counts replayed; the topology is the
     profile's (stepgap's for the engine profile, `served` for the fitted one)."""
-    from sim.config import SimConfig
-    from sim.loop import simulate as run
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.loop import simulate as run
     cfg = SimConfig(mode=mode, k=k, gpu="cpu", model=str(PAIR / "target"),
                     draft=str(PAIR / "eagle3"), executor="process", device="cpu", replay=True,
                     profile=str(profile), max_num_seqs=lim["max_num_seqs"],
@@ -204,7 +204,7 @@ def pin_frontend(server: Server) -> None:
 def measure(args, out: Path, modes, ks, lim: dict, datasets: dict, traces: dict) -> None:
     """Every run, its files into `out`, and plan.json (what ran, in order)."""
     from bench.vllm.measure import plan_units
-    from calibrate.fit import add_device, device_points
+    from stepgap.calibrate.fit import add_device, device_points
     t0 = time.monotonic()
     reqs = traces["judged"]
     units = plan_units(ks, CONCS, modes, ks if "sync" in modes else (), args.repeats)
@@ -253,9 +253,9 @@ def analyse(out: Path, profile: Path, reqs, lim: dict) -> tuple[list, dict]:
     cell: medians of its runs, the simulations at the profile's level, and each run simulated
     at its own level (its device ops against the profile's: the machine's drift between runs,
     which neither topology models) with the error of each, median over the runs."""
-    from calibrate.fit import device_vs_profile
-    from calibrate.serve_fit import fit_served, load_served_run, run_level
-    from common.formats import load_timeline
+    from stepgap.calibrate.fit import device_vs_profile
+    from stepgap.calibrate.serve_fit import fit_served, load_served_run, run_level
+    from stepgap.common.formats import load_timeline
     plan = json.loads((out / "plan.json").read_text())
     base = json.loads(profile.read_text())
     calib = [load_served_run(out / f"{u['run']}.server.json")
@@ -338,7 +338,7 @@ def main() -> None:
     if load > MAX_LOAD and not args.analyse_only:
         print(f"serve_vllm_bench: warning: load average {load:.2f} > {MAX_LOAD}; the timings "
               "will be noisy (the summary records the load before each run)", file=sys.stderr)
-    from calibrate.pair import calibration_trace, write_custom_dataset
+    from stepgap.calibrate.pair import calibration_trace, write_custom_dataset
     modes, ks = args.modes.split(","), [int(k) for k in args.ks.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -29,10 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.formats import _jsonable  # noqa: E402
-from sim.config import SimConfig  # noqa: E402
-from sim.loop import simulate  # noqa: E402
-from sim.presets import get_preset  # noqa: E402
+from stepgap.common.formats import _jsonable  # noqa: E402
+from stepgap.sim.config import SimConfig  # noqa: E402
+from stepgap.sim.loop import simulate  # noqa: E402
+from stepgap.sim.presets import get_preset  # noqa: E402
 
 PAIR = "checkpoints/pystdlib"
 PROFILE = "traces/measured/cpu/profile.json"

@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sim.config import SimConfig  # noqa: E402
-from sim.loop import Sim, build_workload  # noqa: E402
-from sim.presets import get_preset  # noqa: E402
+from stepgap.sim.config import SimConfig  # noqa: E402
+from stepgap.sim.loop import Sim, build_workload  # noqa: E402
+from stepgap.sim.presets import get_preset  # noqa: E402
 
 
 def measure(cfg: SimConfig, repeat: int) -> tuple[int, int, float, float]:

@@ -32,11 +32,11 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from calibrate.pair import PAIR, ROOT, load_heldout, pair_paths
-from common.errors import UserError
-from common.fileio import write_json
-from common.formats import MODES
-from common.options import MAX_K, at_most, positive_int
+from stepgap.calibrate.pair import PAIR, ROOT, load_heldout, pair_paths
+from stepgap.common.errors import UserError
+from stepgap.common.fileio import write_json
+from stepgap.common.formats import MODES
+from stepgap.common.options import MAX_K, at_most, positive_int
 
 PROFILE = ROOT / "traces" / "measured" / "cpu" / "profile.json"
 MEASURE = "measure"
@@ -85,8 +85,8 @@ def pair_args(pair, requests, k: int, max_concurrency: int | None, mode: str = "
               dtype: str = "float32"):
     """The demo's engine: the pair, greedy, on the CPU, the process executor (pinned), with
     scheduler limits that fit the trace (the simulator takes the same)."""
-    from calibrate.harness import limits
-    from engine.args import EngineArgs
+    from stepgap.calibrate.harness import limits
+    from stepgap.engine.args import EngineArgs
     paths = pair_paths(pair)
     lim = limits(requests, k, max_concurrency)
     return EngineArgs(model=paths["target"], draft=paths["eagle3"] if k else None, k=k,
@@ -100,7 +100,7 @@ def pair_args(pair, requests, k: int, max_concurrency: int | None, mode: str = "
 def run_engine(pair, requests, k: int, max_concurrency: int | None = 1, progress: bool = False,
                dtype: str = "float32", mode: str = "sync"):
     """The engine on the pair (process executor, pinned), greedy, on the CPU: its RunOutput."""
-    from engine.loop import run_trace
+    from stepgap.engine.loop import run_trace
 
     ea = pair_args(pair, requests, k, max_concurrency, mode, dtype)
     cfg = ea.engine_config()
@@ -130,9 +130,9 @@ def simulate_trace(pair, requests, accepted: dict, k: int, max_concurrency: int 
     placeholder). `device_costs` (a sim.costs.DeviceCosts) overrides the device side. `lim`:
     the engine's scheduler limits (default: those run_engine gives it).
     """
-    from calibrate.harness import limits
-    from sim.config import SimConfig
-    from sim.loop import simulate
+    from stepgap.calibrate.harness import limits
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.loop import simulate
 
     paths = pair_paths(pair)
     lim = lim or limits(requests, k, max_concurrency)
@@ -181,7 +181,7 @@ def side_by_side(engine: dict, sim: dict) -> str:
 
 def sample_text(pair, request, output_ids: list[int], lines: int = 4) -> str:
     """The end of a prompt and the start of its greedy continuation, decoded."""
-    from engine.tokenizer import load_tokenizer
+    from stepgap.engine.tokenizer import load_tokenizer
     tok = load_tokenizer(pair_paths(pair)["target"])
     prompt = tok.decode(request.prompt_token_ids).splitlines()[-lines:]
     cont = tok.decode(output_ids).splitlines()[:lines]
@@ -194,10 +194,10 @@ def measure_and_run(pair, requests, k: int, max_concurrency: int | None, mode: s
     """This machine measured on the spot, then the engine on `requests`, in one worker: (the
     engine's result, its output ids in trace order, the fitted profile, the scheduler
     limits)."""
-    from calibrate.fit import GridShape
-    from calibrate.harness import Plan, cell_name, run_plan
-    from calibrate.pair import calibration_trace
-    from calibrate.validate import pair_engine
+    from stepgap.calibrate.fit import GridShape
+    from stepgap.calibrate.harness import Plan, cell_name, run_plan
+    from stepgap.calibrate.pair import calibration_trace
+    from stepgap.calibrate.validate import pair_engine
 
     n = calibration_size(requests)
     calibration = calibration_trace(pair, n)
@@ -219,7 +219,7 @@ def calibration_size(requests) -> int:
 def resolve_profile(profile: str | None) -> str | None:
     """--profile: `measure` (None: measured on the spot), `committed`, or a path, checked
     before anything runs."""
-    from sim.profile import load_profile
+    from stepgap.sim.profile import load_profile
     if profile in (None, MEASURE):
         return None
     path = str(PROFILE) if profile == "committed" else profile
@@ -230,7 +230,7 @@ def resolve_profile(profile: str | None) -> str | None:
 def run_demo(pair=PAIR, k: int = 4, num_prompts: int | None = None,
              max_concurrency: int | None = 1, progress: bool = True, device_costs=None,
              out=print, mode: str = "sync", profile=MEASURE) -> tuple[dict, dict]:
-    from common.modelcfg import load_draft_config, load_model_config
+    from stepgap.common.modelcfg import load_draft_config, load_model_config
     if k < 1:
         raise UserError(f"--k must be >= 1, got {k}")
     if max_concurrency is not None and max_concurrency < 1:

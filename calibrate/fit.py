@@ -45,9 +45,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.formats import Span
-from sim.costs import CPU_COSTS, OpCost
-from sim.profile import FEATURES, FORMAT, Fit, features, fit_points
+from stepgap.common.formats import Span
+from stepgap.sim.costs import CPU_COSTS, OpCost
+from stepgap.sim.profile import FEATURES, FORMAT, Fit, features, fit_points
 
 GRID_REQS = (1, 2, 4)
 GRID_CONTEXT = (64, 160, 240)
@@ -366,8 +366,8 @@ def measure_grid(spec, ks: list[int], cpu: int | None = None, grid: GridShape = 
     of `grid.repeats` runs of one step shape, after one warm-up run."""
     import torch
 
-    from common.scheduler import cdiv
-    from engine.worker import ReqRow, RunConfig, StepMsg, Worker
+    from stepgap.common.scheduler import cdiv
+    from stepgap.engine.worker import ReqRow, RunConfig, StepMsg, Worker
 
     saved = os.sched_getaffinity(0) if cpu is not None else None
     threads = torch.get_num_threads()

@@ -37,10 +37,10 @@ import traceback
 from dataclasses import replace
 from pathlib import Path
 
-from common.errors import UserError
-from common.fileio import check_writable, write_bytes, write_json
-from common.formats import MODES
-from common.options import positive_float, positive_int
+from stepgap.common.errors import UserError
+from stepgap.common.fileio import check_writable, write_bytes, write_json
+from stepgap.common.formats import MODES
+from stepgap.common.options import positive_float, positive_int
 
 GPU_CONCURRENCY = "1,8,32"
 
@@ -127,11 +127,11 @@ def microbench(device) -> dict:
 def selfcheck(device, log) -> dict:
     """The tiny pair in float64 on the device, against the CPU: eager and CUDA-graph paths, all
     modes, greedy (lossless) and replayed acceptance (so that drafts are accepted too)."""
-    from common.formats import TraceRequest
-    from engine.args import EngineArgs
-    from engine.loop import run_trace
-    from engine.sampler import SamplingConfig
-    from engine.tiny import TINY_TARGET
+    from stepgap.common.formats import TraceRequest
+    from stepgap.engine.args import EngineArgs
+    from stepgap.engine.loop import run_trace
+    from stepgap.engine.sampler import SamplingConfig
+    from stepgap.engine.tiny import TINY_TARGET
     reqs = [TraceRequest(f"c{i}", 0.0, 5 + 11 * i, 12 + 3 * i) for i in range(6)]
     replayed = [TraceRequest(r.request_id, 0.0, r.prompt_len, r.output_len,
                              accepted=[(i + j) % 4 for j in range(r.output_len)])
@@ -180,13 +180,13 @@ def selfcheck(device, log) -> dict:
 
 def gpu_plan(args, cuda: bool):
     """The plan: full-size random models on a GPU, the tiny pair on a CPU."""
-    from calibrate.fit import GridShape
-    from calibrate.harness import Plan
-    from calibrate.validate import int_list, mode_list
-    from common.acceptance import PROFILES
-    from common.workloads import mtbench_like
-    from engine.args import EngineArgs
-    from engine.sampler import SamplingConfig
+    from stepgap.calibrate.fit import GridShape
+    from stepgap.calibrate.harness import Plan
+    from stepgap.calibrate.validate import int_list, mode_list
+    from stepgap.common.acceptance import PROFILES
+    from stepgap.common.workloads import mtbench_like
+    from stepgap.engine.args import EngineArgs
+    from stepgap.engine.sampler import SamplingConfig
     output_len = args.output_len or (128 if cuda else 8)
     concs = int_list(args.concurrency, "--concurrency", 1)
     n = args.prompts or (32 if cuda else 4)
@@ -243,10 +243,10 @@ def register(sub) -> None:
 def cmd_validate_gpu(args) -> int:
     import torch
 
-    from calibrate.harness import run_plan
-    from calibrate.measured import write_measured
-    from calibrate.report import write_report
-    from calibrate.validate import command_line
+    from stepgap.calibrate.harness import run_plan
+    from stepgap.calibrate.measured import write_measured
+    from stepgap.calibrate.report import write_report
+    from stepgap.calibrate.validate import command_line
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():

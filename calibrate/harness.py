@@ -25,11 +25,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from common.errors import UserError
-from common.formats import MODES, TraceRequest
-from common.scheduler import cdiv
-from engine.args import EngineArgs
-from calibrate.fit import GridShape, add_device, build_profile, device_points, measure_grid
+from stepgap.common.errors import UserError
+from stepgap.common.formats import MODES, TraceRequest
+from stepgap.common.scheduler import cdiv
+from stepgap.engine.args import EngineArgs
+from stepgap.calibrate.fit import GridShape, add_device, build_profile, device_points, measure_grid
 
 TIMELINE_HALF = 20            # steps kept either side of the timeline cells' first run's middle
 
@@ -163,8 +163,8 @@ def run_plan(plan: Plan, progress: bool = True, log=None, desc: str | None = Non
     line per judged run; `desc` names the progress bar."""
     from tqdm import tqdm
 
-    from engine.executor import pin_plan
-    from engine.loop import run_trace
+    from stepgap.engine.executor import pin_plan
+    from stepgap.engine.loop import run_trace
 
     t0 = time.monotonic()
     ea = plan.worker_args()

@@ -19,14 +19,14 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibrate.measured import MeasuredCell, Setup, load_measured, requests_of
-from common.compare import compare, pool_results
-from common.errors import UserError, where
-from common.fileio import read_toml
-from sim.config import SimConfig
-from sim.costs import run_levels
-from sim.loop import simulate
-from sim.profile import load_profile
+from stepgap.calibrate.measured import MeasuredCell, Setup, load_measured, requests_of
+from stepgap.common.compare import compare, pool_results
+from stepgap.common.errors import UserError, where
+from stepgap.common.fileio import read_toml
+from stepgap.sim.config import SimConfig
+from stepgap.sim.costs import run_levels
+from stepgap.sim.loop import simulate
+from stepgap.sim.profile import load_profile
 
 # The issue's bounds: |simulated - measured| / measured.
 BOUNDS = (("mean_tpot_ms", "mean TPOT", 0.05), ("mean_itl_ms", "mean ITL", 0.05),
@@ -111,7 +111,7 @@ def judge_cell(cell: MeasuredCell, simulated: dict) -> Verdict:
 def p99_interval(runs: list[dict], n: int = 2000, seed: int = 0) -> tuple | None:
     """The 95 % interval of a cell's pooled P99 TPOT (ms): a bootstrap over its requests."""
     import numpy as np
-    from common.compare import timings_of
+    from stepgap.common.compare import timings_of
     tpots = []
     for i, r in enumerate(runs):
         try:
@@ -230,7 +230,7 @@ def allowed(bound: float, miss: KnownMiss | None) -> tuple[float, float]:
 
 
 def saving_cell(row: dict) -> str:
-    from calibrate.harness import cell_name
+    from stepgap.calibrate.harness import cell_name
     return cell_name(row["mode"], row["k"], row["conc"])
 
 

@@ -24,11 +24,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.errors import UserError, where
-from common.fileio import read_json, read_json_object, write_json
-from common.formats import TraceRequest, save_timeline, save_trace
-from calibrate.fit import device_vs_profile
-from calibrate.harness import Measured, Plan, cell_name, machine_info
+from stepgap.common.errors import UserError, where
+from stepgap.common.fileio import read_json, read_json_object, write_json
+from stepgap.common.formats import TraceRequest, save_timeline, save_trace
+from stepgap.calibrate.fit import device_vs_profile
+from stepgap.calibrate.harness import Measured, Plan, cell_name, machine_info
 
 FORMAT = "stepgap-measured/1"
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +61,7 @@ class Setup:
 
 
 def load_measured(folder) -> tuple[Setup, list[MeasuredCell]]:
-    from sim.config import settings_of
+    from stepgap.sim.config import settings_of
     folder = Path(folder)
     man = read_manifest(folder)
     settings = settings_of(dict(man["sim"]))
@@ -102,7 +102,7 @@ def read_manifest(folder: Path) -> dict:
 
 def load_runs(path: Path) -> list[dict]:
     """A cell's runs: a gzip-compressed JSON list of run results."""
-    from common.formats import check_result
+    from stepgap.common.formats import check_result
     if not path.is_file():
         raise UserError(f"{path}: not found (a cell's runs)")
     runs = read_json(path)
@@ -204,7 +204,7 @@ def sim_hardware(plan: Plan) -> str:
     """The catalog entry the simulator's roofline falls back to for this machine."""
     if plan.engine.device == "cpu":
         return "cpu"
-    from sim.hardware import CATALOG
+    from stepgap.sim.hardware import CATALOG
     gpu = machine_info().get("gpu", "").lower()
     return next((h for h in CATALOG if h != "cpu" and h in gpu), "h100")
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from common.errors import UserError
-from common.fileio import read_json_object
-from common.formats import TraceRequest, load_trace
+from stepgap.common.errors import UserError
+from stepgap.common.fileio import read_json_object
+from stepgap.common.formats import TraceRequest, load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "checkpoints" / "pystdlib"
@@ -37,8 +37,8 @@ def load_heldout(pair, num_prompts: int | None = None) -> list[TraceRequest]:
 def calibration_trace(pair, num_prompts: int, seed: int = 1) -> list[TraceRequest]:
     """Prompts cut from the corpus's *training* files (never the held-out ones the judged trace
     comes from), tokenized with the pair's tokenizer, lengths as the held-out trace's."""
-    from engine.tokenizer import load_tokenizer
-    from training.corpus import heldout_trace, split
+    from stepgap.engine.tokenizer import load_tokenizer
+    from stepgap.training.corpus import heldout_trace, split
 
     paths = pair_paths(pair)
     log = Path(pair) / "train.json"
@@ -58,7 +58,7 @@ def write_custom_dataset(requests: list[TraceRequest], path, pair=PAIR) -> None:
     "output_tokens", "request_id"} a line, in trace order). Every prompt's text must encode back
     to its token ids, or the benchmark would send other tokens."""
     import json
-    from engine.tokenizer import load_tokenizer
+    from stepgap.engine.tokenizer import load_tokenizer
     tok = load_tokenizer(pair_paths(pair)["target"])
     lines, bad = [], []
     for r in requests:

@@ -13,8 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from calibrate.validate import add_grid_args, plan_from_args
-from common.options import positive_int
+from stepgap.calibrate.validate import add_grid_args, plan_from_args
+from stepgap.common.options import positive_int
 
 EPILOG = """\
 examples:
@@ -54,8 +54,8 @@ def register(sub) -> None:
 
 
 def cmd_profile(args) -> int:
-    from calibrate.harness import run_plan
-    from common.fileio import check_writable, write_text
+    from stepgap.calibrate.harness import run_plan
+    from stepgap.common.fileio import check_writable, write_text
     check_writable(args.out, "--out")
     plan = plan_from_args(args, judged=False)
     out = run_plan(plan, progress=not args.quiet)

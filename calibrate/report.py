@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from calibrate.judge import (BOUNDS, RULES, SAVING_BOUND, Verdict, bound_failures,
+from stepgap.calibrate.judge import (BOUNDS, RULES, SAVING_BOUND, Verdict, bound_failures,
                              judge_folder, load_known_misses, saving_cell, savings)
-from common.fileio import read_json_object, write_text
-from common.formats import load_timeline, save_result, save_timeline
+from stepgap.common.fileio import read_json_object, write_text
+from stepgap.common.formats import load_timeline, save_result, save_timeline
 
 TIMELINE_STEPS = (60, 100)   # the steps of the timeline cells kept, when the manifest says none
 
@@ -94,7 +94,7 @@ def summary_counts(verdicts: list[Verdict], saving_rows: list[dict],
 def write_report(folder: Path, command: str | None = None, quiet: bool = False) -> list:
     """Re-simulate the folder's cells, judge them, and write report.md, tpot.png,
     timeline.png and simulated/. Returns the verdicts."""
-    from sim import plots
+    from stepgap.sim import plots
 
     man_path = folder / "manifest.json"
     tl = read_json_object(man_path, "a measured folder's manifest").get("timeline") or {} \

@@ -26,9 +26,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from common.errors import UserError, where
-from common.fileio import read_json_object
-from common.formats import load_result, load_timeline
+from stepgap.common.errors import UserError, where
+from stepgap.common.fileio import read_json_object
+from stepgap.common.formats import load_result, load_timeline
 
 ENGINE_TERMS = ("schedule", "update_from_output", "result_latency", "ipc_us")
 FRONTEND_TERMS = ("add_request", "process_outputs")
@@ -38,7 +38,7 @@ TERMS = ENGINE_TERMS + FRONTEND_TERMS
 def served_samples(spans, mode: str = "sync") -> dict[str, list[tuple[int, int, float]]]:
     """term -> [(reqs, tokens, us)] from one served timeline: the engine core's terms as
     `stepgap profile` cuts them (calibrate/fit.py), and the front end's."""
-    from calibrate.fit import cpu_points
+    from stepgap.calibrate.fit import cpu_points
     engine = cpu_points(spans, mode)
     out = defaultdict(list, {t: engine[t] for t in ENGINE_TERMS if t in engine})
     per_step = defaultdict(lambda: [0, 0, 0.0])   # step -> [reqs, tokens, front-end us]
@@ -59,7 +59,7 @@ def served_samples(spans, mode: str = "sync") -> dict[str, list[tuple[int, int, 
 def run_level(spans, k: int, profile: dict) -> float:
     """How long the run's device ops took against the profile's prediction of the same steps
     (1.1: 10 % slower): the machine's level during the run (calibrate/fit.py)."""
-    from calibrate.fit import add_device, device_points, device_vs_profile
+    from stepgap.calibrate.fit import add_device, device_points, device_vs_profile
     acc: dict = {}
     add_device(acc, device_points(spans, k))
     d = device_vs_profile(acc, profile, k)
@@ -72,7 +72,7 @@ def fit_served(base: dict, runs: list[dict]) -> dict:
     "server_ttft_ms"}. Each run's times are taken back to the profile's level first (a run
     whose device ops took 10 % longer than the profile says had a slow machine, and so its CPU
     ops), as `stepgap simulate --speed` takes them forth."""
-    from calibrate.vllm_fit import fit_cpu_terms
+    from stepgap.calibrate.vllm_fit import fit_cpu_terms
     if not runs:
         raise UserError("no served run to fit the HTTP path on")
     pooled, by_k = defaultdict(list), defaultdict(lambda: defaultdict(list))
@@ -174,7 +174,7 @@ def register(sub) -> None:
 
 
 def cmd_calibrate_served(args) -> int:
-    from common.fileio import check_writable, write_text
+    from stepgap.common.fileio import check_writable, write_text
     check_writable(args.out, "--out")
     paths = []
     for p in map(Path, args.runs):

@@ -22,9 +22,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from common.errors import UserError
-from common.formats import MODES
-from common.options import positive_int
+from stepgap.common.errors import UserError
+from stepgap.common.formats import MODES
+from stepgap.common.options import positive_int
 
 EPILOG = """\
 grid:
@@ -49,7 +49,7 @@ known_misses.toml by hand (docs/validation.md). The method and the results: docs
 
 
 def add_grid_args(p, what: str) -> None:
-    from calibrate.pair import PAIR
+    from stepgap.calibrate.pair import PAIR
     g = p.add_argument_group("engine and grid")
     g.add_argument("--pair", default=str(PAIR), metavar="DIR",
                    help="folder with target/, eagle3/ and heldout.jsonl (default: the committed "
@@ -92,8 +92,8 @@ def shown(path: Path) -> str:
 
 def pair_engine(pair, pin: bool = True):
     """The engine of the CPU validation: the pair, float32, the process executor."""
-    from calibrate.pair import pair_paths
-    from engine.args import EngineArgs
+    from stepgap.calibrate.pair import pair_paths
+    from stepgap.engine.args import EngineArgs
     paths = pair_paths(pair)
     return EngineArgs(model=paths["target"], draft=paths["eagle3"], executor="process",
                       pin=pin, device="cpu", dtype="float32")
@@ -101,14 +101,14 @@ def pair_engine(pair, pin: bool = True):
 
 def plan_from_args(args, judged: bool = True):
     """The CPU plan of `stepgap validate` and `stepgap profile`."""
-    from calibrate.harness import Plan
-    from calibrate.pair import calibration_trace, load_heldout, pair_paths
-    from common.fileio import read_json
-    from common.formats import load_trace
+    from stepgap.calibrate.harness import Plan
+    from stepgap.calibrate.pair import calibration_trace, load_heldout, pair_paths
+    from stepgap.common.fileio import read_json
+    from stepgap.common.formats import load_trace
     pair_paths(args.pair)   # names what is missing
     profile = None
     if getattr(args, "profile", None):
-        from sim.profile import load_profile
+        from stepgap.sim.profile import load_profile
         load_profile(args.profile)   # names what is wrong with it, before any work
         profile = read_json(args.profile)
     calibration = cname = None
@@ -129,7 +129,7 @@ def plan_from_args(args, judged: bool = True):
             trace, jname = load_heldout(args.pair), shown(Path(args.pair) / "heldout.jsonl")
         if args.num_prompts:
             trace = trace[:args.num_prompts]
-    from calibrate.fit import GridShape
+    from stepgap.calibrate.fit import GridShape
     grid = None if getattr(args, "no_grid", False) or profile is not None else GridShape()
     return Plan(pair_engine(args.pair, args.pin), mode_list(args.modes),
                 int_list(args.ks, "--ks"), int_list(args.concurrency, "--concurrency", 1),
@@ -185,10 +185,10 @@ def command_line(name: str) -> str:
 
 
 def cmd_validate(args) -> int:
-    from calibrate.harness import run_plan
-    from calibrate.measured import load_measured, write_measured
-    from calibrate.report import write_report
-    from common.fileio import check_writable
+    from stepgap.calibrate.harness import run_plan
+    from stepgap.calibrate.measured import load_measured, write_measured
+    from stepgap.calibrate.report import write_report
+    from stepgap.common.fileio import check_writable
     out = Path(args.out)
     command = command_line("validate")
     check_writable(out, "--out", folder=True)

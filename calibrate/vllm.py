@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from common.errors import UserError, where
-from common.fileio import parse_json, read_bytes
-from common.formats import LANES, Span
+from stepgap.common.errors import UserError, where
+from stepgap.common.fileio import parse_json, read_bytes
+from stepgap.common.formats import LANES, Span
 
 # vLLM 0.32's annotations (VLLM_CUSTOM_SCOPES_FOR_PROFILING=1; vllm/v1/worker/gpu_model_runner.py
 # record_function scopes, vllm/v1/worker/gpu_worker.py annotate_profile) -> (lane, op). Several

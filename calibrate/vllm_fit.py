@@ -36,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from calibrate.fit import device_points, fit_jitter, step_series
-from common.errors import UserError, where
-from common.fileio import read_text
+from stepgap.calibrate.fit import device_points, fit_jitter, step_series
+from stepgap.common.errors import UserError, where
+from stepgap.common.fileio import read_text
 
 FORMAT = "stepgap-profile/1"
 FEATURE_NAMES = {"cpu": ("a (fixed)", "b (per request)", "c (per token)"),
@@ -71,7 +71,7 @@ def determined(x: np.ndarray, tol: float = 1e-3) -> list[bool]:
 def fit_determined(xs, ys, names, what: str) -> tuple[list[float], float, list[str]]:
     """Non-negative least squares on the determined columns only: (coefficients with 0 for
     the others, median relative error, what was not determined)."""
-    from sim.profile import fit_points
+    from stepgap.sim.profile import fit_points
     x = np.asarray(xs, float)
     keep = determined(x)
     coef_k, err = fit_points(x[:, keep].tolist(), ys)
@@ -138,8 +138,8 @@ def load_runs(paths) -> tuple[list[Run], list[str]]:
     with its scrapes (NAME.before.txt, NAME.after.txt) and its timeline (the traces whose steps
     fall in its window, else the hook spans inside it). Every bench file must come from the
     same model and client settings."""
-    from calibrate.vllm import acceptance_from_scrapes, ingest_profile, read_source
-    from common.vllm_bench import read_bench
+    from stepgap.calibrate.vllm import acceptance_from_scrapes, ingest_profile, read_source
+    from stepgap.common.vllm_bench import read_bench
     kinds = classify(paths)
     if not kinds["bench"]:
         raise UserError("no `vllm bench serve --save-result` file among the inputs: calibrate "
@@ -214,7 +214,7 @@ def ahead_share(spans) -> float:
 
 def cpu_samples(spans) -> dict[str, list[tuple[int, int, float]]]:
     """Samples of every CPU term in one vLLM timeline: term -> [(reqs, tokens, us)]."""
-    from calibrate.fit import steps_of
+    from stepgap.calibrate.fit import steps_of
     out = defaultdict(list)
     steps = steps_of(spans)
     upd_starts, mid_waits = {}, {}
@@ -261,7 +261,7 @@ def cpu_samples(spans) -> dict[str, list[tuple[int, int, float]]]:
 
 def fit_cpu_terms(samples: dict) -> tuple[dict, dict, list[str]]:
     """CpuCosts fields (to_dict form), their fit quality, and what was not determined."""
-    from sim.costs import CPU_COSTS
+    from stepgap.sim.costs import CPU_COSTS
     costs, quality, missing = {}, {}, []
     for term in CPU_COSTS:
         rows = samples.get(term) or []
@@ -282,7 +282,7 @@ def fit_cpu_terms(samples: dict) -> tuple[dict, dict, list[str]]:
 
 def fit_device_ops(runs: list[Run]) -> tuple[list, list[str]]:
     """One fit per (op, draft pass, k) over the determined features."""
-    from sim.profile import Fit
+    from stepgap.sim.profile import Fit
     groups = defaultdict(list)
     for r in runs:
         for p in device_points(r.spans, r.k):
@@ -351,9 +351,9 @@ def calibrate_runs(runs: list[Run], meta: dict | None = None) -> dict:
 
 def resimulate_run(doc: dict, run: Run, profile_path: Path, **settings) -> dict:
     """One measured run re-simulated with the profile (its own accepted counts where known)."""
-    from common.vllm_bench import bench_requests
-    from sim.config import SimConfig
-    from sim.loop import simulate
+    from stepgap.common.vllm_bench import bench_requests
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.loop import simulate
     reqs = bench_requests(run.doc, run.path)
     cfg = SimConfig(mode=infer_mode(run), k=run.k, gpu="cpu", device="cpu", executor="process",
                     topology="vllm", profile=str(profile_path), model=settings.pop("model"),
@@ -370,7 +370,7 @@ def fit_levels(doc: dict, runs: list[Run]) -> None:
     model's config (doc["model"]["target"]). Runs whose client read the stream in bursts
     (bursty_share) time the client, not the engine: they are left out of both levels."""
     import tempfile
-    from common.vllm_bench import BURSTY_ITL_MS, bursty_share, is_bursty
+    from stepgap.common.vllm_bench import BURSTY_ITL_MS, bursty_share, is_bursty
     model = (doc.get("model") or {}).get("target")
     if not model:
         doc["undetermined"].append("client_latency_us, level: no model config given "
@@ -518,9 +518,9 @@ def register(sub) -> None:
 
 
 def cmd_ingest_profile(args) -> int:
-    from calibrate.vllm import ingest_profile
-    from common.fileio import check_writable
-    from common.formats import save_chrome_trace, save_timeline, step_gaps
+    from stepgap.calibrate.vllm import ingest_profile
+    from stepgap.common.fileio import check_writable
+    from stepgap.common.formats import save_chrome_trace, save_timeline, step_gaps
     check_writable(args.out, "--out")
     if args.chrome:
         check_writable(args.chrome, "--chrome")
@@ -538,8 +538,8 @@ def cmd_ingest_profile(args) -> int:
 
 
 def cmd_ingest_metrics(args) -> int:
-    from calibrate.vllm import acceptance_from_scrapes
-    from common.fileio import check_writable, read_text, write_text
+    from stepgap.calibrate.vllm import acceptance_from_scrapes
+    from stepgap.common.fileio import check_writable, read_text, write_text
     check_writable(args.out, "--out")
     doc = acceptance_from_scrapes(read_text(args.scrape), read_text(args.before)
                                   if args.before else None, args.scrape, args.before)
@@ -551,9 +551,9 @@ def cmd_ingest_metrics(args) -> int:
 
 
 def cmd_ingest_bench(args) -> int:
-    from common.vllm_bench import bench_requests, bench_result, read_bench
-    from common.fileio import check_writable
-    from common.formats import format_summary, save_result, save_trace
+    from stepgap.common.vllm_bench import bench_requests, bench_result, read_bench
+    from stepgap.common.fileio import check_writable
+    from stepgap.common.formats import format_summary, save_result, save_trace
     for path, option in ((args.out, "--out"), (args.trace_out, "--trace-out")):
         if path:
             check_writable(path, option)
@@ -568,7 +568,7 @@ def cmd_ingest_bench(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from common.fileio import check_writable, write_text
+    from stepgap.common.fileio import check_writable, write_text
     check_writable(args.out, "--out")
     runs, unused = load_runs(args.measured)
     for line in unused + [f"{r.name}: {n}" for r in runs for n in r.notes]:

@@ -27,8 +27,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-from common.errors import UserError
-from common.formats import TraceRequest
+from stepgap.common.errors import UserError
+from stepgap.common.formats import TraceRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +153,8 @@ def get_profile(name: str) -> AcceptanceProfile:
 
 def load_profile_file(path) -> AcceptanceProfile:
     """An acceptance file: {"format": "stepgap-acceptance/1", "rates": [...], ...}."""
-    from common.errors import where
-    from common.fileio import read_json
+    from stepgap.common.errors import where
+    from stepgap.common.fileio import read_json
     doc = read_json(path)
     if not isinstance(doc, dict) or doc.get("format") != FILE_FORMAT:
         raise UserError(f"{where(path, field='format')}: expected {FILE_FORMAT!r} (a file of "

@@ -19,8 +19,8 @@ import sys
 
 import numpy as np
 
-from common.errors import UserError
-from common.formats import (METRICS, RequestTiming, SpecStats, compute_metrics,
+from stepgap.common.errors import UserError
+from stepgap.common.formats import (METRICS, RequestTiming, SpecStats, compute_metrics,
                             gap_summary, load_result)
 
 STATS = ("mean", "median", "p99")

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from common.errors import UserError
+from stepgap.common.errors import UserError
 
 try:
     import tomllib

@@ -19,8 +19,8 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
-from common.errors import UserError, where
-from common.fileio import json_lines, read_json_object, write_json, write_text
+from stepgap.common.errors import UserError, where
+from stepgap.common.fileio import json_lines, read_json_object, write_json, write_text
 
 MODES = ("sync", "async", "zero-bubble")
 # cpu.frontend: the API server of a served engine (vLLM's, or `stepgap serve`), between a step's

@@ -44,8 +44,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from common.errors import UserError, where
-from common.fileio import read_json
+from stepgap.common.errors import UserError, where
+from stepgap.common.fileio import read_json
 
 LLAMA3_ROPE_8K = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}

@@ -33,9 +33,9 @@ import sys
 import time
 from pathlib import Path
 
-from common.errors import UserError
-from common.formats import METRICS, MODES
-from common.modelcfg import SPEC_METHODS
+from stepgap.common.errors import UserError
+from stepgap.common.formats import METRICS, MODES
+from stepgap.common.modelcfg import SPEC_METHODS
 
 EXECUTORS = ("inline", "process")
 DEVICES = ("cpu", "cuda")
@@ -260,7 +260,7 @@ def add_scheduler_args(p, defaults=None, blocks_help: str = ""):
 
 
 def add_load_args(p, default_workload: str = "mtbench"):
-    from common.workloads import BUILTIN
+    from stepgap.common.workloads import BUILTIN
     g = p.add_argument_group("workload and load (as `vllm bench serve`)")
     g.add_argument("--trace", "--workload", "--dataset-path", dest="trace", default=None,
                    metavar="NAME|FILE",
@@ -397,7 +397,7 @@ def result_path(args, backend: str, model: str) -> Path | None:
 def check_outputs(args, result: Path | None, timeline=(), chrome: str | None = None) -> None:
     """Every output path of a run (its result, its timeline files), checked before the run
     starts (common/fileio.py check_writable), each named by its option."""
-    from common.fileio import check_writable
+    from stepgap.common.fileio import check_writable
     if result is not None:
         check_writable(result, "--result-json" if args.result_json else "--save-result")
     for path in timeline or ():
@@ -428,7 +428,7 @@ def fill_load_defaults(args) -> None:
 
 
 def workload_from_args(args, default_workload: str = "mtbench"):
-    from common.workloads import apply_request_rate, load_workload
+    from stepgap.common.workloads import apply_request_rate, load_workload
     fill_load_defaults(args)
     reqs = load_workload(args.trace or default_workload, args.num_prompts, args.output_len,
                          args.seed)
@@ -448,7 +448,7 @@ def note(args, text: str) -> None:
 def vllm_option_names() -> frozenset[str]:
     """Every long option of `vllm serve` and `vllm bench serve` (common/vllm_options.json,
     dumped from vLLM's own parsers; its header names the version)."""
-    from common.fileio import read_json
+    from stepgap.common.fileio import read_json
     doc = read_json(Path(__file__).with_name("vllm_options.json"))
     return frozenset(doc["serve"]) | frozenset(doc["bench_serve"])
 

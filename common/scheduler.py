@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from common.errors import UserError
+from stepgap.common.errors import UserError
 
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
 

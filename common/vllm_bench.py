@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.errors import UserError, where
-from common.fileio import read_json
-from common.formats import RequestTiming, TraceRequest, run_result
+from stepgap.common.errors import UserError, where
+from stepgap.common.fileio import read_json
+from stepgap.common.formats import RequestTiming, TraceRequest, run_result
 
 BENCH_KEYS = ("date", "backend", "model_id", "num_prompts", "completed", "duration",
               "mean_tpot_ms")

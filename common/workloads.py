@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.errors import UserError
-from common.formats import TraceRequest, load_trace
+from stepgap.common.errors import UserError
+from stepgap.common.formats import TraceRequest, load_trace
 
 # MT-bench first-turn prompts per category, in Llama-3 tokens after the Llama-3.1 chat template
 # (its system header with the knowledge and current dates adds about 36 tokens): means of the
@@ -91,7 +91,7 @@ def load_workload(spec: str, num_prompts: int | None = None, output_len: int | N
         raise UserError(f"unknown workload {spec!r}: expected one of {', '.join(BUILTIN)} "
                         "or a trace file (JSON lines, or a `vllm bench serve` result)")
     if spec.endswith(".json"):   # a vllm bench serve result: the trace it served
-        from common.vllm_bench import bench_requests, read_bench
+        from stepgap.common.vllm_bench import bench_requests, read_bench
         reqs = bench_requests(read_bench(spec), spec)
     else:
         reqs = load_trace(spec)

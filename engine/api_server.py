@@ -39,15 +39,15 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from common.errors import UserError
-from common.formats import (RequestTiming, Span, SpecStats, run_result, save_chrome_trace,
+from stepgap.common.errors import UserError
+from stepgap.common.formats import (RequestTiming, Span, SpecStats, run_result, save_chrome_trace,
                             save_result, save_timeline, step_gaps)
-from engine.core_proc import engine_core_main
-from engine.metrics import CONTENT_TYPE, Metrics
-from engine.protocol import (SSE_DONE, APIError, ChatCompletionRequest, CompletionRequest,
+from stepgap.engine.core_proc import engine_core_main
+from stepgap.engine.metrics import CONTENT_TYPE, Metrics
+from stepgap.engine.protocol import (SSE_DONE, APIError, ChatCompletionRequest, CompletionRequest,
                              Shapes, check_sampling, completion_prompts, new_id, parse, sse,
                              usage)
-from engine.tokenizer import Detokenizer, ServedTokenizer
+from stepgap.engine.tokenizer import Detokenizer, ServedTokenizer
 
 START_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 3.0

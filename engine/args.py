@@ -18,13 +18,13 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 
-from common.errors import UserError
-from common.formats import MODES
-from common.options import DEVICES, EXECUTORS, MAX_K
-from common.scheduler import cdiv
-from engine.kv_cache import BLOCK_SIZE
-from engine.loop import EngineConfig
-from engine.sampler import SamplingConfig
+from stepgap.common.errors import UserError
+from stepgap.common.formats import MODES
+from stepgap.common.options import DEVICES, EXECUTORS, MAX_K
+from stepgap.common.scheduler import cdiv
+from stepgap.engine.kv_cache import BLOCK_SIZE
+from stepgap.engine.loop import EngineConfig
+from stepgap.engine.sampler import SamplingConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 RESERVED_BYTES = 2 * 2 ** 30   # CUDA context, graphs and activations, kept out of the KV cache
@@ -91,11 +91,11 @@ class EngineArgs:
         return self.dtype or ("bfloat16" if self.device == "cuda" else "float32")
 
     def target_config(self):
-        from engine.checkpoint import target_config
+        from stepgap.engine.checkpoint import target_config
         return target_config(self.model)
 
     def draft_config(self, target=None):
-        from engine.checkpoint import check_draft_fits, draft_config
+        from stepgap.engine.checkpoint import check_draft_fits, draft_config
         if not self.draft:
             return None
         target = target or self.target_config()
@@ -150,7 +150,7 @@ class EngineArgs:
                 "--max-model-len or --kv-cache-gib")
 
     def worker_spec(self):
-        from engine.worker import WorkerSpec
+        from stepgap.engine.worker import WorkerSpec
         blocks = self.num_blocks()
         self.check_memory(blocks)
         return WorkerSpec(self.model, self.draft, self.device, self.dtype,
@@ -169,7 +169,7 @@ class EngineArgs:
                             self.block_size, self.target_config().max_position_embeddings)
 
     def make_executor(self):
-        from engine.executor import make_executor
+        from stepgap.engine.executor import make_executor
         return make_executor(self.executor, self.worker_spec(), self.pin)
 
     def with_(self, **changes) -> "EngineArgs":

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-from engine.eagle3 import Eagle3Head
-from engine.model import Llama, init_weights
-from engine.tiny import TINY_TARGET, build_tiny, tiny_draft_config
-from common.errors import UserError, where
-from common.fileio import read_json_object, write_bytes, write_json
-from common.modelcfg import (DRAFT_PRESETS, MODEL_PRESETS, Eagle3Config, ModelConfig,
+from stepgap.engine.eagle3 import Eagle3Head
+from stepgap.engine.model import Llama, init_weights
+from stepgap.engine.tiny import TINY_TARGET, build_tiny, tiny_draft_config
+from stepgap.common.errors import UserError, where
+from stepgap.common.fileio import read_json_object, write_bytes, write_json
+from stepgap.common.modelcfg import (DRAFT_PRESETS, MODEL_PRESETS, Eagle3Config, ModelConfig,
                               load_draft_config, load_model_config)
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common.errors import UserError
-from common.options import (MAX_SPREAD, add_engine_args, add_load_args, add_model_args,
+from stepgap.common.errors import UserError
+from stepgap.common.options import (MAX_SPREAD, add_engine_args, add_load_args, add_model_args,
                             add_result_args, add_scheduler_args, at_most, nonneg_float,
                             nonneg_int, positive_float, rates_arg)
 
@@ -43,7 +43,7 @@ ACCEPTANCE_HELP = (
 
 
 def acceptance_arg(text: str):
-    from common.acceptance import PROFILES
+    from stepgap.common.acceptance import PROFILES
     if text == "replay" or text in PROFILES:
         return text
     try:
@@ -56,7 +56,7 @@ def acceptance_arg(text: str):
 
 def add_run_args(p) -> None:
     """The engine's options: shared with `stepgap serve`."""
-    from engine.args import EngineArgs
+    from stepgap.engine.args import EngineArgs
     d = EngineArgs(model="")
     g = add_model_args(p, d)
     g.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "float64"),
@@ -107,8 +107,8 @@ def register(sub) -> None:
 
 
 def sampling_from_args(args):
-    from common.acceptance import PROFILES, AcceptanceProfile
-    from engine.sampler import SamplingConfig
+    from stepgap.common.acceptance import PROFILES, AcceptanceProfile
+    from stepgap.engine.sampler import SamplingConfig
     syn = args.synthetic_acceptance
     profile = None
     if syn not in (None, "replay"):
@@ -128,9 +128,9 @@ FIELDS = ("dtype", "random_weights", "cuda_graphs", "pin", "device", "block_size
 
 def engine_args_from(args):
     """The EngineArgs of a command line (run, serve): what it gives, else the defaults."""
-    from common.options import (check_tensor_parallel, executor_from_args, mode_from_args,
+    from stepgap.common.options import (check_tensor_parallel, executor_from_args, mode_from_args,
                                 speculative_from_args)
-    from engine.args import EngineArgs
+    from stepgap.engine.args import EngineArgs
     if not args.model:
         raise UserError("--model is required (a Llama folder, a preset, or tiny)")
     check_tensor_parallel(args, who="the engine (one device)")
@@ -150,11 +150,11 @@ def engine_args_from(args):
 
 
 def cmd_run(args) -> int:
-    from common.formats import format_summary, save_chrome_trace, save_result, save_timeline
-    from common.options import (check_outputs, note, percentiles_from_args, result_path,
+    from stepgap.common.formats import format_summary, save_chrome_trace, save_result, save_timeline
+    from stepgap.common.options import (check_outputs, note, percentiles_from_args, result_path,
                                 workload_from_args)
-    from engine.executor import WorkerDied
-    from engine.loop import config_summary, run_trace
+    from stepgap.engine.executor import WorkerDied
+    from stepgap.engine.loop import config_summary, run_trace
 
     ea = engine_args_from(args)
     requests = workload_from_args(args)  # also fills the unset load options (seed)

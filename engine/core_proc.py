@@ -30,11 +30,11 @@ import signal
 import threading
 import traceback
 
-from common.errors import UserError
-from common.formats import TraceRequest
-from engine.executor import exit_now
-from engine.loop import EngineCore, step_loop
-from engine.worker import RunConfig
+from stepgap.common.errors import UserError
+from stepgap.common.formats import TraceRequest
+from stepgap.engine.executor import exit_now
+from stepgap.engine.loop import EngineCore, step_loop
+from stepgap.engine.worker import RunConfig
 
 IDLE_POLL_S = 0.5   # how often an idle engine checks that the front end is still there
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.model import MLP, Attention, RMSNorm, Rope
-from common.modelcfg import Eagle3Config
+from stepgap.engine.model import MLP, Attention, RMSNorm, Rope
+from stepgap.common.modelcfg import Eagle3Config
 
 
 class Eagle3Layer(nn.Module):

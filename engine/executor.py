@@ -25,9 +25,9 @@ import traceback
 from collections import deque
 from pathlib import Path
 
-from common.errors import UserError
-from common.options import EXECUTORS
-from engine.worker import RunConfig, StepMsg, StepResult, Worker, WorkerSpec
+from stepgap.common.errors import UserError
+from stepgap.common.options import EXECUTORS
+from stepgap.engine.worker import RunConfig, StepMsg, StepResult, Worker, WorkerSpec
 
 
 

@@ -18,8 +18,8 @@ from typing import Callable
 
 import torch
 
-from engine.kv_cache import make_context, set_context
-from common.scheduler import cdiv
+from stepgap.engine.kv_cache import make_context, set_context
+from stepgap.common.scheduler import cdiv
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 

@@ -26,16 +26,16 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from common.acceptance import Acceptance, check_replay
-from common.errors import UserError
-from common.formats import (METRICS, PERCENTILES, RequestTiming, Span, SpecStats, TraceRequest,
+from stepgap.common.acceptance import Acceptance, check_replay
+from stepgap.common.errors import UserError
+from stepgap.common.formats import (METRICS, PERCENTILES, RequestTiming, Span, SpecStats, TraceRequest,
                             run_result, step_gaps)
-from common.scheduler import FINISHED, Request, Scheduler, SchedulerConfig, SchedulerOutput
-from common.workloads import LoadGenerator
-from engine.kv_cache import BLOCK_SIZE
-from engine.sampler import SamplingConfig
-from engine.timing import HostSpans
-from engine.worker import ReqRow, RunConfig, StepMsg
+from stepgap.common.scheduler import FINISHED, Request, Scheduler, SchedulerConfig, SchedulerOutput
+from stepgap.common.workloads import LoadGenerator
+from stepgap.engine.kv_cache import BLOCK_SIZE
+from stepgap.engine.sampler import SamplingConfig
+from stepgap.engine.timing import HostSpans
+from stepgap.engine.worker import ReqRow, RunConfig, StepMsg
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.kv_cache import dense_causal_attention, get_context, paged_attention
-from common.modelcfg import ModelConfig
+from stepgap.engine.kv_cache import dense_causal_attention, get_context, paged_attention
+from stepgap.common.modelcfg import ModelConfig
 
 
 class RMSNorm(nn.Module):

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from common.acceptance import AcceptanceProfile
-from common.errors import UserError
+from stepgap.common.acceptance import AcceptanceProfile
+from stepgap.common.errors import UserError
 
 
 @dataclass(frozen=True, slots=True)

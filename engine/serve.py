@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common.errors import UserError
+from stepgap.common.errors import UserError
 
 SERVE_EPILOG = """\
 examples:
@@ -41,8 +41,8 @@ timeline and result, and stops every process within a few seconds.
 
 
 def register(sub) -> None:
-    from common.options import nonneg_int
-    from engine.cli import add_run_args
+    from stepgap.common.options import nonneg_int
+    from stepgap.engine.cli import add_run_args
     p = sub.add_parser(
         "serve", help="serve the engine over HTTP with the OpenAI API, as `vllm serve`",
         description="Serve the reference engine behind an OpenAI-compatible streaming server "
@@ -79,11 +79,11 @@ def register(sub) -> None:
 
 
 def cmd_serve(args) -> int:
-    from common.options import note
-    from engine.api_server import EngineClient, build_app, run_server
-    from engine.cli import engine_args_from
-    from engine.loop import config_summary
-    from engine.tokenizer import ServedTokenizer
+    from stepgap.common.options import note
+    from stepgap.engine.api_server import EngineClient, build_app, run_server
+    from stepgap.engine.cli import engine_args_from
+    from stepgap.engine.loop import config_summary
+    from stepgap.engine.tokenizer import ServedTokenizer
 
     if args.model_tag:
         if args.model and args.model != args.model_tag:

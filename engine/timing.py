@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import torch
 
-from common.formats import Span
+from stepgap.common.formats import Span
 
 
 def now_us(t0_ns: int = 0) -> float:

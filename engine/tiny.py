@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.eagle3 import Eagle3Head
-from engine.model import Llama, init_weights
-from common.modelcfg import Eagle3Config, ModelConfig
+from stepgap.engine.eagle3 import Eagle3Head
+from stepgap.engine.model import Llama, init_weights
+from stepgap.common.modelcfg import Eagle3Config, ModelConfig
 
 TINY_TARGET = ModelConfig(
     "tiny-llama", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.errors import UserError
+from stepgap.common.errors import UserError
 
 
 def load_tokenizer(folder: Path | str):
@@ -26,7 +26,7 @@ def load_tokenizer(folder: Path | str):
     path = Path(folder) / "tokenizer.json"
     if not path.is_file():
         raise UserError(f"{path}: no tokenizer there")
-    from common.fileio import read_text
+    from stepgap.common.fileio import read_text
     try:
         return Tokenizer.from_str(read_text(path))
     except Exception as e:   # tokenizers raises its own exception type
@@ -36,7 +36,7 @@ def load_tokenizer(folder: Path | str):
 def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
-    from common.fileio import read_json
+    from stepgap.common.fileio import read_json
     d = read_json(path)
     return d if isinstance(d, dict) else {}
 

@@ -28,13 +28,13 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from common.errors import UserError
-from common.formats import MODES, Span
-from engine.checkpoint import load_draft, load_target
-from engine.graphs import DecodeGraphs, capture_decode_graphs
-from engine.kv_cache import BLOCK_SIZE, KVCache, make_context, set_context
-from engine.sampler import SamplingConfig, rejection_sample
-from engine.timing import DeviceTimer, HostSpans
+from stepgap.common.errors import UserError
+from stepgap.common.formats import MODES, Span
+from stepgap.engine.checkpoint import load_draft, load_target
+from stepgap.engine.graphs import DecodeGraphs, capture_decode_graphs
+from stepgap.engine.kv_cache import BLOCK_SIZE, KVCache, make_context, set_context
+from stepgap.engine.sampler import SamplingConfig, rejection_sample
+from stepgap.engine.timing import DeviceTimer, HostSpans
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float64": torch.float64}

@@ -10,16 +10,16 @@ import argparse
 import textwrap
 from pathlib import Path
 
-from common.acceptance import PROFILES
-from common.modelcfg import DRAFT_PRESETS
-from common.options import (MAX_MS, MAX_SCALE, MAX_SKEW, MAX_SPREAD, MAX_US,
+from stepgap.common.acceptance import PROFILES
+from stepgap.common.modelcfg import DRAFT_PRESETS
+from stepgap.common.options import (MAX_MS, MAX_SCALE, MAX_SKEW, MAX_SPREAD, MAX_US,
                             add_engine_args, add_load_args, add_model_args, add_result_args,
                             add_scheduler_args, at_most, executor_from_args, mode_from_args,
                             nonneg_float, rates_arg, speculative_from_args)
-from sim.config import TOPOLOGIES, SimConfig
-from sim.costs import CPU_COSTS, CPU_OPS, CpuCosts
-from sim.hardware import CATALOG
-from sim.presets import PRESETS
+from stepgap.sim.config import TOPOLOGIES, SimConfig
+from stepgap.sim.costs import CPU_COSTS, CPU_OPS, CpuCosts
+from stepgap.sim.hardware import CATALOG
+from stepgap.sim.presets import PRESETS
 
 D = SimConfig()
 CPU = CpuCosts()
@@ -191,7 +191,7 @@ FIELDS = ("mode", "gpu", "model", "method", "moe_routing_skew", "all_reduce_late
 
 def config_from_args(args) -> SimConfig:
     """Defaults, then the preset, then what the command line gives."""
-    from sim.presets import get_preset
+    from stepgap.sim.presets import get_preset
 
     settings = dict(get_preset(args.preset).settings) if args.preset else {}
     args.mode = mode_from_args(args)
@@ -232,10 +232,10 @@ def chrome_path(path: str) -> Path:
 
 
 def run(args) -> int:
-    from sim.loop import simulate
-    from sim.presets import comparison_table, get_preset
-    from common.formats import format_summary, save_chrome_trace, save_result, save_timeline
-    from common.options import check_outputs, note, result_path
+    from stepgap.sim.loop import simulate
+    from stepgap.sim.presets import comparison_table, get_preset
+    from stepgap.common.formats import format_summary, save_chrome_trace, save_result, save_timeline
+    from stepgap.common.options import check_outputs, note, result_path
 
     cfg = config_from_args(args)
     out = result_path(args, "stepgap-sim", cfg.model)

@@ -14,17 +14,17 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import NamedTuple
 
-from common.acceptance import AcceptanceProfile, default_profile, get_profile
-from sim.costs import CPU_COSTS, BF16, CpuCosts, DeviceCosts, OpCost, RooflineCosts
-from sim.profile import Profile, ProfileCosts, load_profile
-from sim.hardware import GIB, Hardware, get_hardware
-from common.errors import UserError
-from common.formats import METRICS, MODES
-from common.options import (DEVICES, EXECUTORS, MAX_K, MAX_MS, MAX_PROMPTS, MAX_SCALE,
+from stepgap.common.acceptance import AcceptanceProfile, default_profile, get_profile
+from stepgap.sim.costs import CPU_COSTS, BF16, CpuCosts, DeviceCosts, OpCost, RooflineCosts
+from stepgap.sim.profile import Profile, ProfileCosts, load_profile
+from stepgap.sim.hardware import GIB, Hardware, get_hardware
+from stepgap.common.errors import UserError
+from stepgap.common.formats import METRICS, MODES
+from stepgap.common.options import (DEVICES, EXECUTORS, MAX_K, MAX_MS, MAX_PROMPTS, MAX_SCALE,
                             MAX_SKEW, MAX_SPREAD, MAX_US)
-from common.modelcfg import (SPEC_METHODS, Eagle3Config, ModelConfig, default_draft_model,
+from stepgap.common.modelcfg import (SPEC_METHODS, Eagle3Config, ModelConfig, default_draft_model,
                               load_drafter, load_model_config)
-from common.scheduler import SchedulerConfig
+from stepgap.common.scheduler import SchedulerConfig
 
 # Old spellings of fields and values, still read (grid files, folders written before).
 ALIASES = {"worker": "executor", "num_kv_blocks": "num_gpu_blocks_override",

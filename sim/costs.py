@@ -23,9 +23,9 @@ from typing import Protocol
 
 import numpy as np
 
-from sim.hardware import Hardware
-from common.errors import UserError
-from common.modelcfg import Eagle3Config, ModelConfig
+from stepgap.sim.hardware import Hardware
+from stepgap.common.errors import UserError
+from stepgap.common.modelcfg import Eagle3Config, ModelConfig
 
 BF16 = 2  # bytes per weight, activation and KV element
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.errors import UserError
+from stepgap.common.errors import UserError
 
 GB = 1e9
 GIB = 2 ** 30

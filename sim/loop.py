@@ -54,13 +54,13 @@ from dataclasses import dataclass
 
 import simpy
 
-from common.acceptance import Acceptance
-from sim.config import CPU_PROPOSERS, SimConfig, resolve
-from sim.costs import Batch, DeviceCosts, Jitter
-from common.errors import UserError
-from common.formats import RequestTiming, Span, SpecStats, TraceRequest, run_result
-from common.scheduler import FINISHED, Request, Scheduler, SchedulerConfig, SchedulerOutput
-from common.workloads import LoadGenerator, apply_request_rate, load_workload
+from stepgap.common.acceptance import Acceptance
+from stepgap.sim.config import CPU_PROPOSERS, SimConfig, resolve
+from stepgap.sim.costs import Batch, DeviceCosts, Jitter
+from stepgap.common.errors import UserError
+from stepgap.common.formats import RequestTiming, Span, SpecStats, TraceRequest, run_result
+from stepgap.common.scheduler import FINISHED, Request, Scheduler, SchedulerConfig, SchedulerOutput
+from stepgap.common.workloads import LoadGenerator, apply_request_rate, load_workload
 
 FRONTEND, ENGINE, WORKER, DEVICE = "cpu.frontend", "cpu.engine", "cpu.worker", "device"
 

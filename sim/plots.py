@@ -17,9 +17,9 @@ from matplotlib.colors import Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from sim.sweep import SweepTable
-from common.errors import UserError
-from common.formats import LANES, Span, step_gaps
+from stepgap.sim.sweep import SweepTable
+from stepgap.common.errors import UserError
+from stepgap.common.formats import LANES, Span, step_gaps
 
 DPI = 130
 X_AXES = ("max_concurrency", "request_rate")
@@ -339,7 +339,7 @@ def save(fig: Figure, path) -> None:
     """The figure as a PNG, written atomically (common/fileio.py)."""
     import io
 
-    from common.fileio import write_bytes
+    from stepgap.common.fileio import write_bytes
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
     write_bytes(path, buf.getvalue())
@@ -513,7 +513,7 @@ def window_spans(spans: list[Span], t0: float, t1: float) -> list[Span]:
 def chrome_panels(panels: list[Panel], steps=None, at_gap=None, pad_ms: float = 5.0) -> dict:
     """One Chrome-trace/Perfetto document of every panel's window, one process per panel,
     times relative to each window's start so the panels line up."""
-    from common.formats import chrome_trace
+    from stepgap.common.formats import chrome_trace
 
     events = []
     for pid, p in enumerate(panels, 1):

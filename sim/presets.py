@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.errors import UserError
+from stepgap.common.errors import UserError
 
 SEED_COLUMNS = ("mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms")
 

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.costs import Batch, CpuCosts, DeviceCosts
-from common.errors import UserError, where
-from common.fileio import read_json_object
+from stepgap.sim.costs import Batch, CpuCosts, DeviceCosts
+from stepgap.common.errors import UserError, where
+from stepgap.common.fileio import read_json_object
 
 FORMAT = "stepgap-profile/1"
 FEATURES = ("1", "tokens", "reqs", "padded")

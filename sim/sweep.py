@@ -39,10 +39,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Iterator
 
-from sim.config import ALIASES, SimConfig, resolve
-from common.errors import UserError, where
-from common.fileio import decode_text, parse_json, read_bytes, read_json, read_toml, write_text
-from common.formats import METRICS, MODES, NONFINITE, save_result
+from stepgap.sim.config import ALIASES, SimConfig, resolve
+from stepgap.common.errors import UserError, where
+from stepgap.common.fileio import decode_text, parse_json, read_bytes, read_json, read_toml, write_text
+from stepgap.common.formats import METRICS, MODES, NONFINITE, save_result
 
 GRID_KEYS = tuple(f.name for f in fields(SimConfig) if f.name not in ("detailed", "timeline"))
 _TYPES = {f.name: str(f.type) for f in fields(SimConfig)}
@@ -262,7 +262,7 @@ class Grid:
     def cells(self) -> list[GridCell]:
         """Every cell, validated: its SimConfig is built and resolved and its workload checked,
         so that no run starts unless all can."""
-        from sim.loop import build_workload, check_requests
+        from stepgap.sim.loop import build_workload, check_requests
 
         cells, workloads = [], {}
         for combo in itertools.product(*self.axes.values()):
@@ -288,7 +288,7 @@ def build_grid(specs: list[str] = (), grid_file=None, preset: str | None = None,
                sets: list[str] = ()) -> Grid:
     """A grid from the command line: file axes first, then --grid axes (which replace a file's
     axis of the same name); base = the preset's settings, the file's base, then --set."""
-    from sim.presets import get_preset
+    from stepgap.sim.presets import get_preset
 
     file_preset, base, axes = load_grid_file(grid_file) if grid_file else (None, {}, {})
     seen = set()
@@ -359,7 +359,7 @@ def cell_key(cfg: SimConfig) -> str:
 
 def run_cell(settings: dict) -> dict:
     """Simulate one cell; its metrics. Runs in a worker process or on a cluster worker."""
-    from sim.loop import simulate
+    from stepgap.sim.loop import simulate
 
     res, _ = simulate(SimConfig(**settings))
     return metrics_of(res)

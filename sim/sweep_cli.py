@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from common.options import MAX_MS, at_most, positive_float, positive_int
+from stepgap.common.options import MAX_MS, at_most, positive_float, positive_int
 
 SWEEP_DESCRIPTION = """\
 Run the simulator over a grid of what-ifs (mode, k, concurrency or request rate, GPU, model,
@@ -190,8 +190,8 @@ def _steps(text: str) -> tuple[int, int]:
 
 
 def run_sweep_cmd(args) -> int:
-    from common.fileio import check_writable
-    from sim.sweep import CellStore, build_grid, cell_notes, format_cell, run_sweep
+    from stepgap.common.fileio import check_writable
+    from stepgap.sim.sweep import CellStore, build_grid, cell_notes, format_cell, run_sweep
 
     grid = build_grid(args.grid, args.grid_file, args.preset, args.set)
     if not args.dry_run:
@@ -224,8 +224,8 @@ def run_sweep_cmd(args) -> int:
 
 
 def plot_sweep_cmd(args) -> int:
-    from common.fileio import check_writable
-    from sim.sweep import load_sweep
+    from stepgap.common.fileio import check_writable
+    from stepgap.sim.sweep import load_sweep
 
     table = load_sweep(args.sweep)
     src = Path(args.sweep)
@@ -239,10 +239,10 @@ def draw_sweep(table, out: Path, metric: str, x: str | None, quiet: bool) -> int
     import io
     import math
 
-    from sim import plots
-    from sim.sweep import COLUMNS, TEXT_COLUMNS
-    from common.errors import UserError
-    from common.fileio import write_text
+    from stepgap.sim import plots
+    from stepgap.sim.sweep import COLUMNS, TEXT_COLUMNS
+    from stepgap.common.errors import UserError
+    from stepgap.common.fileio import write_text
 
     if metric not in COLUMNS or metric in TEXT_COLUMNS:
         numeric = [c for c in COLUMNS if c not in TEXT_COLUMNS]
@@ -301,10 +301,10 @@ def parse_timeline_spec(text: str) -> tuple[str, str, str]:
 def plot_timeline_cmd(args) -> int:
     import json
 
-    from sim import plots
-    from common.errors import UserError
-    from common.fileio import check_writable, write_text
-    from common.formats import load_timeline
+    from stepgap.sim import plots
+    from stepgap.common.errors import UserError
+    from stepgap.common.fileio import check_writable, write_text
+    from stepgap.common.formats import load_timeline
 
     if args.steps and args.at_gap is not None:
         raise UserError("give --steps or --at-gap, not both")

@@ -13,22 +13,22 @@ import os
 import signal
 import sys
 
-from common.errors import UserError
+from stepgap.common.errors import UserError
 from stepgap import __version__
 
 COMMAND_MODULES = [
-    "sim.cli",
-    "sim.sweep_cli",
-    "engine.cli",
-    "engine.serve",
-    "training.cli",
-    "calibrate.demo",
-    "calibrate.profile",
-    "calibrate.validate",
-    "calibrate.gpu",
-    "calibrate.vllm_fit",
-    "calibrate.serve_fit",
-    "common.compare",
+    "stepgap.sim.cli",
+    "stepgap.sim.sweep_cli",
+    "stepgap.engine.cli",
+    "stepgap.engine.serve",
+    "stepgap.training.cli",
+    "stepgap.calibrate.demo",
+    "stepgap.calibrate.profile",
+    "stepgap.calibrate.validate",
+    "stepgap.calibrate.gpu",
+    "stepgap.calibrate.vllm_fit",
+    "stepgap.calibrate.serve_fit",
+    "stepgap.common.compare",
 ]
 
 DESCRIPTION = """\
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         command = parser.commands[args.command]
         if not getattr(args, "vllm_options", False):
             command.error(f"unrecognized arguments: {' '.join(extra)}")
-        from common.options import ignore_vllm_options
+        from stepgap.common.options import ignore_vllm_options
         ignore_vllm_options(command, args, extra)
     on_main_thread = threading_main()
     if on_main_thread:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from common.formats import TraceRequest
-from engine.args import EngineArgs
-from engine.loop import run_trace
+from stepgap.common.formats import TraceRequest
+from stepgap.engine.args import EngineArgs
+from stepgap.engine.loop import run_trace
 
 TRAIN_STEPS = 150
 
@@ -26,7 +26,7 @@ torch.set_num_threads(1)
 def tiny_checkpoints(train_steps: int = TRAIN_STEPS) -> dict:
     """OUT/target, OUT/eagle3-yuhuili, OUT/eagle3-speculators; the head distilled so that drafts
     are accepted at every position. Built once per test process (a few seconds)."""
-    from training.tiny import make_tiny
+    from stepgap.training.tiny import make_tiny
     out = Path(tempfile.mkdtemp(prefix="stepgap-tiny-"))
     atexit.register(shutil.rmtree, out, ignore_errors=True)
     return make_tiny(out, seed=0, train_steps=train_steps)
@@ -59,7 +59,7 @@ REQS = mixed_requests(10)  # more than max_num_seqs = 4
 
 def run(executor, requests, mode="sync", k=0, num_blocks=512, max_num_seqs=4,
         max_num_batched_tokens=8192, sampling=None, max_concurrency=None, **kw):
-    from engine.sampler import SamplingConfig
+    from stepgap.engine.sampler import SamplingConfig
     cfg = EngineArgs(model="tiny", mode=mode, num_gpu_blocks_override=num_blocks,
                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      max_model_len=512, sampling=sampling or SamplingConfig()
@@ -82,7 +82,7 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
 
 @functools.lru_cache(maxsize=None)
 def reference_model(dtype=torch.float64):
-    from engine.checkpoint import load_target
+    from stepgap.engine.checkpoint import load_target
     model, _ = load_target(tiny_checkpoints()["target"], torch.device("cpu"), dtype)
     return model
 
@@ -90,7 +90,7 @@ def reference_model(dtype=torch.float64):
 @functools.lru_cache(maxsize=None)
 def expected(rid: str, prompt_len: int, output_len: int) -> tuple[int, ...]:
     """The target's own greedy output for a request of the tiny checkpoints."""
-    from engine.loop import prompt_ids
+    from stepgap.engine.loop import prompt_ids
     req = TraceRequest(rid, 0.0, prompt_len, output_len)
     return tuple(reference_greedy(reference_model(), prompt_ids(req, 512, 0), output_len))
 

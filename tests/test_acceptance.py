@@ -5,13 +5,13 @@ import math
 
 import pytest
 
-from common.acceptance import PROFILES, AcceptanceProfile
-from common.formats import TraceRequest
-from engine.args import EngineArgs
-from engine.loop import run_trace
-from engine.sampler import SamplingConfig
-from sim.config import SimConfig
-from sim.loop import simulate
+from stepgap.common.acceptance import PROFILES, AcceptanceProfile
+from stepgap.common.formats import TraceRequest
+from stepgap.engine.args import EngineArgs
+from stepgap.engine.loop import run_trace
+from stepgap.engine.sampler import SamplingConfig
+from stepgap.sim.config import SimConfig
+from stepgap.sim.loop import simulate
 
 RATES = (0.8, 0.5)     # given for two positions; k = 4 goes beyond them
 K = 4

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from sim.config import SimConfig
-from sim.loop import simulate
+from stepgap.sim.config import SimConfig
+from stepgap.sim.loop import simulate
 from stepgap.cli import main
-from common.compare import compare, ks_distance, pool_results
-from common.formats import load_result, save_result
+from stepgap.common.compare import compare, ks_distance, pool_results
+from stepgap.common.formats import load_result, save_result
 
 # The keys `vllm bench serve --save-result` writes (no step gaps, no config).
 VLLM_RESULT = {

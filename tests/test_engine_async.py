@@ -6,9 +6,9 @@ import signal
 
 import pytest
 
-from engine.executor import ProcessExecutor, WorkerDied
-from engine.sampler import SamplingConfig
-from engine.worker import WorkerSpec
+from stepgap.engine.executor import ProcessExecutor, WorkerDied
+from stepgap.engine.sampler import SamplingConfig
+from stepgap.engine.worker import WorkerSpec
 from tests.helpers import (REQS, assert_lossless, inline_executor, mixed_requests, run,
                            tiny_args, tiny_checkpoints)
 
@@ -131,7 +131,7 @@ def test_a_worker_error_is_reported_not_hung(tmp_path):
 def graph_executor():
     """The CUDA-graph path (static inputs padded to batch and KV-window buckets), emulated on
     the CPU: a replay runs the captured forward eagerly on the padded inputs."""
-    from engine.executor import InlineExecutor
+    from stepgap.engine.executor import InlineExecutor
     paths = tiny_checkpoints()
     spec = WorkerSpec(paths["target"], paths["eagle3-yuhuili"], "cpu", "float64", 512,
                       max_model_len=512, max_num_seqs=8, max_k=5, emulate_graphs=True)

@@ -7,9 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.checkpoint import load_draft, load_target
+from stepgap.engine.checkpoint import load_draft, load_target
 from tests.helpers import tiny_checkpoints
-from common.errors import UserError
+from stepgap.common.errors import UserError
 
 CPU = torch.device("cpu")
 

@@ -6,7 +6,7 @@ import pytest
 
 from tests.helpers import tiny_checkpoints
 from stepgap.cli import main
-from common.formats import load_result, load_timeline, save_trace, TraceRequest
+from stepgap.common.formats import load_result, load_timeline, save_trace, TraceRequest
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from common.formats import OPS, SIM_ONLY_OPS, VLLM_OPS, TraceRequest
-from engine.sampler import SamplingConfig
+from stepgap.common.formats import OPS, SIM_ONLY_OPS, VLLM_OPS, TraceRequest
+from stepgap.engine.sampler import SamplingConfig
 from tests.helpers import REQS, assert_lossless, inline_executor, run
 
 

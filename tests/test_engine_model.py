@@ -7,10 +7,10 @@ import torch
 
 import tests.helpers  # noqa: F401  (one torch thread)
 
-from engine.checkpoint import load_target, save_target
-from engine.kv_cache import BLOCK_SIZE, KVCache, make_context, set_context
-from engine.model import Llama, init_weights
-from engine.tiny import TINY_TARGET
+from stepgap.engine.checkpoint import load_target, save_target
+from stepgap.engine.kv_cache import BLOCK_SIZE, KVCache, make_context, set_context
+from stepgap.engine.model import Llama, init_weights
+from stepgap.engine.tiny import TINY_TARGET
 
 transformers = pytest.importorskip("transformers")
 

@@ -7,8 +7,8 @@ import torch
 
 import tests.helpers  # noqa: F401  (one torch thread)
 
-from engine.sampler import SamplingConfig, rejection_sample, target_probs
-from common.errors import UserError
+from stepgap.engine.sampler import SamplingConfig, rejection_sample, target_probs
+from stepgap.common.errors import UserError
 
 
 def logits_for(rows):
@@ -87,8 +87,8 @@ def test_top_k_and_top_p_restrict_the_distribution():
 
 def test_synthetic_rates_set_per_position_acceptance():
     # The engine core draws the counts (the simulator's model); the sampler then forces them.
-    from common.formats import TraceRequest
-    from engine.loop import EngineConfig, acceptance_plans
+    from stepgap.common.formats import TraceRequest
+    from stepgap.engine.loop import EngineConfig, acceptance_plans
     reqs = [TraceRequest(f"r{i}", 0.0, 4, 20) for i in range(2000)]
     plans = acceptance_plans(reqs, EngineConfig(k=3, sampling=SamplingConfig(
         synthetic=(0.8, 0.5, 0.2))))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.executor import ProcessExecutor, WorkerDied
-from engine.worker import WorkerSpec
+from stepgap.engine.executor import ProcessExecutor, WorkerDied
+from stepgap.engine.worker import WorkerSpec
 from tests.helpers import REQS, run, tiny_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,21 +113,21 @@ def test_a_stopped_worker_ends_the_run_with_a_clear_error():
 
 
 def test_a_request_too_long_is_refused_before_anything_is_built_for_it(monkeypatch):
-    import engine.loop
-    from common.errors import UserError
-    from common.formats import TraceRequest
+    import stepgap.engine.loop as engine_loop
+    from stepgap.common.errors import UserError
+    from stepgap.common.formats import TraceRequest
     from tests.helpers import inline_executor
     ex = inline_executor()
 
     def no_prompt_ids(*a):   # 10^9 prompt ids would be gigabytes
         raise AssertionError("prompt ids were built before the request-fits check")
-    monkeypatch.setattr(engine.loop, "prompt_ids", no_prompt_ids)
+    monkeypatch.setattr(engine_loop, "prompt_ids", no_prompt_ids)
     with pytest.raises(UserError, match=r"request 'big': prompt_len \+ output_len"):
         run(ex, [TraceRequest("ok", 0.0, 4, 4), TraceRequest("big", 0.0, 10 ** 9, 4)])
 
 
 def test_a_closed_stdout_is_no_traceback(tmp_path):
-    from common.formats import RequestTiming, run_result, save_result
+    from stepgap.common.formats import RequestTiming, run_result, save_result
     t = RequestTiming("a", 4, 0.0)
     t.add_chunk(0.1, 1)
     t.add_chunk(0.2, 1)

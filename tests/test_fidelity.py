@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.judge import bound_failures, judge_folder, load_known_misses, savings
+from stepgap.calibrate.judge import bound_failures, judge_folder, load_known_misses, savings
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = sorted(p for p in (ROOT / "traces" / "measured").glob("*")

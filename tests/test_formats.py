@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from common.errors import UserError
-from common.formats import (RequestTiming, Span, SpecStats, chrome_trace, compute_metrics,
+from stepgap.common.errors import UserError
+from stepgap.common.formats import (RequestTiming, Span, SpecStats, chrome_trace, compute_metrics,
                              format_summary, load_result, load_timeline, load_trace, run_result,
                              save_result, save_timeline, save_trace, step_gaps, TraceRequest)
 

@@ -29,7 +29,7 @@ from unittest import mock
 
 import pytest
 
-from common.formats import RequestTiming, run_result, save_result
+from stepgap.common.formats import RequestTiming, run_result, save_result
 from stepgap.cli import main
 
 SEED = int(os.environ.get("STEPGAP_FUZZ_SEED", "16"))
@@ -66,7 +66,7 @@ def result_doc() -> dict:
 
 
 def model_configs() -> tuple[dict, dict]:
-    from engine.tiny import TINY_TARGET, tiny_draft_config
+    from stepgap.engine.tiny import TINY_TARGET, tiny_draft_config
     return TINY_TARGET.to_hf_dict(), tiny_draft_config(TINY_TARGET).to_hf_dict()
 
 
@@ -88,7 +88,7 @@ def profile_doc() -> dict:
 
 
 def table_doc() -> dict:
-    from sim.sweep import COLUMNS, TEXT_COLUMNS
+    from stepgap.sim.sweep import COLUMNS, TEXT_COLUMNS
     rows = [{"k": k, "max_concurrency": c, **{m: 1.0 for m in COLUMNS},
              **{m: "sync" for m in TEXT_COLUMNS}, "cell": f"{k}{c}"}
             for k in (0, 1) for c in (1, 2)]
@@ -384,7 +384,7 @@ ACCEPTED_FAMILY = {
 
 
 def family_config(family: str) -> dict:
-    from common.modelcfg import HF_PRESETS
+    from stepgap.common.modelcfg import HF_PRESETS
     return json.loads(json.dumps(HF_PRESETS[FAMILY_PRESETS[family]]))
 
 
@@ -657,7 +657,7 @@ def disk_full_now():
         st = real(path)
         return os.statvfs_result((st.f_bsize, st.f_frsize, st.f_blocks, 0, 0, st.f_files,
                                   st.f_ffree, st.f_favail, st.f_flag, st.f_namemax))
-    with mock.patch("common.fileio.os.statvfs", statvfs):
+    with mock.patch("stepgap.common.fileio.os.statvfs", statvfs):
         yield
 
 
@@ -684,7 +684,7 @@ class _FillsUp:
 @contextlib.contextmanager
 def disk_full_while_writing():
     real = os.fdopen
-    with mock.patch("common.fileio.os.fdopen", lambda fd, mode: _FillsUp(real(fd, mode))):
+    with mock.patch("stepgap.common.fileio.os.fdopen", lambda fd, mode: _FillsUp(real(fd, mode))):
         yield
 
 

@@ -1,6 +1,7 @@
 """The layout is the architecture (docs/design.md, "Layout"): each folder one concern, the two
-halves independent, the layers importing only downwards, and the map in the docs true to the
-tree. Imports are read from the source (every `import`, inside functions too)."""
+halves independent, the layers importing only downwards, everything under the `stepgap.`
+namespace, and the map in the docs true to the tree. Imports are read from the source (every
+`import`, inside functions too)."""
 
 import ast
 import re
@@ -21,12 +22,20 @@ LAYERS = {
 
 
 def modules() -> dict[str, Path]:
+    """Every module by its installed name: the folders install under `stepgap.`
+    (pyproject.toml's package-dir), the command line is `stepgap` itself."""
     out = {}
     for pkg in LAYERS:
         for f in sorted((ROOT / pkg).rglob("*.py")):
-            name = ".".join(f.relative_to(ROOT).with_suffix("").parts)
+            parts = f.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts if pkg == "stepgap" else ("stepgap", *parts))
             out[name.removesuffix(".__init__")] = f
     return out
+
+
+def layer_of(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "stepgap"
 
 
 def imports_of(path: Path) -> set[str]:
@@ -47,17 +56,27 @@ GRAPH = {name: {m for m in imports_of(path) if m in MODULES and m != name}
 
 @pytest.mark.parametrize("layer", list(LAYERS))
 def test_each_layer_imports_only_the_layers_below_it(layer):
-    bad = {(name, m) for name, deps in GRAPH.items() if name.split(".")[0] == layer
-           for m in deps if m.split(".")[0] not in LAYERS[layer] | {layer}}
+    bad = {(name, m) for name, deps in GRAPH.items() if layer_of(name) == layer
+           for m in deps if layer_of(m) not in LAYERS[layer] | {layer}}
     assert not bad, sorted(bad)
 
 
 def test_neither_half_imports_the_other():
     for name, deps in GRAPH.items():
-        half = name.split(".")[0]
+        half = layer_of(name)
         if half in ("sim", "engine"):
             other = "engine" if half == "sim" else "sim"
-            assert not {m for m in deps if m.split(".")[0] == other}, name
+            assert not {m for m in deps if layer_of(m) == other}, name
+
+
+def test_nothing_imports_a_folder_by_its_bare_name():
+    """`import common` would take a generic name from the user's environment (and load a second
+    copy of the module beside `stepgap.common`): every import of the project says `stepgap.`."""
+    files = list(MODULES.values()) + sorted((ROOT / "tests").rglob("*.py")) \
+        + sorted((ROOT / "bench").rglob("*.py"))
+    bare = {(str(f.relative_to(ROOT)), m) for f in files for m in imports_of(f)
+            if m.split(".")[0] in LAYERS and m.split(".")[0] != "stepgap"}
+    assert not bare, sorted(bare)
 
 
 def test_there_is_no_import_cycle():

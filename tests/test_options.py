@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from common.formats import load_result
+from stepgap.common.formats import load_result
 from stepgap.cli import main
 from tests.helpers import tiny_checkpoints
 

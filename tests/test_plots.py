@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from matplotlib.patches import Rectangle
 
-from sim import plots
-from sim.sweep import SweepTable
+from stepgap.sim import plots
+from stepgap.sim.sweep import SweepTable
 from stepgap.cli import main
-from common.errors import UserError
-from common.formats import Span, save_timeline
+from stepgap.common.errors import UserError
+from stepgap.common.formats import Span, save_timeline
 
 MODES = ["sync", "async"]
 KS = [0, 1, 2]

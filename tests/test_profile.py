@@ -5,13 +5,13 @@ import json
 import numpy as np
 import pytest
 
-from calibrate.fit import build_profile, cpu_points, device_points
-from sim.costs import Batch, ConstantCosts
-from sim.profile import (FEATURES, Fit, Profile, ProfileCosts, batch_features, features,
+from stepgap.calibrate.fit import build_profile, cpu_points, device_points
+from stepgap.sim.costs import Batch, ConstantCosts
+from stepgap.sim.profile import (FEATURES, Fit, Profile, ProfileCosts, batch_features, features,
                          fit_points, load_profile, nnls)
 from stepgap.cli import main
-from common.errors import UserError
-from common.formats import Span
+from stepgap.common.errors import UserError
+from stepgap.common.formats import Span
 
 SHAPE = {"tokens": 5, "reqs": 1, "q": 5, "blocks": 2}
 
@@ -188,9 +188,9 @@ def test_simulate_with_a_profile_uses_its_device_and_cpu_costs(tmp_path):
 
 
 def test_a_profile_fitted_on_engine_runs_predicts_their_device_time():
-    from common.workloads import mtbench_like
-    from engine.args import EngineArgs
-    from engine.loop import run_trace
+    from stepgap.common.workloads import mtbench_like
+    from stepgap.engine.args import EngineArgs
+    from stepgap.engine.loop import run_trace
     ea = EngineArgs(model="tiny", draft="tiny-eagle3", k=2, dtype="float32",
                     num_gpu_blocks_override=256, max_model_len=512, max_num_seqs=4,
                     num_threads=1)

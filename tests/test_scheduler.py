@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from common.errors import UserError
-from common.scheduler import Request, Scheduler, SchedulerConfig
+from stepgap.common.errors import UserError
+from stepgap.common.scheduler import Request, Scheduler, SchedulerConfig
 
 
 def drive(cfg, reqs, accept, max_steps=100_000, aborts=None, eos=None):

@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from common.formats import load_result
-from engine.tokenizer import Detokenizer, ServedTokenizer
+from stepgap.common.formats import load_result
+from stepgap.engine.tokenizer import Detokenizer, ServedTokenizer
 from stepgap.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -271,10 +271,10 @@ def test_eos_stops_a_request_unless_ignore_eos_and_no_chat_template_is_a_400(tmp
     # tokenizer (no chat template) whose EOS is a token the tiny target writes greedily.
     import sysconfig
 
-    from common.formats import TraceRequest
-    from engine.args import EngineArgs
-    from engine.loop import run_trace
-    from training.corpus import save_tokenizer, train_tokenizer
+    from stepgap.common.formats import TraceRequest
+    from stepgap.engine.args import EngineArgs
+    from stepgap.engine.loop import run_trace
+    from stepgap.training.corpus import save_tokenizer, train_tokenizer
     prompt = [11, 22, 33, 44]
     ea = EngineArgs(model="tiny", dtype="float64", max_model_len=512,
                     num_gpu_blocks_override=64)
@@ -445,8 +445,8 @@ def test_a_killed_worker_fails_health_and_ends_requests_in_flight_with_an_error(
 def test_a_recorded_window_is_a_timeline_and_result_the_served_fit_reads(tmp_path, tok):
     """POST /start_profile ... /stop_profile, as `vllm bench serve --profile` brackets its run:
     the timeline loads, has the front end's ops (one `stream` per chunk sent), and fits."""
-    from calibrate.serve_fit import load_served_run
-    from common.formats import load_timeline
+    from stepgap.calibrate.serve_fit import load_served_run
+    from stepgap.common.formats import load_timeline
     run = tmp_path / "run"
     server = Server("--model", str(PAIR / "target"), "--draft", str(PAIR / "eagle3"), "-k", "2",
                     "--max-model-len", "256", "--executor", "process", "--max-num-seqs", "4",

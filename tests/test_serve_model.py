@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calibrate.serve_fit import fit_served, run_level, served_samples
-from common.errors import UserError
-from common.formats import Span, TraceRequest
-from sim.config import SimConfig
-from sim.loop import simulate
-from sim.profile import features, load_profile
+from stepgap.calibrate.serve_fit import fit_served, run_level, served_samples
+from stepgap.common.errors import UserError
+from stepgap.common.formats import Span, TraceRequest
+from stepgap.sim.config import SimConfig
+from stepgap.sim.loop import simulate
+from stepgap.sim.profile import features, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "checkpoints" / "pystdlib"

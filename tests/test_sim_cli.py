@@ -5,7 +5,7 @@ import json
 import pytest
 
 from stepgap.cli import build_parser, main
-from common.formats import load_result, load_timeline
+from stepgap.common.formats import load_result, load_timeline
 
 
 def simulate_parser():

@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 
-from common.acceptance import Acceptance, AcceptanceProfile, get_profile
-from sim.config import SimConfig
-from sim.costs import Batch, CpuCosts, OpCost, RooflineCosts
-from sim.hardware import CATALOG, Hardware, get_hardware
-from common.errors import UserError
-from common.formats import TraceRequest
-from common.modelcfg import load_draft_config, load_model_config
+from stepgap.common.acceptance import Acceptance, AcceptanceProfile, get_profile
+from stepgap.sim.config import SimConfig
+from stepgap.sim.costs import Batch, CpuCosts, OpCost, RooflineCosts
+from stepgap.sim.hardware import CATALOG, Hardware, get_hardware
+from stepgap.common.errors import UserError
+from stepgap.common.formats import TraceRequest
+from stepgap.common.modelcfg import load_draft_config, load_model_config
 
 TARGET = load_model_config("llama-3.1-8b")
 HEAD = load_draft_config("llama-3.1-8b-eagle3")

@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from sim.config import SimConfig
-from sim.costs import ConstantCosts
-from sim.loop import Clock, simulate
-from common.errors import UserError
-from common.formats import LANES, OPS, TraceRequest, save_result, step_gaps
-from common.workloads import sharegpt_like
+from stepgap.sim.config import SimConfig
+from stepgap.sim.costs import ConstantCosts
+from stepgap.sim.loop import Clock, simulate
+from stepgap.common.errors import UserError
+from stepgap.common.formats import LANES, OPS, TraceRequest, save_result, step_gaps
+from stepgap.common.workloads import sharegpt_like
 
 # CPU costs (us). The launch latency equals the launch cost: the device starts a step when its
 # launch ends, so "CPU" below is simply the sum of the CPU ops.

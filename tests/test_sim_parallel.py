@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from common.errors import UserError
-from common.formats import LANES, OPS, TraceRequest
-from common.modelcfg import MODEL_PRESETS, ModelConfig, load_drafter, load_model_config
-from sim.config import SimConfig, resolve
-from sim.costs import Batch, RooflineCosts, expected_experts
-from sim.hardware import Hardware, Interconnect
-from sim.loop import simulate
-from sim.presets import PRESETS
+from stepgap.common.errors import UserError
+from stepgap.common.formats import LANES, OPS, TraceRequest
+from stepgap.common.modelcfg import MODEL_PRESETS, ModelConfig, load_drafter, load_model_config
+from stepgap.sim.config import SimConfig, resolve
+from stepgap.sim.costs import Batch, RooflineCosts, expected_experts
+from stepgap.sim.hardware import Hardware, Interconnect
+from stepgap.sim.loop import simulate
+from stepgap.sim.presets import PRESETS
 from stepgap.cli import main
 
 LINK = Interconnect("test", bw=1e11, latency_us=5.0, one_shot=True, source="test")

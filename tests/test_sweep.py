@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-import sim.sweep as sweep
-from sim.sweep import (COLUMNS, Grid, build_grid, load_grid_file, load_sweep, parse_values,
+import stepgap.sim.sweep as sweep
+from stepgap.sim.sweep import (COLUMNS, Grid, build_grid, load_grid_file, load_sweep, parse_values,
                        run_sweep)
 from stepgap.cli import main
-from common.errors import UserError
+from stepgap.common.errors import UserError
 
 # A tiny seed-l20: 4 prompts of 24 tokens, so a cell takes milliseconds.
 TINY = ["num_prompts=4", "output_len=24"]

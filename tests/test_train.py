@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from training import corpus
-from engine.checkpoint import load_draft, load_target
-from calibrate.pair import PAIR, load_heldout, pair_paths
-from engine.model import Llama, init_weights
-from training.train import PRESETS, Eagle3Head, train_pair, ttt_unroll
-from engine.args import EngineArgs
+from stepgap.training import corpus
+from stepgap.engine.checkpoint import load_draft, load_target
+from stepgap.calibrate.pair import PAIR, load_heldout, pair_paths
+from stepgap.engine.model import Llama, init_weights
+from stepgap.training.train import PRESETS, Eagle3Head, train_pair, ttt_unroll
+from stepgap.engine.args import EngineArgs
 from tests.helpers import reference_greedy
 from stepgap.cli import main
-from common.formats import load_trace
+from stepgap.common.formats import load_trace
 
 SMOKE = PRESETS["smoke"]
 
@@ -58,7 +58,7 @@ def test_training_twice_with_one_seed_gives_the_same_bytes(small_corpus, tmp_pat
 
 
 def test_head_training_moves_the_head_and_leaves_the_target_and_embedding_alone():
-    from training.train import build_head, train_head
+    from stepgap.training.train import build_head, train_head
     torch.manual_seed(0)
     target = Llama(SMOKE.target_config(), SMOKE.aux_layers, max_positions=64)
     init_weights(target, seed=0)
@@ -117,7 +117,7 @@ def test_train_cli_writes_the_pair_and_says_where(small_corpus, tmp_path, capsys
     ("seed", -1, "seed must be an integer >= 0"),
 ])
 def test_bad_training_configs_name_the_field(field, value, needle):
-    from common.errors import UserError
+    from stepgap.common.errors import UserError
     with pytest.raises(UserError, match=re.escape(needle)):
         replace(SMOKE, **{field: value})
 
@@ -146,7 +146,7 @@ def pair_reference(rid: str, n: int) -> tuple:
 
 def pair_run(dtype, reqs, k, mode="sync", executor=None, num_blocks=160, max_num_seqs=4,
              max_num_batched_tokens=8192, max_concurrency=None):
-    from engine.loop import run_trace
+    from stepgap.engine.loop import run_trace
     cfg = pair_args(dtype, mode=mode, num_gpu_blocks_override=num_blocks,
                     max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens).engine_config(k=k)

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from engine.args import EngineArgs
-from engine.loop import run_trace
-from engine.sampler import SamplingConfig
-from calibrate.harness import Plan, chunk, units_of
-from sim.config import SimConfig
-from sim.loop import simulate
-from calibrate.measured import requests_of
+from stepgap.engine.args import EngineArgs
+from stepgap.engine.loop import run_trace
+from stepgap.engine.sampler import SamplingConfig
+from stepgap.calibrate.harness import Plan, chunk, units_of
+from stepgap.sim.config import SimConfig
+from stepgap.sim.loop import simulate
+from stepgap.calibrate.measured import requests_of
 from stepgap.cli import main
-from common.formats import load_trace, save_trace
+from stepgap.common.formats import load_trace, save_trace
 from tests.helpers import mixed_requests
 
 PAIR = Path(__file__).resolve().parents[1] / "checkpoints" / "pystdlib"
@@ -103,7 +103,7 @@ def test_the_modes_of_a_group_take_every_place_and_follow_each_other_equally_oft
 
 
 def test_a_saving_s_interval_comes_from_the_paired_runs():
-    from calibrate.judge import paired_half_width
+    from stepgap.calibrate.judge import paired_half_width
     base = [{"config": {"slice": i}, "mean_itl_ms": 10.0 + i} for i in range(4)]
     same = [{"config": {"slice": i}, "mean_itl_ms": 9.0 + i} for i in range(4)]
     assert paired_half_width(base, same) == 0.0        # the drift cancels in the pairs

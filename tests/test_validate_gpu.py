@@ -24,7 +24,7 @@ def test_the_gpu_plan_runs_on_the_cpu_into_a_measured_folder(tmp_path):
     profile = json.loads((out / "profile.json").read_text())
     assert {f["op"] for f in profile["device_ops"]} >= {"target_forward", "draft_forward",
                                                         "rejection_sample"}
-    from calibrate.measured import load_measured
+    from stepgap.calibrate.measured import load_measured
     _, cells = load_measured(out)
     for c in cells:
         assert c.runs[0]["completed"] == min(3, 2 * c.conc)

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calibrate.vllm import ingest_profile
-from calibrate.vllm_fit import Run, calibrate_runs, determined, fit_determined, load_runs
-from common.errors import UserError
-from common.formats import TraceRequest
-from sim.config import SimConfig
-from sim.loop import simulate
+from stepgap.calibrate.vllm import ingest_profile
+from stepgap.calibrate.vllm_fit import Run, calibrate_runs, determined, fit_determined, load_runs
+from stepgap.common.errors import UserError
+from stepgap.common.formats import TraceRequest
+from stepgap.sim.config import SimConfig
+from stepgap.sim.loop import simulate
 from stepgap.cli import main
 
 DATA = Path(__file__).resolve().parent / "data" / "vllm"
@@ -140,7 +140,7 @@ def test_the_vllm_topology_shares_one_host_cpu_and_streams_every_token(mode, pro
 def test_async_scheduling_schedules_ahead_of_the_worker(profile_path):
     """Sync: each step is scheduled after the last one's output. Async (vLLM's batch queue of
     2): the next step is scheduled while the worker still runs the one before."""
-    from calibrate.vllm_fit import ahead_share
+    from stepgap.calibrate.vllm_fit import ahead_share
     _, (sync, s_spans) = vllm_sim("sync", profile=profile_path)
     _, (asyn, a_spans) = vllm_sim("async", profile=profile_path)
     assert ahead_share(s_spans) == 0.0
@@ -149,6 +149,6 @@ def test_async_scheduling_schedules_ahead_of_the_worker(profile_path):
 
 
 def test_the_mode_of_a_measured_run_is_read_off_its_timeline(fixture_run):
-    from calibrate.vllm_fit import ahead_share, infer_mode
+    from stepgap.calibrate.vllm_fit import ahead_share, infer_mode
     assert ahead_share(fixture_run.spans) == 0.0
     assert infer_mode(Run(**{**fixture_run.__dict__, "mode": None})) == "sync"

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.vllm import SCOPES, acceptance_from_scrapes, ingest_profile, read_source
-from common.errors import UserError
-from common.formats import LANES, OPS, load_timeline, step_gaps
-from common.vllm_bench import bench_requests, bench_result, bursty_share, read_bench
+from stepgap.calibrate.vllm import SCOPES, acceptance_from_scrapes, ingest_profile, read_source
+from stepgap.common.errors import UserError
+from stepgap.common.formats import LANES, OPS, load_timeline, step_gaps
+from stepgap.common.vllm_bench import bench_requests, bench_result, bursty_share, read_bench
 from stepgap.cli import main
 
 DATA = Path(__file__).resolve().parent / "data" / "vllm"
@@ -252,7 +252,7 @@ def test_a_bench_file_without_details_says_what_to_add(tmp_path):
 
 
 def test_bench_files_of_different_models_are_refused(tmp_path):
-    from calibrate.vllm_fit import load_runs
+    from stepgap.calibrate.vllm_fit import load_runs
     doc = json.loads((DATA / "bench.json").read_text())
     (tmp_path / "a.json").write_text(json.dumps(doc))
     (tmp_path / "b.json").write_text(json.dumps({**doc, "model_id": "another/model"}))
@@ -274,9 +274,9 @@ def test_our_engine_gives_vllms_tokens_and_acceptance_step_by_step():
     """The committed vLLM outputs (traces/measured/vllm-cpu/tokens.json.gz: every chunk vLLM
     streamed for the 48 held-out prompts, per k) against our engine on the same pair: the same
     greedy tokens, and the same tokens in every step (1 + the drafts accepted)."""
-    from calibrate.pair import load_heldout
-    from engine.args import EngineArgs
-    from engine.loop import run_trace
+    from stepgap.calibrate.pair import load_heldout
+    from stepgap.engine.args import EngineArgs
+    from stepgap.engine.loop import run_trace
     pair = ROOT / "checkpoints" / "pystdlib"
     with gzip.open(ROOT / "traces" / "measured" / "vllm-cpu" / "tokens.json.gz", "rt") as f:
         vllm = json.load(f)

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from common.errors import UserError
-from common.formats import TraceRequest, save_trace
-from common.workloads import (LoadGenerator, arrival_times, load_workload, mtbench_like,
+from stepgap.common.errors import UserError
+from stepgap.common.formats import TraceRequest, save_trace
+from stepgap.common.workloads import (LoadGenerator, arrival_times, load_workload, mtbench_like,
                                sharegpt_like)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common.options import nonneg_int, positive_int
+from stepgap.common.options import nonneg_int, positive_int
 
 EPILOG = """\
 examples:
@@ -68,8 +68,8 @@ def cmd_train(args) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from dataclasses import replace
 
-    from common.fileio import check_writable
-    from training.train import PRESETS, train_pair
+    from stepgap.common.fileio import check_writable
+    from stepgap.training.train import PRESETS, train_pair
     check_writable(args.out, "OUT", folder=True)
     cfg = PRESETS[args.preset]
     overrides = {k: v for k, v in (("seed", args.seed), ("target_steps", args.target_steps),
@@ -85,8 +85,8 @@ def cmd_train(args) -> int:
 
 
 def cmd_make_tiny(args) -> int:
-    from common.fileio import check_writable
-    from training.tiny import make_tiny
+    from stepgap.common.fileio import check_writable
+    from stepgap.training.tiny import make_tiny
     check_writable(args.out, "OUT", folder=True)
     paths = make_tiny(args.out, seed=args.seed, train_steps=args.train_steps)
     for name in ("target", "eagle3-yuhuili", "eagle3-speculators"):

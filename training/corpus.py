@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.errors import UserError
-from common.formats import TraceRequest
+from stepgap.common.errors import UserError
+from stepgap.common.formats import TraceRequest
 
 EXCLUDED_DIRS = frozenset({
     "test", "tests", "site-packages", "dist-packages", "__pycache__", "idlelib", "lib2to3",
@@ -101,7 +101,7 @@ def train_tokenizer(texts: list[str], vocab_size: int):
 
 def save_tokenizer(tok, folder: Path, max_length: int) -> None:
     """tokenizer.json plus the small files `transformers.AutoTokenizer` reads."""
-    from common.fileio import write_json, write_text
+    from stepgap.common.fileio import write_json, write_text
     write_text(folder / "tokenizer.json", tok.to_str(pretty=True))
     cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOT, "eos_token": EOT,
            "unk_token": None, "pad_token": None, "model_max_length": max_length,

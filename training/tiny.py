@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from common.modelcfg import ModelConfig
-from engine.checkpoint import save_draft, save_target
-from engine.eagle3 import Eagle3Head
-from engine.model import Llama
-from engine.tiny import TINY_TARGET, build_tiny
+from stepgap.common.modelcfg import ModelConfig
+from stepgap.engine.checkpoint import save_draft, save_target
+from stepgap.engine.eagle3 import Eagle3Head
+from stepgap.engine.model import Llama
+from stepgap.engine.tiny import TINY_TARGET, build_tiny
 
 
 @torch.no_grad()

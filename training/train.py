@@ -45,14 +45,14 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from training import corpus
-from engine.checkpoint import load_target, save_draft, save_target
-from engine.eagle3 import Eagle3Head
-from engine.model import Llama, init_weights
-from common.errors import UserError
-from common.fileio import read_json, write_json
-from common.formats import save_trace
-from common.modelcfg import Eagle3Config, ModelConfig, eagle3_for
+from stepgap.training import corpus
+from stepgap.engine.checkpoint import load_target, save_draft, save_target
+from stepgap.engine.eagle3 import Eagle3Head
+from stepgap.engine.model import Llama, init_weights
+from stepgap.common.errors import UserError
+from stepgap.common.fileio import read_json, write_json
+from stepgap.common.formats import save_trace
+from stepgap.common.modelcfg import Eagle3Config, ModelConfig, eagle3_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,10 +378,10 @@ def greedy_sequences(target_dir, stream: torch.Tensor, cfg: TrainConfig, gen: to
     [distill_seqs, seq_len + 1]. EAGLE-3 trains its heads on the target's own responses; here
     they are what drafting at temperature 0 sees, so a step whose earlier drafts were accepted
     trains on exactly the inputs it will get."""
-    from common.formats import TraceRequest
-    from common.scheduler import cdiv
-    from engine.args import EngineArgs
-    from engine.loop import run_trace
+    from stepgap.common.formats import TraceRequest
+    from stepgap.common.scheduler import cdiv
+    from stepgap.engine.args import EngineArgs
+    from stepgap.engine.loop import run_trace
 
     n, t = cfg.distill_seqs, cfg.seq_len + 1
     lo, hi = cfg.distill_prompt_len

@@ -144,7 +144,7 @@ def ensure_cache(cache: Path, profile_dir: Path | None) -> None:
 
 def write_trace(path: Path, num_prompts: int) -> None:
     sys.path.insert(0, str(ROOT))
-    from common.workloads import sharegpt_like
+    from stepgap.common.workloads import sharegpt_like
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["Date", "Time", "PromptTokenCount", "CompletionTokenCount"])
@@ -153,7 +153,7 @@ def write_trace(path: Path, num_prompts: int) -> None:
 
 
 def read_trace(path: Path):
-    from common.formats import TraceRequest
+    from stepgap.common.formats import TraceRequest
     with open(path, newline="") as f:
         return [TraceRequest(f"r{i}", float(row["Time"]), int(row["PromptTokenCount"]),
                              int(row["CompletionTokenCount"]))
@@ -167,8 +167,8 @@ def stepgap_child(trace: Path, k: int, mode: str, root: Path) -> None:
     phases as one JSON line."""
     t0 = time.perf_counter()
     sys.path.insert(0, str(root))
-    from sim.config import SimConfig
-    from sim.loop import Sim
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.loop import Sim
     t_import = time.perf_counter()
     reqs = read_trace(trace)
     cfg = SimConfig(gpu="h100", model="llama-3.1-8b", draft="llama-3.1-8b-eagle3", k=k,

@@ -34,14 +34,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from calibrate.measured import FORMAT as MEASURED, git_commit, requests_of, save_runs, trim  # noqa: E402,E501
-from calibrate.fit import device_points  # noqa: E402
-from calibrate.fit import add_device, device_vs_profile  # noqa: E402
-from calibrate.harness import cell_name, machine_info  # noqa: E402
-from calibrate.vllm import acceptance_from_scrapes, ingest_profile, read_source  # noqa: E402
-from calibrate.vllm_fit import Run, calibrate_runs  # noqa: E402
-from common.formats import gap_summary, save_timeline, step_gaps  # noqa: E402
-from common.vllm_bench import bench_result, is_bursty, read_bench  # noqa: E402
+from stepgap.calibrate.measured import FORMAT as MEASURED, git_commit, requests_of, save_runs, trim  # noqa: E402,E501
+from stepgap.calibrate.fit import device_points  # noqa: E402
+from stepgap.calibrate.fit import add_device, device_vs_profile  # noqa: E402
+from stepgap.calibrate.harness import cell_name, machine_info  # noqa: E402
+from stepgap.calibrate.vllm import acceptance_from_scrapes, ingest_profile, read_source  # noqa: E402
+from stepgap.calibrate.vllm_fit import Run, calibrate_runs  # noqa: E402
+from stepgap.common.formats import gap_summary, save_timeline, step_gaps  # noqa: E402
+from stepgap.common.vllm_bench import bench_result, is_bursty, read_bench  # noqa: E402
 
 PAIR = ROOT / "checkpoints" / "pystdlib"
 BLOCK_SIZE = 128   # vLLM's CPU default (vllm/platforms/cpu.py)
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
         "timeline": {"cells": sorted(timeline_cells), "steps": list(TIMELINE_STEPS)},
         "cells": cells}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    from calibrate.report import write_report
+    from stepgap.calibrate.report import write_report
     write_report(out, "python bench/vllm/build_folder.py " + " ".join(sys.argv[1:]))
     profiled_figure(src, out, plan)
     return 0
@@ -200,10 +200,10 @@ def profiled_figure(src: Path, out: Path, plan: dict, k: int = 2, conc: int = 1)
     """profiled.png: each mode's profiled run at k, concurrency `conc` as vLLM's torch-profiler
     trace shows it (with the engine core's and API server's hook spans of the same run), above
     the simulator's prediction of that very run (its prompts, vLLM's chunks replayed)."""
-    from calibrate.judge import sim_config
-    from calibrate.measured import load_measured
-    from sim import plots
-    from sim.loop import simulate
+    from stepgap.calibrate.judge import sim_config
+    from stepgap.calibrate.measured import load_measured
+    from stepgap.sim import plots
+    from stepgap.sim.loop import simulate
     setup, _ = load_measured(out)
     ids = [json.loads(line)["request_id"] for line in
            (src / "data" / "calibration.jsonl").read_text().splitlines()]

@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     ap.add_argument("--venv", default=str(M.ROOT / ".vllm"))
     ap.add_argument("--num-prompts", type=int, default=8)
     args = ap.parse_args(argv)
-    from calibrate.pair import load_heldout
+    from stepgap.calibrate.pair import load_heldout
     venv, out = Path(args.venv), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data = out / "heldout.jsonl"

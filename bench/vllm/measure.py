@@ -44,8 +44,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from calibrate.gpu import Log  # noqa: E402
-from common.vllm_bench import BURSTY_MAX, bursty_share  # noqa: E402
+from stepgap.calibrate.gpu import Log  # noqa: E402
+from stepgap.common.vllm_bench import BURSTY_MAX, bursty_share  # noqa: E402
 
 CLI = ROOT / "bench" / "vllm" / "vllm_cli.py"
 PAIR = ROOT / "checkpoints" / "pystdlib"
@@ -60,7 +60,7 @@ MAX_NUM_SEQS = 8
 
 def write_dataset(requests, path: Path) -> dict:
     """A `--dataset-name custom` file of `requests` (calibrate/pair.py), and what it holds."""
-    from calibrate.pair import write_custom_dataset
+    from stepgap.calibrate.pair import write_custom_dataset
     write_custom_dataset(requests, path, PAIR)
     return {"prompts": len(requests), "round_trip_exact": len(requests)}
 
@@ -307,7 +307,7 @@ def main(argv=None) -> int:
     calibrate_ks = [int(x) for x in args.calibrate_ks.split(",") if x]
     concs = [int(x) for x in args.concurrency.split(",")]
 
-    from calibrate.pair import calibration_trace, load_heldout
+    from stepgap.calibrate.pair import calibration_trace, load_heldout
     data = out / "data"
     data.mkdir(exist_ok=True)
     judged, calib = data / "heldout.jsonl", data / "calibration.jsonl"
