@@ -17,6 +17,7 @@ from typing import NamedTuple
 from stepgap.common.acceptance import AcceptanceProfile, default_profile, get_profile
 from stepgap.sim.costs import CPU_COSTS, BF16, CpuCosts, DeviceCosts, OpCost, RooflineCosts
 from stepgap.sim.profile import Profile, ProfileCosts, load_profile
+from stepgap.sim.tables import TableCosts, load_tables
 from stepgap.sim.hardware import GIB, Hardware, get_hardware
 from stepgap.common.errors import UserError
 from stepgap.common.formats import METRICS, MODES
@@ -44,7 +45,9 @@ CPU_PROPOSERS = ("ngram",)
 def flag(name: str) -> str:
     """The command-line option of a config field."""
     return {"k": "--num-speculative-tokens", "workload": "--trace",
-            "method": "--speculative-config method"}.get(name, "--" + name.replace("_", "-"))
+            "method": "--speculative-config method",
+            "timeseries_interval_s": "--timeseries-interval"}.get(
+        name, "--" + name.replace("_", "-"))
 
 
 def settings_of(d: dict) -> dict:
@@ -78,6 +81,7 @@ class SimConfig:
     all_reduce_latency_us: float | None = None   # None: the --gpu's interconnect's
     topology: str | None = None
     profile: str | None = None         # a measured profile (device ops, CPU costs) to use
+    device_profile: str | None = None  # measured operator tables of a GPU (sim/tables.py)
     jitter: bool = True                # apply the profile's measured speed noise, if any
     speed: float = 1.0                 # the machine's level: every device op and CPU cost x it
     # acceptance
@@ -92,6 +96,8 @@ class SimConfig:
     block_size: int = 16
     num_gpu_blocks_override: int | None = None   # None: from device memory
     gpu_memory_utilization: float = 0.9
+    scheduler_reserve_full_isl: bool = True      # vLLM's: admit only what fits whole
+    enable_prefix_caching: bool = False          # vLLM's automatic prefix caching
     # CPU
     cpu_scale: float = 1.0
     cpu_costs: dict = field(default_factory=dict)   # op -> [a, b, c] microseconds
@@ -112,6 +118,7 @@ class SimConfig:
     percentile_metrics: tuple[str, ...] = METRICS
     detailed: bool = False
     timeline: bool = False
+    timeseries_interval_s: float | None = None   # running/waiting/KV every S s, as vLLM logs
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -137,10 +144,11 @@ class SimConfig:
         for name in ("gpu", "model", "workload"):
             if not isinstance(getattr(self, name), str):
                 raise _bad(name, "must be a name or a path", getattr(self, name))
-        for name in ("draft", "acceptance", "profile"):   # None: chosen in resolve()
+        for name in ("draft", "acceptance", "profile", "device_profile"):   # None: resolve()
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise _bad(name, "must be a name or a path", getattr(self, name))
-        for name in ("jitter", "replay", "detailed", "timeline"):
+        for name in ("jitter", "replay", "detailed", "timeline", "scheduler_reserve_full_isl",
+                     "enable_prefix_caching"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, "must be true or false", getattr(self, name))
         _ints(self, ("k",), 0, MAX_K)
@@ -162,6 +170,11 @@ class SimConfig:
                  MAX_US, optional=True)
         _numbers(self, ("acceptance_spread",), MAX_SPREAD, optional=True)
         _numbers(self, ("output_latency_ms",), MAX_MS)
+        if self.timeseries_interval_s is not None and not (
+                _is_num(self.timeseries_interval_s) and 1e-3 <= self.timeseries_interval_s
+                <= 3600):
+            raise _bad("timeseries_interval_s", "must be seconds from 0.001 to 3600",
+                       self.timeseries_interval_s)
         if self.request_rate is not None and not (_is_num(self.request_rate, inf=True)
                                                   and self.request_rate > 0):
             raise _bad("request_rate", "must be > 0 (or inf)", self.request_rate)
@@ -291,6 +304,26 @@ def resolve(cfg: SimConfig) -> Resolved:
                             "running EAGLE-3 drafts; --tensor-parallel-size > 1 and other "
                             "methods use the roofline (drop --profile)")
         device_costs = ProfileCosts(measured, cfg.k, device_costs, cfg.block_size)
+    if cfg.device_profile is not None:
+        if device != "cuda":
+            raise UserError(f"--device-profile {cfg.device_profile}: GPU operator tables price "
+                            "a GPU's kernels (--device cuda, a --gpu of the catalog); drop "
+                            "--device cpu")
+        if measured is not None:
+            notes.append(f"--device-profile prices the device ops; --profile {cfg.profile} "
+                         "gives the CPU costs only")
+        tables = load_tables(cfg.device_profile, tp)
+        device_costs = TableCosts(tables, target, draft, cfg.k, RooflineCosts(
+            target, draft, hw, cfg.k, tp=tp, method=cfg.method,
+            routing_skew=cfg.moe_routing_skew, max_model_len=cfg.max_model_len), cfg.method, tp)
+        if cfg.max_num_batched_tokens > tables.max_tokens:
+            notes.append(f"--max-num-batched-tokens {cfg.max_num_batched_tokens} is past the "
+                         f"tables' {tables.max_tokens:g} tokens: longer steps extrapolated in "
+                         "proportion (docs/sim.md)")
+        if hw.name not in (tables.hardware.lower(), tables.hardware.lower().replace("_", "")):
+            notes.append(f"--device-profile was measured on {tables.gpu} ({tables.hardware}); "
+                         f"--gpu {hw.name} gives the memory size and the roofline of what the "
+                         "tables lack")
     topology = cfg.topology or (measured.topology.get("engine") if measured else None) \
         or "stepgap"
     if topology not in TOPOLOGIES:
@@ -376,4 +409,6 @@ def scheduler_config(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
                            max_num_batched_tokens=cfg.max_num_batched_tokens,
                            max_model_len=cfg.max_model_len, num_spec_tokens=cfg.k,
                            async_scheduling=(mode or cfg.mode) != "sync",
-                           max_position_embeddings=target.max_position_embeddings)
+                           max_position_embeddings=target.max_position_embeddings,
+                           reserve_full_isl=cfg.scheduler_reserve_full_isl,
+                           enable_prefix_caching=cfg.enable_prefix_caching)
