@@ -194,9 +194,12 @@ class KnownMiss:
     reason: str
 
 
-def load_known_misses(folder) -> dict[tuple[str, str], KnownMiss]:
+def load_known_misses(folder, metrics: tuple[str, ...] | None = None
+                      ) -> dict[tuple[str, str], KnownMiss]:
     """The folder's known_misses.toml ({} if it has none). Every entry is checked: a known
-    metric, a signed error, a cap of the same sign at least as far out, and a reason."""
+    metric (of `metrics`, by default MISS_METRICS), a signed error, a cap of the same sign at
+    least as far out, and a reason."""
+    metrics = metrics or MISS_METRICS
     path = Path(folder) / MISSES_FILE
     if not path.is_file():
         return {}
@@ -209,9 +212,9 @@ def load_known_misses(folder) -> dict[tuple[str, str], KnownMiss]:
                           str(d["reason"]).strip())
         except (KeyError, TypeError, ValueError):
             raise UserError(f"{src}: expected cell, metric, error, cap and reason") from None
-        if m.metric not in MISS_METRICS:
+        if m.metric not in metrics:
             raise UserError(f"{src}: metric {m.metric!r} (expected one of "
-                            f"{', '.join(MISS_METRICS)})")
+                            f"{', '.join(metrics)})")
         if not m.reason:
             raise UserError(f"{src}: a known miss needs its reason")
         if m.error * m.cap <= 0 or abs(m.cap) < abs(m.error):

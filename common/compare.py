@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 import numpy as np
@@ -28,10 +29,18 @@ GAP_STATS = (("median", "median_us"), ("P90", "p90_us"), ("mean", "mean_us"))
 
 
 def rel_err(sim: float | None, meas: float | None) -> float | None:
-    """(simulated - measured) / measured, or None when it cannot be taken."""
-    if sim is None or meas is None or not meas:
+    """(simulated - measured) / measured, or None when it cannot be taken (a missing or NaN
+    side: a metric the run did not measure)."""
+    if sim is None or meas is None or not meas or math.isnan(sim) or math.isnan(meas):
         return None
     return (sim - meas) / meas
+
+
+def load_any(path) -> dict:
+    """A run result of stepgap or `vllm bench serve`, or a peer's vLLM run (its
+    requests.jsonl: common/peer_run.py) as one."""
+    from stepgap.common.peer_run import is_peer_requests, peer_result
+    return peer_result(path) if is_peer_requests(path) else load_result(path)
 
 
 def ks_distance(a: list[float], b: list[float]) -> float:
@@ -43,15 +52,26 @@ def ks_distance(a: list[float], b: list[float]) -> float:
     return float(np.max(np.abs(fa - fb)))
 
 
+def percentiles_in(*results: dict) -> list[str]:
+    """The percentile stats ('p90', 'p99', ...) every result carries for some metric, in order
+    (p99 always: a result without it shows '-')."""
+    have = [{k.split("_", 1)[0] for k in r if k.startswith("p") and k.endswith("_ms")
+             and k.split("_", 1)[0][1:].replace(".", "", 1).isdigit()} for r in results]
+    common = set.intersection(*have) | {"p99"}
+    return sorted(common - {"p50"}, key=lambda s: float(s[1:]))
+
+
 def compare(measured: dict, simulated: dict) -> dict:
-    """{"rows": [(label, measured, simulated, error)], "gaps": [...], "ks": float | None}."""
+    """{"rows": [(label, measured, simulated, error)], "gaps": [...], "ks": float | None}.
+    Rows: the mean, median and every percentile both results carry, of each metric."""
     rows = []
+    stats = ["mean", "median", *percentiles_in(measured, simulated)]
     for m in METRICS:
-        for stat in STATS:
+        for stat in stats:
             key = f"{stat}_{m}_ms"
             a, b = measured.get(key), simulated.get(key)
-            rows.append((f"{stat.capitalize() if stat != 'p99' else 'P99'} {m.upper()} (ms)",
-                         a, b, rel_err(b, a)))
+            label = stat.capitalize() if stat in STATS[:2] else stat.upper()
+            rows.append((f"{label} {m.upper()} (ms)", a, b, rel_err(b, a)))
     ga, gb = measured.get("step_gaps") or {}, simulated.get("step_gaps") or {}
     gaps = []
     for label, key in GAP_STATS:
@@ -96,7 +116,8 @@ def mismatches(a: dict, b: dict) -> list[str]:
 
 
 def _fmt(v, width: int = 12) -> str:
-    return f"{v:>{width}.3f}" if isinstance(v, (int, float)) else f"{'-':>{width}}"
+    ok = isinstance(v, (int, float)) and not math.isnan(v)
+    return f"{v:>{width}.3f}" if ok else f"{'-':>{width}}"
 
 
 def format_compare(cmp: dict, names: tuple[str, str] = ("measured", "simulated")) -> str:
@@ -185,9 +206,11 @@ def register(sub) -> None:
     p = sub.add_parser(
         "compare", help="errors of one run result against another (simulated vs measured)",
         description="Print the error of a simulated run result against a measured one: mean, "
-                    "median and P99 of TPOT, ITL, TTFT and E2EL, and the step-gap "
-                    "distributions. Either file may be a stepgap result (engine or simulator) "
-                    "or one saved by `vllm bench serve --save-result` (no step gaps).",
+                    "median, P99 (and every percentile both carry) of TPOT, ITL, TTFT and "
+                    "E2EL, and the step-gap distributions. Either file may be a stepgap result "
+                    "(engine or simulator), one saved by `vllm bench serve --save-result` (no "
+                    "step gaps), or a peer's vLLM run as LLMServingSim's bench records it "
+                    "(vllm/requests.jsonl: TTFT = first token - queued, TPOT, E2EL; no ITL).",
         epilog="example:\n  stepgap run ... --detailed --result-json measured.json\n"
                "  stepgap simulate ... --detailed --result-json simulated.json\n"
                "  stepgap compare measured.json simulated.json",
@@ -199,7 +222,7 @@ def register(sub) -> None:
 
 
 def cmd_compare(args) -> int:
-    measured, simulated = load_result(args.measured), load_result(args.simulated)
+    measured, simulated = load_any(args.measured), load_any(args.simulated)
     for line in mismatches(measured, simulated):
         print(f"stepgap compare: warning: {line}", file=sys.stderr)
     cmp = compare(measured, simulated)

@@ -17,6 +17,7 @@ bench recorder writes `vllm/requests.jsonl`, `vllm/meta.json` and `vllm/timeseri
 from __future__ import annotations
 
 import csv
+import hashlib
 import math
 from pathlib import Path
 
@@ -95,13 +96,63 @@ def load_peer_requests(path) -> list[dict]:
     return out
 
 
+def find_dataset(path) -> Path | None:
+    """The dataset a run replayed, where meta.json (beside its requests.jsonl) names it: its
+    `dataset_path`, or that path with `.gz`, under the run's folder or any folder above it
+    (LLMServingSim's repository keeps it at the top, in workloads/). None where there is no
+    meta.json, no dataset_path or no such file; a file whose sha256 is not the run's
+    `dataset_hash` is refused."""
+    meta_path = Path(path).with_name("meta.json")
+    if not meta_path.is_file():
+        return None
+    meta = read_json_object(meta_path, "a vLLM run's meta.json")
+    rel = meta.get("dataset_path")
+    if not isinstance(rel, str) or not rel:
+        return None
+    for folder in Path(path).resolve().parents:
+        for cand in (folder / rel, folder / (rel + ".gz")):
+            if cand.is_file():
+                digest = hashlib.sha256(read_text(cand).encode()).hexdigest()
+                if meta.get("dataset_hash") not in (None, digest):
+                    raise UserError(f"{cand}: sha256 {digest[:12]}... is not the run's "
+                                    f"dataset_hash {str(meta['dataset_hash'])[:12]}... "
+                                    f"({meta_path}): another dataset")
+                return cand
+    return None
+
+
+def dataset_token_ids(path, requests: list[dict]) -> dict[str, list[int]]:
+    """Each request's prompt token ids from the replayed dataset (LLMServingSim's workload
+    file: one line per request, `input_tok_ids`; its runner names line i `bench-i`)."""
+    rows = [obj for _, obj in json_lines(path)]
+    out = {}
+    for r in requests:
+        rid = r["request_id"]
+        i = int(rid.rsplit("-", 1)[1]) if rid.rsplit("-", 1)[-1].isdigit() else -1
+        if not 0 <= i < len(rows) or not isinstance(rows[i], dict):
+            raise UserError(f"{path}: no line for request {rid!r} (the runner names line i "
+                            "bench-i)")
+        ids = rows[i].get("input_tok_ids")
+        if not isinstance(ids, list) or len(ids) != r["input_toks"] \
+                or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                           for x in ids):
+            raise UserError(f"{where(path, i + 1, 'input_tok_ids')}: expected the "
+                            f"{r['input_toks']} token ids of request {rid!r}")
+        out[rid] = ids
+    return out
+
+
 def load_peer_trace(path) -> list[TraceRequest]:
-    """The run as a workload trace: arrivals at the queued_ts, from the first; its lengths."""
+    """The run as a workload trace: arrivals at the queued_ts, from the first; its lengths;
+    its prompts' token ids where the dataset it replayed is found (`find_dataset`), so that
+    prefix caching sees what vLLM saw."""
     reqs = load_peer_requests(path)
+    dataset = find_dataset(path)
+    ids = dataset_token_ids(dataset, reqs) if dataset is not None else {}
     t0 = min(r["queued_ts"] for r in reqs)
     order = sorted(reqs, key=lambda r: r["queued_ts"])
     return [TraceRequest(r["request_id"], r["queued_ts"] - t0, r["input_toks"],
-                         r["output_toks"]) for r in order]
+                         r["output_toks"], ids.get(r["request_id"])) for r in order]
 
 
 def peer_result(path, percentiles=PERCENTILES) -> dict:

@@ -397,7 +397,7 @@ class Scheduler:
                         > self.pool.num_free:
                     break
                 self.pool.touch(hit)
-                req.block_ids = hit
+                req.block_ids = list(hit)
                 req.num_computed_tokens = computed
                 req.num_cached_blocks = len(hit)
             if not self._allocate(req, num_new, lookahead):

@@ -250,7 +250,7 @@ def run_settings(args) -> dict:
     """A peer's vLLM run given as --trace (its requests.jsonl): the settings its meta.json
     records, as the options they map to; the command line still wins (common/peer_run.py)."""
     from stepgap.common.options import note
-    from stepgap.common.peer_run import is_peer_requests, peer_settings
+    from stepgap.common.peer_run import find_dataset, is_peer_requests, peer_settings
     if args.trace is None or not is_peer_requests(args.trace):
         return {}
     meta = Path(args.trace).with_name("meta.json")
@@ -259,6 +259,12 @@ def run_settings(args) -> dict:
                    "known, so stepgap's defaults are used")
         return {}
     settings, notes = peer_settings(meta)
+    dataset = find_dataset(args.trace)
+    notes.append(f"prompt token ids from {dataset} (the dataset the run replayed): prefix "
+                 "caching finds the prompts' shared blocks" if dataset else
+                 "the dataset the run replayed (meta.json's dataset_path) is not found under "
+                 "the run's folder: no prompt token ids, so prefix caching finds only a "
+                 "preempted request's own blocks")
     for line in notes:
         note(args, line)
     return settings

@@ -328,8 +328,9 @@ def format_cell(values: dict) -> str:
 
 # The code a cell's result depends on: a result kept from another version of it is stale.
 MODEL_SOURCES = ("sim/config.py", "sim/costs.py", "sim/hardware.py", "sim/loop.py",
-                 "sim/presets.py", "sim/profile.py", "common/acceptance.py", "common/formats.py",
-                 "common/modelcfg.py", "common/scheduler.py", "common/workloads.py")
+                 "sim/presets.py", "sim/profile.py", "sim/tables.py", "common/acceptance.py",
+                 "common/formats.py", "common/modelcfg.py", "common/scheduler.py",
+                 "common/workloads.py", "common/peer_run.py")
 
 
 @functools.cache
@@ -349,6 +350,11 @@ def cell_key(cfg: SimConfig) -> str:
         path = Path(name)
         path = path / "config.json" if path.is_dir() else path
         if path.is_file():
+            h.update(read_bytes(path))
+    if cfg.device_profile:   # the tables it prices from: meta.yaml and every tp<N> table
+        root = Path(cfg.device_profile)
+        for path in sorted([*root.glob("meta.yaml"), *root.glob("tp*/*.csv")]):
+            h.update(str(path.relative_to(root)).encode())
             h.update(read_bytes(path))
     return h.hexdigest()[:16]
 
