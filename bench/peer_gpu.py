@@ -18,6 +18,7 @@ The whole table takes well under a minute on one core.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import gzip
 import hashlib
@@ -27,6 +28,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
@@ -44,10 +46,15 @@ RUNS = (("rtx4090-llama-3.1-8b", "RTX4090", "rtx4090"),
         ("rtxpro6000-llama-3.1-8b", "RTXPRO6000", "rtxpro6000"))
 STATS = ("mean", "median", "p90", "p99")
 METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL"))
-# Each modelling choice taken away in turn (the ablation): SimConfig overrides.
-ABLATION = (("as judged", {}),
-            ("no prefix caching", {"enable_prefix_caching": False}),
-            ("admit by first chunk (no reserve_full_isl)", {"scheduler_reserve_full_isl": False}))
+# Each modelling choice taken away in turn (the ablation): SimConfig overrides, or a patch.
+ABLATION = (("as judged", {}, None),
+            ("no prefix caching", {"enable_prefix_caching": False}, None),
+            ("prefix caching without the dataset's token ids (requests.jsonl alone)", {},
+             ("stepgap.common.peer_run.find_dataset", lambda path: None)),
+            ("no skew correction (decodes at their mean history only)", {},
+             ("stepgap.sim.tables.SkewFit.alpha", lambda self, *a: 0.0)),
+            ("admit by first chunk (no reserve_full_isl)", {"scheduler_reserve_full_isl": False},
+             None))
 
 
 # -------------------------------------------------------------------------------------------
@@ -207,8 +214,12 @@ def main(argv=None) -> int:
                       "prediction):", "",
                   "| | " + " | ".join(label for _, label, _ in PEER_BOUNDS) + " |",
                   "|---|" + "---|" * len(PEER_BOUNDS)]
-        for label, over in ABLATION:
-            e = judge_run(run, **over)["errors"] if over else judged["errors"]
+        for label, over, patch in ABLATION:
+            if not (over or patch):
+                e = judged["errors"]
+            else:
+                with mock.patch(*patch) if patch else contextlib.nullcontext():
+                    e = judge_run(run, **over)["errors"]
             lines.append(f"| {label} | " + " | ".join(f"{100 * e[k]:+.1f} %"
                                                      for k, _, _ in PEER_BOUNDS) + " |")
         lines.append("")
