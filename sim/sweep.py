@@ -23,6 +23,7 @@ Grid syntax (command line; docs/sweeps.md has the file form):
 
 from __future__ import annotations
 
+import ast
 import csv
 import functools
 import hashlib
@@ -326,18 +327,54 @@ def format_cell(values: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in values.items())
 
 
-# The code a cell's result depends on: a result kept from another version of it is stale.
-MODEL_SOURCES = ("sim/config.py", "sim/costs.py", "sim/hardware.py", "sim/loop.py",
-                 "sim/presets.py", "sim/profile.py", "common/acceptance.py", "common/formats.py",
-                 "common/modelcfg.py", "common/scheduler.py", "common/workloads.py")
+# The code a cell's result depends on: the simulator's loop and its scenario presets, and every
+# module of the project they import, directly or not (`model_sources`, read from the source as
+# tests/test_layout.py reads it). A result kept from another version of any of them is stale.
+MODEL_ROOTS = ("stepgap.sim.loop", "stepgap.sim.presets")
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]   # the folder that installs as `stepgap.`
+
+
+def module_path(name: str, root: Path = PACKAGE_ROOT) -> Path | None:
+    """The file of project module `name` (stepgap.sim.loop: sim/loop.py), or None when `name`
+    is no module of the project (a class, a function, another package)."""
+    parts = name.split(".")
+    if parts[0] != "stepgap" or len(parts) < 2:
+        return None
+    base = root.joinpath(*parts[1:])
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def model_sources(roots: tuple[str, ...] = MODEL_ROOTS, root: Path = PACKAGE_ROOT
+                  ) -> tuple[str, ...]:
+    """The project files `roots` import, transitively (every import, inside functions too, and
+    the packages' __init__), relative to `root`, sorted: a module split in two, or a new one
+    imported, is covered."""
+    seen: dict[str, Path] = {}
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        path = module_path(name, root)
+        if path is None or name in seen:
+            continue
+        seen[name] = path
+        todo.append(name.rpartition(".")[0])   # its package's __init__ runs first
+        for node in ast.walk(ast.parse(path.read_bytes())):
+            if isinstance(node, ast.Import):
+                todo += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                todo += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return tuple(sorted({str(p.relative_to(root)) for p in seen.values()}))
 
 
 @functools.cache
 def model_digest() -> str:
-    root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
-    for name in MODEL_SOURCES:
-        h.update((root / name).read_bytes())
+    for name in model_sources():
+        h.update(name.encode() + b"\0")
+        h.update((PACKAGE_ROOT / name).read_bytes())
     return h.hexdigest()[:16]
 
 

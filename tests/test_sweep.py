@@ -155,6 +155,33 @@ def test_a_change_to_the_simulator_reruns_every_cell(tmp_path, monkeypatch):
     assert run_sweep(tiny_grid("k=0,2"), tmp_path).ran == 2
 
 
+def test_the_cache_key_covers_every_module_the_simulator_loads():
+    """The sources in a cell's hash are read from the imports: whatever the simulator loads
+    (here, in a fresh interpreter) is among them, so a split module cannot leave cells stale."""
+    import subprocess
+    import sys
+    code = ("import sys, stepgap.sim.loop, stepgap.sim.presets\n"
+            "print('\\n'.join(m for m in sys.modules if m.startswith('stepgap.')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout.split()
+    files = {sweep.module_path(m) for m in loaded} - {None}
+    named = {sweep.PACKAGE_ROOT / f for f in sweep.model_sources()}
+    assert files - {sweep.PACKAGE_ROOT / "__init__.py"} <= named   # (the CLI's package)
+    assert {"sim/loop.py", "sim/config.py", "common/scheduler.py"} <= set(sweep.model_sources())
+
+
+def test_the_cache_key_follows_imports_inside_functions_too(tmp_path):
+    (tmp_path / "sim").mkdir()
+    (tmp_path / "sim" / "loop.py").write_text("from stepgap.sim.costs import Batch\n")
+    (tmp_path / "sim" / "costs.py").write_text(
+        "import math\n\ndef roofline():\n    from stepgap.sim import roofline\n")
+    (tmp_path / "sim" / "roofline.py").write_text("from stepgap.sim.costs import Batch\n")
+    (tmp_path / "sim" / "unused.py").write_text("")
+    (tmp_path / "sim" / "__init__.py").write_text("")
+    assert sweep.model_sources(("stepgap.sim.loop",), tmp_path) == (
+        "sim/__init__.py", "sim/costs.py", "sim/loop.py", "sim/roofline.py")
+
+
 def test_a_changed_trace_file_reruns_its_cells(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"request_id": "a", "arrival_s": 0, "prompt_len": 8, "output_len": 16}\n')
