@@ -230,7 +230,7 @@ def resolve_profile(profile: str | None) -> str | None:
 def run_demo(pair=PAIR, k: int = 4, num_prompts: int | None = None,
              max_concurrency: int | None = 1, progress: bool = True, device_costs=None,
              out=print, mode: str = "sync", profile=MEASURE) -> tuple[dict, dict]:
-    from stepgap.common.modelcfg import load_draft_config, load_model_config
+    from stepgap.common.model_presets import load_draft_config, load_model_config
     if k < 1:
         raise UserError(f"--k must be >= 1, got {k}")
     if max_concurrency is not None and max_concurrency < 1:

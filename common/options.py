@@ -35,7 +35,7 @@ from pathlib import Path
 
 from stepgap.common.errors import UserError
 from stepgap.common.formats import METRICS, MODES
-from stepgap.common.modelcfg import SPEC_METHODS
+from stepgap.common.drafters import SPEC_METHODS
 
 EXECUTORS = ("inline", "process")
 DEVICES = ("cpu", "cuda")

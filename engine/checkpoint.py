@@ -23,8 +23,10 @@ from stepgap.engine.model import Llama, init_weights
 from stepgap.engine.tiny import TINY_TARGET, build_tiny, tiny_draft_config
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json_object, write_bytes, write_json
-from stepgap.common.modelcfg import (DRAFT_PRESETS, MODEL_PRESETS, Eagle3Config, ModelConfig,
-                              load_draft_config, load_model_config)
+from stepgap.common.model_heads import Eagle3Config
+from stepgap.common.model_presets import (DRAFT_PRESETS, MODEL_PRESETS, load_draft_config,
+                                          load_model_config)
+from stepgap.common.modelcfg import ModelConfig
 
 
 def target_config(spec: str) -> ModelConfig:

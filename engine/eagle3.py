@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from stepgap.engine.model import MLP, Attention, RMSNorm, Rope
-from stepgap.common.modelcfg import Eagle3Config
+from stepgap.common.model_heads import Eagle3Config
 
 
 class Eagle3Layer(nn.Module):

@@ -11,7 +11,8 @@ import torch
 
 from stepgap.engine.eagle3 import Eagle3Head
 from stepgap.engine.model import Llama, init_weights
-from stepgap.common.modelcfg import Eagle3Config, ModelConfig
+from stepgap.common.model_heads import Eagle3Config
+from stepgap.common.modelcfg import ModelConfig
 
 TINY_TARGET = ModelConfig(
     "tiny-llama", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 from stepgap.common.acceptance import PROFILES
-from stepgap.common.modelcfg import DRAFT_PRESETS
+from stepgap.common.model_presets import DRAFT_PRESETS
 from stepgap.common.options import (MAX_MS, MAX_SCALE, MAX_SKEW, MAX_SPREAD, MAX_US,
                             add_engine_args, add_load_args, add_model_args, add_result_args,
                             add_scheduler_args, at_most, executor_from_args, mode_from_args,

@@ -22,8 +22,10 @@ from stepgap.common.errors import UserError
 from stepgap.common.formats import METRICS, MODES
 from stepgap.common.options import (DEVICES, EXECUTORS, MAX_K, MAX_MS, MAX_PROMPTS, MAX_SCALE,
                             MAX_SKEW, MAX_SPREAD, MAX_US)
-from stepgap.common.modelcfg import (SPEC_METHODS, Eagle3Config, ModelConfig, default_draft_model,
-                              load_drafter, load_model_config)
+from stepgap.common.drafters import SPEC_METHODS, default_draft_model, load_drafter
+from stepgap.common.model_heads import Eagle3Config
+from stepgap.common.model_presets import load_model_config
+from stepgap.common.modelcfg import ModelConfig
 from stepgap.common.scheduler import SchedulerConfig
 
 # Old spellings of fields and values, still read (grid files, folders written before).

@@ -25,7 +25,8 @@ import numpy as np
 
 from stepgap.sim.hardware import Hardware
 from stepgap.common.errors import UserError
-from stepgap.common.modelcfg import Eagle3Config, ModelConfig
+from stepgap.common.model_heads import Eagle3Config
+from stepgap.common.modelcfg import ModelConfig
 
 BF16 = 2  # bytes per weight, activation and KV element
 

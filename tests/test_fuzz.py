@@ -329,7 +329,7 @@ BAD_DRAFT = {
     "num_key_value_heads": [3, 0],
     "hidden_size": [0, "64"],
 }
-# The simulator's other families (common/modelcfg.py FAMILIES), each from its preset's
+# The simulator's other families (common/model_families.py FAMILIES), each from its preset's
 # config.json fields (HF_PRESETS) with one field broken; the simulator only (the engine builds
 # Llama targets). FAMILY_ARGS: what the preset needs to fit in memory.
 FAMILY_PRESETS = {"qwen3_moe": "qwen3-30b-a3b", "gpt_oss": "gpt-oss-20b",
@@ -384,7 +384,7 @@ ACCEPTED_FAMILY = {
 
 
 def family_config(family: str) -> dict:
-    from stepgap.common.modelcfg import HF_PRESETS
+    from stepgap.common.model_presets import HF_PRESETS
     return json.loads(json.dumps(HF_PRESETS[FAMILY_PRESETS[family]]))
 
 

@@ -9,7 +9,7 @@ from stepgap.sim.costs import Batch, CpuCosts, OpCost, RooflineCosts
 from stepgap.sim.hardware import CATALOG, Hardware, get_hardware
 from stepgap.common.errors import UserError
 from stepgap.common.formats import TraceRequest
-from stepgap.common.modelcfg import load_draft_config, load_model_config
+from stepgap.common.model_presets import load_draft_config, load_model_config
 
 TARGET = load_model_config("llama-3.1-8b")
 HEAD = load_draft_config("llama-3.1-8b-eagle3")

@@ -52,7 +52,8 @@ from stepgap.engine.model import Llama, init_weights
 from stepgap.common.errors import UserError
 from stepgap.common.fileio import read_json, write_json
 from stepgap.common.formats import save_trace
-from stepgap.common.modelcfg import Eagle3Config, ModelConfig, eagle3_for
+from stepgap.common.model_heads import Eagle3Config, eagle3_for
+from stepgap.common.modelcfg import ModelConfig
 
 
 @dataclass(frozen=True, slots=True)
