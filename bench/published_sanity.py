@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stepgap.common.formats import TraceRequest  # noqa: E402
 from stepgap.sim.config import SimConfig, resolve  # noqa: E402
-from stepgap.sim.costs import Batch  # noqa: E402
+from stepgap.sim.costs import Batch
 from stepgap.sim.loop import simulate  # noqa: E402
 
 TARGET = (3.92645679e-08, 2.10103129e-05, 5.88590713e-03)   # kv, batched tokens, fixed (s)

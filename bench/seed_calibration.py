@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stepgap.sim.config import SimConfig, resolve  # noqa: E402
-from stepgap.sim.costs import RooflineCosts  # noqa: E402
+from stepgap.sim.roofline import RooflineCosts
 from stepgap.sim.loop import build_workload, simulate  # noqa: E402
 from stepgap.sim.presets import SEED_COLUMNS, get_preset  # noqa: E402
 

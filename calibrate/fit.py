@@ -7,7 +7,7 @@ Two sources, one JSON profile (the format is `sim/profile.py`'s):
    draft's first and one-token passes, rejection sampling and the D2H copy that every step runs.
 2. Calibration runs of the engine (the `process` executor, pinned) on a calibration trace cut
    from the corpus's *training* files, never from the judged held-out prompts. Their timelines
-   give the device ops in situ and every CPU term the simulator uses (`sim/costs.py` CpuCosts):
+   give the device ops in situ and every CPU term the simulator uses (`sim/cpu_costs.py` CpuCosts):
    schedule, update_from_output, prepare_inputs and launch as a + b·reqs + c·tokens, the IPC
    latency of a step's message, and the worker's result latency and turnaround.
 
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stepgap.common.formats import Span
-from stepgap.sim.costs import CPU_COSTS, OpCost
+from stepgap.sim.cpu_costs import CPU_COSTS, OpCost
 from stepgap.sim.profile import FEATURES, FORMAT, Fit, features, fit_points
 
 GRID_REQS = (1, 2, 4)
@@ -270,7 +270,7 @@ JITTER_BIN_MS = 50
 
 def fit_jitter(series: list[list[list[float]]], bin_ms: float = JITTER_BIN_MS) -> dict | None:
     """The machine's speed noise, from the calibration runs' steps: z = log(measured / fitted
-    device time). Three parts (sim/costs.py Jitter):
+    device time). Three parts (sim/jitter.py Jitter):
 
     - run level: each run's mean z. The machine's speed drifts over seconds and minutes, so
       whole runs are fast or slow (by ±20 % on the machine of docs/validation.md); the spread of

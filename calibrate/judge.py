@@ -24,7 +24,7 @@ from stepgap.common.compare import compare, pool_results
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_toml
 from stepgap.sim.config import SimConfig
-from stepgap.sim.costs import run_levels
+from stepgap.sim.jitter import run_levels
 from stepgap.sim.loop import simulate
 from stepgap.sim.profile import load_profile
 
@@ -60,7 +60,7 @@ def resimulate(setup: Setup, cell: MeasuredCell, timeline: bool = False, **overr
     """(the pooled simulated result, the first run's spans or None, each run's result).
 
     With a profile that measured the machine's noise, the runs of a cell get the measured
-    spread of run-level speeds (stratified, mean 1: `sim.costs.run_levels`) and each its own
+    spread of run-level speeds (stratified, mean 1: `sim.jitter.run_levels`) and each its own
     jitter seed, as the measured runs met the machine at different moments."""
     results, spans = [], None
     levels = [1.0] * len(cell.runs)

@@ -261,7 +261,7 @@ def cpu_samples(spans) -> dict[str, list[tuple[int, int, float]]]:
 
 def fit_cpu_terms(samples: dict) -> tuple[dict, dict, list[str]]:
     """CpuCosts fields (to_dict form), their fit quality, and what was not determined."""
-    from stepgap.sim.costs import CPU_COSTS
+    from stepgap.sim.cpu_costs import CPU_COSTS
     costs, quality, missing = {}, {}, []
     for term in CPU_COSTS:
         rows = samples.get(term) or []

@@ -17,7 +17,7 @@ from stepgap.common.options import (MAX_MS, MAX_SCALE, MAX_SKEW, MAX_SPREAD, MAX
                             add_scheduler_args, at_most, executor_from_args, mode_from_args,
                             nonneg_float, rates_arg, speculative_from_args)
 from stepgap.sim.config import TOPOLOGIES, SimConfig
-from stepgap.sim.costs import CPU_COSTS, CPU_OPS, CpuCosts
+from stepgap.sim.cpu_costs import CPU_COSTS, CPU_OPS, CpuCosts
 from stepgap.sim.hardware import CATALOG
 from stepgap.sim.presets import PRESETS
 

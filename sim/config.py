@@ -15,7 +15,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import NamedTuple
 
 from stepgap.common.acceptance import AcceptanceProfile, default_profile, get_profile
-from stepgap.sim.costs import CPU_COSTS, BF16, CpuCosts, DeviceCosts, OpCost, RooflineCosts
+from stepgap.sim.costs import DeviceCosts
+from stepgap.sim.cpu_costs import CPU_COSTS, CpuCosts, OpCost
+from stepgap.sim.roofline import BF16, RooflineCosts
 from stepgap.sim.profile import Profile, ProfileCosts, load_profile
 from stepgap.sim.hardware import GIB, Hardware, get_hardware
 from stepgap.common.errors import UserError

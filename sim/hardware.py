@@ -1,4 +1,4 @@
-"""The hardware catalog: what a device can do, for the roofline in `sim/costs.py`.
+"""The hardware catalog: what a device can do, for the roofline in `sim/roofline.py`.
 
 Peaks are datasheet numbers (dense bf16 and fp8 tensor FLOP/s, memory bandwidth; DESIGN.md §6).
 The efficiencies are the fractions of those peaks that real kernels reach, and `kernel_us` is the

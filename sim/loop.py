@@ -56,7 +56,8 @@ import simpy
 
 from stepgap.common.acceptance import Acceptance
 from stepgap.sim.config import CPU_PROPOSERS, SimConfig, resolve
-from stepgap.sim.costs import Batch, DeviceCosts, Jitter
+from stepgap.sim.costs import Batch, DeviceCosts
+from stepgap.sim.jitter import Jitter
 from stepgap.common.errors import UserError
 from stepgap.common.formats import RequestTiming, Span, SpecStats, TraceRequest, run_result
 from stepgap.common.scheduler import FINISHED, Request, Scheduler, SchedulerConfig, SchedulerOutput

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stepgap.sim.costs import Batch, CpuCosts, DeviceCosts
+from stepgap.sim.costs import Batch, DeviceCosts
+from stepgap.sim.cpu_costs import CpuCosts
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json_object
 
@@ -113,7 +114,7 @@ class Profile:
     cpu: dict | None          # CpuCosts.to_dict() form, or None
     topology: dict            # worker, device, pinned, executor
     meta: dict                # machine, model, config: what it was measured on
-    jitter: dict | None = None   # the machine's speed noise (sim/costs.py Jitter)
+    jitter: dict | None = None   # the machine's speed noise (sim/jitter.py Jitter)
 
     def cpu_costs(self, base: CpuCosts | None = None, k: int | None = None) -> CpuCosts | None:
         """The CPU costs measured at depth k (the nearest k measured; the message and the

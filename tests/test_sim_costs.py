@@ -5,7 +5,9 @@ import pytest
 
 from stepgap.common.acceptance import Acceptance, AcceptanceProfile, get_profile
 from stepgap.sim.config import SimConfig
-from stepgap.sim.costs import Batch, CpuCosts, OpCost, RooflineCosts
+from stepgap.sim.costs import Batch
+from stepgap.sim.cpu_costs import CpuCosts, OpCost
+from stepgap.sim.roofline import RooflineCosts
 from stepgap.sim.hardware import CATALOG, Hardware, get_hardware
 from stepgap.common.errors import UserError
 from stepgap.common.formats import TraceRequest
