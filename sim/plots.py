@@ -17,7 +17,7 @@ from matplotlib.colors import Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from stepgap.sim.sweep import SweepTable
+from stepgap.sim.sweep_table import SweepTable
 from stepgap.common.errors import UserError
 from stepgap.common.formats import LANES, Span, step_gaps
 

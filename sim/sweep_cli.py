@@ -191,7 +191,9 @@ def _steps(text: str) -> tuple[int, int]:
 
 def run_sweep_cmd(args) -> int:
     from stepgap.common.fileio import check_writable
-    from stepgap.sim.sweep import CellStore, build_grid, cell_notes, format_cell, run_sweep
+    from stepgap.sim.sweep import cell_notes, run_sweep
+    from stepgap.sim.sweep_grid import build_grid, format_cell
+    from stepgap.sim.sweep_store import CellStore
 
     grid = build_grid(args.grid, args.grid_file, args.preset, args.set)
     if not args.dry_run:
@@ -225,7 +227,7 @@ def run_sweep_cmd(args) -> int:
 
 def plot_sweep_cmd(args) -> int:
     from stepgap.common.fileio import check_writable
-    from stepgap.sim.sweep import load_sweep
+    from stepgap.sim.sweep_table import load_sweep
 
     table = load_sweep(args.sweep)
     src = Path(args.sweep)
@@ -240,7 +242,7 @@ def draw_sweep(table, out: Path, metric: str, x: str | None, quiet: bool) -> int
     import math
 
     from stepgap.sim import plots
-    from stepgap.sim.sweep import COLUMNS, TEXT_COLUMNS
+    from stepgap.sim.sweep_table import COLUMNS, TEXT_COLUMNS
     from stepgap.common.errors import UserError
     from stepgap.common.fileio import write_text
 

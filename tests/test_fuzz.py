@@ -88,7 +88,7 @@ def profile_doc() -> dict:
 
 
 def table_doc() -> dict:
-    from stepgap.sim.sweep import COLUMNS, TEXT_COLUMNS
+    from stepgap.sim.sweep_table import COLUMNS, TEXT_COLUMNS
     rows = [{"k": k, "max_concurrency": c, **{m: 1.0 for m in COLUMNS},
              **{m: "sync" for m in TEXT_COLUMNS}, "cell": f"{k}{c}"}
             for k in (0, 1) for c in (1, 2)]

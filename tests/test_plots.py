@@ -8,7 +8,7 @@ import pytest
 from matplotlib.patches import Rectangle
 
 from stepgap.sim import plots
-from stepgap.sim.sweep import SweepTable
+from stepgap.sim.sweep_table import SweepTable
 from stepgap.cli import main
 from stepgap.common.errors import UserError
 from stepgap.common.formats import Span, save_timeline
