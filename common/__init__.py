@@ -10,6 +10,7 @@
 - `scheduler`: the vLLM V1 continuous-batching scheduler, with async placeholder accounting;
 - `acceptance`: how many drafts the target accepts (rates, per-request spread, replay);
 - `options`: the command-line vocabulary, spelled as `vllm serve` and `vllm bench serve` do;
+- `timeline_plots`: step timelines as figures and Chrome-trace panels (any timeline);
 - `compare`: one run result against another (`stepgap compare`), repeated runs pooled;
 - `fileio`: reading and atomic writing of files; `errors`: `UserError`.
 """

@@ -241,6 +241,7 @@ def draw_sweep(table, out: Path, metric: str, x: str | None, quiet: bool) -> int
     import io
     import math
 
+    from stepgap.common.timeline_plots import save
     from stepgap.sim import plots
     from stepgap.sim.sweep_table import COLUMNS, TEXT_COLUMNS
     from stepgap.common.errors import UserError
@@ -259,7 +260,7 @@ def draw_sweep(table, out: Path, metric: str, x: str | None, quiet: bool) -> int
             figures.append(("saving", plots.saving_plot))
         for name, draw in figures:
             path = out / f"{name}_{metric}__panels.png"
-            plots.save(draw(views, metric), path)
+            save(draw(views, metric), path)
             written.append(path)
     for view in views:
         figures = [("heatmap", plots.metric_heatmap)]
@@ -269,7 +270,7 @@ def draw_sweep(table, out: Path, metric: str, x: str | None, quiet: bool) -> int
             figures.append(("saving", plots.saving_plot))
         for name, draw in figures:
             path = out / f"{name}_{metric}{view.suffix}.png"
-            plots.save(draw(view, metric), path)
+            save(draw(view, metric), path)
             written.append(path)
         best = plots.best_k(view, metric)
         best_rows += [{**b.fixed, "mode": b.mode, view.x: b.x, "best_k": b.k, metric: b.value,
@@ -303,7 +304,7 @@ def parse_timeline_spec(text: str) -> tuple[str, str, str]:
 def plot_timeline_cmd(args) -> int:
     import json
 
-    from stepgap.sim import plots
+    from stepgap.common import timeline_plots
     from stepgap.common.errors import UserError
     from stepgap.common.fileio import check_writable, write_text
     from stepgap.common.formats import load_timeline
@@ -320,14 +321,14 @@ def plot_timeline_cmd(args) -> int:
         if not spans:
             raise UserError(f"{path}: the timeline holds no spans")
         try:   # the window must exist in every timeline: say which one lacks it
-            plots.window(spans, args.steps, args.at_gap, args.pad_ms)
+            timeline_plots.window(spans, args.steps, args.at_gap, args.pad_ms)
         except UserError as e:
             raise UserError(f"{path}: {e}") from None
-        panels.append(plots.Panel(row, column, spans))
-    fig = plots.timeline_figure(panels, args.steps, args.at_gap, args.pad_ms, args.title)
-    plots.save(fig, Path(args.out))
+        panels.append(timeline_plots.Panel(row, column, spans))
+    fig = timeline_plots.timeline_figure(panels, args.steps, args.at_gap, args.pad_ms, args.title)
+    timeline_plots.save(fig, Path(args.out))
     if args.chrome:
-        doc = plots.chrome_panels(panels, args.steps, args.at_gap, args.pad_ms)
+        doc = timeline_plots.chrome_panels(panels, args.steps, args.at_gap, args.pad_ms)
         write_text(args.chrome, json.dumps(doc))
     if not args.quiet:
         print(f"figure: {args.out}" + (f"\nchrome trace: {args.chrome}" if args.chrome else ""))

@@ -202,7 +202,7 @@ def profiled_figure(src: Path, out: Path, plan: dict, k: int = 2, conc: int = 1)
     the simulator's prediction of that very run (its prompts, vLLM's chunks replayed)."""
     from stepgap.calibrate.judge import sim_config
     from stepgap.calibrate.measured import load_measured
-    from stepgap.sim import plots
+    from stepgap.common import timeline_plots
     from stepgap.sim.loop import simulate
     setup, _ = load_measured(out)
     ids = [json.loads(line)["request_id"] for line in
@@ -226,13 +226,13 @@ def profiled_figure(src: Path, out: Path, plan: dict, k: int = 2, conc: int = 1)
         name = cell_name(p["mode"], k, conc)
         save_timeline(out / "timelines" / f"{name}.profiled.jsonl",
                       [s for s in measured if 10 <= s.step < 40])
-        panels += [plots.Panel(f"{p['mode']}: vLLM's torch-profiler trace", "", measured),
-                   plots.Panel(f"{p['mode']}: the simulator, the same run", "", simulated)]
+        panels += [timeline_plots.Panel(f"{p['mode']}: vLLM's torch-profiler trace", "", measured),
+                   timeline_plots.Panel(f"{p['mode']}: the simulator, the same run", "", simulated)]
     steps = (20, 23)
-    fig = plots.timeline_figure(
+    fig = timeline_plots.timeline_figure(
         panels, steps=steps, title=f"vLLM 0.32.0 (CPU build), k={k}, concurrency {conc}: a "
         f"profiled run, steps {steps[0]}-{steps[1]}, and the simulator's prediction of it")
-    plots.save(fig, out / "profiled.png")
+    timeline_plots.save(fig, out / "profiled.png")
 
 
 if __name__ == "__main__":
