@@ -7,5 +7,8 @@ and judge the simulator's predictions.
 - `judge`: a measured folder re-simulated and held to its bounds and known misses;
 - `report`: report.md and the figures of a judged folder;
 - `pair`: the trained pair and its held-out and calibration traces;
-- commands: `profile`, `validate`, `validate-gpu` (`gpu`), `demo`.
+- `vllm`, `vllm_fit`, `serve_fit`: vLLM's files read, the simulator fitted to vLLM runs and to
+  served runs;
+- commands (registered by `cli`): `profile`, `validate`, `validate-gpu` (`gpu`), `demo`,
+  `ingest` (`vllm`), `calibrate` (`vllm_fit`), `calibrate-served` (`serve_fit`).
 """

@@ -13,10 +13,12 @@ stepgap's formats (DESIGN.md §8; docs/vllm.md says how each mapping was read of
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import math
 import re
+import statistics
 from bisect import bisect_left, bisect_right
 from collections import defaultdict, deque
 from dataclasses import dataclass
@@ -402,3 +404,111 @@ def acceptance_from_scrapes(after: str, before: str | None = None, source="scrap
             "num_accepted_tokens": int(d["num_accepted_tokens"]),
             "acceptance_length": 1 + d["num_accepted_tokens"] / d["num_drafts"],
             "source": f"vllm:spec_decode_* counters, {before_source} -> {source}"}
+
+
+# ---------------------------------------------------------------------------------------------
+# The command: `stepgap ingest`
+
+
+INGEST_EPILOG = """\
+the workflow (docs/vllm.md shows it end to end on the committed data):
+  # 1. a short profiled vLLM sync run (the server with --profiler-config, the bench with
+  #    --profile), then ingest its worker and API-server traces as a stepgap timeline
+  vllm serve MODEL --profiler-config '{"profiler": "torch", "torch_profiler_dir": "prof",
+      "torch_profiler_with_stack": false}' --no-async-scheduling ...
+  vllm bench serve ... --profile --save-result --save-detailed --result-dir runs
+  stepgap ingest vllm-profile prof/*.pt.trace.json.gz --out timeline.jsonl
+  stepgap plot timeline vllm=timeline.jsonl --out timeline.png
+  # 2. the acceptance between two /metrics scrapes taken around a run
+  curl -s localhost:8000/metrics > before.txt; vllm bench serve ...; curl ... > after.txt
+  stepgap ingest vllm-metrics after.txt --before before.txt --out acceptance.json
+  # 3. a bench file as a run result and the trace that produced it
+  stepgap ingest vllm-bench runs/RESULT.json --out result.json --trace-out trace.jsonl
+  # then: stepgap calibrate (see its --help)
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("ingest", help="read vLLM's profiler traces, metrics and bench files",
+                       description="Read what a vLLM server and `vllm bench serve` write into "
+                       "stepgap's formats.", epilog=INGEST_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    psub = p.add_subparsers(dest="what", metavar="WHAT")
+    p.set_defaults(func=lambda args: p.print_help() or 2)
+    q = psub.add_parser("vllm-profile", help="torch-profiler traces -> a stepgap timeline",
+                        description="A vLLM server's torch-profiler traces (the worker's "
+                        "rank0.*.pt.trace.json.gz and the API server's) as a stepgap timeline "
+                        "on DESIGN.md's lanes and ops (docs/vllm.md has the mapping); "
+                        "stepgap_hooks span files add the engine core's and the API server's "
+                        "spans.", formatter_class=argparse.RawDescriptionHelpFormatter)
+    q.add_argument("traces", nargs="+", metavar="TRACE")
+    q.add_argument("--out", required=True, metavar="TIMELINE.jsonl")
+    q.add_argument("--chrome", metavar="JSON", help="also a Chrome-trace/Perfetto file")
+    q.set_defaults(func=cmd_ingest_profile)
+    q = psub.add_parser("vllm-metrics", help="/metrics scrapes -> an acceptance profile",
+                        description="vLLM's spec-decode counters (vllm:spec_decode_num_drafts, "
+                        "..._num_draft_tokens, ..._num_accepted_tokens, "
+                        "..._num_accepted_tokens_per_pos) between two scrapes, as per-position "
+                        "acceptance rates for `stepgap simulate --acceptance FILE`.")
+    q.add_argument("scrape", metavar="SCRAPE", help="the scrape after the run")
+    q.add_argument("--before", metavar="SCRAPE0",
+                   help="the scrape before it (counters are cumulative since the server "
+                        "started); without it, everything since the start")
+    q.add_argument("--out", required=True, metavar="ACCEPTANCE.json")
+    q.set_defaults(func=cmd_ingest_metrics)
+    q = psub.add_parser("vllm-bench", help="a vllm bench serve result -> a run result and trace",
+                        description="A `vllm bench serve --save-result --save-detailed` file "
+                        "as a stepgap run result (its own per-request lists, so it pools and "
+                        "compares like any result) and the trace that produced it.")
+    q.add_argument("result", metavar="RESULT.json")
+    q.add_argument("--out", metavar="RESULT.json", help="the run result")
+    q.add_argument("--trace-out", metavar="TRACE.jsonl", help="the trace (lengths; arrivals)")
+    q.set_defaults(func=cmd_ingest_bench)
+
+
+def cmd_ingest_profile(args) -> int:
+    from stepgap.common.fileio import check_writable
+    from stepgap.common.formats import save_chrome_trace, save_timeline, step_gaps
+    check_writable(args.out, "--out")
+    if args.chrome:
+        check_writable(args.chrome, "--chrome")
+    spans = ingest_profile(args.traces)
+    save_timeline(args.out, spans)
+    if args.chrome:
+        save_chrome_trace(args.chrome, spans, "vllm")
+    gaps = step_gaps(spans)
+    steps = len({s.step for s in spans})
+    med = statistics.median(gaps) if gaps else 0.0
+    unmapped = sum(1 for s in spans if s.op == "unmapped")
+    print(f"timeline: {args.out} ({steps} steps, {len(spans)} spans, {unmapped} unmapped; "
+          f"median step gap {med:.0f} us)")
+    return 0
+
+
+def cmd_ingest_metrics(args) -> int:
+    from stepgap.common.fileio import check_writable, read_text, write_text
+    check_writable(args.out, "--out")
+    doc = acceptance_from_scrapes(read_text(args.scrape), read_text(args.before)
+                                  if args.before else None, args.scrape, args.before)
+    write_text(args.out, json.dumps(doc, indent=1) + "\n")
+    print(f"acceptance: {args.out} (k={doc['k']}, {doc['num_drafts']} drafts, length "
+          f"{doc['acceptance_length']:.3f}, per position "
+          f"{', '.join(f'{r:.3f}' for r in doc['rates'])})")
+    return 0
+
+
+def cmd_ingest_bench(args) -> int:
+    from stepgap.common.vllm_bench import bench_requests, bench_result, read_bench
+    from stepgap.common.fileio import check_writable
+    from stepgap.common.formats import format_summary, save_result, save_trace
+    for path, option in ((args.out, "--out"), (args.trace_out, "--trace-out")):
+        if path:
+            check_writable(path, option)
+    doc = read_bench(args.result)
+    res = bench_result(doc, args.result)
+    if args.out:
+        save_result(args.out, res)
+    if args.trace_out:
+        save_trace(args.trace_out, bench_requests(doc, args.result))
+    print(format_summary(res, f"vllm bench serve: {Path(args.result).name}"))
+    return 0

@@ -11,6 +11,7 @@
 - `acceptance`: how many drafts the target accepts (rates, per-request spread, replay);
 - `options`: the command-line vocabulary, spelled as `vllm serve` and `vllm bench serve` do;
 - `timeline_plots`: step timelines as figures and Chrome-trace panels (any timeline);
-- `compare`: one run result against another (`stepgap compare`), repeated runs pooled;
+- `compare`: one run result against another, repeated runs pooled (`stepgap compare` is
+  stepgap/compare.py's);
 - `fileio`: reading and atomic writing of files; `errors`: `UserError`.
 """

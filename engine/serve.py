@@ -1,6 +1,6 @@
 """`stepgap serve`: the engine behind an OpenAI-compatible HTTP server, as `vllm serve`.
 
-It takes `stepgap run`'s engine options (engine/cli.py `add_run_args`, vLLM's spellings) and
+It takes `stepgap run`'s engine options (engine/options.py `add_run_args`, vLLM's spellings) and
 `vllm serve`'s server options (`--host`, `--port`, `--served-model-name`, `--tokenizer`,
 `--uvicorn-log-level`). The HTTP front end (engine/api_server.py) runs in this process, the
 engine core (engine/core_proc.py) in another, and with `--executor process` the worker in a
@@ -42,7 +42,7 @@ timeline and result, and stops every process within a few seconds.
 
 def register(sub) -> None:
     from stepgap.common.options import nonneg_int
-    from stepgap.engine.cli import add_run_args
+    from stepgap.engine.options import add_run_args
     p = sub.add_parser(
         "serve", help="serve the engine over HTTP with the OpenAI API, as `vllm serve`",
         description="Serve the reference engine behind an OpenAI-compatible streaming server "
@@ -81,7 +81,7 @@ def register(sub) -> None:
 def cmd_serve(args) -> int:
     from stepgap.common.options import note
     from stepgap.engine.api_server import EngineClient, build_app, run_server
-    from stepgap.engine.cli import engine_args_from
+    from stepgap.engine.options import engine_args_from
     from stepgap.engine.loop import config_summary
     from stepgap.engine.tokenizer import ServedTokenizer
 

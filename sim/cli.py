@@ -93,6 +93,13 @@ def cost_arg(text: str) -> tuple[str, list[float]]:
 
 
 def register(sub) -> None:
+    """The simulator's commands: `simulate`, and `sweep` and `plot` (sim/sweep_cli.py)."""
+    from stepgap.sim import sweep_cli
+    register_simulate(sub)
+    sweep_cli.register(sub)
+
+
+def register_simulate(sub) -> None:
     p = sub.add_parser("simulate", help="predict a serving run with the SimPy step-loop model",
                        description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
                        formatter_class=argparse.RawDescriptionHelpFormatter)

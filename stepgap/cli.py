@@ -1,8 +1,9 @@
 """`stepgap`: one command line for both halves.
 
-Each module listed in COMMAND_MODULES defines `register(subparsers)`, which adds its subcommands
-and sets `func` on them. Registration must stay cheap: modules import torch and other heavy
-packages inside their handlers, so that `stepgap --help` and `stepgap simulate` start fast.
+Each module listed in COMMAND_MODULES (one per package: its cli.py) defines
+`register(subparsers)`, which adds the package's subcommands and sets `func` on them.
+Registration must stay cheap: modules import torch and other heavy packages inside their
+handlers, so that `stepgap --help` and `stepgap simulate` start fast.
 """
 
 from __future__ import annotations
@@ -16,19 +17,12 @@ import sys
 from stepgap.common.errors import UserError
 from stepgap import __version__
 
-COMMAND_MODULES = [
-    "stepgap.sim.cli",
-    "stepgap.sim.sweep_cli",
-    "stepgap.engine.cli",
-    "stepgap.engine.serve",
-    "stepgap.training.cli",
-    "stepgap.calibrate.demo",
-    "stepgap.calibrate.profile",
-    "stepgap.calibrate.validate",
-    "stepgap.calibrate.gpu",
-    "stepgap.calibrate.vllm_fit",
-    "stepgap.calibrate.serve_fit",
-    "stepgap.common.compare",
+COMMAND_MODULES = [   # each package registers its own commands (its cli.py)
+    "stepgap.sim.cli",          # simulate, sweep, plot
+    "stepgap.engine.cli",       # run, serve
+    "stepgap.training.cli",     # train, make-tiny
+    "stepgap.calibrate.cli",    # demo, profile, validate, validate-gpu, ingest, calibrate, ...
+    "stepgap.compare",          # compare (the shared core's comparison)
 ]
 
 DESCRIPTION = """\

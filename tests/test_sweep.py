@@ -169,7 +169,8 @@ def test_the_cache_key_covers_every_module_the_simulator_loads():
     files = {sweep_keys.module_path(m) for m in loaded} - {None}
     named = {sweep_keys.PACKAGE_ROOT / f for f in sweep_keys.model_sources()}
     assert files - {sweep_keys.PACKAGE_ROOT / "__init__.py"} <= named   # (the CLI's package)
-    assert {"sim/loop.py", "sim/config.py", "common/scheduler.py"} <= set(sweep_keys.model_sources())
+    assert {"sim/loop.py", "sim/config.py", "common/scheduler.py"} <= \
+        set(sweep_keys.model_sources())
 
 
 def test_the_cache_key_follows_imports_inside_functions_too(tmp_path):

@@ -226,8 +226,10 @@ def profiled_figure(src: Path, out: Path, plan: dict, k: int = 2, conc: int = 1)
         name = cell_name(p["mode"], k, conc)
         save_timeline(out / "timelines" / f"{name}.profiled.jsonl",
                       [s for s in measured if 10 <= s.step < 40])
-        panels += [timeline_plots.Panel(f"{p['mode']}: vLLM's torch-profiler trace", "", measured),
-                   timeline_plots.Panel(f"{p['mode']}: the simulator, the same run", "", simulated)]
+        panels += [timeline_plots.Panel(f"{p['mode']}: vLLM's torch-profiler trace", "",
+                                        measured),
+                   timeline_plots.Panel(f"{p['mode']}: the simulator, the same run", "",
+                                        simulated)]
     steps = (20, 23)
     fig = timeline_plots.timeline_figure(
         panels, steps=steps, title=f"vLLM 0.32.0 (CPU build), k={k}, concurrency {conc}: a "
