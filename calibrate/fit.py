@@ -47,12 +47,46 @@ import numpy as np
 
 from stepgap.common.formats import Span
 from stepgap.sim.cpu_costs import CPU_COSTS, OpCost
-from stepgap.sim.profile import FEATURES, FORMAT, Fit, features, fit_points
+from stepgap.sim.profile import FEATURES, FORMAT, Fit, features
 
 GRID_REQS = (1, 2, 4)
 GRID_CONTEXT = (64, 160, 240)
 GRID_QUERY = (16, 64)      # prefill chunks, besides the decode shape 1 + k
 GRID_REPEATS = 5
+
+
+# -------------------------------------------------------------------------------------------
+# Least squares
+
+
+def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0 (costs do not fall with more work): the best
+    of the unconstrained fits over every subset of the columns that comes out non-negative.
+    Exact for the handful of columns used here."""
+    best, best_err = np.zeros(x.shape[1]), float(np.sum(y ** 2))
+    cols = range(x.shape[1])
+    for mask in range(1, 1 << x.shape[1]):
+        idx = [c for c in cols if mask >> c & 1]
+        coef, *_ = np.linalg.lstsq(x[:, idx], y, rcond=None)
+        if (coef < 0).any():
+            continue
+        err = float(np.sum((x[:, idx] @ coef - y) ** 2))
+        if err < best_err:
+            best = np.zeros(x.shape[1])
+            best[idx] = coef
+            best_err = err
+    return best
+
+
+def fit_points(xs: list[list[float]], ys: list[float], weights: list[float] | None = None
+               ) -> tuple[tuple[float, ...], float]:
+    """Non-negative least squares of ys on xs: (coefficients, median relative error)."""
+    x, y = np.asarray(xs, float), np.asarray(ys, float)
+    w = np.sqrt(np.asarray(weights, float)) if weights is not None else np.ones(len(y))
+    coef = nnls(x * w[:, None], y * w)
+    pred = x @ coef
+    rel = np.abs(y - pred) / np.maximum(np.abs(y), 1e-9)
+    return tuple(float(c) for c in coef), float(np.median(rel))
 
 
 # -------------------------------------------------------------------------------------------

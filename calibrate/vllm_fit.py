@@ -71,7 +71,7 @@ def determined(x: np.ndarray, tol: float = 1e-3) -> list[bool]:
 def fit_determined(xs, ys, names, what: str) -> tuple[list[float], float, list[str]]:
     """Non-negative least squares on the determined columns only: (coefficients with 0 for
     the others, median relative error, what was not determined)."""
-    from stepgap.sim.profile import fit_points
+    from stepgap.calibrate.fit import fit_points
     x = np.asarray(xs, float)
     keep = determined(x)
     coef_k, err = fit_points(x[:, keep].tolist(), ys)

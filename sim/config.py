@@ -18,7 +18,8 @@ from stepgap.common.acceptance import AcceptanceProfile, default_profile, get_pr
 from stepgap.sim.costs import DeviceCosts
 from stepgap.sim.cpu_costs import CPU_COSTS, CpuCosts, OpCost
 from stepgap.sim.roofline import BF16, RooflineCosts
-from stepgap.sim.profile import Profile, ProfileCosts, load_profile
+from stepgap.sim.profile import Profile, load_profile
+from stepgap.sim.profile_costs import ProfileCosts
 from stepgap.sim.hardware import GIB, Hardware, get_hardware
 from stepgap.common.errors import UserError
 from stepgap.common.formats import METRICS, MODES

@@ -1,4 +1,4 @@
-"""Measured costs: a device profile as `DeviceCosts`, and the CPU costs measured with it.
+"""A measured profile: its device op fits and the CPU costs measured with it, read from its file.
 
 A profile is a JSON file written by `stepgap profile` (or `stepgap validate`) on the machine it
 describes. It holds, for each device op, a least-squares fit of the op's time over features of
@@ -15,8 +15,8 @@ and not a table: mixed steps (a prefill chunk next to decodes) land anywhere in 
 shapes, and a surface through the measured points extends to them where a table of uniform
 batches does not; docs/validation.md shows how well the fits hold.
 
-`ProfileCosts` answers from the fit of the same k, else of the nearest k measured (said so in
-`sources`), and falls back to another DeviceCosts (the roofline) for ops the profile does not
+`ProfileCosts` (sim/profile_costs.py) answers from the fit of the same k, else of the nearest k
+measured, and falls back to another DeviceCosts (the roofline) for ops the profile does not
 cover.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stepgap.sim.costs import Batch, DeviceCosts
+from stepgap.sim.costs import Batch
 from stepgap.sim.cpu_costs import CpuCosts
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json_object
@@ -72,35 +72,6 @@ class Fit:
                 "n": self.n, "median_rel_err": round(self.median_rel_err, 4),
                 "source": self.source}
 
-
-def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with every coefficient >= 0 (costs do not fall with more work): the best
-    of the unconstrained fits over every subset of the columns that comes out non-negative.
-    Exact for the handful of columns used here."""
-    best, best_err = np.zeros(x.shape[1]), float(np.sum(y ** 2))
-    cols = range(x.shape[1])
-    for mask in range(1, 1 << x.shape[1]):
-        idx = [c for c in cols if mask >> c & 1]
-        coef, *_ = np.linalg.lstsq(x[:, idx], y, rcond=None)
-        if (coef < 0).any():
-            continue
-        err = float(np.sum((x[:, idx] @ coef - y) ** 2))
-        if err < best_err:
-            best = np.zeros(x.shape[1])
-            best[idx] = coef
-            best_err = err
-    return best
-
-
-def fit_points(xs: list[list[float]], ys: list[float], weights: list[float] | None = None
-               ) -> tuple[tuple[float, ...], float]:
-    """Non-negative least squares of ys on xs: (coefficients, median relative error)."""
-    x, y = np.asarray(xs, float), np.asarray(ys, float)
-    w = np.sqrt(np.asarray(weights, float)) if weights is not None else np.ones(len(y))
-    coef = nnls(x * w[:, None], y * w)
-    pred = x @ coef
-    rel = np.abs(y - pred) / np.maximum(np.abs(y), 1e-9)
-    return tuple(float(c) for c in coef), float(np.median(rel))
 
 
 # -------------------------------------------------------------------------------------------
@@ -211,74 +182,3 @@ def _cpu_costs(d, src: str) -> None:
         raise UserError(f"{src}: {e}") from None
     except (TypeError, ValueError):
         raise UserError(f"{src}: expected op -> [a, b, c] microseconds and latencies") from None
-
-
-# -------------------------------------------------------------------------------------------
-# As DeviceCosts
-
-
-class ProfileCosts:
-    """Device op times from a profile's fits at depth k; `fallback` answers for the rest."""
-
-    def __init__(self, profile: Profile, k: int, fallback: DeviceCosts, block_size: int = 16):
-        self.profile, self.k, self.fallback, self.block_size = profile, k, fallback, block_size
-        self.fits: dict[tuple[str, int | None], Fit] = {}
-        self.sources: dict[str, str] = {}
-        for op in DEVICE_OPS:
-            mine = [f for f in profile.fits if f.op == op]
-            ks = sorted({f.k for f in mine}, key=lambda x: (x is None, x))
-            chosen = None if not ks else None if ks == [None] else \
-                min((x for x in ks if x is not None), key=lambda x: (abs(x - k), -x))
-            pick = [f for f in mine if f.k == chosen] or [f for f in mine if f.k is None]
-            if op == "draft_forward":   # passes 0 and 1.. of a profile measured at k >= 1
-                pick = [f for f in pick if f.k is None or f.k >= 1]
-            for f in pick:
-                self.fits[(op, f.i if op == "draft_forward" else None)] = f
-            if not pick:
-                self.sources[op] = "roofline (not in the profile)"
-            else:
-                at = "any k" if pick[0].k is None else f"k={pick[0].k}" + (
-                    "" if pick[0].k == k else f", the nearest measured to k={k}")
-                n = sum(f.n for f in pick)
-                err = max(f.median_rel_err for f in pick)
-                self.sources[op] = (f"profile ({at}; {pick[0].source}; {n} points, median "
-                                    f"error up to {100 * err:.1f} %)")
-
-    def _fit(self, op: str, i: int | None = None) -> Fit | None:
-        if op != "draft_forward":
-            return self.fits.get((op, None))
-        fit = self.fits.get((op, i))
-        if fit is None and i:   # a later pass than measured: the last one measured
-            later = [j for (o, j) in self.fits if o == op and j]
-            fit = self.fits[(op, max(later))] if later else None
-        return fit
-
-    def _time(self, op: str, i: int | None, b: Batch) -> float | None:
-        fit = self._fit(op, i)
-        return None if fit is None else fit(batch_features(op, i, b, self.block_size))
-
-    def target_forward(self, b: Batch) -> float:
-        t = self._time("target_forward", None, b)
-        if t is None:
-            return self.fallback.target_forward(b)
-        if self.k == 0 and b.num_sampling:
-            # The simulator's step has no sampling op at k = 0 (the roofline counts it in the
-            # target forward); the engine samples with its rejection sampler: add it here.
-            t += self._time("rejection_sample", None, b) or 0.0
-        return t
-
-    def rejection_sample(self, b: Batch) -> float:
-        t = self._time("rejection_sample", None, b)
-        return self.fallback.rejection_sample(b) if t is None else t
-
-    def draft_forward(self, b: Batch, i: int) -> float:
-        t = self._time("draft_forward", i, b)
-        return self.fallback.draft_forward(b, i) if t is None else t
-
-    def d2h(self, b: Batch) -> float:
-        t = self._time("d2h", None, b)
-        return self.fallback.d2h(b) if t is None else t
-
-    def fixup(self, b: Batch) -> float:
-        t = self._time("fixup", None, b)
-        return self.fallback.fixup(b) if t is None else t

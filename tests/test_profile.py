@@ -7,8 +7,9 @@ import pytest
 
 from stepgap.calibrate.fit import build_profile, cpu_points, device_points
 from stepgap.sim.costs import Batch, ConstantCosts
-from stepgap.sim.profile import (FEATURES, Fit, Profile, ProfileCosts, batch_features, features,
-                         fit_points, load_profile, nnls)
+from stepgap.calibrate.fit import fit_points, nnls
+from stepgap.sim.profile import FEATURES, Fit, Profile, batch_features, features, load_profile
+from stepgap.sim.profile_costs import ProfileCosts
 from stepgap.cli import main
 from stepgap.common.errors import UserError
 from stepgap.common.formats import Span
