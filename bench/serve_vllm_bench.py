@@ -256,13 +256,14 @@ def analyse(out: Path, profile: Path, reqs, lim: dict) -> tuple[list, dict]:
     from stepgap.calibrate.fit import device_vs_profile
     from stepgap.calibrate.serve_fit import fit_served, load_served_run, run_level
     from stepgap.common.formats import load_timeline
+    from stepgap.sim.profile import load_profile, save_profile
     plan = json.loads((out / "plan.json").read_text())
-    base = json.loads(profile.read_text())
+    base = load_profile(profile)
     calib = [load_served_run(out / f"{u['run']}.server.json")
              for u in plan["runs"] if u["kind"] == "calibration"]
-    doc = fit_served(base, calib)
+    served = fit_served(base, calib)
     served_profile = out / "served-profile.json"
-    served_profile.write_text(json.dumps(doc, indent=1) + "\n")
+    save_profile(served_profile, served)
     cells: dict = {}
     for u in plan["runs"]:
         if u["kind"] != "judged":
@@ -307,7 +308,7 @@ def analyse(out: Path, profile: Path, reqs, lim: dict) -> tuple[list, dict]:
                             "server": med(c["server"], key), "sim": sim0[key],
                             "sim_served": sim_s[key]}
         rows.append(row)
-    return rows, doc["served_fit"]
+    return rows, served.notes["served_fit"]
 
 
 def main() -> None:

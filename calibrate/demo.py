@@ -28,15 +28,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 from stepgap.calibrate.pair import PAIR, ROOT, load_heldout, pair_paths
 from stepgap.common.errors import UserError
-from stepgap.common.fileio import write_json
 from stepgap.common.formats import MODES
 from stepgap.common.options import MAX_K, at_most, positive_int
+from stepgap.sim.profile import Profile
 
 PROFILE = ROOT / "traces" / "measured" / "cpu" / "profile.json"
 MEASURE = "measure"
@@ -125,9 +124,9 @@ def simulate_trace(pair, requests, accepted: dict, k: int, max_concurrency: int 
                    lim: dict | None = None) -> dict:
     """The simulator on the same trace and topology, replaying the engine's accepted counts.
 
-    `profile` (a path; default the committed CPU profile when it is there) gives the device op
-    and CPU costs; without one the device is the roofline over the `cpu` catalog entry (a
-    placeholder). `device_costs` (a sim.costs.DeviceCosts) overrides the device side. `lim`:
+    `profile` (a path or a Profile; default the committed CPU profile when it is there) gives
+    the device op and CPU costs; without one the device is the roofline over the `cpu` catalog
+    entry (a placeholder). `device_costs` (a sim.costs.DeviceCosts) overrides the device side. `lim`:
     the engine's scheduler limits (default: those run_engine gives it).
     """
     from stepgap.calibrate.harness import limits
@@ -138,16 +137,17 @@ def simulate_trace(pair, requests, accepted: dict, k: int, max_concurrency: int 
     lim = lim or limits(requests, k, max_concurrency)
     if profile is None and PROFILE.is_file():
         profile = PROFILE
+    measured = profile if isinstance(profile, Profile) else None
     cfg = SimConfig(mode=mode, k=k, gpu="cpu", model=paths["target"], draft=paths["eagle3"],
                     executor="process", device="cpu", replay=True,
-                    profile=str(profile) if profile else None,
+                    profile=str(profile) if profile and measured is None else None,
                     max_num_seqs=lim["max_num_seqs"],
                     max_num_batched_tokens=lim["max_num_batched_tokens"],
                     max_model_len=lim["max_model_len"],
                     num_gpu_blocks_override=lim["num_blocks"],
                     max_concurrency=max_concurrency)
     reqs = [replace(r, accepted=list(accepted.get(r.request_id, []))) for r in requests]
-    result, _ = simulate(cfg, reqs, device_costs)
+    result, _ = simulate(cfg, reqs, device_costs, measured)
     return result
 
 
@@ -258,11 +258,8 @@ def run_demo(pair=PAIR, k: int = 4, num_prompts: int | None = None,
                                                      progress)
         first = outputs[0]   # in trace order
         accepted = dict(zip(engine["request_ids"], engine["accepted"]))
-        with tempfile.TemporaryDirectory(prefix="stepgap-demo-") as tmp:
-            path = Path(tmp) / "profile.json"
-            write_json(path, prof)
-            sim = simulate_trace(pair, reqs, accepted, k, max_concurrency, device_costs, mode,
-                                 path, lim)
+        sim = simulate_trace(pair, reqs, accepted, k, max_concurrency, device_costs, mode,
+                             prof, lim)
         costs = ("costs: measured on this machine just before, in the same worker (a short\n"
                  f"  microbenchmark grid and a calibration run of {calibration_size(reqs)} other "
                  "prompts, cut from the\n  corpus's training files)")

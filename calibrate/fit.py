@@ -47,7 +47,7 @@ import numpy as np
 
 from stepgap.common.formats import Span
 from stepgap.sim.cpu_costs import CPU_COSTS, OpCost
-from stepgap.sim.profile import FEATURES, FORMAT, Fit, features
+from stepgap.sim.profile import FEATURES, CpuFit, Fit, Noise, Profile, features
 
 GRID_REQS = (1, 2, 4)
 GRID_CONTEXT = (64, 160, 240)
@@ -188,10 +188,10 @@ def add_device(acc: dict, points: list[dict]) -> None:
         a[1] = [s + x for s, x in zip(a[1], p["x"])]
 
 
-def device_vs_profile(acc: dict, profile: dict, k: int) -> float | None:
+def device_vs_profile(acc: dict, profile: Profile, k: int) -> float | None:
     """How much longer (> 0) the judged runs' device ops took than the profile predicts for
     the same steps: the machine's drift between calibration and these runs, not a model error."""
-    fits = {(f["op"], f["i"]): f["coef"] for f in profile.get("device_ops", []) if f["k"] == k}
+    fits = {(f.op, f.i): f.coef for f in profile.fits if f.k == k}
     measured = predicted = 0.0
     for key, (us, x) in acc.items():
         op, i = key.split("/")
@@ -250,23 +250,71 @@ def fit_shaped(situ: list[dict], grid: list[dict], grid_fits: list[Fit]) -> list
     return fits
 
 
-def fit_cpu(samples: dict[str, list]) -> tuple[dict, dict]:
-    """CpuCosts fields (to_dict form) and, per term, how well the fit holds."""
-    costs, quality = {}, {}
+def determined(x: np.ndarray, tol: float = 1e-3) -> list[bool]:
+    """Columns of x that add to its rank, in order (the first, the fixed term, always): a
+    column that is constant, zero or a combination of the ones before it is not determined."""
+    norms = np.sqrt((x ** 2).mean(axis=0))
+    keep, cols = [], []
+    for j in range(x.shape[1]):
+        if norms[j] == 0:
+            keep.append(False)
+            continue
+        trial = np.column_stack([*cols, x[:, j] / norms[j]])
+        s = np.linalg.svd(trial, compute_uv=False)
+        ok = s[-1] > tol * s[0]
+        keep.append(bool(ok))
+        if ok:
+            cols.append(x[:, j] / norms[j])
+    return keep
+
+
+def fit_determined(xs, ys, names, what: str) -> tuple[list[float], float, list[str]]:
+    """Non-negative least squares on the determined columns only: (coefficients with 0 for
+    the others, median relative error, what was not determined)."""
+    x = np.asarray(xs, float)
+    keep = determined(x)
+    coef_k, err = fit_points(x[:, keep].tolist(), ys)
+    coef, it = [], iter(coef_k)
+    for k in keep:
+        coef.append(next(it) if k else 0.0)
+    missing = [f"{what}: {n} not determined by the data" for n, k in zip(names, keep) if not k]
+    return coef, err, missing
+
+
+MIN_POINTS = 5   # samples a term needs to be fitted
+CPU_FEATURES = ("a (fixed)", "b (per request)", "c (per token)")   # a CPU fit's columns
+
+
+def fit_cpu(samples: dict[str, list], only_determined: bool = False,
+            trip=statistics.fmean) -> tuple[dict, dict, list[str]]:
+    """The one CPU fitter of every profile: CpuCosts fields (to_dict form), per term how well
+    the fit holds, and what the samples did not determine. Each term of CPU_COSTS with
+    MIN_POINTS samples is a + b·reqs + c·tokens, non-negative; `ipc_us` is the `trip` of its
+    samples (the mean of the engine's; vLLM's hook spans take the median).
+
+    With `only_determined` (runs the user chose, which may all share one concurrency) a
+    coefficient whose feature the samples do not vary is left at 0 and named; the engine's
+    calibration plan varies every feature, and its fits take all three."""
+    costs, quality, missing = {}, {}, []
     for term in CPU_COSTS:
         rows = samples.get(term) or []
-        if len(rows) < 5:
+        if len(rows) < MIN_POINTS:
             continue
-        coef, err = fit_points([[1.0, r, t] for r, t, _ in rows], [us for _, _, us in rows])
+        xs, ys = [[1.0, r, t] for r, t, _ in rows], [us for _, _, us in rows]
+        if only_determined:
+            coef, err, miss = fit_determined(xs, ys, CPU_FEATURES, term)
+            missing += [m for m in miss if not m.startswith(f"{term}: a ")]
+        else:
+            coef, err = fit_points(xs, ys)
         OpCost(*coef)   # validates
         costs[term] = [round(c, 4) for c in coef]
         quality[term] = {"n": len(rows), "median_rel_err": round(err, 4),
                          "mean_us": round(statistics.fmean(us for _, _, us in rows), 2)}
     trips = [us for _, _, us in samples.get("ipc_us") or []]
     if trips:
-        costs["ipc_us"] = round(statistics.fmean(trips), 2)
+        costs["ipc_us"] = round(trip(trips), 2)
         quality["ipc_us"] = {"n": len(trips), "median_us": round(statistics.median(trips), 2)}
-    return costs, quality
+    return costs, quality, missing
 
 
 def check_against(fits: list[Fit], points: list[dict]) -> dict:
@@ -302,7 +350,7 @@ def step_series(points: list[dict], fits: dict) -> list[list[float]]:
 JITTER_BIN_MS = 50
 
 
-def fit_jitter(series: list[list[list[float]]], bin_ms: float = JITTER_BIN_MS) -> dict | None:
+def fit_jitter(series: list[list[list[float]]], bin_ms: float = JITTER_BIN_MS) -> Noise | None:
     """The machine's speed noise, from the calibration runs' steps: z = log(measured / fitted
     device time). Three parts (sim/jitter.py Jitter):
 
@@ -329,16 +377,16 @@ def fit_jitter(series: list[list[list[float]]], bin_ms: float = JITTER_BIN_MS) -
     if not levels:
         return None
     levels = np.array(levels) - np.mean(levels)
-    return {"run_log_factors": [round(float(x), 4) for x in np.sort(levels)],
-            "bin_ms": bin_ms, "trace": [round(x, 3) for x in trace],
-            "sigma_step": round(float(np.std(rest)), 4), "runs": len(levels),
-            "steps": int(sum(len(r) for r in series))}
+    return Noise(tuple(round(float(x), 4) for x in np.sort(levels)), bin_ms,
+                 tuple(round(x, 3) for x in trace), round(float(np.std(rest)), 4), len(levels),
+                 int(sum(len(r) for r in series)))
 
 
 def build_profile(runs: list[tuple[str, int, list[Span]]], grid_points: list[dict],
-                  meta: dict) -> dict:
-    """The profile document from calibration runs [(mode, k, spans)] and grid points, and each
-    calibration run's device steps ([t ms, measured us, fitted us]) it fitted the noise on."""
+                  meta: dict) -> tuple[Profile, list]:
+    """The profile of calibration runs [(mode, k, spans)] and grid points (`meta`: what they
+    were measured on), and each calibration run's device steps ([t ms, measured us, fitted us])
+    it fitted the noise on."""
     situ, cpu, per_run = [], defaultdict(lambda: defaultdict(list)), []
     for mode, k, spans in runs:
         per_run.append(device_points(spans, k))
@@ -351,26 +399,17 @@ def build_profile(runs: list[tuple[str, int, list[Span]]], grid_points: list[dic
     chosen = {(f.op, f.i, f.k): f for f in grid_fits}
     chosen.update({(f.op, f.i, f.k): f for f in situ_fits})
     chosen.update({(f.op, f.i, f.k): f for f in fit_shaped(situ, grid_points, grid_fits)})
-    costs, quality = fit_cpu(cpu[None])
-    by_k = {str(k): fit_cpu(v) for k, v in sorted(cpu.items(), key=str) if k is not None}
+    pooled = CpuFit(*fit_cpu(cpu[None])[:2])
+    by_k = {k: CpuFit(*fit_cpu(v)[:2]) for k, v in sorted(cpu.items(), key=str)
+            if k is not None}
     series = [step_series(pts, chosen) for pts in per_run]
     grid_rows = [{**{k: p[k] for k in ("op", "i", "k", "us")},
                   **dict(zip(FEATURES[1:], p["x"][1:]))} for p in grid_points]
-    doc = {
-        "format": FORMAT, **meta,
-        "features": list(FEATURES),
-        "device_ops": [f.to_dict() for f in sorted(chosen.values(), key=lambda f: str(
-            (f.op, f.i, f.k)))],
-        "cpu": costs,
-        "cpu_fit_quality": quality,
-        "cpu_by_k": {k: c for k, (c, _) in by_k.items()},
-        "cpu_fit_quality_by_k": {k: q for k, (_, q) in by_k.items()},
-        "jitter": fit_jitter(series),
-        "checks": {"grid_fit_over_calibration_steps": check_against(grid_fits, situ),
-                   "calibration_fit_over_calibration_steps": check_against(situ_fits, situ)},
-        "grid": grid_rows,
-    }
-    return doc, series
+    fits = [f.rounded() for f in sorted(chosen.values(), key=lambda f: str((f.op, f.i, f.k)))]
+    checks = {"grid_fit_over_calibration_steps": check_against(grid_fits, situ),
+              "calibration_fit_over_calibration_steps": check_against(situ_fits, situ)}
+    return Profile(fits, pooled, by_k, fit_jitter(series), about=dict(meta),
+                   notes={"checks": checks, "grid": grid_rows}), series
 
 
 # -------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from stepgap.common.formats import MODES, TraceRequest
 from stepgap.common.scheduler import cdiv
 from stepgap.engine.args import EngineArgs
 from stepgap.calibrate.fit import GridShape, add_device, build_profile, device_points, measure_grid
+from stepgap.sim.profile import Profile
 
 TIMELINE_HALF = 20            # steps kept either side of the timeline cells' first run's middle
 
@@ -46,7 +47,7 @@ class Plan:
     concs: list[int]
     judged: list[TraceRequest] | None         # None: calibrate only (`stepgap profile`)
     calibration: list[TraceRequest] | None    # None: the profile is given
-    profile: dict | None = None
+    profile: Profile | None = None    # given: no calibration runs, no grid
     repeats: int = 18                 # judged runs per cell
     slice: int = 8                    # judged prompts per run
     calibration_slice: int = 8        # calibration prompts per run
@@ -106,7 +107,7 @@ def limits(requests: list[TraceRequest], k: int, max_concurrency: int | None,
 
 @dataclass
 class Measured:
-    profile: dict
+    profile: Profile | None
     runs: dict = field(default_factory=lambda: defaultdict(list))      # cell -> results
     device: dict = field(default_factory=dict)    # cell -> (op, i) -> [sum us, sum features]
     timelines: dict = field(default_factory=dict)  # cell -> spans (first run, trimmed)
@@ -181,7 +182,7 @@ def run_plan(plan: Plan, progress: bool = True, log=None, desc: str | None = Non
     total = sum(sum(r.output_len for r in reqs_of(u[0], u[3], u[4])) for u in units)
     grid_points = len(plan.grid.shapes(plan.ks)) if plan.grid else 0
     pins = pin_plan(ea.pin) if ea.executor == "process" else None
-    out = Measured(profile=plan.profile or {})
+    out = Measured(profile=plan.profile)
     out.loads.append(os.getloadavg()[0])
     points = []
     with tqdm(total=total + grid_points, unit=" tok", disable=not progress, file=sys.stderr,

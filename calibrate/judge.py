@@ -68,7 +68,7 @@ def resimulate(setup: Setup, cell: MeasuredCell, timeline: bool = False, **overr
     if prof and overrides.get("jitter", True):
         jitter = load_profile(prof).jitter
         if jitter:
-            levels = run_levels(jitter["run_log_factors"], len(cell.runs))
+            levels = run_levels(jitter.run_log_factors, len(cell.runs))
     for n, run in enumerate(cell.runs):
         cfg = sim_config(setup, run, timeline and n == 0,
                          **{"speed": levels[n], "seed": n, **overrides})

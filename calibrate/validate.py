@@ -103,14 +103,12 @@ def plan_from_args(args, judged: bool = True):
     """The CPU plan of `stepgap validate` and `stepgap profile`."""
     from stepgap.calibrate.harness import Plan
     from stepgap.calibrate.pair import calibration_trace, load_heldout, pair_paths
-    from stepgap.common.fileio import read_json
     from stepgap.common.formats import load_trace
     pair_paths(args.pair)   # names what is missing
     profile = None
     if getattr(args, "profile", None):
         from stepgap.sim.profile import load_profile
-        load_profile(args.profile)   # names what is wrong with it, before any work
-        profile = read_json(args.profile)
+        profile = load_profile(args.profile)   # names what is wrong with it, before any work
     calibration = cname = None
     if profile is None:
         n = args.calibration_prompts

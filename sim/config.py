@@ -256,8 +256,9 @@ class Resolved(NamedTuple):
     topology: str = "stepgap"
 
 
-def resolve(cfg: SimConfig) -> Resolved:
-    """Every object the run needs, and every check that can fail, before any work."""
+def resolve(cfg: SimConfig, profile: Profile | None = None) -> Resolved:
+    """Every object the run needs, and every check that can fail, before any work. `profile`:
+    a measured profile to use instead of reading `cfg.profile`'s file."""
     hw = get_hardware(cfg.gpu)
     target = load_model_config(cfg.model)
     tp, notes = cfg.tensor_parallel_size, []
@@ -289,18 +290,17 @@ def resolve(cfg: SimConfig) -> Resolved:
     device_costs: DeviceCosts = RooflineCosts(
         target, draft, hw, cfg.k, tp=tp, method=cfg.method, routing_skew=cfg.moe_routing_skew,
         max_model_len=cfg.max_model_len)
-    measured = load_profile(cfg.profile) if cfg.profile else None
+    measured = profile or (load_profile(cfg.profile) if cfg.profile else None)
     if measured is not None:
         if tp > 1 or (cfg.k and cfg.method != "eagle3"):
-            raise UserError(f"--profile {cfg.profile}: a measured profile times one device "
+            raise UserError(f"--profile {cfg.profile or measured.path}: a measured profile times one device "
                             "running EAGLE-3 drafts; --tensor-parallel-size > 1 and other "
                             "methods use the roofline (drop --profile)")
         device_costs = ProfileCosts(measured, cfg.k, device_costs, cfg.block_size)
-    topology = cfg.topology or (measured.topology.get("engine") if measured else None) \
-        or "stepgap"
+    topology = cfg.topology or (measured.engine if measured else None) or "stepgap"
     if topology not in TOPOLOGIES:
-        raise UserError(f"{cfg.profile}: topology.engine {topology!r} (expected one of "
-                        f"{', '.join(TOPOLOGIES)})")
+        raise UserError(f"{measured.path or 'the profile'}: topology.engine {topology!r} "
+                        f"(expected one of {', '.join(TOPOLOGIES)})")
     prof, note = acceptance_profile(cfg, target)
     if note and cfg.k:
         notes.append(note)

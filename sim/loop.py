@@ -58,6 +58,7 @@ from stepgap.common.acceptance import Acceptance
 from stepgap.sim.config import CPU_PROPOSERS, SimConfig, resolve
 from stepgap.sim.costs import Batch, DeviceCosts
 from stepgap.sim.jitter import Jitter
+from stepgap.sim.profile import Profile
 from stepgap.common.errors import UserError
 from stepgap.common.formats import RequestTiming, Span, SpecStats, TraceRequest, run_result
 from stepgap.common.scheduler import FINISHED, Request, Scheduler, SchedulerConfig, SchedulerOutput
@@ -196,11 +197,11 @@ class Sim:
     """One simulated serving run. `run()` returns (run result, spans)."""
 
     def __init__(self, cfg: SimConfig, requests: list[TraceRequest],
-                 device_costs: DeviceCosts | None = None):
+                 device_costs: DeviceCosts | None = None, profile: Profile | None = None):
         if not requests:
             raise UserError("the workload holds no requests")
         self.cfg = cfg
-        self.r = r = resolve(cfg)
+        self.r = r = resolve(cfg, profile)
         check_requests(requests, r.scheduler)
         self.requests = requests
         self.env = Clock()
@@ -219,7 +220,7 @@ class Sim:
         jitter = None
         if cfg.jitter and r.measured is not None and r.measured.jitter:
             j = r.measured.jitter
-            jitter = Jitter(j["trace"], j["bin_ms"] * 1e3, j["sigma_step"], cfg.speed, cfg.seed)
+            jitter = Jitter(j.trace, j.bin_ms * 1e3, j.sigma_step, cfg.speed, cfg.seed)
         elif cfg.speed != 1.0:
             jitter = Jitter([], 1.0, 0.0, cfg.speed, cfg.seed)
         self.device = Device(device_costs or r.device_costs, cfg.k,
@@ -517,8 +518,8 @@ class Sim:
         }
         if self.device.jitter is not None and r.measured is not None and r.measured.jitter:
             j = r.measured.jitter
-            config["resolved"]["jitter"] = {"bin_ms": j["bin_ms"], "sigma_step": j["sigma_step"],
-                                            "trace_bins": len(j["trace"]),
+            config["resolved"]["jitter"] = {"bin_ms": j.bin_ms, "sigma_step": j.sigma_step,
+                                            "trace_bins": len(j.trace),
                                             "offset": self.device.jitter.offset}
         sources = getattr(self.device.costs, "sources", None)
         if sources is not None:   # a measured profile: which ops it covered, and how
@@ -551,12 +552,14 @@ def build_workload(cfg: SimConfig) -> list[TraceRequest]:
 
 
 def simulate(cfg: SimConfig, requests: list[TraceRequest] | None = None,
-             device_costs: DeviceCosts | None = None) -> tuple[dict, list[Span]]:
+             device_costs: DeviceCosts | None = None, profile: Profile | None = None
+             ) -> tuple[dict, list[Span]]:
     """Simulate one serving run: the run result (DESIGN.md §4) and the timeline's spans.
 
     `requests` defaults to the workload `cfg` names, with its request rate applied; requests
     given here are used with their own arrival times. `device_costs` replaces the roofline
-    (a measured profile, or ConstantCosts in tests).
+    (ConstantCosts in tests); `profile` is a measured profile to use instead of reading
+    `cfg.profile`'s file (the fits re-simulate the runs with the profile they are making).
     """
     reqs = requests if requests is not None else build_workload(cfg)
-    return Sim(cfg, reqs, device_costs).run()
+    return Sim(cfg, reqs, device_costs, profile).run()

@@ -42,6 +42,7 @@ from stepgap.calibrate.vllm import acceptance_from_scrapes, ingest_profile, read
 from stepgap.calibrate.vllm_fit import Run, calibrate_runs  # noqa: E402
 from stepgap.common.formats import gap_summary, save_timeline, step_gaps  # noqa: E402
 from stepgap.common.vllm_bench import bench_result, is_bursty, read_bench  # noqa: E402
+from stepgap.sim.profile import save_profile  # noqa: E402
 
 PAIR = ROOT / "checkpoints" / "pystdlib"
 BLOCK_SIZE = 128   # vLLM's CPU default (vllm/platforms/cpu.py)
@@ -97,15 +98,15 @@ def main(argv=None) -> int:
             "model": {"target": str(PAIR / "target"), "draft": str(PAIR / "eagle3")},
             "scheduler": scheduler}
     profile = calibrate_runs(calib, meta)
-    profile["model"] = {"target": "models/target", "draft": "models/eagle3"}
-    (out / "profile.json").write_text(json.dumps(profile, indent=1) + "\n")
+    profile.about["model"] = {"target": "models/target", "draft": "models/eagle3"}
+    save_profile(out / "profile.json", profile)
     for name in ("target", "eagle3"):
         (out / "models" / name).mkdir(parents=True, exist_ok=True)
         shutil.copy(PAIR / name / "config.json", out / "models" / name / "config.json")
 
     # the judged runs
     cells, runs, bursty, device = [], {}, [], {}
-    fitted_ks = sorted({f["k"] for f in profile["device_ops"]})
+    fitted_ks = sorted({f.k for f in profile.fits})
     for r in plan["runs"]:
         if r["kind"] != "judged":
             continue
