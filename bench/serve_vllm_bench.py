@@ -204,7 +204,8 @@ def pin_frontend(server: Server) -> None:
 def measure(args, out: Path, modes, ks, lim: dict, datasets: dict, traces: dict) -> None:
     """Every run, its files into `out`, and plan.json (what ran, in order)."""
     from bench.vllm.measure import plan_units
-    from stepgap.calibrate.fit import add_device, device_points
+    from stepgap.calibrate.fit import add_device
+    from stepgap.calibrate.samples import device_points
     t0 = time.monotonic()
     reqs = traces["judged"]
     units = plan_units(ks, CONCS, modes, ks if "sync" in modes else (), args.repeats)

@@ -2,6 +2,7 @@
 and judge the simulator's predictions.
 
 - `harness`: one plan of engine runs (judged and calibration, interleaved) on any device;
+- `samples`: timelines cut into device and CPU samples (stepgap's, vLLM's and a served loop);
 - `fit`: a profile (device op fits, CPU terms, the machine's noise) from engine timelines;
 - `measured`: the measured-folder format, written by the CPU and the GPU paths alike;
 - `judge`: a measured folder re-simulated and held to its bounds and known misses;

@@ -16,28 +16,11 @@ running, which is what is being predicted), steadied by the grid: its points joi
 the in-situ level, so that shapes the calibration runs rarely take (two or three requests, long
 prefills next to decodes) follow the grid's slopes (`fit_shaped`). How far the grid alone sits
 from the in-situ times is kept in the profile's `checks` (docs/validation.md has the numbers).
-
-How a step is cut into terms, from its spans (DESIGN.md §2 lanes and ops):
-
-    engine:  ...update N-1 | loop | schedule N |                                 | update N ...
-    worker:                               | prepare N | launch N .............| turnaround |
-    device:                                           | head | op | op | ... op |
-
-- `launch` (on the CPU) = prepare_inputs' end to the first device op: packing and copying the
-  inputs, the attention metadata;
-- a device op's cost runs from the end of the previous device op of its step (the Python
-  between two ops belongs to issuing the next), the first op's from its own start; where the
-  worker waited in between (vLLM's sample_tokens RPC), from the wait's end;
-- `ipc_us` = from update N-1's end to prepare N's start, less schedule N (sync runs): the
-  message's trip plus the engine loop's own turn, which has no op of its own;
-- `result_latency` = the last device op's end to update N's start, when the engine was waiting;
-- `worker_turnaround` = the last device op's end to prepare N+1's start, when N+1's message was
-  already waiting (async runs): collecting and sending N's result, receiving N+1.
+How a step is cut into device and CPU samples is calibrate/samples.py's.
 """
 
 from __future__ import annotations
 
-import bisect
 import os
 import statistics
 from collections import defaultdict
@@ -45,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stepgap.calibrate.samples import cpu_samples, device_points
 from stepgap.common.formats import Span
 from stepgap.sim.cpu_costs import CPU_COSTS, OpCost
 from stepgap.sim.profile import FEATURES, CpuFit, Fit, Noise, Profile, features
@@ -87,96 +71,6 @@ def fit_points(xs: list[list[float]], ys: list[float], weights: list[float] | No
     pred = x @ coef
     rel = np.abs(y - pred) / np.maximum(np.abs(y), 1e-9)
     return tuple(float(c) for c in coef), float(np.median(rel))
-
-
-# -------------------------------------------------------------------------------------------
-# Steps out of a timeline
-
-
-def steps_of(spans: list[Span]) -> dict[int, dict]:
-    """step -> {"engine": {op: span}, "worker": {op: span}, "device": [spans by start]}."""
-    out: dict[int, dict] = defaultdict(lambda: {"engine": {}, "worker": {}, "device": []})
-    for s in spans:
-        if s.lane == "device":
-            out[s.step]["device"].append(s)
-        else:
-            out[s.step]["engine" if s.lane == "cpu.engine" else "worker"][s.op] = s
-    for st in out.values():
-        st["device"].sort(key=lambda s: s.start_us)
-    return dict(out)
-
-
-def _shape(dev: list[Span]) -> dict:
-    """The step's batch shape, from its first device op's args (engine/worker.py)."""
-    a = dev[0].args or {}
-    return {"tokens": a.get("tokens", 0), "reqs": a.get("reqs", 1), "q": a.get("q") or 1,
-            "blocks": a.get("blocks") or 0}
-
-
-def device_points(spans: list[Span], k: int) -> list[dict]:
-    """One point per device op of every step: {op, i, k, x (features), us, t (its step's
-    start), step}. An op's time runs from the previous op's end (what lies between is the
-    device's), except where the worker waited in between (vLLM's sample_tokens RPC on a
-    synchronous device): that is the worker's, modelled apart (`rpc_mid`)."""
-    points = []
-    waits = defaultdict(list)
-    for s in spans:
-        if s.lane == "cpu.worker" and s.op == "wait":
-            waits[s.step].append(s.end_us)
-    for n, st in sorted(steps_of(spans).items()):
-        dev = st["device"]
-        if not dev:
-            continue
-        shape = _shape(dev)
-        prev_end = None
-        for s in dev:
-            i = (s.args or {}).get("i") if s.op == "draft_forward" else None
-            start = s.start_us
-            if prev_end is not None:
-                start = max([prev_end] + [e for e in waits[n] if prev_end < e <= s.start_us])
-            us = s.end_us - start
-            prev_end = s.end_us
-            points.append({"op": s.op, "i": i, "k": k, "us": us, "t": dev[0].start_us,
-                           "step": n, "x": features(s.op, i, shape["tokens"], shape["reqs"],
-                                                    shape["q"], shape["blocks"])})
-    return points
-
-
-def cpu_points(spans: list[Span], mode: str) -> dict[str, list[tuple[int, int, float]]]:
-    """Samples of every CPU term: term -> [(reqs, tokens, us)] (ipc_us: reqs = tokens = 0)."""
-    steps = steps_of(spans)
-    out: dict[str, list] = defaultdict(list)
-    engine_ends = sorted(s.end_us for s in spans if s.lane == "cpu.engine")
-    order = sorted(steps)
-    for n in order:
-        st = steps[n]
-        for op, s in list(st["engine"].items()) + list(st["worker"].items()):
-            if op in ("schedule", "update_from_output", "prepare_inputs"):
-                a = s.args or {}
-                out[op].append((a.get("reqs", 0), a.get("tokens", 0), s.end_us - s.start_us))
-        dev, prep = st["device"], st["worker"].get("prepare_inputs")
-        if not dev or prep is None:
-            continue
-        reqs, tokens = (prep.args or {}).get("reqs", 0), (prep.args or {}).get("tokens", 0)
-        out["launch"].append((reqs, tokens, dev[0].start_us - prep.end_us))
-        end = dev[-1].end_us
-        upd = st["engine"].get("update_from_output")
-        if upd is not None:
-            i = bisect.bisect_right(engine_ends, upd.start_us)
-            if i and engine_ends[i - 1] < end:   # the engine was waiting for this result
-                out["result_latency"].append((reqs, tokens, upd.start_us - end))
-        nxt = steps.get(n + 1)
-        if nxt is None:
-            continue
-        sched, nprep = nxt["engine"].get("schedule"), nxt["worker"].get("prepare_inputs")
-        if sched is None or nprep is None:
-            continue
-        if mode != "sync" and sched.end_us < end - 100.0:   # N+1's message was waiting
-            out["worker_turnaround"].append((reqs, tokens, nprep.start_us - end))
-        if mode == "sync" and upd is not None:
-            trip = nprep.start_us - upd.end_us - (sched.end_us - sched.start_us)
-            out["ipc_us"].append((0, 0, trip))
-    return dict(out)
 
 
 def add_device(acc: dict, points: list[dict]) -> None:
@@ -391,7 +285,7 @@ def build_profile(runs: list[tuple[str, int, list[Span]]], grid_points: list[dic
     for mode, k, spans in runs:
         per_run.append(device_points(spans, k))
         situ += per_run[-1]
-        for term, rows in cpu_points(spans, mode).items():
+        for term, rows in cpu_samples(spans, mode).items():
             cpu[k][term] += rows
             cpu[None][term] += rows
     situ_fits = fit_device(situ, "calibration runs") if situ else []

@@ -29,7 +29,8 @@ from stepgap.common.errors import UserError
 from stepgap.common.formats import MODES, TraceRequest
 from stepgap.common.scheduler import cdiv
 from stepgap.engine.args import EngineArgs
-from stepgap.calibrate.fit import GridShape, add_device, build_profile, device_points, measure_grid
+from stepgap.calibrate.fit import GridShape, add_device, build_profile, measure_grid
+from stepgap.calibrate.samples import device_points
 from stepgap.sim.profile import Profile
 
 TIMELINE_HALF = 20            # steps kept either side of the timeline cells' first run's middle

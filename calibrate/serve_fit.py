@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from stepgap.calibrate.fit import fit_cpu
+from stepgap.calibrate.samples import cpu_samples
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json_object
 from stepgap.common.formats import load_result, load_timeline
@@ -38,31 +39,11 @@ FRONTEND_TERMS = ("add_request", "process_outputs")
 TERMS = ENGINE_TERMS + FRONTEND_TERMS
 
 
-def served_samples(spans, mode: str = "sync") -> dict[str, list[tuple[int, int, float]]]:
-    """term -> [(reqs, tokens, us)] from one served timeline: the engine core's terms as
-    `stepgap profile` cuts them (calibrate/fit.py), and the front end's."""
-    from stepgap.calibrate.fit import cpu_points
-    engine = cpu_points(spans, mode)
-    out = defaultdict(list, {t: engine[t] for t in ENGINE_TERMS if t in engine})
-    per_step = defaultdict(lambda: [0, 0, 0.0])   # step -> [reqs, tokens, front-end us]
-    for s in spans:
-        a, us = s.args or {}, s.end_us - s.start_us
-        if s.lane == "cpu.frontend" and s.op == "add_request":
-            out["add_request"].append((a.get("reqs", 1), a.get("tokens", 0), us))
-        elif s.lane == "cpu.frontend" and s.op in ("process_outputs", "stream"):
-            p = per_step[s.step]
-            if s.op == "stream":
-                p[0] += 1
-                p[1] += a.get("tokens", 0)
-            p[2] += us
-    out["process_outputs"] = [tuple(p) for p in per_step.values() if p[0]]
-    return out
-
-
 def run_level(spans, k: int, profile: Profile) -> float:
     """How long the run's device ops took against the profile's prediction of the same steps
     (1.1: 10 % slower): the machine's level during the run (calibrate/fit.py)."""
-    from stepgap.calibrate.fit import add_device, device_points, device_vs_profile
+    from stepgap.calibrate.fit import add_device, device_vs_profile
+    from stepgap.calibrate.samples import device_points
     acc: dict = {}
     add_device(acc, device_points(spans, k))
     d = device_vs_profile(acc, profile, k)
@@ -82,7 +63,9 @@ def fit_served(base: Profile, runs: list[dict]) -> Profile:
     for r in runs:
         level = run_level(r["timeline"], r["k"], base)
         levels.append(round(level, 4))
-        for term, rows in served_samples(r["timeline"], r.get("mode") or "sync").items():
+        for term, rows in cpu_samples(r["timeline"], r.get("mode") or "sync", "served").items():
+            if term not in TERMS:
+                continue
             rows = [(n, t, us / level) for n, t, us in rows]
             pooled[term] += rows
             by_k[str(r["k"])][term] += rows

@@ -32,8 +32,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stepgap.calibrate.fit import (MIN_POINTS, device_points, fit_cpu, fit_determined,
-                                   fit_jitter, step_series)
+from stepgap.calibrate.fit import MIN_POINTS, fit_cpu, fit_determined, fit_jitter, step_series
+from stepgap.calibrate.samples import cpu_samples, device_points
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_text
 from stepgap.sim.profile import CpuFit, Fit, Profile, save_profile
@@ -172,53 +172,6 @@ def ahead_share(spans) -> float:
 # The fit
 
 
-def cpu_samples(spans) -> dict[str, list[tuple[int, int, float]]]:
-    """Samples of every CPU term in one vLLM timeline: term -> [(reqs, tokens, us)]."""
-    from stepgap.calibrate.fit import steps_of
-    out = defaultdict(list)
-    steps = steps_of(spans)
-    upd_starts, mid_waits = {}, {}
-    for n, st in steps.items():
-        for op, s in st["engine"].items():
-            a = s.args or {}
-            if op in ("schedule", "update_from_output"):
-                out[op].append((a.get("reqs", 0), a.get("tokens", 0), s.end_us - s.start_us))
-            if op == "update_from_output":
-                upd_starts[n] = s
-    for s in spans:
-        a = s.args or {}
-        if s.lane == "cpu.engine" and s.op == "wait" and a.get("on") == "take_draft_token_ids":
-            sched = steps.get(s.step, {}).get("engine", {}).get("schedule")
-            b = (sched.args or {}) if sched is not None else {}
-            out["rpc_drafts"].append((b.get("reqs", 0), b.get("tokens", 0),
-                                      s.end_us - s.start_us))
-        elif s.lane == "cpu.frontend" and s.op == "process_outputs":
-            out["process_outputs"].append((a.get("reqs", 0), 0, s.end_us - s.start_us))
-        elif s.lane == "cpu.frontend" and s.op == "add_request":
-            out["add_request"].append((1, 0, s.end_us - s.start_us))
-        elif s.op == "wait" and a.get("on") == "sample_tokens RPC":
-            mid_waits.setdefault(s.step, s)
-    for n, st in sorted(steps.items()):
-        dev = st["device"]
-        prep = st["worker"].get("prepare_inputs")
-        if not dev or prep is None:
-            continue
-        a = dev[0].args or {}
-        reqs, tokens = a.get("reqs", 0), a.get("tokens", 0)
-        out["prepare_inputs"].append((reqs, tokens, prep.end_us - prep.start_us))
-        out["launch"].append((reqs, tokens, dev[0].start_us - prep.end_us))
-        wait = mid_waits.get(n)
-        if wait is not None:
-            out["rpc_mid"].append((reqs, tokens, wait.end_us - wait.start_us))
-        upd = upd_starts.get(n)
-        if upd is not None and upd.start_us > dev[-1].end_us:
-            out["result_latency"].append((reqs, tokens, upd.start_us - dev[-1].end_us))
-        sched = st["engine"].get("schedule")
-        if sched is not None and prep.start_us > sched.end_us:
-            out["ipc_us"].append((0, 0, prep.start_us - sched.end_us))
-    return out
-
-
 def fit_device_ops(runs: list[Run]) -> tuple[list, list[str]]:
     """One fit per (op, draft pass, k) over the determined features."""
     groups = defaultdict(list)
@@ -252,7 +205,7 @@ def calibrate_runs(runs: list[Run], meta: dict | None = None) -> Profile:
                          for r in timed])
     samples, by_k = defaultdict(list), defaultdict(lambda: defaultdict(list))
     for r in timed:
-        for term, rows in cpu_samples(r.spans).items():
+        for term, rows in cpu_samples(r.spans, topology="vllm").items():
             samples[term] += rows
             by_k[r.k][term] += rows
     cpu, quality, miss = fit_cpu(samples, only_determined=True, trip=statistics.median)

@@ -6,7 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepgap.calibrate.fit import build_profile, cpu_points, device_points
+from stepgap.calibrate.fit import build_profile
+from stepgap.calibrate.samples import cpu_samples, device_points
 from stepgap.sim.costs import Batch, ConstantCosts
 from stepgap.calibrate.fit import fit_points, nnls
 from stepgap.sim.profile import (FEATURES, CpuFit, Fit, Profile, batch_features, features,
@@ -55,7 +56,7 @@ def test_device_op_costs_run_from_the_previous_ops_end():
 
 
 def test_cpu_terms_of_a_sync_timeline():
-    t = cpu_points(sync_timeline(), "sync")
+    t = cpu_samples(sync_timeline(), "sync")
     assert t["schedule"][0] == (1, 5, 10.0)
     assert t["update_from_output"][0] == (1, 5, 20.0)
     assert t["prepare_inputs"][0] == (1, 5, 50.0)
@@ -72,7 +73,7 @@ def test_cpu_terms_of_an_async_timeline():
     # step 1 was scheduled (and sent) while step 0 computed: the worker turns straight to it
     spans.append(Span("cpu.engine", "schedule", 1, 400, 420, {"reqs": 1, "tokens": 5}))
     spans += step_spans(1, 1150)   # prepare 1 at 1250: 240 after step 0's last op
-    t = cpu_points(spans, "async")
+    t = cpu_samples(spans, "async")
     assert t["worker_turnaround"] == [(1, 5, 240.0)]
     assert "ipc_us" not in t
 

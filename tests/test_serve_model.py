@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepgap.calibrate.serve_fit import fit_served, run_level, served_samples
+from stepgap.calibrate.samples import cpu_samples
+from stepgap.calibrate.serve_fit import fit_served, run_level
 from stepgap.common.errors import UserError
 from stepgap.common.formats import Span, TraceRequest
 from stepgap.sim.config import SimConfig
@@ -67,7 +68,7 @@ def run(k: int, client: float, server: float, seed: int = 0, level: float = 1.0)
 
 
 def test_the_fit_recovers_the_costs_the_timeline_was_made_of_at_the_profiles_level():
-    s = served_samples(served_timeline())
+    s = cpu_samples(served_timeline(), topology="served")
     # one process_outputs sample a step: its own span and its chunks' writes
     assert len(s["process_outputs"]) == 40
     assert s["process_outputs"][0] == (1, 1, 20.5 + 61)

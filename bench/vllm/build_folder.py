@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from stepgap.calibrate.measured import FORMAT as MEASURED, git_commit, requests_of, save_runs, trim  # noqa: E402,E501
-from stepgap.calibrate.fit import device_points  # noqa: E402
+from stepgap.calibrate.samples import device_points  # noqa: E402
 from stepgap.calibrate.fit import add_device, device_vs_profile  # noqa: E402
 from stepgap.calibrate.harness import cell_name, machine_info  # noqa: E402
 from stepgap.calibrate.vllm import acceptance_from_scrapes, ingest_profile, read_source  # noqa: E402
