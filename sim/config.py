@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import NamedTuple
 
 from stepgap.common.acceptance import AcceptanceProfile, default_profile, get_profile
 from stepgap.sim.costs import DeviceCosts
 from stepgap.sim.cpu_costs import CPU_COSTS, CpuCosts, OpCost
 from stepgap.sim.roofline import BF16, RooflineCosts
-from stepgap.sim.profile import Profile, load_profile
+from stepgap.sim.profile import Noise, Profile, load_profile
 from stepgap.sim.profile_costs import ProfileCosts
 from stepgap.sim.hardware import GIB, Hardware, get_hardware
 from stepgap.common.errors import UserError
@@ -241,24 +240,58 @@ def _tuple(cfg, name: str) -> tuple:
 # Resolution
 
 
-class Resolved(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """Where the step loop's parts run (docs/design.md §2), and what follows from it."""
+
+    engine: str = "stepgap"       # whose step loop (TOPOLOGIES)
+    inline: bool = True           # the worker on the engine core's thread (else its process)
+    device_async: bool = True     # the device runs asynchronously to the worker (cuda)
+    tp: int = 1                   # ranks of the multiprocess executor
+    api_server: bool = False      # an API server in front, on the engine core's CPU
+    computes_ahead: bool = False  # a process worker on a synchronous device: it computed step N
+                                  # (and knows its counts) before it prepares N+1
+
+    @classmethod
+    def of(cls, engine: str, executor: str, device: str, tp: int) -> Topology:
+        inline, device_async = executor == "inline", device == "cuda"
+        return cls(engine, inline, device_async, tp, engine in ("vllm", "served"),
+                   not inline and not device_async)
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """Everything a run needs, resolved once from its SimConfig (sim/loop.py `Sim` reads this,
+    and derives nothing from the config itself)."""
+
     hw: Hardware
     target: ModelConfig
     draft: Eagle3Config | ModelConfig | None   # what drafts (None: mtp, n-gram, k = 0)
-    device_async: bool
     device_costs: DeviceCosts
     cpu: CpuCosts
     profile: AcceptanceProfile
     scheduler: SchedulerConfig
+    topology: Topology
     measured: Profile | None = None   # the --profile, when given
     mode: str = "sync"                # the mode the run has (see CPU_PROPOSERS)
     notes: tuple[str, ...] = ()       # what was chosen for the user, one line each
-    topology: str = "stepgap"
+    # the step loop's rules, from the mode, the method and the topology (sim/loop.py)
+    wait_accepted: bool = False       # async with drafts: step N+1 waits for N's counts
+    fixup: bool = False               # zero-bubble's device fixup (not where computes_ahead)
+    cpu_propose: bool = False         # drafts proposed on the host (n-gram)
+    rpc_share: float = 1.0            # of vLLM's sync-fitted RPC turnaround, waited
+    noise: Noise | None = None        # the measured noise replayed on the device ops
+
+    @property
+    def device_async(self) -> bool:
+        return self.topology.device_async
 
 
-def resolve(cfg: SimConfig, profile: Profile | None = None) -> Resolved:
+def resolve(cfg: SimConfig, profile: Profile | None = None,
+            device_costs: DeviceCosts | None = None) -> Resolved:
     """Every object the run needs, and every check that can fail, before any work. `profile`:
-    a measured profile to use instead of reading `cfg.profile`'s file."""
+    a measured profile to use instead of reading `cfg.profile`'s file; `device_costs`: a
+    source of device costs to use instead of the config's (ConstantCosts in tests)."""
     hw = get_hardware(cfg.gpu)
     target = load_model_config(cfg.model)
     tp, notes = cfg.tensor_parallel_size, []
@@ -286,28 +319,51 @@ def resolve(cfg: SimConfig, profile: Profile | None = None) -> Resolved:
         notes.append(f"method {cfg.method} proposes on the CPU from the sampled tokens on the "
                      f"host, so vLLM runs it with sync scheduling (async takes EAGLE, MTP, "
                      f"draft models and ngram_gpu): --mode {cfg.mode} is simulated as sync")
-    device = cfg.device or ("cuda" if hw.kind == "gpu" else "cpu")
-    device_costs: DeviceCosts = RooflineCosts(
-        target, draft, hw, cfg.k, tp=tp, method=cfg.method, routing_skew=cfg.moe_routing_skew,
-        max_model_len=cfg.max_model_len)
     measured = profile or (load_profile(cfg.profile) if cfg.profile else None)
-    if measured is not None:
-        if tp > 1 or (cfg.k and cfg.method != "eagle3"):
-            raise UserError(f"--profile {cfg.profile or measured.path}: a measured profile times one device "
-                            "running EAGLE-3 drafts; --tensor-parallel-size > 1 and other "
-                            "methods use the roofline (drop --profile)")
-        device_costs = ProfileCosts(measured, cfg.k, device_costs, cfg.block_size)
-    topology = cfg.topology or (measured.engine if measured else None) or "stepgap"
-    if topology not in TOPOLOGIES:
-        raise UserError(f"{measured.path or 'the profile'}: topology.engine {topology!r} "
+    costs = device_costs_of(cfg, target, draft, hw, measured)   # (its checks, whatever is used)
+    if device_costs is not None:
+        costs = device_costs
+    engine = cfg.topology or (measured.engine if measured else None) or "stepgap"
+    if engine not in TOPOLOGIES:
+        raise UserError(f"{measured.path or 'the profile'}: topology.engine {engine!r} "
                         f"(expected one of {', '.join(TOPOLOGIES)})")
+    topo = Topology.of(engine, cfg.executor, cfg.device or ("cuda" if hw.kind == "gpu"
+                                                            else "cpu"), tp)
     prof, note = acceptance_profile(cfg, target)
     if note and cfg.k:
         notes.append(note)
-    return Resolved(hw, target, draft, device == "cuda", device_costs,
-                    cpu_costs(cfg, measured), prof,
-                    scheduler_config(cfg, target, draft, hw, mode), measured, mode,
-                    tuple(notes), topology)
+    async_ = mode != "sync"
+    return Resolved(
+        hw, target, draft, costs, cpu_costs(cfg, measured), prof,
+        scheduler_config(cfg, target, draft, hw, mode), topo, measured, mode, tuple(notes),
+        wait_accepted=mode == "async" and cfg.k > 0,
+        # a process worker on a synchronous device has computed step N (and knows its counts)
+        # before it prepares N+1: zero-bubble then has nothing to fix up
+        fixup=mode == "zero-bubble" and not topo.computes_ahead,
+        cpu_propose=cfg.k > 0 and cfg.method in CPU_PROPOSERS,
+        # vLLM's worker turns an RPC around in a round trip in sync (it replies, and the engine
+        # core sends the next only then) and in one message in async (the next is already
+        # queued): the share of the sync-fitted turnaround it waits (docs/vllm.md)
+        rpc_share=0.5 if engine == "vllm" and async_ else 1.0,
+        noise=measured.jitter if cfg.jitter and measured is not None else None)
+
+
+def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
+                    measured: Profile | None) -> DeviceCosts:
+    """The run's source of device costs, behind the DeviceCosts seam (sim/costs.py): the
+    roofline of the model on the hardware entry, and over it a measured profile's fits where
+    one is given (the roofline answers for the ops it has no fit of). Another source (measured
+    operator tables) stands here the same way."""
+    costs: DeviceCosts = RooflineCosts(
+        target, draft, hw, cfg.k, tp=cfg.tensor_parallel_size, method=cfg.method,
+        routing_skew=cfg.moe_routing_skew, max_model_len=cfg.max_model_len)
+    if measured is not None:
+        if cfg.tensor_parallel_size > 1 or (cfg.k and cfg.method != "eagle3"):
+            raise UserError(f"--profile {cfg.profile or measured.path}: a measured profile "
+                            "times one device running EAGLE-3 drafts; --tensor-parallel-size "
+                            "> 1 and other methods use the roofline (drop --profile)")
+        costs = ProfileCosts(measured, cfg.k, costs, cfg.block_size)
+    return costs
 
 
 def cpu_costs(cfg: SimConfig, measured: Profile | None = None) -> CpuCosts:

@@ -97,6 +97,7 @@ class RooflineCosts:
                             "in the catalog")
         self._target: dict[tuple[int, int], float] = {}
         self._draft: dict[tuple, float] = {}
+        self._attn: tuple[Batch | None, float] = (None, 0.0)   # the last forward's attention
 
     # -- kernels --------------------------------------------------------------------------
 
@@ -244,21 +245,33 @@ class RooflineCosts:
         key = (m, logits)
         t = self._target.get(key)
         if t is None:
-            t = self._forward(self.t, m, logits)
-            if self.k == 0 and logits:
-                t += self.streaming(4 * logits * self.t.vocab_size, SAMPLE_KERNELS)
-            self._target[key] = t
+            t = self._target[key] = self._forward(self.t, m, logits)
         return t
 
-    def target_forward(self, b: Batch) -> float:
+    def _target_attention(self, b: Batch) -> float:
         c = self.t
-        return self._target_dense(b.num_tokens, b.num_logits) + self._attention(
-            c, b.num_tokens, b.num_reqs, b.attn_pairs, b.kv_tokens, c.num_layers,
-            c.num_sliding_layers)
+        return self._attention(c, b.num_tokens, b.num_reqs, b.attn_pairs, b.kv_tokens,
+                               c.num_layers, c.num_sliding_layers)
+
+    def target_forward(self, b: Batch) -> float:
+        attn = self._target_attention(b)
+        if not self.k:
+            self._attn = (b, attn)   # the sampler's share needs it (rejection_sample)
+        return self._target_dense(b.num_tokens, b.num_logits) + attn
 
     def rejection_sample(self, b: Batch) -> float:
-        """Greedy verification: argmax over the fp32 logits, then a few tiny kernels."""
-        return self.streaming(4 * b.num_logits * self.t.vocab_size, REJECTION_KERNELS)
+        """Greedy verification: argmax over the fp32 logits, then a few tiny kernels. At k = 0,
+        plain sampling (SAMPLE_KERNELS), as what it adds to the forward it follows: the
+        forward summed with its sampling, less the forward (exact while sampling costs less
+        than the forward, Sterbenz's lemma), so that the device's sum of the two is the sum
+        the roofline made when it counted the sampler in the forward: results bit for bit."""
+        vocab = self.t.vocab_size
+        if self.k:
+            return self.streaming(4 * b.num_logits * vocab, REJECTION_KERNELS)
+        dense = self._target_dense(b.num_tokens, b.num_logits)
+        attn = self._attn[1] if self._attn[0] is b else self._target_attention(b)
+        sample = self.streaming(4 * b.num_logits * vocab, SAMPLE_KERNELS)
+        return ((dense + sample) + attn) - (dense + attn)
 
     def _draft_dense(self, first: bool, m: int, sampling: int) -> float:
         """One draft pass's token-count-dependent part, per method."""

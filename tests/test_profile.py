@@ -123,10 +123,11 @@ def test_profile_costs_answer_from_the_fit_of_their_k():
     assert "nearest measured to k=3" in c3.sources["target_forward"]
 
 
-def test_at_k0_the_target_forward_includes_the_engines_sampler():
+def test_at_k0_the_engines_sampler_is_its_own_op():
     p = profile([fit("target_forward", 0, [1000, 0, 0, 0]),
                  fit("rejection_sample", 0, [60, 0, 0, 0])])
-    assert ProfileCosts(p, 0, ConstantCosts()).target_forward(B) == 1060.0
+    costs = ProfileCosts(p, 0, ConstantCosts())
+    assert (costs.target_forward(B), costs.rejection_sample(B)) == (1000.0, 60.0)
 
 
 def test_batch_features_match_the_engines_padded_grid():

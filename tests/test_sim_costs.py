@@ -24,6 +24,23 @@ def decode(tokens=1, ctx=0) -> Batch:
     return Batch(tokens, 1, 1, tokens, tokens - 1, ctx + tokens, tokens * (ctx + 1))
 
 
+def test_at_k0_plain_sampling_is_its_own_op_and_sums_with_the_forward_as_one():
+    """The sampler is rejection_sample at k = 0 too; the forward and it sum, bit for bit, to the
+    forward with its sampling summed in (as the roofline counted it before), at every shape."""
+    from stepgap.sim.roofline import SAMPLE_KERNELS
+    h100 = get_hardware("h100")
+    costs = RooflineCosts(TARGET, None, h100, k=0)
+    for tokens, reqs, ctx in ((1, 1, 0), (64, 64, 900), (300, 8, 2000), (8192, 1, 0)):
+        b = Batch(tokens, reqs, reqs, reqs, 0, ctx + tokens, tokens * (ctx + 1.5))
+        fwd, sample = costs.target_forward(b), costs.rejection_sample(b)
+        dense = costs._forward(TARGET, tokens, reqs)
+        plain = costs.streaming(4 * reqs * TARGET.vocab_size, SAMPLE_KERNELS)
+        attn = costs._target_attention(b)
+        assert fwd + sample == (dense + plain) + attn
+        assert sample == pytest.approx(plain, rel=1e-6)
+        assert RooflineCosts(TARGET, None, h100, k=0).rejection_sample(b) == sample   # uncached
+
+
 def test_catalog_holds_the_seed_gpus_and_a_cpu():
     assert {"l20", "a100", "h100", "h200", "b200", "cpu"} <= set(CATALOG)
     assert get_hardware("L20").mem_bw == 864e9 and get_hardware("h200").flops == 989e12
