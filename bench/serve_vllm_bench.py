@@ -155,8 +155,9 @@ def in_process(reqs, lim: dict, mode: str, k: int, conc: int):
                     num_gpu_blocks_override=lim["num_blocks"], max_num_seqs=lim["max_num_seqs"],
                     max_num_batched_tokens=lim["max_num_batched_tokens"],
                     max_model_len=lim["max_model_len"])
-    cfg = ea.engine_config()
-    with ea.make_executor() as ex:
+    setup = ea.create_engine_config()
+    cfg = setup.engine_config()
+    with setup.make_executor() as ex:
         warm = replace(reqs[0], request_id="warmup", output_len=8)
         run_trace(ex, [warm], cfg, vocab_size=4096)
         return run_trace(ex, reqs, cfg, vocab_size=4096, max_concurrency=conc, detailed=True,

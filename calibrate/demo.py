@@ -34,7 +34,8 @@ from pathlib import Path
 from stepgap.calibrate.pair import PAIR, ROOT, load_heldout, pair_paths
 from stepgap.common.errors import UserError
 from stepgap.common.formats import MODES
-from stepgap.common.options import MAX_K, at_most, positive_int
+from stepgap.common.limits import MAX_K
+from stepgap.common.options import at_most, positive_int
 from stepgap.sim.profile import Profile
 
 PROFILE = ROOT / "traces" / "measured" / "cpu" / "profile.json"
@@ -101,12 +102,11 @@ def run_engine(pair, requests, k: int, max_concurrency: int | None = 1, progress
     """The engine on the pair (process executor, pinned), greedy, on the CPU: its RunOutput."""
     from stepgap.engine.loop import run_trace
 
-    ea = pair_args(pair, requests, k, max_concurrency, mode, dtype)
-    cfg = ea.engine_config()
-    vocab = ea.target_config().vocab_size
+    setup = pair_args(pair, requests, k, max_concurrency, mode, dtype).create_engine_config()
+    cfg, vocab = setup.engine_config(), setup.vocab_size
     if progress:
         print(f"  engine: {len(requests)} requests ...", file=sys.stderr)
-    with ea.make_executor() as ex:
+    with setup.make_executor() as ex:
         # One short request first: the first forwards pay one-time costs (allocation, kernel
         # selection) that are no part of a step.
         warm = replace(requests[0], request_id="warmup",
@@ -126,8 +126,8 @@ def simulate_trace(pair, requests, accepted: dict, k: int, max_concurrency: int 
 
     `profile` (a path or a Profile; default the committed CPU profile when it is there) gives
     the device op and CPU costs; without one the device is the roofline over the `cpu` catalog
-    entry (a placeholder). `device_costs` (a sim.costs.DeviceCosts) overrides the device side. `lim`:
-    the engine's scheduler limits (default: those run_engine gives it).
+    entry (a placeholder). `device_costs` (a sim.costs.DeviceCosts) overrides the device side.
+    `lim`: the engine's scheduler limits (default: those run_engine gives it).
     """
     from stepgap.calibrate.harness import limits
     from stepgap.sim.config import SimConfig

@@ -170,8 +170,9 @@ def run_plan(plan: Plan, progress: bool = True, log=None, desc: str | None = Non
 
     t0 = time.monotonic()
     ea = plan.worker_args()
-    spec = ea.worker_spec()
-    vocab = ea.target_config().vocab_size
+    setup = ea.create_engine_config()
+    spec = setup.worker_spec()
+    vocab = setup.vocab_size
     units = units_of(plan)
     sizes = {"judged": plan.slice, "calibration": plan.calibration_slice}
     traces = {"judged": plan.judged, "calibration": plan.calibration}
@@ -193,10 +194,10 @@ def run_plan(plan: Plan, progress: bool = True, log=None, desc: str | None = Non
             points = measure_grid(spec, plan.ks, min(pins[1]) if pins else None, plan.grid,
                                   progress=bar.update)
         calib_runs, calib_info = [], []
-        with ea.make_executor() as ex:
+        with setup.make_executor() as ex:
             out.worker = ex.info()
             warm = plan.calibration or plan.judged
-            run_trace(ex, warm[:2], ea.engine_config("sync", max(plan.ks)), vocab_size=vocab)
+            run_trace(ex, warm[:2], setup.engine_config("sync", max(plan.ks)), vocab_size=vocab)
             took = []
             for kind, mode, k, conc, rep in units:
                 name = cell_name(mode, k, conc)
@@ -208,7 +209,7 @@ def run_plan(plan: Plan, progress: bool = True, log=None, desc: str | None = Non
                     continue
                 bar.set_postfix_str(f"{kind} {name} #{rep} load {os.getloadavg()[0]:.2f}")
                 load0, t_unit = os.getloadavg()[0], time.monotonic()
-                run = run_trace(ex, reqs, ea.engine_config(mode, k), vocab_size=vocab,
+                run = run_trace(ex, reqs, setup.engine_config(mode, k), vocab_size=vocab,
                                 max_concurrency=conc, detailed=kind == "judged",
                                 config={"executor": ea.executor,
                                         "pinned": out.worker.get("pinned", False),

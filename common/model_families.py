@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 
 from stepgap.common.errors import UserError, where
-from stepgap.common.model_fields import (LLAMA_ROPES, bool_field, check_rope_scaling, int_field,
-                                         is_int, is_number)
+from stepgap.common.limits import is_int, is_number
+from stepgap.common.model_fields import LLAMA_ROPES, bool_field, check_rope_scaling, int_field
 
 
 def _need(d: dict, source, key, kind=int, default=None):

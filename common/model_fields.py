@@ -11,18 +11,11 @@ import math
 from contextlib import contextmanager
 
 from stepgap.common.errors import UserError, where
+from stepgap.common.limits import is_int, is_number
 
 # The RoPE scalings the engine implements (its Llama rotary embedding); the simulator's costs do
 # not depend on RoPE, so the other families take any (their known keys still checked).
 LLAMA_ROPES = ("llama3", "linear", "default", None)
-
-
-def is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 @contextmanager

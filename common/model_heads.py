@@ -18,8 +18,9 @@ from dataclasses import dataclass, replace
 
 from stepgap.common.errors import UserError, where
 from stepgap.common.model_families import llama_fields
+from stepgap.common.limits import is_int
 from stepgap.common.model_fields import (architectures, bool_field, check_config_object,
-                                         check_layer_fields, int_field, is_int, named)
+                                         check_layer_fields, int_field, named)
 from stepgap.common.modelcfg import BF16, ModelConfig, check_shards
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +101,8 @@ class Eagle3Config:
         return BF16 * fc + BF16 * (self.num_params - fc) / tp if tp > 1 \
             else BF16 * self.num_params
 
-    def kv_bytes_per_token(self, tp: int = 1) -> int:
-        return 2 * max(1, self.num_kv_heads // tp) * self.head_dim * BF16
+    def kv_bytes_per_token(self, tp: int = 1, dtype_bytes: int = BF16) -> int:
+        return 2 * max(1, self.num_kv_heads // tp) * self.head_dim * dtype_bytes
 
     def aux_layers_for(self, target: ModelConfig) -> tuple[int, ...]:
         return self.aux_layer_ids or target.default_aux_layers()

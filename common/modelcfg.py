@@ -35,9 +35,10 @@ from dataclasses import asdict, dataclass
 from stepgap.common.errors import UserError, where
 from stepgap.common.model_families import (FAMILIES, FAMILY_COUNTS, QUANTIZATIONS, llama_fields,
                                            quantization_fields)
+from stepgap.common.limits import is_int, is_number
 from stepgap.common.model_fields import (LLAMA_ROPES, architectures, bool_field,
-                                         check_config_object, check_layer_fields,
-                                         check_token_ids, is_int, is_number, named)
+                                         check_config_object, check_layer_fields, check_token_ids,
+                                         named)
 
 BF16 = 2  # bytes per bf16 element
 
@@ -275,15 +276,15 @@ class ModelConfig:
         return self.num_mtp_layers * (layer + BF16 * (2 * h * h + 3 * h)
                                       + 2 * BF16 * self.vocab_size * h / tp)
 
-    def kv_bytes_per_layer(self, tp: int = 1) -> int:
-        """KV-cache bytes per token of one layer on one rank (bf16): MLA's latent is replicated
-        on every rank."""
+    def kv_bytes_per_layer(self, tp: int = 1, dtype_bytes: int = BF16) -> int:
+        """KV-cache bytes per token of one layer on one rank, `dtype_bytes` an element (bf16 by
+        default): MLA's latent is replicated on every rank."""
         if self.is_mla:
-            return BF16 * (self.kv_lora_rank + self.qk_rope_head_dim)
-        return 2 * self.kv_heads_per_rank(tp) * self.head_dim * BF16
+            return dtype_bytes * (self.kv_lora_rank + self.qk_rope_head_dim)
+        return 2 * self.kv_heads_per_rank(tp) * self.head_dim * dtype_bytes
 
-    def kv_bytes_per_token(self, tp: int = 1) -> int:
-        return self.num_layers * self.kv_bytes_per_layer(tp)
+    def kv_bytes_per_token(self, tp: int = 1, dtype_bytes: int = BF16) -> int:
+        return self.num_layers * self.kv_bytes_per_layer(tp, dtype_bytes)
 
     def default_aux_layers(self) -> tuple[int, int, int]:
         """EAGLE-3's default taps: the inputs of layers 2, L/2 and L-3 (vLLM's choice)."""

@@ -69,16 +69,15 @@ def cmd_run(args) -> int:
     requests = workload_from_args(args)  # also fills the unset load options (seed)
     if ea.sampling.replay and not any(r.accepted for r in requests):
         raise UserError("--synthetic-acceptance replay: the trace has no `accepted` lists")
-    target = ea.target_config()
-    ea.draft_config(target)    # a head that does not fit fails here, before any work
+    setup = ea.create_engine_config()   # a head that does not fit fails here, before any work
     out_path = result_path(args, "stepgap-engine", ea.model)
     check_outputs(args, out_path, args.timeline and (args.timeline,), args.chrome_trace)
-    cfg = ea.engine_config()
+    cfg = setup.engine_config()
     for r in requests:   # before the worker is built: a request that cannot run fails now
         cfg.scheduler_config().check_fits(r.request_id, r.prompt_len, r.output_len)
     note(args, f"building the {ea.executor} worker on {ea.device} ...")
     try:
-        with ea.make_executor() as ex:
+        with setup.make_executor() as ex:
             info = ex.info()
             note(args, f"{len(requests)} requests, mode {ea.mode}, k {ea.k}, "
                        f"{cfg.num_blocks} KV blocks of {ea.block_size}")
@@ -87,7 +86,7 @@ def cmd_run(args) -> int:
                       "request_rate": args.request_rate if args.request_rate else "inf",
                       "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
                       "trace": args.trace or "mtbench", "seed": args.seed}
-            out = run_trace(ex, requests, cfg, vocab_size=target.vocab_size,
+            out = run_trace(ex, requests, cfg, vocab_size=setup.vocab_size,
                             max_concurrency=args.max_concurrency, seed=args.seed,
                             detailed=bool(args.detailed), config=config,
                             **percentiles_from_args(args))

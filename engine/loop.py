@@ -53,12 +53,9 @@ class EngineConfig:
     max_position_embeddings: int | None = None   # the target's context
 
     def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(num_blocks=self.num_blocks, block_size=self.block_size,
-                               max_num_seqs=self.max_num_seqs,
-                               max_num_batched_tokens=self.max_num_batched_tokens,
-                               max_model_len=self.max_model_len, num_spec_tokens=self.k,
-                               async_scheduling=self.mode != "sync",
-                               max_position_embeddings=self.max_position_embeddings)
+        return SchedulerConfig.for_run(self.mode, self.k, self.num_blocks, self.block_size,
+                                       self.max_num_seqs, self.max_num_batched_tokens,
+                                       self.max_model_len, self.max_position_embeddings)
 
 
 @dataclass

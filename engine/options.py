@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 
 from stepgap.common.errors import UserError
-from stepgap.common.options import (MAX_SPREAD, add_engine_args, add_model_args,
-                                    add_scheduler_args, at_most, nonneg_float, nonneg_int,
-                                    positive_float, rates_arg)
+from stepgap.common.limits import MAX_SPREAD
+from stepgap.common.options import (add_engine_args, add_model_args, add_scheduler_args, at_most,
+                                    nonneg_float, nonneg_int, positive_float, rates_arg)
 
 ACCEPTANCE_HELP = (
     "accept drafts by an acceptance profile instead of by the target, while the models still "
@@ -90,7 +90,7 @@ FIELDS = ("dtype", "random_weights", "cuda_graphs", "pin", "device", "block_size
 def engine_args_from(args):
     """The EngineArgs of a command line (run, serve): what it gives, else the defaults."""
     from stepgap.common.options import (check_tensor_parallel, executor_from_args, mode_from_args,
-                                speculative_from_args)
+                                        speculative_from_args)
     from stepgap.engine.args import EngineArgs
     if not args.model:
         raise UserError("--model is required (a Llama folder, a preset, or tiny)")

@@ -96,8 +96,8 @@ def cmd_serve(args) -> int:
                         "(use `stepgap run`)")
     if not 0 < args.port < 65536:
         raise UserError(f"--port must be in 1..65535, got {args.port}")
-    target = ea.target_config()
-    ea.draft_config(target)    # a head that does not fit fails here, before any process starts
+    setup = ea.create_engine_config()   # a head that does not fit fails here, before any
+    target = setup.target               # process starts
     tok = ServedTokenizer.load(args.tokenizer or ea.model)
     if args.tokenizer and tok is None:
         raise UserError(f"--tokenizer {args.tokenizer}: no tokenizer.json there")
@@ -105,7 +105,7 @@ def cmd_serve(args) -> int:
         raise UserError(f"the tokenizer has {tok.vocab_size} tokens but the model's vocabulary "
                         f"is {target.vocab_size}")
     name = (args.served_model_name or [ea.model])[0]
-    cfg = ea.engine_config()
+    cfg = setup.engine_config()
     record = bool(args.timeline or args.result_json)
     engine = EngineClient(ea, tok, name, record)
     note(args, f"starting the engine core ({ea.executor} worker on {ea.device}, mode {ea.mode}, "

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from stepgap.common.acceptance import PROFILES
 from stepgap.common.model_presets import DRAFT_PRESETS
-from stepgap.common.options import (MAX_MS, MAX_SCALE, MAX_SKEW, MAX_SPREAD, MAX_US,
-                            add_engine_args, add_load_args, add_model_args, add_result_args,
-                            add_scheduler_args, at_most, executor_from_args, mode_from_args,
-                            nonneg_float, rates_arg, speculative_from_args)
+from stepgap.common.limits import MAX_MS, MAX_SCALE, MAX_SKEW, MAX_SPREAD, MAX_US
+from stepgap.common.options import (add_engine_args, add_load_args, add_model_args, add_result_args,
+                                    add_scheduler_args, at_most, executor_from_args, mode_from_args,
+                                    nonneg_float, rates_arg, speculative_from_args)
 from stepgap.sim.config import TOPOLOGIES, SimConfig
 from stepgap.sim.cpu_costs import CPU_COSTS, CPU_OPS, CpuCosts
 from stepgap.sim.hardware import CATALOG

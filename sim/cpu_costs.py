@@ -10,10 +10,10 @@ latency to the engine and the worker's own turnaround before it can prepare the 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 from stepgap.common.errors import UserError
+from stepgap.common.limits import is_finite, is_number
 
 CPU_OPS = ("schedule", "update_from_output", "prepare_inputs", "launch")
 # Terms of the same form that are not ops (no span): a `process` worker on a synchronous device
@@ -50,7 +50,7 @@ class OpCost:
     def __post_init__(self):
         for f in ("a", "b", "c"):
             v = getattr(self, f)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+            if not is_number(v) or v < 0:
                 raise UserError(f"cpu cost: {f} must be a number >= 0, got {v!r}")
 
     def __call__(self, num_reqs: int, num_tokens: int) -> float:
@@ -85,7 +85,7 @@ class CpuCosts:
     def __post_init__(self):
         for f in LATENCIES:
             v = getattr(self, f)
-            if not isinstance(v, (int, float)) or v < 0:
+            if not is_number(v) or v < 0:
                 raise UserError(f"cpu cost: {f} must be a number >= 0, got {v!r}")
 
     def result_latency_us(self, num_reqs: int, num_tokens: int) -> float:
@@ -126,8 +126,7 @@ class CpuCosts:
                             f"(known: {', '.join(sorted(known))})")
 
         def us(x) -> bool:
-            return isinstance(x, (int, float)) and not isinstance(x, bool) \
-                and math.isfinite(x) and x >= 0
+            return is_finite(x) and x >= 0
 
         kw = {}
         for key, v in d.items():

@@ -37,6 +37,7 @@ from stepgap.sim.costs import Batch
 from stepgap.sim.cpu_costs import CpuCosts
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json_object, write_json
+from stepgap.common.limits import is_finite, is_int, is_number
 
 FORMAT = "stepgap-profile/1"
 FEATURES = ("1", "tokens", "reqs", "padded")
@@ -94,13 +95,13 @@ class Fit:
             raise UserError(f"{src('.op')}: unknown op {op!r} (ops: {', '.join(DEVICE_OPS)})")
         coef = f.get("coef")
         if not isinstance(coef, list) or len(coef) != len(FEATURES) \
-                or not all(_finite(c) for c in coef):
+                or not all(is_finite(c) for c in coef):
             raise UserError(f"{src('.coef')}: expected {len(FEATURES)} finite numbers "
                             f"({', '.join(FEATURES)}), got {coef!r}")
         if not (_index(f.get("i")) and _index(f.get("k")) and _index(f.get("n", 0))):
             raise UserError(f"{src()}: i, k and n must be integers >= 0 (or null)")
         err = f.get("median_rel_err", math.nan)
-        if err is not None and (not isinstance(err, (int, float)) or isinstance(err, bool)):
+        if err is not None and not is_number(err):
             raise UserError(f"{src('.median_rel_err')}: expected a number, got {err!r}")
         return cls(f["op"], f.get("i"), f.get("k"), tuple(float(c) for c in coef),
                    f.get("n") or 0, math.nan if err is None else float(err),
@@ -148,10 +149,10 @@ class Noise:
     @classmethod
     def from_dict(cls, j, src: str) -> Noise:
         if not (isinstance(j, dict)
-                and all(isinstance(j.get(k), list) and all(_finite(x) for x in j[k])
+                and all(isinstance(j.get(k), list) and all(is_finite(x) for x in j[k])
                         for k in ("trace", "run_log_factors"))
-                and _finite(j.get("bin_ms")) and j["bin_ms"] > 0
-                and _finite(j.get("sigma_step")) and j["sigma_step"] >= 0):
+                and is_finite(j.get("bin_ms")) and j["bin_ms"] > 0
+                and is_finite(j.get("sigma_step")) and j["sigma_step"] >= 0):
             raise UserError(f"{src}: expected {{run_log_factors: [...], trace: [...], "
                             "bin_ms > 0, sigma_step >= 0}")
         return cls(tuple(j["run_log_factors"]), j["bin_ms"], tuple(j["trace"]),
@@ -269,12 +270,8 @@ def save_profile(path, profile: Profile) -> None:
     write_json(path, profile.to_dict())
 
 
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _index(v) -> bool:
-    return v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+    return v is None or (is_int(v) and v >= 0)
 
 
 def _cpu_costs(d, src: str) -> None:

@@ -6,7 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
-from stepgap.common.options import MAX_MS, at_most, positive_float, positive_int
+from stepgap.common.limits import MAX_MS
+from stepgap.common.options import at_most, positive_float, positive_int
 
 SWEEP_DESCRIPTION = """\
 Run the simulator over a grid of what-ifs (mode, k, concurrency or request rate, GPU, model,

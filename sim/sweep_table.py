@@ -11,6 +11,7 @@ from pathlib import Path
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json, write_text
 from stepgap.common.formats import METRICS, MODES, NONFINITE, save_result
+from stepgap.common.limits import is_number
 from stepgap.sim.config import SimConfig
 from stepgap.sim.sweep_grid import FIELD_TYPES, field_kind
 
@@ -34,7 +35,7 @@ def is_column_value(key: str, v) -> bool:
         return True
     if key in TEXT_COLUMNS:
         return v in MODES
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return is_number(v)
 
 
 @dataclass(slots=True)

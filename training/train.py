@@ -51,6 +51,7 @@ from stepgap.engine.eagle3 import Eagle3Head
 from stepgap.engine.model import Llama, init_weights
 from stepgap.common.errors import UserError
 from stepgap.common.fileio import read_json, write_json
+from stepgap.common.limits import is_int
 from stepgap.common.formats import save_trace
 from stepgap.common.model_heads import Eagle3Config, eagle3_for
 from stepgap.common.modelcfg import ModelConfig
@@ -95,7 +96,7 @@ class TrainConfig:
                   "draft_vocab_size", "head_steps", "head_batch", "ttt_steps", "distill_seqs",
                   "distill_batch", "heldout_prompts"):
             v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            if not is_int(v) or v < 1:
                 raise UserError(f"train: {f} must be an integer >= 1, got {v!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise UserError(f"train: seed must be an integer >= 0, got {self.seed!r}")
@@ -393,10 +394,11 @@ def greedy_sequences(target_dir, stream: torch.Tensor, cfg: TrainConfig, gen: to
     ea = EngineArgs(model=str(target_dir), dtype="float32",
                     num_gpu_blocks_override=cfg.distill_batch * cdiv(t + 1, 16),
                     max_model_len=t + 1, max_num_seqs=cfg.distill_batch)
-    ecfg = ea.engine_config()
+    setup = ea.create_engine_config()
+    ecfg = setup.engine_config()
     seqs = []
     with _bar(sum(r.output_len for r in reqs), "greedy", progress) as bar:
-        ex = TokenProgress(ea.make_executor(), bar)
+        ex = TokenProgress(setup.make_executor(), bar)
         # In waves of one batch: every prefill runs first, then decode steps only. Continuous
         # batching would put prefills next to decodes, which the padded query grid makes slow.
         for i in range(0, n, cfg.distill_batch):
