@@ -1,4 +1,4 @@
-"""Judging a measured folder: re-simulate every cell and hold it to its bounds (DESIGN.md §7).
+"""Judging a measured folder: re-simulate every cell and hold it to its bounds (docs/design.md §7).
 
 `resimulate` runs each judged run's trace through the simulator with that run's accepted counts
 (so both see the same acceptance) and the folder's profile, and pools the repeats of a cell as

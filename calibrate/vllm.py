@@ -1,8 +1,8 @@
 """vLLM as the measured side: its profiler traces, its metrics and its benchmark files, read into
-stepgap's formats (DESIGN.md §8; docs/vllm.md says how each mapping was read off vLLM 0.32).
+stepgap's formats (docs/design.md §8; docs/vllm.md says how each mapping was read off vLLM 0.32).
 
 - `ingest_profile`: the torch-profiler traces a vLLM server writes (the worker's, and the API
-  server's) become a stepgap timeline on DESIGN.md's lanes and ops (`SCOPES`), step by step;
+  server's) become a stepgap timeline on docs/design.md's lanes and ops (`SCOPES`), step by step;
   the spans of bench/vllm/stepgap_hooks.py (vLLM's engine core and API server, which its
   profiler does not trace) join them on the same clock. What maps to no op keeps vLLM's name
   in `args["vllm"]`.
@@ -438,7 +438,7 @@ def register(sub) -> None:
     q = psub.add_parser("vllm-profile", help="torch-profiler traces -> a stepgap timeline",
                         description="A vLLM server's torch-profiler traces (the worker's "
                         "rank0.*.pt.trace.json.gz and the API server's) as a stepgap timeline "
-                        "on DESIGN.md's lanes and ops (docs/vllm.md has the mapping); "
+                        "on docs/design.md's lanes and ops (docs/vllm.md has the mapping); "
                         "stepgap_hooks span files add the engine core's and the API server's "
                         "spans.", formatter_class=argparse.RawDescriptionHelpFormatter)
     q.add_argument("traces", nargs="+", metavar="TRACE")

@@ -8,7 +8,7 @@ from pathlib import Path
 from stepgap.common.errors import UserError
 from stepgap.common.model_families import llama_fields
 from stepgap.common.model_fields import check_config_object, named
-from stepgap.common.model_heads import Eagle3Config, eagle3_for, eagle_for
+from stepgap.common.model_heads import EagleHeadConfig, eagle3_for, eagle_for
 from stepgap.common.model_presets import (DRAFT_PRESETS, MODEL_PRESETS, load_draft_config,
                                           load_model_config, read_config)
 from stepgap.common.modelcfg import ModelConfig
@@ -31,7 +31,7 @@ def default_draft_model(target: ModelConfig) -> str:
 
 
 def load_drafter(method: str, spec: str | None, target: ModelConfig,
-                 k: int = 1) -> Eagle3Config | ModelConfig | None:
+                 k: int = 1) -> EagleHeadConfig | ModelConfig | None:
     """What drafts for `method` (speculative_config's model `spec`), checked against the
     target: an EAGLE head (None, or the method's name, shapes one from the target), the draft
     model of `draft_model`, or None (mtp drafts with the target's own MTP layers; n-gram needs
@@ -48,7 +48,7 @@ def load_drafter(method: str, spec: str | None, target: ModelConfig,
             fields = llama_fields(d, source)
             fields.pop("num_layers")
             with named(source):
-                head = Eagle3Config(name=Path(spec).name, draft_vocab_size=fields["vocab_size"],
+                head = EagleHeadConfig(name=Path(spec).name, draft_vocab_size=fields["vocab_size"],
                                     target_hidden_size=fields["hidden_size"], kind="eagle",
                                     **fields)
         else:

@@ -24,10 +24,12 @@ from stepgap.common.model_fields import (architectures, bool_field, check_config
 from stepgap.common.modelcfg import BF16, ModelConfig, check_shards
 
 @dataclass(frozen=True, slots=True)
-class Eagle3Config:
-    """An EAGLE-3 draft head for a target of hidden size `target_hidden_size`; with
-    kind="eagle", an EAGLE (-1) head: fc(2h -> h) over [embedding ‖ the target's last hidden
-    state] at every pass, one decoder layer, the target's lm_head (simulator only)."""
+class EagleHeadConfig:
+    """An EAGLE draft head for a target of hidden size `target_hidden_size`, of either kind:
+    kind="eagle3" (the engine's and the simulator's): one decoder layer over [embedding ‖ the
+    target's three tapped hidden states fused by fc], its own draft vocabulary; kind="eagle",
+    an EAGLE (-1) head: fc(2h -> h) over [embedding ‖ the target's last hidden state] at every
+    pass, one decoder layer, the target's lm_head (simulator only)."""
 
     name: str
     hidden_size: int
@@ -186,9 +188,9 @@ class Eagle3Config:
 
 
 def eagle3_for(target: ModelConfig, draft_vocab_size: int | None = None,
-               name: str | None = None) -> Eagle3Config:
+               name: str | None = None) -> EagleHeadConfig:
     """An EAGLE-3 head shaped for `target`, as the published heads are (one target-sized layer)."""
-    return Eagle3Config(
+    return EagleHeadConfig(
         name=name or f"{target.name}-eagle3", hidden_size=target.hidden_size,
         num_heads=target.num_heads, num_kv_heads=target.num_kv_heads,
         intermediate_size=target.intermediate_size, vocab_size=target.vocab_size,
@@ -198,7 +200,7 @@ def eagle3_for(target: ModelConfig, draft_vocab_size: int | None = None,
         rms_norm_eps=target.rms_norm_eps, max_position_embeddings=target.max_position_embeddings)
 
 
-def eagle_for(target: ModelConfig, name: str | None = None) -> Eagle3Config:
+def eagle_for(target: ModelConfig, name: str | None = None) -> EagleHeadConfig:
     """An EAGLE (-1) head shaped for `target`: one target-sized layer, the target's lm_head."""
     head = eagle3_for(target, draft_vocab_size=target.vocab_size, name=name or
                       f"{target.name}-eagle")

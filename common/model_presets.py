@@ -7,14 +7,14 @@ from pathlib import Path
 
 from stepgap.common.errors import UserError
 from stepgap.common.fileio import read_json
-from stepgap.common.model_heads import Eagle3Config, eagle3_for
+from stepgap.common.model_heads import EagleHeadConfig, eagle3_for
 from stepgap.common.modelcfg import ModelConfig
 
 LLAMA3_ROPE_8K = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 LLAMA32_ROPE = {**LLAMA3_ROPE_8K, "factor": 32.0}
 
-# Named presets. Values from the models' published config.json files (DESIGN.md §6).
+# Named presets. Values from the models' published config.json files (docs/design.md §6).
 MODEL_PRESETS: dict[str, ModelConfig] = {
     "llama-3.1-8b": ModelConfig(
         "llama-3.1-8b", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
@@ -86,8 +86,8 @@ MODEL_PRESETS.update({name: ModelConfig.from_hf_dict(d, f"preset {name}", name)
                       for name, d in HF_PRESETS.items()})
 # The yuhuili/EAGLE3-LLaMA3.1-Instruct-8B head: one 4096-wide layer, draft vocab 32000,
 # taps before layers 2, 16 and 29.
-DRAFT_PRESETS: dict[str, Eagle3Config] = {
-    "llama-3.1-8b-eagle3": Eagle3Config(
+DRAFT_PRESETS: dict[str, EagleHeadConfig] = {
+    "llama-3.1-8b-eagle3": EagleHeadConfig(
         "llama-3.1-8b-eagle3", hidden_size=4096, num_heads=32, num_kv_heads=8,
         intermediate_size=14336, vocab_size=128256, draft_vocab_size=32000,
         target_hidden_size=4096, aux_layer_ids=(2, 16, 29), rope_theta=500000.0,
@@ -123,7 +123,7 @@ def load_model_config(spec: str) -> ModelConfig:
     return ModelConfig.from_hf_dict(d, source, name=Path(spec).name)
 
 
-def load_draft_config(spec: str, target: ModelConfig | None = None) -> Eagle3Config:
+def load_draft_config(spec: str, target: ModelConfig | None = None) -> EagleHeadConfig:
     """An EAGLE-3 head by preset name, folder or config.json; `eagle3` derives one from target."""
     if spec in DRAFT_PRESETS:
         return DRAFT_PRESETS[spec]
@@ -136,4 +136,4 @@ def load_draft_config(spec: str, target: ModelConfig | None = None) -> Eagle3Con
                         f"({', '.join(DRAFT_PRESETS)}, or 'eagle3' for one shaped like the "
                         "target), a head folder or a config.json")
     d, source = read_config(spec)
-    return Eagle3Config.from_hf_dict(d, source, name=Path(spec).name)
+    return EagleHeadConfig.from_hf_dict(d, source, name=Path(spec).name)

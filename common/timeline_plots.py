@@ -66,7 +66,7 @@ def device_steps(spans: list[Span]) -> dict[int, tuple[float, float]]:
 
 
 def gaps_between(spans: list[Span]) -> list[tuple[int, float, float]]:
-    """(step, start, end) of the device idle time before each step (DESIGN.md §2); a step
+    """(step, start, end) of the device idle time before each step (docs/design.md §2); a step
     that starts before the previous one ends has end == start."""
     dev = device_steps(spans)
     steps = sorted(dev)

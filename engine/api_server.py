@@ -61,7 +61,7 @@ class EngineError(Exception):
 class Sub:
     """One engine request: one prompt of an HTTP request (one choice)."""
 
-    batch: "Batch"
+    batch: "Choices"
     index: int
     rid: str
     prompt_len: int
@@ -76,7 +76,7 @@ class Sub:
 
 
 @dataclass(eq=False)
-class Batch:
+class Choices:
     """One HTTP request's choices and the queue their chunks come through."""
 
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -207,14 +207,14 @@ class EngineClient:
         return ids
 
     def submit(self, prompts: list, max_tokens: int | None, ignore_eos: bool, arrival_ns: int,
-               field_name: str = "prompt", add_special_tokens: bool = True) -> Batch:
+               field_name: str = "prompt", add_special_tokens: bool = True) -> Choices:
         """Tokenize and check every prompt, then hand them to the engine (add_request)."""
         if self.dead:
             raise APIError(f"the engine is dead: {self.dead}", status=503)
         if self.stopping:
             raise APIError("the server is shutting down", status=503)
         all_ids = [self.prompt_ids(p, field_name, add_special_tokens) for p in prompts]
-        batch, base = Batch(), new_id("req")
+        batch, base = Choices(), new_id("req")
         eos = None if ignore_eos or self.tok is None else self.tok.eos_token_id
         plans = []
         for i, ids in enumerate(all_ids):
@@ -239,7 +239,7 @@ class EngineClient:
                                    {"reqs": len(plans), "tokens": sum(map(len, all_ids))}))
         return batch
 
-    def release(self, batch: Batch) -> None:
+    def release(self, batch: Choices) -> None:
         """A request is done with: abort whatever of it the engine still holds."""
         for sub in batch.subs:
             if not sub.finished:
@@ -443,7 +443,7 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
         if name is not None and name != model_name:
             raise APIError(f"The model `{name}` does not exist.", "model", status=404)
 
-    async def answer(raw: Request, batch: Batch, shapes: Shapes, stream: bool,
+    async def answer(raw: Request, batch: Choices, shapes: Shapes, stream: bool,
                      include_usage: bool):
         if stream:
             return StreamingResponse(stream_chunks(batch, shapes, include_usage),
@@ -470,7 +470,7 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
         while (await raw.receive())["type"] != "http.disconnect":
             pass
 
-    async def collect(batch: Batch, shapes: Shapes) -> dict:
+    async def collect(batch: Choices, shapes: Shapes) -> dict:
         texts = {s.index: [] for s in batch.subs}
         ids = {s.index: [] for s in batch.subs}
         try:
@@ -488,7 +488,7 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
         return shapes.whole(choices, usage(sum(s.prompt_len for s in batch.subs),
                                            sum(s.num_tokens for s in batch.subs)))
 
-    async def stream_chunks(batch: Batch, shapes: Shapes, include_usage: bool):
+    async def stream_chunks(batch: Choices, shapes: Shapes, include_usage: bool):
         try:
             started = set()
             while batch.unfinished:

@@ -26,7 +26,7 @@ from stepgap.common.errors import UserError
 from stepgap.common.formats import DEVICES, EXECUTORS, MODES
 from stepgap.common.limits import MAX_K, is_int
 from stepgap.common.memory import RESERVED_BYTES, kv_bytes_per_token, kv_cache_blocks
-from stepgap.common.model_heads import Eagle3Config
+from stepgap.common.model_heads import EagleHeadConfig
 from stepgap.common.modelcfg import ModelConfig
 from stepgap.common.scheduler import cdiv
 from stepgap.engine.kv_cache import BLOCK_SIZE
@@ -167,7 +167,7 @@ class EngineSetup:
 
     args: EngineArgs
     target: ModelConfig
-    draft: Eagle3Config | None
+    draft: EagleHeadConfig | None
     num_blocks: int
 
     @property

@@ -116,7 +116,7 @@ class ServedClient:
                  tuple(spec.accepted_per_pos)))
 
     def step_gap(self, core: EngineCore) -> float | None:
-        """The device idle time before the step just collected (µs, DESIGN.md §2), or None
+        """The device idle time before the step just collected (µs, docs/design.md §2), or None
         after the engine had waited for work: that idle is the clients', not the loop's."""
         first = last = None
         for sp in core.spans[self.seen:]:

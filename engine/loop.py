@@ -2,7 +2,7 @@
 
 One run sends a trace's requests as `vllm bench serve` would (`Client`: arrival times and max
 concurrency), adds them to the shared vLLM V1 scheduler between steps, and runs the step loop
-(`step_loop`) in one of the modes of DESIGN.md §1:
+(`step_loop`) in one of the modes of docs/design.md §1:
 
 - `sync`: schedule N, execute N, collect N, update_from_output N, then schedule N+1;
 - `async` and `zero-bubble`: a batch queue of depth 2: schedule and execute N+1, then collect and

@@ -14,9 +14,9 @@ A step is `execute` (prepare_inputs, then launch) and, later, `collect`:
 - collect: wait for the D2H, hand back each sampling request's 1 + accepted tokens, and fold them
   into the per-request state.
 
-Modes (DESIGN.md §1): `sync` collects each step before the next; `async` waits for the previous
-step's accepted counts before preparing (they fix positions on the host); `zero-bubble` never
-waits, prepares as if every draft were accepted, and lets the device fix it up.
+Modes (docs/design.md §1): `sync` collects each step before the next; `async` waits for the
+previous step's accepted counts before preparing (they fix positions on the host); `zero-bubble`
+never waits, prepares as if every draft were accepted, and lets the device fix it up.
 """
 
 from __future__ import annotations

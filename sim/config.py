@@ -25,7 +25,7 @@ from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES
 from stepgap.common.limits import (MAX_K, MAX_MS, MAX_PROMPTS, MAX_SCALE, MAX_SKEW, MAX_SPREAD,
                                    MAX_US, is_finite, is_int, is_number)
 from stepgap.common.drafters import SPEC_METHODS, default_draft_model, load_drafter
-from stepgap.common.model_heads import Eagle3Config
+from stepgap.common.model_heads import EagleHeadConfig
 from stepgap.common.model_presets import load_model_config
 from stepgap.common.modelcfg import ModelConfig
 from stepgap.common.memory import (RESERVED_BYTES, kv_bytes_per_token, kv_cache_blocks,
@@ -262,7 +262,7 @@ class Resolved:
 
     hw: Hardware
     target: ModelConfig
-    draft: Eagle3Config | ModelConfig | None   # what drafts (None: mtp, n-gram, k = 0)
+    draft: EagleHeadConfig | ModelConfig | None   # what drafts (None: mtp, n-gram, k = 0)
     device_costs: DeviceCosts
     cpu: CpuCosts
     profile: AcceptanceProfile

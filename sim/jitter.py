@@ -11,7 +11,7 @@ class Jitter:
     """The machine's own speed noise, as a factor on the device ops of each step.
 
     A shared machine does not run a step in the same time twice: other tenants share its caches
-    and memory. Measured (engine/profile.py `fit_jitter`), the noise has three parts, and so
+    and memory. Measured (calibrate/fit.py `fit_jitter`), the noise has three parts, and so
     does the factor: `level` (a whole run is fast or slow: the machine drifts over seconds and
     minutes), a `trace` of log factors in `bin_us` windows replayed from a seeded offset (bursts
     within a run, with their measured length and height), and an independent per-step part of
@@ -38,7 +38,7 @@ class Jitter:
 def run_levels(log_factors: list[float], n: int, seed: int = 0) -> list[float]:
     """Speed levels for n runs: the measured run-level log factors' quantiles at (j + ½)/n,
     dealt out in a seeded order and scaled to mean 1, so that n runs hold the measured spread
-    of machine speeds and their mean is the profile's (as sim/acceptance.py stratifies the
+    of machine speeds and their mean is the profile's (as common/acceptance.py stratifies the
     requests' acceptance)."""
     if not log_factors or n < 1:
         return [1.0] * max(n, 0)

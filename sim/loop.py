@@ -1,4 +1,4 @@
-"""The step loop as a SimPy model (DESIGN.md §1 and §2).
+"""The step loop as a SimPy model (docs/design.md §1 and §2).
 
 Lanes and ops: `cpu.engine` (schedule, update_from_output), `cpu.worker` (prepare_inputs,
 launch, wait; and propose, broadcast, collect, below) and `device` (fixup, target_forward,
@@ -559,7 +559,7 @@ def build_workload(cfg: SimConfig) -> list[TraceRequest]:
 def simulate(cfg: SimConfig, requests: list[TraceRequest] | None = None,
              device_costs: DeviceCosts | None = None, profile: Profile | None = None
              ) -> tuple[dict, list[Span]]:
-    """Simulate one serving run: the run result (DESIGN.md §4) and the timeline's spans.
+    """Simulate one serving run: the run result (docs/design.md §4) and the timeline's spans.
 
     `requests` defaults to the workload `cfg` names, with its request rate applied; requests
     given here are used with their own arrival times. `device_costs` replaces the roofline

@@ -153,7 +153,7 @@ def register(sub) -> None:
 
     q = psub.add_parser("timeline", help="Gantt chart of the lanes over a window of steps",
                         description="A Gantt chart of the lanes (cpu.engine, cpu.worker, device) "
-                        "of one or more timelines\n(JSON lines, DESIGN.md §2, simulated or "
+                        "of one or more timelines\n(JSON lines, docs/design.md §2, simulated or "
                         "measured), step gaps shaded and labelled with their\nlength.",
                         epilog=TIMELINE_EPILOG,
                         formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -3,7 +3,7 @@
 The pair is trained as EAGLE-3 trains its heads (arXiv 2503.01840), with the engine's own modules,
 so that what is trained is exactly what the engine runs:
 
-1. a byte-level BPE tokenizer on the training files (`engine/corpus.py`);
+1. a byte-level BPE tokenizer on the training files (`training/corpus.py`);
 2. the target: `engine.model.Llama` (tied embedding), next-token cross-entropy on random windows
    of the training token stream, dense causal path (no KV cache); saved in float16, and used from
    then on as saved;
@@ -53,7 +53,7 @@ from stepgap.common.errors import UserError
 from stepgap.common.fileio import read_json, write_json
 from stepgap.common.limits import is_int
 from stepgap.common.formats import save_trace
-from stepgap.common.model_heads import Eagle3Config, eagle3_for
+from stepgap.common.model_heads import EagleHeadConfig, eagle3_for
 from stepgap.common.modelcfg import ModelConfig
 
 
@@ -131,7 +131,7 @@ class TrainConfig:
             rope_theta=10000.0, max_position_embeddings=self.seq_len, tie_word_embeddings=True,
             torch_dtype="float16", bos_token_id=0, eos_token_id=0)
 
-    def draft_config(self) -> Eagle3Config:
+    def draft_config(self) -> EagleHeadConfig:
         base = eagle3_for(self.target_config(), self.draft_vocab_size, "pystdlib-eagle3")
         return replace(base, aux_layer_ids=tuple(self.aux_layers))
 
