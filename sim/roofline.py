@@ -97,6 +97,7 @@ class RooflineCosts:
                             "in the catalog")
         self._target: dict[tuple[int, int], float] = {}
         self._draft: dict[tuple, float] = {}
+        self._sampled: dict[tuple[int, int], float] = {}     # k = 0: the dense part + sampling
         self._attn: tuple[Batch | None, float] = (None, 0.0)   # the last forward's attention
 
     # -- kernels --------------------------------------------------------------------------
@@ -265,13 +266,17 @@ class RooflineCosts:
         forward summed with its sampling, less the forward (exact while sampling costs less
         than the forward, Sterbenz's lemma), so that the device's sum of the two is the sum
         the roofline made when it counted the sampler in the forward: results bit for bit."""
-        vocab = self.t.vocab_size
         if self.k:
-            return self.streaming(4 * b.num_logits * vocab, REJECTION_KERNELS)
-        dense = self._target_dense(b.num_tokens, b.num_logits)
-        attn = self._attn[1] if self._attn[0] is b else self._target_attention(b)
-        sample = self.streaming(4 * b.num_logits * vocab, SAMPLE_KERNELS)
-        return ((dense + sample) + attn) - (dense + attn)
+            return self.streaming(4 * b.num_logits * self.t.vocab_size, REJECTION_KERNELS)
+        key = (b.num_tokens, b.num_logits)
+        sampled = self._sampled.get(key)   # the forward's dense part with its sampling
+        if sampled is None:
+            sampled = self._sampled[key] = self._target_dense(*key) + self.streaming(
+                4 * b.num_logits * self.t.vocab_size, SAMPLE_KERNELS)
+        last, attn = self._attn
+        if last is not b:
+            attn = self._target_attention(b)
+        return (sampled + attn) - (self._target[key] + attn)
 
     def _draft_dense(self, first: bool, m: int, sampling: int) -> float:
         """One draft pass's token-count-dependent part, per method."""
