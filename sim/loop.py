@@ -149,7 +149,7 @@ class Device:
             # NOTE: at k = 0 the sampler is timed as one entry with the forward it follows, as
             # the cost models counted it inside target_forward before it was an op of its own:
             # the step's times are the same sums, scaled by the same factor, bit for bit
-            # (docs/sim.md, "Speed"); `record` draws it as its own span.
+            # (docs/sim.md, "Device cost model"); `record` draws it as its own span.
             ops[-1] = "target_forward+rejection_sample"
             sample = c.rejection_sample(b)
             durs[-1] += sample
