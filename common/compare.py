@@ -14,12 +14,12 @@ longer benchmark: every request of every run counts once.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import numpy as np
 
 from stepgap.common.errors import UserError
+from stepgap.common.fileio import dumps_json
 from stepgap.common.formats import (METRICS, RequestTiming, SpecStats, compute_metrics,
                             gap_summary, load_result)
 
@@ -204,8 +204,7 @@ def cmd_compare(args) -> int:
         print(f"stepgap compare: warning: {line}", file=sys.stderr)
     cmp = compare(measured, simulated)
     if args.json:
-        json.dump(cmp_to_json(cmp), sys.stdout, indent=1)
-        print()
+        print(dumps_json(cmp_to_json(cmp), indent=1))   # valid JSON: NaN as "nan"
     else:
         print(f"measured:  {args.measured}\nsimulated: {args.simulated}")
         print(format_compare(cmp))
