@@ -185,14 +185,15 @@ def cmd_run(args) -> int:
     except WorkerDied as e:
         print(f"stepgap run: error: {e}", file=sys.stderr)
         return 1
+    if not args.quiet:
+        print(format_summary(out.result, "Engine Benchmark Result"))
+        sys.stdout.flush()   # a stdout that cannot take it fails here, before any file is written
     if out_path:
         save_result(out_path, out.result)
     if args.timeline:
         save_timeline(args.timeline, out.spans)
     if args.chrome_trace:
         save_chrome_trace(args.chrome_trace, out.spans, "stepgap engine")
-    if not args.quiet:
-        print(format_summary(out.result, "Engine Benchmark Result"))
-        if out_path:
-            print(f"result: {out_path}")
+    if not args.quiet and out_path:
+        print(f"result: {out_path}")
     return 0

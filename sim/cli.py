@@ -7,6 +7,7 @@ gives the option; the effective defaults are SimConfig's, shown in the help.
 from __future__ import annotations
 
 import argparse
+import sys
 import textwrap
 from pathlib import Path
 
@@ -243,11 +244,6 @@ def run(args) -> int:
     res, spans = simulate(cfg)
     for line in res["config"]["resolved"]["notes"]:
         note(args, line)
-    if out:
-        save_result(out, res)
-    if args.timeline:
-        save_timeline(args.timeline, spans)
-        save_chrome_trace(chrome_path(args.timeline), spans, process_name="stepgap-sim")
     if not args.quiet:
         print(format_summary(res, title=f"Simulated Serving Result ({cfg.mode}, k={cfg.k})"))
         preset = get_preset(args.preset) if args.preset else None
@@ -255,6 +251,13 @@ def run(args) -> int:
             print(comparison_table(res, preset.measured[cfg.mode],
                                    f"{preset.name} {cfg.mode}: vs measured"))
             print(f"measured: {preset.source}")
+        sys.stdout.flush()   # a stdout that cannot take it fails here, before any file is written
+    if out:
+        save_result(out, res)
+    if args.timeline:
+        save_timeline(args.timeline, spans)
+        save_chrome_trace(chrome_path(args.timeline), spans, process_name="stepgap-sim")
+    if not args.quiet:
         if out:
             print(f"result: {out}")
         if args.timeline:

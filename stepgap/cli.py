@@ -74,12 +74,48 @@ def _terminate(signum, frame):
     raise Terminated()
 
 
+class StdoutError(UserError):
+    """stdout cannot take what the command prints: it is closed (`>&-`) or its disk is full
+    (`> /dev/full`). Bad output, as a file that cannot be written is: one line, status 2."""
+
+
+class CheckedStdout:
+    """sys.stdout while a command runs: a write that fails ends the command in one line
+    (StdoutError) instead of a traceback; the reader going away stays a BrokenPipeError
+    (status 141)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def _do(self, name: str, *args):
+        if self.stream is None:
+            raise StdoutError("stdout: closed, so nothing can be printed (give it a file, or "
+                              "--quiet where the command has it)")
+        try:
+            return getattr(self.stream, name)(*args)
+        except BrokenPipeError:
+            raise
+        except (OSError, ValueError) as e:   # ValueError: a closed file object
+            why = e.strerror if isinstance(e, OSError) and e.strerror else "closed"
+            raise StdoutError(f"stdout: cannot write ({why})") from None
+
+    def write(self, text: str) -> int:
+        return self._do("write", text)
+
+    def flush(self) -> None:
+        if self.stream is not None:   # a closed stdout that was never written to is fine
+            self._do("flush")
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 def _stdout_gone() -> None:
     """The reader of stdout went away (`stepgap compare ... | head`): send whatever is still
     buffered nowhere, so that exiting does not print a BrokenPipeError."""
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):   # AttributeError: no stdout at all
         pass
 
 
@@ -101,11 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     on_main_thread = threading_main()
     if on_main_thread:
         old = signal.signal(signal.SIGTERM, _terminate)
+        stdout = sys.stdout = CheckedStdout(sys.stdout)
     try:
         code = args.func(args) or 0
         sys.stdout.flush()
         return code
     except UserError as e:
+        if isinstance(e, StdoutError):
+            _stdout_gone()   # what is still buffered would fail again at exit
         print(f"stepgap {args.command}: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:
@@ -118,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if on_main_thread:
             signal.signal(signal.SIGTERM, old if old is not None else signal.SIG_DFL)
+            if sys.stdout is stdout:
+                sys.stdout = stdout.stream
 
 
 def threading_main() -> bool:
