@@ -165,6 +165,22 @@ def check_writable(path, option: str, folder: bool = False) -> Path:
     return path
 
 
+def check_distinct(outputs) -> None:
+    """Every output of a command is a file of its own: two options naming one file (`--result-json
+    x --timeline x`) would have the second write replace the first. `outputs`: (option, path)
+    pairs, None paths skipped. Links and `./` spellings are seen through."""
+    seen: dict[str, tuple[str, object]] = {}
+    for option, path in outputs:
+        if path is None:
+            continue
+        key = os.path.realpath(path)
+        if key in seen:
+            first, first_path = seen[key]
+            raise UserError(f"{option} {path}: the same file as {first} {first_path}; give "
+                            "each output a path of its own")
+        seen[key] = (option, path)
+
+
 def write_bytes(path, data: bytes) -> None:
     """Write atomically: a temporary file in the same folder, then a rename over `path`."""
     path = Path(path)

@@ -150,6 +150,7 @@ def engine_args_from(args):
 
 
 def cmd_run(args) -> int:
+    from stepgap.common.fileio import check_distinct
     from stepgap.common.formats import format_summary, save_chrome_trace, save_result, save_timeline
     from stepgap.common.options import (check_outputs, note, percentiles_from_args, result_path,
                                 workload_from_args)
@@ -163,6 +164,8 @@ def cmd_run(args) -> int:
     target = ea.target_config()
     ea.draft_config(target)    # a head that does not fit fails here, before any work
     out_path = result_path(args, "stepgap-engine", ea.model)
+    check_distinct([("--result-json" if args.result_json else "--save-result", out_path),
+                    ("--timeline", args.timeline), ("--chrome-trace", args.chrome_trace)])
     check_outputs(args, out_path, args.timeline and (args.timeline,), args.chrome_trace)
     cfg = ea.engine_config()
     for r in requests:   # before the worker is built: a request that cannot run fails now

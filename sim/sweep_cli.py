@@ -303,11 +303,12 @@ def plot_timeline_cmd(args) -> int:
 
     from stepgap.sim import plots
     from stepgap.common.errors import UserError
-    from stepgap.common.fileio import check_writable, write_text
+    from stepgap.common.fileio import check_distinct, check_writable, write_text
     from stepgap.common.formats import load_timeline
 
     if args.steps and args.at_gap is not None:
         raise UserError("give --steps or --at-gap, not both")
+    check_distinct([("--out", args.out), ("--chrome", args.chrome)])
     check_writable(args.out, "--out")
     if args.chrome:
         check_writable(args.chrome, "--chrome")

@@ -65,6 +65,31 @@ def vllm_spelling(argv: list[str]) -> list[str]:
     return [one(w) for w in argv]
 
 
+# The options (by metavar) whose values are not paths or names: '' may mean something there.
+NOT_PATHS = ("KEY=VALUE", "KEY=VALUES", "LIST", "ADDRESS")
+
+
+def empty_path(parser, args):
+    """(the command's parser, the option) of the first file, folder or name given as '': an
+    empty path is no path, and `if path:` would silently drop the output it asks for."""
+    command = parser.commands[args.command]
+    while True:   # down to the subcommand that ran (`plot timeline`, `ingest vllm-bench`)
+        sub = next((a for a in command._actions
+                    if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or getattr(args, sub.dest, None) not in sub.choices:
+            break
+        command = sub.choices[getattr(args, sub.dest)]
+    for action in command._actions:
+        if action.type is not None or action.choices is not None or action.nargs == 0 \
+                or action.metavar is None or action.metavar in NOT_PATHS:
+            continue
+        value = getattr(args, action.dest, None)
+        if value == "" or isinstance(value, list) and "" in value:
+            name = action.option_strings[0] if action.option_strings else action.metavar
+            return command, name
+    return None
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the program is, so that it unwinds as from Ctrl-C: every `finally`
     and `with` runs (worker processes are stopped, temporary files removed)."""
@@ -128,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    empty = empty_path(parser, args)
+    if empty:
+        empty[0].error(f"argument {empty[1]}: an empty path ('') names no file or folder")
     if extra:   # a pasted vLLM option is named and ignored; anything else is an error
         command = parser.commands[args.command]
         if not getattr(args, "vllm_options", False):
