@@ -116,12 +116,15 @@ def json_lines(path) -> Iterator[tuple[int, object]]:
 
 
 def read_toml(path) -> dict:
+    text = read_text(path)
     try:
-        return tomllib.loads(read_text(path))
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path}: not valid TOML ({e})") from None
     except RecursionError:
         raise UserError(f"{path}: not valid TOML (nested too deeply)") from None
+    except ValueError:   # an integer longer than Python converts, as in JSON
+        raise UserError(_long_integer(text, path, None).replace("JSON", "TOML")) from None
 
 
 # -------------------------------------------------------------------------------------------
