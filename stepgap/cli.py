@@ -13,6 +13,12 @@ import os
 import signal
 import sys
 
+# Before anything loads torch (registering the engine's commands does): OpenMP threads that
+# wait at a barrier sleep instead of spinning, so that on a shared machine a waiting thread
+# takes no core from the one it waits for, nor from another process (docs/engine.md, "Threads
+# on a shared machine"). The user's own setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from stepgap.common.errors import UserError
 from stepgap import __version__
 
