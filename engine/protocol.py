@@ -4,8 +4,8 @@ Requests are pydantic models with the field names, types and defaults of vLLM's
 (`vllm/entrypoints/openai/completion/protocol.py` and `chat_completion/protocol.py`), so that a
 value is coerced, or refused, as vLLM's own models do it (pydantic's lax mode: "8" and 8.0 are
 8 for an integer, "true" is true, 8.5 and "x" are refused); unknown fields are accepted and
-ignored, as vLLM accepts them. What the engine does not model is refused with a 400 that names the field
-rather than silently dropped: n > 1, echo, logprobs, stop strings, penalties, min_tokens, and a
+ignored, as vLLM accepts them. What the engine does not model is refused with a 400 that names
+the field rather than silently dropped: n > 1, echo, logprobs, stop strings, penalties, min_tokens, and a
 temperature, top_p or top_k other than the server's (`stepgap serve --temperature ...`: the
 engine samples every request alike). Errors have OpenAI's shape,
 `{"error": {"message", "type", "param", "code"}}`.
