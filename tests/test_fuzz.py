@@ -534,7 +534,7 @@ BAD_BENCH = {
     "request_rate": ["x", -1, 0, float("nan")],
     "burstiness": [0, "1", float("inf")],
     "max_concurrency": [0, "4", 4.5],
-    "num_speculative_tokens": ["x", "1000", "-1", 2.5],
+    "num_speculative_tokens": ["x", "-1", 2.5],
     "mode": ["fast", 5],
     "input_lens": ["x", None, [100] * 7, [100] * 9, [100, "8", 1, 1, 1, 1, 1, 1],
                    [-1] * 8, [100.5] * 8],
@@ -545,7 +545,7 @@ BAD_BENCH = {
     "spec_decode_num_drafts": [-1, "287", 1.5],
     "spec_decode_acceptance_rate": [150.0, "x", float("nan")],
     "spec_decode_acceptance_length": [0.5, None],
-    "spec_decode_per_position_acceptance_rates": ["x", [1.5], [float("nan")], [0.5] * 65],
+    "spec_decode_per_position_acceptance_rates": ["x", [1.5], [float("nan")], [-0.1]],
 }
 BAD_HOOK = {
     "start_us": [float("nan"), "x", None, float("-inf"), True],
