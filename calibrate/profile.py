@@ -9,7 +9,6 @@ step is cut into terms).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -57,12 +56,12 @@ def register(sub) -> None:
 
 def cmd_profile(args) -> int:
     from stepgap.calibrate.harness import run_plan
-    from stepgap.common.fileio import check_writable, write_text
+    from stepgap.common.fileio import check_writable, write_json
     check_writable(args.out, "--out")
     plan = plan_from_args(args, judged=False)
     out = run_plan(plan, progress=not args.quiet)
     path = Path(args.out)
-    write_text(path, json.dumps(out.profile, indent=1) + "\n")
+    write_json(path, out.profile)
     print(f"profile: {path} ({len(out.profile['device_ops'])} device op fits, CPU terms "
           f"{', '.join(k for k in out.profile['cpu'])}); {out.wall_s:.0f} s", file=sys.stderr)
     return 0

@@ -299,11 +299,9 @@ def parse_timeline_spec(text: str) -> tuple[str, str, str]:
 
 
 def plot_timeline_cmd(args) -> int:
-    import json
-
     from stepgap.sim import plots
     from stepgap.common.errors import UserError
-    from stepgap.common.fileio import check_distinct, check_writable, write_text
+    from stepgap.common.fileio import check_distinct, check_writable, dumps_json, write_text
     from stepgap.common.formats import load_timeline
 
     if args.steps and args.at_gap is not None:
@@ -327,7 +325,7 @@ def plot_timeline_cmd(args) -> int:
     plots.save(fig, Path(args.out))
     if args.chrome:
         doc = plots.chrome_panels(panels, args.steps, args.at_gap, args.pad_ms)
-        write_text(args.chrome, json.dumps(doc))
+        write_text(args.chrome, dumps_json(doc))
     if not args.quiet:
         print(f"figure: {args.out}" + (f"\nchrome trace: {args.chrome}" if args.chrome else ""))
     return 0
