@@ -152,8 +152,9 @@ def _stdout_gone() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Exit status: 0, 2 for bad input (one line naming the file, line and
-    field; docs/robustness.md), 1 for a failed run, 130 on Ctrl-C, 143 on SIGTERM, 141 when
-    stdout's reader has gone."""
+    field; docs/robustness.md) or an output that cannot be written (stdout closed or full
+    among them), 1 for a failed run, 130 on Ctrl-C, 143 on SIGTERM, 141 when stdout's reader
+    has gone."""
     parser = build_parser()
     args, extra = parser.parse_known_args(vllm_spelling(sys.argv[1:] if argv is None else argv))
     if not getattr(args, "func", None):
