@@ -53,6 +53,9 @@ def register(sub) -> None:
     p.add_argument("model_tag", nargs="?", metavar="MODEL",
                    help="the target, as `vllm serve MODEL` takes it (the same as --model)")
     add_run_args(p)
+    p._option_string_actions["--max-model-len"].help = (
+        "longest prompt + output, in tokens (default: the model's max_position_embeddings, as "
+        "vLLM's)")
     g = p.add_argument_group("server (as `vllm serve`)")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
                    "127.0.0.1; vLLM's default is every address)")
