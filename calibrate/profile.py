@@ -12,8 +12,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from stepgap.calibrate.validate import add_grid_args, plan_from_args
-from stepgap.common.options import positive_int
+from stepgap.calibrate.validate import (MAX_CALIBRATION_PROMPTS, MAX_REPEATS, add_grid_args,
+                                       plan_from_args)
+from stepgap.common.options import at_most, positive_int
 
 EPILOG = """\
 examples:
@@ -39,12 +40,13 @@ def register(sub) -> None:
     g = p.add_argument_group("calibration")
     g.add_argument("--calibration-trace", default=None, metavar="FILE",
                    help="trace to calibrate on (default: cut from the corpus's training files)")
-    g.add_argument("--calibration-prompts", type=positive_int, default=16, metavar="N",
-                   help="calibration prompts (default 16)")
+    g.add_argument("--calibration-prompts", type=at_most(positive_int, MAX_CALIBRATION_PROMPTS),
+                   default=16, metavar="N",
+                   help=f"calibration prompts (default 16, at most {MAX_CALIBRATION_PROMPTS})")
     g.add_argument("--calibration-slice", type=positive_int, default=16, metavar="N",
                    help="prompts per calibration run (default 16)")
-    g.add_argument("--repeats", type=positive_int, default=1, metavar="R",
-                   help="calibration runs of every cell (default 1)")
+    g.add_argument("--repeats", type=at_most(positive_int, MAX_REPEATS), default=1, metavar="R",
+                   help=f"calibration runs of every cell (default 1, at most {MAX_REPEATS})")
     g.add_argument("--no-grid", action="store_true", help="skip the microbenchmark grid")
     g.add_argument("--out", default="out/profile.json", metavar="PATH",
                    help="where to write the profile (default out/profile.json)")

@@ -11,7 +11,6 @@ Both halves import this module, and nothing else defines these formats:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,8 @@ import numpy as np
 
 from stepgap.common.errors import UserError, where
 from stepgap.common.limits import is_finite, is_int, is_number
-from stepgap.common.fileio import json_lines, read_json_object, write_json, write_text
+from stepgap.common.fileio import (NONFINITE, dumps_json, json_lines, read_json_object,
+                                   write_json, write_text)
 
 MODES = ("sync", "async", "zero-bubble")
 # The topology (docs/design.md §2): the worker in the engine's process or its own (vLLM's
@@ -147,7 +147,7 @@ def load_trace(path) -> list[TraceRequest]:
 
 
 def save_trace(path, requests: Iterable[TraceRequest]) -> None:
-    write_text(path, "".join(json.dumps(r.to_dict()) + "\n" for r in requests))
+    write_text(path, "".join(dumps_json(r.to_dict()) + "\n" for r in requests))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,7 +171,7 @@ class Span(NamedTuple):
 
 
 def save_timeline(path, spans: Iterable[Span]) -> None:
-    write_text(path, "".join(json.dumps(s.to_dict()) + "\n" for s in spans))
+    write_text(path, "".join(dumps_json(s.to_dict()) + "\n" for s in spans))
 
 
 def _number(d: dict, key: str, path, lineno) -> float:
@@ -230,7 +230,7 @@ def chrome_trace(spans: Iterable[Span], process_name: str = "stepgap") -> dict:
 
 
 def save_chrome_trace(path, spans: Iterable[Span], process_name: str = "stepgap") -> None:
-    write_text(path, json.dumps(chrome_trace(spans, process_name)))
+    write_text(path, dumps_json(chrome_trace(spans, process_name)))
 
 
 def step_gaps(spans: Iterable[Span]) -> list[float]:
@@ -392,25 +392,10 @@ def run_result(timings: list[RequestTiming], duration_s: float, *, backend: str,
     return res
 
 
-NONFINITE = ("nan", "inf", "-inf")   # how _jsonable writes non-finite floats (JSON has none)
-
-
-def _jsonable(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return "inf" if x > 0 else ("-inf" if x < 0 else "nan")
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.generic):
-        return x.item()
-    return x
-
-
 def save_result(path, result: dict) -> None:
     """Write a run result. Same input, same bytes: keys keep their order, floats their repr.
     A path ending in `.gz` is written gzip-compressed (compact JSON, no timestamp)."""
-    write_json(path, _jsonable(result))
+    write_json(path, result)
 
 
 REQUIRED_RESULT_KEYS = ("completed", "duration", "mean_tpot_ms", "mean_itl_ms", "mean_ttft_ms")

@@ -59,6 +59,7 @@ def register_run(sub) -> None:
 
 
 def cmd_run(args) -> int:
+    from stepgap.common.fileio import check_distinct
     from stepgap.common.formats import format_summary, save_chrome_trace, save_result, save_timeline
     from stepgap.common.options import (check_outputs, note, percentiles_from_args, result_path,
                                 workload_from_args)
@@ -71,6 +72,8 @@ def cmd_run(args) -> int:
         raise UserError("--synthetic-acceptance replay: the trace has no `accepted` lists")
     setup = ea.create_engine_config()   # a head that does not fit fails here, before any work
     out_path = result_path(args, "stepgap-engine", ea.model)
+    check_distinct([("--result-json" if args.result_json else "--save-result", out_path),
+                    ("--timeline", args.timeline), ("--chrome-trace", args.chrome_trace)])
     check_outputs(args, out_path, args.timeline and (args.timeline,), args.chrome_trace)
     cfg = setup.engine_config()
     for r in requests:   # before the worker is built: a request that cannot run fails now
@@ -93,14 +96,15 @@ def cmd_run(args) -> int:
     except WorkerDied as e:
         print(f"stepgap run: error: {e}", file=sys.stderr)
         return 1
+    if not args.quiet:
+        print(format_summary(out.result, "Engine Benchmark Result"))
+        sys.stdout.flush()   # a stdout that cannot take it fails here, before any file is written
     if out_path:
         save_result(out_path, out.result)
     if args.timeline:
         save_timeline(args.timeline, out.spans)
     if args.chrome_trace:
         save_chrome_trace(args.chrome_trace, out.spans, "stepgap engine")
-    if not args.quiet:
-        print(format_summary(out.result, "Engine Benchmark Result"))
-        if out_path:
-            print(f"result: {out_path}")
+    if not args.quiet and out_path:
+        print(f"result: {out_path}")
     return 0

@@ -7,6 +7,7 @@ gives the option; the effective defaults are SimConfig's, shown in the help.
 from __future__ import annotations
 
 import argparse
+import sys
 import textwrap
 from pathlib import Path
 
@@ -242,19 +243,18 @@ def run(args) -> int:
     from stepgap.sim.loop import simulate
     from stepgap.sim.presets import comparison_table, get_preset
     from stepgap.common.formats import format_summary, save_chrome_trace, save_result, save_timeline
+    from stepgap.common.fileio import check_distinct
     from stepgap.common.options import check_outputs, note, result_path
 
     cfg = config_from_args(args)
     out = result_path(args, "stepgap-sim", cfg.model)
+    check_distinct([("--result-json" if args.result_json else "--save-result", out),
+                    ("--timeline", args.timeline),
+                    ("--timeline's Chrome trace", args.timeline and chrome_path(args.timeline))])
     check_outputs(args, out, args.timeline and (args.timeline, chrome_path(args.timeline)))
     res, spans = simulate(cfg)
     for line in res["config"]["resolved"]["notes"]:
         note(args, line)
-    if out:
-        save_result(out, res)
-    if args.timeline:
-        save_timeline(args.timeline, spans)
-        save_chrome_trace(chrome_path(args.timeline), spans, process_name="stepgap-sim")
     if not args.quiet:
         print(format_summary(res, title=f"Simulated Serving Result ({cfg.mode}, k={cfg.k})"))
         preset = get_preset(args.preset) if args.preset else None
@@ -262,6 +262,13 @@ def run(args) -> int:
             print(comparison_table(res, preset.measured[cfg.mode],
                                    f"{preset.name} {cfg.mode}: vs measured"))
             print(f"measured: {preset.source}")
+        sys.stdout.flush()   # a stdout that cannot take it fails here, before any file is written
+    if out:
+        save_result(out, res)
+    if args.timeline:
+        save_timeline(args.timeline, spans)
+        save_chrome_trace(chrome_path(args.timeline), spans, process_name="stepgap-sim")
+    if not args.quiet:
         if out:
             print(f"result: {out}")
         if args.timeline:

@@ -303,15 +303,14 @@ def parse_timeline_spec(text: str) -> tuple[str, str, str]:
 
 
 def plot_timeline_cmd(args) -> int:
-    import json
-
     from stepgap.common import timeline_plots
     from stepgap.common.errors import UserError
-    from stepgap.common.fileio import check_writable, write_text
+    from stepgap.common.fileio import check_distinct, check_writable, dumps_json, write_text
     from stepgap.common.formats import load_timeline
 
     if args.steps and args.at_gap is not None:
         raise UserError("give --steps or --at-gap, not both")
+    check_distinct([("--out", args.out), ("--chrome", args.chrome)])
     check_writable(args.out, "--out")
     if args.chrome:
         check_writable(args.chrome, "--chrome")
@@ -330,7 +329,7 @@ def plot_timeline_cmd(args) -> int:
     timeline_plots.save(fig, Path(args.out))
     if args.chrome:
         doc = timeline_plots.chrome_panels(panels, args.steps, args.at_gap, args.pad_ms)
-        write_text(args.chrome, json.dumps(doc))
+        write_text(args.chrome, dumps_json(doc))
     if not args.quiet:
         print(f"figure: {args.out}" + (f"\nchrome trace: {args.chrome}" if args.chrome else ""))
     return 0

@@ -4,10 +4,10 @@ core's comparison (common/compare.py), which belongs to neither half."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from stepgap.common.compare import cmp_to_json, compare, format_compare, mismatches
+from stepgap.common.fileio import dumps_json
 from stepgap.common.formats import load_result
 
 
@@ -34,8 +34,7 @@ def cmd_compare(args) -> int:
         print(f"stepgap compare: warning: {line}", file=sys.stderr)
     cmp = compare(measured, simulated)
     if args.json:
-        json.dump(cmp_to_json(cmp), sys.stdout, indent=1)
-        print()
+        print(dumps_json(cmp_to_json(cmp), indent=1))   # valid JSON: NaN as "nan"
     else:
         print(f"measured:  {args.measured}\nsimulated: {args.simulated}")
         print(format_compare(cmp))
