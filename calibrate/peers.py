@@ -78,7 +78,7 @@ def peer_config(run: PeerRun, tables: bool = True, **overrides) -> tuple[SimConf
     False, its operator tables."""
     settings, notes = peer_settings(run.requests.with_name("meta.json"))
     settings.setdefault("max_model_len", None)
-    from stepgap.common.modelcfg import load_model_config
+    from stepgap.common.model_presets import load_model_config
     if settings["max_model_len"] is None:   # vLLM's default: the model's own context
         settings["max_model_len"] = load_model_config(run.model).max_position_embeddings
     cfg = SimConfig(gpu=run.gpu, model=run.model, workload=str(run.requests),

@@ -477,15 +477,9 @@ class TableCosts:
 
     def target_forward(self, b) -> float:
         rows = b.num_reqs + b.num_drafts
-        t = self.dense(b.num_tokens) + self.t.num_layers * self.attention(
+        return self.dense(b.num_tokens) + self.t.num_layers * self.attention(
             b.prefills, b.num_decode, b.decode_kv, b.decode_kv_min, b.decode_kv_max) \
-            + self.lm_head(rows) \
-            + self._collectives(b.num_tokens, rows, self.t)
-        if self.k == 0 and b.num_sampling:
-            # The simulator places no sampling op at k = 0 (the roofline counts it in the
-            # forward); the sampler runs all the same.
-            t += self.sampler(b.num_reqs)
-        return t
+            + self.lm_head(rows) + self._collectives(b.num_tokens, rows, self.t)
 
     def rejection_sample(self, b) -> float:
         return self.sampler(b.num_reqs + b.num_drafts)
