@@ -50,7 +50,9 @@ def sim_config(setup: Setup, run: dict, timeline: bool = False, **overrides) -> 
               "max_model_len": c.get("max_model_len") or folder["max_model_len"] or 2048,
               "num_gpu_blocks_override": c.get("num_blocks")
               or folder["num_gpu_blocks_override"]}
+    # a run measured before prefix caching existed (its config does not say) ran without it
     settings = {**s, **limits, "mode": c.get("mode", "sync"), "k": c.get("k", 0),
+                "enable_prefix_caching": c.get("enable_prefix_caching", False),
                 "max_concurrency": run.get("max_concurrency"), "replay": True,
                 "detailed": True, "timeline": timeline, **overrides}
     return SimConfig(**settings)

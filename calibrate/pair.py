@@ -53,6 +53,31 @@ def calibration_trace(pair, num_prompts: int, seed: int = 1) -> list[TraceReques
     return [replace(r, request_id=f"calib-{i:03d}") for i, r in enumerate(reqs)]
 
 
+def shared_prefix_trace(pair=PAIR, groups: int = 6, per_group: int = 7, prefix_len: int = 96,
+                        suffix_len: int = 48, output_len: int = 64) -> list[TraceRequest]:
+    """Held-out prompts that share prefixes (issue 27): `groups` prefixes, each the first
+    prefix_len tokens of one held-out prompt, each followed by the first suffix_len tokens of
+    `per_group` other held-out prompts; the groups interleaved (the first prompt of every group,
+    then the second, ...), so that each group's later prompts find its prefix cached. Real text
+    the pair never trained on, so its acceptance is its own."""
+    held = load_heldout(pair)
+    if len(held) < groups * (1 + per_group):
+        raise UserError(f"{pair}: {len(held)} held-out prompts, a shared-prefix trace of "
+                        f"{groups} x {per_group} needs {groups * (1 + per_group)}")
+    short = [r for r in held if len(r.prompt_token_ids or []) < max(prefix_len, suffix_len)]
+    if short:
+        raise UserError(f"{pair}: held-out prompt {short[0].request_id!r} is shorter than "
+                        f"{max(prefix_len, suffix_len)} tokens")
+    prefixes = [held[g].prompt_token_ids[:prefix_len] for g in range(groups)]
+    out = []
+    for j in range(per_group):
+        for g in range(groups):
+            suffix = held[groups + g * per_group + j].prompt_token_ids[:suffix_len]
+            ids = prefixes[g] + suffix
+            out.append(TraceRequest(f"shared-{g}-{j}", 0.0, len(ids), output_len, ids))
+    return out
+
+
 def write_custom_dataset(requests: list[TraceRequest], path, pair=PAIR) -> None:
     """The requests as a `vllm bench serve --dataset-name custom` file ({"prompt",
     "output_tokens", "request_id"} a line, in trace order). Every prompt's text must encode back

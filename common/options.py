@@ -243,6 +243,18 @@ def add_scheduler_args(p, defaults=None, blocks_help: str = ""):
     g.add_argument("--gpu-memory-utilization", type=fraction, metavar="FRAC",
                    help="fraction of device memory for weights and the KV cache"
                         + _d(defaults, "gpu_memory_utilization"))
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=None,
+                   help="vLLM's automatic prefix caching: a request reuses the KV blocks of its "
+                        "longest cached prefix (full blocks hashed over its token ids; a trace "
+                        "without prompt_token_ids finds only a request's own blocks again, "
+                        "after a preemption); freed blocks stay cached until the pool hands "
+                        "them out again, least recently freed first (default: on, as vLLM)")
+    g.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction,
+                   default=None,
+                   help="vLLM's admission rule: take a waiting request in only when the KV "
+                        "blocks of its whole sequence are free, not just its first chunk's "
+                        "(default: on, as vLLM)")
     return g
 
 
@@ -272,7 +284,74 @@ def add_load_args(p, default_workload: str = "mtbench"):
     g.add_argument("--ignore-eos", action="store_true",
                    help="accepted for vLLM's sake: stepgap always generates each request's "
                         "output length")
+    g.add_argument("--dataset-name", choices=("prefix_repetition", "generated-shared-prefix",
+                                              "multi-turn"), default=None,
+                   help="a generated workload with shared prefixes (token ids within the "
+                        "target's vocabulary), as vLLM's `vllm bench serve --dataset-name "
+                        "prefix_repetition`, SGLang's generated-shared-prefix, or chat sessions; "
+                        "its options below (the same as --trace NAME:KEY=VALUE:...)")
+    for flag, key, what in WORKLOAD_FLAGS:
+        g.add_argument(flag, dest=flag.lstrip("-").replace("-", "_"), type=nonneg_int,
+                       default=None, metavar="N", help=what)
     return g
+
+
+# The generated workloads' options (vLLM's prefix_repetition flags, SGLang's gsp flags, and the
+# multi-turn sessions'): (flag, the workload's parameter, help).
+WORKLOAD_FLAGS = (
+    ("--prefix-repetition-prefix-len", "prefix_len", "prefix_repetition: tokens of each shared "
+                                                     "prefix (default 256)"),
+    ("--prefix-repetition-suffix-len", "suffix_len", "prefix_repetition: tokens after it, each "
+                                                     "prompt its own (default 256)"),
+    ("--prefix-repetition-num-prefixes", "num_prefixes", "prefix_repetition: prefixes, each "
+                                                         "shared by num_prompts / this prompts "
+                                                         "(default 10)"),
+    ("--prefix-repetition-output-len", "output_len", "prefix_repetition: output tokens "
+                                                     "(default 128)"),
+    ("--gsp-num-groups", "num_groups", "generated-shared-prefix: system prompts (default 64)"),
+    ("--gsp-prompts-per-group", "prompts_per_group", "generated-shared-prefix: questions per "
+                                                     "system prompt (default 16)"),
+    ("--gsp-system-prompt-len", "system_prompt_len", "generated-shared-prefix: tokens of a "
+                                                     "system prompt (default 2048)"),
+    ("--gsp-question-len", "question_len", "generated-shared-prefix: tokens of a question "
+                                           "(default 128)"),
+    ("--gsp-output-len", "output_len", "generated-shared-prefix: output tokens (default 256)"),
+    ("--multi-turn-sessions", "sessions", "multi-turn: chat sessions (default 16)"),
+    ("--multi-turn-turns", "turns", "multi-turn: turns per session (default 4)"),
+    ("--multi-turn-first-len", "first_len", "multi-turn: tokens of a session's first prompt "
+                                            "(default 256)"),
+    ("--multi-turn-user-len", "user_len", "multi-turn: tokens of each later user message "
+                                          "(default 64)"),
+)
+
+
+def workload_spec(args) -> str | None:
+    """--trace, or --dataset-name with its options as NAME:KEY=VALUE:... (common/workloads.py);
+    a generated workload's option without its --dataset-name is an error, as is
+    --dataset-name beside a --trace."""
+    name = getattr(args, "dataset_name", None)
+    given = [(flag, key, getattr(args, flag.lstrip("-").replace("-", "_"), None))
+             for flag, key, _ in WORKLOAD_FLAGS]
+    given = [(flag, key, v) for flag, key, v in given if v is not None]
+    if name is None:
+        if given:
+            raise UserError(f"{given[0][0]}: give --dataset-name, the workload it belongs to")
+        return args.trace
+    if args.trace is not None:
+        raise UserError(f"--dataset-name {name} and --trace {args.trace}: give one")
+    prefix = {"prefix_repetition": "--prefix-repetition-", "generated-shared-prefix": "--gsp-",
+              "multi-turn": "--multi-turn-"}[name]
+    parts = [name]
+    for flag, key, v in given:
+        if not flag.startswith(prefix):
+            raise UserError(f"{flag}: an option of another workload than --dataset-name {name}")
+        if key == "output_len":
+            if args.output_len is not None and args.output_len != v:
+                raise UserError(f"{flag} {v} and --output-len {args.output_len} differ; give one")
+            args.output_len = v
+        else:
+            parts.append(f"{key}={v}")
+    return ":".join(parts)
 
 
 def add_result_args(p, timeline_help: str = ""):
@@ -414,11 +493,11 @@ def fill_load_defaults(args) -> None:
             setattr(args, name, value)
 
 
-def workload_from_args(args, default_workload: str = "mtbench"):
+def workload_from_args(args, default_workload: str = "mtbench", vocab_size: int | None = None):
     from stepgap.common.workloads import apply_request_rate, load_workload
     fill_load_defaults(args)
-    reqs = load_workload(args.trace or default_workload, args.num_prompts, args.output_len,
-                         args.seed)
+    reqs = load_workload(workload_spec(args) or default_workload, args.num_prompts,
+                         args.output_len, args.seed, vocab_size)
     return apply_request_rate(reqs, args.request_rate, args.burstiness, args.seed)
 
 

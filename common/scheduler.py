@@ -116,13 +116,13 @@ class SchedulerConfig:
     # vLLM's scheduler_reserve_full_isl (on by default): admit a waiting request only if the
     # KV blocks of its whole sequence are free, not just those of its first chunk
     reserve_full_isl: bool = True
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True   # vLLM's default
 
     @classmethod
     def for_run(cls, mode: str, k: int, num_blocks: int, block_size: int, max_num_seqs: int,
                 max_num_batched_tokens: int, max_model_len: int,
                 max_position_embeddings: int | None = None, reserve_full_isl: bool = True,
-                enable_prefix_caching: bool = False) -> SchedulerConfig:
+                enable_prefix_caching: bool = True) -> SchedulerConfig:
         """One run's scheduler, as both halves build it: async scheduling (placeholders, a
         step ahead) in the async modes, async and zero-bubble."""
         return cls(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
@@ -144,6 +144,11 @@ class SchedulerConfig:
         if self.max_num_batched_tokens < 1 + self.num_spec_tokens:
             raise UserError(f"scheduler: max_num_batched_tokens ({self.max_num_batched_tokens}) "
                             f"must hold at least 1 + k = {1 + self.num_spec_tokens} tokens")
+        if self.enable_prefix_caching and self.max_model_len % self.block_size:
+            raise UserError(f"--block-size {self.block_size} does not divide --max-model-len "
+                            f"{self.max_model_len}: with prefix caching a context is cached in "
+                            "whole blocks (give a block size that divides it, or "
+                            "--no-enable-prefix-caching)")
 
     def check_fits(self, request_id: str, prompt_len: int, output_len: int) -> None:
         """Reject a request this engine could never serve, naming it."""
@@ -159,8 +164,9 @@ class SchedulerConfig:
                             f"exceeds --max-model-len {self.max_model_len}")
         need = cdiv(total + self.num_spec_tokens, self.block_size)
         if need > self.num_blocks:
-            raise UserError(f"request {request_id!r} needs {need} KV blocks but the cache "
-                            f"holds {self.num_blocks}")
+            raise UserError(f"request {request_id!r} needs {need} KV blocks ({prompt_len} prompt "
+                            f"and {output_len} output tokens, {self.block_size} a block) but "
+                            f"the cache holds {self.num_blocks}")
 
 
 class BlockPool:

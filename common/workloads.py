@@ -3,7 +3,10 @@
 Built-in workloads (documented and justified in docs/sim.md, "Workloads"):
 
 - `mtbench`: 80 prompts in MT-bench's eight categories, ten each, output 256 tokens;
-- `sharegpt`: a ShareGPT-like length mix (log-normal prompt and output lengths).
+- `sharegpt`: a ShareGPT-like length mix (log-normal prompt and output lengths);
+- with shared prefixes, and token ids: `prefix_repetition` (vLLM's dataset of that name),
+  `generated-shared-prefix` (SGLang's), `multi-turn` (chat sessions, each turn extending the
+  last), parameters given as NAME:KEY=VALUE:KEY=VALUE.
 
 The load generator sends each request at its arrival time and holds at most `max_concurrency`
 in flight, as the benchmark client does with its semaphore. `--request-rate` replaces the trace's
@@ -70,23 +73,126 @@ def sharegpt_like(num_prompts: int = 1000, output_len: int | None = None,
             for i, (p, o) in enumerate(zip(prompts, outputs))]
 
 
-BUILTIN = {"mtbench": mtbench_like, "sharegpt": sharegpt_like}
+# Workloads that share prefixes (prefix caching, docs/sim.md "Workloads"): random token ids
+# below `vocab_size` (the target's vocabulary, passed by whoever runs the trace), seeded.
+DEFAULT_VOCAB = 32000
+
+
+def _tokens(rng, n: int, vocab_size: int) -> list[int]:
+    return rng.integers(0, vocab_size, n).tolist()
+
+
+def prefix_repetition(num_prompts: int = 100, output_len: int = 128, seed: int = 0,
+                      prefix_len: int = 256, suffix_len: int = 256, num_prefixes: int = 10,
+                      vocab_size: int = DEFAULT_VOCAB) -> list[TraceRequest]:
+    """vLLM's `--dataset-name prefix_repetition` (PrefixRepetitionRandomDataset): num_prefixes
+    random prefixes of prefix_len tokens, each followed by num_prompts // num_prefixes random
+    suffixes of suffix_len, shuffled (seeded)."""
+    per = num_prompts // num_prefixes
+    if per < 1:
+        raise UserError(f"prefix_repetition: num_prompts ({num_prompts}) must be at least "
+                        f"num_prefixes ({num_prefixes})")
+    rng = np.random.default_rng(seed)
+    reqs = []
+    for g in range(num_prefixes):
+        prefix = _tokens(rng, prefix_len, vocab_size)
+        for j in range(per):
+            ids = prefix + _tokens(rng, suffix_len, vocab_size)
+            reqs.append(TraceRequest(f"prefix-{g}-{j}", 0.0, len(ids), output_len, ids))
+    order = rng.permutation(len(reqs))
+    return [reqs[i] for i in order]
+
+
+def generated_shared_prefix(num_prompts: int | None = None, output_len: int = 256,
+                            seed: int = 0, num_groups: int = 64, prompts_per_group: int = 16,
+                            system_prompt_len: int = 2048, question_len: int = 128,
+                            vocab_size: int = DEFAULT_VOCAB) -> list[TraceRequest]:
+    """SGLang's `--dataset-name generated-shared-prefix` (its gsp options): num_groups system
+    prompts of system_prompt_len tokens, each followed by prompts_per_group questions of
+    question_len; num_prompts, when given, takes the first of them, group after group."""
+    rng = np.random.default_rng(seed)
+    reqs = []
+    for g in range(num_groups):
+        system = _tokens(rng, system_prompt_len, vocab_size)
+        for j in range(prompts_per_group):
+            ids = system + _tokens(rng, question_len, vocab_size)
+            reqs.append(TraceRequest(f"gsp-{g}-{j}", 0.0, len(ids), output_len, ids))
+    return reqs[:num_prompts] if num_prompts is not None else reqs
+
+
+def multi_turn(num_prompts: int | None = None, output_len: int = 64, seed: int = 0,
+               sessions: int = 16, turns: int = 4, first_len: int = 256, user_len: int = 64,
+               vocab_size: int = DEFAULT_VOCAB) -> list[TraceRequest]:
+    """Chat sessions: each turn's prompt is the last turn's prompt, that turn's answer and a new
+    user message of user_len tokens. A static trace cannot hold the model's own answer, so the
+    answer is output_len tokens of the trace's own (the cached prefix a turn finds is the last
+    turn's prompt, not its answer: a real client's reuse is that plus the answer). Turns in
+    order, session after session within each turn; num_prompts, when given, the first."""
+    rng = np.random.default_rng(seed)
+    prompts = [_tokens(rng, first_len, vocab_size) for _ in range(sessions)]
+    reqs = []
+    for t in range(turns):
+        for s in range(sessions):
+            reqs.append(TraceRequest(f"session-{s}-turn-{t}", 0.0, len(prompts[s]), output_len,
+                                     list(prompts[s])))
+            prompts[s] = prompts[s] + _tokens(rng, output_len + user_len, vocab_size)
+    return reqs[:num_prompts] if num_prompts is not None else reqs
+
+
+BUILTIN = {"mtbench": mtbench_like, "sharegpt": sharegpt_like,
+           "prefix_repetition": prefix_repetition,
+           "generated-shared-prefix": generated_shared_prefix, "multi-turn": multi_turn}
+# The parameters each built-in takes in a spec (NAME:KEY=VALUE:KEY=VALUE), integers all.
+PARAMS = {"prefix_repetition": ("prefix_len", "suffix_len", "num_prefixes"),
+          "generated-shared-prefix": ("num_groups", "prompts_per_group", "system_prompt_len",
+                                      "question_len"),
+          "multi-turn": ("sessions", "turns", "first_len", "user_len")}
+TOKEN_WORKLOADS = tuple(PARAMS)   # the built-ins with token ids (vocab_size matters)
+MAX_PARAM = 1_000_000
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """`prefix_repetition:prefix_len=768:suffix_len=256` -> (name, {prefix_len: 768, ...})."""
+    name, *rest = spec.split(":")
+    params = {}
+    for item in rest:
+        key, sep, value = item.partition("=")
+        if name not in PARAMS or key not in PARAMS[name]:
+            allowed = ", ".join(PARAMS.get(name, ())) or "none"
+            raise UserError(f"workload {spec!r}: {name!r} takes no parameter {key!r} (its "
+                            f"parameters: {allowed})")
+        try:
+            v = int(value)
+        except ValueError:
+            raise UserError(f"workload {spec!r}: {key} must be an integer, got {value!r}") \
+                from None
+        if not sep or not 0 <= v <= MAX_PARAM or (v == 0 and key not in (
+                "prefix_len", "suffix_len", "question_len", "user_len")):
+            raise UserError(f"workload {spec!r}: {key} must be an integer from "
+                            f"{0 if key.endswith('len') else 1} to {MAX_PARAM}, got {value!r}")
+        params[key] = v
+    return name, params
 
 
 def load_workload(spec: str, num_prompts: int | None = None, output_len: int | None = None,
-                  seed: int = 0) -> list[TraceRequest]:
-    """A built-in workload by name, or a trace file in the docs/design.md format.
+                  seed: int = 0, vocab_size: int | None = None) -> list[TraceRequest]:
+    """A built-in workload by name (with its parameters, NAME:KEY=VALUE...), or a trace file in
+    the docs/design.md format.
 
     `num_prompts` takes the first N requests of a file (cycling if it holds fewer, as the
-    benchmark oversamples), and `output_len` overrides every request's output length.
+    benchmark oversamples), and `output_len` overrides every request's output length;
+    `vocab_size` bounds the token ids of the built-ins that have them (the target's).
     """
-    if spec in BUILTIN:
-        kwargs = {"seed": seed}
+    name, params = parse_spec(spec) if spec.split(":")[0] in BUILTIN else (spec, {})
+    if name in BUILTIN:
+        kwargs = {"seed": seed, **params}
         if num_prompts is not None:
             kwargs["num_prompts"] = num_prompts
         if output_len is not None:
             kwargs["output_len"] = output_len
-        return BUILTIN[spec](**kwargs)
+        if name in TOKEN_WORKLOADS and vocab_size is not None:
+            kwargs["vocab_size"] = vocab_size
+        return BUILTIN[name](**kwargs)
     if not Path(spec).exists():
         raise UserError(f"unknown workload {spec!r}: expected one of {', '.join(BUILTIN)} "
                         "or a trace file (JSON lines, or a `vllm bench serve` result)")

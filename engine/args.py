@@ -53,6 +53,8 @@ class EngineArgs:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int = 2048
+    enable_prefix_caching: bool = True   # vLLM's automatic prefix caching (its default)
+    scheduler_reserve_full_isl: bool = True
     max_k: int | None = None         # deepest k this worker serves (default: k, at least 1)
     cuda_graphs: bool = True
     emulate_graphs: bool = False     # tests: the graphs' padded path, run eagerly on the CPU
@@ -213,7 +215,8 @@ class EngineSetup:
         return EngineConfig(mode or a.mode, a.k if k is None else k,
                             num_blocks or self.num_blocks,
                             a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
-                            a.sampling, a.block_size, self.target.max_position_embeddings)
+                            a.sampling, a.block_size, self.target.max_position_embeddings,
+                            a.enable_prefix_caching, a.scheduler_reserve_full_isl)
 
     def make_executor(self):
         """The worker inline or in its own process."""

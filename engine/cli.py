@@ -67,10 +67,11 @@ def cmd_run(args) -> int:
     from stepgap.engine.loop import config_summary, run_trace
 
     ea = engine_args_from(args)
-    requests = workload_from_args(args)  # also fills the unset load options (seed)
+    setup = ea.create_engine_config()   # a head that does not fit fails here, before any work
+    # (also fills the unset load options: seed); generated token ids within the target's vocab
+    requests = workload_from_args(args, vocab_size=setup.vocab_size)
     if ea.sampling.replay and not any(r.accepted for r in requests):
         raise UserError("--synthetic-acceptance replay: the trace has no `accepted` lists")
-    setup = ea.create_engine_config()   # a head that does not fit fails here, before any work
     out_path = result_path(args, "stepgap-engine", ea.model)
     check_distinct([("--result-json" if args.result_json else "--save-result", out_path),
                     ("--timeline", args.timeline), ("--chrome-trace", args.chrome_trace)])

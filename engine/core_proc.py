@@ -109,11 +109,12 @@ class ServedClient:
         self.out.send(("step", step, outs, self.step_gap(core), self.stats()))
 
     def stats(self) -> tuple:
-        """(running, waiting, free KV blocks, preemptions, cumulative acceptance counts)."""
+        """(running, waiting, free KV blocks, preemptions, cumulative acceptance counts,
+        cumulative prefix-cache queries and hits in tokens)."""
         s, spec = self.core.sched, self.core.spec
         return (len(s.running), len(s.waiting), s.num_free_blocks, s.num_preemptions,
                 (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens,
-                 tuple(spec.accepted_per_pos)))
+                 tuple(spec.accepted_per_pos)), (s.prefix_cache_queries, s.prefix_cache_hits))
 
     def step_gap(self, core: EngineCore) -> float | None:
         """The device idle time before the step just collected (µs, docs/design.md §2), or None

@@ -51,11 +51,15 @@ class EngineConfig:
     sampling: SamplingConfig = SamplingConfig()
     block_size: int = BLOCK_SIZE
     max_position_embeddings: int | None = None   # the target's context
+    enable_prefix_caching: bool = True           # vLLM's automatic prefix caching
+    scheduler_reserve_full_isl: bool = True      # vLLM's admission rule
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig.for_run(self.mode, self.k, self.num_blocks, self.block_size,
                                        self.max_num_seqs, self.max_num_batched_tokens,
-                                       self.max_model_len, self.max_position_embeddings)
+                                       self.max_model_len, self.max_position_embeddings,
+                                       self.scheduler_reserve_full_isl,
+                                       self.enable_prefix_caching)
 
 
 @dataclass
@@ -297,6 +301,11 @@ def run_output(core: EngineCore, client: Client, requests: list[TraceRequest], c
     result["config"].setdefault("mode", cfg.mode)
     result["config"].setdefault("k", cfg.k)
     result["config"]["num_preemptions"] = core.sched.num_preemptions
+    s = core.sched
+    if s.caching:   # vLLM's prefix-cache counters (tokens), as the simulator reports them
+        result["config"]["prefix_cache"] = {
+            "queries": s.prefix_cache_queries, "hits": s.prefix_cache_hits,
+            "preempted_queries": s.preempted_queries, "preempted_hits": s.preempted_hits}
     if detailed:
         result["output_token_ids"] = [client.outputs[rid] for rid in order]
         if cfg.k:

@@ -81,6 +81,11 @@ class Metrics:
         self.success = counter("vllm:request_success", "Count of successfully processed "
                                "requests.", ["finished_reason"])
         self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemptions.")
+        self.prefix_queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in "
+                                      "terms of number of queried tokens.")
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of "
+                                   "number of cached tokens.")
+        self._last_prefix = (0, 0)
         self.running = gauge("vllm:num_requests_running", "Number of requests in model "
                              "execution batches.")
         self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting.")
@@ -108,7 +113,12 @@ class Metrics:
 
     def on_step(self, stats, gap_us: float | None) -> None:
         """The engine's state after a step: gauges, and the counters' growth."""
-        running, waiting, free, preemptions, spec = stats
+        running, waiting, free, preemptions, spec, prefix = stats
+        for c, new, old in zip((self.prefix_queries, self.prefix_hits), prefix,
+                               self._last_prefix):
+            if new > old:
+                c.inc(new - old)
+        self._last_prefix = prefix
         self.running.set(running)
         self.waiting.set(waiting)
         self.kv_usage.set(1.0 - free / self.num_blocks)

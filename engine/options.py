@@ -84,7 +84,8 @@ def sampling_from_args(args):
 
 FIELDS = ("dtype", "random_weights", "cuda_graphs", "pin", "device", "block_size",
           "num_gpu_blocks_override", "gpu_memory_utilization", "kv_cache_gib", "max_num_seqs",
-          "max_num_batched_tokens", "max_model_len")
+          "max_num_batched_tokens", "max_model_len", "enable_prefix_caching",
+          "scheduler_reserve_full_isl")
 
 
 def engine_args_from(args):

@@ -320,8 +320,9 @@ class Worker:
         patch_dst, patch_row, patch_col, fix_row, fix_prev = [], [], [], [], []
         off = kv = 0
         for i, (rid, n, ns, samp, sched_start, blocks, token_ids, accepted) in enumerate(reqs):
-            if token_ids is not None:
-                self.states[rid] = ReqState(list(token_ids))
+            if token_ids is not None:   # fresh: its first sched_start tokens' KV is in its
+                # first blocks already (a prefix-cache hit, docs/engine.md)
+                self.states[rid] = ReqState(list(token_ids), num_computed=sched_start)
                 if accepted is not None:
                     self.replay[rid] = list(accepted)
             st = self.states[rid]

@@ -14,10 +14,11 @@ from pathlib import Path
 from stepgap.common.acceptance import PROFILES
 from stepgap.common.model_presets import DRAFT_PRESETS
 from stepgap.common.limits import MAX_MS, MAX_SCALE, MAX_SKEW, MAX_SPREAD, MAX_US
-from stepgap.common.options import (add_engine_args, add_load_args, add_model_args, add_result_args,
-                                    add_scheduler_args, at_most, executor_from_args, mode_from_args,
-                                    nonneg_float, positive_float, rates_arg,
-                                    speculative_from_args)
+from stepgap.common.options import (add_engine_args, add_load_args, add_model_args,
+                                    add_result_args, add_scheduler_args, at_most,
+                                    executor_from_args, mode_from_args, nonneg_float,
+                                    positive_float, rates_arg, speculative_from_args,
+                                    workload_spec)
 from stepgap.sim.config import TOPOLOGIES, SimConfig
 from stepgap.sim.cpu_costs import CPU_COSTS, CPU_OPS, CpuCosts
 from stepgap.sim.hardware import CATALOG
@@ -166,20 +167,8 @@ def register_simulate(sub) -> None:
     g.add_argument("--no-replay", dest="replay", action="store_false", default=None,
                    help="ignore a trace's recorded `accepted` lists (default: replay them)")
 
-    g = add_scheduler_args(p, D, blocks_help=" (default: what device memory holds after the "
-                                             "weights)")
-    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                   default=None,
-                   help="vLLM's automatic prefix caching: a request reuses the cached KV blocks "
-                        "of its longest cached prefix (hashed over the trace's prompt_token_ids; "
-                        "without them a request finds only its own blocks again after a "
-                        "preemption); freed blocks stay cached until evicted, least recently "
-                        "used first (default: off)")
-    g.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction,
-                   default=None,
-                   help="vLLM's admission rule: take a waiting request in only when the KV "
-                        "blocks of its whole sequence are free, not just its first chunk's "
-                        "(default: on, as vLLM)")
+    add_scheduler_args(p, D, blocks_help=" (default: what device memory holds after the "
+                                         "weights)")
 
     g = p.add_argument_group("CPU costs (microseconds; op cost = A + B*num_reqs + C*num_tokens)")
     g.add_argument("--cpu-scale", type=at_most(nonneg_float, MAX_SCALE), metavar="X",
@@ -244,8 +233,11 @@ def config_from_args(args) -> SimConfig:
         v = getattr(args, name, None)
         if v is not None:
             settings[name] = v
-    if args.trace is not None:
-        settings["workload"] = args.trace
+    spec = workload_spec(args)
+    if spec is not None:
+        settings["workload"] = spec
+        if args.output_len is not None:   # a generated workload's own output option
+            settings["output_len"] = args.output_len
     if args.cpu_cost:
         settings["cpu_costs"] = {**settings.get("cpu_costs", {}), **dict(args.cpu_cost)}
     for name in ("burstiness", "seed"):

@@ -101,7 +101,7 @@ class SimConfig:
     num_gpu_blocks_override: int | None = None   # None: from device memory
     gpu_memory_utilization: float = 0.9
     scheduler_reserve_full_isl: bool = True      # vLLM's: admit only what fits whole
-    enable_prefix_caching: bool = False          # vLLM's automatic prefix caching
+    enable_prefix_caching: bool = True           # vLLM's automatic prefix caching
     # CPU
     cpu_scale: float = 1.0
     cpu_costs: dict = field(default_factory=dict)   # op -> [a, b, c] microseconds

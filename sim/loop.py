@@ -230,7 +230,7 @@ class Sim:
             raise UserError("the workload holds no requests")
         self.cfg = cfg
         self.r = r = resolve(cfg, profile, device_costs)
-        check_requests(requests, r.scheduler)
+        check_requests(requests, r.scheduler, r.target.vocab_size)
         check = getattr(r.device_costs, "check_request", None)
         if check is not None:   # measured tables cover contexts up to their grid
             for tr in requests:
@@ -580,14 +580,27 @@ class Sim:
         return spec
 
 
-def check_requests(requests: list[TraceRequest], sched: SchedulerConfig) -> None:
-    """Reject requests the engine could never serve, before the run, naming them."""
+def check_requests(requests: list[TraceRequest], sched: SchedulerConfig,
+                   vocab_size: int | None = None) -> None:
+    """Reject requests the engine could never serve, before the run, naming them: too long for
+    the scheduler, or token ids past the target's vocabulary."""
     for tr in requests:
         sched.check_fits(tr.request_id, tr.prompt_len, tr.output_len)
+        if vocab_size is not None and tr.prompt_token_ids \
+                and max(tr.prompt_token_ids) >= vocab_size:
+            raise UserError(f"request {tr.request_id!r}: prompt_token_ids holds "
+                            f"{max(tr.prompt_token_ids)}, past the target's vocabulary of "
+                            f"{vocab_size}")
 
 
 def build_workload(cfg: SimConfig) -> list[TraceRequest]:
-    reqs = load_workload(cfg.workload, cfg.num_prompts, cfg.output_len, cfg.seed)
+    from stepgap.common.workloads import BUILTIN, TOKEN_WORKLOADS
+    name = cfg.workload.split(":")[0]
+    vocab = None
+    if name in BUILTIN and name in TOKEN_WORKLOADS:   # token ids within the target's vocab
+        from stepgap.common.model_presets import load_model_config
+        vocab = load_model_config(cfg.model).vocab_size
+    reqs = load_workload(cfg.workload, cfg.num_prompts, cfg.output_len, cfg.seed, vocab)
     return apply_request_rate(reqs, cfg.request_rate, cfg.burstiness, cfg.seed)
 
 

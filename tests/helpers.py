@@ -58,12 +58,13 @@ REQS = mixed_requests(10)  # more than max_num_seqs = 4
 
 
 def run(executor, requests, mode="sync", k=0, num_blocks=512, max_num_seqs=4,
-        max_num_batched_tokens=8192, sampling=None, max_concurrency=None, **kw):
+        max_num_batched_tokens=8192, sampling=None, max_concurrency=None,
+        enable_prefix_caching=True, **kw):
     from stepgap.engine.sampler import SamplingConfig
     cfg = EngineArgs(model="tiny", mode=mode, num_gpu_blocks_override=num_blocks,
                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                     max_model_len=512, sampling=sampling or SamplingConfig()
-                     ).engine_config(k=k)
+                     max_model_len=512, sampling=sampling or SamplingConfig(),
+                     enable_prefix_caching=enable_prefix_caching).engine_config(k=k)
     return run_trace(executor, requests, cfg, vocab_size=512, max_concurrency=max_concurrency,
                      **kw)
 

@@ -84,3 +84,84 @@ def test_cycling_a_trace_never_repeats_an_id_the_trace_holds(tmp_path):
     save_trace(path, [TraceRequest(rid, 0.0, 4, 4) for rid in ("a", "a#2")])
     ids = [r.request_id for r in load_workload(str(path), num_prompts=5)]
     assert ids == ["a", "a#2", "a#2#", "a#2#3", "a#4"]   # the 3rd repeats a, as a#2 would
+
+
+# -- workloads with shared prefixes (prefix caching) ----------------------------------------
+
+def test_prefix_repetition_shares_each_prefix_among_its_prompts():
+    from stepgap.common.workloads import load_workload
+    reqs = load_workload("prefix_repetition:prefix_len=64:suffix_len=16:num_prefixes=4",
+                         num_prompts=20, output_len=8, vocab_size=1000)
+    assert len(reqs) == 20 and all(r.prompt_len == 80 for r in reqs)
+    prefixes = {tuple(r.prompt_token_ids[:64]) for r in reqs}
+    assert len(prefixes) == 4
+    assert all(max(r.prompt_token_ids) < 1000 for r in reqs)
+    assert len({tuple(r.prompt_token_ids[64:]) for r in reqs}) == 20
+
+
+def test_generated_shared_prefix_is_groups_of_questions_after_a_system_prompt():
+    from stepgap.common.workloads import load_workload
+    reqs = load_workload("generated-shared-prefix:num_groups=3:prompts_per_group=2:"
+                         "system_prompt_len=32:question_len=8", vocab_size=500)
+    assert [r.request_id for r in reqs] == ["gsp-0-0", "gsp-0-1", "gsp-1-0", "gsp-1-1",
+                                            "gsp-2-0", "gsp-2-1"]
+    assert reqs[0].prompt_token_ids[:32] == reqs[1].prompt_token_ids[:32] \
+        != reqs[2].prompt_token_ids[:32]
+
+
+def test_each_turn_of_a_session_extends_the_last_turns_prompt():
+    from stepgap.common.workloads import load_workload
+    reqs = {r.request_id: r for r in load_workload(
+        "multi-turn:sessions=2:turns=3:first_len=20:user_len=5", output_len=4)}
+    t0, t1, t2 = (reqs[f"session-1-turn-{t}"] for t in range(3))
+    assert (t0.prompt_len, t1.prompt_len, t2.prompt_len) == (20, 29, 38)
+    assert t1.prompt_token_ids[:20] == t0.prompt_token_ids
+    assert t2.prompt_token_ids[:29] == t1.prompt_token_ids
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("prefix_repetition:prefix_len=x", r"prefix_len must be an integer"),
+    ("prefix_repetition:num_groups=3", r"takes no parameter 'num_groups'"),
+    ("prefix_repetition:num_prefixes=0", r"num_prefixes must be an integer from 1"),
+    ("mtbench:prefix_len=3", r"'mtbench' takes no parameter"),
+])
+def test_a_bad_workload_parameter_is_one_clear_error(spec, message):
+    from stepgap.common.workloads import load_workload
+    with pytest.raises(UserError, match=message):
+        load_workload(spec)
+
+
+def test_vllms_flags_make_the_workload_spec():
+    from types import SimpleNamespace
+    from stepgap.common.options import WORKLOAD_FLAGS, workload_spec
+    flags = {f.lstrip("-").replace("-", "_"): None for f, _, _ in WORKLOAD_FLAGS}
+    args = SimpleNamespace(trace=None, output_len=None, dataset_name="prefix_repetition",
+                           **{**flags, "prefix_repetition_prefix_len": 128,
+                              "prefix_repetition_num_prefixes": 5,
+                              "prefix_repetition_output_len": 32})
+    assert workload_spec(args) == "prefix_repetition:prefix_len=128:num_prefixes=5"
+    assert args.output_len == 32
+    args = SimpleNamespace(trace=None, output_len=None, dataset_name="prefix_repetition",
+                           **{**flags, "gsp_num_groups": 2})
+    with pytest.raises(UserError, match=r"--gsp-num-groups: an option of another workload"):
+        workload_spec(args)
+
+
+def test_token_ids_past_the_vocabulary_are_refused_before_the_run(tmp_path):
+    import json
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.loop import simulate
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"request_id": "x", "arrival_s": 0, "prompt_len": 2,
+                                 "output_len": 2, "prompt_token_ids": [5, 200000]}) + "\n")
+    with pytest.raises(UserError, match=r"request 'x': prompt_token_ids holds 200000, past the "
+                                        r"target's vocabulary of 128256"):
+        simulate(SimConfig(workload=str(trace)))
+
+
+def test_a_block_size_that_does_not_divide_the_context_is_refused_with_prefix_caching():
+    from stepgap.common.scheduler import SchedulerConfig
+    with pytest.raises(UserError, match=r"--block-size 16 does not divide --max-model-len 1000"):
+        SchedulerConfig(num_blocks=100, block_size=16, max_model_len=1000)
+    SchedulerConfig(num_blocks=100, block_size=16, max_model_len=1000,
+                    enable_prefix_caching=False)
