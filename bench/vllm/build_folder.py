@@ -40,6 +40,7 @@ from stepgap.calibrate.fit import add_device, device_vs_profile  # noqa: E402
 from stepgap.calibrate.harness import cell_name, machine_info  # noqa: E402
 from stepgap.calibrate.vllm import acceptance_from_scrapes, ingest_profile, read_source  # noqa: E402
 from stepgap.calibrate.vllm_fit import Run, calibrate_runs  # noqa: E402
+from stepgap.common.fileio import write_json  # noqa: E402
 from stepgap.common.formats import gap_summary, save_timeline, step_gaps  # noqa: E402
 from stepgap.common.vllm_bench import bench_result, is_bursty, read_bench  # noqa: E402
 from stepgap.sim.profile import save_profile  # noqa: E402
@@ -190,7 +191,7 @@ def main(argv=None) -> int:
                 "max_num_seqs": plan["max_num_seqs"], "max_model_len": plan["max_model_len"]},
         "timeline": {"cells": sorted(timeline_cells), "steps": list(TIMELINE_STEPS)},
         "cells": cells}
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    write_json(out / "manifest.json", manifest)
     from stepgap.calibrate.report import write_report
     write_report(out, "python bench/vllm/build_folder.py " + " ".join(sys.argv[1:]))
     profiled_figure(src, out, plan)
