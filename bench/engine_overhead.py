@@ -49,13 +49,14 @@ def main() -> None:
     paths = make_tiny(tmp, train_steps=0)
     ea = EngineArgs(model=paths["target"], draft=paths["eagle3-yuhuili"], dtype="float32",
                     num_gpu_blocks_override=1024, max_model_len=512, max_num_seqs=16, max_k=4)
-    ex = ea.make_executor()
+    setup = ea.create_engine_config()
+    ex = setup.make_executor()
     print(f"{'batch':>5} {'k':>2} {'schedule':>9} {'prepare':>9} {'update':>9} {'total':>9}"
           "   (µs)")
     for batch in (1, 16):
         for k in (0, 4):
             reqs = [TraceRequest(f"r{i}", 0.0, 64, args.output_len) for i in range(batch)]
-            cfg = ea.engine_config("sync", k)
+            cfg = setup.engine_config("sync", k)
             runs = []
             for _ in range(args.repeats):
                 out = run_trace(ex, reqs, cfg, vocab_size=512)

@@ -72,10 +72,11 @@ def main() -> None:
                     executor="process", pin=pin, dtype="float32", num_gpu_blocks_override=2048,
                     max_model_len=1024, max_num_seqs=args.concurrency)
     rows = {}
-    with ea.make_executor() as ex:   # the process executor pins engine and worker itself
+    setup = ea.create_engine_config()
+    with setup.make_executor() as ex:   # the process executor pins engine and worker itself
         for rep in range(args.repeats):
             for mode in MODES:  # interleaved, so that load from other jobs hits every mode
-                cfg = ea.engine_config(mode)
+                cfg = setup.engine_config(mode)
                 out = run_trace(ex, reqs, cfg, vocab_size=BENCH_TARGET.vocab_size,
                                 max_concurrency=args.concurrency)
                 r = out.result

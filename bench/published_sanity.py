@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stepgap.common.formats import TraceRequest  # noqa: E402
 from stepgap.sim.config import SimConfig, resolve  # noqa: E402
-from stepgap.sim.costs import Batch  # noqa: E402
+from stepgap.sim.costs import Batch
 from stepgap.sim.loop import simulate  # noqa: E402
 
 TARGET = (3.92645679e-08, 2.10103129e-05, 5.88590713e-03)   # kv, batched tokens, fixed (s)
@@ -74,13 +74,13 @@ def tp_breakdown() -> None:
         r = resolve(SimConfig(gpu="h100", model="llama-3.3-70b", k=0, tensor_parallel_size=tp))
         c, t = r.device_costs, r.target
         b = Batch(1, 1, 1, 1, 0, 513, 513.0, 1, 33)
-        total = c.target_forward(b) / 1e3
+        total = (c.target_forward(b) + c.rejection_sample(b)) / 1e3   # with its sampling
         weights = (t.weight_bytes_per_rank(tp) - 2 * t.vocab_size * t.hidden_size / tp) \
             / r.hw.bw * 1e3
         coll = ((2 * t.num_layers + 1) * c.all_reduce(1, t.hidden_size)
                 + c.gather_logits(1, t.vocab_size)) / 1e3
-        print(f"  TP {tp}: target_forward {total:.2f} ms = weights {weights:.2f} + collectives "
-              f"{coll:.2f} ({2 * t.num_layers + 1} all-reduces + the logits' gather) + "
+        print(f"  TP {tp}: target_forward + sampling {total:.2f} ms = weights {weights:.2f} + "
+              f"collectives {coll:.2f} ({2 * t.num_layers + 1} all-reduces + the logits' gather) + "
               f"kernels, attention and activations {total - weights - coll:.2f}")
 
 

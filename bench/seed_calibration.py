@@ -1,6 +1,6 @@
 """Fit the seed-l20 preset on the seed's sync row only, then predict its async row.
 
-The seed is vLLM PR #25872's measurement (DESIGN.md §6). Two numbers are fitted, both on the
+The seed is vLLM PR #25872's measurement (docs/design.md §6). Two numbers are fitted, both on the
 sync row:
 
 - cpu_scale: one factor on every default CPU cost and latency, so that the simulated sync mean
@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stepgap.sim.config import SimConfig, resolve  # noqa: E402
-from stepgap.sim.costs import RooflineCosts  # noqa: E402
+from stepgap.sim.roofline import RooflineCosts
 from stepgap.sim.loop import build_workload, simulate  # noqa: E402
 from stepgap.sim.presets import SEED_COLUMNS, get_preset  # noqa: E402
 

@@ -155,8 +155,9 @@ def in_process(reqs, lim: dict, mode: str, k: int, conc: int):
                     num_gpu_blocks_override=lim["num_blocks"], max_num_seqs=lim["max_num_seqs"],
                     max_num_batched_tokens=lim["max_num_batched_tokens"],
                     max_model_len=lim["max_model_len"])
-    cfg = ea.engine_config()
-    with ea.make_executor() as ex:
+    setup = ea.create_engine_config()
+    cfg = setup.engine_config()
+    with setup.make_executor() as ex:
         warm = replace(reqs[0], request_id="warmup", output_len=8)
         run_trace(ex, [warm], cfg, vocab_size=4096)
         return run_trace(ex, reqs, cfg, vocab_size=4096, max_concurrency=conc, detailed=True,
@@ -204,7 +205,8 @@ def pin_frontend(server: Server) -> None:
 def measure(args, out: Path, modes, ks, lim: dict, datasets: dict, traces: dict) -> None:
     """Every run, its files into `out`, and plan.json (what ran, in order)."""
     from bench.vllm.measure import plan_units
-    from stepgap.calibrate.fit import add_device, device_points
+    from stepgap.calibrate.fit import add_device
+    from stepgap.calibrate.samples import device_points
     t0 = time.monotonic()
     reqs = traces["judged"]
     units = plan_units(ks, CONCS, modes, ks if "sync" in modes else (), args.repeats)
@@ -256,13 +258,14 @@ def analyse(out: Path, profile: Path, reqs, lim: dict) -> tuple[list, dict]:
     from stepgap.calibrate.fit import device_vs_profile
     from stepgap.calibrate.serve_fit import fit_served, load_served_run, run_level
     from stepgap.common.formats import load_timeline
+    from stepgap.sim.profile import load_profile, save_profile
     plan = json.loads((out / "plan.json").read_text())
-    base = json.loads(profile.read_text())
+    base = load_profile(profile)
     calib = [load_served_run(out / f"{u['run']}.server.json")
              for u in plan["runs"] if u["kind"] == "calibration"]
-    doc = fit_served(base, calib)
+    served = fit_served(base, calib)
     served_profile = out / "served-profile.json"
-    served_profile.write_text(json.dumps(doc, indent=1) + "\n")
+    save_profile(served_profile, served)
     cells: dict = {}
     for u in plan["runs"]:
         if u["kind"] != "judged":
@@ -307,7 +310,7 @@ def analyse(out: Path, profile: Path, reqs, lim: dict) -> tuple[list, dict]:
                             "server": med(c["server"], key), "sim": sim0[key],
                             "sim_served": sim_s[key]}
         rows.append(row)
-    return rows, doc["served_fit"]
+    return rows, served.notes["served_fit"]
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stepgap.common.formats import _jsonable  # noqa: E402
+from stepgap.common.fileio import jsonable  # noqa: E402
 from stepgap.sim.config import SimConfig  # noqa: E402
 from stepgap.sim.loop import simulate  # noqa: E402
 from stepgap.sim.presets import get_preset  # noqa: E402
@@ -104,7 +104,7 @@ def main() -> int:
             continue
         settings = {k: v for k, v in settings.items() if not (k == "draft" and v is None)}
         res, spans = simulate(SimConfig(**settings, detailed=True))
-        text = json.dumps(_jsonable(res), sort_keys=True)
+        text = json.dumps(jsonable(res), sort_keys=True)
         digest = hashlib.sha256(repr([(s.lane, s.op, s.step, s.start_us, s.end_us, s.args)
                                       for s in spans]).encode()).hexdigest()[:16]
         (out / f"{name}.json").write_text(text)

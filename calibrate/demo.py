@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 from stepgap.calibrate.pair import PAIR, ROOT, load_heldout, pair_paths
 from stepgap.common.errors import UserError
-from stepgap.common.fileio import write_json
 from stepgap.common.formats import MODES
-from stepgap.common.options import MAX_K, at_most, positive_int
+from stepgap.common.limits import MAX_K
+from stepgap.common.options import at_most, positive_int
+from stepgap.sim.profile import Profile
 
 PROFILE = ROOT / "traces" / "measured" / "cpu" / "profile.json"
 MEASURE = "measure"
@@ -102,12 +102,11 @@ def run_engine(pair, requests, k: int, max_concurrency: int | None = 1, progress
     """The engine on the pair (process executor, pinned), greedy, on the CPU: its RunOutput."""
     from stepgap.engine.loop import run_trace
 
-    ea = pair_args(pair, requests, k, max_concurrency, mode, dtype)
-    cfg = ea.engine_config()
-    vocab = ea.target_config().vocab_size
+    setup = pair_args(pair, requests, k, max_concurrency, mode, dtype).create_engine_config()
+    cfg, vocab = setup.engine_config(), setup.vocab_size
     if progress:
         print(f"  engine: {len(requests)} requests ...", file=sys.stderr)
-    with ea.make_executor() as ex:
+    with setup.make_executor() as ex:
         # One short request first: the first forwards pay one-time costs (allocation, kernel
         # selection) that are no part of a step.
         warm = replace(requests[0], request_id="warmup",
@@ -125,10 +124,10 @@ def simulate_trace(pair, requests, accepted: dict, k: int, max_concurrency: int 
                    lim: dict | None = None) -> dict:
     """The simulator on the same trace and topology, replaying the engine's accepted counts.
 
-    `profile` (a path; default the committed CPU profile when it is there) gives the device op
-    and CPU costs; without one the device is the roofline over the `cpu` catalog entry (a
-    placeholder). `device_costs` (a sim.costs.DeviceCosts) overrides the device side. `lim`:
-    the engine's scheduler limits (default: those run_engine gives it).
+    `profile` (a path or a Profile; default the committed CPU profile when it is there) gives
+    the device op and CPU costs; without one the device is the roofline over the `cpu` catalog
+    entry (a placeholder). `device_costs` (a sim.costs.DeviceCosts) overrides the device side.
+    `lim`: the engine's scheduler limits (default: those run_engine gives it).
     """
     from stepgap.calibrate.harness import limits
     from stepgap.sim.config import SimConfig
@@ -138,16 +137,17 @@ def simulate_trace(pair, requests, accepted: dict, k: int, max_concurrency: int 
     lim = lim or limits(requests, k, max_concurrency)
     if profile is None and PROFILE.is_file():
         profile = PROFILE
+    measured = profile if isinstance(profile, Profile) else None
     cfg = SimConfig(mode=mode, k=k, gpu="cpu", model=paths["target"], draft=paths["eagle3"],
                     executor="process", device="cpu", replay=True,
-                    profile=str(profile) if profile else None,
+                    profile=str(profile) if profile and measured is None else None,
                     max_num_seqs=lim["max_num_seqs"],
                     max_num_batched_tokens=lim["max_num_batched_tokens"],
                     max_model_len=lim["max_model_len"],
                     num_gpu_blocks_override=lim["num_blocks"],
                     max_concurrency=max_concurrency)
     reqs = [replace(r, accepted=list(accepted.get(r.request_id, []))) for r in requests]
-    result, _ = simulate(cfg, reqs, device_costs)
+    result, _ = simulate(cfg, reqs, device_costs, measured)
     return result
 
 
@@ -230,7 +230,7 @@ def resolve_profile(profile: str | None) -> str | None:
 def run_demo(pair=PAIR, k: int = 4, num_prompts: int | None = None,
              max_concurrency: int | None = 1, progress: bool = True, device_costs=None,
              out=print, mode: str = "sync", profile=MEASURE) -> tuple[dict, dict]:
-    from stepgap.common.modelcfg import load_draft_config, load_model_config
+    from stepgap.common.model_presets import load_draft_config, load_model_config
     if k < 1:
         raise UserError(f"--k must be >= 1, got {k}")
     if max_concurrency is not None and max_concurrency < 1:
@@ -258,11 +258,8 @@ def run_demo(pair=PAIR, k: int = 4, num_prompts: int | None = None,
                                                      progress)
         first = outputs[0]   # in trace order
         accepted = dict(zip(engine["request_ids"], engine["accepted"]))
-        with tempfile.TemporaryDirectory(prefix="stepgap-demo-") as tmp:
-            path = Path(tmp) / "profile.json"
-            write_json(path, prof)
-            sim = simulate_trace(pair, reqs, accepted, k, max_concurrency, device_costs, mode,
-                                 path, lim)
+        sim = simulate_trace(pair, reqs, accepted, k, max_concurrency, device_costs, mode,
+                             prof, lim)
         costs = ("costs: measured on this machine just before, in the same worker (a short\n"
                  f"  microbenchmark grid and a calibration run of {calibration_size(reqs)} other "
                  "prompts, cut from the\n  corpus's training files)")

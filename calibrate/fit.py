@@ -7,7 +7,7 @@ Two sources, one JSON profile (the format is `sim/profile.py`'s):
    draft's first and one-token passes, rejection sampling and the D2H copy that every step runs.
 2. Calibration runs of the engine (the `process` executor, pinned) on a calibration trace cut
    from the corpus's *training* files, never from the judged held-out prompts. Their timelines
-   give the device ops in situ and every CPU term the simulator uses (`sim/costs.py` CpuCosts):
+   give the device ops in situ and every CPU term the simulator uses (`sim/cpu_costs.py` CpuCosts):
    schedule, update_from_output, prepare_inputs and launch as a + b·reqs + c·tokens, the IPC
    latency of a step's message, and the worker's result latency and turnaround.
 
@@ -16,28 +16,11 @@ running, which is what is being predicted), steadied by the grid: its points joi
 the in-situ level, so that shapes the calibration runs rarely take (two or three requests, long
 prefills next to decodes) follow the grid's slopes (`fit_shaped`). How far the grid alone sits
 from the in-situ times is kept in the profile's `checks` (docs/validation.md has the numbers).
-
-How a step is cut into terms, from its spans (DESIGN.md §2 lanes and ops):
-
-    engine:  ...update N-1 | loop | schedule N |                                 | update N ...
-    worker:                               | prepare N | launch N .............| turnaround |
-    device:                                           | head | op | op | ... op |
-
-- `launch` (on the CPU) = prepare_inputs' end to the first device op: packing and copying the
-  inputs, the attention metadata;
-- a device op's cost runs from the end of the previous device op of its step (the Python
-  between two ops belongs to issuing the next), the first op's from its own start; where the
-  worker waited in between (vLLM's sample_tokens RPC), from the wait's end;
-- `ipc_us` = from update N-1's end to prepare N's start, less schedule N (sync runs): the
-  message's trip plus the engine loop's own turn, which has no op of its own;
-- `result_latency` = the last device op's end to update N's start, when the engine was waiting;
-- `worker_turnaround` = the last device op's end to prepare N+1's start, when N+1's message was
-  already waiting (async runs): collecting and sending N's result, receiving N+1.
+How a step is cut into device and CPU samples is calibrate/samples.py's.
 """
 
 from __future__ import annotations
 
-import bisect
 import os
 import statistics
 from collections import defaultdict
@@ -45,9 +28,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stepgap.calibrate.samples import cpu_samples, device_points
 from stepgap.common.formats import Span
-from stepgap.sim.costs import CPU_COSTS, OpCost
-from stepgap.sim.profile import FEATURES, FORMAT, Fit, features, fit_points
+from stepgap.sim.cpu_costs import CPU_COSTS, OpCost
+from stepgap.sim.profile import FEATURES, CpuFit, Fit, Noise, Profile, features
 
 GRID_REQS = (1, 2, 4)
 GRID_CONTEXT = (64, 160, 240)
@@ -56,93 +40,37 @@ GRID_REPEATS = 5
 
 
 # -------------------------------------------------------------------------------------------
-# Steps out of a timeline
+# Least squares
 
 
-def steps_of(spans: list[Span]) -> dict[int, dict]:
-    """step -> {"engine": {op: span}, "worker": {op: span}, "device": [spans by start]}."""
-    out: dict[int, dict] = defaultdict(lambda: {"engine": {}, "worker": {}, "device": []})
-    for s in spans:
-        if s.lane == "device":
-            out[s.step]["device"].append(s)
-        else:
-            out[s.step]["engine" if s.lane == "cpu.engine" else "worker"][s.op] = s
-    for st in out.values():
-        st["device"].sort(key=lambda s: s.start_us)
-    return dict(out)
-
-
-def _shape(dev: list[Span]) -> dict:
-    """The step's batch shape, from its first device op's args (engine/worker.py)."""
-    a = dev[0].args or {}
-    return {"tokens": a.get("tokens", 0), "reqs": a.get("reqs", 1), "q": a.get("q") or 1,
-            "blocks": a.get("blocks") or 0}
-
-
-def device_points(spans: list[Span], k: int) -> list[dict]:
-    """One point per device op of every step: {op, i, k, x (features), us, t (its step's
-    start), step}. An op's time runs from the previous op's end (what lies between is the
-    device's), except where the worker waited in between (vLLM's sample_tokens RPC on a
-    synchronous device): that is the worker's, modelled apart (`rpc_mid`)."""
-    points = []
-    waits = defaultdict(list)
-    for s in spans:
-        if s.lane == "cpu.worker" and s.op == "wait":
-            waits[s.step].append(s.end_us)
-    for n, st in sorted(steps_of(spans).items()):
-        dev = st["device"]
-        if not dev:
+def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0 (costs do not fall with more work): the best
+    of the unconstrained fits over every subset of the columns that comes out non-negative.
+    Exact for the handful of columns used here."""
+    best, best_err = np.zeros(x.shape[1]), float(np.sum(y ** 2))
+    cols = range(x.shape[1])
+    for mask in range(1, 1 << x.shape[1]):
+        idx = [c for c in cols if mask >> c & 1]
+        coef, *_ = np.linalg.lstsq(x[:, idx], y, rcond=None)
+        if (coef < 0).any():
             continue
-        shape = _shape(dev)
-        prev_end = None
-        for s in dev:
-            i = (s.args or {}).get("i") if s.op == "draft_forward" else None
-            start = s.start_us
-            if prev_end is not None:
-                start = max([prev_end] + [e for e in waits[n] if prev_end < e <= s.start_us])
-            us = s.end_us - start
-            prev_end = s.end_us
-            points.append({"op": s.op, "i": i, "k": k, "us": us, "t": dev[0].start_us,
-                           "step": n, "x": features(s.op, i, shape["tokens"], shape["reqs"],
-                                                    shape["q"], shape["blocks"])})
-    return points
+        err = float(np.sum((x[:, idx] @ coef - y) ** 2))
+        if err < best_err:
+            best = np.zeros(x.shape[1])
+            best[idx] = coef
+            best_err = err
+    return best
 
 
-def cpu_points(spans: list[Span], mode: str) -> dict[str, list[tuple[int, int, float]]]:
-    """Samples of every CPU term: term -> [(reqs, tokens, us)] (ipc_us: reqs = tokens = 0)."""
-    steps = steps_of(spans)
-    out: dict[str, list] = defaultdict(list)
-    engine_ends = sorted(s.end_us for s in spans if s.lane == "cpu.engine")
-    order = sorted(steps)
-    for n in order:
-        st = steps[n]
-        for op, s in list(st["engine"].items()) + list(st["worker"].items()):
-            if op in ("schedule", "update_from_output", "prepare_inputs"):
-                a = s.args or {}
-                out[op].append((a.get("reqs", 0), a.get("tokens", 0), s.end_us - s.start_us))
-        dev, prep = st["device"], st["worker"].get("prepare_inputs")
-        if not dev or prep is None:
-            continue
-        reqs, tokens = (prep.args or {}).get("reqs", 0), (prep.args or {}).get("tokens", 0)
-        out["launch"].append((reqs, tokens, dev[0].start_us - prep.end_us))
-        end = dev[-1].end_us
-        upd = st["engine"].get("update_from_output")
-        if upd is not None:
-            i = bisect.bisect_right(engine_ends, upd.start_us)
-            if i and engine_ends[i - 1] < end:   # the engine was waiting for this result
-                out["result_latency"].append((reqs, tokens, upd.start_us - end))
-        nxt = steps.get(n + 1)
-        if nxt is None:
-            continue
-        sched, nprep = nxt["engine"].get("schedule"), nxt["worker"].get("prepare_inputs")
-        if sched is None or nprep is None:
-            continue
-        if mode != "sync" and sched.end_us < end - 100.0:   # N+1's message was waiting
-            out["worker_turnaround"].append((reqs, tokens, nprep.start_us - end))
-        if mode == "sync" and upd is not None:
-            trip = nprep.start_us - upd.end_us - (sched.end_us - sched.start_us)
-            out["ipc_us"].append((0, 0, trip))
-    return dict(out)
+def fit_points(xs: list[list[float]], ys: list[float], weights: list[float] | None = None
+               ) -> tuple[tuple[float, ...], float]:
+    """Non-negative least squares of ys on xs: (coefficients, median relative error)."""
+    x, y = np.asarray(xs, float), np.asarray(ys, float)
+    w = np.sqrt(np.asarray(weights, float)) if weights is not None else np.ones(len(y))
+    coef = nnls(x * w[:, None], y * w)
+    pred = x @ coef
+    rel = np.abs(y - pred) / np.maximum(np.abs(y), 1e-9)
+    return tuple(float(c) for c in coef), float(np.median(rel))
 
 
 def add_device(acc: dict, points: list[dict]) -> None:
@@ -154,10 +82,10 @@ def add_device(acc: dict, points: list[dict]) -> None:
         a[1] = [s + x for s, x in zip(a[1], p["x"])]
 
 
-def device_vs_profile(acc: dict, profile: dict, k: int) -> float | None:
+def device_vs_profile(acc: dict, profile: Profile, k: int) -> float | None:
     """How much longer (> 0) the judged runs' device ops took than the profile predicts for
     the same steps: the machine's drift between calibration and these runs, not a model error."""
-    fits = {(f["op"], f["i"]): f["coef"] for f in profile.get("device_ops", []) if f["k"] == k}
+    fits = {(f.op, f.i): f.coef for f in profile.fits if f.k == k}
     measured = predicted = 0.0
     for key, (us, x) in acc.items():
         op, i = key.split("/")
@@ -216,23 +144,71 @@ def fit_shaped(situ: list[dict], grid: list[dict], grid_fits: list[Fit]) -> list
     return fits
 
 
-def fit_cpu(samples: dict[str, list]) -> tuple[dict, dict]:
-    """CpuCosts fields (to_dict form) and, per term, how well the fit holds."""
-    costs, quality = {}, {}
+def determined(x: np.ndarray, tol: float = 1e-3) -> list[bool]:
+    """Columns of x that add to its rank, in order (the first, the fixed term, always): a
+    column that is constant, zero or a combination of the ones before it is not determined."""
+    norms = np.sqrt((x ** 2).mean(axis=0))
+    keep, cols = [], []
+    for j in range(x.shape[1]):
+        if norms[j] == 0:
+            keep.append(False)
+            continue
+        trial = np.column_stack([*cols, x[:, j] / norms[j]])
+        s = np.linalg.svd(trial, compute_uv=False)
+        ok = s[-1] > tol * s[0]
+        keep.append(bool(ok))
+        if ok:
+            cols.append(x[:, j] / norms[j])
+    return keep
+
+
+def fit_determined(xs, ys, names, what: str) -> tuple[list[float], float, list[str]]:
+    """Non-negative least squares on the determined columns only: (coefficients with 0 for
+    the others, median relative error, what was not determined)."""
+    x = np.asarray(xs, float)
+    keep = determined(x)
+    coef_k, err = fit_points(x[:, keep].tolist(), ys)
+    coef, it = [], iter(coef_k)
+    for k in keep:
+        coef.append(next(it) if k else 0.0)
+    missing = [f"{what}: {n} not determined by the data" for n, k in zip(names, keep) if not k]
+    return coef, err, missing
+
+
+MIN_POINTS = 5   # samples a term needs to be fitted
+CPU_FEATURES = ("a (fixed)", "b (per request)", "c (per token)")   # a CPU fit's columns
+
+
+def fit_cpu(samples: dict[str, list], only_determined: bool = False,
+            trip=statistics.fmean) -> tuple[dict, dict, list[str]]:
+    """The one CPU fitter of every profile: CpuCosts fields (to_dict form), per term how well
+    the fit holds, and what the samples did not determine. Each term of CPU_COSTS with
+    MIN_POINTS samples is a + b·reqs + c·tokens, non-negative; `ipc_us` is the `trip` of its
+    samples (the mean of the engine's; vLLM's hook spans take the median).
+
+    With `only_determined` (runs the user chose, which may all share one concurrency) a
+    coefficient whose feature the samples do not vary is left at 0 and named; the engine's
+    calibration plan varies every feature, and its fits take all three."""
+    costs, quality, missing = {}, {}, []
     for term in CPU_COSTS:
         rows = samples.get(term) or []
-        if len(rows) < 5:
+        if len(rows) < MIN_POINTS:
             continue
-        coef, err = fit_points([[1.0, r, t] for r, t, _ in rows], [us for _, _, us in rows])
+        xs, ys = [[1.0, r, t] for r, t, _ in rows], [us for _, _, us in rows]
+        if only_determined:
+            coef, err, miss = fit_determined(xs, ys, CPU_FEATURES, term)
+            missing += [m for m in miss if not m.startswith(f"{term}: a ")]
+        else:
+            coef, err = fit_points(xs, ys)
         OpCost(*coef)   # validates
         costs[term] = [round(c, 4) for c in coef]
         quality[term] = {"n": len(rows), "median_rel_err": round(err, 4),
                          "mean_us": round(statistics.fmean(us for _, _, us in rows), 2)}
     trips = [us for _, _, us in samples.get("ipc_us") or []]
     if trips:
-        costs["ipc_us"] = round(statistics.fmean(trips), 2)
+        costs["ipc_us"] = round(trip(trips), 2)
         quality["ipc_us"] = {"n": len(trips), "median_us": round(statistics.median(trips), 2)}
-    return costs, quality
+    return costs, quality, missing
 
 
 def check_against(fits: list[Fit], points: list[dict]) -> dict:
@@ -268,9 +244,9 @@ def step_series(points: list[dict], fits: dict) -> list[list[float]]:
 JITTER_BIN_MS = 50
 
 
-def fit_jitter(series: list[list[list[float]]], bin_ms: float = JITTER_BIN_MS) -> dict | None:
+def fit_jitter(series: list[list[list[float]]], bin_ms: float = JITTER_BIN_MS) -> Noise | None:
     """The machine's speed noise, from the calibration runs' steps: z = log(measured / fitted
-    device time). Three parts (sim/costs.py Jitter):
+    device time). Three parts (sim/jitter.py Jitter):
 
     - run level: each run's mean z. The machine's speed drifts over seconds and minutes, so
       whole runs are fast or slow (by ±20 % on the machine of docs/validation.md); the spread of
@@ -295,21 +271,21 @@ def fit_jitter(series: list[list[list[float]]], bin_ms: float = JITTER_BIN_MS) -
     if not levels:
         return None
     levels = np.array(levels) - np.mean(levels)
-    return {"run_log_factors": [round(float(x), 4) for x in np.sort(levels)],
-            "bin_ms": bin_ms, "trace": [round(x, 3) for x in trace],
-            "sigma_step": round(float(np.std(rest)), 4), "runs": len(levels),
-            "steps": int(sum(len(r) for r in series))}
+    return Noise(tuple(round(float(x), 4) for x in np.sort(levels)), bin_ms,
+                 tuple(round(x, 3) for x in trace), round(float(np.std(rest)), 4), len(levels),
+                 int(sum(len(r) for r in series)))
 
 
 def build_profile(runs: list[tuple[str, int, list[Span]]], grid_points: list[dict],
-                  meta: dict) -> dict:
-    """The profile document from calibration runs [(mode, k, spans)] and grid points, and each
-    calibration run's device steps ([t ms, measured us, fitted us]) it fitted the noise on."""
+                  meta: dict) -> tuple[Profile, list]:
+    """The profile of calibration runs [(mode, k, spans)] and grid points (`meta`: what they
+    were measured on), and each calibration run's device steps ([t ms, measured us, fitted us])
+    it fitted the noise on."""
     situ, cpu, per_run = [], defaultdict(lambda: defaultdict(list)), []
     for mode, k, spans in runs:
         per_run.append(device_points(spans, k))
         situ += per_run[-1]
-        for term, rows in cpu_points(spans, mode).items():
+        for term, rows in cpu_samples(spans, mode).items():
             cpu[k][term] += rows
             cpu[None][term] += rows
     situ_fits = fit_device(situ, "calibration runs") if situ else []
@@ -317,26 +293,17 @@ def build_profile(runs: list[tuple[str, int, list[Span]]], grid_points: list[dic
     chosen = {(f.op, f.i, f.k): f for f in grid_fits}
     chosen.update({(f.op, f.i, f.k): f for f in situ_fits})
     chosen.update({(f.op, f.i, f.k): f for f in fit_shaped(situ, grid_points, grid_fits)})
-    costs, quality = fit_cpu(cpu[None])
-    by_k = {str(k): fit_cpu(v) for k, v in sorted(cpu.items(), key=str) if k is not None}
+    pooled = CpuFit(*fit_cpu(cpu[None])[:2])
+    by_k = {k: CpuFit(*fit_cpu(v)[:2]) for k, v in sorted(cpu.items(), key=str)
+            if k is not None}
     series = [step_series(pts, chosen) for pts in per_run]
     grid_rows = [{**{k: p[k] for k in ("op", "i", "k", "us")},
                   **dict(zip(FEATURES[1:], p["x"][1:]))} for p in grid_points]
-    doc = {
-        "format": FORMAT, **meta,
-        "features": list(FEATURES),
-        "device_ops": [f.to_dict() for f in sorted(chosen.values(), key=lambda f: str(
-            (f.op, f.i, f.k)))],
-        "cpu": costs,
-        "cpu_fit_quality": quality,
-        "cpu_by_k": {k: c for k, (c, _) in by_k.items()},
-        "cpu_fit_quality_by_k": {k: q for k, (_, q) in by_k.items()},
-        "jitter": fit_jitter(series),
-        "checks": {"grid_fit_over_calibration_steps": check_against(grid_fits, situ),
-                   "calibration_fit_over_calibration_steps": check_against(situ_fits, situ)},
-        "grid": grid_rows,
-    }
-    return doc, series
+    fits = [f.rounded() for f in sorted(chosen.values(), key=lambda f: str((f.op, f.i, f.k)))]
+    checks = {"grid_fit_over_calibration_steps": check_against(grid_fits, situ),
+              "calibration_fit_over_calibration_steps": check_against(situ_fits, situ)}
+    return Profile(fits, pooled, by_k, fit_jitter(series), about=dict(meta),
+                   notes={"checks": checks, "grid": grid_rows}), series
 
 
 # -------------------------------------------------------------------------------------------

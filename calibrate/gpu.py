@@ -37,10 +37,11 @@ import traceback
 from dataclasses import replace
 from pathlib import Path
 
+from stepgap.calibrate.validate import MAX_CALIBRATION_PROMPTS, MAX_REPEATS
 from stepgap.common.errors import UserError
 from stepgap.common.fileio import check_writable, write_bytes, write_json
 from stepgap.common.formats import MODES
-from stepgap.common.options import positive_float, positive_int
+from stepgap.common.options import at_most, positive_float, positive_int
 
 GPU_CONCURRENCY = "1,8,32"
 
@@ -182,13 +183,13 @@ def gpu_plan(args, cuda: bool):
     """The plan: full-size random models on a GPU, the tiny pair on a CPU."""
     from stepgap.calibrate.fit import GridShape
     from stepgap.calibrate.harness import Plan
-    from stepgap.calibrate.validate import int_list, mode_list
+    from stepgap.calibrate.validate import grid_lists
     from stepgap.common.acceptance import PROFILES
     from stepgap.common.workloads import mtbench_like
     from stepgap.engine.args import EngineArgs
     from stepgap.engine.sampler import SamplingConfig
     output_len = args.output_len or (128 if cuda else 8)
-    concs = int_list(args.concurrency, "--concurrency", 1)
+    modes, ks, concs = grid_lists(args)
     n = args.prompts or (32 if cuda else 4)
     judged = mtbench_like(n, output_len, seed=0)
     calibration = [replace(r, request_id=f"calib-{i:03d}")
@@ -200,7 +201,7 @@ def gpu_plan(args, cuda: bool):
     grid = GridShape(reqs=(1, 8, 32), contexts=(128, 512), queries=(64,), repeats=3) if cuda \
         else GridShape(reqs=(1, 2), contexts=(64,), queries=(16,), repeats=1)
     slices = {c: min(n, max(8, 2 * c)) if cuda else min(n, 2 * c) for c in concs}
-    return Plan(engine, mode_list(args.modes), int_list(args.ks, "--ks"), concs, judged,
+    return Plan(engine, modes, ks, concs, judged,
                 calibration, None, args.repeats, max(slices.values()), max(slices.values()),
                 grid, judged_name=f"{n} MT-bench-like prompts (seed 0), output {output_len}",
                 calibration_name=f"{n} MT-bench-like prompts (seed 1), output {output_len}",
@@ -226,9 +227,9 @@ def register(sub) -> None:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--ks", default="0,2,4")
     p.add_argument("--concurrency", default=GPU_CONCURRENCY)
-    p.add_argument("--repeats", type=positive_int, default=1,
-                   help="judged runs per cell (default 1)")
-    p.add_argument("--prompts", type=positive_int, default=None,
+    p.add_argument("--repeats", type=at_most(positive_int, MAX_REPEATS), default=1,
+                   help=f"judged runs per cell (default 1, at most {MAX_REPEATS})")
+    p.add_argument("--prompts", type=at_most(positive_int, MAX_CALIBRATION_PROMPTS), default=None,
                    help="prompts in the judged and in the calibration trace (default 32; 4 on "
                         "a CPU); a run takes min(prompts, max(8, 2 x concurrency))")
     p.add_argument("--output-len", type=positive_int, default=None,
@@ -246,7 +247,8 @@ def cmd_validate_gpu(args) -> int:
     from stepgap.calibrate.harness import run_plan
     from stepgap.calibrate.measured import write_measured
     from stepgap.calibrate.report import write_report
-    from stepgap.calibrate.validate import command_line
+    from stepgap.calibrate.validate import command_line, grid_lists
+    grid_lists(args)   # a grid that is a typo fails before the folder and its log are made
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():

@@ -29,7 +29,9 @@ from stepgap.common.errors import UserError
 from stepgap.common.formats import MODES, TraceRequest
 from stepgap.common.scheduler import cdiv
 from stepgap.engine.args import EngineArgs
-from stepgap.calibrate.fit import GridShape, add_device, build_profile, device_points, measure_grid
+from stepgap.calibrate.fit import GridShape, add_device, build_profile, measure_grid
+from stepgap.calibrate.samples import device_points
+from stepgap.sim.profile import Profile
 
 TIMELINE_HALF = 20            # steps kept either side of the timeline cells' first run's middle
 
@@ -46,7 +48,7 @@ class Plan:
     concs: list[int]
     judged: list[TraceRequest] | None         # None: calibrate only (`stepgap profile`)
     calibration: list[TraceRequest] | None    # None: the profile is given
-    profile: dict | None = None
+    profile: Profile | None = None    # given: no calibration runs, no grid
     repeats: int = 18                 # judged runs per cell
     slice: int = 8                    # judged prompts per run
     calibration_slice: int = 8        # calibration prompts per run
@@ -106,7 +108,7 @@ def limits(requests: list[TraceRequest], k: int, max_concurrency: int | None,
 
 @dataclass
 class Measured:
-    profile: dict
+    profile: Profile | None
     runs: dict = field(default_factory=lambda: defaultdict(list))      # cell -> results
     device: dict = field(default_factory=dict)    # cell -> (op, i) -> [sum us, sum features]
     timelines: dict = field(default_factory=dict)  # cell -> spans (first run, trimmed)
@@ -168,8 +170,9 @@ def run_plan(plan: Plan, progress: bool = True, log=None, desc: str | None = Non
 
     t0 = time.monotonic()
     ea = plan.worker_args()
-    spec = ea.worker_spec()
-    vocab = ea.target_config().vocab_size
+    setup = ea.create_engine_config()
+    spec = setup.worker_spec()
+    vocab = setup.vocab_size
     units = units_of(plan)
     sizes = {"judged": plan.slice, "calibration": plan.calibration_slice}
     traces = {"judged": plan.judged, "calibration": plan.calibration}
@@ -181,7 +184,7 @@ def run_plan(plan: Plan, progress: bool = True, log=None, desc: str | None = Non
     total = sum(sum(r.output_len for r in reqs_of(u[0], u[3], u[4])) for u in units)
     grid_points = len(plan.grid.shapes(plan.ks)) if plan.grid else 0
     pins = pin_plan(ea.pin) if ea.executor == "process" else None
-    out = Measured(profile=plan.profile or {})
+    out = Measured(profile=plan.profile)
     out.loads.append(os.getloadavg()[0])
     points = []
     with tqdm(total=total + grid_points, unit=" tok", disable=not progress, file=sys.stderr,
@@ -191,10 +194,10 @@ def run_plan(plan: Plan, progress: bool = True, log=None, desc: str | None = Non
             points = measure_grid(spec, plan.ks, min(pins[1]) if pins else None, plan.grid,
                                   progress=bar.update)
         calib_runs, calib_info = [], []
-        with ea.make_executor() as ex:
+        with setup.make_executor() as ex:
             out.worker = ex.info()
             warm = plan.calibration or plan.judged
-            run_trace(ex, warm[:2], ea.engine_config("sync", max(plan.ks)), vocab_size=vocab)
+            run_trace(ex, warm[:2], setup.engine_config("sync", max(plan.ks)), vocab_size=vocab)
             took = []
             for kind, mode, k, conc, rep in units:
                 name = cell_name(mode, k, conc)
@@ -206,7 +209,7 @@ def run_plan(plan: Plan, progress: bool = True, log=None, desc: str | None = Non
                     continue
                 bar.set_postfix_str(f"{kind} {name} #{rep} load {os.getloadavg()[0]:.2f}")
                 load0, t_unit = os.getloadavg()[0], time.monotonic()
-                run = run_trace(ex, reqs, ea.engine_config(mode, k), vocab_size=vocab,
+                run = run_trace(ex, reqs, setup.engine_config(mode, k), vocab_size=vocab,
                                 max_concurrency=conc, detailed=kind == "judged",
                                 config={"executor": ea.executor,
                                         "pinned": out.worker.get("pinned", False),

@@ -1,4 +1,4 @@
-"""Judging a measured folder: re-simulate every cell and hold it to its bounds (DESIGN.md §7).
+"""Judging a measured folder: re-simulate every cell and hold it to its bounds (docs/design.md §7).
 
 `resimulate` runs each judged run's trace through the simulator with that run's accepted counts
 (so both see the same acceptance) and the folder's profile, and pools the repeats of a cell as
@@ -24,7 +24,7 @@ from stepgap.common.compare import compare, pool_results
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_toml
 from stepgap.sim.config import SimConfig
-from stepgap.sim.costs import run_levels
+from stepgap.sim.jitter import run_levels
 from stepgap.sim.loop import simulate
 from stepgap.sim.profile import load_profile
 
@@ -60,7 +60,7 @@ def resimulate(setup: Setup, cell: MeasuredCell, timeline: bool = False, **overr
     """(the pooled simulated result, the first run's spans or None, each run's result).
 
     With a profile that measured the machine's noise, the runs of a cell get the measured
-    spread of run-level speeds (stratified, mean 1: `sim.costs.run_levels`) and each its own
+    spread of run-level speeds (stratified, mean 1: `sim.jitter.run_levels`) and each its own
     jitter seed, as the measured runs met the machine at different moments."""
     results, spans = [], None
     levels = [1.0] * len(cell.runs)
@@ -68,7 +68,7 @@ def resimulate(setup: Setup, cell: MeasuredCell, timeline: bool = False, **overr
     if prof and overrides.get("jitter", True):
         jitter = load_profile(prof).jitter
         if jitter:
-            levels = run_levels(jitter["run_log_factors"], len(cell.runs))
+            levels = run_levels(jitter.run_log_factors, len(cell.runs))
     for n, run in enumerate(cell.runs):
         cfg = sim_config(setup, run, timeline and n == 0,
                          **{"speed": levels[n], "seed": n, **overrides})

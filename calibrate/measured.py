@@ -29,6 +29,7 @@ from stepgap.common.fileio import read_json, read_json_object, write_json
 from stepgap.common.formats import TraceRequest, save_timeline, save_trace
 from stepgap.calibrate.fit import device_vs_profile
 from stepgap.calibrate.harness import Measured, Plan, cell_name, machine_info
+from stepgap.sim.profile import save_profile
 
 FORMAT = "stepgap-measured/1"
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,7 +149,7 @@ def write_measured(plan: Plan, m: Measured, out: Path, command: str,
     out.mkdir(parents=True, exist_ok=True)
     for sub in ("runs", "timelines", "simulated"):
         shutil.rmtree(out / sub, ignore_errors=True)
-    write_json(out / "profile.json", m.profile)
+    save_profile(out / "profile.json", m.profile)
     ea = plan.engine
     target = ea.target_config()
     configs = {"target": target.to_hf_dict()}

@@ -9,12 +9,12 @@ step is cut into terms).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from stepgap.calibrate.validate import add_grid_args, plan_from_args
-from stepgap.common.options import positive_int
+from stepgap.calibrate.validate import (MAX_CALIBRATION_PROMPTS, MAX_REPEATS, add_grid_args,
+                                       plan_from_args)
+from stepgap.common.options import at_most, positive_int
 
 EPILOG = """\
 examples:
@@ -40,12 +40,13 @@ def register(sub) -> None:
     g = p.add_argument_group("calibration")
     g.add_argument("--calibration-trace", default=None, metavar="FILE",
                    help="trace to calibrate on (default: cut from the corpus's training files)")
-    g.add_argument("--calibration-prompts", type=positive_int, default=16, metavar="N",
-                   help="calibration prompts (default 16)")
+    g.add_argument("--calibration-prompts", type=at_most(positive_int, MAX_CALIBRATION_PROMPTS),
+                   default=16, metavar="N",
+                   help=f"calibration prompts (default 16, at most {MAX_CALIBRATION_PROMPTS})")
     g.add_argument("--calibration-slice", type=positive_int, default=16, metavar="N",
                    help="prompts per calibration run (default 16)")
-    g.add_argument("--repeats", type=positive_int, default=1, metavar="R",
-                   help="calibration runs of every cell (default 1)")
+    g.add_argument("--repeats", type=at_most(positive_int, MAX_REPEATS), default=1, metavar="R",
+                   help=f"calibration runs of every cell (default 1, at most {MAX_REPEATS})")
     g.add_argument("--no-grid", action="store_true", help="skip the microbenchmark grid")
     g.add_argument("--out", default="out/profile.json", metavar="PATH",
                    help="where to write the profile (default out/profile.json)")
@@ -55,12 +56,13 @@ def register(sub) -> None:
 
 def cmd_profile(args) -> int:
     from stepgap.calibrate.harness import run_plan
-    from stepgap.common.fileio import check_writable, write_text
+    from stepgap.common.fileio import check_writable
+    from stepgap.sim.profile import save_profile
     check_writable(args.out, "--out")
     plan = plan_from_args(args, judged=False)
     out = run_plan(plan, progress=not args.quiet)
     path = Path(args.out)
-    write_text(path, json.dumps(out.profile, indent=1) + "\n")
-    print(f"profile: {path} ({len(out.profile['device_ops'])} device op fits, CPU terms "
-          f"{', '.join(k for k in out.profile['cpu'])}); {out.wall_s:.0f} s", file=sys.stderr)
+    save_profile(path, out.profile)
+    print(f"profile: {path} ({len(out.profile.fits)} device op fits, CPU terms "
+          f"{', '.join(k for k in out.profile.cpu.terms)}); {out.wall_s:.0f} s", file=sys.stderr)
     return 0

@@ -94,7 +94,7 @@ def summary_counts(verdicts: list[Verdict], saving_rows: list[dict],
 def write_report(folder: Path, command: str | None = None, quiet: bool = False) -> list:
     """Re-simulate the folder's cells, judge them, and write report.md, tpot.png,
     timeline.png and simulated/. Returns the verdicts."""
-    from stepgap.sim import plots
+    from stepgap.common import timeline_plots
 
     man_path = folder / "manifest.json"
     tl = read_json_object(man_path, "a measured folder's manifest").get("timeline") or {} \
@@ -110,7 +110,7 @@ def write_report(folder: Path, command: str | None = None, quiet: bool = False) 
         save_result(folder / "simulated" / f"{v.cell.name}.json", sim)
     points = [{"mode": v.cell.mode, "k": v.cell.k, "conc": v.cell.conc,
                "measured": v.measured, "simulated": v.simulated} for v in verdicts]
-    plots.save(plots.sim_vs_measured_figure(points), folder / "tpot.png")
+    timeline_plots.save(sim_vs_measured_figure(points), folder / "tpot.png")
     panels = []
     lo, hi = tl.get("steps") or TIMELINE_STEPS
     for name, sp in spans.items():
@@ -119,8 +119,8 @@ def write_report(folder: Path, command: str | None = None, quiet: bool = False) 
         sim_sp = [s for s in sp if lo <= s.step < hi]
         save_timeline(folder / "timelines" / f"{name}.simulated.jsonl", sim_sp)
         if tl.is_file():
-            panels.append(plots.Panel(mode, "measured", load_timeline(tl)))
-        panels.append(plots.Panel(mode, "simulated", sim_sp))
+            panels.append(timeline_plots.Panel(mode, "measured", load_timeline(tl)))
+        panels.append(timeline_plots.Panel(mode, "simulated", sim_sp))
     common = set.intersection(*({s.step for s in p.spans if s.lane == "device"}
                                 for p in panels)) if panels else set()
     if common:
@@ -130,12 +130,12 @@ def write_report(folder: Path, command: str | None = None, quiet: bool = False) 
         mid = steps[len(steps) // 2]
         mid = mid if mid + 2 in common else steps[max(0, len(steps) - 3)]
         k, conc = tl_cells[0].split("-k")[1].split("-c")
-        fig = plots.timeline_figure(
+        fig = timeline_plots.timeline_figure(
             panels, steps=(mid, min(mid + 2, steps[-1])),
             title=f"{setup.manifest.get('title', setup.manifest.get('device', ''))}, k={k}, "
                   f"concurrency {conc}: steps {mid}–{min(mid + 2, steps[-1])}, measured and "
                   "simulated")
-        plots.save(fig, folder / "timeline.png")
+        timeline_plots.save(fig, folder / "timeline.png")
     text = report_text(setup, verdicts, rows, command)
     write_text(folder / "report.md", text)
     if not quiet:
@@ -219,3 +219,48 @@ def misses_section(folder: Path, verdicts: list[Verdict], rows: list[dict]) -> l
     return lines
 
 
+# -------------------------------------------------------------------------------------------
+# Simulated against measured
+
+MODE_MARKERS = {"sync": "o", "async": "s", "zero-bubble": "^"}
+
+
+def sim_vs_measured_figure(points: list[dict], title: str | None = None) -> Figure:
+    """Simulated against measured, one point per cell: mean TPOT (with the ±5 % band) and
+    P99 TPOT (±10 %). `points`: {mode, k, conc, measured: result, simulated: result}."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    from stepgap.common.timeline_plots import DPI
+    fig = Figure(figsize=(11, 4.8), dpi=DPI, layout="constrained")
+    panels = (("mean_tpot_ms", "mean TPOT (ms)", 0.05), ("p99_tpot_ms", "P99 TPOT (ms)", 0.10))
+    for ax, (key, name, bound) in zip(fig.subplots(1, 2), panels):
+        xs = [p["measured"][key] for p in points]
+        ys = [p["simulated"][key] for p in points]
+        lo, hi = min(xs + ys) * 0.9, max(xs + ys) * 1.1
+        line = np.array([lo, hi])
+        ax.fill_between(line, line * (1 - bound), line * (1 + bound), color="grey", alpha=0.15,
+                        lw=0, label=f"±{100 * bound:g} % (the bound)")
+        ax.plot(line, line, color="grey", lw=1, label="simulated = measured")
+        for i, mode in enumerate(MODE_MARKERS):
+            pts = [p for p in points if p["mode"] == mode]
+            if not pts:
+                continue
+            ax.scatter([p["measured"][key] for p in pts], [p["simulated"][key] for p in pts],
+                       marker=MODE_MARKERS[mode], s=42, color=f"C{i}", label=mode, zorder=3,
+                       edgecolors="white", linewidths=0.5)
+            for p in pts:
+                ax.annotate(f"k{p['k']}c{p['conc']}", (p["measured"][key], p["simulated"][key]),
+                            textcoords="offset points", xytext=(4, -9), fontsize=6.5,
+                            color="#555555")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_aspect("equal")
+        ax.set_xlabel(f"measured {name}")
+        ax.set_ylabel(f"simulated {name}")
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle(title or "Simulated against measured, per cell (k = speculation depth, "
+                 "c = max concurrency)", fontsize=11)
+    return fig

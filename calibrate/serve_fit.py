@@ -20,59 +20,42 @@ the bench pins them (bench/serve_vllm_bench.py).
 
 from __future__ import annotations
 
-import json
+import copy
 import statistics
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
+from stepgap.calibrate.fit import fit_cpu
+from stepgap.calibrate.samples import cpu_samples
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json_object
 from stepgap.common.formats import load_result, load_timeline
+from stepgap.sim.profile import CpuFit, Profile, save_profile
 
 ENGINE_TERMS = ("schedule", "update_from_output", "result_latency", "ipc_us")
 FRONTEND_TERMS = ("add_request", "process_outputs")
 TERMS = ENGINE_TERMS + FRONTEND_TERMS
 
 
-def served_samples(spans, mode: str = "sync") -> dict[str, list[tuple[int, int, float]]]:
-    """term -> [(reqs, tokens, us)] from one served timeline: the engine core's terms as
-    `stepgap profile` cuts them (calibrate/fit.py), and the front end's."""
-    from stepgap.calibrate.fit import cpu_points
-    engine = cpu_points(spans, mode)
-    out = defaultdict(list, {t: engine[t] for t in ENGINE_TERMS if t in engine})
-    per_step = defaultdict(lambda: [0, 0, 0.0])   # step -> [reqs, tokens, front-end us]
-    for s in spans:
-        a, us = s.args or {}, s.end_us - s.start_us
-        if s.lane == "cpu.frontend" and s.op == "add_request":
-            out["add_request"].append((a.get("reqs", 1), a.get("tokens", 0), us))
-        elif s.lane == "cpu.frontend" and s.op in ("process_outputs", "stream"):
-            p = per_step[s.step]
-            if s.op == "stream":
-                p[0] += 1
-                p[1] += a.get("tokens", 0)
-            p[2] += us
-    out["process_outputs"] = [tuple(p) for p in per_step.values() if p[0]]
-    return out
-
-
-def run_level(spans, k: int, profile: dict) -> float:
+def run_level(spans, k: int, profile: Profile) -> float:
     """How long the run's device ops took against the profile's prediction of the same steps
     (1.1: 10 % slower): the machine's level during the run (calibrate/fit.py)."""
-    from stepgap.calibrate.fit import add_device, device_points, device_vs_profile
+    from stepgap.calibrate.fit import add_device, device_vs_profile
+    from stepgap.calibrate.samples import device_points
     acc: dict = {}
     add_device(acc, device_points(spans, k))
     d = device_vs_profile(acc, profile, k)
     return 1.0 if d is None else 1.0 + d
 
 
-def fit_served(base: dict, runs: list[dict]) -> dict:
-    """The `served` profile: `base` (a `stepgap profile` document) with the HTTP path's costs
+def fit_served(base: Profile, runs: list[dict]) -> Profile:
+    """The `served` profile: `base` (a `stepgap profile` profile) with the HTTP path's costs
     fitted on `runs`, each {"timeline": spans, "k", "mode", "client_ttft_ms",
     "server_ttft_ms"}. Each run's times are taken back to the profile's level first (a run
     whose device ops took 10 % longer than the profile says had a slow machine, and so its CPU
     ops), as `stepgap simulate --speed` takes them forth."""
-    from stepgap.calibrate.vllm_fit import fit_cpu_terms
     if not runs:
         raise UserError("no served run to fit the HTTP path on")
     pooled, by_k = defaultdict(list), defaultdict(lambda: defaultdict(list))
@@ -80,11 +63,13 @@ def fit_served(base: dict, runs: list[dict]) -> dict:
     for r in runs:
         level = run_level(r["timeline"], r["k"], base)
         levels.append(round(level, 4))
-        for term, rows in served_samples(r["timeline"], r.get("mode") or "sync").items():
+        for term, rows in cpu_samples(r["timeline"], r.get("mode") or "sync", "served").items():
+            if term not in TERMS:
+                continue
             rows = [(n, t, us / level) for n, t, us in rows]
             pooled[term] += rows
             by_k[str(r["k"])][term] += rows
-    cpu, quality, missing = fit_cpu_terms(pooled)
+    cpu, quality, missing = fit_cpu(pooled, only_determined=True, trip=statistics.median)
     for term in TERMS:
         if term not in cpu:
             need = "a sync run's" if term in ("ipc_us", "result_latency") else "their"
@@ -93,16 +78,23 @@ def fit_served(base: dict, runs: list[dict]) -> dict:
                             "--timeline`)")
     latency = round(max(0.0, 1e3 * statistics.median(
         (r["client_ttft_ms"] - r["server_ttft_ms"]) / lv for r, lv in zip(runs, levels))), 1)
-    doc = json.loads(json.dumps(base))
-    for k, c in [(None, doc.setdefault("cpu", {})), *doc.get("cpu_by_k", {}).items()]:
-        own = fit_cpu_terms(by_k[k])[0] if k in by_k else {}
-        c.update({t: own.get(t, cpu[t]) for t in TERMS}, client_latency_us=latency)
-    doc["topology"] = {**doc.get("topology", {}), "engine": "served"}
-    doc["served_fit"] = {"runs": len(runs), "ks": sorted({r["k"] for r in runs}),
-                         "levels": levels, "quality": {t: quality[t] for t in TERMS},
-                         "client_latency_us": latency, "undetermined": missing,
-                         "why": "calibrate/serve_fit.py; docs/serve.md"}
-    return doc
+    def served(c: CpuFit | None, own: dict) -> CpuFit:
+        return (c or CpuFit({})).with_terms(
+            {**{t: own.get(t, cpu[t]) for t in TERMS}, "client_latency_us": latency})
+
+    pooled_fit = served(base.cpu, {})
+    by_k_fit = {k: served(c, fit_cpu(by_k[str(k)], only_determined=True,
+                                     trip=statistics.median)[0] if str(k) in by_k else {})
+                for k, c in base.cpu_by_k.items()}
+    about = copy.deepcopy(base.about)
+    about["topology"] = {**about.get("topology", {}), "engine": "served"}
+    notes = {**copy.deepcopy(base.notes),
+             "served_fit": {"runs": len(runs), "ks": sorted({r["k"] for r in runs}),
+                            "levels": levels, "quality": {t: quality[t] for t in TERMS},
+                            "client_latency_us": latency, "undetermined": missing,
+                            "why": "calibrate/serve_fit.py; docs/serve.md"}}
+    return replace(base, cpu=pooled_fit, cpu_by_k=by_k_fit, about=about, notes=notes,
+                   path=None)
 
 
 def load_served_run(server_result: Path) -> dict:
@@ -174,7 +166,7 @@ def register(sub) -> None:
 
 
 def cmd_calibrate_served(args) -> int:
-    from stepgap.common.fileio import check_writable, write_text
+    from stepgap.common.fileio import check_writable
     check_writable(args.out, "--out")
     paths = []
     for p in map(Path, args.runs):
@@ -182,10 +174,11 @@ def cmd_calibrate_served(args) -> int:
         if not found:
             raise UserError(f"{p}: no *.server.json in it")
         paths += found
-    base = read_json_object(args.profile, "an engine profile (`stepgap profile`)")
-    doc = fit_served(base, [load_served_run(p) for p in paths])
-    write_text(args.out, json.dumps(doc, indent=1) + "\n")
-    fit = doc["served_fit"]
+    base = Profile.from_dict(read_json_object(args.profile, "an engine profile (`stepgap "
+                                              "profile`)"), args.profile)
+    profile = fit_served(base, [load_served_run(p) for p in paths])
+    save_profile(args.out, profile)
+    fit = profile.notes["served_fit"]
     print(f"profile: {args.out}: the HTTP path fitted on {fit['runs']} served runs (k "
           f"{fit['ks']}); client_latency_us {fit['client_latency_us']}")
     print(f"  the runs' levels (device ops against the engine profile): {fit['levels']}")

@@ -24,7 +24,13 @@ from pathlib import Path
 
 from stepgap.common.errors import UserError
 from stepgap.common.formats import MODES
-from stepgap.common.options import positive_int
+from stepgap.common.options import MAX_K, at_most, positive_int
+
+# Past these a plan is a typo, not a measurement: it would run for days (every repeat runs every
+# cell) or cut prompts until the memory is gone. Checked as the options are parsed, before
+# anything is built (other commands cap k the same way, common/options.py).
+MAX_REPEATS = 1000
+MAX_CALIBRATION_PROMPTS = 10_000   # about 3 s to cut from the corpus
 
 EPILOG = """\
 grid:
@@ -64,14 +70,21 @@ def add_grid_args(p, what: str) -> None:
                    help=f"max-concurrency values {what} (default 1,4)")
 
 
-def int_list(text: str, name: str, lo: int = 0) -> list[int]:
+def int_list(text: str, name: str, lo: int = 0, hi: int | None = None) -> list[int]:
     try:
         vals = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UserError(f"{name}: expected comma-separated integers, got {text!r}") from None
-    if not vals or any(v < lo for v in vals):
-        raise UserError(f"{name}: expected integers >= {lo}, got {text!r}")
+    if not vals or any(v < lo or hi is not None and v > hi for v in vals):
+        span = f"from {lo} to {hi}" if hi is not None else f">= {lo}"
+        raise UserError(f"{name}: expected integers {span}, got {text!r}")
     return sorted(set(vals), key=vals.index)
+
+
+def grid_lists(args) -> tuple[list[str], list[int], list[int]]:
+    """--modes, --ks (0 to MAX_K, as every k) and --concurrency, checked before any work."""
+    return (mode_list(args.modes), int_list(args.ks, "--ks", 0, MAX_K),
+            int_list(args.concurrency, "--concurrency", 1))
 
 
 def mode_list(text: str) -> list[str]:
@@ -103,14 +116,13 @@ def plan_from_args(args, judged: bool = True):
     """The CPU plan of `stepgap validate` and `stepgap profile`."""
     from stepgap.calibrate.harness import Plan
     from stepgap.calibrate.pair import calibration_trace, load_heldout, pair_paths
-    from stepgap.common.fileio import read_json
     from stepgap.common.formats import load_trace
+    modes, ks, concs = grid_lists(args)
     pair_paths(args.pair)   # names what is missing
     profile = None
     if getattr(args, "profile", None):
         from stepgap.sim.profile import load_profile
-        load_profile(args.profile)   # names what is wrong with it, before any work
-        profile = read_json(args.profile)
+        profile = load_profile(args.profile)   # names what is wrong with it, before any work
     calibration = cname = None
     if profile is None:
         n = args.calibration_prompts
@@ -131,8 +143,7 @@ def plan_from_args(args, judged: bool = True):
             trace = trace[:args.num_prompts]
     from stepgap.calibrate.fit import GridShape
     grid = None if getattr(args, "no_grid", False) or profile is not None else GridShape()
-    return Plan(pair_engine(args.pair, args.pin), mode_list(args.modes),
-                int_list(args.ks, "--ks"), int_list(args.concurrency, "--concurrency", 1),
+    return Plan(pair_engine(args.pair, args.pin), modes, ks, concs,
                 trace, calibration, profile, getattr(args, "repeats", 3),
                 getattr(args, "slice", 8), getattr(args, "calibration_slice", 8), grid,
                 judged_name=jname, calibration_name=cname or "", device_name="cpu")
@@ -152,15 +163,17 @@ def register(sub) -> None:
                    help="judged trace (default: the pair's heldout.jsonl)")
     g.add_argument("--num-prompts", type=positive_int, default=None, metavar="N",
                    help="the first N requests of the judged trace (default: all, 48)")
-    g.add_argument("--repeats", type=positive_int, default=18, metavar="R",
-                   help="runs of every cell, interleaved and pooled (default 18)")
+    g.add_argument("--repeats", type=at_most(positive_int, MAX_REPEATS), default=18,
+                   metavar="R", help="runs of every cell, interleaved and pooled (default 18, "
+                                     f"at most {MAX_REPEATS})")
     g.add_argument("--slice", type=positive_int, default=8, metavar="N",
                    help="judged prompts per run: run r takes the r-th N of the trace, "
                         "wrapping (default 8)")
     g.add_argument("--calibration-trace", default=None, metavar="FILE",
                    help="calibration trace (default: cut from the corpus's training files)")
-    g.add_argument("--calibration-prompts", type=positive_int, default=48, metavar="N",
-                   help="calibration prompts in all (default 48)")
+    g.add_argument("--calibration-prompts", type=at_most(positive_int, MAX_CALIBRATION_PROMPTS),
+                   default=48, metavar="N", help="calibration prompts in all (default 48, at "
+                                                 f"most {MAX_CALIBRATION_PROMPTS})")
     g.add_argument("--calibration-slice", type=positive_int, default=8, metavar="N",
                    help="calibration prompts per run (default 8); every (k, concurrency) group "
                         "runs one calibration run per repeat, before its judged runs")

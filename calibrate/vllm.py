@@ -1,8 +1,8 @@
 """vLLM as the measured side: its profiler traces, its metrics and its benchmark files, read into
-stepgap's formats (DESIGN.md §8; docs/vllm.md says how each mapping was read off vLLM 0.32).
+stepgap's formats (docs/design.md §8; docs/vllm.md says how each mapping was read off vLLM 0.32).
 
 - `ingest_profile`: the torch-profiler traces a vLLM server writes (the worker's, and the API
-  server's) become a stepgap timeline on DESIGN.md's lanes and ops (`SCOPES`), step by step;
+  server's) become a stepgap timeline on docs/design.md's lanes and ops (`SCOPES`), step by step;
   the spans of bench/vllm/stepgap_hooks.py (vLLM's engine core and API server, which its
   profiler does not trace) join them on the same clock. What maps to no op keeps vLLM's name
   in `args["vllm"]`.
@@ -13,10 +13,11 @@ stepgap's formats (DESIGN.md §8; docs/vllm.md says how each mapping was read of
 
 from __future__ import annotations
 
+import argparse
 import gzip
-import json
 import math
 import re
+import statistics
 from bisect import bisect_left, bisect_right
 from collections import defaultdict, deque
 from dataclasses import dataclass
@@ -24,8 +25,9 @@ from functools import cached_property
 from pathlib import Path
 
 from stepgap.common.errors import UserError, where
-from stepgap.common.fileio import parse_json, read_bytes
+from stepgap.common.fileio import decode_text, parse_json, read_bytes
 from stepgap.common.formats import LANES, Span
+from stepgap.common.options import MAX_K
 
 # vLLM 0.32's annotations (VLLM_CUSTOM_SCOPES_FOR_PROFILING=1; vllm/v1/worker/gpu_model_runner.py
 # record_function scopes, vllm/v1/worker/gpu_worker.py annotate_profile) -> (lane, op). Several
@@ -94,13 +96,36 @@ def read_trace(path, data: bytes | None = None) -> Source:
     doc = parse_json(text, path)
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise UserError(f"{path}: not a torch-profiler trace (no traceEvents list)")
-    base = float(doc.get("baseTimeNanoseconds") or 0) / 1000.0
-    events = [{"name": str(e.get("name", "")), "ts": e["ts"] + base, "dur": e["dur"],
-               "cat": e.get("cat"), "args": e.get("args") or {}}
-              for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"
-              and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float))]
-    names = {(e.get("args") or {}).get("name") for e in doc["traceEvents"]
-             if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "process_name"}
+    base = doc.get("baseTimeNanoseconds") or 0
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) \
+            or base < 0:
+        raise UserError(f"{where(path, field='baseTimeNanoseconds')}: expected nanoseconds "
+                        f">= 0, got {base!r}")
+    events = []
+    # A complete ("X") event is a span: its name, start and duration must be ones (a NaN or a
+    # negative duration would become a span that ends before it starts).
+    for i, e in enumerate(doc["traceEvents"]):
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        at = f"traceEvents[{i}]"
+        name, ts, dur, args = e.get("name"), e.get("ts"), e.get("dur"), e.get("args")
+        if not isinstance(name, str) or not name:
+            raise UserError(f"{where(path, field=f'{at}.name')}: expected an event name, "
+                            f"got {name!r}")
+        for key, v in (("ts", ts), ("dur", dur)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or (key == "dur" and v < 0):
+                raise UserError(f"{where(path, field=f'{at}.{key}')}: expected microseconds"
+                                f"{' >= 0' if key == 'dur' else ''}, got {v!r} (event "
+                                f"{name!r})")
+        if args is not None and not isinstance(args, dict):
+            raise UserError(f"{where(path, field=f'{at}.args')}: expected an object, got "
+                            f"{args!r}")
+        events.append({"name": name, "ts": ts + base / 1000.0, "dur": dur,
+                       "cat": e.get("cat"), "args": args or {}})
+    names = {e["args"].get("name") for e in doc["traceEvents"] if isinstance(e, dict)
+             and e.get("ph") == "M" and e.get("name") == "process_name"
+             and isinstance(e.get("args"), dict)}
     worker = any(STEP.match(e["name"]) for e in events) or "VLLM::Worker" in names
     if "vllm_version" not in doc and not worker:
         raise UserError(f"{path}: not a vLLM profile (no vllm_version and no "
@@ -110,24 +135,34 @@ def read_trace(path, data: bytes | None = None) -> Source:
                   sorted(events, key=lambda e: e["ts"]))
 
 
-def read_hooks(path) -> Source:
+def read_hooks(path, data: bytes | None = None) -> Source:
     """One process's spans of bench/vllm/stepgap_hooks.py (JSON lines of lane, op, start_us,
-    end_us, args): its worker scopes as annotations, the other lanes' spans as they are."""
+    end_us, args): its worker scopes as annotations, the other lanes' spans as they are. Read as
+    every loader reads (common/fileio.py), and every span checked: a line that is not one names
+    its line and field."""
     path = Path(path)
     events = []
-    text = read_bytes(path).decode("utf-8", errors="replace")
+    text = decode_text(read_bytes(path) if data is None else data, path)
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            d = json.loads(line)
-            lane, op, t0, t1 = d["lane"], d["op"], float(d["start_us"]), float(d["end_us"])
-            args = d.get("args") or {}
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            raise UserError(f"{where(path, n)}: not a span of stepgap_hooks (lane, op, "
-                            "start_us, end_us)") from None
+        d = parse_json(line, path, n)
+        if not isinstance(d, dict):
+            raise UserError(f"{where(path, n)}: not a span of stepgap_hooks (an object of lane, "
+                            f"op, start_us, end_us), got {type(d).__name__}")
+        lane, op, args = d.get("lane"), d.get("op"), d.get("args")
         if lane not in LANES:
-            raise UserError(f"{where(path, n, 'lane')}: unknown lane {lane!r}")
+            raise UserError(f"{where(path, n, 'lane')}: unknown lane {lane!r}" + (
+                "; not a span of stepgap_hooks (lane, op, start_us, end_us)" if lane is None
+                else ""))
+        if not isinstance(op, str) or not op:
+            raise UserError(f"{where(path, n, 'op')}: expected an op name, got {op!r}")
+        t0, t1 = (_span_time(d, key, path, n) for key in ("start_us", "end_us"))
+        if t1 < t0:
+            raise UserError(f"{where(path, n, 'end_us')}: {t1:.1f} is before start_us {t0:.1f}")
+        if args is not None and not isinstance(args, dict):
+            raise UserError(f"{where(path, n, 'args')}: expected an object, got {args!r}")
+        args = args or {}
         if op == "vllm" and lane != "cpu.worker":
             continue   # the engine core's own scopes: its schedule and update spans say it all
         if lane == "cpu.worker" and op == "vllm":
@@ -142,13 +177,28 @@ def read_hooks(path) -> Source:
     return Source(path, role, sorted(events, key=lambda e: e["ts"]))
 
 
+HOOK_LINE = re.compile(rb'(?:\xef\xbb\xbf)?\s*\{\s*"lane"\s*:')   # a stepgap_hooks span's start
+
+
+def _span_time(d: dict, key: str, path, n: int) -> float:
+    v = d.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise UserError(f"{where(path, n, key)}: expected microseconds (a finite number), got "
+                        f"{v!r}")
+    return float(v)
+
+
 def read_source(path) -> Source:
-    """A torch-profiler trace, or a stepgap_hooks span file (by its content)."""
+    """A torch-profiler trace, or a stepgap_hooks span file: by its content (gzip, or a
+    traceEvents object: a trace), else a `.jsonl` name or a first line that is a span (hooks);
+    anything else is read as a trace, and named as not being one."""
     data = read_bytes(path)
     if data[:2] == b"\x1f\x8b" or data[:64].lstrip()[:1] == b"{" and b"traceEvents" in \
             data[:4096]:
         return read_trace(path, data)
-    return read_hooks(path)
+    if str(path).endswith(".jsonl") or HOOK_LINE.match(data[:256]):
+        return read_hooks(path, data)
+    return read_trace(path, data)
 
 
 def worker_steps(src: Source, window: tuple[float, float] | None = None) -> list[dict]:
@@ -369,10 +419,19 @@ def parse_metrics(text: str, source) -> dict:
                 if not s.name.startswith("vllm:spec_decode_") or not s.name.endswith("_total"):
                     continue
                 found = True
+                # a counter is a count: NaN, an infinity or a negative one is no measurement
+                if not math.isfinite(s.value) or s.value < 0:
+                    raise UserError(f"{source}: {s.name}: expected a count (a finite number "
+                                    f">= 0), got {s.value!r}")
                 if name in SPEC:
                     out[name] += s.value
                 elif name == "num_accepted_tokens_per_pos":
-                    out["per_pos"][int(s.labels["position"])] += s.value
+                    pos = s.labels.get("position", "")
+                    if not pos.isdigit() or int(pos) >= MAX_K:
+                        raise UserError(f"{source}: {s.name}: expected a position from 0 to "
+                                        f"{MAX_K - 1} (a draft token of the step), got "
+                                        f"position={pos!r}")
+                    out["per_pos"][int(pos)] += s.value
     except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"{source}: not Prometheus text ({e})") from None
     if not found:
@@ -396,9 +455,133 @@ def acceptance_from_scrapes(after: str, before: str | None = None, source="scrap
     if d["num_drafts"] <= 0:
         raise UserError(f"{source}: no drafts between the two scrapes (give --before the "
                         "scrape taken before the run, and check the run used the server)")
+    if not pos:
+        raise UserError(f"{source}: no vllm:spec_decode_num_accepted_tokens_per_pos counters: "
+                        "the per-position acceptance cannot be read (a vLLM server with "
+                        "--speculative-config writes one per draft position)")
+    if pos != list(range(len(pos))):
+        missing = min(set(range(max(pos) + 1)) - set(pos))
+        raise UserError(f"{source}: vllm:spec_decode_num_accepted_tokens_per_pos has no "
+                        f"position {missing} (it has {', '.join(map(str, pos))}): positions "
+                        "run from 0 to k-1")
     rates = [c / d["num_drafts"] for c in per]
+    over = [(p, r) for p, r in zip(pos, rates) if r > 1]
+    if over:
+        raise UserError(f"{source}: position {over[0][0]} accepted {over[0][1]:.2f} tokens per "
+                        "draft (at most 1): the counters are not of one server's run")
     return {"format": "stepgap-acceptance/1", "k": len(pos), "rates": rates,
             "num_drafts": int(d["num_drafts"]), "num_draft_tokens": int(d["num_draft_tokens"]),
             "num_accepted_tokens": int(d["num_accepted_tokens"]),
             "acceptance_length": 1 + d["num_accepted_tokens"] / d["num_drafts"],
             "source": f"vllm:spec_decode_* counters, {before_source} -> {source}"}
+
+
+# ---------------------------------------------------------------------------------------------
+# The command: `stepgap ingest`
+
+
+INGEST_EPILOG = """\
+the workflow (docs/vllm.md shows it end to end on the committed data):
+  # 1. a short profiled vLLM sync run (the server with --profiler-config, the bench with
+  #    --profile), then ingest its worker and API-server traces as a stepgap timeline
+  vllm serve MODEL --profiler-config '{"profiler": "torch", "torch_profiler_dir": "prof",
+      "torch_profiler_with_stack": false}' --no-async-scheduling ...
+  vllm bench serve ... --profile --save-result --save-detailed --result-dir runs
+  stepgap ingest vllm-profile prof/*.pt.trace.json.gz --out timeline.jsonl
+  stepgap plot timeline vllm=timeline.jsonl --out timeline.png
+  # 2. the acceptance between two /metrics scrapes taken around a run
+  curl -s localhost:8000/metrics > before.txt; vllm bench serve ...; curl ... > after.txt
+  stepgap ingest vllm-metrics after.txt --before before.txt --out acceptance.json
+  # 3. a bench file as a run result and the trace that produced it
+  stepgap ingest vllm-bench runs/RESULT.json --out result.json --trace-out trace.jsonl
+  # then: stepgap calibrate (see its --help)
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("ingest", help="read vLLM's profiler traces, metrics and bench files",
+                       description="Read what a vLLM server and `vllm bench serve` write into "
+                       "stepgap's formats.", epilog=INGEST_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    psub = p.add_subparsers(dest="what", metavar="WHAT")
+    p.set_defaults(func=lambda args: p.print_help() or 2)
+    q = psub.add_parser("vllm-profile", help="torch-profiler traces -> a stepgap timeline",
+                        description="A vLLM server's torch-profiler traces (the worker's "
+                        "rank0.*.pt.trace.json.gz and the API server's) as a stepgap timeline "
+                        "on docs/design.md's lanes and ops (docs/vllm.md has the mapping); "
+                        "stepgap_hooks span files add the engine core's and the API server's "
+                        "spans.", formatter_class=argparse.RawDescriptionHelpFormatter)
+    q.add_argument("traces", nargs="+", metavar="TRACE")
+    q.add_argument("--out", required=True, metavar="TIMELINE.jsonl")
+    q.add_argument("--chrome", metavar="JSON", help="also a Chrome-trace/Perfetto file")
+    q.set_defaults(func=cmd_ingest_profile)
+    q = psub.add_parser("vllm-metrics", help="/metrics scrapes -> an acceptance profile",
+                        description="vLLM's spec-decode counters (vllm:spec_decode_num_drafts, "
+                        "..._num_draft_tokens, ..._num_accepted_tokens, "
+                        "..._num_accepted_tokens_per_pos) between two scrapes, as per-position "
+                        "acceptance rates for `stepgap simulate --acceptance FILE`.")
+    q.add_argument("scrape", metavar="SCRAPE", help="the scrape after the run")
+    q.add_argument("--before", metavar="SCRAPE0",
+                   help="the scrape before it (counters are cumulative since the server "
+                        "started); without it, everything since the start")
+    q.add_argument("--out", required=True, metavar="ACCEPTANCE.json")
+    q.set_defaults(func=cmd_ingest_metrics)
+    q = psub.add_parser("vllm-bench", help="a vllm bench serve result -> a run result and trace",
+                        description="A `vllm bench serve --save-result --save-detailed` file "
+                        "as a stepgap run result (its own per-request lists, so it pools and "
+                        "compares like any result) and the trace that produced it.")
+    q.add_argument("result", metavar="RESULT.json")
+    q.add_argument("--out", metavar="RESULT.json", help="the run result")
+    q.add_argument("--trace-out", metavar="TRACE.jsonl", help="the trace (lengths; arrivals)")
+    q.set_defaults(func=cmd_ingest_bench)
+
+
+def cmd_ingest_profile(args) -> int:
+    from stepgap.common.fileio import check_distinct, check_writable
+    from stepgap.common.formats import save_chrome_trace, save_timeline, step_gaps
+    check_distinct([("--out", args.out), ("--chrome", args.chrome)])
+    check_writable(args.out, "--out")
+    if args.chrome:
+        check_writable(args.chrome, "--chrome")
+    spans = ingest_profile(args.traces)
+    gaps = step_gaps(spans)
+    steps = len({s.step for s in spans})
+    med = statistics.median(gaps) if gaps else 0.0
+    unmapped = sum(1 for s in spans if s.op == "unmapped")
+    # printed before the files are written: a stdout that fails leaves nothing behind
+    print(f"timeline: {args.out} ({steps} steps, {len(spans)} spans, {unmapped} unmapped; "
+          f"median step gap {med:.0f} us)", flush=True)
+    save_timeline(args.out, spans)
+    if args.chrome:
+        save_chrome_trace(args.chrome, spans, "vllm")
+    return 0
+
+
+def cmd_ingest_metrics(args) -> int:
+    from stepgap.common.fileio import check_writable, read_text, write_json
+    check_writable(args.out, "--out")
+    doc = acceptance_from_scrapes(read_text(args.scrape), read_text(args.before)
+                                  if args.before else None, args.scrape, args.before)
+    print(f"acceptance: {args.out} (k={doc['k']}, {doc['num_drafts']} drafts, length "
+          f"{doc['acceptance_length']:.3f}, per position "
+          f"{', '.join(f'{r:.3f}' for r in doc['rates'])})", flush=True)
+    write_json(args.out, doc)
+    return 0
+
+
+def cmd_ingest_bench(args) -> int:
+    from stepgap.common.vllm_bench import bench_requests, bench_result, read_bench
+    from stepgap.common.fileio import check_distinct, check_writable
+    from stepgap.common.formats import format_summary, save_result, save_trace
+    check_distinct([("--out", args.out), ("--trace-out", args.trace_out)])
+    for path, option in ((args.out, "--out"), (args.trace_out, "--trace-out")):
+        if path:
+            check_writable(path, option)
+    doc = read_bench(args.result)
+    res = bench_result(doc, args.result)
+    print(format_summary(res, f"vllm bench serve: {Path(args.result).name}"), flush=True)
+    if args.out:
+        save_result(args.out, res)
+    if args.trace_out:
+        save_trace(args.trace_out, bench_requests(doc, args.result))
+    return 0

@@ -25,8 +25,6 @@ was fitted, on which runs, and the residual of every run re-simulated.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import statistics
 import sys
 import time
@@ -34,52 +32,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from stepgap.calibrate.fit import device_points, fit_jitter, step_series
+from stepgap.calibrate.fit import MIN_POINTS, fit_cpu, fit_determined, fit_jitter, step_series
+from stepgap.calibrate.samples import cpu_samples, device_points
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_text
+from stepgap.sim.profile import CpuFit, Fit, Profile, save_profile
 
-FORMAT = "stepgap-profile/1"
-FEATURE_NAMES = {"cpu": ("a (fixed)", "b (per request)", "c (per token)"),
-                 "device": ("fixed", "per token", "per request", "per padded KV slot")}
-MIN_POINTS = 5
-
-
-# ---------------------------------------------------------------------------------------------
-# Which coefficients the data determine
-
-
-def determined(x: np.ndarray, tol: float = 1e-3) -> list[bool]:
-    """Columns of x that add to its rank, in order (the first, the fixed term, always): a
-    column that is constant, zero or a combination of the ones before it is not determined."""
-    norms = np.sqrt((x ** 2).mean(axis=0))
-    keep, cols = [], []
-    for j in range(x.shape[1]):
-        if norms[j] == 0:
-            keep.append(False)
-            continue
-        trial = np.column_stack([*cols, x[:, j] / norms[j]])
-        s = np.linalg.svd(trial, compute_uv=False)
-        ok = s[-1] > tol * s[0]
-        keep.append(bool(ok))
-        if ok:
-            cols.append(x[:, j] / norms[j])
-    return keep
-
-
-def fit_determined(xs, ys, names, what: str) -> tuple[list[float], float, list[str]]:
-    """Non-negative least squares on the determined columns only: (coefficients with 0 for
-    the others, median relative error, what was not determined)."""
-    from stepgap.sim.profile import fit_points
-    x = np.asarray(xs, float)
-    keep = determined(x)
-    coef_k, err = fit_points(x[:, keep].tolist(), ys)
-    coef, it = [], iter(coef_k)
-    for k in keep:
-        coef.append(next(it) if k else 0.0)
-    missing = [f"{what}: {n} not determined by the data" for n, k in zip(names, keep) if not k]
-    return coef, err, missing
+# A device fit's columns (sim/profile.py FEATURES), as what is not determined names them.
+DEVICE_FEATURES = ("fixed", "per token", "per request", "per padded KV slot")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,77 +172,8 @@ def ahead_share(spans) -> float:
 # The fit
 
 
-def cpu_samples(spans) -> dict[str, list[tuple[int, int, float]]]:
-    """Samples of every CPU term in one vLLM timeline: term -> [(reqs, tokens, us)]."""
-    from stepgap.calibrate.fit import steps_of
-    out = defaultdict(list)
-    steps = steps_of(spans)
-    upd_starts, mid_waits = {}, {}
-    for n, st in steps.items():
-        for op, s in st["engine"].items():
-            a = s.args or {}
-            if op in ("schedule", "update_from_output"):
-                out[op].append((a.get("reqs", 0), a.get("tokens", 0), s.end_us - s.start_us))
-            if op == "update_from_output":
-                upd_starts[n] = s
-    for s in spans:
-        a = s.args or {}
-        if s.lane == "cpu.engine" and s.op == "wait" and a.get("on") == "take_draft_token_ids":
-            sched = steps.get(s.step, {}).get("engine", {}).get("schedule")
-            b = (sched.args or {}) if sched is not None else {}
-            out["rpc_drafts"].append((b.get("reqs", 0), b.get("tokens", 0),
-                                      s.end_us - s.start_us))
-        elif s.lane == "cpu.frontend" and s.op == "process_outputs":
-            out["process_outputs"].append((a.get("reqs", 0), 0, s.end_us - s.start_us))
-        elif s.lane == "cpu.frontend" and s.op == "add_request":
-            out["add_request"].append((1, 0, s.end_us - s.start_us))
-        elif s.op == "wait" and a.get("on") == "sample_tokens RPC":
-            mid_waits.setdefault(s.step, s)
-    for n, st in sorted(steps.items()):
-        dev = st["device"]
-        prep = st["worker"].get("prepare_inputs")
-        if not dev or prep is None:
-            continue
-        a = dev[0].args or {}
-        reqs, tokens = a.get("reqs", 0), a.get("tokens", 0)
-        out["prepare_inputs"].append((reqs, tokens, prep.end_us - prep.start_us))
-        out["launch"].append((reqs, tokens, dev[0].start_us - prep.end_us))
-        wait = mid_waits.get(n)
-        if wait is not None:
-            out["rpc_mid"].append((reqs, tokens, wait.end_us - wait.start_us))
-        upd = upd_starts.get(n)
-        if upd is not None and upd.start_us > dev[-1].end_us:
-            out["result_latency"].append((reqs, tokens, upd.start_us - dev[-1].end_us))
-        sched = st["engine"].get("schedule")
-        if sched is not None and prep.start_us > sched.end_us:
-            out["ipc_us"].append((0, 0, prep.start_us - sched.end_us))
-    return out
-
-
-def fit_cpu_terms(samples: dict) -> tuple[dict, dict, list[str]]:
-    """CpuCosts fields (to_dict form), their fit quality, and what was not determined."""
-    from stepgap.sim.costs import CPU_COSTS
-    costs, quality, missing = {}, {}, []
-    for term in CPU_COSTS:
-        rows = samples.get(term) or []
-        if len(rows) < MIN_POINTS:
-            continue
-        coef, err, miss = fit_determined([[1.0, r, t] for r, t, _ in rows],
-                                         [us for _, _, us in rows], FEATURE_NAMES["cpu"], term)
-        costs[term] = [round(c, 4) for c in coef]
-        quality[term] = {"n": len(rows), "median_rel_err": round(err, 4),
-                         "mean_us": round(statistics.fmean(us for _, _, us in rows), 2)}
-        missing += [m for m in miss if not m.startswith(f"{term}: a ")]
-    trips = [us for _, _, us in samples.get("ipc_us") or []]
-    if trips:
-        costs["ipc_us"] = round(statistics.median(trips), 2)
-        quality["ipc_us"] = {"n": len(trips), "median_us": costs["ipc_us"]}
-    return costs, quality, missing
-
-
 def fit_device_ops(runs: list[Run]) -> tuple[list, list[str]]:
     """One fit per (op, draft pass, k) over the determined features."""
-    from stepgap.sim.profile import Fit
     groups = defaultdict(list)
     for r in runs:
         for p in device_points(r.spans, r.k):
@@ -293,14 +184,14 @@ def fit_device_ops(runs: list[Run]) -> tuple[list, list[str]]:
             continue
         what = f"{op}{'' if i is None else f' pass {i}'} at k={k}"
         coef, err, miss = fit_determined([p["x"] for p in ps], [p["us"] for p in ps],
-                                         FEATURE_NAMES["device"], what)
+                                         DEVICE_FEATURES, what)
         fits.append(Fit(op, i, k, tuple(coef), len(ps), err, "vLLM timelines"))
         missing += [m for m in miss if "per padded KV slot" not in m]
     return fits, missing
 
 
-def calibrate_runs(runs: list[Run], meta: dict | None = None) -> dict:
-    """The profile document fitted on `runs` (sync runs only), with its residuals."""
+def calibrate_runs(runs: list[Run], meta: dict | None = None) -> Profile:
+    """The profile fitted on `runs` (sync runs only), with its residuals."""
     sync = [r for r in runs if infer_mode(r) == "sync"]
     skipped = [r.name for r in runs if r not in sync]
     timed = [r for r in sync if r.spans]
@@ -314,14 +205,13 @@ def calibrate_runs(runs: list[Run], meta: dict | None = None) -> dict:
                          for r in timed])
     samples, by_k = defaultdict(list), defaultdict(lambda: defaultdict(list))
     for r in timed:
-        for term, rows in cpu_samples(r.spans).items():
+        for term, rows in cpu_samples(r.spans, topology="vllm").items():
             samples[term] += rows
             by_k[r.k][term] += rows
-    cpu, quality, miss = fit_cpu_terms(samples)
+    cpu, quality, miss = fit_cpu(samples, only_determined=True, trip=statistics.median)
     missing += miss
-    cpu_by_k = {}
-    for k, s in sorted(by_k.items()):
-        cpu_by_k[str(k)], _, _ = fit_cpu_terms(s)
+    cpu_by_k = {k: fit_cpu(s, only_determined=True, trip=statistics.median)[0]
+                for k, s in sorted(by_k.items())}
     # Not observable in sync runs: the async worker's turnaround (it answers one RPC and takes
     # the next, already queued) is the same operation as the mid-step RPC turnaround (the
     # simulator halves both in async: sim/loop.py, docs/vllm.md).
@@ -333,115 +223,92 @@ def calibrate_runs(runs: list[Run], meta: dict | None = None) -> dict:
                       ("rpc_mid", "the worker's timeline")):
         if term not in cpu:
             missing.append(f"{term}: no samples (needs {why})")
+    about = {"device": "cpu", **(meta or {}),
+             "topology": {"engine": "vllm", "executor": "process", "device": "cpu"},
+             "calibration": {"runs": [r.name for r in sync], "with_timelines":
+                             [r.name for r in timed], "not_sync (left out)": skipped,
+                             "ks": sorted({r.k for r in sync}),
+                             "concurrency": sorted({r.conc or 0 for r in sync})}}
     acceptance = {str(r.k): r.acceptance for r in sync if r.acceptance}
-    doc = {"format": FORMAT, "device": "cpu", **(meta or {}),
-           "topology": {"engine": "vllm", "executor": "process", "device": "cpu"},
-           "features": ["1", "tokens", "reqs", "padded"],
-           "device_ops": [f.to_dict() for f in fits], "cpu": cpu, "cpu_fit_quality": quality,
-           "cpu_by_k": cpu_by_k,
-           "calibration": {"runs": [r.name for r in sync], "with_timelines":
-                           [r.name for r in timed], "not_sync (left out)": skipped,
-                           "ks": sorted({r.k for r in sync}),
-                           "concurrency": sorted({r.conc or 0 for r in sync})},
-           "acceptance_by_k": acceptance, "jitter": jitter,
-           "undetermined": sorted(set(missing))}
-    fit_levels(doc, sync)
-    return doc
+    profile = Profile([f.rounded() for f in fits], CpuFit(cpu, quality),
+                      {k: CpuFit(c) for k, c in cpu_by_k.items()}, jitter,
+                      sorted(set(missing)), about, {"acceptance_by_k": acceptance})
+    return fit_levels(profile, sync)
 
 
-def resimulate_run(doc: dict, run: Run, profile_path: Path, **settings) -> dict:
+def resimulate_run(profile: Profile, run: Run, **settings) -> dict:
     """One measured run re-simulated with the profile (its own accepted counts where known)."""
     from stepgap.common.vllm_bench import bench_requests
     from stepgap.sim.config import SimConfig
     from stepgap.sim.loop import simulate
     reqs = bench_requests(run.doc, run.path)
     cfg = SimConfig(mode=infer_mode(run), k=run.k, gpu="cpu", device="cpu", executor="process",
-                    topology="vllm", profile=str(profile_path), model=settings.pop("model"),
+                    topology="vllm", model=settings.pop("model"),
                     draft=settings.pop("draft", "eagle3"), max_concurrency=run.conc,
                     acceptance_rates=tuple(run.acceptance["rates"]) if run.acceptance else None,
                     jitter=False, **settings)
-    res, _ = simulate(cfg, reqs)
+    res, _ = simulate(cfg, reqs, profile=profile)
     return res
 
 
-def fit_levels(doc: dict, runs: list[Run]) -> None:
-    """The client's latency (TTFT left over) and, where the device costs come from profiled
-    runs, their level against the unprofiled runs' mean ITL; every run's residual. Needs the
-    model's config (doc["model"]["target"]). Runs whose client read the stream in bursts
-    (bursty_share) time the client, not the engine: they are left out of both levels."""
-    import tempfile
+def fit_levels(profile: Profile, runs: list[Run]) -> Profile:
+    """The profile with the client's latency (TTFT left over) and, where the device costs come
+    from profiled runs, their level against the unprofiled runs' mean ITL; and every run's
+    residual. Needs the model's config (about["model"]["target"]). Runs whose client read the
+    stream in bursts (bursty_share) time the client, not the engine: they are left out of both
+    levels."""
     from stepgap.common.vllm_bench import BURSTY_ITL_MS, bursty_share, is_bursty
-    model = (doc.get("model") or {}).get("target")
+    undetermined, notes = profile.undetermined, profile.notes
+    model = (profile.about.get("model") or {}).get("target")
     if not model:
-        doc["undetermined"].append("client_latency_us, level: no model config given "
-                                   "(--model): the runs could not be re-simulated")
-        return
+        undetermined.append("client_latency_us, level: no model config given (--model): the "
+                            "runs could not be re-simulated")
+        return profile
     steady = [r for r in runs if not is_bursty(r.doc)]
     for r in runs:
         if r not in steady:
-            doc["undetermined"].append(
+            undetermined.append(
                 f"{r.name}: {bursty_share(r.doc):.0%} of its ITLs under "
                 f"{BURSTY_ITL_MS * 1e3:.0f} us (the client read the stream in bursts: it was "
                 "short of CPU); left out of the level fits")
     scale = any(r.profiled for r in runs if r.spans)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "profile.json"
-        kw = {"model": model, "draft": (doc.get("model") or {}).get("draft") or "eagle3",
-              **(doc.get("scheduler") or {})}
-        path.write_text(json.dumps(doc))
-        ttft, itl = [], []
-        for r in steady:
-            res = resimulate_run(doc, r, path, **kw)
-            ttft.append(r.doc["mean_ttft_ms"] - res["mean_ttft_ms"])
-            itl.append(r.doc["mean_itl_ms"] / res["mean_itl_ms"])
-        if not steady:
-            doc["undetermined"].append("client_latency_us, level: no run with a steady client")
-            doc["level"] = {"device_ops_scaled_by": 1.0, "why": "no run with a steady client"}
-        elif scale:
-            level = statistics.median(itl)
-            for f in doc["device_ops"]:
-                f["coef"] = [round(c * level, 6) for c in f["coef"]]
-            doc["level"] = {"device_ops_scaled_by": round(level, 4),
-                            "why": "the device costs come from profiled runs: measured mean "
-                                   "ITL over simulated, median over the steady runs"}
-        else:
-            doc["level"] = {"device_ops_scaled_by": 1.0,
-                            "why": "the device costs come from the runs' own hook spans "
-                                   "(no profiler in them)",
-                            "measured_over_simulated_itl": [round(x, 4) for x in itl]}
-        if steady:
-            for c in (doc["cpu"], *doc["cpu_by_k"].values()):
-                c["client_latency_us"] = round(max(0.0, statistics.median(ttft) * 1e3), 1)
-        path.write_text(json.dumps(doc))
-        doc["residuals"] = []
-        for r in runs:
-            res = resimulate_run(doc, r, path, **kw)
-            doc["residuals"].append({
-                "run": r.name, "k": r.k, "conc": r.conc,
-                **{m: round((res[m] - r.doc[m]) / r.doc[m], 4)
-                   for m in ("mean_tpot_ms", "mean_itl_ms", "mean_ttft_ms", "p99_tpot_ms")}})
+    kw = {"model": model, "draft": (profile.about.get("model") or {}).get("draft") or "eagle3",
+          **(profile.about.get("scheduler") or {})}
+    ttft, itl = [], []
+    for r in steady:
+        res = resimulate_run(profile, r, **kw)
+        ttft.append(r.doc["mean_ttft_ms"] - res["mean_ttft_ms"])
+        itl.append(r.doc["mean_itl_ms"] / res["mean_itl_ms"])
+    if not steady:
+        undetermined.append("client_latency_us, level: no run with a steady client")
+        notes["level"] = {"device_ops_scaled_by": 1.0, "why": "no run with a steady client"}
+    elif scale:
+        level = statistics.median(itl)
+        profile.fits = [f.scaled(level) for f in profile.fits]
+        notes["level"] = {"device_ops_scaled_by": round(level, 4),
+                          "why": "the device costs come from profiled runs: measured mean "
+                                 "ITL over simulated, median over the steady runs"}
+    else:
+        notes["level"] = {"device_ops_scaled_by": 1.0,
+                          "why": "the device costs come from the runs' own hook spans "
+                                 "(no profiler in them)",
+                          "measured_over_simulated_itl": [round(x, 4) for x in itl]}
+    if steady:
+        for c in (profile.cpu, *profile.cpu_by_k.values()):
+            c.terms["client_latency_us"] = round(max(0.0, statistics.median(ttft) * 1e3), 1)
+    notes["residuals"] = []
+    for r in runs:
+        res = resimulate_run(profile, r, **kw)
+        notes["residuals"].append({
+            "run": r.name, "k": r.k, "conc": r.conc,
+            **{m: round((res[m] - r.doc[m]) / r.doc[m], 4)
+               for m in ("mean_tpot_ms", "mean_itl_ms", "mean_ttft_ms", "p99_tpot_ms")}})
+    return profile
 
 
 # ---------------------------------------------------------------------------------------------
 # The commands
 
-
-INGEST_EPILOG = """\
-the workflow (docs/vllm.md shows it end to end on the committed data):
-  # 1. a short profiled vLLM sync run (the server with --profiler-config, the bench with
-  #    --profile), then ingest its worker and API-server traces as a stepgap timeline
-  vllm serve MODEL --profiler-config '{"profiler": "torch", "torch_profiler_dir": "prof",
-      "torch_profiler_with_stack": false}' --no-async-scheduling ...
-  vllm bench serve ... --profile --save-result --save-detailed --result-dir runs
-  stepgap ingest vllm-profile prof/*.pt.trace.json.gz --out timeline.jsonl
-  stepgap plot timeline vllm=timeline.jsonl --out timeline.png
-  # 2. the acceptance between two /metrics scrapes taken around a run
-  curl -s localhost:8000/metrics > before.txt; vllm bench serve ...; curl ... > after.txt
-  stepgap ingest vllm-metrics after.txt --before before.txt --out acceptance.json
-  # 3. a bench file as a run result and the trace that produced it
-  stepgap ingest vllm-bench runs/RESULT.json --out result.json --trace-out trace.jsonl
-  # then: stepgap calibrate (see its --help)
-"""
 
 CALIBRATE_EPILOG = """\
 the workflow: profile a short vLLM sync run, bench two concurrencies, calibrate, predict.
@@ -464,42 +331,6 @@ undetermined is printed and kept in the profile's `undetermined`.
 
 
 def register(sub) -> None:
-    p = sub.add_parser("ingest", help="read vLLM's profiler traces, metrics and bench files",
-                       description="Read what a vLLM server and `vllm bench serve` write into "
-                       "stepgap's formats.", epilog=INGEST_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    psub = p.add_subparsers(dest="what", metavar="WHAT")
-    p.set_defaults(func=lambda args: p.print_help() or 2)
-    q = psub.add_parser("vllm-profile", help="torch-profiler traces -> a stepgap timeline",
-                        description="A vLLM server's torch-profiler traces (the worker's "
-                        "rank0.*.pt.trace.json.gz and the API server's) as a stepgap timeline "
-                        "on DESIGN.md's lanes and ops (docs/vllm.md has the mapping); "
-                        "stepgap_hooks span files add the engine core's and the API server's "
-                        "spans.", formatter_class=argparse.RawDescriptionHelpFormatter)
-    q.add_argument("traces", nargs="+", metavar="TRACE")
-    q.add_argument("--out", required=True, metavar="TIMELINE.jsonl")
-    q.add_argument("--chrome", metavar="JSON", help="also a Chrome-trace/Perfetto file")
-    q.set_defaults(func=cmd_ingest_profile)
-    q = psub.add_parser("vllm-metrics", help="/metrics scrapes -> an acceptance profile",
-                        description="vLLM's spec-decode counters (vllm:spec_decode_num_drafts, "
-                        "..._num_draft_tokens, ..._num_accepted_tokens, "
-                        "..._num_accepted_tokens_per_pos) between two scrapes, as per-position "
-                        "acceptance rates for `stepgap simulate --acceptance FILE`.")
-    q.add_argument("scrape", metavar="SCRAPE", help="the scrape after the run")
-    q.add_argument("--before", metavar="SCRAPE0",
-                   help="the scrape before it (counters are cumulative since the server "
-                        "started); without it, everything since the start")
-    q.add_argument("--out", required=True, metavar="ACCEPTANCE.json")
-    q.set_defaults(func=cmd_ingest_metrics)
-    q = psub.add_parser("vllm-bench", help="a vllm bench serve result -> a run result and trace",
-                        description="A `vllm bench serve --save-result --save-detailed` file "
-                        "as a stepgap run result (its own per-request lists, so it pools and "
-                        "compares like any result) and the trace that produced it.")
-    q.add_argument("result", metavar="RESULT.json")
-    q.add_argument("--out", metavar="RESULT.json", help="the run result")
-    q.add_argument("--trace-out", metavar="TRACE.jsonl", help="the trace (lengths; arrivals)")
-    q.set_defaults(func=cmd_ingest_bench)
-
     c = sub.add_parser("calibrate", help="fit the simulator to your vLLM runs, to predict the "
                        "rest", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
                        epilog=CALIBRATE_EPILOG,
@@ -517,58 +348,8 @@ def register(sub) -> None:
     c.set_defaults(func=cmd_calibrate)
 
 
-def cmd_ingest_profile(args) -> int:
-    from stepgap.calibrate.vllm import ingest_profile
-    from stepgap.common.fileio import check_writable
-    from stepgap.common.formats import save_chrome_trace, save_timeline, step_gaps
-    check_writable(args.out, "--out")
-    if args.chrome:
-        check_writable(args.chrome, "--chrome")
-    spans = ingest_profile(args.traces)
-    save_timeline(args.out, spans)
-    if args.chrome:
-        save_chrome_trace(args.chrome, spans, "vllm")
-    gaps = step_gaps(spans)
-    steps = len({s.step for s in spans})
-    med = statistics.median(gaps) if gaps else 0.0
-    unmapped = sum(1 for s in spans if s.op == "unmapped")
-    print(f"timeline: {args.out} ({steps} steps, {len(spans)} spans, {unmapped} unmapped; "
-          f"median step gap {med:.0f} us)")
-    return 0
-
-
-def cmd_ingest_metrics(args) -> int:
-    from stepgap.calibrate.vllm import acceptance_from_scrapes
-    from stepgap.common.fileio import check_writable, read_text, write_text
-    check_writable(args.out, "--out")
-    doc = acceptance_from_scrapes(read_text(args.scrape), read_text(args.before)
-                                  if args.before else None, args.scrape, args.before)
-    write_text(args.out, json.dumps(doc, indent=1) + "\n")
-    print(f"acceptance: {args.out} (k={doc['k']}, {doc['num_drafts']} drafts, length "
-          f"{doc['acceptance_length']:.3f}, per position "
-          f"{', '.join(f'{r:.3f}' for r in doc['rates'])})")
-    return 0
-
-
-def cmd_ingest_bench(args) -> int:
-    from stepgap.common.vllm_bench import bench_requests, bench_result, read_bench
-    from stepgap.common.fileio import check_writable
-    from stepgap.common.formats import format_summary, save_result, save_trace
-    for path, option in ((args.out, "--out"), (args.trace_out, "--trace-out")):
-        if path:
-            check_writable(path, option)
-    doc = read_bench(args.result)
-    res = bench_result(doc, args.result)
-    if args.out:
-        save_result(args.out, res)
-    if args.trace_out:
-        save_trace(args.trace_out, bench_requests(doc, args.result))
-    print(format_summary(res, f"vllm bench serve: {Path(args.result).name}"))
-    return 0
-
-
 def cmd_calibrate(args) -> int:
-    from stepgap.common.fileio import check_writable, write_text
+    from stepgap.common.fileio import check_writable
     check_writable(args.out, "--out")
     runs, unused = load_runs(args.measured)
     for line in unused + [f"{r.name}: {n}" for r in runs for n in r.notes]:
@@ -577,15 +358,15 @@ def cmd_calibrate(args) -> int:
             "scheduler": {k: v for k, v in (("max_num_seqs", args.max_num_seqs),
                                              ("max_model_len", args.max_model_len),
                                              ("block_size", args.block_size)) if v}}
-    doc = calibrate_runs(runs, meta)
-    write_text(args.out, json.dumps(doc, indent=1) + "\n")
-    cal = doc["calibration"]
-    print(f"profile: {args.out}: {len(doc['device_ops'])} device op fits, CPU terms "
-          f"{', '.join(sorted(doc['cpu']))}; fitted on {len(cal['runs'])} sync runs "
+    profile = calibrate_runs(runs, meta)
+    save_profile(args.out, profile)
+    cal = profile.about["calibration"]
+    print(f"profile: {args.out}: {len(profile.fits)} device op fits, CPU terms "
+          f"{', '.join(sorted(profile.cpu.terms))}; fitted on {len(cal['runs'])} sync runs "
           f"(k {cal['ks']}, concurrency {cal['concurrency']})")
-    for r in doc.get("residuals", []):
+    for r in profile.notes.get("residuals", []):
         print(f"  {r['run']}: mean TPOT {100 * r['mean_tpot_ms']:+.1f} %, mean ITL "
               f"{100 * r['mean_itl_ms']:+.1f} %, mean TTFT {100 * r['mean_ttft_ms']:+.1f} %")
-    for m in doc["undetermined"]:
+    for m in profile.undetermined:
         print(f"  undetermined: {m}", file=sys.stderr)
     return 0

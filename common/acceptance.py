@@ -29,6 +29,7 @@ import numpy as np
 
 from stepgap.common.errors import UserError
 from stepgap.common.formats import TraceRequest
+from stepgap.common.limits import is_finite, is_number
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,15 +49,14 @@ class AcceptanceProfile:
             raise UserError(f"{who}: rates must not be empty")
         prev = 1.0
         for i, r in enumerate(rates):
-            if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r <= 1.0:
+            if not is_number(r) or not 0.0 <= r <= 1.0:
                 raise UserError(f"{who}: position {i} must be in [0, 1], got {r!r}")
             if r > prev + 1e-12:
                 raise UserError(f"{who}: position {i} ({r}) exceeds position {i - 1} ({prev}); "
                                 "vLLM's per-position acceptance rates are cumulative, so they "
                                 "cannot increase")
             prev = r
-        if not (isinstance(self.spread, (int, float)) and math.isfinite(self.spread)
-                and self.spread >= 0):
+        if not (is_finite(self.spread) and self.spread >= 0):
             raise UserError(f"acceptance spread must be a number >= 0, got {self.spread!r}")
 
     def conditional(self, k: int) -> list[float]:

@@ -1,4 +1,4 @@
-"""`stepgap compare MEASURED SIMULATED`: how far one run result is from another.
+"""How far one run result is from another (`stepgap compare`, stepgap/compare.py).
 
 Both files are run results of the shared schema (`common.formats`): the engine's, the
 simulator's, or one saved by `vllm bench serve --save-result` (same keys; no step gaps). The
@@ -13,15 +13,11 @@ longer benchmark: every request of every run counts once.
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-
 import numpy as np
 
 from stepgap.common.errors import UserError
 from stepgap.common.formats import (METRICS, RequestTiming, SpecStats, compute_metrics,
-                            gap_summary, load_result)
+                            gap_summary)
 
 STATS = ("mean", "median", "p99")
 GAP_STATS = (("median", "median_us"), ("P90", "p90_us"), ("mean", "mean_us"))
@@ -175,38 +171,3 @@ def pool_results(results: list[dict]) -> dict:
         out["spec_decode"] = s.to_dict()
     out["config"] = {**results[0].get("config", {}), "pooled_runs": len(results)}
     return out
-
-
-# -------------------------------------------------------------------------------------------
-# The command
-
-
-def register(sub) -> None:
-    p = sub.add_parser(
-        "compare", help="errors of one run result against another (simulated vs measured)",
-        description="Print the error of a simulated run result against a measured one: mean, "
-                    "median and P99 of TPOT, ITL, TTFT and E2EL, and the step-gap "
-                    "distributions. Either file may be a stepgap result (engine or simulator) "
-                    "or one saved by `vllm bench serve --save-result` (no step gaps).",
-        epilog="example:\n  stepgap run ... --detailed --result-json measured.json\n"
-               "  stepgap simulate ... --detailed --result-json simulated.json\n"
-               "  stepgap compare measured.json simulated.json",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("measured", metavar="MEASURED", help="run result taken as the truth")
-    p.add_argument("simulated", metavar="SIMULATED", help="run result judged against it")
-    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    p.set_defaults(func=cmd_compare)
-
-
-def cmd_compare(args) -> int:
-    measured, simulated = load_result(args.measured), load_result(args.simulated)
-    for line in mismatches(measured, simulated):
-        print(f"stepgap compare: warning: {line}", file=sys.stderr)
-    cmp = compare(measured, simulated)
-    if args.json:
-        json.dump(cmp_to_json(cmp), sys.stdout, indent=1)
-        print()
-    else:
-        print(f"measured:  {args.measured}\nsimulated: {args.simulated}")
-        print(format_compare(cmp))
-    return 0

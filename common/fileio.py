@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
+import re
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -78,6 +81,19 @@ def parse_json(text: str, source, lineno: int | None = None) -> object:
     except RecursionError:
         at = f":{lineno}" if lineno is not None else ""
         raise UserError(f"{source}{at}: not valid JSON (nested too deeply)") from None
+    except ValueError:   # an integer longer than Python converts (sys.get_int_max_str_digits)
+        raise UserError(_long_integer(text, source, lineno)) from None
+
+
+def _long_integer(text: str, source, lineno: int | None) -> str:
+    limit = sys.get_int_max_str_digits()
+    m = re.search(r"\d{%d,}" % (limit + 1), text)
+    if m is None:
+        return f"{source}: not valid JSON (an integer too long to read)"
+    line = lineno if lineno is not None else text.count("\n", 0, m.start()) + 1
+    column = m.start() - (text.rfind("\n", 0, m.start()) + 1) + 1
+    return (f"{source}:{line}: not valid JSON (an integer of {len(m[0])} digits, column "
+            f"{column}; more than {limit} digits is no number a field can hold)")
 
 
 def read_json(path) -> object:
@@ -100,12 +116,15 @@ def json_lines(path) -> Iterator[tuple[int, object]]:
 
 
 def read_toml(path) -> dict:
+    text = read_text(path)
     try:
-        return tomllib.loads(read_text(path))
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path}: not valid TOML ({e})") from None
     except RecursionError:
         raise UserError(f"{path}: not valid TOML (nested too deeply)") from None
+    except ValueError:   # an integer longer than Python converts, as in JSON
+        raise UserError(_long_integer(text, path, None).replace("JSON", "TOML")) from None
 
 
 # -------------------------------------------------------------------------------------------
@@ -149,6 +168,22 @@ def check_writable(path, option: str, folder: bool = False) -> Path:
     return path
 
 
+def check_distinct(outputs) -> None:
+    """Every output of a command is a file of its own: two options naming one file (`--result-json
+    x --timeline x`) would have the second write replace the first. `outputs`: (option, path)
+    pairs, None paths skipped. Links and `./` spellings are seen through."""
+    seen: dict[str, tuple[str, object]] = {}
+    for option, path in outputs:
+        if path is None:
+            continue
+        key = os.path.realpath(path)
+        if key in seen:
+            first, first_path = seen[key]
+            raise UserError(f"{option} {path}: the same file as {first} {first_path}; give "
+                            "each output a path of its own")
+        seen[key] = (option, path)
+
+
 def write_bytes(path, data: bytes) -> None:
     """Write atomically: a temporary file in the same folder, then a rename over `path`."""
     path = Path(path)
@@ -179,11 +214,36 @@ def write_text(path, text: str) -> None:
     write_bytes(path, text.encode())
 
 
+# JSON has no NaN and no infinities (RFC 8259): Python's json writes them as the bare words
+# NaN and Infinity, which no conformant reader takes. Every JSON stepgap writes goes through
+# `dumps_json`, which writes a non-finite float as one of these strings instead; the loaders of
+# numbers that may be non-finite (run results, sweep tables) read them back as floats.
+NONFINITE = ("nan", "inf", "-inf")
+
+
+def jsonable(x):
+    """`x` with every non-finite float as its NONFINITE string and numpy scalars as Python's."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else "inf" if x > 0 else "-inf" if x < 0 else "nan"
+    if isinstance(x, dict):
+        return {k: jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if hasattr(x, "item") and type(x).__module__ == "numpy":   # a numpy scalar
+        return jsonable(x.item())
+    return x
+
+
+def dumps_json(obj, **kwargs) -> str:
+    """`json.dumps`, writing only valid JSON (non-finite floats as NONFINITE strings)."""
+    return json.dumps(jsonable(obj), allow_nan=False, **kwargs)
+
+
 def write_json(path, obj, indent: int | None = 1) -> None:
-    """JSON, `indent`ed with a final newline; a `.gz` path gets compact JSON, gzip-compressed
-    with no timestamp (the same object gives the same bytes)."""
+    """JSON (`dumps_json`), `indent`ed with a final newline; a `.gz` path gets compact JSON,
+    gzip-compressed with no timestamp (the same object gives the same bytes)."""
     if str(path).endswith(".gz"):
-        text = json.dumps(obj, separators=(",", ":"))
+        text = dumps_json(obj, separators=(",", ":"))
         write_bytes(path, gzip.compress(text.encode(), mtime=0))
     else:
-        write_text(path, json.dumps(obj, indent=indent) + "\n")
+        write_text(path, dumps_json(obj, indent=indent) + "\n")

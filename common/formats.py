@@ -1,4 +1,4 @@
-"""Shared file formats and metrics: the contract of DESIGN.md §2, §4 and §5.
+"""Shared file formats and metrics: the contract of docs/design.md §2, §4 and §5.
 
 Both halves import this module, and nothing else defines these formats:
 
@@ -11,7 +11,6 @@ Both halves import this module, and nothing else defines these formats:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,11 +19,18 @@ from typing import Iterable, NamedTuple
 import numpy as np
 
 from stepgap.common.errors import UserError, where
-from stepgap.common.fileio import json_lines, read_json_object, write_json, write_text
+from stepgap.common.limits import is_finite, is_int, is_number
+from stepgap.common.fileio import (NONFINITE, dumps_json, json_lines, read_json_object,
+                                   write_json, write_text)
 
 MODES = ("sync", "async", "zero-bubble")
+# The topology (docs/design.md §2): the worker in the engine's process or its own (vLLM's
+# multiprocess executor); the device asynchronous to the worker (cuda) or the worker's own
+# compute (cpu).
+EXECUTORS = ("inline", "process")
+DEVICES = ("cpu", "cuda")
 # cpu.frontend: the API server of a served engine (vLLM's, or `stepgap serve`), between a step's
-# output and the client's chunk (DESIGN.md §8). `add_request` is a request taken in, `stream`
+# output and the client's chunk (docs/design.md §8). `add_request` is a request taken in, `stream`
 # one chunk written to its client (stepgap serve); `wait` a thread blocked (on the device, or
 # the worker blocked on the engine core's next message); `unmapped` a measured span no op
 # stands for, its own name in args["vllm"].
@@ -82,10 +88,6 @@ class TraceRequest:
         return d
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def parse_trace_line(obj, path, lineno) -> TraceRequest:
     """Validate one decoded trace line. Errors name the file, the line and the field."""
     if not isinstance(obj, dict):
@@ -95,21 +97,20 @@ def parse_trace_line(obj, path, lineno) -> TraceRequest:
             raise UserError(f"{where(path, lineno, key)}: missing (required: request_id, "
                             "arrival_s, prompt_len, output_len)")
     rid = obj["request_id"]
-    if not isinstance(rid, (str, int)) or isinstance(rid, bool) or rid == "":
+    if not (isinstance(rid, str) or is_int(rid)) or rid == "":
         raise UserError(f"{where(path, lineno, 'request_id')}: expected a non-empty string or "
                         f"integer, got {rid!r}")
     arrival = obj["arrival_s"]
-    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) \
-            or not 0 <= arrival <= MAX_ARRIVAL_S:
+    if not is_number(arrival) or not 0 <= arrival <= MAX_ARRIVAL_S:
         raise UserError(f"{where(path, lineno, 'arrival_s')}: expected seconds from 0 to "
                         f"{MAX_ARRIVAL_S:g}, got {arrival!r}")
     for key in ("prompt_len", "output_len"):
         v = obj[key]
-        if not _is_int(v) or v < 1:
+        if not is_int(v) or v < 1:
             raise UserError(f"{where(path, lineno, key)}: expected an integer >= 1, got {v!r}")
     ids = obj.get("prompt_token_ids")
     if ids is not None:
-        if not isinstance(ids, list) or not all(_is_int(t) and t >= 0 for t in ids):
+        if not isinstance(ids, list) or not all(is_int(t) and t >= 0 for t in ids):
             raise UserError(f"{where(path, lineno, 'prompt_token_ids')}: expected a list of "
                             "non-negative integers")
         if len(ids) != obj["prompt_len"]:
@@ -117,7 +118,7 @@ def parse_trace_line(obj, path, lineno) -> TraceRequest:
                             f"but prompt_len is {obj['prompt_len']}")
     accepted = obj.get("accepted")
     if accepted is not None:
-        if not isinstance(accepted, list) or not all(_is_int(a) and a >= 0 for a in accepted):
+        if not isinstance(accepted, list) or not all(is_int(a) and a >= 0 for a in accepted):
             raise UserError(f"{where(path, lineno, 'accepted')}: expected a list of "
                             "non-negative integers (accepted drafts per decode step)")
     category = obj.get("category")
@@ -146,7 +147,7 @@ def load_trace(path) -> list[TraceRequest]:
 
 
 def save_trace(path, requests: Iterable[TraceRequest]) -> None:
-    write_text(path, "".join(json.dumps(r.to_dict()) + "\n" for r in requests))
+    write_text(path, "".join(dumps_json(r.to_dict()) + "\n" for r in requests))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,14 +171,14 @@ class Span(NamedTuple):
 
 
 def save_timeline(path, spans: Iterable[Span]) -> None:
-    write_text(path, "".join(json.dumps(s.to_dict()) + "\n" for s in spans))
+    write_text(path, "".join(dumps_json(s.to_dict()) + "\n" for s in spans))
 
 
 def _number(d: dict, key: str, path, lineno) -> float:
     v = d.get(key)
     if v is None:
         raise UserError(f"{where(path, lineno, key)}: missing")
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if not is_finite(v):
         raise UserError(f"{where(path, lineno, key)}: expected a finite number, got {v!r}")
     return float(v)
 
@@ -195,7 +196,7 @@ def parse_span(d, path, lineno) -> Span:
     if not isinstance(op, str) or not op:
         raise UserError(f"{where(path, lineno, 'op')}: expected an op name, got {op!r}")
     step = d.get("step")
-    if isinstance(step, bool) or not isinstance(step, int) or step < -1:
+    if not is_int(step) or step < -1:
         raise UserError(f"{where(path, lineno, 'step')}: expected an integer >= 0 (or -1: no "
                         f"step, a request taken in), got {step!r}")
     start, end = _number(d, "start_us", path, lineno), _number(d, "end_us", path, lineno)
@@ -229,11 +230,11 @@ def chrome_trace(spans: Iterable[Span], process_name: str = "stepgap") -> dict:
 
 
 def save_chrome_trace(path, spans: Iterable[Span], process_name: str = "stepgap") -> None:
-    write_text(path, json.dumps(chrome_trace(spans, process_name)))
+    write_text(path, dumps_json(chrome_trace(spans, process_name)))
 
 
 def step_gaps(spans: Iterable[Span]) -> list[float]:
-    """Device idle time before each step, in microseconds (DESIGN.md §2).
+    """Device idle time before each step, in microseconds (docs/design.md §2).
 
     The gap of step N+1 is the start of its first device op minus the end of step N's last device
     op, taken between consecutive steps that have device ops. Overlap counts as no gap (0).
@@ -391,25 +392,10 @@ def run_result(timings: list[RequestTiming], duration_s: float, *, backend: str,
     return res
 
 
-NONFINITE = ("nan", "inf", "-inf")   # how _jsonable writes non-finite floats (JSON has none)
-
-
-def _jsonable(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return "inf" if x > 0 else ("-inf" if x < 0 else "nan")
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.generic):
-        return x.item()
-    return x
-
-
 def save_result(path, result: dict) -> None:
     """Write a run result. Same input, same bytes: keys keep their order, floats their repr.
     A path ending in `.gz` is written gzip-compressed (compact JSON, no timestamp)."""
-    write_json(path, _jsonable(result))
+    write_json(path, result)
 
 
 REQUIRED_RESULT_KEYS = ("completed", "duration", "mean_tpot_ms", "mean_itl_ms", "mean_ttft_ms")
@@ -438,16 +424,15 @@ def check_result(res, path) -> dict:
             continue   # vLLM writes null for a metric it did not take (goodput)
         if _is_metric(key) and v in NONFINITE:
             res[key] = float(v)   # as save_result wrote it
-        elif _is_metric(key) and (isinstance(v, bool) or not isinstance(v, (int, float))):
+        elif _is_metric(key) and not is_number(v):
             raise UserError(f"{where(path, field=key)}: expected a number, got {v!r}")
     for key, kind in RESULT_SECTIONS.items():
         if res.get(key) is not None and not isinstance(res[key], kind):
             raise UserError(f"{where(path, field=key)}: expected an object, got "
                             f"{type(res[key]).__name__}")
     for key, v in (res.get("step_gaps") or {}).items():
-        ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v) \
-            if key == "values_us" and isinstance(v, list) else \
-            isinstance(v, (int, float)) and not isinstance(v, bool)
+        ok = all(is_number(x) for x in v) if key == "values_us" and isinstance(v, list) \
+            else is_number(v)
         if not ok:
             raise UserError(f"{where(path, field=f'step_gaps.{key}')}: expected "
                             f"{'a list of numbers' if key == 'values_us' else 'a number'}, "

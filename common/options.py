@@ -33,27 +33,14 @@ import sys
 import time
 from pathlib import Path
 
+from stepgap.common.drafters import SPEC_METHODS
 from stepgap.common.errors import UserError
-from stepgap.common.formats import METRICS, MODES
-from stepgap.common.modelcfg import SPEC_METHODS
+from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES
+from stepgap.common.limits import MAX_K, MAX_PROMPTS, is_int
 
-EXECUTORS = ("inline", "process")
-DEVICES = ("cpu", "cuda")
 # vLLM's --distributed-executor-backend: one process (the worker inline) or a worker process.
 EXECUTOR_BACKENDS = {"uni": "inline", "mp": "process"}
 SPEC_KEYS = ("method", "model", "num_speculative_tokens")
-
-# The most a setting may be. Past these a value is a typo (1e308), not a setting: it would
-# overflow the simulator's clock, hang the engine or fill the memory (docs/robustness.md).
-# SimConfig holds its fields (grid files, presets) to the same limits.
-MAX_US = 1e9              # an op's cost or a latency in microseconds: 1000 s
-MAX_MS = MAX_US / 1e3     # the same in milliseconds
-MAX_SCALE = 1e6           # a multiplier of every cost (--cpu-scale, --speed)
-MAX_SPREAD = 100.0        # a logit-scale spread of acceptance
-MAX_SKEW = 10.0           # the Zipf exponent of MoE routing (at 10 the top-k experts take
-                          # nearly every token: 64 tokens touch 12 of 128 at top-8)
-MAX_K = 64                # draft tokens per step
-MAX_PROMPTS = 1_000_000   # requests of one run
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,7 +91,7 @@ def positive_float(text: str) -> float:
 
 
 def at_most(parse, hi: float):
-    """The parser `parse`, refusing values above `hi` (see MAX_US)."""
+    """The parser `parse`, refusing values above `hi` (common/limits.py)."""
     def bounded(text: str):
         v = parse(text)
         if v > hi:
@@ -177,7 +164,7 @@ def speculative_config_arg(text: str) -> dict:
     if model is not None and not isinstance(model, str):
         raise argparse.ArgumentTypeError(f"model: expected a path or preset name, got {model!r}")
     k = d.get("num_speculative_tokens")
-    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_K):
+    if k is not None and (not is_int(k) or not 0 <= k <= MAX_K):
         raise argparse.ArgumentTypeError(f"num_speculative_tokens: expected an integer from 0 "
                                          f"to {MAX_K}, got {k!r}")
     return d

@@ -29,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from stepgap.common.errors import UserError
+from stepgap.common.limits import is_int
 
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
 
@@ -101,13 +102,24 @@ class SchedulerConfig:
     async_scheduling: bool = False
     max_position_embeddings: int | None = None   # the target's context (its config.json's)
 
+    @classmethod
+    def for_run(cls, mode: str, k: int, num_blocks: int, block_size: int, max_num_seqs: int,
+                max_num_batched_tokens: int, max_model_len: int,
+                max_position_embeddings: int | None = None) -> SchedulerConfig:
+        """One run's scheduler, as both halves build it: async scheduling (placeholders, a
+        step ahead) in the async modes, async and zero-bubble."""
+        return cls(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+                   max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+                   num_spec_tokens=k, async_scheduling=mode != "sync",
+                   max_position_embeddings=max_position_embeddings)
+
     def __post_init__(self):
         for f in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
                   "max_model_len"):
             v = getattr(self, f)
-            if not isinstance(v, int) or v < 1:
+            if not is_int(v) or v < 1:
                 raise UserError(f"scheduler: {f} must be an integer >= 1, got {v!r}")
-        if not isinstance(self.num_spec_tokens, int) or self.num_spec_tokens < 0:
+        if not is_int(self.num_spec_tokens) or self.num_spec_tokens < 0:
             raise UserError(f"scheduler: k (num_spec_tokens) must be an integer >= 0, "
                             f"got {self.num_spec_tokens!r}")
         if self.max_num_batched_tokens < 1 + self.num_spec_tokens:

@@ -11,11 +11,13 @@ so that it pools and compares like any result), `bench_requests` into the trace 
 
 from __future__ import annotations
 
+import math
+import time
 from pathlib import Path
 
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json
-from stepgap.common.formats import RequestTiming, TraceRequest, run_result
+from stepgap.common.formats import MODES, RequestTiming, TraceRequest, run_result
 
 BENCH_KEYS = ("date", "backend", "model_id", "num_prompts", "completed", "duration",
               "mean_tpot_ms")
@@ -23,7 +25,7 @@ DETAIL_KEYS = ("input_lens", "output_lens", "ttfts", "itls")
 
 
 def read_bench(path) -> dict:
-    """A `vllm bench serve --save-result` file, checked for what stepgap reads."""
+    """A `vllm bench serve --save-result` file, checked for what stepgap reads (`check_bench`)."""
     path = Path(path)
     doc = read_json(path)
     if not isinstance(doc, dict):
@@ -33,7 +35,116 @@ def read_bench(path) -> dict:
     if missing:
         raise UserError(f"{where(path, field=missing[0])}: missing; not a `vllm bench serve "
                         "--save-result` file")
+    return check_bench(doc, path)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def check_bench(doc: dict, path) -> dict:
+    """Every field stepgap reads holds what vLLM writes there, or the file is refused, naming
+    the field: counts are integers (not "8"), times finite numbers >= 0 (not NaN, not -1), the
+    per-request lists (--save-detailed) one entry per prompt, and `completed` the requests
+    without an error. Nothing is dropped or coerced silently."""
+    def bad(field, expected):
+        v = doc.get(field) if "[" not in field else None
+        got = f", got {_short(v)}" if "[" not in field else ""
+        raise UserError(f"{where(path, field=field)}: expected {expected}{got}")
+    for key in ("date", "backend", "model_id"):
+        if not isinstance(doc[key], str) or not doc[key]:
+            bad(key, "a string")
+    try:
+        time.strptime(doc["date"], "%Y%m%d-%H%M%S")
+    except ValueError:
+        bad("date", "the time vLLM writes, YYYYmmdd-HHMMSS")
+    n = doc["num_prompts"]
+    if not _count(n) or n < 1:
+        bad("num_prompts", "an integer >= 1")
+    if not _count(doc["completed"]) or doc["completed"] > n:
+        bad("completed", f"an integer from 0 to num_prompts ({n})")
+    if not _number(doc["duration"]) or doc["duration"] <= 0:
+        bad("duration", "seconds > 0")
+    for key in ("mean_tpot_ms", "failed"):
+        if key in doc and (not _number(doc[key]) or doc[key] < 0):
+            bad(key, "a finite number >= 0")
+    rate = doc.get("request_rate", "inf")
+    if rate != "inf" and not (_number(rate) and rate > 0):
+        bad("request_rate", '"inf" or requests per second > 0')
+    if doc.get("burstiness") is not None and not (_number(doc["burstiness"])
+                                                  and doc["burstiness"] > 0):
+        bad("burstiness", "a number > 0")
+    conc = doc.get("max_concurrency")
+    if conc is not None and not (_count(conc) and conc >= 1):
+        bad("max_concurrency", "null or an integer >= 1")
+    k = doc.get("num_speculative_tokens")   # --metadata num_speculative_tokens=K: a string
+    if k is not None and not str(k).isdigit():
+        bad("num_speculative_tokens", "an integer >= 0")
+    if doc.get("mode") is not None and doc["mode"] not in MODES:
+        bad("mode", f"one of {', '.join(MODES)}")
+    if doc.get("spec_decode_num_drafts") is not None:
+        for key in SPEC_COUNTS:
+            if not _count(doc.get(key)):
+                bad(key, "a count (an integer >= 0)")
+        if not (_number(doc.get("spec_decode_acceptance_rate"))
+                and 0 <= doc["spec_decode_acceptance_rate"] <= 100):
+            bad("spec_decode_acceptance_rate", "a percentage from 0 to 100")
+        if not (_number(doc.get("spec_decode_acceptance_length"))
+                and doc["spec_decode_acceptance_length"] >= 1):
+            bad("spec_decode_acceptance_length", "a number >= 1")
+        rates = doc.get("spec_decode_per_position_acceptance_rates")
+        if not (isinstance(rates, list) and all(_number(r) and 0 <= r <= 1 for r in rates)):
+            bad("spec_decode_per_position_acceptance_rates", "a list of rates from 0 to 1")
+    if any(key in doc for key in DETAIL_KEYS):
+        _check_details(doc, path, n)
     return doc
+
+
+def _check_details(doc: dict, path, n: int) -> None:
+    """The per-request lists of --save-detailed: as many entries as prompts, each of its type."""
+    def bad(field, expected, v=None):
+        raise UserError(f"{where(path, field=field)}: expected {expected}, got {_short(v)}")
+    errors = doc.get("errors")
+    lists = {key: doc.get(key) for key in DETAIL_KEYS if key in doc}
+    if errors is not None:
+        lists["errors"] = errors
+    for key, v in lists.items():
+        if not isinstance(v, list):
+            bad(key, f"a list of one entry per prompt ({n})", v)
+        if len(v) != n:
+            raise UserError(f"{where(path, field=key)}: {len(v)} entries for num_prompts {n} "
+                            "(one per prompt): a list of another run, or a cut file?")
+    for key, v in lists.items():
+        for i, x in enumerate(v):
+            ok = (_count(x) if key in ("input_lens", "output_lens") else
+                  _number(x) and x >= 0 if key == "ttfts" else
+                  isinstance(x, list) and all(_number(t) and t >= 0 for t in x)
+                  if key == "itls" else x is None or isinstance(x, str))
+            if not ok:
+                bad(f"{key}[{i}]", EXPECTED[key], x)
+    if errors is not None:
+        done = sum(1 for e in errors if not e)
+        if done != doc["completed"]:
+            raise UserError(f"{where(path, field='completed')}: {doc['completed']}, but "
+                            f"{done} of the {n} requests have no error")
+
+
+EXPECTED = {"input_lens": "a token count (an integer >= 0)",
+            "output_lens": "a token count (an integer >= 0)",
+            "ttfts": "seconds (a finite number >= 0)",
+            "itls": "a list of seconds (finite numbers >= 0)",
+            "errors": "an error message (a string), or null"}
+SPEC_COUNTS = ("spec_decode_num_drafts", "spec_decode_draft_tokens",
+               "spec_decode_accepted_tokens")
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def bench_config(doc: dict) -> dict:
@@ -54,8 +165,12 @@ def bench_requests(doc: dict, path, chunk_tokens: list[list[int]] | None = None,
     errors = doc.get("errors") or [""] * len(doc["input_lens"])
     out = []
     for i, (plen, olen, err) in enumerate(zip(doc["input_lens"], doc["output_lens"], errors)):
-        if err or not olen:
+        if err:
             continue
+        for key, v in (("input_lens", plen), ("output_lens", olen)):
+            if v < 1:   # a request that succeeded had a prompt and gave a token
+                raise UserError(f"{where(path, field=f'{key}[{i}]')}: {v} tokens for a request "
+                                "without an error")
         acc = None
         if chunk_tokens is not None:
             acc = [n - 1 for n in chunk_tokens[i][1:]]

@@ -75,7 +75,7 @@ BUILTIN = {"mtbench": mtbench_like, "sharegpt": sharegpt_like}
 
 def load_workload(spec: str, num_prompts: int | None = None, output_len: int | None = None,
                   seed: int = 0) -> list[TraceRequest]:
-    """A built-in workload by name, or a trace file in the DESIGN.md format.
+    """A built-in workload by name, or a trace file in the docs/design.md format.
 
     `num_prompts` takes the first N requests of a file (cycling if it holds fewer, as the
     benchmark oversamples), and `output_len` overrides every request's output length.

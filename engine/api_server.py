@@ -38,6 +38,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from stepgap.common.errors import UserError
 from stepgap.common.formats import (RequestTiming, Span, SpecStats, run_result, save_chrome_trace,
@@ -61,7 +62,7 @@ class EngineError(Exception):
 class Sub:
     """One engine request: one prompt of an HTTP request (one choice)."""
 
-    batch: "Batch"
+    batch: "Choices"
     index: int
     rid: str
     prompt_len: int
@@ -76,7 +77,7 @@ class Sub:
 
 
 @dataclass(eq=False)
-class Batch:
+class Choices:
     """One HTTP request's choices and the queue their chunks come through."""
 
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -207,14 +208,14 @@ class EngineClient:
         return ids
 
     def submit(self, prompts: list, max_tokens: int | None, ignore_eos: bool, arrival_ns: int,
-               field_name: str = "prompt", add_special_tokens: bool = True) -> Batch:
+               field_name: str = "prompt", add_special_tokens: bool = True) -> Choices:
         """Tokenize and check every prompt, then hand them to the engine (add_request)."""
         if self.dead:
             raise APIError(f"the engine is dead: {self.dead}", status=503)
         if self.stopping:
             raise APIError("the server is shutting down", status=503)
         all_ids = [self.prompt_ids(p, field_name, add_special_tokens) for p in prompts]
-        batch, base = Batch(), new_id("req")
+        batch, base = Choices(), new_id("req")
         eos = None if ignore_eos or self.tok is None else self.tok.eos_token_id
         plans = []
         for i, ids in enumerate(all_ids):
@@ -239,7 +240,7 @@ class EngineClient:
                                    {"reqs": len(plans), "tokens": sum(map(len, all_ids))}))
         return batch
 
-    def release(self, batch: Batch) -> None:
+    def release(self, batch: Choices) -> None:
         """A request is done with: abort whatever of it the engine still holds."""
         for sub in batch.subs:
             if not sub.finished:
@@ -391,7 +392,7 @@ class EngineClient:
         spans.sort(key=lambda s: (s.start_us, s.end_us))
         if timeline:
             save_timeline(timeline, spans)
-            save_chrome_trace(Path(timeline).with_suffix(".trace.json"), spans, "stepgap serve")
+            save_chrome_trace(chrome_path(timeline), spans, "stepgap serve")
         if result_json:
             save_result(result_json, self.window_result(spans, config))
         self.saved = True
@@ -443,7 +444,7 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
         if name is not None and name != model_name:
             raise APIError(f"The model `{name}` does not exist.", "model", status=404)
 
-    async def answer(raw: Request, batch: Batch, shapes: Shapes, stream: bool,
+    async def answer(raw: Request, batch: Choices, shapes: Shapes, stream: bool,
                      include_usage: bool):
         if stream:
             return StreamingResponse(stream_chunks(batch, shapes, include_usage),
@@ -470,7 +471,7 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
         while (await raw.receive())["type"] != "http.disconnect":
             pass
 
-    async def collect(batch: Batch, shapes: Shapes) -> dict:
+    async def collect(batch: Choices, shapes: Shapes) -> dict:
         texts = {s.index: [] for s in batch.subs}
         ids = {s.index: [] for s in batch.subs}
         try:
@@ -488,7 +489,7 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
         return shapes.whole(choices, usage(sum(s.prompt_len for s in batch.subs),
                                            sum(s.num_tokens for s in batch.subs)))
 
-    async def stream_chunks(batch: Batch, shapes: Shapes, include_usage: bool):
+    async def stream_chunks(batch: Choices, shapes: Shapes, include_usage: bool):
         try:
             started = set()
             while batch.unfinished:
@@ -519,8 +520,11 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
     @app.post("/v1/completions")
     async def completions(raw: Request):
         arrival = time.perf_counter_ns()
+        body = await _body(raw)
+        if body is None:
+            return Response(status_code=499)   # the client closed the request half-sent
         try:
-            req = parse(CompletionRequest, await raw.body())
+            req = parse(CompletionRequest, body)
             check_model(req.model)
             check_sampling(req, sampling)
             batch = engine.submit(completion_prompts(req), req.max_tokens, req.ignore_eos,
@@ -534,8 +538,11 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request):
         arrival = time.perf_counter_ns()
+        body = await _body(raw)
+        if body is None:
+            return Response(status_code=499)   # the client closed the request half-sent
         try:
-            req = parse(ChatCompletionRequest, await raw.body())
+            req = parse(ChatCompletionRequest, body)
             check_model(req.model)
             check_sampling(req, sampling)
             if engine.tok is None or not engine.tok.chat_template:
@@ -594,16 +601,31 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
     return app
 
 
+def chrome_path(timeline) -> Path:
+    """Where a served timeline's Chrome trace goes: beside it, `.trace.json`."""
+    return Path(timeline).with_suffix(".trace.json")
+
+
+async def _body(raw: Request) -> bytes | None:
+    """The request's body, or None when the client went away before sending all of it (a
+    half-sent body is no request: nothing to answer, nothing to log)."""
+    try:
+        return await raw.body()
+    except ClientDisconnect:
+        return None
+
+
 def _text_of(content) -> str:
     """A message's text: a string, or OpenAI's list of parts (their text parts joined)."""
     if content is None or isinstance(content, str):
         return content or ""
-    return "".join(p.get("text", "") for p in content if p.get("type") == "text")
+    return "".join(p if isinstance(p, str) else p.get("text", "") for p in content
+                   if isinstance(p, str) or p.get("type") == "text")
 
 
-def run_server(app, engine: EngineClient, host: str, port: int, log_level: str) -> None:
-    """uvicorn, with a signal handler that ends the streams in flight first, so that a
-    shutdown does not wait for them to finish generating."""
+def run_server(app, engine: EngineClient, sock, log_level: str) -> None:
+    """uvicorn on the bound socket `sock`, with a signal handler that ends the streams in
+    flight first, so that a shutdown does not wait for them to finish generating."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -613,6 +635,7 @@ def run_server(app, engine: EngineClient, host: str, port: int, log_level: str) 
                 loop.call_soon_threadsafe(engine.end_all, "the server is shutting down")
             super().handle_exit(sig, frame)
 
+    host, port = sock.getsockname()[:2]
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=STOP_TIMEOUT_S, access_log=False)
-    Server(config).run()
+    Server(config).run(sockets=[sock])

@@ -2,12 +2,16 @@
 
 Everything that runs the engine builds it from one of these: `stepgap run` and `stepgap serve`,
 the demo, validation and profiling (calibrate/), the GPU driver, training's greedy data, and
-the tests. It makes the three parts of a run:
+the tests. `create_engine_config()` resolves it once into an `EngineSetup` (the models' configs
+read and checked, the KV cache sized, as vLLM's create_engine_config), which makes the three
+parts of a run:
 
-- `worker_spec()`: what the worker builds once (models, KV cache, device);
+- `worker_spec()`: what the worker builds once (models, KV cache, device), its memory checked;
 - `engine_config(mode, k)`: one run's scheduling (a worker serves runs of any mode and any
   k up to its `max_k`);
 - `make_executor()`: the worker inline or in its own process.
+
+(EngineArgs has the same three as shortcuts, each resolving the args anew.)
 
 Field names follow `vllm serve` (`docs/design.md`, "One vocabulary"); errors name the option.
 """
@@ -19,15 +23,17 @@ import os
 from dataclasses import dataclass, field, replace
 
 from stepgap.common.errors import UserError
-from stepgap.common.formats import MODES
-from stepgap.common.options import DEVICES, EXECUTORS, MAX_K
+from stepgap.common.formats import DEVICES, EXECUTORS, MODES
+from stepgap.common.limits import MAX_K, is_int
+from stepgap.common.memory import RESERVED_BYTES, kv_bytes_per_token, kv_cache_blocks
+from stepgap.common.model_heads import EagleHeadConfig
+from stepgap.common.modelcfg import ModelConfig
 from stepgap.common.scheduler import cdiv
 from stepgap.engine.kv_cache import BLOCK_SIZE
 from stepgap.engine.loop import EngineConfig
 from stepgap.engine.sampler import SamplingConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
-RESERVED_BYTES = 2 * 2 ** 30   # CUDA context, graphs and activations, kept out of the KV cache
 
 
 @dataclass(slots=True)
@@ -65,7 +71,7 @@ class EngineArgs:
             raise UserError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.dtype is not None and self.dtype not in DTYPE_BYTES:
             raise UserError(f"--dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
-        if not isinstance(self.k, int) or not 0 <= self.k <= MAX_K:
+        if not is_int(self.k) or not 0 <= self.k <= MAX_K:
             raise UserError(f"--num-speculative-tokens must be an integer from 0 to {MAX_K}, "
                             f"got {self.k!r}")
         if self.k > 0 and not self.draft:
@@ -73,7 +79,7 @@ class EngineArgs:
                             "--speculative-config's model (or --draft)")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
+            if not is_int(v) or v < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
             raise UserError("--num-gpu-blocks-override must be >= 1, "
@@ -103,77 +109,116 @@ class EngineArgs:
         check_draft_fits(cfg, target, self.draft)
         return cfg
 
-    def num_blocks(self) -> int:
+    def create_engine_config(self) -> EngineSetup:
+        """The setup every part of a run is made from, resolved once (as vLLM's
+        create_engine_config): the models' configs read and checked, the KV cache sized."""
+        target = self.target_config()
+        draft = self.draft_config(target)
+        return EngineSetup(self, target, draft, self._num_blocks(target, draft))
+
+    # Shortcuts for a caller that needs one part only: each resolves the args again.
+    def engine_config(self, mode: str | None = None, k: int | None = None,
+                      num_blocks: int | None = None) -> EngineConfig:
+        return self.create_engine_config().engine_config(mode, k, num_blocks)
+
+    def worker_spec(self):
+        return self.create_engine_config().worker_spec()
+
+    def make_executor(self):
+        return self.create_engine_config().make_executor()
+
+    def with_(self, **changes) -> "EngineArgs":
+        return replace(self, **changes)
+
+    def _kv_bytes_per_token(self, target, draft) -> int:
+        """The worker's KV cache holds the target's layers and the head's one, in its dtype."""
+        return kv_bytes_per_token(target, draft, 1, dtype_bytes=DTYPE_BYTES[self.dtype_name])
+
+    def _weight_bytes(self, target, draft) -> float:
+        return DTYPE_BYTES[self.dtype_name] * (target.num_params
+                                               + (draft.num_params if draft else 0))
+
+    def _num_blocks(self, target, draft) -> int:
         """--num-gpu-blocks-override; else what --gpu-memory-utilization of the device's memory
         holds after the weights; else room for max_num_seqs sequences of max_model_len, capped
         at --kv-cache-gib."""
         if self.num_gpu_blocks_override is not None:
             return self.num_gpu_blocks_override
-        target = self.target_config()
-        draft = self.draft_config(target)
-        nbytes = DTYPE_BYTES[self.dtype_name]
-        layers = target.num_layers + (1 if draft is not None else 0)
-        per_block = layers * 2 * self.block_size * target.num_kv_heads * target.head_dim * nbytes
+        per_token = self._kv_bytes_per_token(target, draft)
         if self.gpu_memory_utilization is not None:
-            weights = nbytes * (target.num_params + (draft.num_params if draft else 0))
-            free = device_memory(self.device) * self.gpu_memory_utilization - weights
-            free -= RESERVED_BYTES if self.device == "cuda" else 0
-            blocks = int(free // per_block)
+            weights = self._weight_bytes(target, draft)
+            blocks = kv_cache_blocks(device_memory(self.device), self.gpu_memory_utilization,
+                                     weights, RESERVED_BYTES if self.device == "cuda" else 0,
+                                     self.block_size, per_token)
             if blocks < 1:
                 raise UserError(f"--gpu-memory-utilization {self.gpu_memory_utilization}: the "
                                 f"weights ({weights / 1e9:.2f} GB) leave no room for a KV cache")
             return blocks
         want = self.max_num_seqs * cdiv(self.max_model_len + self.k, self.block_size)
-        return max(1, min(want, int(self.kv_cache_gib * 2 ** 30 // per_block)))
+        return max(1, min(want, int(self.kv_cache_gib * 2 ** 30
+                                    // (self.block_size * per_token))))
 
-    def check_memory(self, num_blocks: int) -> None:
+
+@dataclass(frozen=True, slots=True)
+class EngineSetup:
+    """One engine's setup, resolved once from its EngineArgs: the target's and the head's
+    configs, read and checked, and the KV cache's size. The three parts of a run are made from
+    it: `worker_spec()`, `engine_config(mode, k)` and `make_executor()`."""
+
+    args: EngineArgs
+    target: ModelConfig
+    draft: EagleHeadConfig | None
+    num_blocks: int
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target.vocab_size
+
+    def check_memory(self) -> None:
         """What the worker will allocate (weights, the KV cache, the RoPE tables) fits the
         device's memory: a typo such as --num-gpu-blocks-override 1e9 fails here, naming the
         options, not in the kernel's out-of-memory killer."""
-        target = self.target_config()
-        draft = self.draft_config(target)
-        nbytes = DTYPE_BYTES[self.dtype_name]
-        layers = target.num_layers + (1 if draft is not None else 0)
-        kv = num_blocks * layers * 2 * self.block_size * target.num_kv_heads * \
-            target.head_dim * nbytes
-        weights = nbytes * (target.num_params + (draft.num_params if draft else 0))
-        positions = self.max_model_len + (self.max_k or max(self.k, 1)) + self.block_size
+        a, target = self.args, self.target
+        kv = self.num_blocks * a.block_size * a._kv_bytes_per_token(target, self.draft)
+        weights = a._weight_bytes(target, self.draft)
+        positions = a.max_model_len + (a.max_k or max(a.k, 1)) + a.block_size
         rope = 2 * 2 * 4 * positions * target.head_dim   # cos and sin, target and head
-        have = device_memory(self.device)
+        have = device_memory(a.device)
         if weights + kv + rope > have:
             gib = 2 ** 30
             raise UserError(
-                f"the {self.device} worker would need {(weights + kv + rope) / gib:.1f} GiB "
-                f"(weights {weights / gib:.1f}, KV cache of {num_blocks} blocks {kv / gib:.1f}, "
-                f"RoPE tables for --max-model-len {self.max_model_len} {rope / gib:.1f}) but the "
-                f"{self.device} has {have / gib:.1f} GiB; lower --num-gpu-blocks-override, "
-                "--max-model-len or --kv-cache-gib")
+                f"the {a.device} worker would need {(weights + kv + rope) / gib:.1f} GiB "
+                f"(weights {weights / gib:.1f}, KV cache of {self.num_blocks} blocks "
+                f"{kv / gib:.1f}, RoPE tables for --max-model-len {a.max_model_len} "
+                f"{rope / gib:.1f}) but the {a.device} has {have / gib:.1f} GiB; lower "
+                "--num-gpu-blocks-override, --max-model-len or --kv-cache-gib")
 
     def worker_spec(self):
+        """What the worker builds once (models, KV cache, device), its memory checked."""
         from stepgap.engine.worker import WorkerSpec
-        blocks = self.num_blocks()
-        self.check_memory(blocks)
-        return WorkerSpec(self.model, self.draft, self.device, self.dtype,
-                          num_blocks=blocks, max_model_len=self.max_model_len,
-                          max_num_seqs=self.max_num_seqs, max_k=self.max_k or max(self.k, 1),
-                          cuda_graphs=self.cuda_graphs, block_size=self.block_size,
-                          seed=self.seed, num_threads=self.num_threads,
-                          emulate_graphs=self.emulate_graphs,
-                          random_weights=self.random_weights)
+        self.check_memory()
+        a = self.args
+        return WorkerSpec(a.model, a.draft, a.device, a.dtype, num_blocks=self.num_blocks,
+                          max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
+                          max_k=a.max_k or max(a.k, 1), cuda_graphs=a.cuda_graphs,
+                          block_size=a.block_size, seed=a.seed, num_threads=a.num_threads,
+                          emulate_graphs=a.emulate_graphs, random_weights=a.random_weights)
 
     def engine_config(self, mode: str | None = None, k: int | None = None,
                       num_blocks: int | None = None) -> EngineConfig:
-        return EngineConfig(mode or self.mode, self.k if k is None else k,
-                            num_blocks or self.num_blocks(), self.max_num_seqs,
-                            self.max_num_batched_tokens, self.max_model_len, self.sampling,
-                            self.block_size, self.target_config().max_position_embeddings)
+        """One run's scheduling: the args' mode and k unless given (a worker serves runs of
+        any mode and any k up to its max_k), in a KV cache of `num_blocks` (at most the
+        worker's) if given."""
+        a = self.args
+        return EngineConfig(mode or a.mode, a.k if k is None else k,
+                            num_blocks or self.num_blocks,
+                            a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
+                            a.sampling, a.block_size, self.target.max_position_embeddings)
 
     def make_executor(self):
+        """The worker inline or in its own process."""
         from stepgap.engine.executor import make_executor
-        return make_executor(self.executor, self.worker_spec(), self.pin)
-
-    def with_(self, **changes) -> "EngineArgs":
-        return replace(self, **changes)
+        return make_executor(self.args.executor, self.worker_spec(), self.args.pin)
 
 
 def device_memory(device: str) -> float:

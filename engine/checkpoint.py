@@ -1,4 +1,5 @@
-"""Checkpoints: load and save a Llama target and an EAGLE-3 head (both layouts of DESIGN.md §4).
+"""Checkpoints: load and save a Llama target and an EAGLE-3 head (both layouts of docs/design.md
+§4).
 
 Files hold the Hugging Face tensor names (`q_proj`, `k_proj`, ... `gate_proj`, `up_proj`); the
 modules fuse them (`qkv_proj`, `gate_up_proj`), so each file tensor maps onto a row range of a
@@ -23,8 +24,10 @@ from stepgap.engine.model import Llama, init_weights
 from stepgap.engine.tiny import TINY_TARGET, build_tiny, tiny_draft_config
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json_object, write_bytes, write_json
-from stepgap.common.modelcfg import (DRAFT_PRESETS, MODEL_PRESETS, Eagle3Config, ModelConfig,
-                              load_draft_config, load_model_config)
+from stepgap.common.model_heads import EagleHeadConfig
+from stepgap.common.model_presets import (DRAFT_PRESETS, MODEL_PRESETS, load_draft_config,
+                                          load_model_config)
+from stepgap.common.modelcfg import ModelConfig
 
 
 def target_config(spec: str) -> ModelConfig:
@@ -36,7 +39,7 @@ def target_config(spec: str) -> ModelConfig:
     return cfg
 
 
-def draft_config(spec: str, target: ModelConfig) -> Eagle3Config:
+def draft_config(spec: str, target: ModelConfig) -> EagleHeadConfig:
     """A head's config: `tiny-eagle3`, a preset, `eagle3`, a folder or a config.json."""
     return tiny_draft_config(target) if spec == "tiny-eagle3" else load_draft_config(spec, target)
 
@@ -223,7 +226,7 @@ def _gather(names: dict) -> dict:
 # -- draft heads ------------------------------------------------------------------------------
 
 
-def check_draft_fits(cfg: Eagle3Config, target: ModelConfig, source: str) -> None:
+def check_draft_fits(cfg: EagleHeadConfig, target: ModelConfig, source: str) -> None:
     """The head's config against the target's, before any tensor is read."""
     if cfg.target_hidden_size != target.hidden_size:
         raise UserError(f"{source}: tensor 'fc.weight' takes 3 x {cfg.target_hidden_size} "

@@ -116,7 +116,7 @@ class ServedClient:
                  tuple(spec.accepted_per_pos)))
 
     def step_gap(self, core: EngineCore) -> float | None:
-        """The device idle time before the step just collected (µs, DESIGN.md §2), or None
+        """The device idle time before the step just collected (µs, docs/design.md §2), or None
         after the engine had waited for work: that idle is the clients', not the loop's."""
         first = last = None
         for sp in core.spans[self.seen:]:
@@ -155,7 +155,8 @@ def engine_core_main(conn_in, conn_out, engine_args, record: bool, parent_pid: i
 
 def _engine_core(conn_in, conn_out, engine_args, record: bool, parent_pid: int) -> None:
     try:
-        executor = engine_args.make_executor()
+        setup = engine_args.create_engine_config()
+        executor = setup.make_executor()
     except UserError as e:
         conn_out.send(("user_error", str(e)))
         return
@@ -164,17 +165,16 @@ def _engine_core(conn_in, conn_out, engine_args, record: bool, parent_pid: int) 
         return
     with executor:
         try:
-            serve(executor, engine_args, conn_in, conn_out, record, parent_pid)
+            serve(executor, setup, conn_in, conn_out, record, parent_pid)
         except UserError as e:
             conn_out.send(("user_error", str(e)))
         except Exception as e:   # a dead worker (WorkerDied), an engine bug
             conn_out.send(("dead", f"{type(e).__name__}: {e}"))
 
 
-def serve(executor, engine_args, conn_in, conn_out, record: bool, parent_pid: int) -> None:
-    cfg = engine_args.engine_config()
-    vocab = engine_args.target_config().vocab_size
-    core = EngineCore(executor, cfg, [], vocab, engine_args.seed)
+def serve(executor, setup, conn_in, conn_out, record: bool, parent_pid: int) -> None:
+    cfg = setup.engine_config()
+    core = EngineCore(executor, cfg, [], setup.vocab_size, setup.args.seed)
     executor.configure(RunConfig(cfg.mode, cfg.k, cfg.sampling))
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_read_pipe, args=(conn_in, inbox), name="engine-input",

@@ -17,11 +17,11 @@ import torch
 from torch import nn
 
 from stepgap.engine.model import MLP, Attention, RMSNorm, Rope
-from stepgap.common.modelcfg import Eagle3Config
+from stepgap.common.model_heads import EagleHeadConfig
 
 
 class Eagle3Layer(nn.Module):
-    def __init__(self, cfg: Eagle3Config, rope: Rope):
+    def __init__(self, cfg: EagleHeadConfig, rope: Rope):
         super().__init__()
         h = cfg.hidden_size
         self.norm_before_residual = cfg.norm_before_residual
@@ -40,8 +40,8 @@ class Eagle3Layer(nn.Module):
 
 
 class Eagle3Head(nn.Module):
-    def __init__(self, cfg: Eagle3Config, target_hidden_size: int, max_positions: int | None = None,
-                 own_embedding: bool = False):
+    def __init__(self, cfg: EagleHeadConfig, target_hidden_size: int,
+                 max_positions: int | None = None, own_embedding: bool = False):
         super().__init__()
         self.cfg = cfg
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,

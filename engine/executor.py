@@ -26,7 +26,7 @@ from collections import deque
 from pathlib import Path
 
 from stepgap.common.errors import UserError
-from stepgap.common.options import EXECUTORS
+from stepgap.common.formats import EXECUTORS
 from stepgap.engine.worker import RunConfig, StepMsg, StepResult, Worker, WorkerSpec
 
 

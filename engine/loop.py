@@ -2,7 +2,7 @@
 
 One run sends a trace's requests as `vllm bench serve` would (`Client`: arrival times and max
 concurrency), adds them to the shared vLLM V1 scheduler between steps, and runs the step loop
-(`step_loop`) in one of the modes of DESIGN.md §1:
+(`step_loop`) in one of the modes of docs/design.md §1:
 
 - `sync`: schedule N, execute N, collect N, update_from_output N, then schedule N+1;
 - `async` and `zero-bubble`: a batch queue of depth 2: schedule and execute N+1, then collect and
@@ -53,12 +53,9 @@ class EngineConfig:
     max_position_embeddings: int | None = None   # the target's context
 
     def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(num_blocks=self.num_blocks, block_size=self.block_size,
-                               max_num_seqs=self.max_num_seqs,
-                               max_num_batched_tokens=self.max_num_batched_tokens,
-                               max_model_len=self.max_model_len, num_spec_tokens=self.k,
-                               async_scheduling=self.mode != "sync",
-                               max_position_embeddings=self.max_position_embeddings)
+        return SchedulerConfig.for_run(self.mode, self.k, self.num_blocks, self.block_size,
+                                       self.max_num_seqs, self.max_num_batched_tokens,
+                                       self.max_model_len, self.max_position_embeddings)
 
 
 @dataclass

@@ -1,9 +1,11 @@
 """The OpenAI API as `vllm serve` speaks it: requests, their checks, and the shapes of answers.
 
 Requests are pydantic models with the field names, types and defaults of vLLM's
-(`vllm/entrypoints/openai/completion/protocol.py`); unknown fields are accepted and ignored, as
-vLLM accepts them. What the engine does not model is refused with a 400 that names the field
-rather than silently dropped: n > 1, echo, logprobs, stop strings, penalties, min_tokens, and a
+(`vllm/entrypoints/openai/completion/protocol.py` and `chat_completion/protocol.py`), so that a
+value is coerced, or refused, as vLLM's own models do it (pydantic's lax mode: "8" and 8.0 are
+8 for an integer, "true" is true, 8.5 and "x" are refused); unknown fields are accepted and
+ignored, as vLLM accepts them. What the engine does not model is refused with a 400 that names
+the field rather than silently dropped: n > 1, echo, logprobs, stop strings, penalties, min_tokens, and a
 temperature, top_p or top_k other than the server's (`stepgap serve --temperature ...`: the
 engine samples every request alike). Errors have OpenAI's shape,
 `{"error": {"message", "type", "param", "code"}}`.
@@ -24,6 +26,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 TokenId = Annotated[int, Field(ge=0)]
+INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1   # vLLM's bounds of a seed
 
 
 class APIError(Exception):
@@ -63,8 +66,7 @@ class SamplingFields(BaseModel):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
-    seed: int | None = None
-    logprobs: int | bool | None = None
+    seed: Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
@@ -77,18 +79,23 @@ class CompletionRequest(SamplingFields):
     max_tokens: Annotated[int, Field(ge=1)] | None = 16   # OpenAI's default for completions
     echo: bool | None = False
     suffix: str | None = None
+    logprobs: int | None = None
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: str
-    content: str | list[dict] | None = None
+    content: str | list[dict | str] | None = None   # text, or OpenAI's parts (vLLM: or strings)
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     add_generation_prompt: bool = True
+    n: int | None = 1
+    echo: bool = False
+    logprobs: bool | None = False
+    top_logprobs: int | None = 0
 
 
 def parse(model: type[BaseModel], body: bytes) -> BaseModel:
@@ -123,7 +130,7 @@ def _short(v) -> str:
 def check_sampling(req: SamplingFields, sampling) -> None:
     """Refuse what the engine does not model, naming the field. `sampling` is the server's
     SamplingConfig: every request is sampled with it."""
-    if req.n != 1:
+    if req.n not in (1, None):
         raise APIError(f"n: only n = 1 is served, got {req.n}", "n")
     if getattr(req, "echo", False):
         raise APIError("echo: not supported", "echo")
@@ -131,6 +138,8 @@ def check_sampling(req: SamplingFields, sampling) -> None:
         raise APIError("suffix: not supported", "suffix")
     if req.logprobs not in (None, False):
         raise APIError("logprobs: not supported", "logprobs")
+    if getattr(req, "top_logprobs", None):
+        raise APIError("top_logprobs: not supported", "top_logprobs")
     if req.stop:
         raise APIError("stop: stop strings are not supported (the EOS token is, unless "
                        "ignore_eos)", "stop")

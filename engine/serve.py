@@ -1,6 +1,6 @@
 """`stepgap serve`: the engine behind an OpenAI-compatible HTTP server, as `vllm serve`.
 
-It takes `stepgap run`'s engine options (engine/cli.py `add_run_args`, vLLM's spellings) and
+It takes `stepgap run`'s engine options (engine/options.py `add_run_args`, vLLM's spellings) and
 `vllm serve`'s server options (`--host`, `--port`, `--served-model-name`, `--tokenizer`,
 `--uvicorn-log-level`). The HTTP front end (engine/api_server.py) runs in this process, the
 engine core (engine/core_proc.py) in another, and with `--executor process` the worker in a
@@ -42,7 +42,7 @@ timeline and result, and stops every process within a few seconds.
 
 def register(sub) -> None:
     from stepgap.common.options import nonneg_int
-    from stepgap.engine.cli import add_run_args
+    from stepgap.engine.options import add_run_args
     p = sub.add_parser(
         "serve", help="serve the engine over HTTP with the OpenAI API, as `vllm serve`",
         description="Serve the reference engine behind an OpenAI-compatible streaming server "
@@ -53,6 +53,9 @@ def register(sub) -> None:
     p.add_argument("model_tag", nargs="?", metavar="MODEL",
                    help="the target, as `vllm serve MODEL` takes it (the same as --model)")
     add_run_args(p)
+    p._option_string_actions["--max-model-len"].help = (
+        "longest prompt + output, in tokens (default: the model's max_position_embeddings, as "
+        "vLLM's)")
     g = p.add_argument_group("server (as `vllm serve`)")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
                    "127.0.0.1; vLLM's default is every address)")
@@ -81,7 +84,7 @@ def register(sub) -> None:
 def cmd_serve(args) -> int:
     from stepgap.common.options import note
     from stepgap.engine.api_server import EngineClient, build_app, run_server
-    from stepgap.engine.cli import engine_args_from
+    from stepgap.engine.options import engine_args_from
     from stepgap.engine.loop import config_summary
     from stepgap.engine.tokenizer import ServedTokenizer
 
@@ -96,8 +99,11 @@ def cmd_serve(args) -> int:
                         "(use `stepgap run`)")
     if not 0 < args.port < 65536:
         raise UserError(f"--port must be in 1..65535, got {args.port}")
-    target = ea.target_config()
-    ea.draft_config(target)    # a head that does not fit fails here, before any process starts
+    if args.max_model_len is None:   # as vLLM: the model's own context
+        ea = ea.with_(max_model_len=ea.target_config().max_position_embeddings)
+    setup = ea.create_engine_config()   # a head that does not fit fails here, before any
+    target = setup.target               # process starts
+    check_served_outputs(args.timeline, args.result_json)
     tok = ServedTokenizer.load(args.tokenizer or ea.model)
     if args.tokenizer and tok is None:
         raise UserError(f"--tokenizer {args.tokenizer}: no tokenizer.json there")
@@ -105,13 +111,14 @@ def cmd_serve(args) -> int:
         raise UserError(f"the tokenizer has {tok.vocab_size} tokens but the model's vocabulary "
                         f"is {target.vocab_size}")
     name = (args.served_model_name or [ea.model])[0]
-    cfg = ea.engine_config()
+    cfg = setup.engine_config()
     record = bool(args.timeline or args.result_json)
+    sock = listen_socket(args.host, args.port)   # a port in use fails now, not after the build
     engine = EngineClient(ea, tok, name, record)
     note(args, f"starting the engine core ({ea.executor} worker on {ea.device}, mode {ea.mode}, "
                f"k {ea.k}, {cfg.num_blocks} KV blocks of {ea.block_size}) ...")
-    engine.start()
     try:
+        engine.start()
         info = engine.info
         note(args, f"engine core pid {info['engine_pid']}, worker pid {info['worker_pid']}; "
                    f"serving {name!r} on http://{args.host}:{args.port}"
@@ -120,10 +127,43 @@ def cmd_serve(args) -> int:
                   "served_model_name": name, "tokenizer": bool(tok)}
         app = build_app(engine, name, ea.sampling, timeline=args.timeline,
                         result_json=args.result_json, config=config)
-        run_server(app, engine, args.host, args.port, args.uvicorn_log_level)
+        run_server(app, engine, sock, args.uvicorn_log_level)
     finally:
         engine.stop()
+        sock.close()
     if engine.dead:
         print(f"stepgap serve: the engine died: {engine.dead}", file=sys.stderr)
         return 1
     return 0
+
+
+def check_served_outputs(timeline: str | None, result_json: str | None) -> None:
+    """The files a served run writes at shutdown (or /stop_profile), checked before serving: a
+    result that cannot be written would be lost with the run (common/fileio.py)."""
+    from pathlib import Path
+
+    from stepgap.common.fileio import check_distinct, check_writable
+    from stepgap.engine.api_server import chrome_path
+    outputs = [("--timeline", timeline),
+               ("--timeline's Chrome trace", timeline and chrome_path(timeline)),
+               ("--result-json", result_json)]
+    check_distinct(outputs)
+    for option, path in outputs:
+        if path is not None:
+            check_writable(Path(path), option)
+
+
+def listen_socket(host: str, port: int):
+    """The server's socket, bound before the engine is built (uvicorn then serves on it), so
+    that a port in use or an address not of this machine fails in one line at once. As
+    uvicorn binds: IPv6 where the host has a colon, SO_REUSEADDR."""
+    import socket
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        why = e.strerror or str(e)
+        raise UserError(f"--host {host} --port {port}: cannot listen there ({why})") from None
+    return sock

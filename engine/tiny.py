@@ -11,7 +11,8 @@ import torch
 
 from stepgap.engine.eagle3 import Eagle3Head
 from stepgap.engine.model import Llama, init_weights
-from stepgap.common.modelcfg import Eagle3Config, ModelConfig
+from stepgap.common.model_heads import EagleHeadConfig
+from stepgap.common.modelcfg import ModelConfig
 
 TINY_TARGET = ModelConfig(
     "tiny-llama", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
@@ -27,8 +28,8 @@ def tiny_aux_layers(cfg: ModelConfig) -> tuple[int, int, int]:
 
 
 def tiny_draft_config(target: ModelConfig = TINY_TARGET, draft_vocab_size: int | None = None,
-                      name: str = "tiny-eagle3") -> Eagle3Config:
-    return Eagle3Config(
+                      name: str = "tiny-eagle3") -> EagleHeadConfig:
+    return EagleHeadConfig(
         name, hidden_size=target.hidden_size, num_heads=target.num_heads,
         num_kv_heads=target.num_kv_heads, intermediate_size=target.intermediate_size,
         vocab_size=target.vocab_size, draft_vocab_size=draft_vocab_size or target.vocab_size // 2,

@@ -14,9 +14,9 @@ A step is `execute` (prepare_inputs, then launch) and, later, `collect`:
 - collect: wait for the D2H, hand back each sampling request's 1 + accepted tokens, and fold them
   into the per-request state.
 
-Modes (DESIGN.md §1): `sync` collects each step before the next; `async` waits for the previous
-step's accepted counts before preparing (they fix positions on the host); `zero-bubble` never
-waits, prepares as if every draft were accepted, and lets the device fix it up.
+Modes (docs/design.md §1): `sync` collects each step before the next; `async` waits for the
+previous step's accepted counts before preparing (they fix positions on the host); `zero-bubble`
+never waits, prepares as if every draft were accepted, and lets the device fix it up.
 """
 
 from __future__ import annotations
@@ -179,6 +179,25 @@ class StepHandle:
         return self.out_event is None or self.out_event.query()
 
 
+# A CPU worker's torch threads (docs/engine.md, "Threads on a shared machine"): one per CPU the
+# process may run on, as vLLM's CPU worker binds one OpenMP thread per core it owns, except for
+# a model narrower than this, whose matrix products take microseconds: split over threads, each
+# costs a wake-up and a barrier more than it saves, and a barrier waits for the slowest thread,
+# which on a shared machine is the one whose core another process holds.
+SMALL_HIDDEN = 1024
+
+
+def cpu_threads(hidden_size: int) -> int:
+    """Torch threads for a CPU worker of a model this wide, unless the user set them."""
+    import os
+    if "OMP_NUM_THREADS" in os.environ:
+        return torch.get_num_threads()
+    if hidden_size < SMALL_HIDDEN:
+        return 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        os.cpu_count() or 1
+
+
 class Worker:
     def __init__(self, spec: WorkerSpec):
         self.spec = spec
@@ -191,6 +210,8 @@ class Worker:
         self.target, self.target_cfg = load_target(spec.target, self.device, self.dtype, max_pos,
                                                    seed=spec.seed,
                                                    random_weights=spec.random_weights)
+        if not spec.num_threads and not self.cuda:
+            torch.set_num_threads(cpu_threads(self.target_cfg.hidden_size))
         self.draft = self.draft_cfg = None
         if spec.draft:
             self.draft, self.draft_cfg = load_draft(spec.draft, self.target, self.device,
@@ -221,7 +242,7 @@ class Worker:
                 "target_params": sum(p.numel() for p in self.target.parameters()),
                 "kv_cache_bytes": self.kv.nbytes, "num_blocks": self.spec.num_blocks,
                 "graph_error": self.graph_error,
-                "torch": torch.__version__,
+                "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                 "gpu": torch.cuda.get_device_name(self.device) if self.cuda else None}
 
     # -- runs ---------------------------------------------------------------------------------

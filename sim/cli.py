@@ -7,17 +7,18 @@ gives the option; the effective defaults are SimConfig's, shown in the help.
 from __future__ import annotations
 
 import argparse
+import sys
 import textwrap
 from pathlib import Path
 
 from stepgap.common.acceptance import PROFILES
-from stepgap.common.modelcfg import DRAFT_PRESETS
-from stepgap.common.options import (MAX_MS, MAX_SCALE, MAX_SKEW, MAX_SPREAD, MAX_US,
-                            add_engine_args, add_load_args, add_model_args, add_result_args,
-                            add_scheduler_args, at_most, executor_from_args, mode_from_args,
-                            nonneg_float, rates_arg, speculative_from_args)
+from stepgap.common.model_presets import DRAFT_PRESETS
+from stepgap.common.limits import MAX_MS, MAX_SCALE, MAX_SKEW, MAX_SPREAD, MAX_US
+from stepgap.common.options import (add_engine_args, add_load_args, add_model_args, add_result_args,
+                                    add_scheduler_args, at_most, executor_from_args, mode_from_args,
+                                    nonneg_float, rates_arg, speculative_from_args)
 from stepgap.sim.config import TOPOLOGIES, SimConfig
-from stepgap.sim.costs import CPU_COSTS, CPU_OPS, CpuCosts
+from stepgap.sim.cpu_costs import CPU_COSTS, CPU_OPS, CpuCosts
 from stepgap.sim.hardware import CATALOG
 from stepgap.sim.presets import PRESETS
 
@@ -93,6 +94,13 @@ def cost_arg(text: str) -> tuple[str, list[float]]:
 
 
 def register(sub) -> None:
+    """The simulator's commands: `simulate`, and `sweep` and `plot` (sim/sweep_cli.py)."""
+    from stepgap.sim import sweep_cli
+    register_simulate(sub)
+    sweep_cli.register(sub)
+
+
+def register_simulate(sub) -> None:
     p = sub.add_parser("simulate", help="predict a serving run with the SimPy step-loop model",
                        description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -235,19 +243,18 @@ def run(args) -> int:
     from stepgap.sim.loop import simulate
     from stepgap.sim.presets import comparison_table, get_preset
     from stepgap.common.formats import format_summary, save_chrome_trace, save_result, save_timeline
+    from stepgap.common.fileio import check_distinct
     from stepgap.common.options import check_outputs, note, result_path
 
     cfg = config_from_args(args)
     out = result_path(args, "stepgap-sim", cfg.model)
+    check_distinct([("--result-json" if args.result_json else "--save-result", out),
+                    ("--timeline", args.timeline),
+                    ("--timeline's Chrome trace", args.timeline and chrome_path(args.timeline))])
     check_outputs(args, out, args.timeline and (args.timeline, chrome_path(args.timeline)))
     res, spans = simulate(cfg)
     for line in res["config"]["resolved"]["notes"]:
         note(args, line)
-    if out:
-        save_result(out, res)
-    if args.timeline:
-        save_timeline(args.timeline, spans)
-        save_chrome_trace(chrome_path(args.timeline), spans, process_name="stepgap-sim")
     if not args.quiet:
         print(format_summary(res, title=f"Simulated Serving Result ({cfg.mode}, k={cfg.k})"))
         preset = get_preset(args.preset) if args.preset else None
@@ -255,6 +262,13 @@ def run(args) -> int:
             print(comparison_table(res, preset.measured[cfg.mode],
                                    f"{preset.name} {cfg.mode}: vs measured"))
             print(f"measured: {preset.source}")
+        sys.stdout.flush()   # a stdout that cannot take it fails here, before any file is written
+    if out:
+        save_result(out, res)
+    if args.timeline:
+        save_timeline(args.timeline, spans)
+        save_chrome_trace(chrome_path(args.timeline), spans, process_name="stepgap-sim")
+    if not args.quiet:
         if out:
             print(f"result: {out}")
         if args.timeline:

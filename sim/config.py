@@ -12,18 +12,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import NamedTuple
 
 from stepgap.common.acceptance import AcceptanceProfile, default_profile, get_profile
-from stepgap.sim.costs import CPU_COSTS, BF16, CpuCosts, DeviceCosts, OpCost, RooflineCosts
-from stepgap.sim.profile import Profile, ProfileCosts, load_profile
-from stepgap.sim.hardware import GIB, Hardware, get_hardware
+from stepgap.sim.costs import DeviceCosts
+from stepgap.sim.cpu_costs import CPU_COSTS, CpuCosts, OpCost
+from stepgap.sim.roofline import RooflineCosts
+from stepgap.sim.profile import Noise, Profile, load_profile
+from stepgap.sim.profile_costs import ProfileCosts
+from stepgap.sim.hardware import Hardware, get_hardware
 from stepgap.common.errors import UserError
-from stepgap.common.formats import METRICS, MODES
-from stepgap.common.options import (DEVICES, EXECUTORS, MAX_K, MAX_MS, MAX_PROMPTS, MAX_SCALE,
-                            MAX_SKEW, MAX_SPREAD, MAX_US)
-from stepgap.common.modelcfg import (SPEC_METHODS, Eagle3Config, ModelConfig, default_draft_model,
-                              load_drafter, load_model_config)
+from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES
+from stepgap.common.limits import (MAX_K, MAX_MS, MAX_PROMPTS, MAX_SCALE, MAX_SKEW, MAX_SPREAD,
+                                   MAX_US, is_finite, is_int, is_number)
+from stepgap.common.drafters import SPEC_METHODS, default_draft_model, load_drafter
+from stepgap.common.model_heads import EagleHeadConfig
+from stepgap.common.model_presets import load_model_config
+from stepgap.common.modelcfg import ModelConfig
+from stepgap.common.memory import (RESERVED_BYTES, kv_bytes_per_token, kv_cache_blocks,
+                                   weight_bytes)
 from stepgap.common.scheduler import SchedulerConfig
 
 # Old spellings of fields and values, still read (grid files, folders written before).
@@ -34,8 +40,6 @@ OLD_DEVICES = {"async": "cuda", "sync": "cpu"}
 # vLLM's (execute_model and sample_tokens RPCs, take_draft_token_ids in sync, an API server
 # sharing the engine core's CPU; docs/vllm.md). None: the profile's, else stepgap.
 TOPOLOGIES = ("stepgap", "vllm", "served")
-RESERVED_BYTES = 2 * GIB  # CUDA context, CUDA graphs and peak activations, kept out of the KV
-                          # (per GPU)
 # Methods whose drafter proposes from the sampled tokens on the host: vLLM runs them with sync
 # scheduling only (vllm/config/vllm.py; docs/sim.md).
 CPU_PROPOSERS = ("ngram",)
@@ -117,7 +121,7 @@ class SimConfig:
         if self.mode not in MODES:
             raise _bad("mode", f"must be one of {', '.join(MODES)}", self.mode)
         tp = self.tensor_parallel_size
-        if not _is_int(tp) or not 1 <= tp <= 8:
+        if not is_int(tp) or not 1 <= tp <= 8:
             raise _bad("tensor_parallel_size", "must be an integer from 1 to 8 (the GPUs of one "
                        "node; multi-node parallelism is not modelled)", tp)
         if self.executor is None:
@@ -151,26 +155,26 @@ class SimConfig:
         _ints(self, ("num_prompts",), 1, MAX_PROMPTS, optional=True)
         if self.topology is not None and self.topology not in TOPOLOGIES:
             raise _bad("topology", f"must be one of {', '.join(TOPOLOGIES)}", self.topology)
-        if not (_is_num(self.gpu_memory_utilization) and 0 < self.gpu_memory_utilization <= 1):
+        if not (is_finite(self.gpu_memory_utilization) and 0 < self.gpu_memory_utilization <= 1):
             raise _bad("gpu_memory_utilization", "must be in (0, 1]",
                        self.gpu_memory_utilization)
         _numbers(self, ("cpu_scale",), MAX_SCALE)
         _numbers(self, ("moe_routing_skew",), MAX_SKEW)
-        if not (_is_num(self.speed) and 0 < self.speed <= MAX_SCALE):
+        if not (is_finite(self.speed) and 0 < self.speed <= MAX_SCALE):
             raise _bad("speed", f"must be a number in (0, {MAX_SCALE:g}]", self.speed)
         _numbers(self, ("launch_latency_us", "wake_us", "ipc_us", "all_reduce_latency_us"),
                  MAX_US, optional=True)
         _numbers(self, ("acceptance_spread",), MAX_SPREAD, optional=True)
         _numbers(self, ("output_latency_ms",), MAX_MS)
-        if self.request_rate is not None and not (_is_num(self.request_rate, inf=True)
+        if self.request_rate is not None and not (_is_rate(self.request_rate)
                                                   and self.request_rate > 0):
             raise _bad("request_rate", "must be > 0 (or inf)", self.request_rate)
-        if not (_is_num(self.burstiness, inf=True) and self.burstiness > 0):
+        if not (_is_rate(self.burstiness) and self.burstiness > 0):
             raise _bad("burstiness", "must be > 0", self.burstiness)
         if self.acceptance_rates is not None:
             self.acceptance_rates = _tuple(self, "acceptance_rates")
         self.metric_percentiles = _tuple(self, "metric_percentiles")
-        if not self.metric_percentiles or not all(_is_num(p) and 0 < p < 100
+        if not self.metric_percentiles or not all(is_finite(p) and 0 < p < 100
                                                   for p in self.metric_percentiles):
             raise _bad("metric_percentiles", "must be percentiles in (0, 100)",
                        self.metric_percentiles)
@@ -184,7 +188,7 @@ class SimConfig:
             if op not in CPU_COSTS:
                 raise UserError(f"--cpu-cost: unknown op {op!r} (ops: {', '.join(CPU_COSTS)})")
             if not isinstance(abc, (list, tuple)) or not 1 <= len(abc) <= 3 \
-                    or not all(_is_num(v) and 0 <= v <= MAX_US for v in abc):
+                    or not all(is_finite(v) and 0 <= v <= MAX_US for v in abc):
                 raise UserError(f"--cpu-cost {op}: expected A[,B[,C]], 1 to 3 numbers from 0 "
                                 f"to {MAX_US:g} microseconds, got {abc!r}")
 
@@ -196,13 +200,9 @@ class SimConfig:
         return d
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v, inf: bool = False) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)
-            and not math.isnan(v) and (inf or math.isfinite(v)))
+def _is_rate(v) -> bool:
+    """A number, inf allowed (a request rate, a burstiness), NaN not."""
+    return is_number(v) and not math.isnan(v)
 
 
 def _ints(cfg, names, lo: int, hi: int | None = None, optional: bool = False) -> None:
@@ -210,7 +210,7 @@ def _ints(cfg, names, lo: int, hi: int | None = None, optional: bool = False) ->
         v = getattr(cfg, name)
         if v is None and optional:
             continue
-        if not _is_int(v) or v < lo or (hi is not None and v > hi):
+        if not is_int(v) or v < lo or (hi is not None and v > hi):
             raise _bad(name, f"must be an integer from {lo} to {hi}" if hi is not None
                        else f"must be an integer >= {lo}", v)
 
@@ -221,7 +221,7 @@ def _numbers(cfg, names, hi: float, optional: bool = False) -> None:
         v = getattr(cfg, name)
         if v is None and optional:
             continue
-        if not (_is_num(v) and 0 <= v <= hi):
+        if not (is_finite(v) and 0 <= v <= hi):
             raise _bad(name, f"must be a number from 0 to {hi:g}", v)
 
 
@@ -236,23 +236,58 @@ def _tuple(cfg, name: str) -> tuple:
 # Resolution
 
 
-class Resolved(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """Where the step loop's parts run (docs/design.md §2), and what follows from it."""
+
+    engine: str = "stepgap"       # whose step loop (TOPOLOGIES)
+    inline: bool = True           # the worker on the engine core's thread (else its process)
+    device_async: bool = True     # the device runs asynchronously to the worker (cuda)
+    tp: int = 1                   # ranks of the multiprocess executor
+    api_server: bool = False      # an API server in front, on the engine core's CPU
+    computes_ahead: bool = False  # a process worker on a synchronous device: it computed step N
+                                  # (and knows its counts) before it prepares N+1
+
+    @classmethod
+    def of(cls, engine: str, executor: str, device: str, tp: int) -> Topology:
+        inline, device_async = executor == "inline", device == "cuda"
+        return cls(engine, inline, device_async, tp, engine in ("vllm", "served"),
+                   not inline and not device_async)
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """Everything a run needs, resolved once from its SimConfig (sim/loop.py `Sim` reads this,
+    and derives nothing from the config itself)."""
+
     hw: Hardware
     target: ModelConfig
-    draft: Eagle3Config | ModelConfig | None   # what drafts (None: mtp, n-gram, k = 0)
-    device_async: bool
+    draft: EagleHeadConfig | ModelConfig | None   # what drafts (None: mtp, n-gram, k = 0)
     device_costs: DeviceCosts
     cpu: CpuCosts
     profile: AcceptanceProfile
     scheduler: SchedulerConfig
+    topology: Topology
     measured: Profile | None = None   # the --profile, when given
     mode: str = "sync"                # the mode the run has (see CPU_PROPOSERS)
     notes: tuple[str, ...] = ()       # what was chosen for the user, one line each
-    topology: str = "stepgap"
+    # the step loop's rules, from the mode, the method and the topology (sim/loop.py)
+    wait_accepted: bool = False       # async with drafts: step N+1 waits for N's counts
+    fixup: bool = False               # zero-bubble's device fixup (not where computes_ahead)
+    cpu_propose: bool = False         # drafts proposed on the host (n-gram)
+    rpc_share: float = 1.0            # of vLLM's sync-fitted RPC turnaround, waited
+    noise: Noise | None = None        # the measured noise replayed on the device ops
+
+    @property
+    def device_async(self) -> bool:
+        return self.topology.device_async
 
 
-def resolve(cfg: SimConfig) -> Resolved:
-    """Every object the run needs, and every check that can fail, before any work."""
+def resolve(cfg: SimConfig, profile: Profile | None = None,
+            device_costs: DeviceCosts | None = None) -> Resolved:
+    """Every object the run needs, and every check that can fail, before any work. `profile`:
+    a measured profile to use instead of reading `cfg.profile`'s file; `device_costs`: a
+    source of device costs to use instead of the config's (ConstantCosts in tests)."""
     hw = get_hardware(cfg.gpu)
     target = load_model_config(cfg.model)
     tp, notes = cfg.tensor_parallel_size, []
@@ -280,29 +315,51 @@ def resolve(cfg: SimConfig) -> Resolved:
         notes.append(f"method {cfg.method} proposes on the CPU from the sampled tokens on the "
                      f"host, so vLLM runs it with sync scheduling (async takes EAGLE, MTP, "
                      f"draft models and ngram_gpu): --mode {cfg.mode} is simulated as sync")
-    device = cfg.device or ("cuda" if hw.kind == "gpu" else "cpu")
-    device_costs: DeviceCosts = RooflineCosts(
-        target, draft, hw, cfg.k, tp=tp, method=cfg.method, routing_skew=cfg.moe_routing_skew,
-        max_model_len=cfg.max_model_len)
-    measured = load_profile(cfg.profile) if cfg.profile else None
-    if measured is not None:
-        if tp > 1 or (cfg.k and cfg.method != "eagle3"):
-            raise UserError(f"--profile {cfg.profile}: a measured profile times one device "
-                            "running EAGLE-3 drafts; --tensor-parallel-size > 1 and other "
-                            "methods use the roofline (drop --profile)")
-        device_costs = ProfileCosts(measured, cfg.k, device_costs, cfg.block_size)
-    topology = cfg.topology or (measured.topology.get("engine") if measured else None) \
-        or "stepgap"
-    if topology not in TOPOLOGIES:
-        raise UserError(f"{cfg.profile}: topology.engine {topology!r} (expected one of "
-                        f"{', '.join(TOPOLOGIES)})")
+    measured = profile or (load_profile(cfg.profile) if cfg.profile else None)
+    costs = device_costs_of(cfg, target, draft, hw, measured)   # (its checks, whatever is used)
+    if device_costs is not None:
+        costs = device_costs
+    engine = cfg.topology or (measured.engine if measured else None) or "stepgap"
+    if engine not in TOPOLOGIES:
+        raise UserError(f"{measured.path or 'the profile'}: topology.engine {engine!r} "
+                        f"(expected one of {', '.join(TOPOLOGIES)})")
+    topo = Topology.of(engine, cfg.executor, cfg.device or ("cuda" if hw.kind == "gpu"
+                                                            else "cpu"), tp)
     prof, note = acceptance_profile(cfg, target)
     if note and cfg.k:
         notes.append(note)
-    return Resolved(hw, target, draft, device == "cuda", device_costs,
-                    cpu_costs(cfg, measured), prof,
-                    scheduler_config(cfg, target, draft, hw, mode), measured, mode,
-                    tuple(notes), topology)
+    async_ = mode != "sync"
+    return Resolved(
+        hw, target, draft, costs, cpu_costs(cfg, measured), prof,
+        scheduler_config(cfg, target, draft, hw, mode), topo, measured, mode, tuple(notes),
+        wait_accepted=mode == "async" and cfg.k > 0,
+        # a process worker on a synchronous device has computed step N (and knows its counts)
+        # before it prepares N+1: zero-bubble then has nothing to fix up
+        fixup=mode == "zero-bubble" and not topo.computes_ahead,
+        cpu_propose=cfg.k > 0 and cfg.method in CPU_PROPOSERS,
+        # vLLM's worker turns an RPC around in a round trip in sync (it replies, and the engine
+        # core sends the next only then) and in one message in async (the next is already
+        # queued): the share of the sync-fitted turnaround it waits (docs/vllm.md)
+        rpc_share=0.5 if engine == "vllm" and async_ else 1.0,
+        noise=measured.jitter if cfg.jitter and measured is not None else None)
+
+
+def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
+                    measured: Profile | None) -> DeviceCosts:
+    """The run's source of device costs, behind the DeviceCosts seam (sim/costs.py): the
+    roofline of the model on the hardware entry, and over it a measured profile's fits where
+    one is given (the roofline answers for the ops it has no fit of). Another source (measured
+    operator tables) stands here the same way."""
+    costs: DeviceCosts = RooflineCosts(
+        target, draft, hw, cfg.k, tp=cfg.tensor_parallel_size, method=cfg.method,
+        routing_skew=cfg.moe_routing_skew, max_model_len=cfg.max_model_len)
+    if measured is not None:
+        if cfg.tensor_parallel_size > 1 or (cfg.k and cfg.method != "eagle3"):
+            raise UserError(f"--profile {cfg.profile or measured.path}: a measured profile "
+                            "times one device running EAGLE-3 drafts; --tensor-parallel-size "
+                            "> 1 and other methods use the roofline (drop --profile)")
+        costs = ProfileCosts(measured, cfg.k, costs, cfg.block_size)
+    return costs
 
 
 def cpu_costs(cfg: SimConfig, measured: Profile | None = None) -> CpuCosts:
@@ -333,37 +390,18 @@ def acceptance_profile(cfg: SimConfig, target: ModelConfig | None = None
     return prof, note
 
 
-def kv_bytes_per_token(target: ModelConfig, draft, tp: int = 1, method: str = "eagle3") -> int:
-    """KV-cache bytes one GPU holds per token: the target's layers, and the drafter's (an
-    EAGLE head's one layer, a draft model's layers, the MTP layers)."""
-    per = target.kv_bytes_per_token(tp)
-    if draft is not None:
-        per += draft.kv_bytes_per_token(tp)
-    elif method == "mtp":
-        per += target.num_mtp_layers * target.kv_bytes_per_layer(tp)
-    return per
-
-
-def weight_bytes(target: ModelConfig, draft, tp: int = 1, method: str = "eagle3") -> float:
-    """Weight bytes one GPU holds: the target's and the drafter's."""
-    w = target.weight_bytes_per_rank(tp)
-    if draft is not None:
-        w += draft.weight_bytes_per_rank(tp)
-    elif method == "mtp":
-        w += target.mtp_bytes_per_rank(tp)
-    return w
-
-
 def scheduler_config(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
                      mode: str | None = None) -> SchedulerConfig:
-    """The scheduler's limits, with the KV cache sized per GPU: memory × utilization − that
-    GPU's weights − RESERVED_BYTES, over the KV bytes a token takes on one GPU."""
+    """The scheduler's limits, with the KV cache sized per GPU (common/memory.py): memory ×
+    utilization − that GPU's weights − RESERVED_BYTES, over the KV bytes a token takes on one
+    GPU."""
     blocks = cfg.num_gpu_blocks_override
     tp, method = cfg.tensor_parallel_size, cfg.method if cfg.k else None
     if blocks is None:
         weights = weight_bytes(target, draft, tp, method)
-        free = hw.mem_bytes * cfg.gpu_memory_utilization - weights - RESERVED_BYTES
-        blocks = int(free // (cfg.block_size * kv_bytes_per_token(target, draft, tp, method)))
+        blocks = kv_cache_blocks(hw.mem_bytes, cfg.gpu_memory_utilization, weights,
+                                 RESERVED_BYTES, cfg.block_size,
+                                 kv_bytes_per_token(target, draft, tp, method))
         if blocks < 1:
             usable = hw.mem_bytes * cfg.gpu_memory_utilization / 1e9
             per = f" per GPU at --tensor-parallel-size {tp}" if tp > 1 else ""
@@ -371,9 +409,6 @@ def scheduler_config(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
                             f"no room for a KV cache in {usable:.1f} GB; give "
                             "--num-gpu-blocks-override, a larger --gpu-memory-utilization, more "
                             "GPUs (--tensor-parallel-size) or a --gpu with more memory")
-    return SchedulerConfig(num_blocks=blocks, block_size=cfg.block_size,
-                           max_num_seqs=cfg.max_num_seqs,
-                           max_num_batched_tokens=cfg.max_num_batched_tokens,
-                           max_model_len=cfg.max_model_len, num_spec_tokens=cfg.k,
-                           async_scheduling=(mode or cfg.mode) != "sync",
-                           max_position_embeddings=target.max_position_embeddings)
+    return SchedulerConfig.for_run(mode or cfg.mode, cfg.k, blocks, cfg.block_size,
+                                   cfg.max_num_seqs, cfg.max_num_batched_tokens,
+                                   cfg.max_model_len, target.max_position_embeddings)

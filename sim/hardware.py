@@ -1,8 +1,8 @@
-"""The hardware catalog: what a device can do, for the roofline in `sim/costs.py`.
+"""The hardware catalog: what a device can do, for the roofline in `sim/roofline.py`.
 
-Peaks are datasheet numbers (dense bf16 and fp8 tensor FLOP/s, memory bandwidth; DESIGN.md §6).
-The efficiencies are the fractions of those peaks that real kernels reach, and `kernel_us` is the
-fixed cost each kernel adds (the gap between graph-launched kernels plus a memory-bound
+Peaks are datasheet numbers (dense bf16 and fp8 tensor FLOP/s, memory bandwidth; docs/design.md
+§6). The efficiencies are the fractions of those peaks that real kernels reach, and `kernel_us`
+is the fixed cost each kernel adds (the gap between graph-launched kernels plus a memory-bound
 kernel's ramp and drain). Each GPU names the interconnect between the GPUs of its node, which
 prices tensor parallelism's collectives (`Interconnect`). docs/sim.md gives the source of every
 number and how sensitive the predictions are to each.
@@ -140,11 +140,11 @@ CATALOG: dict[str, Hardware] = {h.name: h for h in (
              kernel_us=2.0, d2h_us=15.0, mem_bytes=80 * GB, fp8_flops=1979e12,
              interconnect=NVLINK4,
              source="NVIDIA H100 SXM datasheet: 3350 GB/s HBM3, 989 TFLOP/s dense bf16"),
-    # Measured on one H200 (DESIGN.md §6): 4.3 TB/s copy (0.90), 790 TFLOP/s GEMM (0.80).
+    # Measured on one H200 (docs/design.md §6): 4.3 TB/s copy (0.90), 790 TFLOP/s GEMM (0.80).
     Hardware("h200", "gpu", flops=989e12, mem_bw=4800 * GB, flop_eff=0.80, bw_eff=0.86,
              kernel_us=2.0, d2h_us=15.0, mem_bytes=141 * GB, fp8_flops=1979e12,
              interconnect=NVLINK4,
-             source="NVIDIA H200 SXM datasheet: 4800 GB/s HBM3e, 989 TFLOP/s; DESIGN.md §6"),
+             source="NVIDIA H200 SXM datasheet: 4800 GB/s HBM3e, 989 TFLOP/s; docs/design.md §6"),
     Hardware("b200", "gpu", flops=2250e12, mem_bw=8000 * GB, flop_eff=0.75, bw_eff=0.85,
              kernel_us=2.0, d2h_us=15.0, mem_bytes=180 * GB, fp8_flops=4500e12,
              interconnect=INTERCONNECTS["nvlink5"],

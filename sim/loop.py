@@ -1,4 +1,4 @@
-"""The step loop as a SimPy model (DESIGN.md §1 and §2).
+"""The step loop as a SimPy model (docs/design.md §1 and §2).
 
 Lanes and ops: `cpu.engine` (schedule, update_from_output), `cpu.worker` (prepare_inputs,
 launch, wait; and propose, broadcast, collect, below) and `device` (fixup, target_forward,
@@ -56,7 +56,9 @@ import simpy
 
 from stepgap.common.acceptance import Acceptance
 from stepgap.sim.config import CPU_PROPOSERS, SimConfig, resolve
-from stepgap.sim.costs import Batch, DeviceCosts, Jitter
+from stepgap.sim.costs import Batch, DeviceCosts
+from stepgap.sim.jitter import Jitter
+from stepgap.sim.profile import Profile
 from stepgap.common.errors import UserError
 from stepgap.common.formats import RequestTiming, Span, SpecStats, TraceRequest, run_result
 from stepgap.common.scheduler import FINISHED, Request, Scheduler, SchedulerConfig, SchedulerOutput
@@ -142,6 +144,15 @@ class Device:
             durs.append(c.fixup(b))
         ops.append("target_forward")
         durs.append(c.target_forward(b))
+        sample = 0.0   # k = 0: the sampler's share of the forward's entry (below)
+        if b.num_sampling and not self.k:
+            # NOTE: at k = 0 the sampler is timed as one entry with the forward it follows, as
+            # the cost models counted it inside target_forward before it was an op of its own:
+            # the step's times are the same sums, scaled by the same factor, bit for bit
+            # (docs/sim.md, "Device cost model"); `record` draws it as its own span.
+            ops[-1] = "target_forward+rejection_sample"
+            sample = c.rejection_sample(b)
+            durs[-1] += sample
         if pause:
             ops.append(None)
             durs.append(pause)
@@ -158,6 +169,7 @@ class Device:
             f = self.jitter.factor(max(self.free, t_first))
             durs = [d * f if op else d for op, d in zip(ops, durs)]
             verify = (verify - pause) * f + pause
+            sample *= f
         dur = sum(durs)
         start = max(self.free, t_first, t_last - dur)
         step.t_accepted = start + verify
@@ -166,14 +178,19 @@ class Device:
             self.gaps.append(max(0.0, start - self.last_end))
         self.last_end = step.t_done
         if self.spans is not None:
-            self.record(step.out.step, start, ops, durs)
+            self.record(step.out.step, start, ops, durs, sample)
 
-    def record(self, n: int, t: float, ops: list, durs: list) -> None:
-        """One span per op of step n, from `t` on (the args only now: no timeline, no spans)."""
+    def record(self, n: int, t: float, ops: list, durs: list, sample: float = 0.0) -> None:
+        """One span per op of step n, from `t` on (the args only now: no timeline, no spans);
+        `sample`: the sampler's share of a k = 0 forward's entry."""
         i = 0
         for op, d in zip(ops, durs):
             if op is None:
                 self.spans.append(Span(WORKER, "wait", n, t, t + d, {"on": "sample_tokens RPC"}))
+            elif op == "target_forward+rejection_sample":
+                self.spans.append(Span(DEVICE, "target_forward", n, t, t + d - sample, None))
+                self.spans.append(Span(DEVICE, "rejection_sample", n, t + d - sample, t + d,
+                                       None))
             elif op == "draft_forward":
                 self.spans.append(Span(DEVICE, op, n, t, t + d, {"i": i}))
                 i += 1
@@ -195,11 +212,11 @@ class Sim:
     """One simulated serving run. `run()` returns (run result, spans)."""
 
     def __init__(self, cfg: SimConfig, requests: list[TraceRequest],
-                 device_costs: DeviceCosts | None = None):
+                 device_costs: DeviceCosts | None = None, profile: Profile | None = None):
         if not requests:
             raise UserError("the workload holds no requests")
         self.cfg = cfg
-        self.r = r = resolve(cfg)
+        self.r = r = resolve(cfg, profile, device_costs)
         check_requests(requests, r.scheduler)
         self.requests = requests
         self.env = Clock()
@@ -207,23 +224,19 @@ class Sim:
         self.cpu = r.cpu
         self.acc = Acceptance(r.profile, cfg.k, requests, cfg.seed, cfg.replay)
         self.spans: list[Span] | None = [] if cfg.timeline else None
-        self.async_ = r.mode != "sync"
-        self.wait_accepted = r.mode == "async" and cfg.k > 0
-        self.inline = cfg.executor == "inline"
-        self.tp = cfg.tensor_parallel_size
-        self.cpu_propose = cfg.k > 0 and cfg.method in CPU_PROPOSERS
-        # A process worker on a synchronous device has computed step N (and knows its counts)
-        # before it prepares N+1: zero-bubble then has nothing to fix up.
-        self.computes_ahead = not self.inline and not r.device_async
+        topo = r.topology
+        self.async_ = r.scheduler.async_scheduling
+        self.wait_accepted, self.cpu_propose = r.wait_accepted, r.cpu_propose
+        self.inline, self.tp, self.computes_ahead = topo.inline, topo.tp, topo.computes_ahead
+        self.device_async = topo.device_async
+        self.api_server, self.rpc_share = topo.api_server, r.rpc_share
         jitter = None
-        if cfg.jitter and r.measured is not None and r.measured.jitter:
-            j = r.measured.jitter
-            jitter = Jitter(j["trace"], j["bin_ms"] * 1e3, j["sigma_step"], cfg.speed, cfg.seed)
+        if r.noise is not None:
+            j = r.noise
+            jitter = Jitter(j.trace, j.bin_ms * 1e3, j.sigma_step, cfg.speed, cfg.seed)
         elif cfg.speed != 1.0:
             jitter = Jitter([], 1.0, 0.0, cfg.speed, cfg.seed)
-        self.device = Device(device_costs or r.device_costs, cfg.k,
-                             r.mode == "zero-bubble" and not self.computes_ahead, self.spans,
-                             jitter, cfg.method)
+        self.device = Device(r.device_costs, cfg.k, r.fixup, self.spans, jitter, cfg.method)
         self.out_latency = cfg.output_latency_ms * 1e3
         self.gen = LoadGenerator(requests, cfg.max_concurrency)
         self.timings: dict[str, RequestTiming] = {}
@@ -234,14 +247,8 @@ class Sim:
         self.wake: simpy.Event | None = None         # the engine idles on it
         self.slot_free: simpy.Event | None = None    # the client waits on it
         self.to_worker = simpy.Store(self.env)
-        # vLLM's topology and a served stepgap engine: an API server in front, on the engine
-        # core's CPU
-        self.api_server = r.topology in ("vllm", "served")
+        # the API server (vLLM's topology, a served stepgap engine) shares the engine core's CPU
         self.host = simpy.Resource(self.env, 1) if self.api_server else None
-        # vLLM's worker turns an RPC around in a round trip in sync (it replies, and the engine
-        # core sends the next only then) and in one message in async (the next is already
-        # queued): the share of the sync-fitted turnaround it waits (docs/vllm.md)
-        self.rpc_share = 0.5 if r.topology == "vllm" and self.async_ else 1.0
         self.to_frontend = simpy.Store(self.env)
         self.num_steps = 0
         self.tokens = [[0] * (1 + n) for n in range(cfg.k + 1)]
@@ -485,7 +492,7 @@ class Sim:
         yield self.busy(WORKER, "prepare_inputs", out.step,
                         cpu.prepare_inputs(out.num_reqs, out.num_batched_tokens))
         dur = cpu.launch(out.num_reqs, out.num_batched_tokens)
-        if self.r.device_async:
+        if self.device_async:
             lat = cpu.launch_latency_us
             self.device.place(step, env.now + lat, env.now + dur + lat)
             yield self.busy(WORKER, "launch", out.step, dur)
@@ -516,8 +523,8 @@ class Sim:
         }
         if self.device.jitter is not None and r.measured is not None and r.measured.jitter:
             j = r.measured.jitter
-            config["resolved"]["jitter"] = {"bin_ms": j["bin_ms"], "sigma_step": j["sigma_step"],
-                                            "trace_bins": len(j["trace"]),
+            config["resolved"]["jitter"] = {"bin_ms": j.bin_ms, "sigma_step": j.sigma_step,
+                                            "trace_bins": len(j.trace),
                                             "offset": self.device.jitter.offset}
         sources = getattr(self.device.costs, "sources", None)
         if sources is not None:   # a measured profile: which ops it covered, and how
@@ -550,12 +557,14 @@ def build_workload(cfg: SimConfig) -> list[TraceRequest]:
 
 
 def simulate(cfg: SimConfig, requests: list[TraceRequest] | None = None,
-             device_costs: DeviceCosts | None = None) -> tuple[dict, list[Span]]:
-    """Simulate one serving run: the run result (DESIGN.md §4) and the timeline's spans.
+             device_costs: DeviceCosts | None = None, profile: Profile | None = None
+             ) -> tuple[dict, list[Span]]:
+    """Simulate one serving run: the run result (docs/design.md §4) and the timeline's spans.
 
     `requests` defaults to the workload `cfg` names, with its request rate applied; requests
     given here are used with their own arrival times. `device_costs` replaces the roofline
-    (a measured profile, or ConstantCosts in tests).
+    (ConstantCosts in tests); `profile` is a measured profile to use instead of reading
+    `cfg.profile`'s file (the fits re-simulate the runs with the profile they are making).
     """
     reqs = requests if requests is not None else build_workload(cfg)
-    return Sim(cfg, reqs, device_costs).run()
+    return Sim(cfg, reqs, device_costs, profile).run()

@@ -1,8 +1,13 @@
-"""Measured costs: a device profile as `DeviceCosts`, and the CPU costs measured with it.
+"""A measured profile: one type, built by every fit and read by every user, with one reader and
+one writer of its JSON.
 
-A profile is a JSON file written by `stepgap profile` (or `stepgap validate`) on the machine it
-describes. It holds, for each device op, a least-squares fit of the op's time over features of
-the step's batch, and the CPU terms (`CpuCosts`) fitted from the same calibration runs:
+A profile is written by `stepgap profile` (or `stepgap validate`, `validate-gpu`), `stepgap
+calibrate` (vLLM's runs) and `stepgap calibrate-served` (served runs), each on the machine it
+describes (calibrate/fit.py, vllm_fit.py, serve_fit.py build it). It holds, for each device op, a
+least-squares fit of the op's time over features of the step's batch (`Fit`), the CPU terms
+fitted from the same calibration runs (`CpuFit`, pooled and per k), the machine's speed noise
+(`Noise`), what the data left undetermined, and, as written, what it was measured on (`about`)
+and what the fit found besides (`notes`):
 
     time(op, i, k) = c0 + c1·tokens + c2·reqs + c3·padded          (microseconds)
 
@@ -15,22 +20,24 @@ and not a table: mixed steps (a prefill chunk next to decodes) land anywhere in 
 shapes, and a surface through the measured points extends to them where a table of uniform
 batches does not; docs/validation.md shows how well the fits hold.
 
-`ProfileCosts` answers from the fit of the same k, else of the nearest k measured (said so in
-`sources`), and falls back to another DeviceCosts (the roofline) for ops the profile does not
+`ProfileCosts` (sim/profile_costs.py) answers from the fit of the same k, else of the nearest k
+measured, and falls back to another DeviceCosts (the roofline) for ops the profile does not
 cover.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from stepgap.sim.costs import Batch, CpuCosts, DeviceCosts
+from stepgap.sim.costs import Batch
+from stepgap.sim.cpu_costs import CpuCosts
 from stepgap.common.errors import UserError, where
-from stepgap.common.fileio import read_json_object
+from stepgap.common.fileio import read_json_object, write_json
+from stepgap.common.limits import is_finite, is_int, is_number
 
 FORMAT = "stepgap-profile/1"
 FEATURES = ("1", "tokens", "reqs", "padded")
@@ -66,65 +73,186 @@ class Fit:
     def __call__(self, x: list[float]) -> float:
         return max(0.0, float(np.dot(self.coef, x)))
 
+    def rounded(self) -> Fit:
+        """The fit as its file keeps it (what a profile read back answers with)."""
+        return replace(self, coef=tuple(round(c, 6) for c in self.coef),
+                       median_rel_err=round(self.median_rel_err, 4))
+
+    def scaled(self, level: float) -> Fit:
+        """Every coefficient times `level`, as written."""
+        return replace(self, coef=tuple(round(c * level, 6) for c in self.coef))
+
     def to_dict(self) -> dict:
         return {"op": self.op, "i": self.i, "k": self.k, "coef": [round(c, 6) for c in self.coef],
                 "n": self.n, "median_rel_err": round(self.median_rel_err, 4),
                 "source": self.source}
 
-
-def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with every coefficient >= 0 (costs do not fall with more work): the best
-    of the unconstrained fits over every subset of the columns that comes out non-negative.
-    Exact for the handful of columns used here."""
-    best, best_err = np.zeros(x.shape[1]), float(np.sum(y ** 2))
-    cols = range(x.shape[1])
-    for mask in range(1, 1 << x.shape[1]):
-        idx = [c for c in cols if mask >> c & 1]
-        coef, *_ = np.linalg.lstsq(x[:, idx], y, rcond=None)
-        if (coef < 0).any():
-            continue
-        err = float(np.sum((x[:, idx] @ coef - y) ** 2))
-        if err < best_err:
-            best = np.zeros(x.shape[1])
-            best[idx] = coef
-            best_err = err
-    return best
-
-
-def fit_points(xs: list[list[float]], ys: list[float], weights: list[float] | None = None
-               ) -> tuple[tuple[float, ...], float]:
-    """Non-negative least squares of ys on xs: (coefficients, median relative error)."""
-    x, y = np.asarray(xs, float), np.asarray(ys, float)
-    w = np.sqrt(np.asarray(weights, float)) if weights is not None else np.ones(len(y))
-    coef = nnls(x * w[:, None], y * w)
-    pred = x @ coef
-    rel = np.abs(y - pred) / np.maximum(np.abs(y), 1e-9)
-    return tuple(float(c) for c in coef), float(np.median(rel))
+    @classmethod
+    def from_dict(cls, f, src) -> Fit:
+        """One of a file's `device_ops`, checked; `src(sub)` names its field."""
+        if not isinstance(f, dict) or f.get("op") not in DEVICE_OPS:
+            op = f.get("op") if isinstance(f, dict) else f
+            raise UserError(f"{src('.op')}: unknown op {op!r} (ops: {', '.join(DEVICE_OPS)})")
+        coef = f.get("coef")
+        if not isinstance(coef, list) or len(coef) != len(FEATURES) \
+                or not all(is_finite(c) for c in coef):
+            raise UserError(f"{src('.coef')}: expected {len(FEATURES)} finite numbers "
+                            f"({', '.join(FEATURES)}), got {coef!r}")
+        if not (_index(f.get("i")) and _index(f.get("k")) and _index(f.get("n", 0))):
+            raise UserError(f"{src()}: i, k and n must be integers >= 0 (or null)")
+        err = f.get("median_rel_err", math.nan)
+        if err is not None and not is_number(err):
+            raise UserError(f"{src('.median_rel_err')}: expected a number, got {err!r}")
+        return cls(f["op"], f.get("i"), f.get("k"), tuple(float(c) for c in coef),
+                   f.get("n") or 0, math.nan if err is None else float(err),
+                   str(f.get("source", "")))
 
 
-# -------------------------------------------------------------------------------------------
-# The file
+@dataclass(frozen=True, slots=True)
+class CpuFit:
+    """The CPU terms fitted on a set of runs, as `CpuCosts.to_dict` writes them (op -> [a, b, c]
+    microseconds, latency -> microseconds), and how well each fit holds (None: not kept)."""
+
+    terms: dict
+    quality: dict | None = None
+
+    def costs(self, base: CpuCosts | None = None) -> CpuCosts:
+        return CpuCosts.from_dict(self.terms, base)
+
+    def with_terms(self, terms: dict, quality: dict | None = None) -> CpuFit:
+        """These terms over this fit's (new ones after the old), with their quality."""
+        q = None if self.quality is None and quality is None else \
+            {**(self.quality or {}), **(quality or {})}
+        return CpuFit({**self.terms, **terms}, q)
+
+
+@dataclass(frozen=True, slots=True)
+class Noise:
+    """The machine's speed noise (calibrate/fit.py `fit_jitter`; sim/jitter.py `Jitter` replays
+    it): run-level log factors, a within-run trace of log factors in `bin_ms` windows, and the
+    per-step log-std."""
+
+    run_log_factors: tuple[float, ...]
+    bin_ms: float
+    trace: tuple[float, ...]
+    sigma_step: float
+    runs: int | None = None     # calibration runs, and their steps, it was fitted on
+    steps: int | None = None
+
+    def to_dict(self) -> dict:
+        d = {"run_log_factors": list(self.run_log_factors), "bin_ms": self.bin_ms,
+             "trace": list(self.trace), "sigma_step": self.sigma_step}
+        d.update({k: v for k, v in (("runs", self.runs), ("steps", self.steps))
+                  if v is not None})
+        return d
+
+    @classmethod
+    def from_dict(cls, j, src: str) -> Noise:
+        if not (isinstance(j, dict)
+                and all(isinstance(j.get(k), list) and all(is_finite(x) for x in j[k])
+                        for k in ("trace", "run_log_factors"))
+                and is_finite(j.get("bin_ms")) and j["bin_ms"] > 0
+                and is_finite(j.get("sigma_step")) and j["sigma_step"] >= 0):
+            raise UserError(f"{src}: expected {{run_log_factors: [...], trace: [...], "
+                            "bin_ms > 0, sigma_step >= 0}")
+        return cls(tuple(j["run_log_factors"]), j["bin_ms"], tuple(j["trace"]),
+                   j["sigma_step"], j.get("runs"), j.get("steps"))
+
+
+# The sections the type holds, in the file's order; the rest is `about` (before them) or
+# `notes` (after them), kept as written.
+TYPED = ("format", "features", "device_ops", "cpu", "cpu_fit_quality", "cpu_by_k",
+         "cpu_fit_quality_by_k", "jitter", "undetermined")
 
 
 @dataclass(slots=True)
 class Profile:
-    path: str
+    """A measured profile (module docstring). Typed where the simulator reads it or a fit makes
+    it; `about` (what it was measured on: device, machine, model, topology, calibration,
+    scheduler) and `notes` (what the fit found besides: checks, grid, level, residuals, ...)
+    are kept as written, in order."""
+
     fits: list[Fit]
-    cpu: dict | None          # CpuCosts.to_dict() form, or None
-    topology: dict            # worker, device, pinned, executor
-    meta: dict                # machine, model, config: what it was measured on
-    jitter: dict | None = None   # the machine's speed noise (sim/costs.py Jitter)
+    cpu: CpuFit | None = None                                # pooled over every k
+    cpu_by_k: dict[int, CpuFit] = field(default_factory=dict)
+    jitter: Noise | None = None
+    undetermined: list[str] | None = None    # None: the fit does not say
+    about: dict = field(default_factory=dict)
+    notes: dict = field(default_factory=dict)
+    path: str | None = None                  # the file it was read from
+
+    @property
+    def engine(self) -> str | None:
+        """Whose step loop it was measured on (topology.engine: stepgap, vllm, served)."""
+        return (self.about.get("topology") or {}).get("engine")
 
     def cpu_costs(self, base: CpuCosts | None = None, k: int | None = None) -> CpuCosts | None:
         """The CPU costs measured at depth k (the nearest k measured; the message and the
         result grow with the k draft spans and tokens they carry), else pooled over all k."""
-        by_k = self.meta.get("cpu_by_k") or {}
-        if k is not None and by_k:
-            near = min(by_k, key=lambda x: (abs(int(x) - k), -int(x)))
-            return CpuCosts.from_dict({**(self.cpu or {}), **by_k[near]}, base)
+        if k is not None and self.cpu_by_k:
+            near = min(self.cpu_by_k, key=lambda x: (abs(x - k), -x))
+            return CpuCosts.from_dict({**(self.cpu.terms if self.cpu else {}),
+                                       **self.cpu_by_k[near].terms}, base)
         if self.cpu is None:
             return None
-        return CpuCosts.from_dict(self.cpu, base)
+        return self.cpu.costs(base)
+
+    def to_dict(self) -> dict:
+        """The profile's JSON document (`save_profile` writes it)."""
+        doc = {"format": FORMAT, **self.about, "features": list(FEATURES),
+               "device_ops": [f.to_dict() for f in self.fits]}
+        if self.cpu is not None:
+            doc["cpu"] = self.cpu.terms
+            if self.cpu.quality is not None:
+                doc["cpu_fit_quality"] = self.cpu.quality
+        if self.cpu_by_k or self.cpu is not None:
+            doc["cpu_by_k"] = {str(k): c.terms for k, c in self.cpu_by_k.items()}
+        if any(c.quality is not None for c in self.cpu_by_k.values()):
+            doc["cpu_fit_quality_by_k"] = {str(k): c.quality for k, c in self.cpu_by_k.items()}
+        doc["jitter"] = self.jitter.to_dict() if self.jitter is not None else None
+        if self.undetermined is not None:
+            doc["undetermined"] = self.undetermined
+        return {**doc, **self.notes}
+
+    @classmethod
+    def from_dict(cls, doc: dict, path=None) -> Profile:
+        """A profile document, every section checked; errors name the file and the field."""
+        source = path if path is not None else "profile"
+        if doc.get("format") != FORMAT:
+            raise UserError(f"{where(source, field='format')}: expected {FORMAT!r} (a profile "
+                            "of `stepgap profile`, `stepgap validate` or `stepgap "
+                            "validate-gpu`)")
+        ops = doc.get("device_ops") or []
+        if not isinstance(ops, list):
+            raise UserError(f"{where(source, field='device_ops')}: expected a list of fits")
+        fits = [Fit.from_dict(f, lambda sub="", n=n: where(source, field=f"device_ops[{n}]{sub}"))
+                for n, f in enumerate(ops)]
+        cpu = doc.get("cpu")
+        if cpu is not None:
+            _cpu_costs(cpu, where(source, field="cpu"))
+        jitter = doc.get("jitter")
+        if jitter is not None:
+            jitter = Noise.from_dict(jitter, where(source, field="jitter"))
+        by_k = doc.get("cpu_by_k") or {}
+        if not isinstance(by_k, dict):
+            raise UserError(f"{where(source, field='cpu_by_k')}: expected k -> CPU costs")
+        for k, c in by_k.items():
+            if not k.isdigit():
+                raise UserError(f"{where(source, field='cpu_by_k')}: key {k!r} is not a k")
+            _cpu_costs(c, where(source, field=f"cpu_by_k.{k}"))
+        topology = doc.get("topology") or {}
+        if not isinstance(topology, dict):
+            raise UserError(f"{where(source, field='topology')}: expected an object")
+        quality_by_k = doc.get("cpu_fit_quality_by_k")
+        keys = list(doc)
+        first = min((keys.index(k) for k in TYPED[1:] if k in doc), default=len(keys))
+        about = {k: doc[k] for k in keys[:first] if k not in TYPED}
+        notes = {k: doc[k] for k in keys[first:] if k not in TYPED}
+        return cls(fits, None if cpu is None else CpuFit(cpu, doc.get("cpu_fit_quality")),
+                   {int(k): CpuFit(c, (quality_by_k or {}).get(k) if quality_by_k else None)
+                    for k, c in by_k.items()},
+                   jitter, doc.get("undetermined"), about, notes,
+                   None if path is None else str(path))
 
 
 def load_profile(path) -> Profile:
@@ -134,70 +262,16 @@ def load_profile(path) -> Profile:
         path = path / "profile.json"
     if not path.is_file():
         raise UserError(f"{path}: profile not found (`stepgap profile` writes one)")
-    doc = read_json_object(path, "a profile")
-    if doc.get("format") == FORMAT:
-        return _stepgap_profile(path, doc)
-    raise UserError(f"{where(path, field='format')}: expected {FORMAT!r} (a profile of "
-                    "`stepgap profile`, `stepgap validate` or `stepgap validate-gpu`)")
+    return Profile.from_dict(read_json_object(path, "a profile"), path)
 
 
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def save_profile(path, profile: Profile) -> None:
+    """Write a profile (atomically, common/fileio.py)."""
+    write_json(path, profile.to_dict())
 
 
 def _index(v) -> bool:
-    return v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
-
-
-def _stepgap_profile(path: Path, doc: dict) -> Profile:
-    fits = []
-    ops = doc.get("device_ops") or []
-    if not isinstance(ops, list):
-        raise UserError(f"{where(path, field='device_ops')}: expected a list of fits")
-    for n, f in enumerate(ops):
-        def src(sub: str = "") -> str:
-            return where(path, field=f"device_ops[{n}]{sub}")
-        if not isinstance(f, dict) or f.get("op") not in DEVICE_OPS:
-            op = f.get("op") if isinstance(f, dict) else f
-            raise UserError(f"{src('.op')}: unknown op {op!r} (ops: {', '.join(DEVICE_OPS)})")
-        coef = f.get("coef")
-        if not isinstance(coef, list) or len(coef) != len(FEATURES) \
-                or not all(_finite(c) for c in coef):
-            raise UserError(f"{src('.coef')}: expected {len(FEATURES)} finite numbers "
-                            f"({', '.join(FEATURES)}), got {coef!r}")
-        if not (_index(f.get("i")) and _index(f.get("k")) and _index(f.get("n", 0))):
-            raise UserError(f"{src()}: i, k and n must be integers >= 0 (or null)")
-        err = f.get("median_rel_err", math.nan)
-        if err is not None and (not isinstance(err, (int, float)) or isinstance(err, bool)):
-            raise UserError(f"{src('.median_rel_err')}: expected a number, got {err!r}")
-        fits.append(Fit(f["op"], f.get("i"), f.get("k"), tuple(float(c) for c in coef),
-                        f.get("n") or 0, math.nan if err is None else float(err),
-                        str(f.get("source", ""))))
-    cpu = doc.get("cpu")
-    if cpu is not None:
-        _cpu_costs(cpu, where(path, field="cpu"))
-    jitter = doc.get("jitter")
-    if jitter is not None and not (
-            isinstance(jitter, dict)
-            and all(isinstance(jitter.get(k), list) and all(_finite(x) for x in jitter[k])
-                    for k in ("trace", "run_log_factors"))
-            and _finite(jitter.get("bin_ms")) and jitter["bin_ms"] > 0
-            and _finite(jitter.get("sigma_step")) and jitter["sigma_step"] >= 0):
-        raise UserError(f"{where(path, field='jitter')}: expected {{run_log_factors: [...], "
-                        "trace: [...], bin_ms > 0, sigma_step >= 0}")
-    by_k = doc.get("cpu_by_k") or {}
-    if not isinstance(by_k, dict):
-        raise UserError(f"{where(path, field='cpu_by_k')}: expected k -> CPU costs")
-    for k, c in by_k.items():
-        if not k.isdigit():
-            raise UserError(f"{where(path, field='cpu_by_k')}: key {k!r} is not a k")
-        _cpu_costs(c, where(path, field=f"cpu_by_k.{k}"))
-    meta = {k: v for k, v in doc.items() if k not in ("device_ops", "cpu", "grid", "topology",
-                                                       "jitter")}
-    topology = doc.get("topology") or {}
-    if not isinstance(topology, dict):
-        raise UserError(f"{where(path, field='topology')}: expected an object")
-    return Profile(str(path), fits, cpu, topology, meta, jitter)
+    return v is None or (is_int(v) and v >= 0)
 
 
 def _cpu_costs(d, src: str) -> None:
@@ -210,74 +284,3 @@ def _cpu_costs(d, src: str) -> None:
         raise UserError(f"{src}: {e}") from None
     except (TypeError, ValueError):
         raise UserError(f"{src}: expected op -> [a, b, c] microseconds and latencies") from None
-
-
-# -------------------------------------------------------------------------------------------
-# As DeviceCosts
-
-
-class ProfileCosts:
-    """Device op times from a profile's fits at depth k; `fallback` answers for the rest."""
-
-    def __init__(self, profile: Profile, k: int, fallback: DeviceCosts, block_size: int = 16):
-        self.profile, self.k, self.fallback, self.block_size = profile, k, fallback, block_size
-        self.fits: dict[tuple[str, int | None], Fit] = {}
-        self.sources: dict[str, str] = {}
-        for op in DEVICE_OPS:
-            mine = [f for f in profile.fits if f.op == op]
-            ks = sorted({f.k for f in mine}, key=lambda x: (x is None, x))
-            chosen = None if not ks else None if ks == [None] else \
-                min((x for x in ks if x is not None), key=lambda x: (abs(x - k), -x))
-            pick = [f for f in mine if f.k == chosen] or [f for f in mine if f.k is None]
-            if op == "draft_forward":   # passes 0 and 1.. of a profile measured at k >= 1
-                pick = [f for f in pick if f.k is None or f.k >= 1]
-            for f in pick:
-                self.fits[(op, f.i if op == "draft_forward" else None)] = f
-            if not pick:
-                self.sources[op] = "roofline (not in the profile)"
-            else:
-                at = "any k" if pick[0].k is None else f"k={pick[0].k}" + (
-                    "" if pick[0].k == k else f", the nearest measured to k={k}")
-                n = sum(f.n for f in pick)
-                err = max(f.median_rel_err for f in pick)
-                self.sources[op] = (f"profile ({at}; {pick[0].source}; {n} points, median "
-                                    f"error up to {100 * err:.1f} %)")
-
-    def _fit(self, op: str, i: int | None = None) -> Fit | None:
-        if op != "draft_forward":
-            return self.fits.get((op, None))
-        fit = self.fits.get((op, i))
-        if fit is None and i:   # a later pass than measured: the last one measured
-            later = [j for (o, j) in self.fits if o == op and j]
-            fit = self.fits[(op, max(later))] if later else None
-        return fit
-
-    def _time(self, op: str, i: int | None, b: Batch) -> float | None:
-        fit = self._fit(op, i)
-        return None if fit is None else fit(batch_features(op, i, b, self.block_size))
-
-    def target_forward(self, b: Batch) -> float:
-        t = self._time("target_forward", None, b)
-        if t is None:
-            return self.fallback.target_forward(b)
-        if self.k == 0 and b.num_sampling:
-            # The simulator's step has no sampling op at k = 0 (the roofline counts it in the
-            # target forward); the engine samples with its rejection sampler: add it here.
-            t += self._time("rejection_sample", None, b) or 0.0
-        return t
-
-    def rejection_sample(self, b: Batch) -> float:
-        t = self._time("rejection_sample", None, b)
-        return self.fallback.rejection_sample(b) if t is None else t
-
-    def draft_forward(self, b: Batch, i: int) -> float:
-        t = self._time("draft_forward", i, b)
-        return self.fallback.draft_forward(b, i) if t is None else t
-
-    def d2h(self, b: Batch) -> float:
-        t = self._time("d2h", None, b)
-        return self.fallback.d2h(b) if t is None else t
-
-    def fixup(self, b: Batch) -> float:
-        t = self._time("fixup", None, b)
-        return self.fallback.fixup(b) if t is None else t

@@ -6,7 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
-from stepgap.common.options import MAX_MS, at_most, positive_float, positive_int
+from stepgap.common.limits import MAX_MS
+from stepgap.common.options import at_most, positive_float, positive_int
 
 SWEEP_DESCRIPTION = """\
 Run the simulator over a grid of what-ifs (mode, k, concurrency or request rate, GPU, model,
@@ -152,7 +153,7 @@ def register(sub) -> None:
 
     q = psub.add_parser("timeline", help="Gantt chart of the lanes over a window of steps",
                         description="A Gantt chart of the lanes (cpu.engine, cpu.worker, device) "
-                        "of one or more timelines\n(JSON lines, DESIGN.md §2, simulated or "
+                        "of one or more timelines\n(JSON lines, docs/design.md §2, simulated or "
                         "measured), step gaps shaded and labelled with their\nlength.",
                         epilog=TIMELINE_EPILOG,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -191,7 +192,9 @@ def _steps(text: str) -> tuple[int, int]:
 
 def run_sweep_cmd(args) -> int:
     from stepgap.common.fileio import check_writable
-    from stepgap.sim.sweep import CellStore, build_grid, cell_notes, format_cell, run_sweep
+    from stepgap.sim.sweep import cell_notes, run_sweep
+    from stepgap.sim.sweep_grid import build_grid, format_cell
+    from stepgap.sim.sweep_store import CellStore
 
     grid = build_grid(args.grid, args.grid_file, args.preset, args.set)
     if not args.dry_run:
@@ -225,7 +228,7 @@ def run_sweep_cmd(args) -> int:
 
 def plot_sweep_cmd(args) -> int:
     from stepgap.common.fileio import check_writable
-    from stepgap.sim.sweep import load_sweep
+    from stepgap.sim.sweep_table import load_sweep
 
     table = load_sweep(args.sweep)
     src = Path(args.sweep)
@@ -239,8 +242,9 @@ def draw_sweep(table, out: Path, metric: str, x: str | None, quiet: bool) -> int
     import io
     import math
 
+    from stepgap.common.timeline_plots import save
     from stepgap.sim import plots
-    from stepgap.sim.sweep import COLUMNS, TEXT_COLUMNS
+    from stepgap.sim.sweep_table import COLUMNS, TEXT_COLUMNS
     from stepgap.common.errors import UserError
     from stepgap.common.fileio import write_text
 
@@ -257,7 +261,7 @@ def draw_sweep(table, out: Path, metric: str, x: str | None, quiet: bool) -> int
             figures.append(("saving", plots.saving_plot))
         for name, draw in figures:
             path = out / f"{name}_{metric}__panels.png"
-            plots.save(draw(views, metric), path)
+            save(draw(views, metric), path)
             written.append(path)
     for view in views:
         figures = [("heatmap", plots.metric_heatmap)]
@@ -267,7 +271,7 @@ def draw_sweep(table, out: Path, metric: str, x: str | None, quiet: bool) -> int
             figures.append(("saving", plots.saving_plot))
         for name, draw in figures:
             path = out / f"{name}_{metric}{view.suffix}.png"
-            plots.save(draw(view, metric), path)
+            save(draw(view, metric), path)
             written.append(path)
         best = plots.best_k(view, metric)
         best_rows += [{**b.fixed, "mode": b.mode, view.x: b.x, "best_k": b.k, metric: b.value,
@@ -299,15 +303,14 @@ def parse_timeline_spec(text: str) -> tuple[str, str, str]:
 
 
 def plot_timeline_cmd(args) -> int:
-    import json
-
-    from stepgap.sim import plots
+    from stepgap.common import timeline_plots
     from stepgap.common.errors import UserError
-    from stepgap.common.fileio import check_writable, write_text
+    from stepgap.common.fileio import check_distinct, check_writable, dumps_json, write_text
     from stepgap.common.formats import load_timeline
 
     if args.steps and args.at_gap is not None:
         raise UserError("give --steps or --at-gap, not both")
+    check_distinct([("--out", args.out), ("--chrome", args.chrome)])
     check_writable(args.out, "--out")
     if args.chrome:
         check_writable(args.chrome, "--chrome")
@@ -318,15 +321,15 @@ def plot_timeline_cmd(args) -> int:
         if not spans:
             raise UserError(f"{path}: the timeline holds no spans")
         try:   # the window must exist in every timeline: say which one lacks it
-            plots.window(spans, args.steps, args.at_gap, args.pad_ms)
+            timeline_plots.window(spans, args.steps, args.at_gap, args.pad_ms)
         except UserError as e:
             raise UserError(f"{path}: {e}") from None
-        panels.append(plots.Panel(row, column, spans))
-    fig = plots.timeline_figure(panels, args.steps, args.at_gap, args.pad_ms, args.title)
-    plots.save(fig, Path(args.out))
+        panels.append(timeline_plots.Panel(row, column, spans))
+    fig = timeline_plots.timeline_figure(panels, args.steps, args.at_gap, args.pad_ms, args.title)
+    timeline_plots.save(fig, Path(args.out))
     if args.chrome:
-        doc = plots.chrome_panels(panels, args.steps, args.at_gap, args.pad_ms)
-        write_text(args.chrome, json.dumps(doc))
+        doc = timeline_plots.chrome_panels(panels, args.steps, args.at_gap, args.pad_ms)
+        write_text(args.chrome, dumps_json(doc))
     if not args.quiet:
         print(f"figure: {args.out}" + (f"\nchrome trace: {args.chrome}" if args.chrome else ""))
     return 0

@@ -1,8 +1,9 @@
 """`stepgap`: one command line for both halves.
 
-Each module listed in COMMAND_MODULES defines `register(subparsers)`, which adds its subcommands
-and sets `func` on them. Registration must stay cheap: modules import torch and other heavy
-packages inside their handlers, so that `stepgap --help` and `stepgap simulate` start fast.
+Each module listed in COMMAND_MODULES (one per package: its cli.py) defines
+`register(subparsers)`, which adds the package's subcommands and sets `func` on them.
+Registration must stay cheap: modules import torch and other heavy packages inside their
+handlers, so that `stepgap --help` and `stepgap simulate` start fast.
 """
 
 from __future__ import annotations
@@ -13,22 +14,21 @@ import os
 import signal
 import sys
 
+# Before anything loads torch (registering the engine's commands does): OpenMP threads that
+# wait at a barrier sleep instead of spinning, so that on a shared machine a waiting thread
+# takes no core from the one it waits for, nor from another process (docs/engine.md, "Threads
+# on a shared machine"). The user's own setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from stepgap.common.errors import UserError
 from stepgap import __version__
 
-COMMAND_MODULES = [
-    "stepgap.sim.cli",
-    "stepgap.sim.sweep_cli",
-    "stepgap.engine.cli",
-    "stepgap.engine.serve",
-    "stepgap.training.cli",
-    "stepgap.calibrate.demo",
-    "stepgap.calibrate.profile",
-    "stepgap.calibrate.validate",
-    "stepgap.calibrate.gpu",
-    "stepgap.calibrate.vllm_fit",
-    "stepgap.calibrate.serve_fit",
-    "stepgap.common.compare",
+COMMAND_MODULES = [   # each package registers its own commands (its cli.py)
+    "stepgap.sim.cli",          # simulate, sweep, plot
+    "stepgap.engine.cli",       # run, serve
+    "stepgap.training.cli",     # train, make-tiny
+    "stepgap.calibrate.cli",    # demo, profile, validate, validate-gpu, ingest, calibrate, ...
+    "stepgap.compare",          # compare (the shared core's comparison)
 ]
 
 DESCRIPTION = """\
@@ -65,6 +65,31 @@ def vllm_spelling(argv: list[str]) -> list[str]:
     return [one(w) for w in argv]
 
 
+# The options (by metavar) whose values are not paths or names: '' may mean something there.
+NOT_PATHS = ("KEY=VALUE", "KEY=VALUES", "LIST", "ADDRESS")
+
+
+def empty_path(parser, args):
+    """(the command's parser, the option) of the first file, folder or name given as '': an
+    empty path is no path, and `if path:` would silently drop the output it asks for."""
+    command = parser.commands[args.command]
+    while True:   # down to the subcommand that ran (`plot timeline`, `ingest vllm-bench`)
+        sub = next((a for a in command._actions
+                    if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or getattr(args, sub.dest, None) not in sub.choices:
+            break
+        command = sub.choices[getattr(args, sub.dest)]
+    for action in command._actions:
+        if action.type is not None or action.choices is not None or action.nargs == 0 \
+                or action.metavar is None or action.metavar in NOT_PATHS:
+            continue
+        value = getattr(args, action.dest, None)
+        if value == "" or isinstance(value, list) and "" in value:
+            name = action.option_strings[0] if action.option_strings else action.metavar
+            return command, name
+    return None
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the program is, so that it unwinds as from Ctrl-C: every `finally`
     and `with` runs (worker processes are stopped, temporary files removed)."""
@@ -74,24 +99,64 @@ def _terminate(signum, frame):
     raise Terminated()
 
 
+class StdoutError(UserError):
+    """stdout cannot take what the command prints: it is closed (`>&-`) or its disk is full
+    (`> /dev/full`). Bad output, as a file that cannot be written is: one line, status 2."""
+
+
+class CheckedStdout:
+    """sys.stdout while a command runs: a write that fails ends the command in one line
+    (StdoutError) instead of a traceback; the reader going away stays a BrokenPipeError
+    (status 141)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def _do(self, name: str, *args):
+        if self.stream is None:
+            raise StdoutError("stdout: closed, so nothing can be printed (give it a file, or "
+                              "--quiet where the command has it)")
+        try:
+            return getattr(self.stream, name)(*args)
+        except BrokenPipeError:
+            raise
+        except (OSError, ValueError) as e:   # ValueError: a closed file object
+            why = e.strerror if isinstance(e, OSError) and e.strerror else "closed"
+            raise StdoutError(f"stdout: cannot write ({why})") from None
+
+    def write(self, text: str) -> int:
+        return self._do("write", text)
+
+    def flush(self) -> None:
+        if self.stream is not None:   # a closed stdout that was never written to is fine
+            self._do("flush")
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 def _stdout_gone() -> None:
     """The reader of stdout went away (`stepgap compare ... | head`): send whatever is still
     buffered nowhere, so that exiting does not print a BrokenPipeError."""
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):   # AttributeError: no stdout at all
         pass
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Exit status: 0, 2 for bad input (one line naming the file, line and
-    field; docs/robustness.md), 1 for a failed run, 130 on Ctrl-C, 143 on SIGTERM, 141 when
-    stdout's reader has gone."""
+    field; docs/robustness.md) or an output that cannot be written (stdout closed or full
+    among them), 1 for a failed run, 130 on Ctrl-C, 143 on SIGTERM, 141 when stdout's reader
+    has gone."""
     parser = build_parser()
     args, extra = parser.parse_known_args(vllm_spelling(sys.argv[1:] if argv is None else argv))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    empty = empty_path(parser, args)
+    if empty:
+        empty[0].error(f"argument {empty[1]}: an empty path ('') names no file or folder")
     if extra:   # a pasted vLLM option is named and ignored; anything else is an error
         command = parser.commands[args.command]
         if not getattr(args, "vllm_options", False):
@@ -101,11 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     on_main_thread = threading_main()
     if on_main_thread:
         old = signal.signal(signal.SIGTERM, _terminate)
+        stdout = sys.stdout = CheckedStdout(sys.stdout)
     try:
         code = args.func(args) or 0
         sys.stdout.flush()
         return code
     except UserError as e:
+        if isinstance(e, StdoutError):
+            _stdout_gone()   # what is still buffered would fail again at exit
         print(f"stepgap {args.command}: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:
@@ -118,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if on_main_thread:
             signal.signal(signal.SIGTERM, old if old is not None else signal.SIG_DFL)
+            if sys.stdout is stdout:
+                sys.stdout = stdout.stream
 
 
 def threading_main() -> bool:

@@ -111,3 +111,46 @@ def test_random_weights_build_a_config_only_folder(tmp_path, paths, capsys):
     assert "no *.safetensors weights" in capsys.readouterr().err
     assert main(base + ["--draft", str(tmp_path / "eagle3-yuhuili"), "--k", "2",
                         "--random-weights"]) == 0
+
+
+def test_engine_args_resolve_once_into_the_setup_every_part_of_a_run_is_made_from(
+        paths, monkeypatch):
+    """As vLLM's create_engine_config: the configs are read and checked once; the worker's
+    spec, a run's scheduling and the executor come from the setup without reading them again."""
+    import stepgap.engine.checkpoint as checkpoint
+    from stepgap.engine.args import EngineArgs
+    reads = []
+    for name in ("target_config", "draft_config"):
+        real = getattr(checkpoint, name)
+        monkeypatch.setattr(checkpoint, name,
+                            lambda *a, _real=real, _name=name: reads.append(_name) or _real(*a))
+    ea = EngineArgs(model=paths["target"], draft=paths["eagle3-yuhuili"], k=2,
+                    num_gpu_blocks_override=64, max_model_len=256)
+    setup = ea.create_engine_config()
+    assert reads == ["target_config", "draft_config"]
+    spec, cfg = setup.worker_spec(), setup.engine_config("async", 1)
+    assert reads == ["target_config", "draft_config"]
+    assert (spec.num_blocks, cfg.num_blocks, cfg.mode, cfg.k) == (64, 64, "async", 1)
+    assert cfg.max_position_embeddings == setup.target.max_position_embeddings
+    assert setup.vocab_size == setup.target.vocab_size
+
+
+def test_both_halves_size_the_kv_cache_by_one_definition():
+    """common/memory.py: the simulator's GPU (bf16, the reserve) and the engine's device (its
+    dtype; the host's RAM on the CPU, no reserve) go through the same arithmetic."""
+    from stepgap.common.memory import (RESERVED_BYTES, kv_bytes_per_token, kv_cache_blocks,
+                                       weight_bytes)
+    from stepgap.engine.args import EngineArgs, device_memory
+    from stepgap.sim.config import SimConfig, resolve
+    r = resolve(SimConfig(gpu="h100", model="llama-3.1-8b", k=0))
+    t = r.target
+    assert r.scheduler.num_blocks == kv_cache_blocks(
+        r.hw.mem_bytes, 0.9, weight_bytes(t, None, 1, None), RESERVED_BYTES, 16,
+        kv_bytes_per_token(t, None, 1, None))
+    setup = EngineArgs(model="tiny", draft="tiny-eagle3", k=2, dtype="float32",
+                       gpu_memory_utilization=1e-4).create_engine_config()
+    t, d = setup.target, setup.draft
+    assert t.kv_bytes_per_token(1, 4) == 2 * t.kv_bytes_per_token(1)   # float32, not bf16
+    assert setup.num_blocks == kv_cache_blocks(
+        device_memory("cpu"), 1e-4, 4 * (t.num_params + d.num_params), 0, 16,
+        t.kv_bytes_per_token(1, 4) + d.kv_bytes_per_token(1, 4))

@@ -1,4 +1,5 @@
-"""The committed measured runs, re-simulated: the simulator still predicts them (DESIGN.md §7).
+"""The committed measured runs, re-simulated: the simulator still predicts them (docs/design.md
+§7).
 
 Each folder under traces/measured/ holds one machine's measured runs in the measured format
 (calibrate/measured.py). This re-simulates every cell from the folder's files alone, with no

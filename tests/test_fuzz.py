@@ -20,6 +20,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import traceback
 from dataclasses import dataclass, field
@@ -88,7 +89,7 @@ def profile_doc() -> dict:
 
 
 def table_doc() -> dict:
-    from stepgap.sim.sweep import COLUMNS, TEXT_COLUMNS
+    from stepgap.sim.sweep_table import COLUMNS, TEXT_COLUMNS
     rows = [{"k": k, "max_concurrency": c, **{m: 1.0 for m in COLUMNS},
              **{m: "sync" for m in TEXT_COLUMNS}, "cell": f"{k}{c}"}
             for k in (0, 1) for c in (1, 2)]
@@ -110,6 +111,41 @@ def manifest_doc() -> dict:
 
 
 GRID_TOML = 'preset = "seed-l20"\n[base]\nnum_prompts = 2\n[grid]\nk = "0..1"\n'
+VLLM_DATA = Path(__file__).parent / "data" / "vllm"
+
+
+def bench_doc() -> dict:
+    """A `vllm bench serve --save-result --save-detailed` file (tests/data/vllm, real vLLM)."""
+    return json.loads((VLLM_DATA / "bench.json").read_text())
+
+
+def vllm_trace_doc() -> dict:
+    """The smallest worker trace of a vLLM server that ingests: two steps, their forwards."""
+    events = []
+    for step in range(2):
+        t = 1000.0 * step
+        events += [{"ph": "X", "cat": "user_annotation", "ts": t, "dur": 400.0,
+                    "name": "execute_context_1(8)_generation_0(0)"},
+                   {"ph": "X", "cat": "user_annotation", "ts": t + 10, "dur": 300.0,
+                    "name": "gpu_model_runner: forward"},
+                   {"ph": "X", "cat": "cpu_op", "ts": t + 20, "dur": 50.0, "name": "aten::mm",
+                    "args": {}}]
+    return {"vllm_version": "0.32.0", "traceEvents": [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "VLLM::Worker"}},
+        *events]}
+
+
+def hook_lines() -> list[dict]:
+    """stepgap_hooks spans of the engine core around that trace's steps."""
+    return [{"lane": "cpu.engine", "op": op, "start_us": 1000.0 * step + t0,
+             "end_us": 1000.0 * step + t1, "args": {"tokens": 8}}
+            for step in range(2) for op, t0, t1 in (("schedule", -60, -20),
+                                                     ("update_from_output", 420, 450))]
+
+
+def scrape_text() -> str:
+    """A /metrics scrape of a vLLM server with speculative decoding (real vLLM)."""
+    return (VLLM_DATA / "bench.after.txt").read_text()
 
 
 def write_json(path: Path, doc, indent=None) -> Path:
@@ -220,6 +256,24 @@ def file_kinds(base: Base) -> dict:
         "measured runs": ("measured/runs/sync-k0-c1.json.gz", json.dumps([result_doc()]).encode(),
                           lambda p, out: ["validate", "--from-measured", str(p.parents[1]),
                                           "--out", str(out / "v"), "--quiet"]),
+        "vllm bench": ("vb.json", json.dumps(bench_doc()).encode(),
+                       lambda p, out: ["ingest", "vllm-bench", str(p), "--out",
+                                       str(out / "r.json")]),
+        "vllm bench (simulate)": ("vb.json", json.dumps(bench_doc()).encode(),
+                                  lambda p, out: ["simulate", *sim_args(base, out)[2:],
+                                                  "--trace", str(p)]),
+        "vllm trace": ("w.pt.trace.json.gz", json.dumps(vllm_trace_doc()).encode(),
+                       lambda p, out: ["ingest", "vllm-profile", str(p), "--out",
+                                       str(out / "tl.jsonl")]),
+        "vllm trace (.json)": ("w.json", json.dumps(vllm_trace_doc()).encode(),
+                               lambda p, out: ["ingest", "vllm-profile", str(p), "--out",
+                                               str(out / "tl.jsonl")]),
+        "vllm hooks": ("h/1.jsonl", lines(hook_lines()),
+                       lambda p, out: ["ingest", "vllm-profile", str(vllm_trace(p.parents[1])),
+                                       str(p), "--out", str(out / "tl.jsonl")]),
+        "vllm scrape": ("after.txt", scrape_text().encode(),
+                        lambda p, out: ["ingest", "vllm-metrics", str(p), "--out",
+                                        str(out / "acc.json")]),
     }
 
 
@@ -229,8 +283,16 @@ def prepare(kind: str, d: Path, base: Base) -> None:
         measured_folder(d, base)
 
 
+def vllm_trace(d: Path) -> Path:
+    return write_json(d / "vllm" / "w.pt.trace.json.gz", vllm_trace_doc())
+
+
 # -------------------------------------------------------------------------------------------
 # Generators, one per kind of bad input
+
+
+# A number of a JSON (or TOML) file: after a colon, comma, bracket or equals sign.
+LONG_AT = re.compile(rb"(?:(?<=[:,\[] )|(?<=[:,\[])|(?<== ))\d+(?![\d.eE])")
 
 
 def deep(n: int = 100_000) -> bytes:
@@ -247,8 +309,14 @@ def broken_file(rng: random.Random, d: Path, base: Base) -> Case:
     path = d / name
     path.parent.mkdir(parents=True, exist_ok=True)
     toml = name.endswith(".toml")
-    how = rng.choice(["not utf-8", "nested", "garbage", "shape", "empty", "folder", "missing"])
-    if how == "not utf-8":
+    how = rng.choice(["not utf-8", "nested", "garbage", "shape", "empty", "folder", "missing",
+                      "long integer"])
+    if how == "long integer" and not LONG_AT.search(valid):
+        how = "garbage"   # (a Prometheus scrape holds no integer that is a JSON number)
+    if how == "long integer":   # one of its numbers past Python's 4,300 digits
+        at = rng.choice(list(LONG_AT.finditer(valid)))
+        data = valid[:at.start()] + b"9" * rng.choice([4301, 5000, 100_000]) + valid[at.end():]
+    elif how == "not utf-8":
         at = rng.randrange(len(valid))
         data = valid[:at] + bytes([rng.choice([0xff, 0xfe, 0xc3, 0x80])]) + b"\xff" + valid[at:]
     elif how == "nested":
@@ -262,6 +330,8 @@ def broken_file(rng: random.Random, d: Path, base: Base) -> Case:
     elif how == "empty":
         data = b""
     if kind == "sweep store" and how in ("empty", "missing"):   # a store of no finished cells
+        how, data = "garbage", b"@\n" + valid
+    if kind == "vllm hooks" and how == "empty":   # a process that recorded no span
         how, data = "garbage", b"@\n" + valid
     if how in ("folder", "missing"):
         path.unlink(missing_ok=True)   # prepare() may have written it
@@ -329,7 +399,7 @@ BAD_DRAFT = {
     "num_key_value_heads": [3, 0],
     "hidden_size": [0, "64"],
 }
-# The simulator's other families (common/modelcfg.py FAMILIES), each from its preset's
+# The simulator's other families (common/model_families.py FAMILIES), each from its preset's
 # config.json fields (HF_PRESETS) with one field broken; the simulator only (the engine builds
 # Llama targets). FAMILY_ARGS: what the preset needs to fit in memory.
 FAMILY_PRESETS = {"qwen3_moe": "qwen3-30b-a3b", "gpt_oss": "gpt-oss-20b",
@@ -384,7 +454,7 @@ ACCEPTED_FAMILY = {
 
 
 def family_config(family: str) -> dict:
-    from stepgap.common.modelcfg import HF_PRESETS
+    from stepgap.common.model_presets import HF_PRESETS
     return json.loads(json.dumps(HF_PRESETS[FAMILY_PRESETS[family]]))
 
 
@@ -454,12 +524,69 @@ BAD_INDEX = [{"weight_map": {"a.weight": ["model.safetensors"]}}, {"weight_map":
              {"weight_map": {"a.weight": 5}}, {}, [1]]
 
 
+BAD_BENCH = {
+    "completed": ["8", -1, 9, 7, None, True, 8.5],
+    "num_prompts": [0, "8", None, 8.0],
+    "duration": [float("nan"), float("inf"), -1.0, 0, "0.46", None],
+    "mean_tpot_ms": ["x", float("nan"), -1, None],
+    "date": ["yesterday", 20261201, "20261399-103126"],
+    "backend": [5, ""],
+    "request_rate": ["x", -1, 0, float("nan")],
+    "burstiness": [0, "1", float("inf")],
+    "max_concurrency": [0, "4", 4.5],
+    "num_speculative_tokens": ["x", "-1", 2.5],
+    "mode": ["fast", 5],
+    "input_lens": ["x", None, [100] * 7, [100] * 9, [100, "8", 1, 1, 1, 1, 1, 1],
+                   [-1] * 8, [100.5] * 8],
+    "output_lens": [[0] * 8, [-5] * 8, None, [8] * 3, ["8"] * 8],
+    "ttfts": [None, "x", [0.1], [float("nan")] * 8, [-0.1] * 8, [[0.1]] * 8],
+    "itls": ["abc", [[0.01]], [None] * 8, [[float("inf")]] * 8, [[-0.01]] * 8, [["x"]] * 8],
+    "errors": ["x", [5] * 8, [""] * 7, ["boom"] + [""] * 7],
+    "spec_decode_num_drafts": [-1, "287", 1.5],
+    "spec_decode_acceptance_rate": [150.0, "x", float("nan")],
+    "spec_decode_acceptance_length": [0.5, None],
+    "spec_decode_per_position_acceptance_rates": ["x", [1.5], [float("nan")], [-0.1]],
+}
+BAD_HOOK = {
+    "start_us": [float("nan"), "x", None, float("-inf"), True],
+    "end_us": [float("nan"), -1e9, None, "1"],
+    "op": [None, "", 5, []],
+    "lane": ["gpu", None, 5],
+    "args": [[1], "x", 5],
+}
+BAD_EVENT = {
+    "ts": [float("nan"), "12", None, float("inf"), True],
+    "dur": [-5.0, float("nan"), None, "1", float("inf")],
+    "name": [None, "", 5],
+    "args": [[1], "x"],
+}
+
+
+def broken_scrape(text: str, rng: random.Random) -> tuple[str, str]:
+    """(what, the scrape with one counter broken)."""
+    drafts = re.compile(r"^(vllm:spec_decode_num_drafts_total\{[^}]*\}) \S+$", re.M)
+    how = rng.choice(["NaN", "+Inf", "-Inf", "-5.0", "no per-position", "position 999999999",
+                      "position -1", "position x", "a gap in positions", "a rate above 1"])
+    if how in ("NaN", "+Inf", "-Inf", "-5.0"):
+        return f"num_drafts {how}", drafts.sub(rf"\1 {how}", text)
+    if how == "no per-position":
+        return how, "".join(x + "\n" for x in text.splitlines() if "per_pos" not in x)
+    if how == "a rate above 1":
+        return how, drafts.sub(r"\1 1.0", text)
+    if how == "a gap in positions":
+        return how, text.replace('position="0"', 'position="7"')
+    return how, text.replace('position="1"', f'position="{how.split()[1]}"')
+
+
 def mistyped_field(rng: random.Random, d: Path, base: Base) -> Case:
     """One field of a valid file set to a value of the wrong type or out of range."""
     out = d / "out"
     which = rng.choice(["trace", "trace (run)", "target", "target (run)", "draft",
                         "draft (run)", "family", "result", "span", "store", "profile", "table",
-                        "manifest", "runs", "grid", "index"])
+                        "manifest", "runs", "grid", "index", "vllm bench", "vllm bench",
+                        "vllm hooks", "vllm trace event", "vllm scrape"])
+    if which.startswith("vllm"):
+        return mistyped_vllm(which, rng, d, base)
     if which.startswith("trace"):
         lines = trace_lines()
         n = rng.randrange(len(lines))
@@ -558,6 +685,45 @@ def mistyped_field(rng: random.Random, d: Path, base: Base) -> Case:
                                                  *run_args(base, out, False)], (str(path),))
 
 
+def mistyped_vllm(which: str, rng: random.Random, d: Path, base: Base) -> Case:
+    """One field of a vLLM file broken: a bench file (read by ingest and simulate --trace), a
+    hook span, a worker trace's event, a scrape's counter."""
+    out = d / "out"
+    if which == "vllm bench":
+        doc = bench_doc()
+        key, value = mistyped(doc, rng, BAD_BENCH)
+        path = write_json(d / "vb.json", doc)
+        argv = ["ingest", "vllm-bench", str(path), "--out", str(out / "r.json"), "--trace-out",
+                str(out / "t.jsonl")] if rng.random() < 0.6 else \
+            ["simulate", *sim_args(base, out)[2:], "--trace", str(path)]
+        names = (f"{path}: field '{key}",) + ((f"{path}: field 'completed'",)
+                                              if key == "errors" else ())
+        return Case(f"vllm bench {key}={str(value)[:40]}", argv, names)
+    if which == "vllm hooks":
+        lines = hook_lines()
+        n = rng.randrange(len(lines))
+        key, value = mistyped(lines[n], rng, BAD_HOOK)
+        path = write_lines(d / "h" / "1.jsonl", lines)
+        return Case(f"hook line {n + 1} {key}={value!r}",
+                    ["ingest", "vllm-profile", str(vllm_trace(d)), str(path), "--out",
+                     str(out / "tl.jsonl")], (f"{path}:{n + 1}",))
+    if which == "vllm trace event":
+        doc = vllm_trace_doc()
+        n = rng.randrange(1, len(doc["traceEvents"]))
+        key, value = mistyped(doc["traceEvents"][n], rng, BAD_EVENT)
+        path = write_json(d / "w.pt.trace.json.gz", doc)
+        return Case(f"trace event {n} {key}={value!r}",
+                    ["ingest", "vllm-profile", str(path), "--out", str(out / "tl.jsonl")],
+                    (f"{path}: field 'traceEvents[{n}]",))
+    what, text = broken_scrape(scrape_text(), rng)
+    after = d / "after.txt"
+    after.write_text(text)
+    before = rng.random() < 0.5
+    return Case(f"scrape {what}", ["ingest", "vllm-metrics", str(after), "--out",
+                                   str(out / "acc.json"), *(["--before", str(after)] if before
+                                                            else [])], (str(after),))
+
+
 # option -> bad values, per command
 BAD_OPTIONS = {
     "simulate": {
@@ -601,7 +767,19 @@ BAD_OPTIONS = {
     },
     "demo": {"--num-prompts": ["0", "-1", "x"], "--k": ["0", "-1", "1000"],
              "--max-concurrency": ["0", "-3"]},
+    # hours of work or unbounded memory, refused before anything is built
+    "profile": {"--ks": ["1000", "65", "-1", "x", "2,1000"], "--repeats": ["1000000000", "0"],
+                "--calibration-prompts": ["1000000000", "10001", "0"]},
+    "validate": {"--ks": ["1000", "65", "-1"], "--repeats": ["1000000000", "1001", "0"],
+                 "--calibration-prompts": ["1000000000", "0"], "--concurrency": ["0", "x"],
+                 "--modes": ["fast"]},
 }
+try:
+    import torch
+    if not torch.cuda.is_available():   # a torch without CUDA: --device cuda is bad input
+        BAD_OPTIONS["run"]["--device"] = ["cuda"]
+except ImportError:
+    pass
 
 
 def bad_option(rng: random.Random, d: Path, base: Base) -> Case:
@@ -616,7 +794,9 @@ def bad_option(rng: random.Random, d: Path, base: Base) -> Case:
             "sweep": ["sweep", "--set", f"workload={base.trace}", "--set", "num_prompts=2",
                       "--grid", "max_num_seqs=1,2", "--jobs", "1", "--out", str(out / "sw"),
                       "--quiet"],
-            "demo": ["demo", "--quiet"]}[command]
+            "demo": ["demo", "--quiet"],
+            "profile": ["profile", "--out", str(out / "p.json"), "--quiet"],
+            "validate": ["validate", "--out", str(out / "v"), "--quiet"]}[command]
     names = {"--set": ("--set", "grid cell", "--"), "--grid": ("--grid",)}.get(option, (option,))
     if option == "--num-speculative-tokens" and command == "run":
         argv = [a for a in argv if a not in ("-k", "1")]
@@ -719,6 +899,9 @@ def bad_output(rng: random.Random, d: Path, base: Base) -> Case:
         "plot timeline --chrome": lambda p: ["plot", "timeline", str(timeline_file(d)), "--out",
                                              str(out / "t.png"), "--chrome", p, "--quiet"],
         "profile --out": lambda p: ["profile", "--out", p, "--quiet"],
+        # a served run's files are written at shutdown: checked before it serves
+        "serve --result-json": lambda p: ["serve", "--model", "tiny", "--result-json", p],
+        "serve --timeline": lambda p: ["serve", "--model", "tiny", "--timeline", p],
     }
     png = str(out / "t.png")   # plot timeline --chrome writes its figure too, first
     if how == "fills up":   # the work runs; its write fails half way
@@ -738,8 +921,109 @@ def bad_output(rng: random.Random, d: Path, base: Base) -> Case:
         path = f"{UNWRITABLE}/x.json"
     else:
         path = str(out / "x.json")
-    return Case(f"{which}: output {how}", build(path), (path, png),
-                disk_full_now if how == "disk full" else None)
+    fault = disk_full_now if how == "disk full" else None
+    if which.startswith("serve"):   # a check that let it through would serve forever: fail
+        fault = serving_fails(fault)
+    return Case(f"{which}: output {how}", build(path), (path, png), fault)
+
+
+def serving_fails(inner=None):
+    """A fault that makes starting an engine core an exception (the test's failure, not a
+    server that never returns), around `inner`."""
+    @contextlib.contextmanager
+    def fault():
+        def start(self):
+            raise RuntimeError("the engine core was started before the outputs were checked")
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(mock.patch("stepgap.engine.api_server.EngineClient.start",
+                                           start))
+            if inner is not None:
+                stack.enter_context(inner())
+            yield
+    return fault
+
+
+def same_or_empty_path(rng: random.Random, d: Path, base: Base) -> Case:
+    """'' where a file, folder or name belongs (every command's path options), and two outputs
+    of one command named alike: refused before any work, nothing written."""
+    out = d / "out"
+    if rng.random() < 0.5:
+        paths = {   # command -> (argv, the options that take a path)
+            "simulate": (["simulate", *sim_args(base, out)],
+                         ["--result-json", "--timeline", "--trace", "--model", "--draft",
+                          "--profile", "--acceptance", "--result-dir", "--result-filename"]),
+            "run": (["run", "--model", "tiny", *run_args(base, out)],
+                    ["--result-json", "--timeline", "--chrome-trace", "--trace", "--draft"]),
+            "compare": (["compare", str(base.result), str(base.result)], ["--json"]),
+            "sweep": (["sweep", "--set", f"workload={base.trace}", "--grid", "k=0,1", "--out",
+                       str(out / "sw"), "--quiet"], ["--out", "--grid-file"]),
+            "plot timeline": (["plot", "timeline", str(timeline_file(d)), "--quiet"],
+                              ["--out", "--chrome"]),
+            "ingest vllm-bench": (["ingest", "vllm-bench", str(VLLM_DATA / "bench.json")],
+                                  ["--out", "--trace-out"]),
+            "serve": (["serve", "--model", "tiny"], ["--result-json", "--timeline",
+                                                     "--tokenizer", "--draft"]),
+            "demo": (["demo", "--quiet"], ["--profile", "--pair"]),
+        }
+        command = rng.choice(sorted(paths))
+        argv, options = paths[command]
+        option = rng.choice(options)
+        if option == "--json":   # compare's paths are its two arguments
+            argv = ["compare", *rng.choice([["", str(base.result)], [str(base.result), ""]])]
+            return Case("compare ''", argv, ("argument MEASURED", "argument SIMULATED"))
+        return Case(f"{command} {option} ''", argv + [option, ""], (f"argument {option}",),
+                    serving_fails() if command == "serve" else None)
+    path = str(out / rng.choice(["x.json", "x.jsonl", "x.chrome.json", "x.trace.json"]))
+    same = {
+        "simulate --result-json = --timeline": ["simulate", *sim_args(base, out)[:-1], path,
+                                                "--timeline", path],
+        "simulate --result-json = the Chrome trace": ["simulate", *sim_args(base, out)[:-1],
+                                                      str(out / "x.chrome.json"), "--timeline",
+                                                      str(out / "x.jsonl")],
+        "run --result-json = --chrome-trace": ["run", "--model", "tiny",
+                                               *run_args(base, out)[:-1], path,
+                                               "--chrome-trace", f"{out}/./{Path(path).name}"],
+        "plot timeline --out = --chrome": ["plot", "timeline", str(timeline_file(d)), "--out",
+                                           path, "--chrome", path, "--quiet"],
+        "serve --result-json = the Chrome trace": ["serve", "--model", "tiny", "--timeline",
+                                                   str(out / "t.jsonl"), "--result-json",
+                                                   str(out / "t.trace.json")],
+    }
+    which = rng.choice(sorted(same))
+    return Case(which, same[which], ("the same file as",),
+                serving_fails() if which.startswith("serve") else None)
+
+
+class _FullStdout(io.StringIO):
+    def write(self, text):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@contextlib.contextmanager
+def stdout_closed():
+    """`>&-`: Python then has no sys.stdout at all."""
+    with contextlib.redirect_stdout(None):
+        yield
+
+
+@contextlib.contextmanager
+def stdout_full():
+    """`> /dev/full`: every write fails for want of space."""
+    with contextlib.redirect_stdout(_FullStdout()):
+        yield
+
+
+def stdout_fault(rng: random.Random, d: Path, base: Base) -> Case:
+    """stdout closed or full while a command prints: one line, nothing written."""
+    out = d / "out"
+    argv = rng.choice([["compare", str(base.result), str(base.result)],
+                       ["compare", str(base.result), str(base.result), "--json"],
+                       ["simulate", *sim_args(base, out)[:-3], "--result-json",
+                        str(out / "r.json")],
+                       ["simulate", *sim_args(base, out)[:-3], "--timeline",
+                        str(out / "t.jsonl")]])
+    how = rng.choice([stdout_closed, stdout_full])
+    return Case(f"{argv[0]} with stdout {how.__name__[7:]}", argv, ("stdout",), how)
 
 
 def table_folder(d: Path) -> Path:
@@ -789,7 +1073,7 @@ def small_ones(rng: random.Random, d: Path, base: Base) -> Case:
 
 
 GENERATORS = (broken_file, broken_file, mistyped_field, mistyped_field, mistyped_field,
-              bad_option, too_large, bad_output, small_ones)
+              bad_option, too_large, bad_output, small_ones, same_or_empty_path, stdout_fault)
 
 
 # -------------------------------------------------------------------------------------------
@@ -938,3 +1222,39 @@ def test_each_familys_config_json_and_its_real_variants_simulate(family, base, t
             case = Case(f"{family} {key}={value!r}", argv, (str(path),))
             why = judge(case, *run_case(case), tmp_path / "bad" / "out")
             assert why is None, f"{case.what}: {why}"
+
+
+def strict_json(text: str):
+    """JSON as RFC 8259 has it: NaN, Infinity and -Infinity are not JSON."""
+    def refuse(word):
+        raise ValueError(f"{word} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("literal, read", [("NaN", "nan"), ("Infinity", "inf"),
+                                           ("-Infinity", "-inf"), ("1e400", "inf")])
+def test_a_non_finite_metric_is_written_as_valid_json_and_read_back(literal, read, base,
+                                                                    tmp_path, capsys):
+    """vLLM writes NaN for a metric with no samples (Python's json writes it bare; no other JSON
+    reader takes it), and 1e400 reads as infinity. Whatever stepgap writes is JSON: compare
+    --json and every result map a non-finite number to "nan", "inf" or "-inf" (fileio.py
+    dumps_json), which load_result reads back as the float."""
+    from stepgap.common.formats import load_result
+    rng = random.Random(literal)
+    keys = rng.sample(sorted(k for k, v in result_doc().items()
+                             if k.endswith("_ms") and isinstance(v, float)), 3)
+    text = json.dumps(result_doc())
+    for key in keys:
+        text = re.sub(rf'"{key}": [^,]+', f'"{key}": {literal}', text)
+    path = tmp_path / "r.json"
+    path.write_text(text)
+    assert main(["compare", str(path), str(base.result), "--json"]) == 0
+    rows = {r["metric"]: r for r in strict_json(capsys.readouterr().out)["metrics"]}
+    assert any(r["measured"] == read for r in rows.values())
+    res = load_result(path)
+    again = tmp_path / "again.json"
+    save_result(again, res)
+    doc = strict_json(again.read_text())
+    for key in keys:
+        assert doc[key] == read
+        assert str(load_result(again)[key]) == read

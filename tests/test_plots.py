@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from matplotlib.patches import Rectangle
 
+from stepgap.common import timeline_plots
 from stepgap.sim import plots
-from stepgap.sim.sweep import SweepTable
+from stepgap.sim.sweep_table import SweepTable
 from stepgap.cli import main
 from stepgap.common.errors import UserError
 from stepgap.common.formats import Span, save_timeline
@@ -136,15 +137,15 @@ def sync_spans(steps=6, dev=1000.0, gap=500.0):
 
 
 def test_gaps_between_device_steps():
-    gaps = plots.gaps_between(sync_spans(steps=3))
+    gaps = timeline_plots.gaps_between(sync_spans(steps=3))
     assert [(n, b - a) for n, a, b in gaps] == [(1, 500.0), (2, 500.0)]
 
 
 def test_timeline_figure_stacks_rows_and_labels_gaps():
-    panels = [plots.Panel("sync", "simulated", sync_spans()),
-              plots.Panel("async", "simulated", sync_spans(gap=20.0)),
-              plots.Panel("sync", "measured", sync_spans(gap=700.0))]
-    fig = plots.timeline_figure(panels, steps=(1, 3))
+    panels = [timeline_plots.Panel("sync", "simulated", sync_spans()),
+              timeline_plots.Panel("async", "simulated", sync_spans(gap=20.0)),
+              timeline_plots.Panel("sync", "measured", sync_spans(gap=700.0))]
+    fig = timeline_plots.timeline_figure(panels, steps=(1, 3))
     axes = fig.axes
     assert len(axes) == 4                                  # 2 rows x 2 columns
     assert axes[0].get_title(loc="left") == "simulated · sync (mean step gap of the run: 500 µs)"
@@ -163,12 +164,12 @@ def test_timeline_figure_stacks_rows_and_labels_gaps():
 
 
 def test_at_gap_zooms_on_one_gap():
-    t0, t1 = plots.window(sync_spans(), at_gap=2, pad_ms=0.1)
+    t0, t1 = timeline_plots.window(sync_spans(), at_gap=2, pad_ms=0.1)
     assert (t0, t1) == (3000.0 - 100, 3500.0 + 100)
     with pytest.raises(UserError, match="--at-gap 9"):
-        plots.window(sync_spans(), at_gap=9)
+        timeline_plots.window(sync_spans(), at_gap=9)
     with pytest.raises(UserError, match="--steps 50:60: no spans"):
-        plots.window(sync_spans(), steps=(50, 60))
+        timeline_plots.window(sync_spans(), steps=(50, 60))
 
 
 def test_plot_timeline_command_writes_png_and_chrome_trace(tmp_path, capsys):

@@ -1,14 +1,18 @@
 """Profiles: how steps are cut into terms, the fits, ProfileCosts, and `simulate --profile`."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from stepgap.calibrate.fit import build_profile, cpu_points, device_points
+from stepgap.calibrate.fit import build_profile
+from stepgap.calibrate.samples import cpu_samples, device_points
 from stepgap.sim.costs import Batch, ConstantCosts
-from stepgap.sim.profile import (FEATURES, Fit, Profile, ProfileCosts, batch_features, features,
-                         fit_points, load_profile, nnls)
+from stepgap.calibrate.fit import fit_points, nnls
+from stepgap.sim.profile import (FEATURES, CpuFit, Fit, Profile, batch_features, features,
+                                 load_profile, save_profile)
+from stepgap.sim.profile_costs import ProfileCosts
 from stepgap.cli import main
 from stepgap.common.errors import UserError
 from stepgap.common.formats import Span
@@ -52,7 +56,7 @@ def test_device_op_costs_run_from_the_previous_ops_end():
 
 
 def test_cpu_terms_of_a_sync_timeline():
-    t = cpu_points(sync_timeline(), "sync")
+    t = cpu_samples(sync_timeline(), "sync")
     assert t["schedule"][0] == (1, 5, 10.0)
     assert t["update_from_output"][0] == (1, 5, 20.0)
     assert t["prepare_inputs"][0] == (1, 5, 50.0)
@@ -69,7 +73,7 @@ def test_cpu_terms_of_an_async_timeline():
     # step 1 was scheduled (and sent) while step 0 computed: the worker turns straight to it
     spans.append(Span("cpu.engine", "schedule", 1, 400, 420, {"reqs": 1, "tokens": 5}))
     spans += step_spans(1, 1150)   # prepare 1 at 1250: 240 after step 0's last op
-    t = cpu_points(spans, "async")
+    t = cpu_samples(spans, "async")
     assert t["worker_turnaround"] == [(1, 5, 240.0)]
     assert "ipc_us" not in t
 
@@ -89,7 +93,8 @@ def test_fit_points_reports_the_median_relative_error():
 
 
 def profile(fits, cpu=None):
-    return Profile("p.json", fits, cpu, {"worker": "process", "device": "sync"}, {})
+    return Profile(fits, None if cpu is None else CpuFit(cpu),
+                   about={"topology": {"executor": "process", "device": "cpu"}}, path="p.json")
 
 
 def fit(op, k, coef, i=None):
@@ -118,10 +123,11 @@ def test_profile_costs_answer_from_the_fit_of_their_k():
     assert "nearest measured to k=3" in c3.sources["target_forward"]
 
 
-def test_at_k0_the_target_forward_includes_the_engines_sampler():
+def test_at_k0_the_engines_sampler_is_its_own_op():
     p = profile([fit("target_forward", 0, [1000, 0, 0, 0]),
                  fit("rejection_sample", 0, [60, 0, 0, 0])])
-    assert ProfileCosts(p, 0, ConstantCosts()).target_forward(B) == 1060.0
+    costs = ProfileCosts(p, 0, ConstantCosts())
+    assert (costs.target_forward(B), costs.rejection_sample(B)) == (1000.0, 60.0)
 
 
 def test_batch_features_match_the_engines_padded_grid():
@@ -129,6 +135,19 @@ def test_batch_features_match_the_engines_padded_grid():
                                                                   5, 7)
     assert features("target_forward", None, 20, 4, 5, 7) == [1.0, 20.0, 4.0, 4 * 5 * 7 * 16]
     assert len(FEATURES) == 4
+
+
+def test_a_profile_read_and_written_back_is_the_same_file(tmp_path):
+    """One reader and one writer: the committed CPU profile (written by `stepgap validate`'s
+    fit) comes back byte for byte, what the fit found besides the typed sections included."""
+    src = Path(__file__).resolve().parents[1] / "traces" / "measured" / "cpu" / "profile.json"
+    prof = load_profile(src)
+    assert prof.engine is None and prof.jitter.bin_ms == 50 and 4 in prof.cpu_by_k
+    assert "grid" in prof.notes and "machine" in prof.about
+    save_profile(tmp_path / "p.json", prof)
+    assert (tmp_path / "p.json").read_bytes() == src.read_bytes()
+    again = load_profile(tmp_path / "p.json")
+    assert again.fits == prof.fits and again.cpu_costs(k=2) == prof.cpu_costs(k=2)
 
 
 def test_load_profile_names_what_is_wrong(tmp_path):
@@ -200,11 +219,11 @@ def test_a_profile_fitted_on_engine_runs_predicts_their_device_time():
         out = run_trace(ex, mtbench_like(6, 12), ea.engine_config(mode), vocab_size=512,
                         max_concurrency=conc)
         runs.append((mode, 2, out.spans))
-    doc, series = build_profile(runs, [], {"device": "cpu"})
+    prof, series = build_profile(runs, [], {"device": "cpu"})
     assert len(series) == 3 and all(len(row) == 3 for row in series[0])
-    assert doc["jitter"]["runs"] == 3 and set(doc["cpu_by_k"]) == {"2"}
-    assert {f["op"] for f in doc["device_ops"]} == {"target_forward", "rejection_sample",
-                                                    "draft_forward", "d2h"}
-    assert {"schedule", "update_from_output", "prepare_inputs", "launch"} <= set(doc["cpu"])
+    assert prof.jitter.runs == 3 and set(prof.cpu_by_k) == {2}
+    assert {f.op for f in prof.fits} == {"target_forward", "rejection_sample", "draft_forward",
+                                         "d2h"}
+    assert {"schedule", "update_from_output", "prepare_inputs", "launch"} <= set(prof.cpu.terms)
     assert all(abs(r - 1) < 1e-6 for r in
-               doc["checks"]["calibration_fit_over_calibration_steps"].values())
+               prof.notes["checks"]["calibration_fit_over_calibration_steps"].values())

@@ -7,12 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepgap.calibrate.serve_fit import fit_served, run_level, served_samples
+from stepgap.calibrate.samples import cpu_samples
+from stepgap.calibrate.serve_fit import fit_served, run_level
 from stepgap.common.errors import UserError
 from stepgap.common.formats import Span, TraceRequest
 from stepgap.sim.config import SimConfig
 from stepgap.sim.loop import simulate
-from stepgap.sim.profile import features, load_profile
+from stepgap.sim.profile import features, load_profile, save_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "checkpoints" / "pystdlib"
@@ -20,6 +21,7 @@ BASE = ROOT / "traces" / "measured" / "cpu" / "profile.json"
 
 
 BASE_DOC = json.loads(BASE.read_text())
+BASE_PROFILE = load_profile(BASE)
 
 
 def served_timeline(steps: int = 40, seed: int = 0, level: float = 1.0) -> list[Span]:
@@ -66,13 +68,13 @@ def run(k: int, client: float, server: float, seed: int = 0, level: float = 1.0)
 
 
 def test_the_fit_recovers_the_costs_the_timeline_was_made_of_at_the_profiles_level():
-    s = served_samples(served_timeline())
+    s = cpu_samples(served_timeline(), topology="served")
     # one process_outputs sample a step: its own span and its chunks' writes
     assert len(s["process_outputs"]) == 40
     assert s["process_outputs"][0] == (1, 1, 20.5 + 61)
-    assert run_level(served_timeline(level=1.25), 0, BASE_DOC) == pytest.approx(1.25)
-    doc = fit_served(BASE_DOC, [run(0, 9.0, 7.5), run(0, 10.0, 7.0, seed=1, level=1.25),
-                                run(0, 9.5, 8.5, level=0.9)])
+    assert run_level(served_timeline(level=1.25), 0, BASE_PROFILE) == pytest.approx(1.25)
+    doc = fit_served(BASE_PROFILE, [run(0, 9.0, 7.5), run(0, 10.0, 7.0, seed=1, level=1.25),
+                                    run(0, 9.5, 8.5, level=0.9)]).to_dict()
     assert doc["served_fit"]["levels"] == pytest.approx([1.0, 1.25, 0.9])
     want = {"schedule": [10, 2, 0], "update_from_output": [30, 5, 0],
             "result_latency": [150, 10, 0], "ipc_us": 90,
@@ -91,17 +93,16 @@ def test_the_fit_recovers_the_costs_the_timeline_was_made_of_at_the_profiles_lev
 def test_the_fit_refuses_runs_without_the_front_ends_spans():
     spans = [s for s in served_timeline() if s.op != "add_request"]
     with pytest.raises(UserError, match="too few samples of add_request"):
-        fit_served(BASE_DOC, [{"timeline": spans, "k": 0, "client_ttft_ms": 1,
-                               "server_ttft_ms": 1}])
+        fit_served(BASE_PROFILE, [{"timeline": spans, "k": 0, "client_ttft_ms": 1,
+                                   "server_ttft_ms": 1}])
     with pytest.raises(UserError, match="no served run"):
-        fit_served({}, [])
+        fit_served(BASE_PROFILE, [])
 
 
 @pytest.fixture(scope="module")
 def served_profile(tmp_path_factory):
     path = tmp_path_factory.mktemp("served") / "profile.json"
-    doc = fit_served(BASE_DOC, [run(0, 9.0, 7.5), run(4, 9.0, 7.5)])
-    path.write_text(json.dumps(doc))
+    save_profile(path, fit_served(BASE_PROFILE, [run(0, 9.0, 7.5), run(4, 9.0, 7.5)]))
     return path
 
 
@@ -116,7 +117,7 @@ def pair_sim(profile, mode, topology=None, k=4, conc=4):
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_the_served_topology_puts_the_front_end_on_the_engine_cores_cpu(mode, served_profile):
-    assert load_profile(served_profile).topology["engine"] == "served"
+    assert load_profile(served_profile).engine == "served"
     reqs, (res, spans) = pair_sim(served_profile, mode)
     assert res["completed"] == len(reqs)
     assert res["total_output_tokens"] == sum(r.output_len for r in reqs)

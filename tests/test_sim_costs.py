@@ -5,11 +5,13 @@ import pytest
 
 from stepgap.common.acceptance import Acceptance, AcceptanceProfile, get_profile
 from stepgap.sim.config import SimConfig
-from stepgap.sim.costs import Batch, CpuCosts, OpCost, RooflineCosts
+from stepgap.sim.costs import Batch
+from stepgap.sim.cpu_costs import CpuCosts, OpCost
+from stepgap.sim.roofline import RooflineCosts
 from stepgap.sim.hardware import CATALOG, Hardware, get_hardware
 from stepgap.common.errors import UserError
 from stepgap.common.formats import TraceRequest
-from stepgap.common.modelcfg import load_draft_config, load_model_config
+from stepgap.common.model_presets import load_draft_config, load_model_config
 
 TARGET = load_model_config("llama-3.1-8b")
 HEAD = load_draft_config("llama-3.1-8b-eagle3")
@@ -20,6 +22,23 @@ BW_ONLY = Hardware("bw", "gpu", flops=1e30, mem_bw=1e12, flop_eff=1.0, bw_eff=1.
 
 def decode(tokens=1, ctx=0) -> Batch:
     return Batch(tokens, 1, 1, tokens, tokens - 1, ctx + tokens, tokens * (ctx + 1))
+
+
+def test_at_k0_plain_sampling_is_its_own_op_and_sums_with_the_forward_as_one():
+    """The sampler is rejection_sample at k = 0 too; the forward and it sum, bit for bit, to the
+    forward with its sampling summed in (as the roofline counted it before), at every shape."""
+    from stepgap.sim.roofline import SAMPLE_KERNELS
+    h100 = get_hardware("h100")
+    costs = RooflineCosts(TARGET, None, h100, k=0)
+    for tokens, reqs, ctx in ((1, 1, 0), (64, 64, 900), (300, 8, 2000), (8192, 1, 0)):
+        b = Batch(tokens, reqs, reqs, reqs, 0, ctx + tokens, tokens * (ctx + 1.5))
+        fwd, sample = costs.target_forward(b), costs.rejection_sample(b)
+        dense = costs._forward(TARGET, tokens, reqs)
+        plain = costs.streaming(4 * reqs * TARGET.vocab_size, SAMPLE_KERNELS)
+        attn = costs._target_attention(b)
+        assert fwd + sample == (dense + plain) + attn
+        assert sample == pytest.approx(plain, rel=1e-6)
+        assert RooflineCosts(TARGET, None, h100, k=0).rejection_sample(b) == sample   # uncached
 
 
 def test_catalog_holds_the_seed_gpus_and_a_cpu():

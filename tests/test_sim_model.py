@@ -151,7 +151,12 @@ def test_k0_is_plain_decoding():
                           one_request(output_len=30))
     assert res["chunk_tokens"] == [[1] * 30]
     ops = {s.op for s in spans}
-    assert not ops & {"draft_forward", "rejection_sample", "fixup"}
+    assert not ops & {"draft_forward", "fixup"}
+    # the sampler is its own op at k = 0 too, right after the forward, one per sampling step
+    fwd = [s for s in spans if s.op == "target_forward"]
+    sample = [s for s in spans if s.op == "rejection_sample"]
+    assert len(sample) == len(fwd) == 30
+    assert all(r.start_us == f.end_us and r.end_us > r.start_us for f, r in zip(fwd, sample))
     assert not any(s.op == "wait" and s.args for s in spans)  # no accepted-count wait
     assert "spec_decode" not in res
     assert res["step_gaps"]["count"] + 1 == 30  # one prefill step, then one step per token

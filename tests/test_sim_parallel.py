@@ -8,9 +8,12 @@ import pytest
 
 from stepgap.common.errors import UserError
 from stepgap.common.formats import LANES, OPS, TraceRequest
-from stepgap.common.modelcfg import MODEL_PRESETS, ModelConfig, load_drafter, load_model_config
+from stepgap.common.drafters import load_drafter
+from stepgap.common.model_presets import MODEL_PRESETS, load_model_config
+from stepgap.common.modelcfg import ModelConfig
 from stepgap.sim.config import SimConfig, resolve
-from stepgap.sim.costs import Batch, RooflineCosts, expected_experts
+from stepgap.sim.costs import Batch
+from stepgap.sim.roofline import RooflineCosts, expected_experts
 from stepgap.sim.hardware import Hardware, Interconnect
 from stepgap.sim.loop import simulate
 from stepgap.sim.presets import PRESETS

@@ -5,9 +5,11 @@ import json
 
 import pytest
 
-import stepgap.sim.sweep as sweep
-from stepgap.sim.sweep import (COLUMNS, Grid, build_grid, load_grid_file, load_sweep, parse_values,
-                       run_sweep)
+import stepgap.sim.sweep_keys as sweep_keys
+import stepgap.sim.sweep_runners as sweep_runners
+from stepgap.sim.sweep import run_sweep
+from stepgap.sim.sweep_grid import Grid, build_grid, load_grid_file, parse_values
+from stepgap.sim.sweep_table import COLUMNS, load_sweep
 from stepgap.cli import main
 from stepgap.common.errors import UserError
 
@@ -68,7 +70,7 @@ def test_a_bad_cell_names_the_cell_and_the_field():
 def test_a_bad_grid_fails_before_any_cell_runs(tmp_path, monkeypatch, capsys):
     def must_not_run(settings):
         raise AssertionError("a cell ran")
-    monkeypatch.setattr(sweep, "run_cell", must_not_run)
+    monkeypatch.setattr(sweep_runners, "run_cell", must_not_run)
     out = tmp_path / "out"
     rc = main(["sweep", "--preset", "seed-l20", "--grid", "k=0..2", "--grid",
                "max_concurrency=1,2,0", "--out", str(out), "--jobs", "1"])
@@ -137,8 +139,8 @@ def test_a_rerun_skips_the_cells_already_done(tmp_path, monkeypatch):
     first = run_sweep(tiny_grid("k=0,2", "max_concurrency=1,4"), tmp_path)
     assert (first.ran, first.skipped) == (4, 0)
     ran = []
-    real = sweep.run_cell
-    monkeypatch.setattr(sweep, "run_cell", lambda s: ran.append(s) or real(s))
+    real = sweep_runners.run_cell
+    monkeypatch.setattr(sweep_runners, "run_cell", lambda s: ran.append(s) or real(s))
     second = run_sweep(tiny_grid("k=0,2,4", "max_concurrency=1,4"), tmp_path)
     assert (second.ran, second.skipped) == (2, 4)
     assert sorted((s["k"], s["max_concurrency"]) for s in ran) == [(4, 1), (4, 4)]
@@ -151,8 +153,36 @@ def test_a_rerun_skips_the_cells_already_done(tmp_path, monkeypatch):
 
 def test_a_change_to_the_simulator_reruns_every_cell(tmp_path, monkeypatch):
     assert run_sweep(tiny_grid("k=0,2"), tmp_path).ran == 2
-    monkeypatch.setattr(sweep, "model_digest", lambda: "another version")
+    monkeypatch.setattr(sweep_keys, "model_digest", lambda: "another version")
     assert run_sweep(tiny_grid("k=0,2"), tmp_path).ran == 2
+
+
+def test_the_cache_key_covers_every_module_the_simulator_loads():
+    """The sources in a cell's hash are read from the imports: whatever the simulator loads
+    (here, in a fresh interpreter) is among them, so a split module cannot leave cells stale."""
+    import subprocess
+    import sys
+    code = ("import sys, stepgap.sim.loop, stepgap.sim.presets\n"
+            "print('\\n'.join(m for m in sys.modules if m.startswith('stepgap.')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout.split()
+    files = {sweep_keys.module_path(m) for m in loaded} - {None}
+    named = {sweep_keys.PACKAGE_ROOT / f for f in sweep_keys.model_sources()}
+    assert files - {sweep_keys.PACKAGE_ROOT / "__init__.py"} <= named   # (the CLI's package)
+    assert {"sim/loop.py", "sim/config.py", "common/scheduler.py"} <= \
+        set(sweep_keys.model_sources())
+
+
+def test_the_cache_key_follows_imports_inside_functions_too(tmp_path):
+    (tmp_path / "sim").mkdir()
+    (tmp_path / "sim" / "loop.py").write_text("from stepgap.sim.costs import Batch\n")
+    (tmp_path / "sim" / "costs.py").write_text(
+        "import math\n\ndef roofline():\n    from stepgap.sim import roofline\n")
+    (tmp_path / "sim" / "roofline.py").write_text("from stepgap.sim.costs import Batch\n")
+    (tmp_path / "sim" / "unused.py").write_text("")
+    (tmp_path / "sim" / "__init__.py").write_text("")
+    assert sweep_keys.model_sources(("stepgap.sim.loop",), tmp_path) == (
+        "sim/__init__.py", "sim/costs.py", "sim/loop.py", "sim/roofline.py")
 
 
 def test_a_changed_trace_file_reruns_its_cells(tmp_path):
@@ -209,7 +239,7 @@ def test_a_missing_cluster_engine_says_what_to_install(tmp_path, monkeypatch, ad
                                                        extra):
     def no_module(name):
         raise ImportError(name)
-    monkeypatch.setattr(sweep.importlib, "import_module", no_module)
+    monkeypatch.setattr(sweep_runners.importlib, "import_module", no_module)
     with pytest.raises(UserError, match=rf"--cluster {address} needs {engine}: "
                                         rf"pip install 'stepgap\[{extra}\]'"):
         run_sweep(tiny_grid("k=0"), tmp_path, cluster=address)
@@ -217,7 +247,7 @@ def test_a_missing_cluster_engine_says_what_to_install(tmp_path, monkeypatch, ad
 
 def test_an_unreachable_cluster_is_a_clear_error(tmp_path, monkeypatch):
     pytest.importorskip("distributed")
-    monkeypatch.setattr(sweep, "CONNECT_TIMEOUT", "1s")
+    monkeypatch.setattr(sweep_runners, "CONNECT_TIMEOUT", "1s")
     with pytest.raises(UserError, match="--cluster tcp://127.0.0.1:9: cannot connect"):
         run_sweep(tiny_grid("k=0"), tmp_path, cluster="tcp://127.0.0.1:9")
 

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from stepgap.calibrate.vllm import ingest_profile
-from stepgap.calibrate.vllm_fit import Run, calibrate_runs, determined, fit_determined, load_runs
+from stepgap.calibrate.fit import determined, fit_determined
+from stepgap.calibrate.vllm_fit import Run, calibrate_runs, load_runs
+from stepgap.sim.profile import save_profile
 from stepgap.common.errors import UserError
 from stepgap.common.formats import TraceRequest
 from stepgap.sim.config import SimConfig
@@ -51,21 +53,21 @@ def fixture_run():
 
 
 def test_calibration_fits_what_the_run_determines_and_names_the_rest(fixture_run):
-    doc = calibrate_runs([fixture_run])
-    ops = {(f["op"], f["i"]) for f in doc["device_ops"]}
+    prof = calibrate_runs([fixture_run])
+    ops = {(f.op, f.i) for f in prof.fits}
     assert ops == {("target_forward", None), ("rejection_sample", None), ("draft_forward", 0),
                    ("draft_forward", 1), ("d2h", None)}
     for term in ("schedule", "update_from_output", "prepare_inputs", "launch", "rpc_mid",
                  "rpc_drafts", "process_outputs", "worker_turnaround"):
-        assert term in doc["cpu"], term
+        assert term in prof.cpu.terms, term
     # every step had 4 requests: no per-request slope, and it says so
-    assert any("per request not determined" in m for m in doc["undetermined"])
+    assert any("per request not determined" in m for m in prof.undetermined)
     # without a model config the runs cannot be re-simulated: the levels are not fitted
-    assert any(m.startswith("client_latency_us, level") for m in doc["undetermined"])
+    assert any(m.startswith("client_latency_us, level") for m in prof.undetermined)
     # the fitted forward reproduces the measured spans' mean
     fwd = [s.end_us - s.start_us for s in fixture_run.spans if s.op == "target_forward"]
-    fit = next(f for f in doc["device_ops"] if f["op"] == "target_forward")
-    assert fit["coef"][0] + 12 * fit["coef"][1] + 4 * fit["coef"][2] == \
+    fit = next(f for f in prof.fits if f.op == "target_forward")
+    assert fit.coef[0] + 12 * fit.coef[1] + 4 * fit.coef[2] == \
         pytest.approx(np.mean(fwd), rel=0.05)
 
 
@@ -118,7 +120,7 @@ def vllm_sim(mode, k=2, conc=4, profile=None, **kw):
 @pytest.fixture(scope="module")
 def profile_path(tmp_path_factory, fixture_run):
     path = tmp_path_factory.mktemp("p") / "profile.json"
-    path.write_text(json.dumps(calibrate_runs([fixture_run])))
+    save_profile(path, calibrate_runs([fixture_run]))
     return str(path)
 
 

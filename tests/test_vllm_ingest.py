@@ -145,7 +145,7 @@ def test_ingest_and_plot_from_the_command_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("content, message", [
-    (b"hello", "not a span of stepgap_hooks"),
+    (b"hello", "not valid JSON"),   # a file named a trace is read as one, never as hooks
     (gzip.compress(b"[1, 2]"), "no traceEvents"),
     (gzip.compress(json.dumps({"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 1,
                                                 "dur": 1}]}).encode()), "not a vLLM profile"),

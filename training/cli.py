@@ -62,10 +62,7 @@ def register(sub) -> None:
 
 
 def cmd_train(args) -> int:
-    import os
-    # Before torch loads OpenMP: threads that spin at barriers collapse (about 10x slower) when
-    # another process holds one of the cores; passive waiting keeps 2 threads as fast as 1.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # (OMP_WAIT_POLICY=PASSIVE is set by stepgap/cli.py, before torch loads OpenMP.)
     from dataclasses import replace
 
     from stepgap.common.fileio import check_writable

@@ -3,7 +3,7 @@
 The pair is trained as EAGLE-3 trains its heads (arXiv 2503.01840), with the engine's own modules,
 so that what is trained is exactly what the engine runs:
 
-1. a byte-level BPE tokenizer on the training files (`engine/corpus.py`);
+1. a byte-level BPE tokenizer on the training files (`training/corpus.py`);
 2. the target: `engine.model.Llama` (tied embedding), next-token cross-entropy on random windows
    of the training token stream, dense causal path (no KV cache); saved in float16, and used from
    then on as saved;
@@ -51,8 +51,10 @@ from stepgap.engine.eagle3 import Eagle3Head
 from stepgap.engine.model import Llama, init_weights
 from stepgap.common.errors import UserError
 from stepgap.common.fileio import read_json, write_json
+from stepgap.common.limits import is_int
 from stepgap.common.formats import save_trace
-from stepgap.common.modelcfg import Eagle3Config, ModelConfig, eagle3_for
+from stepgap.common.model_heads import EagleHeadConfig, eagle3_for
+from stepgap.common.modelcfg import ModelConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +96,7 @@ class TrainConfig:
                   "draft_vocab_size", "head_steps", "head_batch", "ttt_steps", "distill_seqs",
                   "distill_batch", "heldout_prompts"):
             v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            if not is_int(v) or v < 1:
                 raise UserError(f"train: {f} must be an integer >= 1, got {v!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise UserError(f"train: seed must be an integer >= 0, got {self.seed!r}")
@@ -129,7 +131,7 @@ class TrainConfig:
             rope_theta=10000.0, max_position_embeddings=self.seq_len, tie_word_embeddings=True,
             torch_dtype="float16", bos_token_id=0, eos_token_id=0)
 
-    def draft_config(self) -> Eagle3Config:
+    def draft_config(self) -> EagleHeadConfig:
         base = eagle3_for(self.target_config(), self.draft_vocab_size, "pystdlib-eagle3")
         return replace(base, aux_layer_ids=tuple(self.aux_layers))
 
@@ -392,10 +394,11 @@ def greedy_sequences(target_dir, stream: torch.Tensor, cfg: TrainConfig, gen: to
     ea = EngineArgs(model=str(target_dir), dtype="float32",
                     num_gpu_blocks_override=cfg.distill_batch * cdiv(t + 1, 16),
                     max_model_len=t + 1, max_num_seqs=cfg.distill_batch)
-    ecfg = ea.engine_config()
+    setup = ea.create_engine_config()
+    ecfg = setup.engine_config()
     seqs = []
     with _bar(sum(r.output_len for r in reqs), "greedy", progress) as bar:
-        ex = TokenProgress(ea.make_executor(), bar)
+        ex = TokenProgress(setup.make_executor(), bar)
         # In waves of one batch: every prefill runs first, then decode steps only. Continuous
         # batching would put prefills next to decodes, which the padded query grid makes slow.
         for i in range(0, n, cfg.distill_batch):

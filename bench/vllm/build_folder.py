@@ -35,13 +35,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from stepgap.calibrate.measured import FORMAT as MEASURED, git_commit, requests_of, save_runs, trim  # noqa: E402,E501
-from stepgap.calibrate.fit import device_points  # noqa: E402
+from stepgap.calibrate.samples import device_points  # noqa: E402
 from stepgap.calibrate.fit import add_device, device_vs_profile  # noqa: E402
 from stepgap.calibrate.harness import cell_name, machine_info  # noqa: E402
 from stepgap.calibrate.vllm import acceptance_from_scrapes, ingest_profile, read_source  # noqa: E402
 from stepgap.calibrate.vllm_fit import Run, calibrate_runs  # noqa: E402
 from stepgap.common.formats import gap_summary, save_timeline, step_gaps  # noqa: E402
 from stepgap.common.vllm_bench import bench_result, is_bursty, read_bench  # noqa: E402
+from stepgap.sim.profile import save_profile  # noqa: E402
 
 PAIR = ROOT / "checkpoints" / "pystdlib"
 BLOCK_SIZE = 128   # vLLM's CPU default (vllm/platforms/cpu.py)
@@ -97,15 +98,15 @@ def main(argv=None) -> int:
             "model": {"target": str(PAIR / "target"), "draft": str(PAIR / "eagle3")},
             "scheduler": scheduler}
     profile = calibrate_runs(calib, meta)
-    profile["model"] = {"target": "models/target", "draft": "models/eagle3"}
-    (out / "profile.json").write_text(json.dumps(profile, indent=1) + "\n")
+    profile.about["model"] = {"target": "models/target", "draft": "models/eagle3"}
+    save_profile(out / "profile.json", profile)
     for name in ("target", "eagle3"):
         (out / "models" / name).mkdir(parents=True, exist_ok=True)
         shutil.copy(PAIR / name / "config.json", out / "models" / name / "config.json")
 
     # the judged runs
     cells, runs, bursty, device = [], {}, [], {}
-    fitted_ks = sorted({f["k"] for f in profile["device_ops"]})
+    fitted_ks = sorted({f.k for f in profile.fits})
     for r in plan["runs"]:
         if r["kind"] != "judged":
             continue
@@ -202,7 +203,7 @@ def profiled_figure(src: Path, out: Path, plan: dict, k: int = 2, conc: int = 1)
     the simulator's prediction of that very run (its prompts, vLLM's chunks replayed)."""
     from stepgap.calibrate.judge import sim_config
     from stepgap.calibrate.measured import load_measured
-    from stepgap.sim import plots
+    from stepgap.common import timeline_plots
     from stepgap.sim.loop import simulate
     setup, _ = load_measured(out)
     ids = [json.loads(line)["request_id"] for line in
@@ -226,13 +227,15 @@ def profiled_figure(src: Path, out: Path, plan: dict, k: int = 2, conc: int = 1)
         name = cell_name(p["mode"], k, conc)
         save_timeline(out / "timelines" / f"{name}.profiled.jsonl",
                       [s for s in measured if 10 <= s.step < 40])
-        panels += [plots.Panel(f"{p['mode']}: vLLM's torch-profiler trace", "", measured),
-                   plots.Panel(f"{p['mode']}: the simulator, the same run", "", simulated)]
+        panels += [timeline_plots.Panel(f"{p['mode']}: vLLM's torch-profiler trace", "",
+                                        measured),
+                   timeline_plots.Panel(f"{p['mode']}: the simulator, the same run", "",
+                                        simulated)]
     steps = (20, 23)
-    fig = plots.timeline_figure(
+    fig = timeline_plots.timeline_figure(
         panels, steps=steps, title=f"vLLM 0.32.0 (CPU build), k={k}, concurrency {conc}: a "
         f"profiled run, steps {steps[0]}-{steps[1]}, and the simulator's prediction of it")
-    plots.save(fig, out / "profiled.png")
+    timeline_plots.save(fig, out / "profiled.png")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,35 @@
+"""What a setting may be: the limits both halves and the command line hold numbers to, and the
+one check of each kind of number (an integer, a number, a finite number), so that a `true`, a
+`"4"` or a NaN is refused alike everywhere (docs/robustness.md)."""
+
+from __future__ import annotations
+
+import math
+
+# The most a setting may be. Past these a value is a typo (1e308), not a setting: it would
+# overflow the simulator's clock, hang the engine or fill the memory (docs/robustness.md).
+# The command line (common/options.py), SimConfig (grid files, presets) and EngineArgs hold
+# their fields to the same limits.
+MAX_US = 1e9              # an op's cost or a latency in microseconds: 1000 s
+MAX_MS = MAX_US / 1e3     # the same in milliseconds
+MAX_SCALE = 1e6           # a multiplier of every cost (--cpu-scale, --speed)
+MAX_SPREAD = 100.0        # a logit-scale spread of acceptance
+MAX_SKEW = 10.0           # the Zipf exponent of MoE routing (at 10 the top-k experts take
+                          # nearly every token: 64 tokens touch 12 of 128 at top-8)
+MAX_K = 64                # draft tokens per step
+MAX_PROMPTS = 1_000_000   # requests of one run
+
+
+def is_int(v) -> bool:
+    """An integer (not a bool, a float or a string)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v) -> bool:
+    """An integer or a float, not a bool (inf and NaN included)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def is_finite(v) -> bool:
+    """A number that is neither inf nor NaN."""
+    return is_number(v) and math.isfinite(v)

@@ -1,0 +1,139 @@
+"""Named presets of well-known models and heads, so that nothing is downloaded, and the loaders
+of a target or a head by preset name, folder or config.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stepgap.common.errors import UserError
+from stepgap.common.fileio import read_json
+from stepgap.common.model_heads import EagleHeadConfig, eagle3_for
+from stepgap.common.modelcfg import ModelConfig
+
+LLAMA3_ROPE_8K = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+LLAMA32_ROPE = {**LLAMA3_ROPE_8K, "factor": 32.0}
+
+# Named presets. Values from the models' published config.json files (docs/design.md §6).
+MODEL_PRESETS: dict[str, ModelConfig] = {
+    "llama-3.1-8b": ModelConfig(
+        "llama-3.1-8b", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
+        intermediate_size=14336, vocab_size=128256, rope_theta=500000.0,
+        rope_scaling=LLAMA3_ROPE_8K, max_position_embeddings=131072, bos_token_id=128000,
+        eos_token_id=[128001, 128008, 128009]),
+    "llama-3.2-3b": ModelConfig(
+        "llama-3.2-3b", hidden_size=3072, num_layers=28, num_heads=24, num_kv_heads=8,
+        head_dim=128, intermediate_size=8192, vocab_size=128256, rope_theta=500000.0,
+        rope_scaling=LLAMA32_ROPE, max_position_embeddings=131072, tie_word_embeddings=True),
+    "llama-3.2-1b": ModelConfig(
+        "llama-3.2-1b", hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8,
+        head_dim=64, intermediate_size=8192, vocab_size=128256, rope_theta=500000.0,
+        rope_scaling=LLAMA32_ROPE, max_position_embeddings=131072, tie_word_embeddings=True),
+}
+# Simulator presets, as the fields of each model's published config.json that its family's
+# reader uses (copies in ai-dynamo/aiconfigurator's model_configs/, docs/sim.md), so that a
+# preset and the real file give the same config.
+HF_PRESETS = {
+    "llama-3.3-70b": {
+        "model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 28672,
+        "vocab_size": 128256, "rope_theta": 500000.0, "rope_scaling": LLAMA3_ROPE_8K,
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "bos_token_id": 128000,
+        "eos_token_id": [128001, 128008, 128009]},
+    **{name: {"model_type": "qwen3", "hidden_size": h, "num_hidden_layers": n,
+              "num_attention_heads": heads, "num_key_value_heads": 8, "head_dim": 128,
+              "intermediate_size": inter, "vocab_size": 151936, "rope_theta": 1000000,
+              "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+              "tie_word_embeddings": tied, "use_sliding_window": False}
+       for name, h, n, heads, inter, tied in (("qwen3-0.6b", 1024, 28, 16, 3072, True),
+                                              ("qwen3-1.7b", 2048, 28, 16, 6144, True),
+                                              ("qwen3-8b", 4096, 36, 32, 12288, False))},
+    "qwen3-30b-a3b": {
+        "model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48,
+        "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+        "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+        "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "vocab_size": 151936, "rope_theta": 1000000.0, "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "use_sliding_window": False},
+    "gpt-oss-20b": {
+        "model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 24,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+        "intermediate_size": 2880, "num_local_experts": 32, "num_experts_per_tok": 4,
+        "layer_types": ["sliding_attention", "full_attention"] * 12, "sliding_window": 128,
+        "vocab_size": 201088, "rope_theta": 150000, "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "original_max_position_embeddings": 4096},
+        "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+            "lm_head"]}},
+    "deepseek-v3": {
+        "model_type": "deepseek_v3", "hidden_size": 7168, "num_hidden_layers": 61,
+        "num_attention_heads": 128, "num_key_value_heads": 128, "intermediate_size": 18432,
+        "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1,
+        "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1,
+        "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64, "v_head_dim": 128, "num_nextn_predict_layers": 1,
+        "vocab_size": 129280, "rope_theta": 10000, "max_position_embeddings": 163840,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+        "rope_scaling": {"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1,
+                         "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 4096},
+        "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+                                "activation_scheme": "dynamic", "weight_block_size": [128, 128]}},
+}
+MODEL_PRESETS.update({name: ModelConfig.from_hf_dict(d, f"preset {name}", name)
+                      for name, d in HF_PRESETS.items()})
+# The yuhuili/EAGLE3-LLaMA3.1-Instruct-8B head: one 4096-wide layer, draft vocab 32000,
+# taps before layers 2, 16 and 29.
+DRAFT_PRESETS: dict[str, EagleHeadConfig] = {
+    "llama-3.1-8b-eagle3": EagleHeadConfig(
+        "llama-3.1-8b-eagle3", hidden_size=4096, num_heads=32, num_kv_heads=8,
+        intermediate_size=14336, vocab_size=128256, draft_vocab_size=32000,
+        target_hidden_size=4096, aux_layer_ids=(2, 16, 29), rope_theta=500000.0,
+        rope_scaling=LLAMA3_ROPE_8K, max_position_embeddings=2048),
+    # One target-sized layer and a 32000-token draft vocabulary: the shape of SpecForge's
+    # llama3-70B-eagle3.json and of the speculators-format heads (RedHatAI); yuhuili's 70B head
+    # is narrower, but its config was not found in a source we could read (docs/sim.md).
+    "llama-3.3-70b-eagle3": eagle3_for(MODEL_PRESETS["llama-3.3-70b"],
+                                       name="llama-3.3-70b-eagle3"),
+    # AngelSlim's qwen3-8b-eagle3.json: hidden 4096, intermediate 12288, 32/8 heads of 128,
+    # draft vocab 32000 (the RedHatAI head's config was not found).
+    "qwen3-8b-eagle3": eagle3_for(MODEL_PRESETS["qwen3-8b"], name="qwen3-8b-eagle3"),
+}
+
+
+def read_config(spec: str) -> tuple[dict, str]:
+    path = Path(spec)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise UserError(f"{path}: no config.json there")
+    return read_json(path), str(path)
+
+
+def load_model_config(spec: str) -> ModelConfig:
+    """A target by preset name, model folder, or config.json path."""
+    if spec in MODEL_PRESETS:
+        return MODEL_PRESETS[spec]
+    if not Path(spec).exists():
+        raise UserError(f"unknown model {spec!r}: expected a preset "
+                        f"({', '.join(MODEL_PRESETS)}), a model folder or a config.json")
+    d, source = read_config(spec)
+    return ModelConfig.from_hf_dict(d, source, name=Path(spec).name)
+
+
+def load_draft_config(spec: str, target: ModelConfig | None = None) -> EagleHeadConfig:
+    """An EAGLE-3 head by preset name, folder or config.json; `eagle3` derives one from target."""
+    if spec in DRAFT_PRESETS:
+        return DRAFT_PRESETS[spec]
+    if spec == "eagle3":
+        if target is None:
+            raise UserError("draft 'eagle3' derives a head from the target; give a target")
+        return eagle3_for(target)
+    if not Path(spec).exists():
+        raise UserError(f"unknown draft {spec!r}: expected a preset "
+                        f"({', '.join(DRAFT_PRESETS)}, or 'eagle3' for one shaped like the "
+                        "target), a head folder or a config.json")
+    d, source = read_config(spec)
+    return EagleHeadConfig.from_hf_dict(d, source, name=Path(spec).name)

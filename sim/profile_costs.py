@@ -1,0 +1,70 @@
+"""A measured profile as `DeviceCosts` (sim/costs.py): each device op from the profile's fits
+(sim/profile.py) at the run's k, else the nearest k measured (said so in `sources`), and from
+another DeviceCosts (the roofline) for the ops the profile does not cover."""
+
+from __future__ import annotations
+
+from stepgap.sim.costs import Batch, DeviceCosts
+from stepgap.sim.profile import DEVICE_OPS, Fit, Profile, batch_features
+
+
+class ProfileCosts:
+    """Device op times from a profile's fits at depth k; `fallback` answers for the rest."""
+
+    def __init__(self, profile: Profile, k: int, fallback: DeviceCosts, block_size: int = 16):
+        self.profile, self.k, self.fallback, self.block_size = profile, k, fallback, block_size
+        self.fits: dict[tuple[str, int | None], Fit] = {}
+        self.sources: dict[str, str] = {}
+        for op in DEVICE_OPS:
+            mine = [f for f in profile.fits if f.op == op]
+            ks = sorted({f.k for f in mine}, key=lambda x: (x is None, x))
+            chosen = None if not ks else None if ks == [None] else \
+                min((x for x in ks if x is not None), key=lambda x: (abs(x - k), -x))
+            pick = [f for f in mine if f.k == chosen] or [f for f in mine if f.k is None]
+            if op == "draft_forward":   # passes 0 and 1.. of a profile measured at k >= 1
+                pick = [f for f in pick if f.k is None or f.k >= 1]
+            for f in pick:
+                self.fits[(op, f.i if op == "draft_forward" else None)] = f
+            if not pick:
+                self.sources[op] = "roofline (not in the profile)"
+            else:
+                at = "any k" if pick[0].k is None else f"k={pick[0].k}" + (
+                    "" if pick[0].k == k else f", the nearest measured to k={k}")
+                n = sum(f.n for f in pick)
+                err = max(f.median_rel_err for f in pick)
+                self.sources[op] = (f"profile ({at}; {pick[0].source}; {n} points, median "
+                                    f"error up to {100 * err:.1f} %)")
+
+    def _fit(self, op: str, i: int | None = None) -> Fit | None:
+        if op != "draft_forward":
+            return self.fits.get((op, None))
+        fit = self.fits.get((op, i))
+        if fit is None and i:   # a later pass than measured: the last one measured
+            later = [j for (o, j) in self.fits if o == op and j]
+            fit = self.fits[(op, max(later))] if later else None
+        return fit
+
+    def _time(self, op: str, i: int | None, b: Batch) -> float | None:
+        fit = self._fit(op, i)
+        return None if fit is None else fit(batch_features(op, i, b, self.block_size))
+
+    def target_forward(self, b: Batch) -> float:
+        t = self._time("target_forward", None, b)
+        return self.fallback.target_forward(b) if t is None else t
+
+    def rejection_sample(self, b: Batch) -> float:
+        """The engine's rejection sampler, which also samples at k = 0."""
+        t = self._time("rejection_sample", None, b)
+        return self.fallback.rejection_sample(b) if t is None else t
+
+    def draft_forward(self, b: Batch, i: int) -> float:
+        t = self._time("draft_forward", i, b)
+        return self.fallback.draft_forward(b, i) if t is None else t
+
+    def d2h(self, b: Batch) -> float:
+        t = self._time("d2h", None, b)
+        return self.fallback.d2h(b) if t is None else t
+
+    def fixup(self, b: Batch) -> float:
+        t = self._time("fixup", None, b)
+        return self.fallback.fixup(b) if t is None else t

@@ -1,0 +1,353 @@
+"""The device roofline: device op times from first principles, the model's shapes on a
+hardware entry (docs/design.md §3, docs/sim.md).
+
+Every kernel costs max(flops / achievable FLOP/s, bytes / achievable bandwidth) + a fixed
+per-kernel cost, summed over the kernels the op launches.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from stepgap.common.errors import UserError
+from stepgap.common.modelcfg import ModelConfig
+from stepgap.sim.costs import Batch
+from stepgap.sim.hardware import Hardware
+
+BF16 = 2  # bytes per weight, activation and KV element
+
+# Kernel counts not covered by the GEMMs and attention, after the structure of vLLM's Llama and
+# EAGLE-3 forwards and its samplers (docs/sim.md lists them).
+TARGET_LAYER_ELEMENTWISE = 5   # 2 fused add+RMSNorm, rotary, KV-cache write, SiLU-and-mul
+TARGET_EXTRA = 2               # embedding gather, final norm (the lm_head is a GEMM)
+SAMPLE_KERNELS = 3             # plain greedy sampling (k = 0): argmax and output assembly
+REJECTION_KERNELS = 6          # greedy rejection: argmax, compare, accept prefix, bonus, output
+DRAFT_LAYER_ELEMENTWISE = 8    # 2 input norms, concat, rotary, KV write, add+norm, SiLU, norm
+DRAFT_FIRST_BOOKKEEPING = 6    # padded inputs, hidden-state gather, argmax, d2t, ...
+DRAFT_NEXT_BOOKKEEPING = 10    # positions, seq lens, slot mapping, input ids, argmax, d2t, ...
+FIXUP_KERNELS = 3              # zero-bubble: positions, seq lens, slot mapping from the count
+MLA_EXTRA_KERNELS = 3          # latent attention: q_a and kv_a norms, the absorbed V up-projection
+MOE_ROUTING_KERNELS = 4        # top-k softmax, align and sort by expert, sum of the k outputs
+MTP_EXTRA_KERNELS = 4          # MTP: embedding gather, enorm, hnorm, the concatenation
+NGRAM_N = 5                    # vLLM's prompt_lookup_min = max default
+NGRAM_GPU_KERNELS = 16         # ngram_gpu: windows, compares, argmaxes, gathers, masks (compiled)
+
+
+def expected_experts(num_experts: int, top_k: int, tokens: int, skew: float = 0.0) -> float:
+    """The expected number of distinct experts `tokens` tokens touch in one MoE layer, each
+    routing to `top_k` of `num_experts`, independently of the others.
+
+    Uniform routing (skew 0): E·(1 − (1 − k/E)^T): k at T = 1, E as T grows. With skew s, the
+    experts' popularities fall as a Zipf law, p_e ∝ (e + 1)^−s, and a token picks expert e with
+    q_e = min(1, c·p_e), c set so that Σ q_e = k (a token always picks k distinct experts);
+    then E[distinct] = Σ_e 1 − (1 − q_e)^T. Skew means fewer distinct experts at moderate T
+    (popular experts are shared), and a slower approach to all E."""
+    if tokens <= 0:
+        return 0.0
+    if skew == 0:
+        return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+    q = _routing_probs(num_experts, top_k, skew)
+    return float(np.sum(1.0 - (1.0 - q) ** tokens))
+
+
+@functools.cache
+def _routing_probs(num_experts: int, top_k: int, skew: float) -> np.ndarray:
+    p = (np.arange(num_experts) + 1.0) ** -skew
+    p /= p.sum()
+    q = np.zeros(num_experts)
+    capped = np.zeros(num_experts, bool)
+    for _ in range(num_experts):   # water-filling: cap the most popular at 1, rescale the rest
+        free = ~capped
+        q[free] = p[free] * (top_k - capped.sum()) / p[free].sum()
+        q[capped] = 1.0
+        over = free & (q > 1.0)
+        if not over.any():
+            break
+        capped |= over
+    return q
+
+
+class RooflineCosts:
+    """Device op times from first principles: the model's shapes on a hardware entry.
+
+    Weight-streaming GEMMs dominate decode; attention reads the KV of every context token; each
+    kernel adds `hw.kernel_us`. Dense parts depend only on token counts and are memoized.
+
+    With tensor parallelism over `tp` GPUs every op is one rank's: each GEMM's sharded width is
+    divided by tp (column-parallel: the output; row-parallel: the input), each rank attends over
+    its own heads and KV heads, and the collectives of vLLM's sharding are added: an all-reduce
+    of the hidden states after the vocabulary-parallel embedding, after every attention and
+    every MLP (or MoE), and an all-gather of the logits. A MoE layer reads the experts its tokens
+    touch (`expected_experts`). `method` says what the draft passes are (docs/sim.md).
+    """
+
+    def __init__(self, target: ModelConfig, draft, hw: Hardware, k: int, tp: int = 1,
+                 method: str = "eagle3", routing_skew: float = 0.0, max_model_len: int = 2048):
+        self.t, self.d, self.hw, self.k = target, draft, hw, k
+        self.tp, self.method, self.skew, self.max_model_len = tp, method, routing_skew, \
+            max_model_len
+        self.flops = hw.flops_eff / 1e6   # FLOP per microsecond
+        self.fp8 = hw.fp8_flops_eff / 1e6
+        self.bw = hw.bw / 1e6             # bytes per microsecond
+        self.link = hw.interconnect
+        if tp > 1 and self.link is None:
+            raise UserError(f"--tensor-parallel-size {tp}: --gpu {hw.name} has no interconnect "
+                            "in the catalog")
+        self._target: dict[tuple[int, int], float] = {}
+        self._draft: dict[tuple, float] = {}
+        self._sampled: dict[tuple[int, int], float] = {}     # k = 0: the dense part + sampling
+        self._attn: tuple[Batch | None, float] = (None, 0.0)   # the last forward's attention
+
+    # -- kernels --------------------------------------------------------------------------
+
+    def gemm(self, m: int, k: int, n: int, wbytes: float = BF16) -> float:
+        """An (m x k) @ (k x n) GEMM: weights (wbytes each) and bf16 activations read once,
+        the output written. One-byte (fp8) weights run at the fp8 rate where there is one."""
+        flops = 2.0 * m * k * n
+        nbytes = wbytes * k * n + BF16 * m * (k + n)
+        peak = self.fp8 if wbytes == 1 else self.flops
+        return max(flops / peak, nbytes / self.bw) + self.hw.kernel_us
+
+    def streaming(self, nbytes: float, kernels: int = 1) -> float:
+        """Memory-bound elementwise kernels moving `nbytes` in all."""
+        return nbytes / self.bw + kernels * self.hw.kernel_us
+
+    def attention(self, pairs: float, kv_tokens: int, heads: int, kv_heads: int,
+                  head_dim: int) -> float:
+        """One layer's attention: QK^T and PV over the pairs, the KV of every context read."""
+        flops = 4.0 * pairs * heads * head_dim
+        nbytes = 2 * BF16 * kv_tokens * kv_heads * head_dim
+        return max(flops / self.flops, nbytes / self.bw) + self.hw.kernel_us
+
+    def all_reduce(self, m: int, width: int) -> float:
+        """All-reduce of m rows of bf16 hidden states over the tensor-parallel group."""
+        return 0.0 if self.tp == 1 else self.link.all_reduce_us(BF16 * m * width, self.tp)
+
+    def gather_logits(self, rows: int, vocab: int) -> float:
+        return 0.0 if self.tp == 1 or not rows else \
+            self.link.all_gather_us(BF16 * rows * vocab, self.tp)
+
+    def _layer_gemms(self, m: int, h: int, qkv_in: int, heads: int, kv_heads: int, hd: int,
+                     inter: int, w: float = BF16) -> float:
+        q, kv = heads * hd, kv_heads * hd
+        return (self.gemm(m, qkv_in, q + 2 * kv, w) + self.gemm(m, q, h, w)
+                + self.gemm(m, h, 2 * inter, w) + self.gemm(m, inter, h, w))
+
+    def _layer_elementwise(self, m: int, h: int, heads: int, kv_heads: int, hd: int,
+                           inter: int, kernels: int) -> float:
+        return self._elementwise(m, h, heads * hd, kv_heads * hd, inter, kernels)
+
+    def _elementwise(self, m: int, h: int, q: int, kv: int, inter: int, kernels: int) -> float:
+        elems = 2 * 4 * m * h + 2 * m * (q + kv) + 4 * m * kv + 3 * m * inter
+        return self.streaming(BF16 * elems, kernels)
+
+    # -- one decoder layer of any family, on one rank ----------------------------------------
+
+    def _heads(self, c) -> tuple[int, int]:
+        """(attention heads, KV heads) of one rank."""
+        return c.num_heads // self.tp, max(1, c.num_kv_heads // self.tp)
+
+    def _dense_layer(self, c: ModelConfig, m: int, qkv_in: int | None = None) -> float:
+        """A dense GQA layer's GEMMs and elementwise kernels (no attention kernel)."""
+        heads, kv = self._heads(c)
+        inter = c.intermediate_size // self.tp
+        return (self._layer_gemms(m, c.hidden_size, qkv_in or c.hidden_size, heads, kv,
+                                  c.head_dim, inter, c.weight_bytes)
+                + self._layer_elementwise(m, c.hidden_size, heads, kv, c.head_dim, inter,
+                                          TARGET_LAYER_ELEMENTWISE))
+
+    def _layer(self, c: ModelConfig, m: int, moe: bool) -> float:
+        """Any layer's projections, MLP or MoE and elementwise kernels (no attention kernel)."""
+        if not (moe or c.is_mla):
+            return self._dense_layer(c, m)
+        h, w, tp = c.hidden_size, c.weight_bytes, self.tp
+        heads, kv = self._heads(c)
+        if c.is_mla:   # weight-absorbed latent attention (vLLM's MLA decode path)
+            qk = c.qk_nope_head_dim + c.qk_rope_head_dim
+            latent = c.kv_lora_rank + c.qk_rope_head_dim
+            q_width, kv_width = heads * qk, latent
+            proj = (self.gemm(m, h, c.q_lora_rank, w) + self.gemm(m, c.q_lora_rank, q_width, w)
+                    if c.q_lora_rank else self.gemm(m, h, q_width, w))
+            proj += (self.gemm(m, h, latent, w)
+                     + self.gemm(m, c.kv_lora_rank, heads * (c.qk_nope_head_dim
+                                                             + c.v_head_dim), w)
+                     + self.gemm(m, heads * c.v_head_dim, h, w))
+            kernels = TARGET_LAYER_ELEMENTWISE + MLA_EXTRA_KERNELS
+        else:
+            q_width, kv_width = heads * c.head_dim, kv * c.head_dim
+            proj = (self.gemm(m, h, q_width + 2 * kv_width, w) + self.gemm(m, q_width, h, w))
+            kernels = TARGET_LAYER_ELEMENTWISE
+        if moe:
+            mlp, act = self._moe(c, m)
+        else:
+            inter = c.intermediate_size // tp
+            mlp, act = self.gemm(m, h, 2 * inter, w) + self.gemm(m, inter, h, w), inter
+        return proj + mlp + self._elementwise(m, h, q_width, kv_width, act, kernels)
+
+    def _moe(self, c: ModelConfig, m: int) -> tuple[float, int]:
+        """A MoE MLP over m tokens on one rank, and the width of its activations: the router,
+        the routed experts' two grouped GEMMs over the experts touched (each expert's width
+        split over the ranks), routing kernels, and the shared experts."""
+        h, tp, k = c.hidden_size, self.tp, c.num_experts_per_tok
+        inter = c.moe_intermediate_size // tp
+        touched = expected_experts(c.num_experts, k, m, self.skew)
+        ew = c.expert_weight_bytes
+        flops = 2.0 * m * k * 3 * h * inter
+        nbytes = ew * touched * 3 * h * inter + BF16 * m * k * (2 * h + 3 * inter)
+        peak = self.fp8 if ew == 1 else self.flops
+        experts = max(flops / peak, nbytes / self.bw) + 2 * self.hw.kernel_us
+        t = self.gemm(m, h, c.num_experts) + experts + MOE_ROUTING_KERNELS * self.hw.kernel_us
+        act = k * inter
+        if c.shared_expert_intermediate_size:
+            si = c.shared_expert_intermediate_size // tp
+            t += self.gemm(m, h, 2 * si, c.weight_bytes) + self.gemm(m, si, h, c.weight_bytes)
+            act += si
+        return t, act
+
+    def _attention(self, c: ModelConfig, b_tokens: int, reqs: int, pairs: float,
+                   kv_tokens: int, layers: int, sliding: int = 0) -> float:
+        """`layers` layers' attention kernels on one rank (`sliding` of them windowed)."""
+        heads, kv = self._heads(c)
+        if c.is_mla:   # over the latent cache, which every rank holds whole
+            latent = c.kv_lora_rank + c.qk_rope_head_dim
+            flops = 2.0 * pairs * heads * (latent + c.kv_lora_rank)
+            one = max(flops / self.flops, BF16 * kv_tokens * latent / self.bw) \
+                + self.hw.kernel_us
+            return layers * one
+        full = self.attention(pairs, kv_tokens, heads, kv, c.head_dim)
+        if not sliding:
+            return layers * full
+        w = c.sliding_window
+        windowed = self.attention(min(pairs, b_tokens * w), min(kv_tokens, reqs * w), heads,
+                                  kv, c.head_dim)
+        return (layers - sliding) * full + sliding * windowed
+
+    def _forward(self, c: ModelConfig, m: int, logits: int) -> float:
+        """A whole model's forward on one rank, attention kernels aside: its layers, embedding
+        and final norm, lm_head at `logits` positions, and the collectives."""
+        dense = c.num_layers - c.num_moe_layers
+        t = dense * self._layer(c, m, False)
+        if c.is_moe:
+            t += c.num_moe_layers * self._layer(c, m, True)
+        # (summed in this order so that one GPU's dense model keeps its exact old times)
+        t = (t + self.streaming(BF16 * 3 * m * c.hidden_size, TARGET_EXTRA)
+             + (self.gemm(logits, c.hidden_size, _ceil(c.vocab_size, self.tp))
+                if logits else 0.0))
+        if self.tp > 1:
+            t += ((2 * c.num_layers + 1) * self.all_reduce(m, c.hidden_size)
+                  + self.gather_logits(logits, c.vocab_size))
+        return t
+
+    # -- ops ------------------------------------------------------------------------------
+
+    def _target_dense(self, m: int, logits: int) -> float:
+        key = (m, logits)
+        t = self._target.get(key)
+        if t is None:
+            t = self._target[key] = self._forward(self.t, m, logits)
+        return t
+
+    def _target_attention(self, b: Batch) -> float:
+        c = self.t
+        return self._attention(c, b.num_tokens, b.num_reqs, b.attn_pairs, b.kv_tokens,
+                               c.num_layers, c.num_sliding_layers)
+
+    def target_forward(self, b: Batch) -> float:
+        attn = self._target_attention(b)
+        if not self.k:
+            self._attn = (b, attn)   # the sampler's share needs it (rejection_sample)
+        return self._target_dense(b.num_tokens, b.num_logits) + attn
+
+    def rejection_sample(self, b: Batch) -> float:
+        """Greedy verification: argmax over the fp32 logits, then a few tiny kernels. At k = 0,
+        plain sampling (SAMPLE_KERNELS), as what it adds to the forward it follows: the
+        forward summed with its sampling, less the forward (exact while sampling costs less
+        than the forward, Sterbenz's lemma), so that the device's sum of the two is the sum
+        the roofline made when it counted the sampler in the forward: results bit for bit."""
+        if self.k:
+            return self.streaming(4 * b.num_logits * self.t.vocab_size, REJECTION_KERNELS)
+        key = (b.num_tokens, b.num_logits)
+        sampled = self._sampled.get(key)   # the forward's dense part with its sampling
+        if sampled is None:
+            sampled = self._sampled[key] = self._target_dense(*key) + self.streaming(
+                4 * b.num_logits * self.t.vocab_size, SAMPLE_KERNELS)
+        last, attn = self._attn
+        if last is not b:
+            attn = self._target_attention(b)
+        return (sampled + attn) - (self._target[key] + attn)
+
+    def _draft_dense(self, first: bool, m: int, sampling: int) -> float:
+        """One draft pass's token-count-dependent part, per method."""
+        key = (first, m, sampling)
+        t = self._draft.get(key)
+        if t is None:
+            t = self._draft_pass(first, m, sampling)
+            self._draft[key] = t
+        return t
+
+    def _draft_pass(self, first: bool, m: int, sampling: int) -> float:
+        kernels = DRAFT_FIRST_BOOKKEEPING if first else DRAFT_NEXT_BOOKKEEPING
+        tp = self.tp
+        if self.method == "draft_model":
+            d = self.d
+            return (self._forward(d, m, sampling)
+                    + self.streaming(4 * sampling * d.vocab_size, kernels))
+        if self.method == "mtp":   # eh_proj over [embedding ‖ hidden], the target's own layer
+            c = self.t
+            h = c.hidden_size
+            t = (self.gemm(m, 2 * h, h) + self._layer(c, m, c.is_moe)
+                 + self.streaming(BF16 * 5 * m * h, MTP_EXTRA_KERNELS)
+                 + self.gemm(sampling, h, _ceil(c.vocab_size, tp))
+                 + self.streaming(4 * sampling * c.vocab_size, kernels))
+            if tp > 1:
+                t += 3 * self.all_reduce(m, h) + self.gather_logits(sampling, c.vocab_size)
+            return t
+        d = self.d   # an EAGLE head
+        h = d.hidden_size
+        heads, kv = self._heads(d)
+        inter = d.intermediate_size // tp
+        eagle3 = d.kind == "eagle3"
+        vocab = d.draft_vocab_size
+        t = (self._layer_gemms(m, h, 2 * h if eagle3 else h, heads, kv, d.head_dim, inter)
+             + self._layer_elementwise(m, h, heads, kv, d.head_dim, inter,
+                                       DRAFT_LAYER_ELEMENTWISE)
+             + self.gemm(sampling, h, _ceil(vocab, tp))
+             + self.streaming(4 * sampling * vocab, kernels))
+        if first or not eagle3:   # EAGLE-3 fuses the taps once; EAGLE's fc runs every pass
+            t += self.gemm(m, d.fc_inputs * d.target_hidden_size, h)
+        if tp > 1:
+            t += 3 * self.all_reduce(m, h) + self.gather_logits(sampling, vocab)
+        return t
+
+    def draft_forward(self, b: Batch, i: int) -> float:
+        """Pass 0 runs over every token of the step (padded); passes 1..k-1 one per request.
+        ngram_gpu's one pass matches n-grams over every request's token history."""
+        if self.method == "ngram_gpu":
+            nbytes = 4 * b.num_reqs * self.max_model_len * (NGRAM_N + 2)
+            return self.streaming(nbytes, NGRAM_GPU_KERNELS)
+        if i == 0:
+            m, pairs, kv = b.num_tokens, b.attn_pairs, b.kv_tokens
+        else:
+            m, kv = b.num_sampling, b.kv_tokens + i * b.num_sampling
+            pairs = float(kv)
+        c = self.d if self.method in ("draft_model", "eagle", "eagle3") else self.t
+        layers = c.num_layers if self.method == "draft_model" else 1
+        sliding = c.num_sliding_layers if self.method == "draft_model" else 0
+        if self.method in ("eagle", "eagle3"):
+            heads, kvh = self._heads(c)
+            attn = self.attention(pairs, kv, heads, kvh, c.head_dim)
+        else:
+            attn = self._attention(c, m, b.num_reqs, pairs, kv, layers, sliding)
+        return self._draft_dense(i == 0, m, b.num_sampling) + attn
+
+    def d2h(self, b: Batch) -> float:
+        return self.hw.d2h_us
+
+    def fixup(self, b: Batch) -> float:
+        return FIXUP_KERNELS * self.hw.kernel_us
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)

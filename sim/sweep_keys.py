@@ -1,0 +1,77 @@
+"""A sweep cell's key: the hash under which its result is kept, of its whole config, the files
+it names and the simulator's source (a result kept from another version of any is stale)."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import json
+from pathlib import Path
+
+from stepgap.common.fileio import read_bytes
+from stepgap.sim.config import SimConfig
+
+STORE_VERSION = "1"          # part of every cell's hash: bump when a metric's meaning changes
+
+# The code a cell's result depends on: the simulator's loop and its scenario presets, and every
+# module of the project they import, directly or not (`model_sources`, read from the source as
+# tests/test_layout.py reads it). A result kept from another version of any of them is stale.
+MODEL_ROOTS = ("stepgap.sim.loop", "stepgap.sim.presets")
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]   # the folder that installs as `stepgap.`
+
+
+def module_path(name: str, root: Path = PACKAGE_ROOT) -> Path | None:
+    """The file of project module `name` (stepgap.sim.loop: sim/loop.py), or None when `name`
+    is no module of the project (a class, a function, another package)."""
+    parts = name.split(".")
+    if parts[0] != "stepgap" or len(parts) < 2:
+        return None
+    base = root.joinpath(*parts[1:])
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def model_sources(roots: tuple[str, ...] = MODEL_ROOTS, root: Path = PACKAGE_ROOT
+                  ) -> tuple[str, ...]:
+    """The project files `roots` import, transitively (every import, inside functions too, and
+    the packages' __init__), relative to `root`, sorted: a module split in two, or a new one
+    imported, is covered."""
+    seen: dict[str, Path] = {}
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        path = module_path(name, root)
+        if path is None or name in seen:
+            continue
+        seen[name] = path
+        todo.append(name.rpartition(".")[0])   # its package's __init__ runs first
+        for node in ast.walk(ast.parse(path.read_bytes())):
+            if isinstance(node, ast.Import):
+                todo += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                todo += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return tuple(sorted({str(p.relative_to(root)) for p in seen.values()}))
+
+
+@functools.cache
+def model_digest() -> str:
+    h = hashlib.sha256()
+    for name in model_sources():
+        h.update(name.encode() + b"\0")
+        h.update((PACKAGE_ROOT / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cell_key(cfg: SimConfig) -> str:
+    """The cell's hash: its whole config, the files it names and the simulator's code."""
+    h = hashlib.sha256(f"{STORE_VERSION}:{model_digest()}:".encode())
+    h.update(json.dumps(cfg.to_dict(), sort_keys=True).encode())
+    for name in (cfg.workload, cfg.model, cfg.draft or "", cfg.profile or ""):   # files it names
+        path = Path(name)
+        path = path / "config.json" if path.is_dir() else path
+        if path.is_file():
+            h.update(read_bytes(path))
+    return h.hexdigest()[:16]

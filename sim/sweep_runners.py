@@ -1,0 +1,145 @@
+"""Running sweep cells: one in this process, many in local processes (`concurrent.futures`) or
+on a cluster, Dask distributed or Ray (`run_cluster`, one piece for both; each an optional
+extra). Every cell runs with its own settings' seed, so every runner gives the same table."""
+
+from __future__ import annotations
+
+import importlib
+import signal
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from stepgap.common.errors import UserError
+from stepgap.sim.config import SimConfig
+from stepgap.sim.sweep_table import RESULT_METRICS
+
+CONNECT_TIMEOUT = "10s"      # to reach a Dask scheduler
+
+
+def run_cell(settings: dict) -> dict:
+    """Simulate one cell; its metrics. Runs in a worker process or on a cluster worker."""
+    from stepgap.sim.loop import simulate
+
+    res, _ = simulate(SimConfig(**settings))
+    return metrics_of(res)
+
+
+def metrics_of(res: dict) -> dict:
+    row = {m: res[m] for m in RESULT_METRICS}
+    gaps = res["step_gaps"]
+    for stat in ("mean", "median", "p90", "p99"):
+        row[f"{stat}_step_gap_us"] = gaps.get(f"{stat}_us")
+    spec = res.get("spec_decode")
+    row["acceptance_length"] = spec["acceptance_length"] if spec else None
+    resolved = res["config"]["resolved"]
+    for key in ("num_steps", "num_preemptions", "num_kv_blocks"):
+        row[key] = resolved[key]
+    row["simulated_mode"] = resolved.get("mode", res["config"]["mode"])
+    return row
+
+
+def _pool_worker_signals() -> None:
+    """A pool worker leaves Ctrl-C and SIGTERM to the sweep's own process, which stops it: it
+    must not take the SIGTERM handler it forked with (stepgap/cli.py), which would unwind the
+    cell and leave the worker waiting for the next one."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def stop_pool(ex: ProcessPoolExecutor) -> None:
+    """Stop the pool's workers now (an interrupted sweep), so that none outlives the sweep.
+    Python 3.14 has terminate_workers(); before it, the processes are reached directly."""
+    if hasattr(ex, "terminate_workers"):
+        ex.terminate_workers()
+        return
+    for proc in list((getattr(ex, "_processes", None) or {}).values()):
+        proc.terminate()
+    ex.shutdown(wait=True, cancel_futures=True)
+
+
+def run_local(settings: list[dict], jobs: int) -> Iterator[tuple[int, dict]]:
+    """(index, metrics) as cells finish, over `jobs` processes (1: in this process)."""
+    if jobs <= 1 or len(settings) <= 1:
+        for i, s in enumerate(settings):
+            yield i, run_cell(s)
+        return
+    ex = ProcessPoolExecutor(max_workers=min(jobs, len(settings)),
+                             initializer=_pool_worker_signals)
+    try:
+        futures = {ex.submit(run_cell, s): i for i, s in enumerate(settings)}
+        for f in as_completed(futures):
+            yield futures[f], f.result()
+    except BaseException:   # interrupted, or the consumer stopped (GeneratorExit)
+        stop_pool(ex)
+        raise
+    ex.shutdown()
+
+
+@dataclass(frozen=True)
+class ClusterEngine:
+    """One cluster engine as run_cluster drives it: how to reach it (`connect`, a context
+    manager whose value is handed to `run`) and how to run the cells on it (`run`, yielding
+    (index, metrics) as they finish). The rest, the checks and the messages, is shared."""
+
+    name: str
+    module: str           # imported first: missing, the user is told what to install
+    extra: str            # the pip extra that installs it
+    connect: Callable
+    run: Callable
+
+
+def _dask_connect(address: str):
+    from distributed import Client
+    return Client(address, timeout=CONNECT_TIMEOUT)
+
+
+def _dask_run(client, settings: list[dict]) -> Iterator[tuple[int, dict]]:
+    from distributed import as_completed as dask_completed
+    futures = client.map(run_cell, settings, pure=False)
+    index = {f.key: i for i, f in enumerate(futures)}
+    for f in dask_completed(futures):
+        yield index[f.key], f.result()
+
+
+def _ray_connect(address: str):
+    import ray
+    # `ray`: a local instance for this sweep; ray://HOST:PORT: a running cluster (Ray Client)
+    return ray.init(address=None if address == "ray" else address, include_dashboard=False,
+                    log_to_driver=False, logging_level="warning")
+
+
+def _ray_run(_, settings: list[dict]) -> Iterator[tuple[int, dict]]:
+    import ray
+    cell = ray.remote(num_cpus=1)(run_cell)   # one CPU each: a cell is pure Python
+    refs = [cell.remote(s) for s in settings]
+    index = {ref: i for i, ref in enumerate(refs)}
+    pending = refs
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        yield index[done[0]], ray.get(done[0])
+
+
+DASK = ClusterEngine("Dask distributed", "distributed", "cluster", _dask_connect, _dask_run)
+RAY = ClusterEngine("Ray", "ray", "ray", _ray_connect, _ray_run)
+
+
+def cluster_engine(address: str) -> ClusterEngine:
+    """Ray for `ray` (a local instance) and ray://HOST:PORT; Dask for any other address."""
+    return RAY if address == "ray" or address.startswith("ray://") else DASK
+
+
+def run_cluster(settings: list[dict], address: str) -> Iterator[tuple[int, dict]]:
+    """(index, metrics) as cells finish on the cluster at `address` (`cluster_engine`)."""
+    engine = cluster_engine(address)
+    try:
+        importlib.import_module(engine.module)
+    except ImportError:
+        raise UserError(f"--cluster {address} needs {engine.name}: "
+                        f"pip install 'stepgap[{engine.extra}]'") from None
+    try:
+        session = engine.connect(address)
+    except (OSError, TimeoutError, ValueError, ConnectionError) as e:
+        raise UserError(f"--cluster {address}: cannot connect ({e})") from None
+    with session:
+        yield from engine.run(session, settings)

@@ -1,0 +1,136 @@
+"""A sweep's table: one row per cell, in grid order (the axes, the run-result metrics, the
+cell's hash), written to OUT/sweep.csv and OUT/sweep.json and read back."""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+from stepgap.common.errors import UserError, where
+from stepgap.common.fileio import read_json, write_text
+from stepgap.common.formats import METRICS, MODES, NONFINITE, save_result
+from stepgap.common.limits import is_number
+from stepgap.sim.config import SimConfig
+from stepgap.sim.sweep_grid import FIELD_TYPES, field_kind
+
+# The columns of the table after the axes: run-result metrics (docs/design.md §4, §5).
+RESULT_METRICS = (
+    "completed", "duration", "request_throughput", "output_throughput", "total_token_throughput",
+    *(f"{stat}_{m}_ms" for m in METRICS for stat in ("mean", "median", "std", "p99")),
+)
+COLUMNS = RESULT_METRICS + (
+    "mean_step_gap_us", "median_step_gap_us", "p90_step_gap_us", "p99_step_gap_us",
+    "acceptance_length", "num_steps", "num_preemptions", "num_kv_blocks",
+    "simulated_mode",   # the mode the cell ran in (an n-gram cell asked for async runs sync)
+)
+TEXT_COLUMNS = ("simulated_mode",)   # the columns that are not numbers (not plotted)
+
+
+def is_column_value(key: str, v) -> bool:
+    """What a finished cell may hold in a column: a number (a mode name in TEXT_COLUMNS), or
+    None where a metric has no value."""
+    if v is None:
+        return True
+    if key in TEXT_COLUMNS:
+        return v in MODES
+    return is_number(v)
+
+
+@dataclass(slots=True)
+class SweepTable:
+    """One row per cell, in grid order: the axes, the metrics and the cell's hash."""
+
+    preset: str | None
+    base: dict
+    axes: dict
+    rows: list[dict]
+
+    @property
+    def columns(self) -> list[str]:
+        return [*self.axes, *COLUMNS, "cell"]
+
+    def csv_text(self) -> str:
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(self.columns)
+        for row in self.rows:
+            w.writerow([_csv_value(row.get(c)) for c in self.columns])
+        return buf.getvalue()
+
+    def save(self, out) -> None:
+        out = Path(out)
+        write_text(out / "sweep.csv", self.csv_text())
+        save_result(out / "sweep.json", {"preset": self.preset, "base": self.base,
+                                         "axes": self.axes, "columns": self.columns,
+                                         "rows": self.rows})
+
+    def select(self, **values) -> list[dict]:
+        """The rows whose axes have these values."""
+        return [r for r in self.rows if all(r[k] == v for k, v in values.items())]
+
+    def value(self, metric: str, **values):
+        """The metric of the one row with these axis values (None if there is none)."""
+        rows = self.select(**values)
+        return rows[0][metric] if len(rows) == 1 else None
+
+    def setting(self, key: str, **values):
+        """A setting as the cell sees it: its axis value, else the base's, else the default."""
+        if key in self.axes and key in values:
+            return values[key]
+        if key in self.axes and len(self.axes[key]) == 1:
+            return self.axes[key][0]
+        return self.base.get(key, getattr(SimConfig(), key))
+
+
+def _csv_value(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, (tuple, list)):
+        return "/".join(str(x) for x in v)
+    return str(v)
+
+
+def load_sweep(path) -> SweepTable:
+    """A sweep written by `stepgap sweep`: its folder or its sweep.json."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "sweep.json"
+    if not path.is_file():
+        raise UserError(f"{path}: no sweep here (run `stepgap sweep --out DIR` first)")
+    doc = read_json(path)
+    what = "not a sweep table written by `stepgap sweep`"
+    if not isinstance(doc, dict):
+        raise UserError(f"{path}: {what} (expected a JSON object)")
+    axes, rows = doc.get("axes"), doc.get("rows")
+    if not isinstance(axes, dict) or not all(isinstance(v, list) for v in axes.values()):
+        raise UserError(f"{where(path, field='axes')}: {what} (expected axis -> values)")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise UserError(f"{where(path, field='rows')}: {what} (expected a list of rows)")
+    for n, r in enumerate(rows):
+        for key, v in r.items():
+            if key in COLUMNS and key not in TEXT_COLUMNS and v in NONFINITE:
+                r[key] = float(v)   # as save_result wrote it
+            elif key in COLUMNS and not is_column_value(key, v):
+                expected = "a mode" if key in TEXT_COLUMNS else "a number"
+                raise UserError(f"{where(path, field=f'rows[{n}].{key}')}: expected {expected}, "
+                                f"got {v!r}")
+    if not isinstance(doc.get("base", {}), dict):
+        raise UserError(f"{where(path, field='base')}: {what} (expected an object)")
+    axes = {k: [_restore(k, v, path) for v in vals] for k, vals in axes.items()}
+    rows = [{k: (_restore(k, v, path) if k in axes else v) for k, v in r.items()}
+            for r in rows]
+    return SweepTable(doc.get("preset"), doc.get("base", {}), axes, rows)
+
+
+def _restore(key: str, v, path):
+    """JSON has no inf and no tuples: undo what saving did to an axis value."""
+    if isinstance(v, str) and key in FIELD_TYPES and field_kind(key) == "float":
+        try:
+            return float(v)
+        except ValueError:
+            raise UserError(f"{where(path, field=key)}: expected a number, got {v!r}") from None
+    if isinstance(v, list):
+        return tuple(v)
+    return v
