@@ -86,7 +86,8 @@ def pinned(cpu) -> list[str]:
 class Server:
     """One `vllm serve` of the pair, at one mode and k."""
 
-    def __init__(self, venv: Path, mode: str, k: int, port: int, out: Path, cpus: dict):
+    def __init__(self, venv: Path, mode: str, k: int, port: int, out: Path, cpus: dict,
+                 extra: list[str] = ()):
         self.mode, self.k, self.port = mode, k, port
         self.name = f"{mode}-k{k}"
         self.trace_dir = out / "traces" / self.name
@@ -100,6 +101,7 @@ class Server:
                "--profiler-config", json.dumps({"profiler": "torch",
                                                 "torch_profiler_dir": str(self.trace_dir),
                                                 "torch_profiler_with_stack": False})]
+        cmd += list(extra)   # (a later flag wins: --enable-prefix-caching, --block-size)
         if k:
             cmd += ["--speculative-config", json.dumps({
                 "method": "eagle3", "model": str(PAIR / "eagle3"),
@@ -111,6 +113,7 @@ class Server:
                    SG_VLLM_CPU_ASYNC="1" if mode == "async" else "0")
         self.log_path = out / "logs" / f"server-{self.name}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.paused = False
         self.proc = subprocess.Popen([*pinned(cpus["host"]), *cmd], env=env,
                                      stdout=self.log_path.open("w"), stderr=subprocess.STDOUT,
                                      start_new_session=True, cwd=ROOT)
@@ -155,7 +158,25 @@ class Server:
                 out["worker"] = pid
         return out
 
+    def pause(self) -> None:
+        """Stop every process of the server (SIGSTOP): an idle vLLM server still wakes on its
+        queues (0.4-1.3 % of a core each here), and nine of them would be most of what a run
+        may share the machine with."""
+        if self.proc.poll() is None and not self.paused:
+            os.killpg(self.proc.pid, signal.SIGSTOP)
+            self.paused = True
+
+    def resume(self) -> None:
+        """Let it run again, and wait until it answers."""
+        if self.paused:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+            self.paused = False
+            self.wait_ready(120)
+
     def stop(self) -> None:
+        if self.paused:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+            self.paused = False
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
@@ -413,16 +434,21 @@ def main(argv=None) -> int:
 
     servers = {}
     try:
+        # one at a time: every worker compiles on the worker CPU, and ten at once there do
+        # not finish within a server's start-up timeout
         for i, (mode, k) in enumerate(itertools.product(modes, ks)):
-            servers[(mode, k)] = Server(venv, mode, k, BASE_PORT + i, out, cpus)
-        for s in servers.values():
+            s = servers[(mode, k)] = Server(venv, mode, k, BASE_PORT + i, out, cpus)
             log(f"server {s.name} ready in {s.wait_ready():.0f} s (pids {s.pids()})")
+            if old:
+                s.pause()
         if not old:
             for s in servers.values():   # warm-up, then vLLM's own tokens of every chunk
                 bench(venv, s, judged, 4, out, f"warmup-{s.name}", cpus, 8)
                 for ds in (judged, calib):
                     capture_tokens(s, ds, out)
             log("warm-up and token capture done")
+        for s in servers.values():   # every server stopped but the one a run uses
+            s.pause()
         quiet = [*old.get("quiet", []), quiet_machine(log)]
         plan = {"vllm": "0.32.0 (CPU build)", "modes": modes, "ks": ks,
                 "calibrate_ks": calibrate_ks,
@@ -442,9 +468,14 @@ def main(argv=None) -> int:
         for n, (kind, mode, k, c, rep) in enumerate(units):
             name = f"{kind}-{mode}-k{k}-c{c}-r{rep}"
             reruns = []
+            server = servers[(mode, k)]
+            for s in servers.values():
+                if s is not server:
+                    s.pause()
+            server.resume()
             for attempt in range(args.retries + 1):
                 time.sleep(2)   # the previous server's spin on its queue ends (~1 s)
-                r = bench(venv, servers[(mode, k)], judged if kind == "judged" else calib, c,
+                r = bench(venv, server, judged if kind == "judged" else calib, c,
                           out, name, cpus, args.num_prompts)
                 why = []
                 if r["bursty_share"] > BURSTY_MAX:
@@ -469,6 +500,10 @@ def main(argv=None) -> int:
             for (mode, k), s in servers.items():
                 if k not in calibrate_ks:
                     continue
+                for other in servers.values():
+                    if other is not s:
+                        other.pause()
+                s.resume()
                 for c in concs:
                     name = f"profile-{mode}-k{k}-c{c}"
                     before = set(s.trace_dir.iterdir())
