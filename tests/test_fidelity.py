@@ -20,7 +20,14 @@ that names a committed file or a command over committed data. A known miss canno
 committed error must be the error now within 1 point either way, and an entry whose cell now
 passes fails as stale (calibrate/judge.py `miss_failures`). The last tests show that these
 bounds catch what they are for: 10 % more or less on every device op, or on every CPU cost,
-fails; so does a known miss deleted, widened or given a false error.
+fails; so does a known miss deleted, widened or given a false error. A vLLM folder is judged a
+second way too, by the same rules: with its profile-sync-only.json (fitted on its sync runs
+alone, the async path's terms estimated from them) against its known_misses_sync_only.toml.
+
+Each folder under traces/peers/ holds a peer's real GPU runs as it published them (with its
+licence and source commit) and the same GPUs' operator tables; each run is re-simulated from
+its tables and held to calibrate/peers.py's PEER_BOUNDS (issue 22's targets: mean TPOT 1 %,
+P99 TPOT 3 %, mean TTFT 3 %, P99 TTFT 5 %, mean E2EL 2 %, the running-requests peak 5 %).
 """
 
 from dataclasses import replace
@@ -32,6 +39,7 @@ from stepgap.calibrate.judge import (DRIFT, MISSES_FILE, SYNC_ONLY_MISSES, SYNC_
                                     bound_failures, judge_folder, load_known_misses, rules_for,
                                     savings)
 from stepgap.calibrate.measured import load_measured
+from stepgap.calibrate.peers import PEER_METRICS, judge_run, load_peers, peer_failures
 from stepgap.common.errors import UserError
 from stepgap.sim.profile import load_profile
 
@@ -177,3 +185,37 @@ def test_a_known_miss_must_name_committed_evidence(tmp_path):
     (tmp_path / MISSES_FILE).write_text(entry.format("device vs profile +7 %, "
                                                      "traces/measured/cpu/report.md"))
     assert load_known_misses(tmp_path)
+
+
+PEER_FOLDERS = sorted(p for p in (ROOT / "traces" / "peers").glob("*")
+                      if (p / "peers.json").is_file())
+
+
+@pytest.fixture(scope="module", params=PEER_FOLDERS, ids=lambda p: p.name)
+def peer_judged(request):
+    folder = request.param
+    source, runs = load_peers(folder)
+    return folder, source, {run.name: judge_run(run) for run in runs}
+
+
+def test_there_are_committed_peer_gpu_runs():
+    assert (ROOT / "traces" / "peers" / "llmservingsim" / "peers.json").is_file()
+
+
+def test_every_peer_run_stays_within_its_bounds(peer_judged):
+    folder, _, judged = peer_judged
+    misses = load_known_misses(folder, PEER_METRICS)
+    fails = [f for name, j in judged.items() for f in peer_failures(name, j["errors"], misses)]
+    assert not fails, f"{folder.name}:\n" + "\n".join(fails)
+
+
+def test_a_peer_folder_carries_its_licence_and_its_source(peer_judged):
+    folder, source, _ = peer_judged
+    assert "MIT" in (folder / "LICENSE").read_text()
+    assert len(source.get("commit", "")) == 40 and source.get("repository")
+
+
+def test_every_peer_run_is_priced_from_its_own_tables(peer_judged):
+    for name, j in peer_judged[2].items():
+        dc = j["simulated"]["config"]["resolved"]["device_costs"]
+        assert dc["target_forward"].startswith("tables"), name
