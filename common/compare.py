@@ -13,21 +13,31 @@ longer benchmark: every request of every run counts once.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from stepgap.common.errors import UserError
 from stepgap.common.formats import (METRICS, RequestTiming, SpecStats, compute_metrics,
-                            gap_summary)
+                            gap_summary, load_result)
 
 STATS = ("mean", "median", "p99")
 GAP_STATS = (("median", "median_us"), ("P90", "p90_us"), ("mean", "mean_us"))
 
 
 def rel_err(sim: float | None, meas: float | None) -> float | None:
-    """(simulated - measured) / measured, or None when it cannot be taken."""
-    if sim is None or meas is None or not meas:
+    """(simulated - measured) / measured, or None when it cannot be taken (a missing or NaN
+    side: a metric the run did not measure)."""
+    if sim is None or meas is None or not meas or math.isnan(sim) or math.isnan(meas):
         return None
     return (sim - meas) / meas
+
+
+def load_any(path) -> dict:
+    """A run result of stepgap or `vllm bench serve`, or a peer's vLLM run (its
+    requests.jsonl: common/peer_run.py) as one."""
+    from stepgap.common.peer_run import is_peer_requests, peer_result
+    return peer_result(path) if is_peer_requests(path) else load_result(path)
 
 
 def ks_distance(a: list[float], b: list[float]) -> float:
@@ -39,15 +49,26 @@ def ks_distance(a: list[float], b: list[float]) -> float:
     return float(np.max(np.abs(fa - fb)))
 
 
+def percentiles_in(*results: dict) -> list[str]:
+    """The percentile stats ('p90', 'p99', ...) every result carries for some metric, in order
+    (p99 always: a result without it shows '-')."""
+    have = [{k.split("_", 1)[0] for k in r if k.startswith("p") and k.endswith("_ms")
+             and k.split("_", 1)[0][1:].replace(".", "", 1).isdigit()} for r in results]
+    common = set.intersection(*have) | {"p99"}
+    return sorted(common - {"p50"}, key=lambda s: float(s[1:]))
+
+
 def compare(measured: dict, simulated: dict) -> dict:
-    """{"rows": [(label, measured, simulated, error)], "gaps": [...], "ks": float | None}."""
+    """{"rows": [(label, measured, simulated, error)], "gaps": [...], "ks": float | None}.
+    Rows: the mean, median and every percentile both results carry, of each metric."""
     rows = []
+    stats = ["mean", "median", *percentiles_in(measured, simulated)]
     for m in METRICS:
-        for stat in STATS:
+        for stat in stats:
             key = f"{stat}_{m}_ms"
             a, b = measured.get(key), simulated.get(key)
-            rows.append((f"{stat.capitalize() if stat != 'p99' else 'P99'} {m.upper()} (ms)",
-                         a, b, rel_err(b, a)))
+            label = stat.capitalize() if stat in STATS[:2] else stat.upper()
+            rows.append((f"{label} {m.upper()} (ms)", a, b, rel_err(b, a)))
     ga, gb = measured.get("step_gaps") or {}, simulated.get("step_gaps") or {}
     gaps = []
     for label, key in GAP_STATS:
@@ -92,7 +113,8 @@ def mismatches(a: dict, b: dict) -> list[str]:
 
 
 def _fmt(v, width: int = 12) -> str:
-    return f"{v:>{width}.3f}" if isinstance(v, (int, float)) else f"{'-':>{width}}"
+    ok = isinstance(v, (int, float)) and not math.isnan(v)
+    return f"{v:>{width}.3f}" if ok else f"{'-':>{width}}"
 
 
 def format_compare(cmp: dict, names: tuple[str, str] = ("measured", "simulated")) -> str:

@@ -392,6 +392,33 @@ def run_result(timings: list[RequestTiming], duration_s: float, *, backend: str,
     return res
 
 
+# Once a tick, as vLLM's stat logger reports it (LLMServingSim's bench writes these columns to
+# timeseries.csv): prompt and generated tokens per second over the tick, and the running and
+# waiting requests and KV cache use (%) of the last step in it; `t` is the tick's end.
+TIMESERIES = ("t", "prompt_throughput", "gen_throughput", "running", "waiting", "kv_cache_pct")
+
+
+def timeseries(samples: list[tuple], tick_s: float) -> dict[str, list[float]]:
+    """Per-step samples (t_s, running, waiting, kv_cache_pct, prompt_tokens, gen_tokens), in
+    time order, as the TIMESERIES columns over ticks of `tick_s` (ticks with no step are
+    left out, as the stat logger has nothing to report for them)."""
+    out = {k: [] for k in TIMESERIES}
+    i, n = 0, len(samples)
+    while i < n:
+        b = int(samples[i][0] // tick_s)
+        prompt = gen = 0
+        last = None
+        while i < n and int(samples[i][0] // tick_s) == b:
+            last = samples[i]
+            prompt += last[4]
+            gen += last[5]
+            i += 1
+        for key, v in zip(TIMESERIES, ((b + 1) * tick_s, prompt / tick_s, gen / tick_s,
+                                       last[1], last[2], last[3])):
+            out[key].append(round(v, 3))
+    return out
+
+
 def save_result(path, result: dict) -> None:
     """Write a run result. Same input, same bytes: keys keep their order, floats their repr.
     A path ending in `.gz` is written gzip-compressed (compact JSON, no timestamp)."""
@@ -400,7 +427,7 @@ def save_result(path, result: dict) -> None:
 
 REQUIRED_RESULT_KEYS = ("completed", "duration", "mean_tpot_ms", "mean_itl_ms", "mean_ttft_ms")
 # The parts of a run result other code reads, and what each must be.
-RESULT_SECTIONS = {"step_gaps": dict, "spec_decode": dict, "config": dict}
+RESULT_SECTIONS = {"step_gaps": dict, "spec_decode": dict, "config": dict, "timeseries": dict}
 
 
 def _is_metric(key: str) -> bool:

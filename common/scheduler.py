@@ -9,7 +9,9 @@ identically and differ only in how time passes. It follows vLLM V1 (`vllm/v1/cor
   within `max_num_seqs` and a `max_num_batched_tokens` budget that chunks long prefills.
 - KV blocks of `block_size` tokens from a fixed pool, allocated with `k` lookahead slots for the
   drafter. When the pool runs dry the newest running request is preempted by recompute: its
-  blocks are freed and it goes back to the head of the waiting queue.
+  blocks are freed and it goes back to the head of the waiting queue. A waiting request is
+  admitted only when the blocks of its whole sequence are free (vLLM's
+  `scheduler_reserve_full_isl`, on by default), not just those of its first chunk.
 - Async scheduling (`async_scheduling=True`, for the `async` and `zero-bubble` modes): step N+1
   is scheduled before step N's output is known. A decoding request counts 1 + k placeholder
   output tokens and k placeholder drafts, optimistically; when step N's output arrives, the
@@ -17,6 +19,14 @@ identically and differ only in how time passes. It follows vLLM V1 (`vllm/v1/cor
   is skipped only when its in-flight step surely finishes it (even if every draft is rejected),
   so one extra step may be scheduled for a request that has in fact finished; that step's tokens
   are discarded, never emitted.
+- Automatic prefix caching (`enable_prefix_caching`, vLLM V1's `kv_cache_manager` and
+  `block_pool`): a full block is known by a hash chained over its tokens and every block before
+  it (a request without token ids: by its id and the block's place, so it can only meet its own
+  blocks again, after a preemption). A request taken from the waiting queue reuses the longest
+  run of its leading blocks still cached (at least its last token is recomputed); blocks no
+  request holds stay cached in a free queue, least recently freed first (a request's blocks
+  are freed tail first, so its prefix outlives its tail), and are evicted only when the pool
+  hands them out again. Queried and hit tokens are counted as vLLM's prefix-cache metrics.
 - A request finishes at `max_tokens`, at its `eos_token_id` when it has one (a served request
   without `ignore_eos`; traces have none), or when it is aborted (`abort_request`: a served
   client went away). Either way its blocks return to the pool at once and the worker hears of
@@ -25,7 +35,7 @@ identically and differ only in how time passes. It follows vLLM V1 (`vllm/v1/cor
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from stepgap.common.errors import UserError
@@ -52,6 +62,8 @@ class Request:
     status: str = WAITING
     num_preemptions: int = 0
     eos_token_id: int | None = None   # stop at this token (None: generate max_tokens)
+    block_keys: list = field(default_factory=list)   # prefix caching: its full blocks' hashes
+    num_cached_blocks: int = 0        # of block_ids, how many the cache knows
 
     @property
     def num_tokens(self) -> int:
@@ -101,17 +113,24 @@ class SchedulerConfig:
     num_spec_tokens: int = 0        # k
     async_scheduling: bool = False
     max_position_embeddings: int | None = None   # the target's context (its config.json's)
+    # vLLM's scheduler_reserve_full_isl (on by default): admit a waiting request only if the
+    # KV blocks of its whole sequence are free, not just those of its first chunk
+    reserve_full_isl: bool = True
+    enable_prefix_caching: bool = False
 
     @classmethod
     def for_run(cls, mode: str, k: int, num_blocks: int, block_size: int, max_num_seqs: int,
                 max_num_batched_tokens: int, max_model_len: int,
-                max_position_embeddings: int | None = None) -> SchedulerConfig:
+                max_position_embeddings: int | None = None, reserve_full_isl: bool = True,
+                enable_prefix_caching: bool = False) -> SchedulerConfig:
         """One run's scheduler, as both halves build it: async scheduling (placeholders, a
         step ahead) in the async modes, async and zero-bubble."""
         return cls(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                    max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                    num_spec_tokens=k, async_scheduling=mode != "sync",
-                   max_position_embeddings=max_position_embeddings)
+                   max_position_embeddings=max_position_embeddings,
+                   reserve_full_isl=reserve_full_isl,
+                   enable_prefix_caching=enable_prefix_caching)
 
     def __post_init__(self):
         for f in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
@@ -148,12 +167,22 @@ class BlockPool:
     """A free list of KV block ids, allocated from the front, freed to the back.
 
     The ids never handed out yet are the front of the list, held as a count rather than
-    listed: a cache sized from a large device's memory holds tens of millions of blocks."""
+    listed: a cache sized from a large device's memory holds tens of millions of blocks.
 
-    def __init__(self, num_blocks: int):
+    With `caching`, a freed block keeps its hash (`cached`, `key_of`) until it is handed out
+    again, a block may be held by several requests at once (`refs`), and a cached free block
+    that a request reuses leaves the free list (`touch`)."""
+
+    def __init__(self, num_blocks: int, caching: bool = False):
         self.num_blocks = num_blocks
         self.fresh = 0                 # ids fresh..num_blocks-1 were never allocated
-        self.free_ids: deque[int] = deque()   # freed ids, behind the fresh ones
+        self.caching = caching
+        # freed ids, behind the fresh ones (in order: an ordered dict so that a reused cached
+        # block can leave from the middle)
+        self.free_ids = OrderedDict() if caching else deque()
+        self.cached: dict = {}         # block hash -> block id
+        self.key_of: dict[int, object] = {}
+        self.refs: dict[int, int] = {}
 
     @property
     def num_free(self) -> int:
@@ -163,17 +192,50 @@ class BlockPool:
         new = min(n, self.num_blocks - self.fresh)
         ids = list(range(self.fresh, self.fresh + new))
         self.fresh += new
-        return ids + [self.free_ids.popleft() for _ in range(n - new)]
+        if not self.caching:
+            return ids + [self.free_ids.popleft() for _ in range(n - new)]
+        for _ in range(n - new):
+            bid = self.free_ids.popitem(last=False)[0]
+            key = self.key_of.pop(bid, None)
+            if key is not None:   # evicted: handed out again
+                del self.cached[key]
+            ids.append(bid)
+        for bid in ids:
+            self.refs[bid] = 1
+        return ids
 
     def free(self, ids: list[int]) -> None:
-        self.free_ids.extend(ids)
+        if not self.caching:
+            self.free_ids.extend(ids)
+            return
+        for bid in reversed(ids):   # the tail first: a request's prefix is evicted last
+            n = self.refs[bid] - 1
+            if n:
+                self.refs[bid] = n
+            else:
+                del self.refs[bid]
+                self.free_ids[bid] = None
+
+    def touch(self, ids: list[int]) -> None:
+        """Another holder for each (cached) block; a free one leaves the free list."""
+        for bid in ids:
+            if bid in self.refs:
+                self.refs[bid] += 1
+            else:
+                del self.free_ids[bid]
+                self.refs[bid] = 1
 
 
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig):
         self.cfg = cfg
         self.k = cfg.num_spec_tokens
-        self.pool = BlockPool(cfg.num_blocks)
+        self.pool = BlockPool(cfg.num_blocks, cfg.enable_prefix_caching)
+        self.caching = cfg.enable_prefix_caching
+        # vLLM's prefix-cache counters: tokens looked up and found, for new requests and for
+        # preempted ones taken back
+        self.prefix_cache_queries = self.prefix_cache_hits = 0
+        self.preempted_queries = self.preempted_hits = 0
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -219,9 +281,52 @@ class Scheduler:
         req.block_ids += self.pool.allocate(need)
         return True
 
+    # -- prefix caching -----------------------------------------------------------------------
+
+    def _keys(self, req: Request, n: int) -> list:
+        """The hashes of the request's first n full blocks (extended as its tokens grow)."""
+        keys, bs = req.block_keys, self.cfg.block_size
+        if req.prompt_token_ids is None:
+            while len(keys) < n:
+                keys.append((req.request_id, len(keys)))
+            return keys
+        tokens = None
+        while len(keys) < n:
+            if tokens is None:
+                tokens = req.prompt_token_ids + req.output_token_ids
+            i = len(keys)
+            keys.append(hash((keys[-1] if keys else None, tuple(tokens[i * bs:(i + 1) * bs]))))
+        return keys
+
+    def _cache_blocks(self, req: Request) -> None:
+        """Make the blocks filled by known tokens findable (vLLM caches at schedule time)."""
+        full = min(req.num_computed_tokens, req.num_tokens) // self.cfg.block_size
+        if full <= req.num_cached_blocks:
+            return
+        pool, keys = self.pool, self._keys(req, full)
+        for i in range(req.num_cached_blocks, full):
+            bid = req.block_ids[i]
+            if keys[i] not in pool.cached and bid not in pool.key_of:
+                pool.cached[keys[i]] = bid
+                pool.key_of[bid] = keys[i]
+        req.num_cached_blocks = full
+
+    def _cache_hit(self, req: Request) -> list[int]:
+        """The cached blocks of the request's longest cached prefix, at most num_tokens - 1
+        tokens (its last token is always computed, for its logits)."""
+        most = (req.num_tokens - 1) // self.cfg.block_size
+        cached, hit = self.pool.cached, []
+        for key in self._keys(req, most)[:most]:
+            bid = cached.get(key)
+            if bid is None:
+                break
+            hit.append(bid)
+        return hit
+
     def _preempt(self, req: Request) -> None:
         self.pool.free(req.block_ids)
         req.block_ids = []
+        req.num_cached_blocks = 0
         req.num_computed_tokens = 0
         req.num_spec_tokens = 0
         req.status = WAITING
@@ -239,6 +344,8 @@ class Scheduler:
             num_spec = req.num_spec_tokens if req.num_spec_tokens < end - known else end - known
         samples = end >= known
         req.num_computed_tokens = end
+        if self.caching:
+            self._cache_blocks(req)
         if self.cfg.async_scheduling and samples:
             req.num_output_placeholders += 1 + num_spec
             req.num_spec_tokens = self.k
@@ -289,12 +396,35 @@ class Scheduler:
             req = self.waiting[0]
             if req.num_output_placeholders:
                 break  # preempted with a step in flight: resume once its tokens have landed
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            lookahead = self.k if num_new == req.num_tokens - req.num_computed_tokens else 0
+            fresh = req.num_computed_tokens == 0
+            hit = self._cache_hit(req) if self.caching and fresh else []
+            computed = req.num_computed_tokens + len(hit) * cfg.block_size
+            num_new = min(req.num_tokens - computed, budget)
+            lookahead = self.k if num_new == req.num_tokens - computed else 0
+            # cached blocks no request holds leave the free list when reused: they count
+            taken = sum(1 for b in hit if b not in self.pool.refs) if hit else 0
+            held = len(req.block_ids) + len(hit)
+            if cfg.reserve_full_isl and cdiv(req.num_tokens, cfg.block_size) - held + taken \
+                    > self.pool.num_free:
+                break  # its whole sequence would not fit: do not start what must thrash
+            if hit:
+                if cdiv(computed + num_new + lookahead, cfg.block_size) - held + taken \
+                        > self.pool.num_free:
+                    break
+                self.pool.touch(hit)
+                req.block_ids = list(hit)
+                req.num_computed_tokens = computed
+                req.num_cached_blocks = len(hit)
             if not self._allocate(req, num_new, lookahead):
                 break  # admission control: wait for blocks rather than preempt for a newcomer
+            if self.caching and fresh:
+                if req.num_preemptions:
+                    self.preempted_queries += req.num_tokens
+                    self.preempted_hits += len(hit) * cfg.block_size
+                else:
+                    self.prefix_cache_queries += req.num_tokens
+                    self.prefix_cache_hits += len(hit) * cfg.block_size
             self.waiting.popleft()
-            fresh = req.num_computed_tokens == 0
             req.status = RUNNING
             self.running.append(req)
             scheduled.append(self._take(req, num_new, fresh=fresh))
@@ -355,6 +485,7 @@ class Scheduler:
         req.status = FINISHED
         self.pool.free(req.block_ids)
         req.block_ids = []
+        req.num_cached_blocks = 0
         req.num_output_placeholders = 0
         del self.requests[req.request_id]
         self._finished_ids.append(req.request_id)

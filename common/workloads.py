@@ -90,9 +90,12 @@ def load_workload(spec: str, num_prompts: int | None = None, output_len: int | N
     if not Path(spec).exists():
         raise UserError(f"unknown workload {spec!r}: expected one of {', '.join(BUILTIN)} "
                         "or a trace file (JSON lines, or a `vllm bench serve` result)")
+    from stepgap.common.peer_run import is_peer_requests, load_peer_trace
     if spec.endswith(".json"):   # a vllm bench serve result: the trace it served
         from stepgap.common.vllm_bench import bench_requests, read_bench
         reqs = bench_requests(read_bench(spec), spec)
+    elif is_peer_requests(spec):   # a vLLM run's requests.jsonl (common/peer_run.py)
+        reqs = load_peer_trace(spec)
     else:
         reqs = load_trace(spec)
     if num_prompts is not None:

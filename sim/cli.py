@@ -16,7 +16,8 @@ from stepgap.common.model_presets import DRAFT_PRESETS
 from stepgap.common.limits import MAX_MS, MAX_SCALE, MAX_SKEW, MAX_SPREAD, MAX_US
 from stepgap.common.options import (add_engine_args, add_load_args, add_model_args, add_result_args,
                                     add_scheduler_args, at_most, executor_from_args, mode_from_args,
-                                    nonneg_float, rates_arg, speculative_from_args)
+                                    nonneg_float, positive_float, rates_arg,
+                                    speculative_from_args)
 from stepgap.sim.config import TOPOLOGIES, SimConfig
 from stepgap.sim.cpu_costs import CPU_COSTS, CPU_OPS, CpuCosts
 from stepgap.sim.hardware import CATALOG
@@ -122,6 +123,14 @@ def register_simulate(sub) -> None:
                         "roofline wherever it covers the op, and its CPU costs replace the "
                         "defaults (explicit CPU options still win). The result's config says "
                         "which ops it covered")
+    g.add_argument("--device-profile", metavar="DIR",
+                   help="measured operator tables of a GPU (LLMServingSim's perf bundle: "
+                        "DIR/meta.yaml and DIR/tp<N>/{dense,attention,per_sequence}.csv, e.g. "
+                        "profiler/perf/RTX4090/meta-llama/Llama-3.1-8B/bf16): they price the "
+                        "target forward over the step's real mix, the sampler and an EAGLE-3 "
+                        "head or draft model of the same shapes; the roofline prices the rest, "
+                        "and the result's config says which op came from where (docs/sim.md, "
+                        "'Measured operator tables')")
     g.add_argument("--speed", type=at_most(nonneg_float, MAX_SCALE), metavar="X",
                    help="the machine's level for this run: device ops and CPU costs take X "
                         "times as long (default 1, the profile's mean)")
@@ -157,8 +166,20 @@ def register_simulate(sub) -> None:
     g.add_argument("--no-replay", dest="replay", action="store_false", default=None,
                    help="ignore a trace's recorded `accepted` lists (default: replay them)")
 
-    add_scheduler_args(p, D, blocks_help=" (default: what device memory holds after the "
-                                         "weights)")
+    g = add_scheduler_args(p, D, blocks_help=" (default: what device memory holds after the "
+                                             "weights)")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=None,
+                   help="vLLM's automatic prefix caching: a request reuses the cached KV blocks "
+                        "of its longest cached prefix (hashed over the trace's prompt_token_ids; "
+                        "without them a request finds only its own blocks again after a "
+                        "preemption); freed blocks stay cached until evicted, least recently "
+                        "used first (default: off)")
+    g.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction,
+                   default=None,
+                   help="vLLM's admission rule: take a waiting request in only when the KV "
+                        "blocks of its whole sequence are free, not just its first chunk's "
+                        "(default: on, as vLLM)")
 
     g = p.add_argument_group("CPU costs (microseconds; op cost = A + B*num_reqs + C*num_tokens)")
     g.add_argument("--cpu-scale", type=at_most(nonneg_float, MAX_SCALE), metavar="X",
@@ -184,12 +205,18 @@ def register_simulate(sub) -> None:
     add_result_args(p, timeline_help="write the timeline as JSON lines to PATH and a "
                                      "Chrome-trace/Perfetto file beside it (PATH with "
                                      ".chrome.json)")
+    p.add_argument("--timeseries-interval", dest="timeseries_interval_s",
+                   type=at_most(positive_float, 3600), metavar="S",
+                   help="add to the result a timeseries of running and waiting requests, KV "
+                        "cache use and token throughput every S seconds, as vLLM's stat logger "
+                        "(and LLMServingSim's timeseries.csv) report them")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     p.set_defaults(func=run, vllm_options=True)
 
 
 FIELDS = ("mode", "gpu", "model", "method", "moe_routing_skew", "all_reduce_latency_us",
-          "executor", "device", "profile", "topology", "jitter", "speed",
+          "executor", "device", "profile", "device_profile", "topology", "jitter", "speed",
+          "enable_prefix_caching", "scheduler_reserve_full_isl", "timeseries_interval_s",
           "acceptance", "acceptance_rates", "acceptance_spread", "replay", "max_num_seqs",
           "max_num_batched_tokens", "max_model_len", "block_size", "num_gpu_blocks_override",
           "gpu_memory_utilization", "tensor_parallel_size", "cpu_scale", "launch_latency_us",
@@ -202,6 +229,7 @@ def config_from_args(args) -> SimConfig:
     from stepgap.sim.presets import get_preset
 
     settings = dict(get_preset(args.preset).settings) if args.preset else {}
+    settings.update(run_settings(args))
     args.mode = mode_from_args(args)
     args.executor = executor_from_args(args)
     method, draft, k = speculative_from_args(args)
@@ -225,6 +253,30 @@ def config_from_args(args) -> SimConfig:
             settings[name] = getattr(args, name)
     settings["timeline"] = args.timeline is not None
     return SimConfig(**settings)
+
+
+def run_settings(args) -> dict:
+    """A peer's vLLM run given as --trace (its requests.jsonl): the settings its meta.json
+    records, as the options they map to; the command line still wins (common/peer_run.py)."""
+    from stepgap.common.options import note
+    from stepgap.common.peer_run import find_dataset, is_peer_requests, peer_settings
+    if args.trace is None or not is_peer_requests(args.trace):
+        return {}
+    meta = Path(args.trace).with_name("meta.json")
+    if not meta.is_file():
+        note(args, f"--trace {args.trace}: no meta.json beside it; the run's settings are not "
+                   "known, so stepgap's defaults are used")
+        return {}
+    settings, notes = peer_settings(meta)
+    dataset = find_dataset(args.trace)
+    notes.append(f"prompt token ids from {dataset} (the dataset the run replayed): prefix "
+                 "caching finds the prompts' shared blocks" if dataset else
+                 "the dataset the run replayed (meta.json's dataset_path) is not found under "
+                 "the run's folder: no prompt token ids, so prefix caching finds only a "
+                 "preempted request's own blocks")
+    for line in notes:
+        note(args, line)
+    return settings
 
 
 def same_scenario(cfg: SimConfig, settings: dict) -> bool:

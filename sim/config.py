@@ -19,6 +19,7 @@ from stepgap.sim.cpu_costs import CPU_COSTS, CpuCosts, OpCost
 from stepgap.sim.roofline import RooflineCosts
 from stepgap.sim.profile import Noise, Profile, load_profile
 from stepgap.sim.profile_costs import ProfileCosts
+from stepgap.sim.tables import TableCosts, load_tables
 from stepgap.sim.hardware import Hardware, get_hardware
 from stepgap.common.errors import UserError
 from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES
@@ -48,7 +49,9 @@ CPU_PROPOSERS = ("ngram",)
 def flag(name: str) -> str:
     """The command-line option of a config field."""
     return {"k": "--num-speculative-tokens", "workload": "--trace",
-            "method": "--speculative-config method"}.get(name, "--" + name.replace("_", "-"))
+            "method": "--speculative-config method",
+            "timeseries_interval_s": "--timeseries-interval"}.get(
+        name, "--" + name.replace("_", "-"))
 
 
 def settings_of(d: dict) -> dict:
@@ -82,6 +85,7 @@ class SimConfig:
     all_reduce_latency_us: float | None = None   # None: the --gpu's interconnect's
     topology: str | None = None
     profile: str | None = None         # a measured profile (device ops, CPU costs) to use
+    device_profile: str | None = None  # measured operator tables of a GPU (sim/tables.py)
     jitter: bool = True                # apply the profile's measured speed noise, if any
     speed: float = 1.0                 # the machine's level: every device op and CPU cost x it
     # acceptance
@@ -96,6 +100,8 @@ class SimConfig:
     block_size: int = 16
     num_gpu_blocks_override: int | None = None   # None: from device memory
     gpu_memory_utilization: float = 0.9
+    scheduler_reserve_full_isl: bool = True      # vLLM's: admit only what fits whole
+    enable_prefix_caching: bool = False          # vLLM's automatic prefix caching
     # CPU
     cpu_scale: float = 1.0
     cpu_costs: dict = field(default_factory=dict)   # op -> [a, b, c] microseconds
@@ -116,6 +122,7 @@ class SimConfig:
     percentile_metrics: tuple[str, ...] = METRICS
     detailed: bool = False
     timeline: bool = False
+    timeseries_interval_s: float | None = None   # running/waiting/KV every S s, as vLLM logs
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -141,10 +148,11 @@ class SimConfig:
         for name in ("gpu", "model", "workload"):
             if not isinstance(getattr(self, name), str):
                 raise _bad(name, "must be a name or a path", getattr(self, name))
-        for name in ("draft", "acceptance", "profile"):   # None: chosen in resolve()
+        for name in ("draft", "acceptance", "profile", "device_profile"):   # None: resolve()
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise _bad(name, "must be a name or a path", getattr(self, name))
-        for name in ("jitter", "replay", "detailed", "timeline"):
+        for name in ("jitter", "replay", "detailed", "timeline", "scheduler_reserve_full_isl",
+                     "enable_prefix_caching"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, "must be true or false", getattr(self, name))
         _ints(self, ("k",), 0, MAX_K)
@@ -166,6 +174,11 @@ class SimConfig:
                  MAX_US, optional=True)
         _numbers(self, ("acceptance_spread",), MAX_SPREAD, optional=True)
         _numbers(self, ("output_latency_ms",), MAX_MS)
+        if self.timeseries_interval_s is not None and not (
+                is_finite(self.timeseries_interval_s) and 1e-3 <= self.timeseries_interval_s
+                <= 3600):
+            raise _bad("timeseries_interval_s", "must be seconds from 0.001 to 3600",
+                       self.timeseries_interval_s)
         if self.request_rate is not None and not (_is_rate(self.request_rate)
                                                   and self.request_rate > 0):
             raise _bad("request_rate", "must be > 0 (or inf)", self.request_rate)
@@ -317,6 +330,7 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
                      f"draft models and ngram_gpu): --mode {cfg.mode} is simulated as sync")
     measured = profile or (load_profile(cfg.profile) if cfg.profile else None)
     costs = device_costs_of(cfg, target, draft, hw, measured)   # (its checks, whatever is used)
+    notes += table_notes(cfg, costs, hw, measured)
     if device_costs is not None:
         costs = device_costs
     engine = cfg.topology or (measured.engine if measured else None) or "stepgap"
@@ -359,7 +373,37 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
                             "times one device running EAGLE-3 drafts; --tensor-parallel-size "
                             "> 1 and other methods use the roofline (drop --profile)")
         costs = ProfileCosts(measured, cfg.k, costs, cfg.block_size)
+    if cfg.device_profile is not None:   # a GPU's measured operator tables (sim/tables.py)
+        device = cfg.device or ("cuda" if hw.kind == "gpu" else "cpu")
+        if device != "cuda":
+            raise UserError(f"--device-profile {cfg.device_profile}: GPU operator tables price "
+                            "a GPU's kernels (--device cuda, a --gpu of the catalog); drop "
+                            "--device cpu")
+        roofline = costs if measured is None else costs.fallback
+        costs = TableCosts(load_tables(cfg.device_profile, cfg.tensor_parallel_size), target,
+                           draft, cfg.k, roofline, cfg.method, cfg.tensor_parallel_size)
     return costs
+
+
+def table_notes(cfg: SimConfig, costs: DeviceCosts, hw: Hardware,
+                measured: Profile | None) -> list[str]:
+    """What a run priced from measured tables should be told: a step longer than their grid,
+    tables of another GPU than the --gpu entry, a --profile that then gives the CPU only."""
+    if not isinstance(costs, TableCosts):
+        return []
+    tables, notes = costs.tables, []
+    if measured is not None:
+        notes.append(f"--device-profile prices the device ops; --profile {cfg.profile} "
+                     "gives the CPU costs only")
+    if cfg.max_num_batched_tokens > tables.max_tokens:
+        notes.append(f"--max-num-batched-tokens {cfg.max_num_batched_tokens} is past the "
+                     f"tables' {tables.max_tokens:g} tokens: longer steps extrapolated in "
+                     "proportion (docs/sim.md)")
+    if hw.name not in (tables.hardware.lower(), tables.hardware.lower().replace("_", "")):
+        notes.append(f"--device-profile was measured on {tables.gpu} ({tables.hardware}); "
+                     f"--gpu {hw.name} gives the memory size and the roofline of what the "
+                     "tables lack")
+    return notes
 
 
 def cpu_costs(cfg: SimConfig, measured: Profile | None = None) -> CpuCosts:
@@ -411,4 +455,6 @@ def scheduler_config(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
                             "GPUs (--tensor-parallel-size) or a --gpu with more memory")
     return SchedulerConfig.for_run(mode or cfg.mode, cfg.k, blocks, cfg.block_size,
                                    cfg.max_num_seqs, cfg.max_num_batched_tokens,
-                                   cfg.max_model_len, target.max_position_embeddings)
+                                   cfg.max_model_len, target.max_position_embeddings,
+                                   reserve_full_isl=cfg.scheduler_reserve_full_isl,
+                                   enable_prefix_caching=cfg.enable_prefix_caching)

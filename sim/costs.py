@@ -9,7 +9,7 @@ falls back to the roofline where the profile has none; `ConstantCosts` gives fix
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -26,6 +26,13 @@ class Batch:
     attn_pairs: float   # (query, key) pairs attended, causal within a chunk
     max_query: int = 0  # the longest chunk of one request (a padded attention grid's width)
     max_blocks: int = 0  # the most KV blocks one request holds (a block table's width)
+    # The mix, for measured attention tables: requests decoding or verifying (1 + drafts new
+    # tokens) and the history they read, and the prefill chunks as (tokens, history).
+    num_decode: int = 0
+    decode_kv: int = 0
+    decode_kv_min: int = 0
+    decode_kv_max: int = 0
+    prefills: list = field(default_factory=list)
 
 
 class DeviceCosts(Protocol):

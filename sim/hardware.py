@@ -72,6 +72,9 @@ INTERCONNECTS: dict[str, Interconnect] = {i.name: i for i in (
                  source="NVLink 5 (B200): 900 GB/s per direction (1.8 TB/s bidirectional) at "
                         "NVLink 4's 82 % efficiency; vLLM ca_1stage 7 us at 16 KiB on "
                         "B300 (#37756)"),
+    Interconnect("pcie5", bw=50 * GB, latency_us=20.0, one_shot=False,
+                 source="PCIe Gen5 x16 (RTX PRO 6000 Blackwell): 64 GB/s per direction at "
+                        "PCIe 4's ~80 %; latency as PCIe 4 (no measurement found)"),
     Interconnect("pcie4", bw=25 * GB, latency_us=20.0, one_shot=False,
                  source="PCIe Gen4 x16 (L20, L40S-class): 32 GB/s per direction at ~80 %; "
                         "NCCL ring, 19.4 us at 4 KB on 4 PCIe GPUs behind one switch in a CUDA "
@@ -149,6 +152,19 @@ CATALOG: dict[str, Hardware] = {h.name: h for h in (
              kernel_us=2.0, d2h_us=15.0, mem_bytes=180 * GB, fp8_flops=4500e12,
              interconnect=INTERCONNECTS["nvlink5"],
              source="NVIDIA B200 datasheet: 8 TB/s HBM3e, 2.25 PFLOP/s dense bf16"),
+    # Two GDDR cards of the peer runs (docs/sim.md, "Measured operator tables"): datasheet peaks,
+    # the L20's efficiencies (the same kind of memory system); memory as CUDA reports it.
+    Hardware("rtx4090", "gpu", flops=165.2e12, mem_bw=1008 * GB, flop_eff=0.70, bw_eff=0.80,
+             kernel_us=2.0, d2h_us=15.0, mem_bytes=25_250_627_584, fp8_flops=330.3e12,
+             interconnect=INTERCONNECTS["pcie4"],
+             source="NVIDIA Ada architecture whitepaper, GeForce RTX 4090: 1008 GB/s GDDR6X, "
+                    "165.2 TFLOP/s dense bf16 (FP32 accumulate), 330.3 fp8; 24 GB "
+                    "(25,250,627,584 bytes as CUDA reports it in the peer run's meta.json)"),
+    Hardware("rtxpro6000", "gpu", flops=500e12, mem_bw=1792 * GB, flop_eff=0.70, bw_eff=0.80,
+             kernel_us=2.0, d2h_us=15.0, mem_bytes=96 * GIB, fp8_flops=1000e12,
+             interconnect=INTERCONNECTS["pcie5"],
+             source="NVIDIA RTX PRO 6000 Blackwell Server Edition datasheet: 1792 GB/s GDDR7, "
+                    "96 GB, 4000 AI TOPS (fp4, sparse): 1000 TFLOP/s dense fp8, 500 dense bf16"),
     # A generic 16-core AVX-512 server socket running torch eagerly: ~2.5 TFLOP/s fp32 peak,
     # ~100 GB/s DRAM; kernel_us is torch's per-op dispatch overhead on the CPU. A placeholder
     # until the engine's measured CPU profile replaces it.

@@ -60,7 +60,8 @@ from stepgap.sim.costs import Batch, DeviceCosts
 from stepgap.sim.jitter import Jitter
 from stepgap.sim.profile import Profile
 from stepgap.common.errors import UserError
-from stepgap.common.formats import RequestTiming, Span, SpecStats, TraceRequest, run_result
+from stepgap.common.formats import (RequestTiming, Span, SpecStats, TraceRequest, run_result,
+                                    timeseries)
 from stepgap.common.scheduler import FINISHED, Request, Scheduler, SchedulerConfig, SchedulerOutput
 from stepgap.common.workloads import LoadGenerator, apply_request_rate, load_workload
 
@@ -80,13 +81,24 @@ class Step:
 def batch_of(out: SchedulerOutput) -> Batch:
     """The step's totals, summed over its requests (one pass; conditionals, not max(), as this
     runs for every request of every step)."""
-    sampling = logits = drafts = kv = max_query = max_blocks = 0
+    sampling = logits = drafts = kv = max_query = max_blocks = decode = decode_kv = kv_max = 0
+    kv_min = 1 << 62
     pairs = 0.0
+    prefills = []
     for s in out.scheduled:
         n, start = s.num_new_tokens, s.start
         kv += start + n
         pairs += n * (start + (n + 1) / 2)
         drafts += s.num_spec
+        if n == 1 + s.num_spec:
+            decode += 1
+            decode_kv += start
+            if start > kv_max:
+                kv_max = start
+            if start < kv_min:
+                kv_min = start
+        else:
+            prefills.append((n, start))
         if n > max_query:
             max_query = n
         blocks = len(s.request.block_ids)
@@ -96,7 +108,8 @@ def batch_of(out: SchedulerOutput) -> Batch:
             sampling += 1
             logits += 1 + s.num_spec
     return Batch(out.num_batched_tokens, len(out.scheduled), sampling, logits, drafts, kv, pairs,
-                 max_query, max_blocks)
+                 max_query, max_blocks, decode, decode_kv, kv_min if decode else 0, kv_max,
+                 prefills)
 
 
 class Clock(simpy.Environment):
@@ -218,9 +231,14 @@ class Sim:
         self.cfg = cfg
         self.r = r = resolve(cfg, profile, device_costs)
         check_requests(requests, r.scheduler)
+        check = getattr(r.device_costs, "check_request", None)
+        if check is not None:   # measured tables cover contexts up to their grid
+            for tr in requests:
+                check(tr.request_id, tr.prompt_len + tr.output_len)
         self.requests = requests
         self.env = Clock()
         self.sched = Scheduler(r.scheduler)
+        self.caching = r.scheduler.enable_prefix_caching
         self.cpu = r.cpu
         self.acc = Acceptance(r.profile, cfg.k, requests, cfg.seed, cfg.replay)
         self.spans: list[Span] | None = [] if cfg.timeline else None
@@ -230,6 +248,8 @@ class Sim:
         self.inline, self.tp, self.computes_ahead = topo.inline, topo.tp, topo.computes_ahead
         self.device_async = topo.device_async
         self.api_server, self.rpc_share = topo.api_server, r.rpc_share
+        # vLLM's async path's own costs (sim/cpu_costs.py VLLM_ASYNC_TERMS)
+        self.async_terms = topo.engine == "vllm" and r.mode != "sync"
         jitter = None
         if r.noise is not None:
             j = r.noise
@@ -252,6 +272,8 @@ class Sim:
         self.to_frontend = simpy.Store(self.env)
         self.num_steps = 0
         self.tokens = [[0] * (1 + n) for n in range(cfg.k + 1)]
+        # (t_s, running, waiting, kv %, prompt tokens, generated tokens) after every step
+        self.samples: list[tuple] | None = [] if cfg.timeseries_interval_s else None
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -333,14 +355,18 @@ class Sim:
         while True:
             while self.inbox:
                 tr = self.inbox.popleft()
-                sched.add_request(Request(tr.request_id, tr.prompt_len, tr.output_len))
+                sched.add_request(Request(tr.request_id, tr.prompt_len, tr.output_len,
+                                          tr.prompt_token_ids if self.caching else None))
             launched = False
             if sched.has_unfinished():
                 out = sched.schedule()
-                yield from self.on_host(ENGINE, "schedule", out.step,
-                                        cpu.schedule(out.num_reqs, out.num_batched_tokens))
+                batch = batch_of(out) if out.scheduled else None
+                cost = cpu.schedule(out.num_reqs, out.num_batched_tokens)
+                if self.async_terms and cpu.async_schedule is not None and batch is not None:
+                    cost += cpu.async_schedule(out.num_reqs, batch.num_drafts)
+                yield from self.on_host(ENGINE, "schedule", out.step, cost)
                 if out.scheduled:
-                    step = Step(out, batch_of(out))
+                    step = Step(out, batch)
                     self.num_steps += 1
                     if self.inline:
                         yield from self.execute(step)
@@ -393,6 +419,12 @@ class Sim:
                 sampled[req.request_id] = tokens[n]
         self.num_draft_tokens += drafts
         emitted = self.sched.update_from_output(out, sampled)
+        if self.samples is not None:
+            s = self.sched
+            self.samples.append((self.env.now / 1e6, len(s.running), len(s.waiting),
+                                 100.0 * (1 - s.num_free_blocks / s.cfg.num_blocks),
+                                 sum(c for c, _ in step.batch.prefills),
+                                 sum(len(new) for _, new, _ in emitted)))
         cpu = self.cpu
         yield from self.on_host(ENGINE, "update_from_output", out.step,
                                 cpu.update_from_output(out.num_reqs, out.num_batched_tokens))
@@ -464,7 +496,10 @@ class Sim:
                     t_host = env.now
                 step.t_output = t_host + cpu.result_latency_us(n, tokens)
                 step.ready.succeed()
-                yield env.hold(cpu.worker_turnaround(n, tokens) * self.rpc_share)
+                turn = cpu.worker_turnaround(n, tokens) * self.rpc_share
+                if self.async_terms and cpu.async_output is not None:   # its output thread
+                    turn += cpu.async_output(n, step.batch.num_drafts)
+                yield env.hold(turn)
                 continue
             if self.async_:  # an output thread sends the result once the copy lands
                 collect = cpu.collect(n, tokens) if self.tp > 1 else 0.0
@@ -489,8 +524,14 @@ class Sim:
             if t > env.now:
                 yield self.busy(WORKER, "wait", out.step, t - env.now,
                                 {"on": "accepted", "of": prev.out.step})
-        yield self.busy(WORKER, "prepare_inputs", out.step,
-                        cpu.prepare_inputs(out.num_reqs, out.num_batched_tokens))
+        prep = cpu.prepare_inputs(out.num_reqs, out.num_batched_tokens)
+        if self.async_terms:   # vLLM's async path: the previous step's tokens placed here,
+            # and (a device running on its own) the output thread of the previous step
+            if cpu.async_prepare is not None:
+                prep += cpu.async_prepare(out.num_reqs, step.batch.num_drafts)
+            if self.device_async and prev is not None and cpu.async_output is not None:
+                prep += cpu.async_output(prev.out.num_reqs, prev.batch.num_drafts)
+        yield self.busy(WORKER, "prepare_inputs", out.step, prep)
         dur = cpu.launch(out.num_reqs, out.num_batched_tokens)
         if self.device_async:
             lat = cpu.launch_latency_us
@@ -521,19 +562,27 @@ class Sim:
             "cpu_costs_us": r.cpu.to_dict(), "num_steps": self.num_steps,
             "num_preemptions": self.sched.num_preemptions,
         }
+        if self.caching:   # vLLM's prefix-cache counters (tokens)
+            s = self.sched
+            config["resolved"]["prefix_cache"] = {
+                "queries": s.prefix_cache_queries, "hits": s.prefix_cache_hits,
+                "preempted_queries": s.preempted_queries, "preempted_hits": s.preempted_hits}
         if self.device.jitter is not None and r.measured is not None and r.measured.jitter:
             j = r.measured.jitter
             config["resolved"]["jitter"] = {"bin_ms": j.bin_ms, "sigma_step": j.sigma_step,
                                             "trace_bins": len(j.trace),
                                             "offset": self.device.jitter.offset}
         sources = getattr(self.device.costs, "sources", None)
-        if sources is not None:   # a measured profile: which ops it covered, and how
-            config["resolved"]["device_costs"] = {"profile": getattr(self.device.costs.profile,
-                                                                     "path", None), **sources}
-        return run_result(timings, duration_s, backend="stepgap-sim", config=config,
-                          gaps_us=self.device.gaps, spec=self.spec_stats() if cfg.k else None,
-                          detailed=cfg.detailed, percentiles=cfg.metric_percentiles,
-                          percentile_metrics=cfg.percentile_metrics)
+        if sources is not None:   # a measured profile or tables: which ops each priced
+            config["resolved"]["device_costs"] = {"profile": getattr(self.device.costs, "path",
+                                                                     None), **sources}
+        res = run_result(timings, duration_s, backend="stepgap-sim", config=config,
+                         gaps_us=self.device.gaps, spec=self.spec_stats() if cfg.k else None,
+                         detailed=cfg.detailed, percentiles=cfg.metric_percentiles,
+                         percentile_metrics=cfg.percentile_metrics)
+        if self.samples is not None:
+            res["timeseries"] = timeseries(self.samples, cfg.timeseries_interval_s)
+        return res
 
     def spec_stats(self) -> SpecStats:
         """The acceptance counters of vLLM's SpecDecodingStats, from the histogram."""

@@ -35,6 +35,10 @@ class ProfileCosts:
                 self.sources[op] = (f"profile ({at}; {pick[0].source}; {n} points, median "
                                     f"error up to {100 * err:.1f} %)")
 
+    @property
+    def path(self) -> str:
+        return self.profile.path
+
     def _fit(self, op: str, i: int | None = None) -> Fit | None:
         if op != "draft_forward":
             return self.fits.get((op, None))

@@ -74,4 +74,9 @@ def cell_key(cfg: SimConfig) -> str:
         path = path / "config.json" if path.is_dir() else path
         if path.is_file():
             h.update(read_bytes(path))
+    if cfg.device_profile:   # the tables it prices from: meta.yaml and every tp<N> table
+        root = Path(cfg.device_profile)
+        for path in sorted([*root.glob("meta.yaml"), *root.glob("tp*/*.csv")]):
+            h.update(str(path.relative_to(root)).encode())
+            h.update(read_bytes(path))
     return h.hexdigest()[:16]

@@ -6,18 +6,20 @@ from __future__ import annotations
 import argparse
 import sys
 
-from stepgap.common.compare import cmp_to_json, compare, format_compare, mismatches
+from stepgap.common.compare import (cmp_to_json, compare, format_compare, load_any,
+                                    mismatches)
 from stepgap.common.fileio import dumps_json
-from stepgap.common.formats import load_result
 
 
 def register(sub) -> None:
     p = sub.add_parser(
         "compare", help="errors of one run result against another (simulated vs measured)",
         description="Print the error of a simulated run result against a measured one: mean, "
-                    "median and P99 of TPOT, ITL, TTFT and E2EL, and the step-gap "
-                    "distributions. Either file may be a stepgap result (engine or simulator) "
-                    "or one saved by `vllm bench serve --save-result` (no step gaps).",
+                    "median, P99 (and every percentile both carry) of TPOT, ITL, TTFT and "
+                    "E2EL, and the step-gap distributions. Either file may be a stepgap result "
+                    "(engine or simulator), one saved by `vllm bench serve --save-result` (no "
+                    "step gaps), or a peer's vLLM run as LLMServingSim's bench records it "
+                    "(vllm/requests.jsonl: TTFT = first token - queued, TPOT, E2EL; no ITL).",
         epilog="example:\n  stepgap run ... --detailed --result-json measured.json\n"
                "  stepgap simulate ... --detailed --result-json simulated.json\n"
                "  stepgap compare measured.json simulated.json",
@@ -29,7 +31,7 @@ def register(sub) -> None:
 
 
 def cmd_compare(args) -> int:
-    measured, simulated = load_result(args.measured), load_result(args.simulated)
+    measured, simulated = load_any(args.measured), load_any(args.simulated)
     for line in mismatches(measured, simulated):
         print(f"stepgap compare: warning: {line}", file=sys.stderr)
     cmp = compare(measured, simulated)

@@ -1,0 +1,284 @@
+"""A peer's real vLLM serving run, read as it is published (DESIGN.md §9): LLMServingSim's
+bench recorder writes `vllm/requests.jsonl`, `vllm/meta.json` and `vllm/timeseries.csv`.
+
+- `requests.jsonl`: one request per line, `input_toks`, `output_toks`, `arrival_time` (epoch
+  seconds, when the front end took it) and vLLM's own RequestStateStats timestamps
+  (`queued_ts`, `scheduled_ts`, `first_token_ts`, `last_token_ts`: the engine core's monotonic
+  clock, seconds). As a trace (`load_peer_trace`): arrivals are the `queued_ts` from the first
+  one (the moment the engine core had each request, which is where its TTFT starts), lengths
+  the token counts. As a measured side (`peer_result`): TTFT = first_token - queued, TPOT =
+  (last_token - first_token) / (output - 1), E2EL = last_token - queued, in the run-result
+  keys; ITL is not defined (only the first and the last token are timed), so it is NaN.
+- `meta.json`: the engine's settings, mapped to stepgap's vLLM-spelled options
+  (`peer_settings`), with a note for each setting stepgap does not model.
+- `timeseries.csv`: once a tick, running and waiting requests and KV cache use.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+from pathlib import Path
+
+from stepgap.common.errors import UserError, where
+from stepgap.common.fileio import json_lines, read_json_object, read_text
+from stepgap.common.formats import (MAX_ARRIVAL_S, TIMESERIES, RequestTiming, TraceRequest,
+                                    compute_metrics)
+
+STAMPS = ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
+KEYS = ("request_id", "input_toks", "output_toks", *STAMPS)
+PERCENTILES = (50, 90, 95, 99)
+
+
+def is_peer_requests(path) -> bool:
+    """A requests.jsonl of a peer's vLLM run (its first record has vLLM's queued_ts)."""
+    path = Path(path)
+    if path.suffix != ".jsonl" or not path.is_file():
+        return False
+    for _, obj in json_lines(path):
+        return isinstance(obj, dict) and "queued_ts" in obj and "input_toks" in obj
+    return False
+
+
+def _stamp(obj: dict, key: str, path, lineno) -> float:
+    v = obj.get(key)
+    if v is None:
+        raise UserError(f"{where(path, lineno, key)}: missing (every request needs "
+                        f"{', '.join(STAMPS)}; a request vLLM never finished has none)")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise UserError(f"{where(path, lineno, key)}: expected a timestamp in seconds >= 0, "
+                        f"got {v!r}")
+    return float(v)
+
+
+def load_peer_requests(path) -> list[dict]:
+    """The run's requests, checked: ids unique, token counts >= 1, timestamps present, finite,
+    non-negative and in order (queued <= scheduled <= first token <= last token)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: requests file not found")
+    out, seen = [], {}
+    for lineno, obj in json_lines(path):
+        if not isinstance(obj, dict):
+            raise UserError(f"{where(path, lineno)}: expected a JSON object (a request), got "
+                            f"{type(obj).__name__}")
+        for key in ("request_id", "input_toks", "output_toks"):
+            if key not in obj:
+                raise UserError(f"{where(path, lineno, key)}: missing (a request of a vLLM run "
+                                f"has {', '.join(KEYS)})")
+        rid = obj["request_id"]
+        if not isinstance(rid, (str, int)) or isinstance(rid, bool) or rid == "":
+            raise UserError(f"{where(path, lineno, 'request_id')}: expected a non-empty string "
+                            f"or integer, got {rid!r}")
+        if str(rid) in seen:
+            raise UserError(f"{where(path, lineno, 'request_id')}: duplicate id {rid!r} (first "
+                            f"on line {seen[str(rid)]})")
+        seen[str(rid)] = lineno
+        for key in ("input_toks", "output_toks"):
+            v = obj[key]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise UserError(f"{where(path, lineno, key)}: expected an integer >= 1, got "
+                                f"{v!r}")
+        t = {key: _stamp(obj, key, path, lineno) for key in STAMPS}
+        for a, b in zip(STAMPS, STAMPS[1:]):
+            if t[b] < t[a]:
+                raise UserError(f"{where(path, lineno, b)}: {t[b]:.6f} is before {a} "
+                                f"{t[a]:.6f}")
+        out.append({"request_id": str(rid), "input_toks": obj["input_toks"],
+                    "output_toks": obj["output_toks"], **t})
+    if not out:
+        raise UserError(f"{path}: the run holds no requests")
+    t0 = min(r["queued_ts"] for r in out)
+    if max(r["queued_ts"] for r in out) - t0 > MAX_ARRIVAL_S:
+        raise UserError(f"{path}: the requests' queued_ts span more than {MAX_ARRIVAL_S:g} s "
+                        "(not one run's monotonic clock)")
+    return out
+
+
+def find_dataset(path) -> Path | None:
+    """The dataset a run replayed, where meta.json (beside its requests.jsonl) names it: its
+    `dataset_path`, or that path with `.gz`, under the run's folder or any folder above it
+    (LLMServingSim's repository keeps it at the top, in workloads/). None where there is no
+    meta.json, no dataset_path or no such file; a file whose sha256 is not the run's
+    `dataset_hash` is refused."""
+    meta_path = Path(path).with_name("meta.json")
+    if not meta_path.is_file():
+        return None
+    meta = read_json_object(meta_path, "a vLLM run's meta.json")
+    rel = meta.get("dataset_path")
+    if not isinstance(rel, str) or not rel:
+        return None
+    for folder in Path(path).resolve().parents:
+        for cand in (folder / rel, folder / (rel + ".gz")):
+            if cand.is_file():
+                digest = hashlib.sha256(read_text(cand).encode()).hexdigest()
+                if meta.get("dataset_hash") not in (None, digest):
+                    raise UserError(f"{cand}: sha256 {digest[:12]}... is not the run's "
+                                    f"dataset_hash {str(meta['dataset_hash'])[:12]}... "
+                                    f"({meta_path}): another dataset")
+                return cand
+    return None
+
+
+def dataset_token_ids(path, requests: list[dict]) -> dict[str, list[int]]:
+    """Each request's prompt token ids from the replayed dataset (LLMServingSim's workload
+    file: one line per request, `input_tok_ids`; its runner names line i `bench-i`)."""
+    rows = [obj for _, obj in json_lines(path)]
+    out = {}
+    for r in requests:
+        rid = r["request_id"]
+        i = int(rid.rsplit("-", 1)[1]) if rid.rsplit("-", 1)[-1].isdigit() else -1
+        if not 0 <= i < len(rows) or not isinstance(rows[i], dict):
+            raise UserError(f"{path}: no line for request {rid!r} (the runner names line i "
+                            "bench-i)")
+        ids = rows[i].get("input_tok_ids")
+        if not isinstance(ids, list) or len(ids) != r["input_toks"] \
+                or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                           for x in ids):
+            raise UserError(f"{where(path, i + 1, 'input_tok_ids')}: expected the "
+                            f"{r['input_toks']} token ids of request {rid!r}")
+        out[rid] = ids
+    return out
+
+
+def load_peer_trace(path) -> list[TraceRequest]:
+    """The run as a workload trace: arrivals at the queued_ts, from the first; its lengths;
+    its prompts' token ids where the dataset it replayed is found (`find_dataset`), so that
+    prefix caching sees what vLLM saw."""
+    reqs = load_peer_requests(path)
+    dataset = find_dataset(path)
+    ids = dataset_token_ids(dataset, reqs) if dataset is not None else {}
+    t0 = min(r["queued_ts"] for r in reqs)
+    order = sorted(reqs, key=lambda r: r["queued_ts"])
+    return [TraceRequest(r["request_id"], r["queued_ts"] - t0, r["input_toks"],
+                         r["output_toks"], ids.get(r["request_id"])) for r in order]
+
+
+def peer_result(path, percentiles=PERCENTILES) -> dict:
+    """The run as a measured run result (the keys of `vllm bench serve --save-result`)."""
+    reqs = load_peer_requests(path)
+    t0 = min(r["queued_ts"] for r in reqs)
+    timings = []
+    for r in reqs:
+        t = RequestTiming(r["request_id"], r["input_toks"], r["queued_ts"] - t0)
+        t.add_chunk(r["first_token_ts"] - t0, 1)
+        if r["output_toks"] > 1:
+            t.add_chunk(r["last_token_ts"] - t0, r["output_toks"] - 1)
+        timings.append(t)
+    duration = max(r["last_token_ts"] for r in reqs) - t0
+    res = {"backend": "vllm", "num_prompts": len(reqs), "request_rate": "trace",
+           "burstiness": 1.0, "max_concurrency": None}
+    res.update(compute_metrics(timings, duration, percentiles))
+    for key in [k for k in res if k.endswith("_itl_ms")]:
+        res[key] = math.nan   # only the first and last token of each request are timed
+    res["step_gaps"] = {"count": 0}
+    res["config"] = {"source": str(path)}
+    return res
+
+
+# -------------------------------------------------------------------------------------------
+# Settings
+
+
+def _get(d: dict, *keys):
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def peer_settings(meta_path) -> tuple[dict, list[str]]:
+    """SimConfig settings from a run's meta.json, and one note per setting mapped or not
+    modelled. Settings the file does not record keep vLLM's defaults (said so)."""
+    meta_path = Path(meta_path)
+    doc = read_json_object(meta_path, "a vLLM run's meta.json")
+    kw = doc.get("engine_kwargs") or {}
+    if not isinstance(kw, dict):
+        raise UserError(f"{where(meta_path, field='engine_kwargs')}: expected an object")
+    resolved = doc.get("resolved_config") or {}
+    cache = doc.get("kv_cache") or {}
+    settings, notes, mapped = {}, [], []
+
+    def take(field: str, option: str, value) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"{where(meta_path, field=option.lstrip('-').replace('-', '_'))}: "
+                            f"expected an integer >= 1, got {value!r}")
+        settings[field] = value
+        mapped.append(f"{option} {value}")
+
+    take("max_num_seqs", "--max-num-seqs", kw.get("max_num_seqs"))
+    take("max_num_batched_tokens", "--max-num-batched-tokens", kw.get("max_num_batched_tokens"))
+    take("max_model_len", "--max-model-len", kw.get("max_model_len")
+         or _get(resolved, "model_config", "max_model_len"))
+    take("tensor_parallel_size", "--tensor-parallel-size", kw.get("tensor_parallel_size"))
+    take("block_size", "--block-size", cache.get("block_size")
+         or _get(resolved, "cache_config", "block_size"))
+    blocks = cache.get("num_gpu_blocks") or _get(resolved, "cache_config", "num_gpu_blocks")
+    if blocks is not None:
+        take("num_gpu_blocks_override", "--num-gpu-blocks-override", blocks)
+    else:
+        util = cache.get("gpu_memory_utilization") \
+            or _get(resolved, "cache_config", "gpu_memory_utilization")
+        if util is not None:
+            settings["gpu_memory_utilization"] = float(util)
+            mapped.append(f"--gpu-memory-utilization {util}")
+        notes.append("meta.json does not record the KV cache vLLM resolved: sized from the "
+                     "--gpu's memory (--gpu-memory-utilization), not from the run")
+    asched = _get(resolved, "scheduler_config", "async_scheduling")
+    if asched is None:
+        notes.append(f"meta.json does not record async_scheduling: vLLM "
+                     f"{doc.get('vllm_version', '?')} turns it on by default for this setup, so "
+                     "--async-scheduling")
+        asched = True
+    settings["mode"] = "async" if asched else "sync"
+    mapped.append("--async-scheduling" if asched else "--no-async-scheduling")
+    full = _get(resolved, "scheduler_config", "scheduler_reserve_full_isl")
+    if full is not None:
+        settings["scheduler_reserve_full_isl"] = bool(full)
+        mapped.append(f"--{'' if full else 'no-'}scheduler-reserve-full-isl")
+    if kw.get("data_parallel_size") not in (None, 1):
+        raise UserError(f"{where(meta_path, field='engine_kwargs.data_parallel_size')}: "
+                        f"{kw.get('data_parallel_size')} (data parallelism is not modelled)")
+    prefix = cache.get("enable_prefix_caching",
+                       _get(resolved, "cache_config", "enable_prefix_caching"))
+    if prefix is None:
+        notes.append("meta.json does not say whether prefix caching was on: vLLM's default, "
+                     "--enable-prefix-caching")
+        prefix = True
+    settings["enable_prefix_caching"] = bool(prefix)
+    mapped.append(f"--{'' if prefix else 'no-'}enable-prefix-caching")
+    notes.insert(0, f"settings from {meta_path}: " + ", ".join(mapped))
+    sizes = _get(resolved, "compilation_config", "cudagraph_capture_sizes")
+    if sizes:
+        notes.append(f"CUDA graphs at the capture sizes {sizes[0]}..{sizes[-1]} and "
+                     "torch.compile: a step is priced as its kernels' times back to back "
+                     "(docs/sim.md, 'Measured operator tables')")
+    return settings, notes
+
+
+def load_timeseries(path) -> dict[str, list[float]]:
+    """A run's timeseries.csv: column -> values, each row's `t` the end of its tick."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: timeseries not found")
+    rows = list(csv.reader(read_text(path).splitlines()))
+    if not rows or [c.strip() for c in rows[0]][:len(TIMESERIES)] != list(TIMESERIES):
+        raise UserError(f"{where(path, 1)}: expected the header {','.join(TIMESERIES)}")
+    out = {k: [] for k in TIMESERIES}
+    for n, row in enumerate(rows[1:], start=2):
+        if not row:
+            continue
+        for key, cell in zip(TIMESERIES, row):
+            try:
+                v = float(cell)
+            except ValueError:
+                raise UserError(f"{where(path, n, key)}: expected a number, got {cell!r}") \
+                    from None
+            if not math.isfinite(v) or v < 0:
+                raise UserError(f"{where(path, n, key)}: expected a number >= 0, got {cell!r}")
+            out[key].append(v)
+    return out

@@ -1,0 +1,545 @@
+"""Measured operator tables as device costs (DESIGN.md §9): a GPU's own kernel times, read as a
+peer published them, priced for each step's real mix of prefill chunks, decodes and verifies.
+
+The tables are LLMServingSim's perf bundle (`profiler/perf/<GPU>/<model>/<variant>/`): a
+`meta.yaml` (how and under which vLLM they were measured, the model's per-rank shapes) and one
+`tp<N>/` folder per tensor-parallel degree with
+
+- `dense.csv` (layer, tokens, time_us): one decoder layer's kernels by the step's token count
+  (embedding, layernorm, qkv_proj, rotary_emb, o_proj, gate_up_proj, act_fn, down_proj,
+  final_layernorm);
+- `attention.csv` (prefill_chunk, kv_prefill, n_decode, kv_decode, time_us): one layer's
+  attention kernel for one prefill chunk of `prefill_chunk` tokens after `kv_prefill` tokens of
+  history, beside `n_decode` one-token decodes of `kv_decode` history each;
+- `per_sequence.csv` (layer, sequences, time_us): lm_head and the sampler by rows.
+
+Times are CUDA kernel time per module (vLLM's layerwise profiler, `enforce_eager`), so a step
+is the sum of its kernels, run back to back as a CUDA graph runs them.
+
+How a step is priced (docs/sim.md, "Measured operator tables", states and tests each rule):
+
+- target forward = embedding + L x (2 layernorm + qkv_proj + rotary_emb + attention + o_proj
+  + gate_up_proj + act_fn + down_proj) + final_layernorm, every dense layer at the step's tokens,
+  + lm_head at the step's logit rows (one per request, vLLM V1 takes logits at every request's
+  last scheduled position, plus one per draft token verified); with tensor parallelism, the
+  tables' `tp<N>` and the interconnect model's all-reduces and logits all-gather.
+- attention: the largest prefill chunk and every decode in one lookup (the table's mixed shots
+  measure that a mixed batch costs more than its parts); each further prefill chunk adds its own
+  pure-prefill time above the kernel's floor (the table's cheapest shot); decodes at their mean
+  history (the total KV they read); a request verifying 1 + k tokens reads its KV once, and is
+  priced as a decode at its history.
+- decodes of unequal histories: a bundle that measured it (meta.yaml `skew_fit`) adds
+  alpha x (t at the longest history - t at the mean), alpha from its bucket table
+  (`tp<N>/skew_fit.csv`: by chunk, decodes, skew rate, longest history, chunk history) or its
+  pooled `alpha_default`; a bundle that did not gets none (no correction that was not
+  measured).
+- rejection_sample: the sampler at the logit rows.
+- an EAGLE-3 head whose decoder layer has the target's shapes: its layer from the same tables
+  (qkv over [embedding ‖ fused hidden] as two qkv_proj, its three-tap fc as three o_proj, its
+  lm_head as the target's scaled by draft vocab / vocab: a GEMM's time is linear in its inner
+  and outer widths); a draft model of the tables' shapes: its layers. Any other drafter, d2h,
+  fixup and a drafter's argmax bookkeeping: the roofline, and `sources` says so.
+
+Interpolation: 1-D tables linear between grid points, the first point's time below the grid,
+and above it in proportion to the count (t(x_max)·x / x_max: at the grid's top the GEMMs are
+compute-bound, and two neighbours 16 tokens apart give a noisy slope). Attention: linear on each
+axis, nested (history within a row, then decodes within a chunk size, then chunk size), each
+axis over the points measured there, and above an axis's top linearly from its top two
+points. A request whose context exceeds the tables' KV grid is refused before the run.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stepgap.common.errors import UserError, where
+from stepgap.common.fileio import read_text
+
+DENSE_LAYERS = ("embedding", "layernorm", "qkv_proj", "rotary_emb", "o_proj", "gate_up_proj",
+                "act_fn", "down_proj", "final_layernorm")
+PER_SEQUENCE = ("lm_head", "sampler")
+ATTENTION_COLUMNS = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us")
+MAX_TIME_US = 1e9   # one kernel of 1000 s is a unit error (ns or ms written as us)
+
+
+# -------------------------------------------------------------------------------------------
+# Interpolation
+
+
+@dataclass(frozen=True, slots=True)
+class Table1D:
+    """Times by one count, linear between points (the rules in the module docstring)."""
+
+    xs: tuple[float, ...]
+    ys: tuple[float, ...]
+
+    def __call__(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        if x <= xs[0]:
+            return ys[0]
+        if x >= xs[-1]:
+            return ys[-1] * x / xs[-1]
+        j = bisect.bisect_right(xs, x)
+        x0, x1 = xs[j - 1], xs[j]
+        return ys[j - 1] + (ys[j] - ys[j - 1]) * (x - x0) / (x1 - x0)
+
+
+def axis_interp(xs: list[float], f, x: float) -> float:
+    """f along one attention axis at x: linear between the measured points xs (sorted),
+    the first point's value below them, and linear from the top two above them."""
+    if len(xs) == 1 or x <= xs[0]:
+        return f(xs[0])
+    j = bisect.bisect_right(xs, x)
+    if j >= len(xs):
+        j = len(xs) - 1
+    x0, x1 = xs[j - 1], xs[j]
+    y0, y1 = f(x0), f(x1)
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+class AttentionTable:
+    """One layer's attention time over (prefill chunk, its history, decodes, their history),
+    on whatever points were measured: each (chunk, decodes) slice holds rows by history of
+    the chunk, each row its own decode histories."""
+
+    def __init__(self, rows: list[tuple[float, float, float, float, float]]):
+        slices: dict[tuple[float, float], dict[float, dict[float, float]]] = {}
+        for pc, kp, nd, kd, t in rows:
+            slices.setdefault((pc, nd), {}).setdefault(kp, {})[kd] = t
+        self.slices = {key: {kp: (sorted(r), [r[kd] for kd in sorted(r)])
+                             for kp, r in by_kp.items()} for key, by_kp in slices.items()}
+        self.kps = {key: sorted(by_kp) for key, by_kp in self.slices.items()}
+        self.nds: dict[float, list[float]] = {}
+        for pc, nd in self.slices:
+            self.nds.setdefault(pc, []).append(nd)
+        for v in self.nds.values():
+            v.sort()
+        self.pcs = sorted(self.nds)
+        self.floor = min(t for *_, t in rows)
+        self.max_kv = max(max(kp, kd) for _, kp, _, kd, _ in rows)
+
+    def _row(self, key, kp: float, kd: float) -> float:
+        kds, ts = self.slices[key][kp]
+        return axis_interp(kds, lambda x: ts[kds.index(x)], kd)
+
+    def _slice(self, pc: float, nd: float, kp: float, kd: float) -> float:
+        key = (pc, nd)
+        return axis_interp(self.kps[key], lambda x: self._row(key, x, kd), kp)
+
+    def __call__(self, pc: float, kp: float, nd: float, kd: float) -> float:
+        """Microseconds of one layer's attention kernel for this mix."""
+        def at_pc(p: float) -> float:
+            return axis_interp(self.nds[p], lambda n: self._slice(p, n, kp, kd), nd)
+        pcs = self.pcs if nd else [p for p in self.pcs if 0.0 in self.nds[p]]
+        return max(0.0, axis_interp(pcs, at_pc, pc))
+
+
+@dataclass(frozen=True, slots=True)
+class SkewFit:
+    """A bundle's measured cost of unequal decode histories: t = t_mean + alpha (t_max -
+    t_mean), alpha by bucket (`bucket_axes` bins, a bin (lo, hi] by its label), else the pooled
+    `alpha_default`."""
+
+    alpha_default: float
+    axes: dict
+    alphas: dict
+
+    @staticmethod
+    def label(bins, labels, v: float) -> str:
+        for i in range(len(labels)):
+            if v <= bins[i + 1]:
+                return labels[i]
+        return labels[-1]
+
+    def alpha(self, pc: float, n: int, rate: float, kv_big: float, kp: float) -> float:
+        if not self.alphas:
+            return self.alpha_default
+        a = self.axes
+        key = "|".join((f"pc={int(pc)}", self.label(a["n_bins"], a["n_labels"], n),
+                        self.label(a["skew_rate_bins"], a["skew_rate_labels"], rate),
+                        self.label(a["kv_big_bins"], a["kv_big_labels"], kv_big),
+                        self.label(a["kp_bins"], a["kp_labels"], kp)))
+        return self.alphas.get(key, self.alpha_default)
+
+
+AXES = ("n", "skew_rate", "kv_big", "kp")
+
+
+def _skew(meta: dict, root: Path, tp: int, meta_path: Path) -> SkewFit | None:
+    """The bundle's skew fit at this TP, or None where it measured none."""
+    block = meta.get("skew_fit")
+    if not isinstance(block, dict) or not block.get("enabled"):
+        return None
+    per_tp = block.get("per_tp") or {}
+    entry = per_tp.get(tp) or per_tp.get(str(tp)) if isinstance(per_tp, dict) else None
+    if not isinstance(entry, dict):
+        return None
+    src = where(meta_path, field=f"skew_fit.per_tp.{tp}")
+    alpha = entry.get("alpha_default")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) \
+            or not math.isfinite(alpha):
+        raise UserError(f"{src}.alpha_default: expected a number, got {alpha!r}")
+    axes = entry.get("bucket_axes") or block.get("bucket_axes") or {}
+    alphas = {}
+    table = root / str(entry.get("bucket_table") or f"tp{tp}/skew_fit.csv")
+    if table.is_file():
+        for a in AXES:
+            bins, labels = axes.get(f"{a}_bins"), axes.get(f"{a}_labels")
+            if not (isinstance(bins, list) and isinstance(labels, list)
+                    and len(bins) == len(labels) + 1):
+                raise UserError(f"{where(meta_path, field='skew_fit.bucket_axes')}: {a}_bins "
+                                f"must be one longer than {a}_labels")
+        cols = ("pc", "n_label", "skew_rate_label", "kv_big_label", "kp_label", "alpha")
+        for n, row in _read_csv(table, cols):
+            key = "|".join((f"pc={int(_number(table, n, row, 'pc', integer=True))}",
+                            row["n_label"], row["skew_rate_label"], row["kv_big_label"],
+                            row["kp_label"]))
+            try:
+                alphas[key] = float(row["alpha"])
+            except ValueError:
+                raise UserError(f"{where(table, n, 'alpha')}: expected a number, got "
+                                f"{row['alpha']!r}") from None
+    return SkewFit(float(alpha), axes, alphas)
+
+
+# -------------------------------------------------------------------------------------------
+# The bundle
+
+
+@dataclass(slots=True)
+class OpTables:
+    """One GPU's tables for one model, dtype and tensor-parallel degree."""
+
+    path: str
+    gpu: str               # the driver's device name, as measured
+    hardware: str          # the bundle's label (its folder name)
+    model: str             # the Hugging Face id the tables were measured for
+    tp: int
+    shapes: dict           # per-rank shapes at `shapes_tp` (meta.yaml's hf_overrides)
+    shapes_tp: int
+    dense: dict[str, Table1D]
+    per_sequence: dict[str, Table1D]
+    attention: AttentionTable
+    skew: SkewFit | None = None
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def max_tokens(self) -> float:
+        return min(t.xs[-1] for t in self.dense.values())
+
+    def describe(self) -> str:
+        m = self.meta
+        return (f"{self.hardware} ({self.gpu}), {self.model}, tp{self.tp}; vLLM "
+                f"{m.get('vllm_version', '?')}, CUDA {m.get('cuda_version', '?')}, measured "
+                f"{'eager' if (m.get('engine_effective') or {}).get('enforce_eager') else '?'}")
+
+
+def _read_csv(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict]]:
+    """(line, row) of a CSV whose header holds `columns`; errors name the file and line."""
+    if not path.is_file():
+        raise UserError(f"{path}: table not found (a perf bundle's tp<N>/ holds dense.csv, "
+                        "attention.csv and per_sequence.csv)")
+    lines = read_text(path).splitlines()
+    rows = list(csv.reader(lines))
+    if not rows:
+        raise UserError(f"{path}: empty table (expected a header: {','.join(columns)})")
+    header = [h.strip() for h in rows[0]]
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise UserError(f"{where(path, 1)}: header lacks {', '.join(missing)} (expected "
+                        f"{','.join(columns)})")
+    out = []
+    for n, row in enumerate(rows[1:], start=2):
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) != len(header):
+            raise UserError(f"{where(path, n)}: {len(row)} fields, the header has "
+                            f"{len(header)}")
+        out.append((n, dict(zip(header, (c.strip() for c in row)))))
+    if not out:
+        raise UserError(f"{path}: the table holds no rows")
+    return out
+
+
+def _number(path: Path, n: int, row: dict, key: str, integer: bool = False) -> float:
+    v = row[key]
+    try:
+        x = float(v)
+    except ValueError:
+        raise UserError(f"{where(path, n, key)}: expected a number, got {v!r}") from None
+    if not math.isfinite(x) or x < 0 or (key == "time_us" and x > MAX_TIME_US) \
+            or (integer and not x.is_integer()):
+        what = "a whole count >= 0" if integer else \
+            f"microseconds from 0 to {MAX_TIME_US:g}" if key == "time_us" else "a number >= 0"
+        raise UserError(f"{where(path, n, key)}: expected {what}, got {v!r}")
+    return x
+
+
+def _tables_1d(path: Path, key: str, names: tuple[str, ...]) -> dict[str, Table1D]:
+    points: dict[str, dict[float, float]] = {}
+    for n, row in _read_csv(path, ("layer", key, "time_us")):
+        x = _number(path, n, row, key, integer=True)
+        if x < 1:
+            raise UserError(f"{where(path, n, key)}: expected a count >= 1, got {row[key]!r}")
+        pts = points.setdefault(row["layer"], {})
+        if x in pts:
+            raise UserError(f"{where(path, n, key)}: {row['layer']} at {key} {x:g} twice")
+        pts[x] = _number(path, n, row, "time_us")
+    missing = [name for name in names if name not in points]
+    if missing:
+        raise UserError(f"{path}: no rows for {', '.join(missing)} (a Llama-family layer "
+                        f"needs {', '.join(names)})")
+    return {name: Table1D(tuple(sorted(p)), tuple(p[x] for x in sorted(p)))
+            for name, p in points.items()}
+
+
+def _attention(path: Path) -> AttentionTable:
+    rows, seen = [], {}
+    for n, row in _read_csv(path, ATTENTION_COLUMNS):
+        pc, kp, nd, kd = (_number(path, n, row, c, integer=True) for c in ATTENTION_COLUMNS[:4])
+        if not pc and not nd:
+            raise UserError(f"{where(path, n)}: a shot with no prefill chunk and no decodes")
+        if (pc, kp, nd, kd) in seen:
+            raise UserError(f"{where(path, n)}: the same shot as line {seen[(pc, kp, nd, kd)]}")
+        seen[(pc, kp, nd, kd)] = n
+        rows.append((pc, kp, nd, kd, _number(path, n, row, "time_us")))
+    if not any(pc == 0 for pc, *_ in rows) or not any(nd == 0 for _, _, nd, *_ in rows):
+        raise UserError(f"{path}: needs pure-decode (prefill_chunk 0) and pure-prefill "
+                        "(n_decode 0) shots")
+    return AttentionTable(rows)
+
+
+def _meta(path: Path) -> dict:
+    import yaml
+    try:
+        doc = yaml.safe_load(read_text(path))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise UserError(f"{where(path, line)}: not valid YAML ({getattr(e, 'problem', e)})") \
+            from None
+    if not isinstance(doc, dict):
+        raise UserError(f"{path}: expected a mapping (LLMServingSim's meta.yaml)")
+    return doc
+
+
+def find_bundle(path) -> Path:
+    """The variant folder (meta.yaml beside tp<N>/) of a path given as that folder, one of its
+    tp<N> folders, or its meta.yaml."""
+    p = Path(path)
+    if p.is_file() and p.name == "meta.yaml":
+        p = p.parent
+    if p.is_dir() and p.name.startswith("tp") and (p.parent / "meta.yaml").is_file():
+        p = p.parent
+    if not p.is_dir():
+        raise UserError(f"--device-profile {path}: no such folder (give a perf bundle's "
+                        "variant folder: meta.yaml and tp<N>/)")
+    if not (p / "meta.yaml").is_file():
+        raise UserError(f"--device-profile {path}: no meta.yaml there (a perf bundle's variant "
+                        "folder holds meta.yaml and tp<N>/, for example "
+                        "profiler/perf/RTX4090/meta-llama/Llama-3.1-8B/bf16)")
+    return p
+
+
+def load_tables(path, tp: int = 1) -> OpTables:
+    """Read a perf bundle's tables at one tensor-parallel degree."""
+    root = find_bundle(path)
+    meta_path = root / "meta.yaml"
+    meta = _meta(meta_path)
+    have = sorted(int(d.name[2:]) for d in root.iterdir()
+                  if d.is_dir() and d.name.startswith("tp") and d.name[2:].isdigit())
+    if tp not in have:
+        raise UserError(f"--device-profile {root}: no tp{tp}/ folder (measured at "
+                        f"tensor-parallel size {', '.join(map(str, have)) or 'none'}); "
+                        f"--tensor-parallel-size {tp} needs tables measured at {tp}")
+    folder = root / f"tp{tp}"
+    eff = meta.get("engine_effective") or {}
+    shapes = eff.get("hf_overrides") or {}
+    if not isinstance(shapes, dict):
+        raise UserError(f"{where(meta_path, field='engine_effective.hf_overrides')}: expected "
+                        "a mapping of the model's per-rank shapes")
+    degrees = meta.get("tp_degrees") or have
+    return OpTables(
+        str(root), str(meta.get("gpu", "?")), str(meta.get("hardware", root.parts[-4]
+                                                         if len(root.parts) > 3 else "?")),
+        str(meta.get("model", "?")), tp, shapes,
+        max(degrees) if isinstance(degrees, list) and degrees else 1,
+        _tables_1d(folder / "dense.csv", "tokens", DENSE_LAYERS),
+        _tables_1d(folder / "per_sequence.csv", "sequences", PER_SEQUENCE),
+        _attention(folder / "attention.csv"), _skew(meta, root, tp, meta_path), meta)
+
+
+def matches(tables: OpTables, c, hidden: int) -> bool:
+    """Whether a model (or a drafter's decoder layer) has the shapes the tables were measured
+    at: the target's width `hidden`, and the tables' heads, KV heads and MLP width (per rank at
+    the shapes' TP degree, meta.yaml's hf_overrides)."""
+    s, r = tables.shapes, tables.shapes_tp
+    want = {"num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+            "intermediate_size": c.intermediate_size}
+    return all(k in s and s[k] * r == v for k, v in want.items()) \
+        and c.hidden_size == hidden == c.num_heads * c.head_dim
+
+
+# -------------------------------------------------------------------------------------------
+# As DeviceCosts
+
+
+class TableCosts:
+    """Device op times from measured operator tables; `fallback` (the roofline) prices what
+    the tables do not cover, and `sources` says which op came from where."""
+
+    def __init__(self, tables: OpTables, target, draft, k: int, fallback, method: str = "eagle3",
+                 tp: int = 1):
+        if not matches(tables, target, target.hidden_size) \
+                or tables.shapes.get("vocab_size", 0) \
+                * tables.shapes_tp != target.vocab_size:
+            s = tables.shapes
+            raise UserError(
+                f"--device-profile {tables.path}: measured for {tables.model} ({s.get('num_attention_heads')} "
+                f"heads, {s.get('num_key_value_heads')} KV heads, MLP "
+                f"{s.get('intermediate_size')}, vocab {s.get('vocab_size')} per rank at TP "
+                f"{tables.shapes_tp}), not for --model {target.name} ({target.num_heads} heads, "
+                f"{target.num_kv_heads} KV heads, MLP {target.intermediate_size}, vocab "
+                f"{target.vocab_size}); give tables of this model")
+        self.tables, self.t, self.d, self.k, self.fallback = tables, target, draft, k, fallback
+        self.method, self.tp = method, tp
+        dense, seq = tables.dense, tables.per_sequence
+        self._layer = [dense[n] for n in ("layernorm", "layernorm", "qkv_proj", "rotary_emb",
+                                          "o_proj", "gate_up_proj", "act_fn", "down_proj")]
+        self.embedding, self.final_norm = dense["embedding"], dense["final_layernorm"]
+        self.lm_head, self.sampler = seq["lm_head"], seq["sampler"]
+        self.attn = tables.attention
+        self._dense: dict[int, float] = {}
+        self._draft_dense: dict[tuple[bool, int, int], float] = {}
+        self.draft_tables = draft is not None and method in ("eagle3", "draft_model") \
+            and matches(tables, draft, target.hidden_size) \
+            and (method != "draft_model" or draft.vocab_size == target.vocab_size)
+        at = f"tables ({tables.describe()})"
+        self.sources = {"target_forward": at, "rejection_sample": f"{at}: the sampler",
+                        "d2h": "roofline (no table: the catalog's copy time)",
+                        "fixup": "roofline (no table: the catalog's per-kernel cost)"}
+        if tp > 1:
+            self.sources["target_forward"] += "; all-reduces and logits all-gather from the " \
+                                              "interconnect model"
+        if k:
+            self.sources["draft_forward"] = (
+                f"{at}: the drafter's layers; its argmax bookkeeping from the roofline"
+                if self.draft_tables else
+                f"roofline (the drafter's shapes are not the tables' {tables.model})")
+
+    @property
+    def path(self) -> str:
+        return self.tables.path
+
+    # -- pieces -----------------------------------------------------------------------------
+
+    def dense(self, m: int) -> float:
+        """The target's dense kernels over m tokens: embedding, its layers, final norm."""
+        t = self._dense.get(m)
+        if t is None:
+            t = self.embedding(m) + self.t.num_layers * sum(f(m) for f in self._layer) \
+                + self.final_norm(m)
+            self._dense[m] = t
+        return t
+
+    def attention(self, prefills, num_decode: int, decode_kv: float, kv_min: float = 0.0,
+                  kv_max: float = 0.0) -> float:
+        """One layer's attention for the mix (rules in the module docstring)."""
+        kd = decode_kv / num_decode if num_decode else 0.0
+        big = max(prefills) if prefills else (0, 0)
+        pc, kp = big
+        t = self.attn(pc, kp, num_decode, kd)
+        skew = self.tables.skew
+        if skew is not None and num_decode > 1 and kv_max > kd:
+            alpha = skew.alpha(pc, num_decode, (kd - kv_min) / (kv_max - kv_min), kv_max, kp)
+            if alpha:
+                t_max = self.attn(pc, kp, num_decode, kv_max)
+                if t_max > t:
+                    t += alpha * (t_max - t)
+        floor = self.attn.floor
+        for chunk in prefills:
+            if chunk is not big:
+                t += max(0.0, self.attn(chunk[0], chunk[1], 0, 0.0) - floor)
+        return t
+
+    def _collectives(self, m: int, rows: int, c) -> float:
+        if self.tp == 1:
+            return 0.0
+        f = self.fallback
+        return (2 * c.num_layers + 1) * f.all_reduce(m, c.hidden_size) \
+            + f.gather_logits(rows, c.vocab_size)
+
+    # -- ops --------------------------------------------------------------------------------
+
+    def target_forward(self, b) -> float:
+        rows = b.num_reqs + b.num_drafts
+        return self.dense(b.num_tokens) + self.t.num_layers * self.attention(
+            b.prefills, b.num_decode, b.decode_kv, b.decode_kv_min, b.decode_kv_max) \
+            + self.lm_head(rows) + self._collectives(b.num_tokens, rows, self.t)
+
+    def rejection_sample(self, b) -> float:
+        return self.sampler(b.num_reqs + b.num_drafts)
+
+    def _head_layer(self, m: int) -> float:
+        """An EAGLE-3 head's decoder layer over m tokens, from the target's tables: its two
+        input norms, qkv over [embedding ‖ hidden] (twice the qkv_proj), rotary, o_proj, the
+        post-attention norm and the MLP (attention apart)."""
+        d = self.tables.dense
+        return (3 * d["layernorm"](m) + 2 * d["qkv_proj"](m) + d["rotary_emb"](m)
+                + d["o_proj"](m) + d["gate_up_proj"](m) + d["act_fn"](m) + d["down_proj"](m))
+
+    def _draft_pass(self, first: bool, m: int, rows: int) -> float:
+        key = (first, m, rows)
+        t = self._draft_dense.get(key)
+        if t is None:
+            d, fb = self.tables.dense, self.fallback
+            if self.method == "draft_model":
+                c = self.d
+                t = self.embedding(m) + c.num_layers * sum(f(m) for f in self._layer) \
+                    + self.final_norm(m) + self.lm_head(rows) \
+                    + fb.streaming(4 * rows * c.vocab_size, 6 if first else 10)
+            else:   # an EAGLE-3 head: embedding, its layer, its norm and lm_head
+                c = self.d
+                t = self.embedding(m) + self._head_layer(m) + d["final_layernorm"](rows) \
+                    + self.lm_head(rows) * c.draft_vocab_size / self.t.vocab_size \
+                    + fb.streaming(4 * rows * c.draft_vocab_size, 6 if first else 10)
+                if first:   # the three target taps fused once: fc(3h -> h), three o_proj
+                    t += c.fc_inputs * d["o_proj"](m)
+            self._draft_dense[key] = t
+        return t
+
+    def draft_forward(self, b, i: int) -> float:
+        if not self.draft_tables:
+            return self.fallback.draft_forward(b, i)
+        layers = self.d.num_layers if self.method == "draft_model" else 1
+        if i == 0:   # every token of the step, the step's own mix
+            m = b.num_tokens
+            attn = self.attention(b.prefills, b.num_decode, b.decode_kv, b.decode_kv_min,
+                                  b.decode_kv_max)
+        else:        # one token per sampling request, i tokens past its context
+            m = b.num_sampling
+            mean = b.kv_tokens / max(b.num_reqs, 1) + i
+            attn = self.attention((), m, m * mean, min(b.decode_kv_min + i, mean),
+                                  max(b.decode_kv_max + i, mean))
+        c = self.d if self.method == "draft_model" else self.t
+        coll = self._collectives(m, b.num_sampling, c) if self.method == "draft_model" else \
+            (3 * self.fallback.all_reduce(m, self.t.hidden_size) if self.tp > 1 else 0.0)
+        return self._draft_pass(i == 0, m, b.num_sampling) + layers * attn + coll
+
+    def d2h(self, b) -> float:
+        return self.fallback.d2h(b)
+
+    def fixup(self, b) -> float:
+        return self.fallback.fixup(b)
+
+    def check_request(self, request_id: str, total_tokens: int) -> None:
+        """Refuse a request whose context runs past the tables' KV grid."""
+        if total_tokens > self.attn.max_kv:
+            raise UserError(f"request {request_id!r}: prompt_len + output_len = {total_tokens} "
+                            f"tokens, past the KV lengths the --device-profile tables measured "
+                            f"(up to {self.attn.max_kv:g} in {self.tables.path}); the tables "
+                            "cannot price its attention")

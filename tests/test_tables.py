@@ -1,0 +1,327 @@
+"""Measured operator tables as device costs (sim/tables.py) and a peer's vLLM run as a trace,
+a measured side and settings (common/peer_run.py): the interpolation and extrapolation rules
+docs/sim.md states, the pricing of a step's mix, and bad input.
+
+The tables here are written by the tests with round numbers, so every expected time is worked
+out by hand from the rule, not taken from the code."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stepgap.common.errors import UserError
+from stepgap.common.peer_run import (load_peer_requests, load_peer_trace, peer_result,
+                                     peer_settings)
+from stepgap.sim.config import SimConfig, resolve
+from stepgap.sim.costs import Batch
+from stepgap.sim.loop import simulate
+from stepgap.sim.tables import DENSE_LAYERS, TableCosts, Table1D, load_tables
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS = ROOT / "traces" / "peers" / "llmservingsim"
+BUNDLE_4090 = PEERS / "profiler/perf/RTX4090/meta-llama/Llama-3.1-8B/bf16"
+RUN_4090 = PEERS / "bench/examples/RTX4090/Llama-3.1-8B/vllm"
+
+META = """\
+vllm_version: 0.19.0
+cuda_version: '12.8'
+gpu: Test GPU
+hardware: TESTGPU
+model: meta-llama/Llama-3.1-8B
+tp_degrees: [1]
+engine_effective:
+  enforce_eager: true
+  hf_overrides: {num_hidden_layers: 1, intermediate_size: 14336, num_attention_heads: 32,
+                 num_key_value_heads: 8, vocab_size: 128256}
+"""
+# One layer's dense kernels: every layer 1 us per token (+ 10 us), at tokens 1, 10, 100.
+TOKENS = (1, 10, 100)
+
+
+def write_bundle(root: Path, meta: str = META, dense=None, attention=None, per_seq=None) -> Path:
+    tp = root / "tp1"
+    tp.mkdir(parents=True)
+    (root / "meta.yaml").write_text(meta)
+    rows = dense or [(layer, n, 10 + n) for layer in DENSE_LAYERS for n in TOKENS]
+    (tp / "dense.csv").write_text("layer,tokens,time_us\n" +
+                                  "".join(f"{a},{b},{c}\n" for a, b, c in rows))
+    # attention = 5 + pc/10 + kp/100 + nd * kd / 1000 us: linear on every axis
+    att = attention or [(pc, kp, nd, kd, 5 + pc / 10 + kp / 100 + nd * kd / 1000)
+                        for pc in (0, 100, 200) for kp in ((0, 1000) if pc else (0,))
+                        for nd in (0, 10, 20) for kd in ((1000, 4000) if nd else (0,))
+                        if pc or nd]
+    (tp / "attention.csv").write_text(
+        "prefill_chunk,kv_prefill,n_decode,kv_decode,time_us\n" +
+        "".join(",".join(str(x) for x in r) + "\n" for r in att))
+    seq = per_seq or [("lm_head", n, 100 + n) for n in (1, 10, 100)] + \
+        [("sampler", n, 1 + n) for n in (1, 10, 100)]
+    (tp / "per_sequence.csv").write_text("layer,sequences,time_us\n" +
+                                         "".join(f"{a},{b},{c}\n" for a, b, c in seq))
+    return root
+
+
+@pytest.fixture
+def bundle(tmp_path):
+    return write_bundle(tmp_path / "bf16")
+
+
+def costs_of(path, k=0, draft=None, method="eagle3", tp=1):
+    cfg = SimConfig(gpu="h100", k=k, draft=draft, method=method, device_profile=str(path))
+    return resolve(cfg).device_costs
+
+
+# -- interpolation and extrapolation -------------------------------------------------------
+
+def test_a_1d_table_is_linear_between_points_flat_below_and_proportional_above():
+    t = Table1D((10.0, 20.0), (100.0, 150.0))
+    assert t(15) == pytest.approx(125.0)
+    assert t(4) == 100.0            # below the grid: the first point's time
+    assert t(40) == pytest.approx(300.0)   # above: in proportion, 150 * 40 / 20
+
+
+def test_attention_is_linear_on_each_axis_and_extrapolates_from_the_top_two(bundle):
+    attn = load_tables(bundle).attention
+    assert attn(0, 0, 15, 2500) == pytest.approx(5 + 15 * 2500 / 1000)
+    assert attn(150, 500, 0, 0) == pytest.approx(5 + 15 + 5)
+    assert attn(150, 500, 15, 2500) == pytest.approx(5 + 15 + 5 + 37.5)
+    # above the chunk grid (200) and the decode grid (20): linear from the top two points
+    assert attn(300, 0, 0, 0) == pytest.approx(5 + 30)
+    assert attn(0, 0, 40, 1000) == pytest.approx(5 + 40)
+
+
+def test_a_missing_mixed_slice_is_reached_along_its_own_chunk_row(tmp_path):
+    # no mixed shot with 20 decodes: a 100-token chunk beside 20 decodes comes from the
+    # chunk's own row (its 0 and 10 decodes), extrapolated
+    att = [(pc, kp, nd, kd, 5 + pc / 10 + nd * kd / 1000)
+           for pc in (0, 100) for kp in (0,) for nd in (0, 10, 20) for kd in (
+               (1000, 4000) if nd else (0,)) if (pc or nd) and not (pc and nd == 20)]
+    attn = load_tables(write_bundle(tmp_path / "b", attention=att)).attention
+    assert attn(100, 0, 20, 1000) == pytest.approx(5 + 10 + 20)
+
+
+# -- a step's mix ---------------------------------------------------------------------------
+
+def batch(tokens, reqs, decode, decode_kv, prefills=(), kv_min=0, kv_max=0, drafts=0,
+          sampling=None):
+    return Batch(tokens, reqs, sampling if sampling is not None else reqs, reqs + drafts,
+                 drafts, 0, 0.0, num_decode=decode, decode_kv=decode_kv,
+                 decode_kv_min=kv_min, decode_kv_max=kv_max, prefills=list(prefills))
+
+
+def test_the_target_forward_sums_its_layers_attention_and_lm_head(bundle):
+    c = costs_of(bundle, k=1)
+    # 10 decodes of 1000 history each: dense at 10 tokens (20 us each kernel): embedding +
+    # 32 x 8 kernels + final norm = 258 x 20; attention 32 x (5 + 10); lm_head at 10 rows 110
+    b = batch(10, 10, 10, 10 * 1000, kv_min=1000, kv_max=1000)
+    assert c.target_forward(b) == pytest.approx(258 * 20 + 32 * 15 + 110)
+
+
+def test_a_second_prefill_chunk_adds_its_own_time_above_the_kernel_floor(bundle):
+    c = costs_of(bundle, k=1)
+    one = c.attention([(200, 0)], 0, 0)
+    two = c.attention([(200, 0), (100, 0)], 0, 0)
+    floor = c.attn.floor   # the cheapest shot: 5 + 10 decodes of 1000 = 15
+    assert one == pytest.approx(25)
+    assert two == pytest.approx(25 + (15 - floor))
+
+
+def test_decodes_are_priced_at_their_mean_history(bundle):
+    c = costs_of(bundle, k=1)
+    assert c.attention([], 10, 10 * 2500, 1000, 4000) == pytest.approx(5 + 10 * 2500 / 1000)
+
+
+def test_a_measured_skew_fit_adds_its_alpha_of_the_gap_to_the_longest_history(tmp_path):
+    meta = META + "skew_fit:\n  enabled: true\n  per_tp:\n    1: {alpha_default: 0.1}\n"
+    c = costs_of(write_bundle(tmp_path / "b", meta=meta), k=1)
+    mean, top = 5 + 10 * 2500 / 1000, 5 + 10 * 4000 / 1000
+    assert c.attention([], 10, 10 * 2500, 1000, 4000) == pytest.approx(mean + 0.1 * (top - mean))
+
+
+def test_the_sampler_runs_over_every_logit_row_at_every_k(bundle):
+    b = batch(10, 10, 10, 10 * 1000, kv_min=1000, kv_max=1000)
+    assert costs_of(bundle, k=0).rejection_sample(b) == pytest.approx(1 + 10)
+    assert costs_of(bundle, k=0).target_forward(b) == costs_of(bundle, k=1).target_forward(b)
+    bk = batch(30, 10, 10, 10 * 1000, kv_min=1000, kv_max=1000, drafts=20)
+    assert costs_of(bundle, k=2).rejection_sample(bk) == pytest.approx(1 + 30)
+
+
+def test_an_eagle3_head_of_the_targets_width_is_priced_from_the_tables(bundle):
+    c = costs_of(bundle, k=2)
+    assert "tables" in c.sources["draft_forward"]
+    b = batch(10, 10, 10, 10 * 1000, kv_min=1000, kv_max=1000, sampling=10)
+    # pass 0 over 10 tokens: embedding 20, 3 norms, 2 qkv, rotary, o, gate_up, act, down
+    # (10 kernels of 20), final norm 20, lm_head 110 x 32000/128256, the fc as 3 o_proj (60),
+    # attention 5 + 10 = 15; plus the roofline's argmax bookkeeping
+    bookkeeping = c.fallback.streaming(4 * 10 * 32000, 6)
+    assert c.draft_forward(b, 0) == pytest.approx(
+        20 + 10 * 20 + 20 + 110 * 32000 / 128256 + 60 + 15 + bookkeeping)
+
+
+def test_a_drafter_of_other_shapes_falls_back_to_the_roofline_and_says_so(bundle):
+    c = costs_of(bundle, k=2, method="draft_model", draft="llama-3.2-1b")
+    assert c.sources["draft_forward"].startswith("roofline")
+    b = batch(10, 10, 10, 10 * 1000, kv_min=1000, kv_max=1000)
+    assert c.draft_forward(b, 0) == c.fallback.draft_forward(b, 0)
+
+
+def test_the_result_says_which_op_came_from_where(bundle):
+    res, _ = simulate(SimConfig(gpu="h100", k=2, device_profile=str(bundle), num_prompts=4,
+                                output_len=8))
+    dc = res["config"]["resolved"]["device_costs"]
+    assert dc["profile"] == str(bundle)
+    assert dc["target_forward"].startswith("tables") and dc["d2h"].startswith("roofline")
+
+
+# -- the committed bundles ---------------------------------------------------------------------
+
+def test_the_4090_tables_time_a_decode_step_as_their_kernels_add_up():
+    t = load_tables(BUNDLE_4090)
+    c = costs_of(BUNDLE_4090, k=1)
+    dense = t.dense
+    by_hand = dense["embedding"](1) + 32 * (2 * dense["layernorm"](1) + dense["qkv_proj"](1)
+                                            + dense["rotary_emb"](1) + dense["o_proj"](1)
+                                            + dense["gate_up_proj"](1) + dense["act_fn"](1)
+                                            + dense["down_proj"](1)) \
+        + dense["final_layernorm"](1) + 32 * t.attention(0, 0, 1, 1024) \
+        + t.per_sequence["lm_head"](1)
+    assert c.target_forward(batch(1, 1, 1, 1024, kv_min=1024, kv_max=1024)) \
+        == pytest.approx(by_hand)
+    # one token at 1024 of history: about 16 GB of weights at the 4090's ~1 TB/s
+    assert 14e3 < by_hand < 20e3
+
+
+def test_tensor_parallelism_needs_the_tables_of_that_degree(bundle):
+    with pytest.raises(UserError, match=r"no tp2/ folder .*measured at tensor-parallel size 1"):
+        load_tables(bundle, tp=2)
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda b: (b / "tp1" / "dense.csv").unlink(), r"dense.csv: table not found"),
+    (lambda b: (b / "meta.yaml").unlink(), r"no meta.yaml there"),
+    (lambda b: (b / "meta.yaml").write_text("model: [unclosed\n"), r"meta.yaml.*not valid YAML"),
+    (lambda b: (b / "tp1" / "dense.csv").write_text("layer,tokens,time_us\nqkv_proj,1,x\n"),
+     r"dense.csv:2: field 'time_us': expected a number, got 'x'"),
+    (lambda b: (b / "tp1" / "dense.csv").write_text("layer,tokens,time_us\nqkv_proj,1,5\n"),
+     r"dense.csv: no rows for embedding"),
+    (lambda b: (b / "tp1" / "attention.csv").write_text(
+        "prefill_chunk,kv_prefill,n_decode,kv_decode,time_us\n0,0,1,16,-3\n"),
+     r"attention.csv:2: field 'time_us': expected microseconds"),
+    (lambda b: (b / "tp1" / "per_sequence.csv").write_text("layer,sequences\nlm_head,1\n"),
+     r"per_sequence.csv:1: header lacks time_us"),
+])
+def test_a_broken_bundle_is_one_clear_error(bundle, edit, message):
+    edit(bundle)
+    with pytest.raises(UserError, match=message):
+        costs_of(bundle, k=1)
+
+
+def test_tables_of_another_model_are_refused(bundle):
+    with pytest.raises(UserError, match=r"measured for meta-llama/Llama-3.1-8B .*not for "
+                                        r"--model llama-3.2-1b"):
+        resolve(SimConfig(gpu="h100", model="llama-3.2-1b", device_profile=str(bundle)))
+
+
+def test_a_request_longer_than_the_tables_kv_grid_is_refused_before_the_run(bundle, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"request_id": "long", "arrival_s": 0, "prompt_len": 4000,
+                                 "output_len": 10}) + "\n")
+    with pytest.raises(UserError, match=r"request 'long'.*4010 tokens, past the KV lengths "
+                                        r"the --device-profile tables measured \(up to 4000"):
+        simulate(SimConfig(gpu="h100", device_profile=str(bundle), workload=str(trace),
+                           max_model_len=8192))
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "stepgap", *args], capture_output=True,
+                          text=True, cwd=ROOT)
+
+
+def test_the_command_line_gives_one_line_and_exit_2_for_a_broken_bundle(bundle, tmp_path):
+    (bundle / "tp1" / "dense.csv").write_text("layer,tokens,time_us\nqkv_proj,one,5\n")
+    out = tmp_path / "r.json"
+    p = run_cli("simulate", "--device-profile", str(bundle), "--num-prompts", "2",
+                "--result-json", str(out))
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.strip().count("\n") == 0, p.stderr
+    assert "dense.csv:2: field 'tokens'" in p.stderr and not out.exists()
+
+
+# -- a peer's run -----------------------------------------------------------------------------
+
+def write_requests(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+REQ = {"request_id": "bench-0", "input_toks": 100, "output_toks": 11, "arrival_time": 1e9,
+       "queued_ts": 10.0, "scheduled_ts": 10.5, "first_token_ts": 11.0, "last_token_ts": 12.0}
+
+
+def test_a_peer_run_is_measured_as_vllm_defines_its_metrics(tmp_path):
+    path = write_requests(tmp_path / "requests.jsonl", [
+        REQ, {**REQ, "request_id": "bench-1", "queued_ts": 12.0, "scheduled_ts": 12.0,
+              "first_token_ts": 14.0, "last_token_ts": 16.0}])
+    res = peer_result(path)
+    assert res["mean_ttft_ms"] == pytest.approx((1.0 + 2.0) / 2 * 1e3)   # first - queued
+    assert res["mean_tpot_ms"] == pytest.approx((100.0 + 200.0) / 2)     # (last - first) / 10
+    assert res["mean_e2el_ms"] == pytest.approx((2.0 + 4.0) / 2 * 1e3)   # last - queued
+    assert math.isnan(res["mean_itl_ms"])                               # not recorded
+    trace = load_peer_trace(path)
+    assert [(r.arrival_s, r.prompt_len, r.output_len) for r in trace] == \
+        [(0.0, 100, 11), (2.0, 100, 11)]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"first_token_ts": None}, r":1: field 'first_token_ts': missing"),
+    ({"queued_ts": -1.0}, r":1: field 'queued_ts': expected a timestamp in seconds >= 0"),
+    ({"last_token_ts": 10.9}, r":1: field 'last_token_ts': .* is before first_token_ts"),
+    ({"output_toks": 0}, r":1: field 'output_toks': expected an integer >= 1"),
+])
+def test_a_broken_requests_file_is_one_clear_error(tmp_path, change, message):
+    row = {k: v for k, v in {**REQ, **change}.items() if v is not None}
+    with pytest.raises(UserError, match=message):
+        load_peer_requests(write_requests(tmp_path / "requests.jsonl", [row]))
+
+
+def test_a_broken_requests_file_on_the_command_line_writes_nothing(tmp_path):
+    path = write_requests(tmp_path / "requests.jsonl", [{**REQ, "queued_ts": -2.0}])
+    out = tmp_path / "r.json"
+    p = run_cli("simulate", "--trace", str(path), "--result-json", str(out))
+    assert p.returncode == 2 and "Traceback" not in p.stderr and not out.exists()
+    assert "field 'queued_ts'" in p.stderr
+
+
+def test_a_runs_settings_map_to_vllm_spelled_options():
+    settings, notes = peer_settings(RUN_4090 / "meta.json")
+    assert settings == {"max_num_seqs": 256, "max_num_batched_tokens": 2048,
+                        "max_model_len": 32768, "tensor_parallel_size": 1, "block_size": 16,
+                        "num_gpu_blocks_override": 2588, "mode": "async",
+                        "scheduler_reserve_full_isl": True, "enable_prefix_caching": True}
+    assert "--num-gpu-blocks-override 2588" in notes[0]
+    assert any("CUDA graphs" in n for n in notes)
+
+
+def test_the_committed_run_replays_the_dataset_with_its_token_ids():
+    trace = load_peer_trace(RUN_4090 / "requests.jsonl")
+    assert len(trace) == 300 and all(len(r.prompt_token_ids) == r.prompt_len for r in trace)
+    assert trace[0].arrival_s == 0.0
+
+
+def test_compare_takes_a_peer_run_as_the_measured_side(tmp_path):
+    res = tmp_path / "sim.json"
+    p = run_cli("simulate", "--trace", str(RUN_4090 / "requests.jsonl"), "--gpu", "rtx4090",
+                "--device-profile", str(BUNDLE_4090), "--num-prompts", "300",
+                "--metric-percentiles", "50,90,99", "--result-json", str(res), "--quiet")
+    assert p.returncode == 0, p.stderr
+    p = run_cli("compare", str(RUN_4090 / "requests.jsonl"), str(res))
+    assert p.returncode == 0, p.stderr
+    row = next(line for line in p.stdout.splitlines() if line.startswith("Mean TPOT"))
+    assert abs(float(row.split()[-1])) < 1.0   # percent
+    assert next(line for line in p.stdout.splitlines()
+                if line.startswith("Mean ITL")).split()[3] == "-"
