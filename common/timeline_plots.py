@@ -43,9 +43,12 @@ def render(fig: Figure, fmt: str = "png") -> bytes:
     """The figure's bytes in `fmt` (FIGURE_FORMATS); no date in an SVG or a PDF, so that one
     figure gives the same bytes each time, as a PNG does."""
     import io
+
+    import matplotlib
     buf = io.BytesIO()
     metadata = {"svg": {"Date": None}, "pdf": {"CreationDate": None}}.get(fmt)
-    fig.savefig(buf, format=fmt, dpi=DPI, metadata=metadata)
+    with matplotlib.rc_context({"svg.hashsalt": "stepgap"}):   # an SVG's ids, not random
+        fig.savefig(buf, format=fmt, dpi=DPI, metadata=metadata)
     return buf.getvalue()
 
 
