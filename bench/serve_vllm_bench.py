@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 from stepgap.calibrate.harness import limits  # noqa: E402
 from stepgap.calibrate.judge import BOUNDS as JUDGE_BOUNDS  # noqa: E402
+from stepgap.common.fileio import write_json  # noqa: E402
 from stepgap.common.formats import load_result, load_trace, save_result  # noqa: E402
 
 PAIR = ROOT / "checkpoints" / "pystdlib"
@@ -230,10 +231,10 @@ def measure(args, out: Path, modes, ks, lim: dict, datasets: dict, traces: dict)
             if kind == "judged":
                 inproc = in_process(reqs, lim, mode, k, conc)
                 save_result(out / f"{run}.inproc.json", inproc.result)
-                (out / f"{run}.accepted.json").write_text(json.dumps(inproc.accepted))
+                write_json(out / f"{run}.accepted.json", inproc.accepted, indent=None)
                 acc: dict = {}   # its device ops, summed: the machine's level during it
                 add_device(acc, device_points(inproc.spans, k))
-                (out / f"{run}.inproc.device.json").write_text(json.dumps(acc))
+                write_json(out / f"{run}.inproc.device.json", acc, indent=None)
                 if k and served["spec_decode_num_drafts"] != \
                         inproc.result["spec_decode"]["num_drafts"]:
                     raise SystemExit(f"{run}: served and in-process acceptance differ")
@@ -245,9 +246,9 @@ def measure(args, out: Path, modes, ks, lim: dict, datasets: dict, traces: dict)
     finally:
         for server in servers.values():
             server.stop()
-    (out / "plan.json").write_text(json.dumps({
+    write_json(out / "plan.json", {
         "repeats": args.repeats, "runs": done, "load_avg": loads,
-        "wall_s": round(time.monotonic() - t0, 1)}, indent=1) + "\n")
+        "wall_s": round(time.monotonic() - t0, 1)})
 
 
 def analyse(out: Path, profile: Path, reqs, lim: dict) -> tuple[list, dict]:
@@ -370,7 +371,7 @@ def main() -> None:
     summary = {"repeats": plan["repeats"], "load_avg": plan["load_avg"],
                "profile": str(profile), "served_profile": str(out / "served-profile.json"),
                "served_fit": fit, "wall_s": plan["wall_s"], "rows": rows}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_json(out / "summary.json", summary)
     plot_errors(summary, out / "errors.png")
     print(report(summary))
 

@@ -82,7 +82,7 @@ def write_custom_dataset(requests: list[TraceRequest], path, pair=PAIR) -> None:
     """The requests as a `vllm bench serve --dataset-name custom` file ({"prompt",
     "output_tokens", "request_id"} a line, in trace order). Every prompt's text must encode back
     to its token ids, or the benchmark would send other tokens."""
-    import json
+    from stepgap.common.fileio import dumps_json, write_text
     from stepgap.engine.tokenizer import load_tokenizer
     tok = load_tokenizer(pair_paths(pair)["target"])
     lines, bad = [], []
@@ -90,9 +90,9 @@ def write_custom_dataset(requests: list[TraceRequest], path, pair=PAIR) -> None:
         text = tok.decode(r.prompt_token_ids)
         if tok.encode(text, add_special_tokens=False).ids != r.prompt_token_ids:
             bad.append(r.request_id)
-        lines.append(json.dumps({"prompt": text, "output_tokens": r.output_len,
+        lines.append(dumps_json({"prompt": text, "output_tokens": r.output_len,
                                  "request_id": r.request_id}) + "\n")
     if bad:
         raise UserError(f"{path}: {len(bad)} prompts do not round-trip through the pair's "
                         f"tokenizer (the first: {bad[0]}); the bench would send other tokens")
-    Path(path).write_text("".join(lines))
+    write_text(path, "".join(lines))   # atomically, as every output

@@ -115,17 +115,16 @@ def judge_run(run: PeerRun, tables: bool = True, **overrides) -> dict:
 
 
 def peer_failures(name: str, errs: dict[str, float], misses: dict) -> list[str]:
-    """Every bound the run breaks beyond its known misses, one line each."""
-    from stepgap.calibrate.judge import allowed
+    """Every bound the run breaks beyond its known misses, one line each, by the measured
+    folders' rules (calibrate/judge.py miss_failures: a known miss cannot drift)."""
+    from stepgap.calibrate.judge import miss_failures
     out = []
     for key, label, bound in PEER_BOUNDS:
         e = errs[key]
-        miss = misses.get((name, key))
-        lo, hi = allowed(bound, miss)
-        if math.isnan(e) or not lo <= e <= hi:
-            note = f" (known miss: committed {miss.error:+.1%}, cap {miss.cap:+.1%})" \
-                if miss else ""
-            out.append(f"{name}: {label} {e:+.1%} outside [{lo:+.1%}, {hi:+.1%}]{note}")
+        if math.isnan(e):
+            out.append(f"{name}: {label} is not a number (nothing to compare)")
+            continue
+        out += miss_failures(name, label, e, bound, misses.get((name, key)), abs(e) <= bound)
     return out
 
 

@@ -7,13 +7,16 @@ figures. It writes nothing into the folder's manifest or its known_misses.toml.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
-from stepgap.calibrate.judge import (BOUNDS, RULES, SAVING_BOUND, Verdict, bound_failures,
-                             judge_folder, load_known_misses, saving_cell, savings)
+from stepgap.calibrate.judge import (BOUNDS, RULES, SAVING_BOUND, SYNC_ONLY_MISSES,
+                                     SYNC_ONLY_PROFILE, Verdict, bound_failures, judge_folder,
+                                     load_known_misses, rules_for, saving_cell, savings)
 from stepgap.common.fileio import read_json_object, write_text
 from stepgap.common.formats import load_timeline, save_result, save_timeline
+from stepgap.sim.profile import load_profile
 
 TIMELINE_STEPS = (60, 100)   # the steps of the timeline cells kept, when the manifest says none
 
@@ -139,13 +142,12 @@ def write_report(folder: Path, command: str | None = None, quiet: bool = False) 
     text = report_text(setup, verdicts, rows, command)
     write_text(folder / "report.md", text)
     if not quiet:
-        print(report_table(verdicts, setup.manifest.get("bounds", "engine")))
+        print(report_table(verdicts, rules_for(setup)))
         print()
         print(savings_table(rows))
         print()
-        print(summary_counts(verdicts, rows, setup.manifest.get("bounds", "engine")))
-        fails = bound_failures(verdicts, rows, load_known_misses(folder),
-                               setup.manifest.get("bounds", "engine"))
+        print(summary_counts(verdicts, rows, rules_for(setup)))
+        fails = bound_failures(verdicts, rows, load_known_misses(folder), rules_for(setup))
         print(f"\n{len(fails)} bound(s) broken beyond known_misses.toml" +
               "".join(f"\n  {f}" for f in fails))
         print(f"\nreport: {folder / 'report.md'}")
@@ -163,7 +165,7 @@ def report_text(setup, verdicts, rows, command) -> str:
             f"{machine.get('platform', '')}; Python {machine.get('python', '?')}, torch "
             f"{machine.get('torch', '?')}",
             f"- load average (1 min) during the runs: {load.get('min')}–{load.get('max')} "
-            f"(mean {load.get('mean')})",
+            f"(mean {load.get('mean')})" + other_cpu_line(man.get("other_cpu")),
             f"- commit {man.get('commit')}, {man.get('created')}; engine and calibration runs "
             f"took {man.get('wall_s')} s",
             f"- measured: `{man.get('command')}`",
@@ -188,12 +190,67 @@ def report_text(setup, verdicts, rows, command) -> str:
               "/ measured. *device vs profile*: how much longer the judged runs' device ops "
               "took than the profile predicts for the same steps (the machine's drift; a "
               "diagnostic, not used by the simulator).", "",
-              f"**{summary_counts(verdicts, rows, man.get('bounds', 'engine'))}**", "",
-              report_table(verdicts, man.get("bounds", "engine")), "",
+              f"**{summary_counts(verdicts, rows, rules_for(setup))}**", "",
+              report_table(verdicts, rules_for(setup)), "",
               savings_table(rows), "", "![simulated against measured TPOT](tpot.png)", "",
               "![step timelines](timeline.png)", ""]
+    lines += merged_chunks(verdicts)
     lines += misses_section(setup.folder, verdicts, rows)
+    lines += sync_only_section(setup)
     return "\n".join(lines)
+
+
+def sync_only_section(setup) -> list[str]:
+    """The folder judged again with its sync-only profile (SYNC_ONLY_PROFILE: the async terms
+    estimated from the sync runs), where it has one, against its own known misses."""
+    folder = setup.folder
+    if not (folder / SYNC_ONLY_PROFILE).is_file():
+        return []
+    _, verdicts, _ = judge_folder(folder, profile=str(folder / SYNC_ONLY_PROFILE))
+    rows = savings(verdicts)
+    rules = rules_for(setup)
+    about = load_profile(folder / SYNC_ONLY_PROFILE).about.get("calibration", {})
+    lines = [f"## Without the async calibration run ({SYNC_ONLY_PROFILE})", "",
+             "The same cells simulated with the profile a user with sync runs only gets: the "
+             "async terms estimated from the sync runs' own fits and vLLM's code "
+             "(calibrate/vllm_fit.py `estimate_async`; "
+             f"{json.dumps(about.get('async_terms', {}).get('from', {}))}).", "",
+             f"**{summary_counts(verdicts, rows, rules)}**", "",
+             report_table(verdicts, rules), "", savings_table(rows), ""]
+    misses = load_known_misses(folder, name=SYNC_ONLY_MISSES)
+    fails = bound_failures(verdicts, rows, misses, rules)
+    lines += [f"**Bounds broken beyond {SYNC_ONLY_MISSES}: {len(fails)}**", ""]
+    return lines + [f"- {f}" for f in fails] + ([""] if fails else [])
+
+
+def other_cpu_line(other: dict | None) -> str:
+    """What the processes other than the measured server and its client used during the runs
+    (bench/vllm/measure.py), as a clause of the load line."""
+    if not other or other.get("median_core") is None:
+        return ""
+    return (f"; every other process (the idle servers included) used {100 * other['median_core']:.1f} % "
+            f"of a core during a run (median), {100 * other['max_core']:.1f} % at most "
+            f"(the limit {100 * (other.get('limit_core') or 0):g} %: {other.get('reruns', 0)} "
+            f"runs rerun, {len(other.get('left_out_over_limit') or [])} left out)")
+
+
+def merged_chunks(verdicts: list[Verdict]) -> list[str]:
+    """Where the bench read streamed chunks together (so its ITLs merge steps, and the token
+    capture's chunk sizes stand in for them): each cell's runs' requests whose chunks matched."""
+    rows = []
+    for v in verdicts:
+        got = [r["config"].get("chunks_as_captured") for r in v.cell.runs]
+        n = [len(r.get("ttfts") or []) for r in v.cell.runs]
+        if any(g is not None and g < m for g, m in zip(got, n)):
+            rows.append(f"| {v.cell.name} | " + ", ".join(f"{g}/{m}" for g, m in zip(got, n))
+                        + " |")
+    if not rows:
+        return []
+    return ["## Streamed chunks merged by the bench", "",
+            "The bench's chunks of a request match vLLM's steps (the token capture) only where "
+            "its client read every chunk on its own; where it read several together, the run's "
+            "ITLs merge steps. These cells' runs (requests whose chunks matched the capture, "
+            "per run):", "", "| cell | requests matched, per run |", "|---|---|", *rows, ""]
 
 
 def misses_section(folder: Path, verdicts: list[Verdict], rows: list[dict]) -> list[str]:
@@ -211,9 +268,8 @@ def misses_section(folder: Path, verdicts: list[Verdict], rows: list[dict]) -> l
             lines.append(f"| {cell} | {metric} | {_pct(errors.get((cell, metric)))} "
                          f"| {_pct(m.error)} | {_pct(m.cap)} | {m.reason} |")
         lines.append("")
-    rules = read_json_object(folder / "manifest.json",
-                             "a measured folder's manifest").get("bounds", "engine")
-    fails = bound_failures(verdicts, rows, misses, rules)
+    from stepgap.calibrate.measured import load_measured
+    fails = bound_failures(verdicts, rows, misses, rules_for(load_measured(folder)[0]))
     lines += [f"**Bounds broken beyond the known misses: {len(fails)}**", ""]
     lines += [f"- {f}" for f in fails] + ([""] if fails else [])
     return lines

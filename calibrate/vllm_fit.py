@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stepgap.calibrate.fit import MIN_POINTS, fit_cpu, fit_determined, fit_jitter, step_series
-from stepgap.calibrate.samples import cpu_samples, device_points
+from stepgap.calibrate.samples import cpu_samples, device_points, steps_of
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_text
 from stepgap.sim.profile import CpuFit, Fit, Profile, save_profile
@@ -70,17 +70,20 @@ def bench_window(doc: dict) -> tuple[float, float]:
 
 
 def classify(paths) -> dict[str, list[Path]]:
-    """Inputs by kind: bench files, traces, hook span files, scrapes (folders are walked)."""
+    """Inputs by kind: bench files, traces, hook span files, scrapes (folders are walked). A
+    JSON file found in a folder that is not a bench file is skipped (`skipped`, with why); one
+    named on the command line must be one."""
+    from stepgap.common.vllm_bench import read_bench
     out = defaultdict(list)
     files = []
     for p in map(Path, paths):
         if p.is_dir():
-            files += sorted(q for q in p.rglob("*") if q.is_file())
+            files += [(q, True) for q in sorted(p.rglob("*")) if q.is_file()]
         elif p.is_file():
-            files.append(p)
+            files.append((p, False))
         else:
             raise UserError(f"{p}: not found")
-    for f in files:
+    for f, walked in files:
         n = f.name
         if n.endswith((".pt.trace.json", ".pt.trace.json.gz")):
             out["traces"].append(f)
@@ -88,7 +91,13 @@ def classify(paths) -> dict[str, list[Path]]:
             out["hooks"].append(f)
         elif n.endswith(".txt") and (".before." in n or ".after." in n or "metrics" in n):
             out["scrapes"].append(f)
-        elif n.endswith(".json") and not n.startswith("plan"):
+        elif n.endswith(".json"):
+            if walked:
+                try:
+                    read_bench(f)
+                except UserError as e:
+                    out["skipped"].append(f"{f}: skipped, not a `vllm bench serve` file ({e})")
+                    continue
             out["bench"].append(f)
     return out
 
@@ -127,9 +136,9 @@ def load_runs(paths) -> tuple[list[Run], list[str]]:
                                                    if before else None, after, before)
     traces = [read_source(p) for p in kinds["traces"]]
     used = set()
+    matched = match_traces(runs, traces)
     for r in runs:
-        mine = [t.path for t in traces if any(r.window[0] <= e["ts"] <= r.window[1]
-                                              for e in t.events[:50])]
+        mine = matched.get(r.name, [])
         used.update(mine)
         sources = mine + (kinds["hooks"] if not mine else [])
         if not sources:
@@ -139,12 +148,41 @@ def load_runs(paths) -> tuple[list[Run], list[str]]:
             r.profiled = bool(mine)
         except UserError as e:
             r.notes.append(f"no timeline in its window ({e})")
-    unused = [f"{t.path}: in no run's time window (not the trace of a run given)"
+    unused = [f"{t.path}: prefilled {prefill_tokens(t)} prompt tokens, the total of no run "
+              "given (not the trace of a run given)"
               for t in traces if t.path not in used and t.role == "worker"]
+    unused += kinds["skipped"]
     unused += [f"{p}: no bench file {p.name.split('.')[0]}.json for this scrape"
                for p in kinds["scrapes"] if not any(p.name.startswith(r.name + ".")
                                                     for r in runs)]
     return runs, unused
+
+
+def prefill_tokens(src) -> int:
+    """The prompt tokens a worker's trace prefilled: the context tokens of every step it
+    annotates (`execute_context_N(T)_generation_M(T)`)."""
+    from stepgap.calibrate.vllm import STEP
+    return sum(int(m.group(2)) for e in src.annotations[0] if (m := STEP.match(e["name"])))
+
+
+def match_traces(runs: list[Run], traces) -> dict[str, list[Path]]:
+    """Each run's worker traces, matched by what a trace holds, not by the bench's clock
+    (`vllm bench serve --profile` writes its `date` after /stop_profile returns, seconds after
+    the last step): a trace is a run's when it prefilled that run's prompt tokens
+    (total_input_tokens); where several runs prefilled the same (the same prompts run again),
+    the one whose finishing time follows the trace's last event soonest takes it."""
+    out: dict[str, list[Path]] = {}
+    for t in traces:
+        if t.role != "worker" or not t.events:
+            continue
+        tokens, end = prefill_tokens(t), t.events[-1]["ts"]
+        mine = [r for r in runs if r.doc.get("total_input_tokens") == tokens]
+        if not mine:
+            continue
+        after = [r for r in mine if r.window[1] >= end] or mine
+        best = min(after, key=lambda r: abs(r.window[1] - end))
+        out.setdefault(best.name, []).append(t.path)
+    return out
 
 
 def infer_mode(run: Run) -> str:
@@ -190,10 +228,123 @@ def fit_device_ops(runs: list[Run]) -> tuple[list, list[str]]:
     return fits, missing
 
 
+ASYNC_FEATURES = ("a (per step)", "b (per request)", "c (per draft token)")
+
+
+def async_samples(run: Run, cpu: dict, fits: list) -> dict[str, list[tuple[int, int, float]]]:
+    """What vLLM's async path cost beyond its sync path in one async run, step by step
+    (term -> [(reqs, draft tokens, us)], sim/cpu_costs.py VLLM_ASYNC_TERMS): its schedule and
+    prepare_inputs over the sync fits of the same ops at the same shape, and its sampler and
+    output over their sync device fits (the output thread's time on the worker's core)."""
+    from stepgap.sim.cpu_costs import OpCost
+    out = defaultdict(list)
+    steps = steps_of(run.spans)
+    cost = {op: OpCost(*cpu[op]) for op in ("schedule", "prepare_inputs") if op in cpu}
+    for n, st in steps.items():
+        dev = st["device"]
+        if not dev:
+            continue
+        a = dev[0].args or {}
+        reqs, tokens = a.get("reqs", 0), a.get("tokens", 0)
+        drafts = a.get("decode", 0) * run.k
+        sched, prep = st["engine"].get("schedule"), st["worker"].get("prepare_inputs")
+        if sched is not None and "schedule" in cost:
+            out["async_schedule"].append(
+                (reqs, drafts, sched.end_us - sched.start_us - cost["schedule"](reqs, tokens)))
+        if prep is not None and "prepare_inputs" in cost:
+            out["async_prepare"].append(
+                (reqs, drafts, prep.end_us - prep.start_us - cost["prepare_inputs"](reqs, tokens)))
+    nearest = {}
+    for f in fits:
+        if f.op in ("rejection_sample", "d2h"):
+            best = nearest.get(f.op)
+            if best is None or abs((f.k or 0) - run.k) < abs((best.k or 0) - run.k):
+                nearest[f.op] = f
+    if len(nearest) == 2:
+        per_step = defaultdict(lambda: [0, 0, 0.0])
+        for pt in device_points(run.spans, run.k):
+            if pt["op"] in nearest:
+                st = steps[pt["step"]]["device"][0].args or {}
+                row = per_step[pt["step"]]
+                row[0], row[1] = st.get("reqs", 0), st.get("decode", 0) * run.k
+                row[2] += pt["us"] - nearest[pt["op"]](pt["x"])
+        out["async_output"] = [tuple(r) for r in per_step.values()]
+    return out
+
+
+def fit_async(runs: list[Run], cpu_by_k: dict, fits: list
+              ) -> tuple[dict, dict, list[str], dict]:
+    """The async terms from the async runs' timelines (at most the one async calibration
+    cell): CpuCosts fields, their quality, what the runs left undetermined, and which run
+    determined which term. Each term a + b·reqs + c·draft tokens, non-negative; a coefficient
+    whose feature the runs do not vary (one k, one concurrency: draft tokens are k x requests)
+    is left at 0 and named, its share carried by the others."""
+    samples = defaultdict(list)
+    for r in runs:
+        near = min(cpu_by_k, key=lambda k: (abs(k - r.k), -k))   # the sync costs at its k
+        for term, rows in async_samples(r, cpu_by_k[near], fits).items():
+            samples[term] += rows
+    costs, quality, missing = {}, {}, []
+    for term, rows in samples.items():
+        if len(rows) < MIN_POINTS:
+            missing.append(f"{term}: {len(rows)} samples (needs {MIN_POINTS})")
+            continue
+        xs, ys = [[1.0, r, d] for r, d, _ in rows], [us for _, _, us in rows]
+        coef, err, miss = fit_determined(xs, ys, ASYNC_FEATURES, term)
+        costs[term] = [round(max(c, 0.0), 4) for c in coef]
+        quality[term] = {"n": len(rows), "median_rel_err": round(err, 4),
+                         "mean_us": round(statistics.fmean(ys), 2)}
+        missing += miss
+    source = {"runs": [r.name for r in runs], "terms": sorted(costs),
+              "cells": sorted({f"async-k{r.k}-c{r.conc}" for r in runs})}
+    return costs, quality, missing, source
+
+
+def estimate_async(cpu_by_k: dict, fits: list) -> dict[int, dict]:
+    """The async terms (sim/cpu_costs.py VLLM_ASYNC_TERMS) for a user with sync runs only, per
+    calibrated k, from the sync runs' own fits and vLLM 0.32's code (docs/vllm.md, "What vLLM's
+    async path costs"); each [a, b per request, c per draft token]:
+
+    - `async_prepare`: GPUModelRunner._prepare_input_ids without drafts takes its common-case
+      path (one slice copy) and costs about nothing; with drafts it builds two sets of index
+      tensors from per-request Python lists (the sampled tokens' and the drafts' flattened
+      positions, each with its source positions) and scatters both. Each set is the work the
+      sync path's spec-decode metadata already is (the k's prepare_inputs over k = 0's), so
+      the estimate is twice that difference, per step and per request.
+    - `async_output`: the output thread (AsyncGPUModelRunnerOutput.get_output) copies and
+      converts the sampled tokens once more, on the worker's core and GIL: the sync d2h fit of
+      the nearest k (per step, and per request at 1 + k tokens each).
+    - `async_schedule`: with drafts the AsyncScheduler keeps per-request placeholders for the
+      tokens and drafts in flight, the bookkeeping update_from_output does per request: the
+      k's update_from_output fit; without drafts nothing.
+
+    Empty when the sync runs have no k = 0 (the difference needs one) or no d2h fit."""
+    d2h = [f for f in fits if f.op == "d2h"]
+    if 0 not in cpu_by_k or "prepare_inputs" not in cpu_by_k[0] or not d2h:
+        return {}
+    base = cpu_by_k[0]["prepare_inputs"]
+    out = {}
+    for k, c in cpu_by_k.items():
+        near = min(d2h, key=lambda f: (abs((f.k or 0) - k), -(f.k or 0)))
+        one, per_token, per_req = near.coef[:3]   # the features: 1, tokens, reqs, padded
+        terms = {"async_output": [round(one, 4), round(per_req + per_token * (1 + k), 4), 0.0],
+                 "async_prepare": [0.0, 0.0, 0.0], "async_schedule": [0.0, 0.0, 0.0]}
+        if k and "prepare_inputs" in c:
+            terms["async_prepare"] = [round(2 * max(x - y, 0.0), 4) for x, y in
+                                      zip(c["prepare_inputs"][:2], base[:2])] + [0.0]
+        if k and "update_from_output" in c:
+            terms["async_schedule"] = [*c["update_from_output"][:2], 0.0]
+        out[k] = terms
+    return out
+
+
 def calibrate_runs(runs: list[Run], meta: dict | None = None) -> Profile:
-    """The profile fitted on `runs` (sync runs only), with its residuals."""
+    """The profile fitted on `runs`: the sync runs' device ops and CPU terms, and, where an
+    async run is among them, what vLLM's async path costs beyond its sync path (fit_async);
+    with its residuals."""
     sync = [r for r in runs if infer_mode(r) == "sync"]
-    skipped = [r.name for r in runs if r not in sync]
+    asyncs = [r for r in runs if r not in sync and r.spans]
+    skipped = [r.name for r in runs if r not in sync and r not in asyncs]
     timed = [r for r in sync if r.spans]
     if not timed:
         raise UserError("no timeline for any sync run: give the runs' torch-profiler traces "
@@ -223,12 +374,33 @@ def calibrate_runs(runs: list[Run], meta: dict | None = None) -> Profile:
                       ("rpc_mid", "the worker's timeline")):
         if term not in cpu:
             missing.append(f"{term}: no samples (needs {why})")
+    estimated = estimate_async(cpu_by_k, fits)
+    async_source = {"runs": [], "terms": [], "cells": [], "from": {
+        str(k): "estimated from the sync runs (estimate_async)" for k in estimated}}
+    for k, costs in estimated.items():
+        cpu_by_k[k].update(costs)
+    if estimated:
+        cpu.update(estimated[max(estimated)])
+    if asyncs:
+        costs, q, miss, async_source = fit_async(asyncs, cpu_by_k, fits)
+        # the async runs have drafts or not: what they fit serves the ks like theirs, the
+        # others keep the estimate (vLLM's async path without drafts is another code path)
+        drafted = any(r.k for r in asyncs)
+        same = [k for k in cpu_by_k if bool(k) == drafted]
+        async_source["from"] = {str(k): "fitted on the async calibration runs (fit_async)"
+                                if k in same else "estimated from the sync runs (estimate_async)"
+                                for k in cpu_by_k}
+        missing += miss
+        for c in (cpu, *(cpu_by_k[k] for k in same)):
+            c.update(costs)
+        quality.update(q)
     about = {"device": "cpu", **(meta or {}),
              "topology": {"engine": "vllm", "executor": "process", "device": "cpu"},
              "calibration": {"runs": [r.name for r in sync], "with_timelines":
-                             [r.name for r in timed], "not_sync (left out)": skipped,
+                             [r.name for r in timed], "left out": skipped,
                              "ks": sorted({r.k for r in sync}),
-                             "concurrency": sorted({r.conc or 0 for r in sync})}}
+                             "concurrency": sorted({r.conc or 0 for r in sync}),
+                             "async_terms": async_source}}
     acceptance = {str(r.k): r.acceptance for r in sync if r.acceptance}
     profile = Profile([f.rounded() for f in fits], CpuFit(cpu, quality),
                       {k: CpuFit(c) for k, c in cpu_by_k.items()}, jitter,

@@ -39,15 +39,17 @@ def _count(d: dict, source, key) -> int:
     return v
 
 
-def llama_fields(d: dict, source, rope_kinds=LLAMA_ROPES) -> dict:
+def llama_fields(d: dict, source, rope_kinds=LLAMA_ROPES, layers: int | None = None) -> dict:
     """The Llama fields every config has, validated with errors naming the field. `rope_kinds`:
-    the RoPE scalings accepted (None: any; the simulator's costs do not depend on it)."""
+    the RoPE scalings accepted (None: any; the simulator's costs do not depend on it); `layers`:
+    num_hidden_layers when it is missing (None: it is required)."""
     def need(key, kind=int, default=None):
         return _need(d, source, key, kind, default)
 
     heads = need("num_attention_heads")
     head_dim = d.get("head_dim")
-    return {"hidden_size": need("hidden_size"), "num_layers": need("num_hidden_layers"),
+    return {"hidden_size": need("hidden_size"),
+            "num_layers": need("num_hidden_layers", default=layers),
             "num_heads": heads, "num_kv_heads": need("num_key_value_heads", default=heads),
             "intermediate_size": need("intermediate_size"), "vocab_size": need("vocab_size"),
             "head_dim": 0 if head_dim is None else int_field(d, "head_dim", source),

@@ -1,8 +1,8 @@
 """Checks of single config fields, shared by the model configs and their config.json readers.
 
 Every family, the heads and both halves alike (docs/robustness.md): `int_field`, `bool_field`,
-`check_token_ids`, `check_rope_scaling`, `check_layer_fields`, each error naming the file and
-the field.
+`check_token_ids`, `check_layer_kind`, `check_rope_scaling`, `check_layer_fields`, each error
+naming the file and the field.
 """
 
 from __future__ import annotations
@@ -68,13 +68,42 @@ def bool_field(d: dict, key: str, source, default: bool = False) -> bool:
     return v
 
 
-def check_token_ids(v, what: str, lists: bool = False) -> None:
-    """A token id (an integer >= 0), None, or with `lists` a list of them (eos_token_id)."""
+def check_token_ids(v, what: str, lists: bool = False, vocab: int | None = None) -> None:
+    """A token id (an integer >= 0, below `vocab` when given), None, or with `lists` a list of
+    them (eos_token_id)."""
     ok = v is None or (is_int(v) and v >= 0) or (
         lists and isinstance(v, list) and all(is_int(t) and t >= 0 for t in v))
     if not ok:
         raise UserError(f"{what}: expected a token id{' or a list of them' if lists else ''}, "
                         f"got {v!r}")
+    if vocab is not None and v is not None:
+        past = [t for t in (v if isinstance(v, list) else [v]) if t >= vocab]
+        if past:
+            raise UserError(f"{what}: token id {past[0]} is past the vocabulary (vocab_size "
+                            f"{vocab}: ids 0..{vocab - 1})")
+
+
+# What the engine's Llama decoder layer computes (engine/model.py), an EAGLE-3 head's included:
+# a SiLU-gated MLP (HF's ACT2FN spells SiLU silu or swish) and no biases.
+LLAMA_ACTS = ("silu", "swish")
+
+
+def check_layer_kind(d: dict, source, engine: bool) -> None:
+    """`hidden_act` a name and `attention_bias`, `mlp_bias` true or false; with `engine` (a
+    config the engine could build: model_type llama, an EAGLE-3 head), what its layers compute:
+    SiLU and no biases. (The simulator's costs depend on neither, so its other families take
+    any.) Missing or null is Llama's default: silu, no biases."""
+    act = d.get("hidden_act")
+    if act is not None and not isinstance(act, str):
+        raise UserError(f"{where(source, field='hidden_act')}: expected an activation name such "
+                        f"as \"silu\", got {act!r}")
+    if engine and act is not None and act not in LLAMA_ACTS:
+        raise UserError(f"{where(source, field='hidden_act')}: {act!r} is not supported (the "
+                        "engine's Llama layers compute silu)")
+    for key in ("attention_bias", "mlp_bias"):
+        if bool_field(d, key, source) and engine:
+            raise UserError(f"{where(source, field=key)}: true is not supported (the engine's "
+                            "Llama layers have no biases)")
 
 
 # The keys each RoPE scaling needs (HF's rope_config_validation); others are not checked.

@@ -20,7 +20,8 @@ from stepgap.common.errors import UserError, where
 from stepgap.common.model_families import llama_fields
 from stepgap.common.limits import is_int
 from stepgap.common.model_fields import (architectures, bool_field, check_config_object,
-                                         check_layer_fields, int_field, named)
+                                         check_layer_fields, check_layer_kind, check_token_ids,
+                                         int_field, named)
 from stepgap.common.modelcfg import BF16, ModelConfig, check_shards
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +156,7 @@ class EagleHeadConfig:
     @classmethod
     def from_hf_dict(cls, d: dict, source: str = "config.json", name: str | None = None):
         check_config_object(d, source)
+        archs = architectures(d, source)
         if d.get("speculators_model_type") is not None:
             if d["speculators_model_type"] != "eagle3":
                 raise UserError(f"{where(source, field='speculators_model_type')}: "
@@ -163,14 +165,13 @@ class EagleHeadConfig:
             if not isinstance(layer, dict):
                 raise UserError(f"{where(source, field='transformer_layer_config')}: missing or "
                                 "not an object")
-            layout, fields = "speculators", llama_fields(layer, f"{source} "
-                                                                 "(transformer_layer_config)")
-        elif "LlamaForCausalLMEagle3" in architectures(d, source) or "draft_vocab_size" in d:
-            layout, fields = "yuhuili", llama_fields(d, source)
+            layout, layer_source = "speculators", f"{source} (transformer_layer_config)"
+        elif "LlamaForCausalLMEagle3" in archs or "draft_vocab_size" in d:
+            layout, layer, layer_source = "yuhuili", d, source
         else:
             raise UserError(f"{source}: not an EAGLE-3 head (expected architectures "
                             "['LlamaForCausalLMEagle3'] or speculators_model_type 'eagle3')")
-        fields.pop("num_layers")
+        fields = check_head_layer(layer, layer_source)
         aux = d.get("eagle_aux_hidden_state_layer_ids")
         if aux is not None and (not isinstance(aux, list) or len(aux) != 3
                                 or not all(is_int(i) and i >= 0 for i in aux)):
@@ -185,6 +186,35 @@ class EagleHeadConfig:
                        aux_layer_ids=tuple(aux) if aux else None,
                        norm_before_residual=bool_field(d, "norm_before_residual", source),
                        layout=layout, **fields)
+
+
+def check_head_layer(layer: dict, source) -> dict:
+    """The Llama fields of a head's one decoder layer (the config itself in the yuhuili layout,
+    its transformer_layer_config in the speculators one), held to what the engine builds as a
+    target's are (common/modelcfg.py) and to a head's shape: one layer (num_hidden_layers 1 or
+    missing), model_type llama, SiLU and no biases, an lm_head of its own (tie_word_embeddings
+    false), token ids in the vocabulary. ModelConfig's fields without num_layers."""
+    fields = llama_fields(layer, source, layers=1)
+    if fields.pop("num_layers") != 1:
+        raise UserError(f"{where(source, field='num_hidden_layers')}: expected 1, got "
+                        f"{layer['num_hidden_layers']} (an EAGLE-3 head is one decoder layer, "
+                        "as the engine builds it and the simulator times it)")
+    model_type = layer.get("model_type")
+    if model_type is not None and model_type != "llama":
+        raise UserError(f"{where(source, field='model_type')}: expected \"llama\" (a head's "
+                        f"layer is a Llama decoder layer), got {model_type!r}")
+    check_layer_kind(layer, source, engine=True)
+    if bool_field(layer, "tie_word_embeddings", source):
+        raise UserError(f"{where(source, field='tie_word_embeddings')}: true is not supported "
+                        "(an EAGLE-3 head has an lm_head of its own, of draft_vocab_size rows)")
+    dtype = layer.get("torch_dtype")
+    if dtype is not None and not isinstance(dtype, str):
+        raise UserError(f"{where(source, field='torch_dtype')}: expected a dtype name such as "
+                        f"\"bfloat16\", got {dtype!r}")
+    for key in ("bos_token_id", "eos_token_id"):
+        check_token_ids(layer.get(key), where(source, field=key), lists=key == "eos_token_id",
+                        vocab=fields["vocab_size"])
+    return fields
 
 
 def eagle3_for(target: ModelConfig, draft_vocab_size: int | None = None,

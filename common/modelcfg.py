@@ -37,8 +37,8 @@ from stepgap.common.model_families import (FAMILIES, FAMILY_COUNTS, QUANTIZATION
                                            quantization_fields)
 from stepgap.common.limits import is_int, is_number
 from stepgap.common.model_fields import (LLAMA_ROPES, architectures, bool_field,
-                                         check_config_object, check_layer_fields, check_token_ids,
-                                         named)
+                                         check_config_object, check_layer_fields,
+                                         check_layer_kind, check_token_ids, named)
 
 BF16 = 2  # bytes per bf16 element
 
@@ -121,7 +121,8 @@ class ModelConfig:
             raise UserError(f"{who}: field 'torch_dtype' must be a string, got "
                             f"{self.torch_dtype!r}")
         for f in ("bos_token_id", "eos_token_id"):
-            check_token_ids(getattr(self, f), f"{who}: field '{f}'", lists=f == "eos_token_id")
+            check_token_ids(getattr(self, f), f"{who}: field '{f}'", lists=f == "eos_token_id",
+                            vocab=self.vocab_size)
         for f in FAMILY_COUNTS:
             v = getattr(self, f)
             if not is_int(v) or v < 0:
@@ -330,11 +331,14 @@ class ModelConfig:
         if not isinstance(dtype, str):
             raise UserError(f"{where(source, field='torch_dtype')}: expected a dtype name such "
                             f"as \"bfloat16\", got {dtype!r}")
+        # model_type llama is what the engine builds: its RoPE scalings, SiLU, no biases
+        engine = model_type == "llama"
+        fields = {**llama_fields(d, source, LLAMA_ROPES if engine else None),
+                  **reader(d, source), **quantization_fields(d, source, model_type)}
+        check_layer_kind(d, source, engine)
         for key in ("bos_token_id", "eos_token_id"):
-            check_token_ids(d.get(key), where(source, field=key), lists=key == "eos_token_id")
-        rope_ok = LLAMA_ROPES if model_type == "llama" else None
-        fields = {**llama_fields(d, source, rope_ok), **reader(d, source),
-                  **quantization_fields(d, source, model_type)}
+            check_token_ids(d.get(key), where(source, field=key), lists=key == "eos_token_id",
+                            vocab=fields["vocab_size"])
         hf_name = d.get("_name_or_path")
         with named(source):
             return cls(name=name or (hf_name if isinstance(hf_name, str) and hf_name else None)

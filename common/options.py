@@ -460,16 +460,21 @@ def result_path(args, backend: str, model: str) -> Path | None:
     return Path(args.result_dir or ".") / name
 
 
-def check_outputs(args, result: Path | None, timeline=(), chrome: str | None = None) -> None:
-    """Every output path of a run (its result, its timeline files), checked before the run
-    starts (common/fileio.py check_writable), each named by its option."""
-    from stepgap.common.fileio import check_writable
-    if result is not None:
-        check_writable(result, "--result-json" if args.result_json else "--save-result")
-    for path in timeline or ():
-        check_writable(path, "--timeline")
-    if chrome:
-        check_writable(chrome, "--chrome-trace")
+def check_outputs(args, result, timeline=(), chrome: str | None = None) -> None:
+    """Every output path of a run, checked before the run starts, each named by its option: its
+    result (--result-json, or --save-result's), its timeline and the timeline's Chrome trace
+    (`timeline`: those paths, in that order), a Chrome trace of its own (`chrome`). Each is a
+    file of its own (common/fileio.py check_distinct: two options naming one file would lose
+    one) and can be written (check_writable)."""
+    from stepgap.common.fileio import check_distinct, check_writable
+    outputs = [("--result-json" if getattr(args, "result_json", None) else "--save-result",
+                result),
+               *zip(("--timeline", "--timeline's Chrome trace"), timeline or ()),
+               ("--chrome-trace", chrome)]
+    check_distinct(outputs)
+    for option, path in outputs:
+        if path is not None:
+            check_writable(path, option)
 
 
 def percentiles_from_args(args) -> dict:

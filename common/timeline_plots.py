@@ -4,8 +4,8 @@ format (docs/design.md §2), simulated, measured or ingested from vLLM, so both 
 and the benchmarks use them.
 
 Every function returns a matplotlib `Figure` built without pyplot, so it works on any backend;
-`save` writes any of stepgap's figures as a PNG (sim/plots.py's too). One colour per op
-everywhere.
+`save` writes any of stepgap's figures (sim/plots.py's too) as a PNG, SVG or PDF, as its name
+ends. One colour per op everywhere.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
@@ -23,14 +24,39 @@ from stepgap.common.formats import LANES, Span, step_gaps
 DPI = 130
 
 
-def save(fig: Figure, path) -> None:
-    """The figure as a PNG, written atomically (common/fileio.py)."""
+# The formats a figure is written in, by the suffix of its name.
+FIGURE_FORMATS = ("png", "svg", "pdf")
+
+
+def figure_format(path, option: str | None = None) -> str:
+    """The format a figure's name asks for (its suffix: .png, .svg, .pdf); any other name is an
+    error naming `option` and the path, so that `--out x.svg` never holds PNG bytes."""
+    fmt = Path(path).suffix.lower().removeprefix(".")
+    if fmt not in FIGURE_FORMATS:
+        raise UserError(f"{option + ' ' if option else ''}{path}: a figure is written as PNG, "
+                        "SVG or PDF, as its name ends (.png, .svg, .pdf)"
+                        + (f"; not .{fmt}" if fmt else "; the name has no suffix"))
+    return fmt
+
+
+def render(fig: Figure, fmt: str = "png") -> bytes:
+    """The figure's bytes in `fmt` (FIGURE_FORMATS); no date in an SVG or a PDF, so that one
+    figure gives the same bytes each time, as a PNG does."""
     import io
 
-    from stepgap.common.fileio import write_bytes
+    import matplotlib
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI)
-    write_bytes(path, buf.getvalue())
+    metadata = {"svg": {"Date": None}, "pdf": {"CreationDate": None}}.get(fmt)
+    with matplotlib.rc_context({"svg.hashsalt": "stepgap"}):   # an SVG's ids, not random
+        fig.savefig(buf, format=fmt, dpi=DPI, metadata=metadata)
+    return buf.getvalue()
+
+
+def save(fig: Figure, path, fmt: str | None = None) -> None:
+    """The figure in the format its name asks for (`figure_format`), written atomically
+    (common/fileio.py)."""
+    from stepgap.common.fileio import write_bytes
+    write_bytes(path, render(fig, fmt or figure_format(path)))
 
 
 

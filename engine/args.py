@@ -113,7 +113,10 @@ class EngineArgs:
 
     def create_engine_config(self) -> EngineSetup:
         """The setup every part of a run is made from, resolved once (as vLLM's
-        create_engine_config): the models' configs read and checked, the KV cache sized."""
+        create_engine_config): the device checked, the models' configs read and checked, the KV
+        cache sized."""
+        if self.device == "cuda":
+            check_cuda()
         target = self.target_config()
         draft = self.draft_config(target)
         return EngineSetup(self, target, draft, self._num_blocks(target, draft))
@@ -222,6 +225,19 @@ class EngineSetup:
         """The worker inline or in its own process."""
         from stepgap.engine.executor import make_executor
         return make_executor(self.args.executor, self.worker_spec(), self.args.pin)
+
+
+def check_cuda() -> None:
+    """--device cuda needs a CUDA build of torch and a device it can see: say which is missing
+    when the setup is resolved (every engine user's: run, serve, the demo, calibrate/, the
+    benchmarks), not in an assertion of torch's when the worker is built."""
+    import torch
+    if torch.cuda.is_available():
+        return
+    why = f"this torch ({torch.__version__}) is built without CUDA" if torch.version.cuda is None \
+        else f"torch (CUDA {torch.version.cuda}) sees no CUDA device (the driver, " \
+             "CUDA_VISIBLE_DEVICES)"
+    raise UserError(f"--device cuda: {why}; run with --device cpu")
 
 
 def device_memory(device: str) -> float:

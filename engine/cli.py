@@ -59,7 +59,6 @@ def register_run(sub) -> None:
 
 
 def cmd_run(args) -> int:
-    from stepgap.common.fileio import check_distinct
     from stepgap.common.formats import format_summary, save_chrome_trace, save_result, save_timeline
     from stepgap.common.options import (check_outputs, note, percentiles_from_args, result_path,
                                 workload_from_args)
@@ -73,8 +72,6 @@ def cmd_run(args) -> int:
     if ea.sampling.replay and not any(r.accepted for r in requests):
         raise UserError("--synthetic-acceptance replay: the trace has no `accepted` lists")
     out_path = result_path(args, "stepgap-engine", ea.model)
-    check_distinct([("--result-json" if args.result_json else "--save-result", out_path),
-                    ("--timeline", args.timeline), ("--chrome-trace", args.chrome_trace)])
     check_outputs(args, out_path, args.timeline and (args.timeline,), args.chrome_trace)
     cfg = setup.engine_config()
     for r in requests:   # before the worker is built: a request that cannot run fails now

@@ -107,19 +107,5 @@ def engine_args_from(args):
     mode, executor = mode_from_args(args), executor_from_args(args)
     settings.update({key: v for key, v in (("mode", mode), ("executor", executor),
                                            ("draft", draft), ("k", k)) if v is not None})
-    if settings.get("device") == "cuda":
-        check_cuda()
     return EngineArgs(model=args.model, seed=args.seed or 0, sampling=sampling_from_args(args),
                       **settings)
-
-
-def check_cuda() -> None:
-    """--device cuda needs a CUDA build of torch and a device it can see: say which is missing
-    now, not in an assertion of torch's when the worker is built."""
-    import torch
-    if torch.cuda.is_available():
-        return
-    why = f"this torch ({torch.__version__}) is built without CUDA" if torch.version.cuda is None \
-        else f"torch (CUDA {torch.version.cuda}) sees no CUDA device (the driver, " \
-             "CUDA_VISIBLE_DEVICES)"
-    raise UserError(f"--device cuda: {why}; run with --device cpu")

@@ -103,7 +103,7 @@ def cmd_serve(args) -> int:
         ea = ea.with_(max_model_len=ea.target_config().max_position_embeddings)
     setup = ea.create_engine_config()   # a head that does not fit fails here, before any
     target = setup.target               # process starts
-    check_served_outputs(args.timeline, args.result_json)
+    check_served_outputs(args)
     tok = ServedTokenizer.load(args.tokenizer or ea.model)
     if args.tokenizer and tok is None:
         raise UserError(f"--tokenizer {args.tokenizer}: no tokenizer.json there")
@@ -137,20 +137,14 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def check_served_outputs(timeline: str | None, result_json: str | None) -> None:
-    """The files a served run writes at shutdown (or /stop_profile), checked before serving: a
-    result that cannot be written would be lost with the run (common/fileio.py)."""
-    from pathlib import Path
-
-    from stepgap.common.fileio import check_distinct, check_writable
+def check_served_outputs(args) -> None:
+    """The files a served run writes at shutdown (or /stop_profile), checked before serving as
+    every run's outputs are (common/options.py check_outputs): a result that cannot be written
+    would be lost with the run."""
+    from stepgap.common.options import check_outputs
     from stepgap.engine.api_server import chrome_path
-    outputs = [("--timeline", timeline),
-               ("--timeline's Chrome trace", timeline and chrome_path(timeline)),
-               ("--result-json", result_json)]
-    check_distinct(outputs)
-    for option, path in outputs:
-        if path is not None:
-            check_writable(Path(path), option)
+    timeline = args.timeline
+    check_outputs(args, args.result_json, timeline and (timeline, chrome_path(timeline)))
 
 
 def listen_socket(host: str, port: int):

@@ -287,14 +287,10 @@ def run(args) -> int:
     from stepgap.sim.loop import simulate
     from stepgap.sim.presets import comparison_table, get_preset
     from stepgap.common.formats import format_summary, save_chrome_trace, save_result, save_timeline
-    from stepgap.common.fileio import check_distinct
     from stepgap.common.options import check_outputs, note, result_path
 
     cfg = config_from_args(args)
     out = result_path(args, "stepgap-sim", cfg.model)
-    check_distinct([("--result-json" if args.result_json else "--save-result", out),
-                    ("--timeline", args.timeline),
-                    ("--timeline's Chrome trace", args.timeline and chrome_path(args.timeline))])
     check_outputs(args, out, args.timeline and (args.timeline, chrome_path(args.timeline)))
     res, spans = simulate(cfg)
     for line in res["config"]["resolved"]["notes"]:

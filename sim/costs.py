@@ -9,7 +9,7 @@ falls back to the roofline where the profile has none; `ConstantCosts` gives fix
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 

@@ -35,7 +35,16 @@ CPU_EXTRA_OPS = ("propose", "broadcast", "collect")
 # taking in one request (num_tokens = its prompt). The engine core and the API server share one
 # core: their work is serialised (the `host` core of sim/loop.py).
 VLLM_TERMS = ("rpc_mid", "rpc_drafts", "process_outputs", "add_request")
-CPU_COSTS = CPU_OPS + CPU_TERMS + CPU_EXTRA_OPS + VLLM_TERMS
+# What vLLM's async path costs beyond its sync path for the same step (docs/vllm.md, "What
+# vLLM's async path costs"), each a + b·num_reqs + c·draft tokens of the step (not its
+# tokens): `async_schedule` the engine core's AsyncScheduler (placeholders for the tokens and
+# drafts in flight) on top of schedule; `async_prepare` the worker placing the previous step's
+# sampled tokens and drafts into the inputs (GPUModelRunner._prepare_input_ids: a Python loop
+# over the requests in common with the previous step, the index tensors, two scatters) on top of
+# prepare_inputs; `async_output` the output thread (WorkerAsyncOutputCopy, serialising each
+# step's output while the main thread goes on) on the worker's core and GIL, after the step.
+VLLM_ASYNC_TERMS = ("async_schedule", "async_prepare", "async_output")
+CPU_COSTS = CPU_OPS + CPU_TERMS + CPU_EXTRA_OPS + VLLM_TERMS + VLLM_ASYNC_TERMS
 LATENCIES = ("launch_latency_us", "wake_us", "ipc_us", "client_latency_us")
 
 
@@ -81,6 +90,10 @@ class CpuCosts:
     process_outputs: OpCost | None = None
     add_request: OpCost | None = None
     client_latency_us: float = 0.0
+    # vLLM's topology in the async modes only (VLLM_ASYNC_TERMS); None: the sync path's costs
+    async_schedule: OpCost | None = None
+    async_prepare: OpCost | None = None
+    async_output: OpCost | None = None
 
     def __post_init__(self):
         for f in LATENCIES:
@@ -100,7 +113,8 @@ class CpuCosts:
         return CpuCosts(*(mul(getattr(self, op)) for op in CPU_OPS),
                         result_latency=mul(self.result_latency),
                         worker_turnaround=mul(self.worker_turnaround),
-                        **{op: mul(getattr(self, op)) for op in CPU_EXTRA_OPS + VLLM_TERMS},
+                        **{op: mul(getattr(self, op))
+                           for op in CPU_EXTRA_OPS + VLLM_TERMS + VLLM_ASYNC_TERMS},
                         **{lat: getattr(self, lat) * s for lat in LATENCIES})
 
     def with_ops(self, overrides: dict[str, OpCost]) -> CpuCosts:

@@ -248,6 +248,8 @@ class Sim:
         self.inline, self.tp, self.computes_ahead = topo.inline, topo.tp, topo.computes_ahead
         self.device_async = topo.device_async
         self.api_server, self.rpc_share = topo.api_server, r.rpc_share
+        # vLLM's async path's own costs (sim/cpu_costs.py VLLM_ASYNC_TERMS)
+        self.async_terms = topo.engine == "vllm" and r.mode != "sync"
         jitter = None
         if r.noise is not None:
             j = r.noise
@@ -358,10 +360,13 @@ class Sim:
             launched = False
             if sched.has_unfinished():
                 out = sched.schedule()
-                yield from self.on_host(ENGINE, "schedule", out.step,
-                                        cpu.schedule(out.num_reqs, out.num_batched_tokens))
+                batch = batch_of(out) if out.scheduled else None
+                cost = cpu.schedule(out.num_reqs, out.num_batched_tokens)
+                if self.async_terms and cpu.async_schedule is not None and batch is not None:
+                    cost += cpu.async_schedule(out.num_reqs, batch.num_drafts)
+                yield from self.on_host(ENGINE, "schedule", out.step, cost)
                 if out.scheduled:
-                    step = Step(out, batch_of(out))
+                    step = Step(out, batch)
                     self.num_steps += 1
                     if self.inline:
                         yield from self.execute(step)
@@ -491,7 +496,10 @@ class Sim:
                     t_host = env.now
                 step.t_output = t_host + cpu.result_latency_us(n, tokens)
                 step.ready.succeed()
-                yield env.hold(cpu.worker_turnaround(n, tokens) * self.rpc_share)
+                turn = cpu.worker_turnaround(n, tokens) * self.rpc_share
+                if self.async_terms and cpu.async_output is not None:   # its output thread
+                    turn += cpu.async_output(n, step.batch.num_drafts)
+                yield env.hold(turn)
                 continue
             if self.async_:  # an output thread sends the result once the copy lands
                 collect = cpu.collect(n, tokens) if self.tp > 1 else 0.0
@@ -516,8 +524,14 @@ class Sim:
             if t > env.now:
                 yield self.busy(WORKER, "wait", out.step, t - env.now,
                                 {"on": "accepted", "of": prev.out.step})
-        yield self.busy(WORKER, "prepare_inputs", out.step,
-                        cpu.prepare_inputs(out.num_reqs, out.num_batched_tokens))
+        prep = cpu.prepare_inputs(out.num_reqs, out.num_batched_tokens)
+        if self.async_terms:   # vLLM's async path: the previous step's tokens placed here,
+            # and (a device running on its own) the output thread of the previous step
+            if cpu.async_prepare is not None:
+                prep += cpu.async_prepare(out.num_reqs, step.batch.num_drafts)
+            if self.device_async and prev is not None and cpu.async_output is not None:
+                prep += cpu.async_output(prev.out.num_reqs, prev.batch.num_drafts)
+        yield self.busy(WORKER, "prepare_inputs", out.step, prep)
         dur = cpu.launch(out.num_reqs, out.num_batched_tokens)
         if self.device_async:
             lat = cpu.launch_latency_us

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from stepgap.sim.sweep_table import SweepTable
-from stepgap.common.errors import UserError
+from stepgap.common.errors import UserError, where
 from stepgap.common.timeline_plots import DPI
 
 X_AXES = ("max_concurrency", "request_rate")
@@ -60,11 +60,14 @@ class View:
     fixed: dict             # facet axis -> value
 
     def value(self, metric: str, mode, k, x) -> float:
+        """The metric of one cell; NaN where it has none or it is not finite (an infinite
+        TPOT, a NaN a run gives when it completed nothing): such a cell is left blank, never
+        drawn nor taken as the best k."""
         coords = {**self.fixed, "k": k, self.x: x}
         if "mode" in self.table.axes:
             coords["mode"] = mode
         v = self.table.value(metric, **coords)
-        return math.nan if v is None else float(v)
+        return float(v) if v is not None and math.isfinite(v) else math.nan
 
     def matrix(self, metric: str, mode) -> np.ndarray:
         """metric[k index, x index]."""
@@ -251,7 +254,7 @@ def metric_heatmap(view, metric: str = "mean_tpot_ms") -> Figure:
     vals = np.concatenate([m.ravel() for _, mats, _ in rows for m in mats.values()])
     vals = vals[~np.isnan(vals)]
     if not vals.size:
-        raise UserError(f"plot sweep: no values of {metric}")
+        raise UserError(no_finite(metric, _as_views(view)))
     lower = lower_is_better(metric)
     cmap = colormaps["YlOrRd" if lower else "YlGn"]
     norm = Normalize(vals.min(), vals.max())
@@ -261,23 +264,52 @@ def metric_heatmap(view, metric: str = "mean_tpot_ms") -> Figure:
                            f"{_cap(label(metric))} by speculation depth and load")
 
 
+def no_finite(metric: str, views: list[View]) -> str:
+    """The error of a metric with no finite value to draw, naming the facets."""
+    facets = "; ".join(v.label for v in views if v.label)
+    source = views[0].table.path if views else None
+    return (f"plot sweep: {where(source, field=f'rows[*].{metric}') if source else metric}: "
+            "no finite value to draw" + (f" ({facets})" if facets else "")
+            + "; every row has none, NaN or an infinity (choose another --metric)")
+
+
+def has_finite(view: View, metric: str) -> bool:
+    """Whether any cell of the view has a finite value of the metric."""
+    return any(not math.isnan(view.value(metric, mode, k, x))
+               for mode in view.modes for k in view.ks for x in view.xs)
+
+
+def speedups(view: View, metric: str) -> dict:
+    """mode -> the speedup over k = 0 of each cell (NaN where either has no finite value)."""
+    lower = lower_is_better(metric)
+    mats = {}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for mode in view.modes:
+            m = view.matrix(metric, mode)
+            base = m[view.ks.index(0)][None, :]
+            ratio = base / m if lower else m / base
+            mats[mode] = np.where(np.isfinite(ratio) & (ratio > 0), ratio, np.nan)
+    return mats
+
+
+def has_speedup(view: View, metric: str) -> bool:
+    """Whether the view has k = 0 and some finite speedup over it."""
+    return 0 in view.ks and any((~np.isnan(m)).any() for m in speedups(view, metric).values())
+
+
 def speedup_heatmap(view, metric: str = "mean_tpot_ms") -> Figure:
     """Speedup over k = 0 in the same mode (> 1: speculation pays), one panel per mode (and
     a row per view)."""
     views = _as_views(view)
     if any(0 not in v.ks for v in views):
         raise UserError("plot sweep: a speedup over k=0 needs k=0 in the grid")
-    lower = lower_is_better(metric)
-    rows = []
-    for v in views:
-        mats = {}
-        for mode in v.modes:
-            m = v.matrix(metric, mode)
-            base = m[v.ks.index(0)][None, :]
-            mats[mode] = base / m if lower else m / base
-        rows.append((v, mats, {(r.mode, r.x): r.k for r in best_k(v, metric)}))
+    rows = [(v, speedups(v, metric), {(r.mode, r.x): r.k for r in best_k(v, metric)})
+            for v in views]
     vals = np.concatenate([m.ravel() for _, mats, _ in rows for m in mats.values()])
     vals = vals[~np.isnan(vals)]
+    if not vals.size:
+        raise UserError(f"plot sweep: no speedup of {metric} over k=0 is finite (the cells "
+                        "of k=0, or of every other k, have no finite value)")
     # Symmetric on a ratio scale: a 2x slowdown is as red as a 2x speedup is blue.
     hi = max(vals.max(), 1 / vals.min(), 1.05)
     norm = TwoSlopeNorm(vcenter=1.0, vmin=1 / hi, vmax=hi)

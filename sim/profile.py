@@ -222,9 +222,10 @@ class Profile:
             raise UserError(f"{where(source, field='format')}: expected {FORMAT!r} (a profile "
                             "of `stepgap profile`, `stepgap validate` or `stepgap "
                             "validate-gpu`)")
-        ops = doc.get("device_ops") or []
-        if not isinstance(ops, list):
-            raise UserError(f"{where(source, field='device_ops')}: expected a list of fits")
+        ops = doc.get("device_ops")
+        if not isinstance(ops, list):   # (null is not "no fits": [] says that)
+            raise UserError(f"{where(source, field='device_ops')}: expected a list of fits "
+                            f"([] for none), got {'nothing' if ops is None else repr(ops)[:60]}")
         fits = [Fit.from_dict(f, lambda sub="", n=n: where(source, field=f"device_ops[{n}]{sub}"))
                 for n, f in enumerate(ops)]
         cpu = doc.get("cpu")
@@ -240,9 +241,7 @@ class Profile:
             if not k.isdigit():
                 raise UserError(f"{where(source, field='cpu_by_k')}: key {k!r} is not a k")
             _cpu_costs(c, where(source, field=f"cpu_by_k.{k}"))
-        topology = doc.get("topology") or {}
-        if not isinstance(topology, dict):
-            raise UserError(f"{where(source, field='topology')}: expected an object")
+        _about(doc, source)
         quality_by_k = doc.get("cpu_fit_quality_by_k")
         keys = list(doc)
         first = min((keys.index(k) for k in TYPED[1:] if k in doc), default=len(keys))
@@ -268,6 +267,36 @@ def load_profile(path) -> Profile:
 def save_profile(path, profile: Profile) -> None:
     """Write a profile (atomically, common/fileio.py)."""
     write_json(path, profile.to_dict())
+
+
+def _about(doc: dict, source) -> None:
+    """What the profile says it was measured on: `device` the kind of machine (cpu or cuda;
+    `gpu`, validate-gpu's name for a CUDA machine), `topology` an object whose `device` is the
+    engine's (cpu or cuda; sync and async, their old names, as SimConfig reads them) and whose
+    `executor` is one of the executors. stepgap's engine and vLLM's are measured on CPUs and
+    CUDA devices only: a profile of another device (`"tpu"`) is not one of theirs."""
+    from stepgap.common.formats import DEVICES, EXECUTORS
+    name = doc.get("device")
+    if name is not None and name not in DEVICES + ("gpu",):
+        raise UserError(f"{where(source, field='device')}: expected {' or '.join(DEVICES)} (the "
+                        f"machine measured; gpu for a CUDA one), got {name!r}")
+    topology = doc.get("topology")
+    if topology is None:
+        return
+    if not isinstance(topology, dict):
+        raise UserError(f"{where(source, field='topology')}: expected an object, got "
+                        f"{topology!r}")
+    device = topology.get("device")
+    if device is not None and device not in DEVICES + OLD_DEVICES:
+        raise UserError(f"{where(source, field='topology.device')}: expected "
+                        f"{' or '.join(DEVICES)}, got {device!r}")
+    executor = topology.get("executor")
+    if executor is not None and executor not in EXECUTORS:
+        raise UserError(f"{where(source, field='topology.executor')}: expected "
+                        f"{' or '.join(EXECUTORS)}, got {executor!r}")
+
+
+OLD_DEVICES = ("sync", "async")   # sim/config.py's OLD_DEVICES: cpu and cuda as once spelled
 
 
 def _index(v) -> bool:

@@ -69,7 +69,8 @@ def run_sweep(grid: Grid, out, jobs: int = 1, cluster: str | None = None, fresh:
         runner.close()   # an interrupted sweep stops its workers here
         store.close()
     table = SweepTable(grid.preset, grid.base, grid.axes,
-                       [{**c.values, **store.done[c.key], "cell": c.key} for c in cells])
+                       [{**c.values, **store.done[c.key], "cell": c.key} for c in cells],
+                       str(out / "sweep.json"))
     table.save(out)
     return SweepRun(table, len(todo), len(cells) - len(todo), time.perf_counter() - t0,
                     cell_notes(cells))

@@ -166,8 +166,8 @@ def register(sub) -> None:
     w.add_argument("--pad-ms", type=at_most(positive_float, MAX_MS), default=5.0, metavar="MS",
                    help="time shown either side of the --at-gap gap (default 5 ms)")
     o = q.add_argument_group("output")
-    o.add_argument("--out", default="timeline.png", metavar="PNG",
-                   help="the figure (default timeline.png)")
+    o.add_argument("--out", default="timeline.png", metavar="FIGURE",
+                   help="the figure, a PNG, SVG or PDF as its name ends (default timeline.png)")
     o.add_argument("--chrome", metavar="JSON",
                    help="also write the windows as Chrome-trace/Perfetto JSON, one process "
                         "per timeline, times from each window's start")
@@ -238,41 +238,44 @@ def plot_sweep_cmd(args) -> int:
 
 
 def draw_sweep(table, out: Path, metric: str, x: str | None, quiet: bool) -> int:
+    """The sweep's figures and best_k.csv in `out`. Every figure is drawn before any file is
+    written, so that a sweep that cannot be drawn leaves nothing half written; a cell whose
+    metric is not finite is left blank (sim/plots.py View.value), a facet with no finite value
+    gets no figures of its own, and a sweep with none at all is an error."""
     import csv
     import io
     import math
 
-    from stepgap.common.timeline_plots import save
+    from stepgap.common.timeline_plots import render
     from stepgap.sim import plots
     from stepgap.sim.sweep_table import COLUMNS, TEXT_COLUMNS
     from stepgap.common.errors import UserError
-    from stepgap.common.fileio import write_text
+    from stepgap.common.fileio import write_bytes, write_text
 
     if metric not in COLUMNS or metric in TEXT_COLUMNS:
         numeric = [c for c in COLUMNS if c not in TEXT_COLUMNS]
         raise UserError(f"--metric: unknown metric {metric!r} (columns: {', '.join(numeric)})")
-    written, best_rows = [], []
+    files, best_rows = [], []
     views = plots.views(table, x)
-    if len(views) > 1:   # the facets (TP, model, method, GPU, ...) as rows of one figure each
-        figures = [("heatmap", plots.metric_heatmap)]
-        if all(0 in v.ks for v in views):
-            figures.append(("speedup", plots.speedup_heatmap))
-        if "sync" in views[0].modes and len(views[0].modes) > 1:
-            figures.append(("saving", plots.saving_plot))
-        for name, draw in figures:
-            path = out / f"{name}_{metric}__panels.png"
-            save(draw(views, metric), path)
-            written.append(path)
-    for view in views:
-        figures = [("heatmap", plots.metric_heatmap)]
-        if 0 in view.ks:
-            figures.append(("speedup", plots.speedup_heatmap))
-        if "sync" in view.modes and len(view.modes) > 1:
-            figures.append(("saving", plots.saving_plot))
-        for name, draw in figures:
-            path = out / f"{name}_{metric}{view.suffix}.png"
-            save(draw(view, metric), path)
-            written.append(path)
+    drawn = [v for v in views if plots.has_finite(v, metric)]
+    if not drawn:
+        raise UserError(plots.no_finite(metric, views))
+    skipped = [v for v in views if v not in drawn]
+
+    def figures(vs) -> list:
+        chosen = [("heatmap", plots.metric_heatmap)]
+        if all(plots.has_speedup(v, metric) for v in vs):
+            chosen.append(("speedup", plots.speedup_heatmap))
+        if "sync" in vs[0].modes and len(vs[0].modes) > 1:
+            chosen.append(("saving", plots.saving_plot))
+        return chosen
+
+    if len(drawn) > 1:   # the facets (TP, model, method, GPU, ...) as rows of one figure each
+        for name, draw in figures(drawn):
+            files.append((out / f"{name}_{metric}__panels.png", render(draw(drawn, metric))))
+    for view in drawn:
+        for name, draw in figures([view]):
+            files.append((out / f"{name}_{metric}{view.suffix}.png", render(draw(view, metric))))
         best = plots.best_k(view, metric)
         best_rows += [{**b.fixed, "mode": b.mode, view.x: b.x, "best_k": b.k, metric: b.value,
                        "speedup_over_k0": None if math.isnan(b.speedup) else b.speedup}
@@ -280,16 +283,19 @@ def draw_sweep(table, out: Path, metric: str, x: str | None, quiet: bool) -> int
         if not quiet:
             print(plots.format_best_k(view, best, metric))
             print()
-    path = out / "best_k.csv"
     keys = list(dict.fromkeys(k for r in best_rows for k in r))
     buf = io.StringIO()
     w = csv.DictWriter(buf, keys, lineterminator="\n")
     w.writeheader()
     w.writerows(best_rows)
-    write_text(path, buf.getvalue())
-    written.append(path)
+    for path, data in files:
+        write_bytes(path, data)
+    write_text(out / "best_k.csv", buf.getvalue())
     if not quiet:
-        print("figures:\n" + "\n".join(f"  {p}" for p in written))
+        for v in skipped:
+            print(f"no finite value of {metric} at {v.label}: no figures of it")
+        print("figures:\n" + "\n".join(f"  {p}" for p, _ in files)
+              + f"\n  {out / 'best_k.csv'}")
     return 0
 
 
@@ -312,6 +318,7 @@ def plot_timeline_cmd(args) -> int:
         raise UserError("give --steps or --at-gap, not both")
     check_distinct([("--out", args.out), ("--chrome", args.chrome)])
     check_writable(args.out, "--out")
+    fmt = timeline_plots.figure_format(args.out, "--out")   # .png, .svg or .pdf, before the work
     if args.chrome:
         check_writable(args.chrome, "--chrome")
     panels = []
@@ -326,7 +333,7 @@ def plot_timeline_cmd(args) -> int:
             raise UserError(f"{path}: {e}") from None
         panels.append(timeline_plots.Panel(row, column, spans))
     fig = timeline_plots.timeline_figure(panels, args.steps, args.at_gap, args.pad_ms, args.title)
-    timeline_plots.save(fig, Path(args.out))
+    timeline_plots.save(fig, Path(args.out), fmt)
     if args.chrome:
         doc = timeline_plots.chrome_panels(panels, args.steps, args.at_gap, args.pad_ms)
         write_text(args.chrome, dumps_json(doc))

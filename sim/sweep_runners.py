@@ -5,6 +5,8 @@ extra). Every cell runs with its own settings' seed, so every runner gives the s
 from __future__ import annotations
 
 import importlib
+import multiprocessing
+import os
 import signal
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -39,12 +41,63 @@ def metrics_of(res: dict) -> dict:
     return row
 
 
-def _pool_worker_signals() -> None:
+def _pool_worker_signals(sweep_pid: int | None = None, forked: bool = False) -> None:
     """A pool worker leaves Ctrl-C and SIGTERM to the sweep's own process, which stops it: it
     must not take the SIGTERM handler it forked with (stepgap/cli.py), which would unwind the
-    cell and leave the worker waiting for the next one."""
+    cell and leave the worker waiting for the next one. And it ends when the sweep's process
+    ends without stopping it (SIGKILL, the OOM killer): `exit_with_parent`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    exit_with_parent(sweep_pid, forked)
+
+
+PR_SET_PDEATHSIG = 1   # linux/prctl.h
+PARENT_POLL_S = 1.0    # where there is no prctl: how often a worker looks for its parent
+
+
+def exit_with_parent(sweep_pid: int | None = None, forked: bool = False) -> None:
+    """End this process (SIGTERM, whose default action a pool worker keeps) when its parent
+    ends. A pool worker waits for its next cell on a pipe whose writing end it holds itself, so
+    a parent killed with SIGKILL never closes it: the worker would wait forever, through any
+    resumed sweep. On Linux the kernel sends the signal (prctl(PR_SET_PDEATHSIG); it fires when
+    the thread that forked the worker ends, the sweep's thread that runs the pool, or the
+    forkserver's, which ends with the sweep); elsewhere a daemon thread polls the parent's pid.
+    A sweep (`sweep_pid`) gone before the signal is armed ends the worker at once: `forked`, the
+    worker's parent must still be the sweep; else the sweep must still run."""
+    import sys
+    import threading
+
+    parent = os.getppid()
+    armed = False
+    if sys.platform.startswith("linux"):
+        import ctypes
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            armed = libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
+    if not armed:
+        def watch():
+            import time
+            while os.getppid() == parent:
+                time.sleep(PARENT_POLL_S)
+            os.kill(os.getpid(), signal.SIGTERM)
+        threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+    if sweep_pid is None:
+        return
+    gone = os.getppid() != sweep_pid if forked else not _running(sweep_pid)
+    if gone:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def stop_pool(ex: ProcessPoolExecutor) -> None:
@@ -64,8 +117,10 @@ def run_local(settings: list[dict], jobs: int) -> Iterator[tuple[int, dict]]:
         for i, s in enumerate(settings):
             yield i, run_cell(s)
         return
-    ex = ProcessPoolExecutor(max_workers=min(jobs, len(settings)),
-                             initializer=_pool_worker_signals)
+    ctx = multiprocessing.get_context()
+    ex = ProcessPoolExecutor(max_workers=min(jobs, len(settings)), mp_context=ctx,
+                             initializer=_pool_worker_signals,
+                             initargs=(os.getpid(), ctx.get_start_method() == "fork"))
     try:
         futures = {ex.submit(run_cell, s): i for i, s in enumerate(settings)}
         for f in as_completed(futures):

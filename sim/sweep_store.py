@@ -3,13 +3,12 @@ rerun skips it."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from stepgap.common.errors import UserError, where
-from stepgap.common.fileio import decode_text, parse_json, read_bytes
+from stepgap.common.fileio import NONFINITE, decode_text, dumps_json, parse_json, read_bytes
 from stepgap.sim.sweep_grid import GridCell
-from stepgap.sim.sweep_table import is_column_value
+from stepgap.sim.sweep_table import TEXT_COLUMNS, is_column_value
 
 
 class CellStore:
@@ -17,7 +16,9 @@ class CellStore:
 
     An interrupted run can leave its last line torn (no newline, not JSON): that cell runs
     again, and the torn line is cut off before the next one is appended. Any other line that is
-    not a finished cell is an error naming its line."""
+    not a finished cell is an error naming its line. Every line is JSON (common/fileio.py
+    dumps_json: a non-finite metric as "nan", "inf" or "-inf", read back as the float; a store
+    of older runs, with Python's bare NaN and Infinity, still reads)."""
 
     def __init__(self, path: Path, fresh: bool = False):
         self.path = path
@@ -57,6 +58,10 @@ class CellStore:
             raise UserError(f"{where(self.path, lineno, 'cell')}: expected a cell's hash; is "
                             "this a store of `stepgap sweep`? (rerun with --fresh)")
         metrics = d.get("metrics")
+        if isinstance(metrics, dict):   # a non-finite metric, as dumps_json wrote it
+            metrics = {k: float(v) if k not in TEXT_COLUMNS and v in NONFINITE else v
+                       for k, v in metrics.items()}
+            d["metrics"] = metrics
         if not isinstance(metrics, dict) or not all(is_column_value(k, v)
                                                     for k, v in metrics.items()):
             raise UserError(f"{where(self.path, lineno, 'metrics')}: expected an object of "
@@ -71,7 +76,7 @@ class CellStore:
                 self._file.truncate(self.cut_at)
             elif self.newline_due:
                 self._file.write(b"\n")
-        self._file.write((json.dumps({"cell": cell.key, "values": cell.values,
+        self._file.write((dumps_json({"cell": cell.key, "values": cell.values,
                                       "metrics": metrics}) + "\n").encode())
         self._file.flush()
         self.done[cell.key] = metrics

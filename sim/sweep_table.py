@@ -46,6 +46,7 @@ class SweepTable:
     base: dict
     axes: dict
     rows: list[dict]
+    path: str | None = None   # the sweep.json it was read from (load_sweep), for messages
 
     @property
     def columns(self) -> list[str]:
@@ -121,7 +122,7 @@ def load_sweep(path) -> SweepTable:
     axes = {k: [_restore(k, v, path) for v in vals] for k, vals in axes.items()}
     rows = [{k: (_restore(k, v, path) if k in axes else v) for k, v in r.items()}
             for r in rows]
-    return SweepTable(doc.get("preset"), doc.get("base", {}), axes, rows)
+    return SweepTable(doc.get("preset"), doc.get("base", {}), axes, rows, str(path))
 
 
 def _restore(key: str, v, path):

@@ -2,6 +2,7 @@
 no process of it left behind (checked by pid), a stopped worker ends its run with a clear error,
 and a closed stdout is no traceback."""
 
+import json
 import os
 import signal
 import subprocess
@@ -75,6 +76,42 @@ def test_sigterm_stops_a_sweep_and_leaves_no_pool_worker(tmp_path):
     assert not (out / "sweep.csv").exists()   # no table unless it is whole
     for line in (out / "cells.jsonl").read_text().splitlines():   # the store resumes
         assert line.startswith('{"cell"') and line.endswith("}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_a_sweep_killed_with_sigkill_leaves_no_pool_worker_and_resumes(tmp_path):
+    """SIGKILL cannot be handled, so the sweep cannot stop its pool: each worker notices that
+    its parent is gone (sim/sweep_runners.py exit_with_parent) and ends, where it used to wait
+    for its next cell forever. The store, its last line maybe torn, resumes. (Behaviour, not
+    speed: the bound is generous.)"""
+    out = tmp_path / "sweep"
+    grid = ["--grid", "mode=sync,async,zero-bubble", "--grid", "k=0..6", "--grid",
+            "max_concurrency=1..64:x2"]
+    proc = stepgap("sweep", "--preset", "seed-l20", *grid, "--jobs", "2", "--out", str(out),
+                   "--quiet")
+    workers = set()
+    try:
+        workers = wait_for(lambda: len(children(proc.pid)) >= 2 and children(proc.pid),
+                           what="the sweep's pool workers")
+        wait_for(lambda: (out / "cells.jsonl").is_file(), what="the first finished cell")
+        proc.kill()
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+        left = [pid for pid in workers if not gone(pid, wait_s=60)]
+        assert not left, f"pool workers left running after the sweep's SIGKILL: {left}"
+        proc.communicate(timeout=60)   # the workers held its pipes: closed now
+    finally:
+        for pid in workers:   # (only if the test failed)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    resumed = stepgap("sweep", "--preset", "seed-l20", "--grid", "mode=sync", "--grid",
+                      "k=0,1", "--grid", "max_concurrency=1", "--jobs", "2", "--out", str(out),
+                      "--quiet")
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    for line in (out / "cells.jsonl").read_text().splitlines():
+        json.loads(line, parse_constant=lambda word: pytest.fail(f"{word} in the store"))
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")

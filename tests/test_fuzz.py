@@ -5,9 +5,11 @@ the file, the field or the option, with no traceback, and leaves no output file 
 A seeded generator makes CASES cases, cycling through the kinds of bad input stepgap is fed:
 files that are not UTF-8, not JSON, nested too deeply, of the wrong shape or in the wrong place;
 traces, model and draft configs, run results, timelines, sweep stores and tables, grid files,
-profiles, measured folders and safetensors indexes with one field mistyped; option values that
+profiles, measured folders and safetensors indexes with one field mistyped (a draft head's as
+strictly as a target's; a profile's device_ops null or its device a "tpu"); option values that
 are non-finite or absurd; requests that would fill the memory; output paths that are folders,
-under a file, not writable or on a full disk (before the work, and during the write). Each case
+under a file, not writable or on a full disk (before the work, and during the write); a sweep
+whose metric is not finite in any row; a figure named for a format it is not written in. Each case
 runs `stepgap.cli.main` in this process. A failure names its case number and seed: the same seed
 (STEPGAP_FUZZ_SEED, default 16) makes the same case again.
 """
@@ -34,7 +36,8 @@ from stepgap.common.formats import RequestTiming, run_result, save_result
 from stepgap.cli import main
 
 SEED = int(os.environ.get("STEPGAP_FUZZ_SEED", "16"))
-CASES = int(os.environ.get("STEPGAP_FUZZ_CASES", "1200"))
+# (1,000 cases: 17-18 s on this 2-core VM; STEPGAP_FUZZ_CASES=20000 for a longer hunt)
+CASES = int(os.environ.get("STEPGAP_FUZZ_CASES", "1000"))
 UNWRITABLE = "/sys/stepgap-fuzz"   # read-only even for root
 
 
@@ -385,8 +388,11 @@ BAD_TARGET = {
     "architectures": [5, "LlamaForCausalLM", [1], {}],
     "model_type": ["mistral", 5, ["llama"]],   # (qwen3 etc. are simulator-only: BAD_FAMILY)
     "torch_dtype": [5, ["bfloat16"]],
-    "bos_token_id": [-1, "1", 1.5],
-    "eos_token_id": [[1, "2"], "2", -2],
+    "bos_token_id": [-1, "1", 1.5, 512, 100000],   # (the tiny target's vocabulary: 512)
+    "eos_token_id": [[1, "2"], "2", -2, 512, [2, 512]],
+    "hidden_act": ["gelu", "relu", 5, ["silu"]],   # the engine computes SiLU
+    "attention_bias": [True, "false", 1],          # ... and has no biases
+    "mlp_bias": [True, "true"],
 }
 BAD_DRAFT = {
     "draft_vocab_size": ["abc", 2048.7, 0, -1, 100000],
@@ -398,6 +404,17 @@ BAD_DRAFT = {
     "rope_scaling": [{"rope_type": "llama3", "factor": 4.0}, "x"],
     "num_key_value_heads": [3, 0],
     "hidden_size": [0, "64"],
+    # as strictly as the target's: one layer, a Llama layer as the engine builds it, its own
+    # lm_head, token ids in the vocabulary
+    "num_hidden_layers": [2, 0, "1", 1.0],
+    "tie_word_embeddings": ["false", True, 1],
+    "hidden_act": ["gelu", 5],
+    "attention_bias": [True, "no"],
+    "mlp_bias": [True],
+    "model_type": ["qwen3", 5],
+    "torch_dtype": [5],
+    "bos_token_id": [512, -1, "1"],
+    "eos_token_id": [512, [2, 100000], "2"],
 }
 # The simulator's other families (common/model_families.py FAMILIES), each from its preset's
 # config.json fields (HF_PRESETS) with one field broken; the simulator only (the engine builds
@@ -485,13 +502,16 @@ BAD_PROFILE = {
     "device_ops": ["x", 5, [5], [{"op": "warp", "coef": [1, 0, 0, 0]}],
                    [{"op": "d2h", "coef": [1, 0]}], [{"op": "d2h", "coef": ["x", 0, 0, 0]}],
                    [{"op": "d2h", "coef": [float("inf"), 0, 0, 0]}],
-                   [{"op": "d2h", "coef": [1, 0, 0, 0], "k": "x"}]],
+                   [{"op": "d2h", "coef": [1, 0, 0, 0], "k": "x"}],
+                   None, {}, DELETE],   # null or missing is not "no fits": [] says that
     "cpu": ["x", [1], {"schedule": ["x"]}, {"schedule": [float("nan")]}, {"bogus": [1]},
             {"wake_us": -1}, {"schedule": [1, 2, 3, 4]}],
     "jitter": ["x", {"trace": [1], "run_log_factors": [0], "bin_ms": 0, "sigma_step": 0},
                {"trace": ["x"], "run_log_factors": [0], "bin_ms": 1, "sigma_step": 0}],
     "cpu_by_k": ["x", {"x": {}}, {"2": {"schedule": "x"}}],
-    "topology": [5, "x"],
+    "topology": [5, "x", [], {"device": "tpu"}, {"device": 5}, {"device": "CUDA"},
+                 {"executor": "threads"}],
+    "device": ["tpu", 5, "", ["cpu"]],
     "format": ["stepgap-profile/0", 5, DELETE],
 }
 BAD_TABLE = {
@@ -907,7 +927,7 @@ def bad_output(rng: random.Random, d: Path, base: Base) -> Case:
     if how == "fills up":   # the work runs; its write fails half way
         which = rng.choice(["simulate --result-json", "simulate --timeline",
                             "plot timeline --out", "plot timeline --chrome"])
-        path = str(out / "new" / "x.out")
+        path = str(out / "new" / ("x.png" if which == "plot timeline --out" else "x.out"))
         return Case(f"{which}: the disk fills up while writing", file_outputs[which](path),
                     (path, png), disk_full_while_writing)
     folder = how != "under a file" and rng.random() < 0.4
@@ -1039,7 +1059,23 @@ def small_ones(rng: random.Random, d: Path, base: Base) -> Case:
     out = d / "out"
     how = rng.choice(["demo profile missing", "empty measured folder", "empty timeline",
                       "timeline without the steps", "missing trace", "missing model",
-                      "accepted above k", "accepted above k (run)"])
+                      "accepted above k", "accepted above k (run)", "sweep metric not finite",
+                      "figure of another format"])
+    if how == "sweep metric not finite":   # in every row: nothing to draw
+        metric = rng.choice(["mean_tpot_ms", "p99_itl_ms", "output_throughput"])
+        doc = table_doc()
+        for row in doc["rows"]:   # as save_result writes them, as Python's json does, or none
+            row[metric] = rng.choice(["inf", "-inf", "nan", float("inf"), float("nan"), -1e400,
+                                      None])
+        path = write_json(d / "tb" / "sweep.json", doc)
+        return Case(f"{how}: {metric}", ["plot", "sweep", str(path.parent), "--metric", metric,
+                                         "--out", str(out / "plots"), "--quiet"],
+                    (f"{path}: field 'rows[*].{metric}'",))
+    if how == "figure of another format":   # refused before the work, not PNG bytes in x.jpg
+        name = rng.choice(["t.jpg", "t", "t.png.txt", "t.svgz", "t.eps"])
+        return Case(f"{how}: --out {name}", ["plot", "timeline", str(timeline_file(d)),
+                                             "--out", str(out / name), "--quiet"],
+                    (f"--out {out / name}",))
     if how.startswith("accepted above k"):
         lines = trace_lines()
         lines[0]["accepted"] = [1, rng.choice([3, 5, 100])]
@@ -1145,9 +1181,11 @@ def test_bad_input_and_faults_end_in_one_clear_error_and_no_output(base, tmp_pat
 
 # Fields whose value is accepted by both commands, beside the bad ones above.
 ACCEPTED_TARGET = {"architectures": None, "head_dim": None, "tie_word_embeddings": DELETE,
-                   "rope_scaling": None, "bos_token_id": None, "eos_token_id": [2, 3]}
+                   "rope_scaling": None, "bos_token_id": None, "eos_token_id": [2, 511],
+                   "hidden_act": "swish"}
 ACCEPTED_DRAFT = {"architectures": None, "eagle_aux_hidden_state_layer_ids": None,
-                  "norm_before_residual": True}
+                  "norm_before_residual": True, "num_hidden_layers": DELETE,
+                  "eos_token_id": 2}
 
 
 def config_cases():
@@ -1237,8 +1275,8 @@ def test_a_non_finite_metric_is_written_as_valid_json_and_read_back(literal, rea
                                                                     tmp_path, capsys):
     """vLLM writes NaN for a metric with no samples (Python's json writes it bare; no other JSON
     reader takes it), and 1e400 reads as infinity. Whatever stepgap writes is JSON: compare
-    --json and every result map a non-finite number to "nan", "inf" or "-inf" (fileio.py
-    dumps_json), which load_result reads back as the float."""
+    --json, every result and a sweep's store map a non-finite number to "nan", "inf" or "-inf"
+    (fileio.py dumps_json), which load_result and the store read back as the float."""
     from stepgap.common.formats import load_result
     rng = random.Random(literal)
     keys = rng.sample(sorted(k for k, v in result_doc().items()
@@ -1258,3 +1296,29 @@ def test_a_non_finite_metric_is_written_as_valid_json_and_read_back(literal, rea
     for key in keys:
         assert doc[key] == read
         assert str(load_result(again)[key]) == read
+    # a sweep's store too (sim/sweep_store.py), line by line, read back by a resumed sweep
+    from stepgap.sim.sweep_grid import GridCell
+    from stepgap.sim.sweep_store import CellStore
+    path = tmp_path / "sw" / "cells.jsonl"
+    path.parent.mkdir()
+    store = CellStore(path)
+    store.add(GridCell({"k": 0}, {}, "c0"), {"mean_tpot_ms": float(read), "completed": 2,
+                                             "simulated_mode": "sync"})
+    store.close()
+    assert strict_json(path.read_text())["metrics"]["mean_tpot_ms"] == read
+    assert str(CellStore(path).done["c0"]["mean_tpot_ms"]) == read
+
+
+@pytest.mark.parametrize("part", ["create_engine_config", "worker_spec", "make_executor",
+                                  "engine_config"])
+def test_every_engine_user_gets_the_cuda_check(part):
+    """--device cuda where torch has no CUDA is one line naming the option for every user of
+    EngineArgs (the demo, calibrate/, the benchmarks, training), not only `run` and `serve`:
+    the setup checks it when it is resolved (engine/args.py check_cuda)."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this torch has CUDA")
+    from stepgap.common.errors import UserError
+    from stepgap.engine.args import EngineArgs
+    with pytest.raises(UserError, match=r"^--device cuda: .*run with --device cpu$"):
+        getattr(EngineArgs(model="tiny", device="cuda"), part)()

@@ -89,10 +89,10 @@ def test_vllm_shortcuts_of_the_speculative_config(tmp_path):
 
 
 def test_a_pasted_vllm_option_is_named_and_ignored(tmp_path, capsys):
-    res = sim_result(tmp_path, "a", "--no-enable-prefix-caching", "--dtype", "bfloat16",
+    res = sim_result(tmp_path, "a", "--enforce-eager", "--dtype", "bfloat16",
                      "--port", "8000", "--max_num_seqs", "8")
     err = capsys.readouterr().err
-    for name in ("--no-enable-prefix-caching", "--dtype", "--port"):
+    for name in ("--enforce-eager", "--dtype", "--port"):
         assert f"ignoring {name} (a vLLM option that stepgap does not model)" in err
     assert err.count("ignoring") == 3
     assert res["config"]["max_num_seqs"] == 8          # vLLM's underscores are taken too

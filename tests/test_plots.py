@@ -1,5 +1,6 @@
 """Figures of sweeps and timelines: what they show, read off the matplotlib objects."""
 
+import csv
 import json
 import math
 
@@ -204,6 +205,60 @@ def test_plot_sweep_command_on_a_saved_table(tmp_path, capsys):
     assert "unknown metric 'tpot'" in capsys.readouterr().err
     assert main(["plot", "sweep", str(tmp_path / "nothing")]) == 2
     assert "no sweep here" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, magic", [("tl.png", b"\x89PNG"), ("tl.svg", b"<?xml"),
+                                         ("tl.pdf", b"%PDF"), ("TL.SVG", b"<?xml")])
+def test_plot_timeline_writes_the_format_its_name_asks_for(name, magic, tmp_path):
+    """--out x.svg is an SVG (it used to hold PNG bytes), the same bytes each time."""
+    save_timeline(tmp_path / "s.jsonl", sync_spans())
+    out = tmp_path / name
+    assert main(["plot", "timeline", str(tmp_path / "s.jsonl"), "--out", str(out),
+                 "--quiet"]) == 0
+    first = out.read_bytes()
+    assert first.startswith(magic)
+    assert main(["plot", "timeline", str(tmp_path / "s.jsonl"), "--out", str(out),
+                 "--quiet"]) == 0
+    assert out.read_bytes() == first
+
+
+@pytest.mark.parametrize("name", ["tl.jpg", "tl", "tl.png.txt"])
+def test_plot_timeline_refuses_a_figure_name_of_another_format(name, tmp_path, capsys):
+    save_timeline(tmp_path / "s.jsonl", sync_spans())
+    out = tmp_path / name
+    assert main(["plot", "timeline", str(tmp_path / "s.jsonl"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out}: a figure is written as PNG, SVG or PDF" in err
+    assert len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_plot_sweep_leaves_cells_whose_metric_is_not_finite_blank(tmp_path, capsys):
+    """A cell whose metric is infinite or NaN is neither drawn nor taken as the best k; a
+    facet without a finite value gets no figures; a sweep without one is one error naming the
+    file and the metric, and nothing is written."""
+    t = table({"tensor_parallel_size": [1, 2]})
+    for r in t.rows:
+        if r["k"] == 2 or r["tensor_parallel_size"] == 2:
+            r["mean_tpot_ms"] = math.inf if r["mode"] == "sync" else math.nan
+    t.save(tmp_path)
+    assert main(["plot", "sweep", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "no finite value of mean_tpot_ms at TP 2: no figures of it" in out
+    names = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert "heatmap_mean_tpot_ms__tensor_parallel_size-1.png" in names
+    assert not any("size-2" in n for n in names)
+    with open(tmp_path / "plots" / "best_k.csv") as f:
+        best = list(csv.DictReader(f))
+    assert best and {r["tensor_parallel_size"] for r in best} == {"1"}
+    assert {r["best_k"] for r in best} <= {"0", "1"}   # never the infinite k = 2
+    for r in t.rows:
+        r["mean_tpot_ms"] = math.inf
+    t.save(tmp_path / "all")
+    assert main(["plot", "sweep", str(tmp_path / "all")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'all' / 'sweep.json'}: field 'rows[*].mean_tpot_ms': no finite " \
+           "value" in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "all" / "plots").exists()
 
 
 def test_plot_help_explains_every_option_with_examples():

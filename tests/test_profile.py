@@ -160,6 +160,16 @@ def test_load_profile_names_what_is_wrong(tmp_path):
                                "device_ops": [{"op": "d2h", "coef": [1, 2]}]}))
     with pytest.raises(UserError, match="expected 4 finite numbers"):
         load_profile(bad)
+    for ops in ("null", "{}"):   # not "no fits": the roofline would answer for every op
+        bad.write_text(f'{{"format": "stepgap-profile/1", "device_ops": {ops}}}')
+        with pytest.raises(UserError, match=r"field 'device_ops': expected a list of fits "
+                                            r"\(\[\] for none\)"):
+            load_profile(bad)
+    bad.write_text(json.dumps({"format": "stepgap-profile/1", "device_ops": [],
+                               "topology": {"device": "tpu", "executor": "process"}}))
+    with pytest.raises(UserError, match=r"field 'topology.device': expected cpu or cuda, "
+                                        r"got 'tpu'"):
+        load_profile(bad)
     bad.write_text("{}")
     with pytest.raises(UserError, match="format"):
         load_profile(bad)

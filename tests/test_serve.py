@@ -610,4 +610,5 @@ def test_served_outputs_are_checked_before_serving(option, tmp_path, capsys):
     assert f"{option} {tmp_path}: is a folder" in capsys.readouterr().err
     assert main(["serve", "--model", "tiny", "--timeline", str(tmp_path / "t.jsonl"),
                  "--result-json", str(tmp_path / "t.trace.json")]) == 2
-    assert "the same file as --timeline's Chrome trace" in capsys.readouterr().err
+    assert f"--timeline's Chrome trace {tmp_path / 't.trace.json'}: the same file as " \
+           "--result-json" in capsys.readouterr().err   # (as run and simulate say it)

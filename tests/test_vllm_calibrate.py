@@ -78,7 +78,9 @@ def test_calibrate_from_the_command_line_then_simulate_another_k(tmp_path, capsy
                  "--block-size", "128", "--out", str(prof)]) == 0
     out, err = capsys.readouterr()
     assert "fitted on 1 sync runs" in out and "undetermined" in err
-    assert "worker.pt.trace.json.gz: in no run's time window" in err   # the profiled run's
+    # the profiled run's trace (decode steps cut from a longer run) is matched by what it
+    # prefilled, and no run given prefilled none
+    assert "worker.pt.trace.json.gz: prefilled 0 prompt tokens, the total of no run" in err
     doc = json.loads(prof.read_text())
     assert doc["calibration"]["with_timelines"] == ["bench"]
     assert doc["level"]["device_ops_scaled_by"] == 1.0   # hook spans: no profiler to undo
@@ -154,3 +156,32 @@ def test_the_mode_of_a_measured_run_is_read_off_its_timeline(fixture_run):
     from stepgap.calibrate.vllm_fit import ahead_share, infer_mode
     assert ahead_share(fixture_run.spans) == 0.0
     assert infer_mode(Run(**{**fixture_run.__dict__, "mode": None})) == "sync"
+
+
+def test_a_folder_given_skips_other_json_files_with_a_note(tmp_path):
+    folder = tmp_path / "runs"
+    shutil.copytree(DATA, folder)
+    (folder / "notes.json").write_text('{"what": "my own notes"}')
+    runs, notes = load_runs([folder])
+    assert [r.name for r in runs] == ["bench"]
+    assert any("notes.json: skipped, not a `vllm bench serve` file" in n for n in notes)
+    with pytest.raises(UserError):   # named on the command line, it must be a bench file
+        load_runs([folder / "notes.json"])
+
+
+def test_the_async_terms_estimated_from_sync_fits_follow_the_code_structure():
+    from stepgap.calibrate.vllm_fit import estimate_async
+    from stepgap.sim.profile import Fit
+    cpu_by_k = {0: {"prepare_inputs": [250.0, 5.0, 1.5]},
+                2: {"prepare_inputs": [340.0, 30.0, 1.5], "update_from_output": [30.0, 10.0, 0.2]}}
+    d2h = [Fit("d2h", None, 0, (60.0, 0.1, 2.0, 0.0), 100, 0.1, "t"),
+           Fit("d2h", None, 2, (80.0, 0.2, 9.0, 0.0), 100, 0.1, "t")]
+    est = estimate_async(cpu_by_k, d2h)
+    # without drafts: the slice copy (nothing), the output copied once more (k = 0's d2h)
+    assert est[0] == {"async_prepare": [0.0, 0.0, 0.0], "async_schedule": [0.0, 0.0, 0.0],
+                      "async_output": [60.0, 2.0 + 0.1, 0.0]}
+    # with drafts: two index sets, each the spec-decode metadata's cost (k=2 over k=0)
+    assert est[2]["async_prepare"] == [180.0, 50.0, 0.0]
+    assert est[2]["async_output"] == [80.0, 9.0 + 0.2 * 3, 0.0]
+    assert est[2]["async_schedule"] == [30.0, 10.0, 0.0]
+    assert estimate_async({2: cpu_by_k[2]}, d2h) == {}   # no k = 0 to take the difference from

@@ -38,8 +38,10 @@ from stepgap.calibrate.measured import FORMAT as MEASURED, git_commit, requests_
 from stepgap.calibrate.samples import device_points  # noqa: E402
 from stepgap.calibrate.fit import add_device, device_vs_profile  # noqa: E402
 from stepgap.calibrate.harness import cell_name, machine_info  # noqa: E402
+from stepgap.calibrate.judge import SYNC_ONLY_PROFILE  # noqa: E402
 from stepgap.calibrate.vllm import acceptance_from_scrapes, ingest_profile, read_source  # noqa: E402
 from stepgap.calibrate.vllm_fit import Run, calibrate_runs  # noqa: E402
+from stepgap.common.fileio import write_json  # noqa: E402
 from stepgap.common.formats import gap_summary, save_timeline, step_gaps  # noqa: E402
 from stepgap.common.vllm_bench import bench_result, is_bursty, read_bench  # noqa: E402
 from stepgap.sim.profile import save_profile  # noqa: E402
@@ -70,8 +72,12 @@ def run_of(src: Path, r: dict, hooks: bool = True) -> Run:
     run = Run(r["name"], src / "results" / f"{r['name']}.json", doc, r["k"], r["mode"],
               r["conc"], (t0 * 1e6, t1 * 1e6), acceptance=acc)
     if hooks:
-        run.spans = ingest_profile(hook_sources(src / "hooks" / f"{r['mode']}-k{r['k']}"),
-                                   run.window)
+        # a measurement resumed later started its servers again: their files (one per process)
+        # are the ones whose spans reach into the run's window
+        sources = [h for h in hook_sources(src / "hooks" / f"{r['mode']}-k{r['k']}")
+                   if h.events and h.events[0]["ts"] <= run.window[1]
+                   and h.events[-1]["ts"] >= run.window[0]]
+        run.spans = ingest_profile(sources, run.window)
     return run
 
 
@@ -90,16 +96,24 @@ def main(argv=None) -> int:
         shutil.rmtree(out / sub, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
 
-    # the calibration: sync runs on the calibration prompts, with their hook timelines
-    calib = [run_of(src, r) for r in plan["runs"] if r["kind"] == "calibration"]
+    # runs during which other processes used more than the limit, even after their reruns,
+    # are left out (and named in the manifest)
+    over = [r["name"] for r in plan["runs"] if r.get("over_limit")]
+    plan_runs = [r for r in plan["runs"] if not r.get("over_limit")]
+    # the calibration: sync runs (and the one async cell) on the calibration prompts, with
+    # their hook timelines
+    calib = [run_of(src, r) for r in plan_runs if r["kind"] == "calibration"]
     scheduler = {"max_num_seqs": plan["max_num_seqs"], "max_model_len": plan["max_model_len"],
                  "block_size": BLOCK_SIZE}
     meta = {"machine": machine_info(), "vllm": plan["vllm"], "cpus": plan["cpus"],
             "model": {"target": str(PAIR / "target"), "draft": str(PAIR / "eagle3")},
             "scheduler": scheduler}
     profile = calibrate_runs(calib, meta)
-    profile.about["model"] = {"target": "models/target", "draft": "models/eagle3"}
-    save_profile(out / "profile.json", profile)
+    # the same without the async calibration cell: what a user with sync runs only gets
+    sync_only = calibrate_runs([r for r in calib if r.mode == "sync"], meta)
+    for p, name in ((profile, "profile.json"), (sync_only, SYNC_ONLY_PROFILE)):
+        p.about["model"] = {"target": "models/target", "draft": "models/eagle3"}
+        save_profile(out / name, p)
     for name in ("target", "eagle3"):
         (out / "models" / name).mkdir(parents=True, exist_ok=True)
         shutil.copy(PAIR / name / "config.json", out / "models" / name / "config.json")
@@ -107,7 +121,7 @@ def main(argv=None) -> int:
     # the judged runs
     cells, runs, bursty, device = [], {}, [], {}
     fitted_ks = sorted({f.k for f in profile.fits})
-    for r in plan["runs"]:
+    for r in plan_runs:
         if r["kind"] != "judged":
             continue
         doc = read_bench(src / "results" / f"{r['name']}.json")
@@ -121,6 +135,7 @@ def main(argv=None) -> int:
                            {"mode": r["mode"], "k": r["k"], "max_concurrency": r["conc"],
                             "max_num_seqs": plan["max_num_seqs"],
                             "max_model_len": plan["max_model_len"], "slice": r["rep"],
+                            "enable_prefix_caching": False,   # --no-enable-prefix-caching
                             "chunks_as_captured": matched, "load_avg_1m": r["load_avg_1m"],
                             "cpu_s": r["cpu_s"]})
         # the run's step gaps, from its own hook timeline (a bench file has none)
@@ -155,7 +170,7 @@ def main(argv=None) -> int:
     # the judged runs' own timelines (their hook spans: vLLM's scopes, engine core and API
     # server), k=2 concurrency 1, for the report's figure beside the same runs re-simulated
     timeline_cells = []
-    for r in plan["runs"]:
+    for r in plan_runs:
         if (r["kind"], r["k"], r["conc"], r["rep"]) == ("judged", 2, 1, 0) \
                 and r["name"] not in bursty:
             name = cell_name(r["mode"], r["k"], r["conc"])
@@ -166,12 +181,23 @@ def main(argv=None) -> int:
 
     loads = [r["load_avg_1m"] for r in plan["runs"]]
     started = min(r["window_s"][0] for r in plan["runs"])
+    other = [r["other_cpu"] for r in plan_runs if r.get("other_cpu")]
+    cores = sorted(o["others_core"] for o in other)
+    other_cpu = {"runs": len(other), "limit_core": plan.get("max_other_cpu"),
+                 "median_core": round(statistics.median(cores), 4) if cores else None,
+                 "max_core": round(max(cores), 4) if cores else None,
+                 "residual_max_core": round(max(o["residual_s"] / o["wall_s"] for o in other), 4)
+                 if other else None,
+                 "reruns": sum(len(r.get("reruns", [])) for r in plan["runs"]),
+                 "left_out_over_limit": over,
+                 "quiet_machine": plan.get("quiet")}
     manifest = {
-        "format": MEASURED, "device": "vllm-cpu", "bounds": "vllm",
+        "format": MEASURED, "device": "vllm-cpu",
         "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "wall_s": round(sum(r["wall_s"] for r in plan["runs"]), 1),
         "load_avg_1m": {"min": min(loads), "max": max(loads),
                         "mean": round(statistics.fmean(loads), 2)},
+        "other_cpu": other_cpu,
         "title": "vLLM 0.32.0 (CPU build) serving the trained pair", "machine": machine_info(),
         "commit": git_commit(), "command": "python bench/vllm/measure.py && python "
                                            "bench/vllm/build_folder.py",
@@ -190,7 +216,7 @@ def main(argv=None) -> int:
                 "max_num_seqs": plan["max_num_seqs"], "max_model_len": plan["max_model_len"]},
         "timeline": {"cells": sorted(timeline_cells), "steps": list(TIMELINE_STEPS)},
         "cells": cells}
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    write_json(out / "manifest.json", manifest)
     from stepgap.calibrate.report import write_report
     write_report(out, "python bench/vllm/build_folder.py " + " ".join(sys.argv[1:]))
     profiled_figure(src, out, plan)
@@ -209,6 +235,10 @@ def profiled_figure(src: Path, out: Path, plan: dict, k: int = 2, conc: int = 1)
     ids = [json.loads(line)["request_id"] for line in
            (src / "data" / "calibration.jsonl").read_text().splitlines()]
     panels = []
+    if not any((p["k"], p["conc"]) == (k, conc) for p in plan.get("profiles", [])):
+        print(f"profiled.png: no profiled run at k={k}, concurrency {conc} in this measurement; "
+              "no figure", file=sys.stderr)
+        return
     for p in plan["profiles"]:
         if (p["k"], p["conc"]) != (k, conc):
             continue

@@ -1,8 +1,13 @@
 """Measure the real vLLM (CPU build) serving the trained pair, driven by the real `vllm bench serve`.
 
-    make vllm                                   # vLLM 0.32.0's CPU build in .vllm (once)
-    python bench/vllm/measure.py --out out/vllm-cpu          # 22 min on 2 cores (4 repeats)
-    python bench/vllm/measure.py --out out/q --quick         # a few minutes: the pipeline only
+    make vllm                                            # vLLM 0.32.0's CPU build in .vllm (once)
+    python bench/vllm/measure.py --out out/vllm-cpu      # the grid, 8 repeats (docs/vllm.md)
+    python bench/vllm/measure.py --out out/vllm-cpu --repeats 12   # 4 more repeats, kept runs
+    python bench/vllm/measure.py --out out/q --quick     # a few minutes: the pipeline only
+
+A measurement runs alone: nothing else on the machine (no test run, no other benchmark, no
+build). Every run records the CPU time every other process used during it, and is rerun when
+that passes --max-other-cpu (5 % of a core).
 
 What it does, in order (docs/vllm.md has the why of each choice):
 
@@ -10,16 +15,20 @@ What it does, in order (docs/vllm.md has the why of each choice):
    training files (calibration), as `--dataset-name custom` files; every prompt must round-trip
    through the pair's tokenizer to its token ids.
 2. Servers: one `vllm serve` per (mode, k), all started up front and left running, so that runs
-   of different modes can interleave without restarts (an idle server uses no CPU once its
-   queues go idle). Each server's engine core and API server run on CPU 0 (`taskset`), its
-   worker's OpenMP thread on CPU 1 (`VLLM_CPU_OMP_THREADS_BIND`); the benchmark client on
-   CPU 0. Async servers set SG_VLLM_CPU_ASYNC=1 (bench/vllm/cpu_async_patch.py: vLLM's CPU
-   platform otherwise turns --async-scheduling off), a configuration vLLM does not support.
+   of different modes can interleave without restarts (an idle server sleeps once its queues
+   go idle; it spins about a second after a run, so each run starts 2 s after the last).
+   Each server's engine core and API server run on CPU 0 (`taskset`), its worker's OpenMP
+   thread on CPU 1 (`VLLM_CPU_OMP_THREADS_BIND`); the benchmark client on CPU 0. Async servers
+   set SG_VLLM_CPU_ASYNC=1 (bench/vllm/cpu_async_patch.py: vLLM's CPU platform otherwise
+   turns --async-scheduling off), a configuration vLLM does not support.
 3. Token capture: every prompt once per server, streaming with `return_token_ids`, so that each
    request's tokens per chunk (per engine step: 1 + accepted drafts) are vLLM's own.
-4. Runs: in each repeat, every (k, concurrency) group (rotating) runs one sync calibration run
-   (k in --calibrate-ks only) and its modes back to back on the judged prompts, the mode order
-   alternating; `/metrics` is scraped around every run.
+4. Runs: in each repeat, every (k, concurrency) group (rotating) runs its calibration runs (sync
+   at --calibrate-ks; async at the one --async-calibration cell) on the calibration prompts,
+   then its modes back to back on the judged prompts, the mode order alternating; `/metrics` is
+   scraped around every run, and the CPU time of every process not measured
+   (`other_cpu`: each process's utime + stime from /proc, and the machine's busy time less the
+   measured processes'). The plan is saved after every run: a larger --repeats resumes.
 5. Profiles: one short run per (mode, k, concurrency) of the calibration ks (sync; and async for
    the figure) with the torch profiler (Python tracer off, vLLM's custom scopes on).
 
@@ -77,7 +86,8 @@ def pinned(cpu) -> list[str]:
 class Server:
     """One `vllm serve` of the pair, at one mode and k."""
 
-    def __init__(self, venv: Path, mode: str, k: int, port: int, out: Path, cpus: dict):
+    def __init__(self, venv: Path, mode: str, k: int, port: int, out: Path, cpus: dict,
+                 extra: list[str] = ()):
         self.mode, self.k, self.port = mode, k, port
         self.name = f"{mode}-k{k}"
         self.trace_dir = out / "traces" / self.name
@@ -91,6 +101,7 @@ class Server:
                "--profiler-config", json.dumps({"profiler": "torch",
                                                 "torch_profiler_dir": str(self.trace_dir),
                                                 "torch_profiler_with_stack": False})]
+        cmd += list(extra)   # (a later flag wins: --enable-prefix-caching, --block-size)
         if k:
             cmd += ["--speculative-config", json.dumps({
                 "method": "eagle3", "model": str(PAIR / "eagle3"),
@@ -102,6 +113,7 @@ class Server:
                    SG_VLLM_CPU_ASYNC="1" if mode == "async" else "0")
         self.log_path = out / "logs" / f"server-{self.name}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.paused = False
         self.proc = subprocess.Popen([*pinned(cpus["host"]), *cmd], env=env,
                                      stdout=self.log_path.open("w"), stderr=subprocess.STDOUT,
                                      start_new_session=True, cwd=ROOT)
@@ -146,7 +158,25 @@ class Server:
                 out["worker"] = pid
         return out
 
+    def pause(self) -> None:
+        """Stop every process of the server (SIGSTOP): an idle vLLM server still wakes on its
+        queues (0.4-1.3 % of a core each here), and nine of them would be most of what a run
+        may share the machine with."""
+        if self.proc.poll() is None and not self.paused:
+            os.killpg(self.proc.pid, signal.SIGSTOP)
+            self.paused = True
+
+    def resume(self) -> None:
+        """Let it run again, and wait until it answers."""
+        if self.paused:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+            self.paused = False
+            self.wait_ready(120)
+
     def stop(self) -> None:
+        if self.paused:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+            self.paused = False
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
@@ -175,6 +205,51 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def all_cpu() -> dict[int, float]:
+    """utime + stime of every process on the machine now, by pid."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                out[int(d)] = cpu_seconds(int(d))
+            except (OSError, IndexError, ValueError):
+                pass   # it ended while we looked
+    return out
+
+
+def busy_seconds() -> float:
+    """The machine's busy CPU time since boot (user, nice, system, irq, softirq; not idle,
+    iowait or steal), seconds: /proc/stat's first line."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+class OtherCpu:
+    """What every process but the measured ones used during a run: the CPU time (utime +
+    stime) of each process not measured, from /proc at the start and the end (a process that
+    started in between counts whole; the idle servers and this script count), and the
+    machine's busy time less the measured processes' (which also holds processes that ended
+    in between, kernel threads and interrupts)."""
+
+    def __init__(self):
+        self.t0, self.procs, self.busy = time.monotonic(), all_cpu(), busy_seconds()
+        self.children = os.times().children_user + os.times().children_system
+
+    def stop(self, measured: set[int]) -> dict:
+        wall = time.monotonic() - self.t0
+        now, busy = all_cpu(), busy_seconds()
+        mine = {p: now[p] - self.procs.get(p, 0.0) for p in measured if p in now}
+        others = sum(now[p] - self.procs.get(p, 0.0) for p in now if p not in measured)
+        # the client has ended: its CPU time is ours to collect as a waited-for child's
+        client = os.times().children_user + os.times().children_system - self.children
+        residual = busy - self.busy - sum(mine.values()) - client
+        return {"wall_s": round(wall, 3), "others_s": round(others, 3),
+                "others_core": round(others / max(wall, 1e-9), 4),
+                "residual_s": round(residual, 3), "client_s": round(client, 3),
+                "measured_s": round(sum(mine.values()), 3)}
+
+
 # ---------------------------------------------------------------------------------------------
 # Runs
 
@@ -185,6 +260,8 @@ def bench(venv: Path, server: Server, dataset: Path, conc: int, out: Path, name:
     the CPU time each server process spent during it."""
     pids = server.pids()
     before = server.scrape()
+    measured = {server.proc.pid, *descendants(server.proc.pid)}
+    other = OtherCpu()
     cpu0 = {role: cpu_seconds(pid) for role, pid in pids.items()}
     rt = ["chrt", "-f", "1"] if cpus.get("client_rt") else []
     cmd = [*rt, *pinned(cpus["client"]), str(venv / "bin" / "python"), str(CLI), "bench",
@@ -205,12 +282,13 @@ def bench(venv: Path, server: Server, dataset: Path, conc: int, out: Path, name:
     if done.returncode:
         raise SystemExit(f"bench {name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     cpu = {role: round(cpu_seconds(pid) - cpu0[role], 2) for role, pid in pids.items()}
+    others = other.stop(measured)
     after = server.scrape()
     (out / "metrics").mkdir(exist_ok=True)
     (out / "metrics" / f"{name}.before.txt").write_text(before)
     (out / "metrics" / f"{name}.after.txt").write_text(after)
     res = json.loads((out / "results" / f"{name}.json").read_text())
-    return {"name": name, "wall_s": round(wall, 2), "cpu_s": cpu,
+    return {"name": name, "wall_s": round(wall, 2), "cpu_s": cpu, "other_cpu": others,
             "bursty_share": round(bursty_share(res), 3),
             "window_s": [round(epoch0, 3), round(time.time(), 3)],
             "load_avg_1m": round(os.getloadavg()[0], 2), "mean_tpot_ms": res["mean_tpot_ms"],
@@ -251,9 +329,10 @@ def capture_tokens(server: Server, dataset: Path, out: Path, conc: int = 4) -> P
     return path
 
 
-def plan_units(ks, concs, modes, calibrate_ks, repeats):
-    """(kind, mode, k, conc, rep) in run order: groups rotate; each group's calibration run
-    (sync, calibration prompts) first, then its modes back to back, order alternating."""
+def plan_units(ks, concs, modes, calibrate_ks, repeats, async_calibration=None):
+    """(kind, mode, k, conc, rep) in run order: groups rotate; each group's calibration runs
+    (sync at the calibrate ks; async at the one (k, conc) of `async_calibration`; calibration
+    prompts) first, then its modes back to back, order alternating."""
     groups = [(k, c) for k in ks for c in concs]
     orders = list(itertools.permutations(modes))
     units = []
@@ -262,8 +341,26 @@ def plan_units(ks, concs, modes, calibrate_ks, repeats):
         for k, c in groups[shift:] + groups[:shift]:
             if k in calibrate_ks:
                 units.append(("calibration", "sync", k, c, rep))
+            if async_calibration == (k, c):
+                units.append(("calibration", "async", k, c, rep))
             units += [("judged", m, k, c, rep) for m in orders[rep % len(orders)]]
     return units
+
+
+def quiet_machine(log, seconds: float = 10.0) -> dict:
+    """What the machine's processes use with no run going: the floor every run sees."""
+    other = OtherCpu()
+    time.sleep(seconds)
+    q = other.stop(set())
+    log(f"quiet machine, {seconds:.0f} s with no run: processes {q['others_core']:.1%} of a "
+        f"core, busy {q['residual_s'] / seconds:.1%}")
+    return q
+
+
+def save_plan(out: Path, plan: dict) -> None:
+    tmp = out / "plan.json.tmp"
+    tmp.write_text(json.dumps(plan, indent=1) + "\n")
+    tmp.replace(out / "plan.json")
 
 
 def main(argv=None) -> int:
@@ -273,14 +370,20 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="out/vllm-cpu")
     ap.add_argument("--venv", default=str(ROOT / ".vllm"))
     ap.add_argument("--modes", default="sync,async")
-    ap.add_argument("--ks", default="0,2,4")
+    ap.add_argument("--ks", default="0,1,2,3,4")
     ap.add_argument("--calibrate-ks", default="0,2")
-    ap.add_argument("--concurrency", default="1,4")
-    ap.add_argument("--repeats", type=int, default=4)
+    ap.add_argument("--async-calibration", default="2,4", metavar="K,C",
+                    help="the one async cell measured on the calibration prompts (its terms "
+                         "go into the fit); 'none' for a sync-only calibration")
+    ap.add_argument("--concurrency", default="1,2,4,8")
+    ap.add_argument("--repeats", type=int, default=8,
+                    help="repeats of every cell; rerun with a larger number (and the same "
+                         "--out) to add repeats: runs already measured are kept")
     ap.add_argument("--num-prompts", type=int, default=48)
     ap.add_argument("--profile-prompts", type=int, default=8)
     ap.add_argument("--quick", action="store_true",
-                    help="k 2 only, 8 prompts, 1 repeat: checks the pipeline in minutes")
+                    help="k 2 only, concurrency 1 and 4, 8 prompts, 1 repeat: checks the "
+                         "pipeline in minutes")
     ap.add_argument("--host-cpu", type=int, default=0)
     ap.add_argument("--worker-cpu", type=int, default=1)
     ap.add_argument("--client-cpu", type=int, default=None, help="default: the host CPU")
@@ -288,12 +391,21 @@ def main(argv=None) -> int:
                     help="run the bench client at normal priority (by default SCHED_FIFO 1: "
                          "on this VM a client at normal priority is woken late, and reads a "
                          "whole response in one burst; docs/vllm.md)")
-    ap.add_argument("--retries", type=int, default=2,
-                    help="reruns of a run whose client read the stream in bursts")
+    ap.add_argument("--retries", type=int, default=3,
+                    help="reruns of a run whose client read the stream in bursts, or during "
+                         "which other processes used more than --max-other-cpu")
+    ap.add_argument("--max-other-cpu", type=float, default=0.05, metavar="FRACTION",
+                    help="of one core: the most every process but the measured server and its "
+                         "client may use during a run (the idle servers included)")
+    ap.add_argument("--no-profiles", dest="profiles", action="store_false",
+                    help="skip the profiled runs")
+    ap.add_argument("--groups", metavar="K:C,...",
+                    help="with a larger --repeats: add repeats of these (k, concurrency) groups "
+                         "only (their judged runs, both modes), e.g. 2:1,4:4")
     args = ap.parse_args(argv)
     if args.quick:
         args.ks, args.calibrate_ks, args.repeats, args.num_prompts = "2", "2", 1, 8
-        args.profile_prompts = 2
+        args.concurrency, args.profile_prompts, args.async_calibration = "1,4", 2, "2,4"
     venv, out = Path(args.venv), Path(args.out)
     if not (venv / "bin" / "python").is_file():
         raise SystemExit(f"{venv}: no vLLM venv there; run `make vllm` first")
@@ -306,6 +418,8 @@ def main(argv=None) -> int:
     ks = [int(x) for x in args.ks.split(",")]
     calibrate_ks = [int(x) for x in args.calibrate_ks.split(",") if x]
     concs = [int(x) for x in args.concurrency.split(",")]
+    async_cal = None if args.async_calibration == "none" else \
+        tuple(int(x) for x in args.async_calibration.split(","))
 
     from stepgap.calibrate.pair import calibration_trace, load_heldout
     data = out / "data"
@@ -314,58 +428,94 @@ def main(argv=None) -> int:
     info = {"judged": write_dataset(load_heldout(PAIR), judged),
             "calibration": write_dataset(calibration_trace(PAIR, 48), calib)}
     log(f"datasets: {info}")
+    old = json.loads((out / "plan.json").read_text()) if (out / "plan.json").is_file() else {}
+    runs = [r for r in old.get("runs", [])]
+    done = {r["name"] for r in runs}
 
     servers = {}
     try:
+        # one at a time: every worker compiles on the worker CPU, and ten at once there do
+        # not finish within a server's start-up timeout
         for i, (mode, k) in enumerate(itertools.product(modes, ks)):
-            servers[(mode, k)] = Server(venv, mode, k, BASE_PORT + i, out, cpus)
-        for s in servers.values():
+            s = servers[(mode, k)] = Server(venv, mode, k, BASE_PORT + i, out, cpus)
             log(f"server {s.name} ready in {s.wait_ready():.0f} s (pids {s.pids()})")
-        for s in servers.values():   # warm-up, then vLLM's own tokens of every chunk
-            bench(venv, s, judged, 4, out, f"warmup-{s.name}", cpus, 8)
-            for ds in (judged, calib):
-                capture_tokens(s, ds, out)
-        log("warm-up and token capture done")
-        runs = []
-        units = plan_units(ks, concs, modes, calibrate_ks, args.repeats)
-        for n, (kind, mode, k, c, rep) in enumerate(units):
-            name = f"{kind}-{mode}-k{k}-c{c}-r{rep}"
-            for attempt in range(args.retries + 1):
-                r = bench(venv, servers[(mode, k)], judged if kind == "judged" else calib, c,
-                          out, name, cpus, args.num_prompts)
-                if r["bursty_share"] <= BURSTY_MAX:
-                    break
-                log(f"{name}: {r['bursty_share']:.0%} of ITLs under 50 us (the client read "
-                    f"in bursts), attempt {attempt + 1}")
-            r["attempts"] = attempt + 1
-            r.update(kind=kind, mode=mode, k=k, conc=c, rep=rep)
-            runs.append(r)
-            log(f"{n + 1}/{len(units)} {name}: TPOT {r['mean_tpot_ms']:.3f} ms, ITL "
-                f"{r['mean_itl_ms']:.3f} ms, {r['wall_s']:.1f} s, cpu {r['cpu_s']}, load "
-                f"{r['load_avg_1m']}")
-        profiles = []
-        for (mode, k), s in servers.items():
-            if k not in calibrate_ks:
-                continue
-            for c in concs:
-                name = f"profile-{mode}-k{k}-c{c}"
-                before = set(s.trace_dir.iterdir())
-                r = bench(venv, s, calib, c, out, name, cpus, args.profile_prompts,
-                          profile=True)
-                time.sleep(2)
-                r.update(mode=mode, k=k, conc=c,
-                         traces=sorted(str(p.relative_to(out)) for p in
-                                       set(s.trace_dir.iterdir()) - before))
-                profiles.append(r)
-                log(f"{name}: traces {r['traces']}")
+            if old:
+                s.pause()
+        if not old:
+            for s in servers.values():   # warm-up, then vLLM's own tokens of every chunk
+                bench(venv, s, judged, 4, out, f"warmup-{s.name}", cpus, 8)
+                for ds in (judged, calib):
+                    capture_tokens(s, ds, out)
+            log("warm-up and token capture done")
+        for s in servers.values():   # every server stopped but the one a run uses
+            s.pause()
+        quiet = [*old.get("quiet", []), quiet_machine(log)]
         plan = {"vllm": "0.32.0 (CPU build)", "modes": modes, "ks": ks,
-                "calibrate_ks": calibrate_ks, "concurrency": concs, "repeats": args.repeats,
+                "calibrate_ks": calibrate_ks,
+                "async_calibration": list(async_cal) if async_cal else None,
+                "concurrency": concs, "repeats": args.repeats,
                 "num_prompts": args.num_prompts, "cpus": cpus, "datasets": info,
                 "max_model_len": MAX_MODEL_LEN, "max_num_seqs": MAX_NUM_SEQS,
-                "runs": runs, "profiles": profiles,
+                "max_other_cpu": args.max_other_cpu, "quiet": quiet,
+                "runs": runs, "profiles": old.get("profiles", []),
                 "servers": {s.name: {"port": s.port, "async_patch": s.mode == "async"}
                             for s in servers.values()}}
-        (out / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
+        units = [u for u in plan_units(ks, concs, modes, calibrate_ks, args.repeats, async_cal)
+                 if f"{u[0]}-{u[1]}-k{u[2]}-c{u[3]}-r{u[4]}" not in done]
+        if args.groups:
+            only = {tuple(int(x) for x in g.split(":")) for g in args.groups.split(",")}
+            units = [u for u in units if u[0] == "judged" and (u[2], u[3]) in only]
+        for n, (kind, mode, k, c, rep) in enumerate(units):
+            name = f"{kind}-{mode}-k{k}-c{c}-r{rep}"
+            reruns = []
+            server = servers[(mode, k)]
+            for s in servers.values():
+                if s is not server:
+                    s.pause()
+            server.resume()
+            for attempt in range(args.retries + 1):
+                time.sleep(2)   # the previous server's spin on its queue ends (~1 s)
+                r = bench(venv, server, judged if kind == "judged" else calib, c,
+                          out, name, cpus, args.num_prompts)
+                why = []
+                if r["bursty_share"] > BURSTY_MAX:
+                    why.append(f"{r['bursty_share']:.0%} of ITLs under 50 us (the client read "
+                               "in bursts)")
+                if r["other_cpu"]["others_core"] > args.max_other_cpu:
+                    why.append(f"other processes used {r['other_cpu']['others_core']:.1%} of a "
+                               "core")
+                if not why:
+                    break
+                reruns.append({"attempt": attempt + 1, "why": why, "other_cpu": r["other_cpu"]})
+                log(f"{name}: {'; '.join(why)}, attempt {attempt + 1}")
+            r.update(kind=kind, mode=mode, k=k, conc=c, rep=rep, attempts=attempt + 1,
+                     reruns=reruns, over_limit=bool(why))
+            runs.append(r)
+            save_plan(out, plan)
+            log(f"{n + 1}/{len(units)} {name}: TPOT {r['mean_tpot_ms']:.3f} ms, ITL "
+                f"{r['mean_itl_ms']:.3f} ms, {r['wall_s']:.1f} s, others "
+                f"{r['other_cpu']['others_core']:.2%} of a core (busy residual "
+                f"{r['other_cpu']['residual_s']:.2f} s), cpu {r['cpu_s']}")
+        if args.profiles and not plan["profiles"]:
+            for (mode, k), s in servers.items():
+                if k not in calibrate_ks:
+                    continue
+                for other in servers.values():
+                    if other is not s:
+                        other.pause()
+                s.resume()
+                for c in concs:
+                    name = f"profile-{mode}-k{k}-c{c}"
+                    before = set(s.trace_dir.iterdir())
+                    r = bench(venv, s, calib, c, out, name, cpus, args.profile_prompts,
+                              profile=True)
+                    time.sleep(2)
+                    r.update(mode=mode, k=k, conc=c,
+                             traces=sorted(str(p.relative_to(out)) for p in
+                                           set(s.trace_dir.iterdir()) - before))
+                    plan["profiles"].append(r)
+                    log(f"{name}: traces {r['traces']}")
+        save_plan(out, plan)
         log(f"done: {out}/plan.json")
     finally:
         for s in servers.values():
