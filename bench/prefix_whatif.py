@@ -1,7 +1,7 @@
 """What a shared prefix changes: TTFT and the async saving against the shared fraction of the
 prompt (issue 27).
 
-    python bench/prefix_whatif.py --out out/prefix-whatif      # a minute or two on 2 cores
+    python bench/prefix_whatif.py      # draws docs/img/prefix_whatif.png
 
 vLLM's prefix_repetition workload (common/workloads.py): 10 prefixes, each shared by a tenth of
 the prompts, of 1024-token prompts whose first FRACTION are the shared prefix; 256 output
@@ -76,7 +76,8 @@ def main(argv=None) -> int:
     ax1.legend(fontsize=8)
     fig.suptitle("Llama-3.1-8B + EAGLE-3 (k = 3) on an H100, prefix_repetition (1024-token "
                  "prompts, 10 prefixes)", fontsize=10)
-    fig.savefig(args.figure, dpi=110)
+    from stepgap.common.timeline_plots import save
+    save(fig, args.figure)
     print(f"figure: {args.figure}")
     return 0
 
