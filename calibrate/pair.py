@@ -53,7 +53,7 @@ def calibration_trace(pair, num_prompts: int, seed: int = 1) -> list[TraceReques
     return [replace(r, request_id=f"calib-{i:03d}") for i, r in enumerate(reqs)]
 
 
-def shared_prefix_trace(pair=PAIR, groups: int = 6, per_group: int = 7, prefix_len: int = 96,
+def shared_prefix_trace(pair=PAIR, groups: int = 6, per_group: int = 7, prefix_len: int = 64,
                         suffix_len: int = 48, output_len: int = 64) -> list[TraceRequest]:
     """Held-out prompts that share prefixes (issue 27): `groups` prefixes, each the first
     prefix_len tokens of one held-out prompt, each followed by the first suffix_len tokens of

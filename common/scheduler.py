@@ -144,11 +144,12 @@ class SchedulerConfig:
         if self.max_num_batched_tokens < 1 + self.num_spec_tokens:
             raise UserError(f"scheduler: max_num_batched_tokens ({self.max_num_batched_tokens}) "
                             f"must hold at least 1 + k = {1 + self.num_spec_tokens} tokens")
-        if self.enable_prefix_caching and self.max_model_len % self.block_size:
-            raise UserError(f"--block-size {self.block_size} does not divide --max-model-len "
-                            f"{self.max_model_len}: with prefix caching a context is cached in "
-                            "whole blocks (give a block size that divides it, or "
-                            "--no-enable-prefix-caching)")
+        ctx = self.max_position_embeddings   # the model's context (a run may stop short)
+        if self.enable_prefix_caching and is_int(ctx) and ctx > 0 and ctx % self.block_size:
+            raise UserError(f"--block-size {self.block_size} does not divide the model's "
+                            f"context (max_position_embeddings {ctx}): with prefix caching a "
+                            "context is cached in whole blocks (give a block size that divides "
+                            "it, or --no-enable-prefix-caching)")
 
     def check_fits(self, request_id: str, prompt_len: int, output_len: int) -> None:
         """Reject a request this engine could never serve, naming it."""

@@ -219,3 +219,30 @@ def test_every_peer_run_is_priced_from_its_own_tables(peer_judged):
     for name, j in peer_judged[2].items():
         dc = j["simulated"]["config"]["resolved"]["device_costs"]
         assert dc["target_forward"].startswith("tables"), name
+
+
+# -- prefix caching against the real vLLM (issue 27) --------------------------------------------
+
+PREFIX_HITS = ROOT / "traces" / "measured" / "prefix-cpu" / "vllm_prefix_hits.json"
+
+
+def test_the_simulator_finds_exactly_the_prefix_hits_vllm_counted():
+    """bench/vllm/prefix_hits.py sent the shared-prefix trace to the real vLLM (prefix caching
+    on) one request at a time and read its /metrics counters; the simulator, on the same trace,
+    must find the same hit and query counts, not close ones (the engine finds the simulator's:
+    tests/test_engine_prefix_cache.py)."""
+    import json
+    from stepgap.calibrate.pair import PAIR, shared_prefix_trace
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.loop import simulate
+    doc = json.loads(PREFIX_HITS.read_text())
+    trace = shared_prefix_trace(PAIR)
+    assert doc["trace"].endswith(f"{len(trace)} prompts")
+    res, _ = simulate(SimConfig(mode="sync", max_concurrency=1, gpu="cpu", device="cpu",
+                                model=str(PAIR / "target"), block_size=doc["block_size"],
+                                max_model_len=256, enable_prefix_caching=True), trace)
+    pc = res["config"]["resolved"]["prefix_cache"]
+    assert {"queries": pc["queries"], "hits": pc["hits"]} == \
+        {"queries": doc["vllm"]["queries"], "hits": doc["vllm"]["hits"]} == \
+        {"queries": doc["engine"]["queries"], "hits": doc["engine"]["hits"]}
+    assert doc["vllm"]["hits"] > 0

@@ -118,7 +118,7 @@ def test_the_simulator_counts_hits_and_finishes_every_request_with_caching_on(tm
                                          "prompt_token_ids": prompt}) + "\n"
                              for i in range(20)))
     on, _ = simulate(SimConfig(workload=str(trace), enable_prefix_caching=True, detailed=True))
-    off, _ = simulate(SimConfig(workload=str(trace), detailed=True))
+    off, _ = simulate(SimConfig(workload=str(trace), enable_prefix_caching=False, detailed=True))
     pc = on["config"]["resolved"]["prefix_cache"]
     assert pc["queries"] == 20 * 200 and pc["hits"] == 19 * 12 * BS   # 12 full blocks each
     assert on["output_lens"] == off["output_lens"] == [30] * 20

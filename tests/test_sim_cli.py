@@ -76,7 +76,7 @@ def bad_trace(tmp_path):
     (["--acceptance", "vibes"], "acceptance: unknown profile 'vibes'"),
     (["--cpu-cost", "nap=3"], "argument --cpu-cost: expected OP=A[,B[,C]]"),
     (["--seed", "-3"], "argument --seed: must be >= 0"),
-    (["--num-kv-blocks", "2", "--num-prompts", "2"], "KV blocks but the cache holds 2"),
+    (["--num-kv-blocks", "2", "--num-prompts", "2"], "but the cache holds 2"),
     (["--max-model-len", "64", "--trace", "sharegpt"], "exceeds --max-model-len 64"),
 ])
 def test_bad_input_is_one_clear_message(capsys, argv, needle):

@@ -161,7 +161,11 @@ def test_token_ids_past_the_vocabulary_are_refused_before_the_run(tmp_path):
 
 def test_a_block_size_that_does_not_divide_the_context_is_refused_with_prefix_caching():
     from stepgap.common.scheduler import SchedulerConfig
-    with pytest.raises(UserError, match=r"--block-size 16 does not divide --max-model-len 1000"):
-        SchedulerConfig(num_blocks=100, block_size=16, max_model_len=1000)
-    SchedulerConfig(num_blocks=100, block_size=16, max_model_len=1000,
-                    enable_prefix_caching=False)
+    with pytest.raises(UserError, match=r"--block-size 16 does not divide the model's context "
+                                        r"\(max_position_embeddings 1000\)"):
+        SchedulerConfig(num_blocks=100, block_size=16, max_model_len=500,
+                        max_position_embeddings=1000)
+    SchedulerConfig(num_blocks=100, block_size=16, max_model_len=500,
+                    max_position_embeddings=1000, enable_prefix_caching=False)
+    # a run's own --max-model-len may stop anywhere short of the context, as in vLLM
+    SchedulerConfig(num_blocks=100, block_size=16, max_model_len=50, max_position_embeddings=1024)

@@ -4,9 +4,10 @@
     python bench/vllm/prefix_hits.py --out traces/measured/prefix-cpu/vllm_prefix_hits.json
 
 Starts one `vllm serve` of the trained pair (vLLM 0.32.0's CPU build, sync, no speculation,
-prefix caching on, --block-size 16 as stepgap's), sends the shared-prefix trace
-(calibrate/pair.py shared_prefix_trace: real held-out text, six prefixes of 96 tokens, each
-shared by seven prompts) one request at a time as token ids, and reads the hit and query
+prefix caching on, --block-size 32: its CPU attention takes no smaller), sends the shared-prefix trace
+(calibrate/pair.py shared_prefix_trace: real held-out text, six prefixes of 64 tokens, the
+shortest held-out prompt's length, each shared by seven prompts) one request at a time as token
+ids, and reads the hit and query
 counters of its /metrics (vllm:prefix_cache_hits, vllm:prefix_cache_queries) before and after.
 Then runs stepgap's engine (`stepgap run`) and simulator (`stepgap simulate`) on the same trace,
 one request at a time, and writes the three counts side by side. The counts depend on the order
@@ -31,7 +32,7 @@ from stepgap.calibrate.pair import shared_prefix_trace  # noqa: E402
 from stepgap.common.fileio import write_json  # noqa: E402
 from stepgap.common.formats import save_trace  # noqa: E402
 
-BLOCK_SIZE = 16
+BLOCK_SIZE = 32   # the CPU attention backend takes multiples of 32 only
 COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
 
 
