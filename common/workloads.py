@@ -82,6 +82,19 @@ def _tokens(rng, n: int, vocab_size: int) -> list[int]:
     return rng.integers(0, vocab_size, n).tolist()
 
 
+def _shared_groups(rng, name: str, groups: int, per: int, prefix_len: int, suffix_len: int,
+                   output_len: int, vocab_size: int) -> list[TraceRequest]:
+    """`groups` random prefixes, each followed by `per` random suffixes of its own, group after
+    group (the random draws in that order): name-g-j."""
+    reqs = []
+    for g in range(groups):
+        prefix = _tokens(rng, prefix_len, vocab_size)
+        for j in range(per):
+            ids = prefix + _tokens(rng, suffix_len, vocab_size)
+            reqs.append(TraceRequest(f"{name}-{g}-{j}", 0.0, len(ids), output_len, ids))
+    return reqs
+
+
 def prefix_repetition(num_prompts: int = 100, output_len: int = 128, seed: int = 0,
                       prefix_len: int = 256, suffix_len: int = 256, num_prefixes: int = 10,
                       vocab_size: int = DEFAULT_VOCAB) -> list[TraceRequest]:
@@ -93,12 +106,8 @@ def prefix_repetition(num_prompts: int = 100, output_len: int = 128, seed: int =
         raise UserError(f"prefix_repetition: num_prompts ({num_prompts}) must be at least "
                         f"num_prefixes ({num_prefixes})")
     rng = np.random.default_rng(seed)
-    reqs = []
-    for g in range(num_prefixes):
-        prefix = _tokens(rng, prefix_len, vocab_size)
-        for j in range(per):
-            ids = prefix + _tokens(rng, suffix_len, vocab_size)
-            reqs.append(TraceRequest(f"prefix-{g}-{j}", 0.0, len(ids), output_len, ids))
+    reqs = _shared_groups(rng, "prefix", num_prefixes, per, prefix_len, suffix_len, output_len,
+                          vocab_size)
     order = rng.permutation(len(reqs))
     return [reqs[i] for i in order]
 
@@ -110,13 +119,8 @@ def generated_shared_prefix(num_prompts: int | None = None, output_len: int = 25
     """SGLang's `--dataset-name generated-shared-prefix` (its gsp options): num_groups system
     prompts of system_prompt_len tokens, each followed by prompts_per_group questions of
     question_len; num_prompts, when given, takes the first of them, group after group."""
-    rng = np.random.default_rng(seed)
-    reqs = []
-    for g in range(num_groups):
-        system = _tokens(rng, system_prompt_len, vocab_size)
-        for j in range(prompts_per_group):
-            ids = system + _tokens(rng, question_len, vocab_size)
-            reqs.append(TraceRequest(f"gsp-{g}-{j}", 0.0, len(ids), output_len, ids))
+    reqs = _shared_groups(np.random.default_rng(seed), "gsp", num_groups, prompts_per_group,
+                          system_prompt_len, question_len, output_len, vocab_size)
     return reqs[:num_prompts] if num_prompts is not None else reqs
 
 
