@@ -54,9 +54,9 @@ def sim_config(setup: Setup, run: dict, timeline: bool = False, **overrides) -> 
               "max_model_len": c.get("max_model_len") or folder["max_model_len"] or 2048,
               "num_gpu_blocks_override": c.get("num_blocks")
               or folder["num_gpu_blocks_override"]}
-    # a run measured before prefix caching existed (its config does not say) ran without it
+    # a run measured before prefix caching existed (its config says neither) ran without it
     settings = {**s, **limits, "mode": c.get("mode", "sync"), "k": c.get("k", 0),
-                "enable_prefix_caching": c.get("enable_prefix_caching", False),
+                "enable_prefix_caching": c.get("enable_prefix_caching", "prefix_cache" in c),
                 "max_concurrency": run.get("max_concurrency"), "replay": True,
                 "detailed": True, "timeline": timeline, **overrides}
     return SimConfig(**settings)
@@ -84,7 +84,7 @@ def resimulate(setup: Setup, cell: MeasuredCell, timeline: bool = False,
     for n, run in enumerate(cell.runs):
         cfg = sim_config(setup, run, timeline and n == 0,
                          **{"speed": levels[n] * device_scale, "seed": n, **overrides})
-        res, sp = simulate(cfg, requests_of(run))
+        res, sp = simulate(cfg, requests_of(run, setup.prompts))
         results.append(res)
         if n == 0 and timeline:
             spans = sp

@@ -224,14 +224,19 @@ def sync_only_section(setup) -> list[str]:
 
 
 def other_cpu_line(other: dict | None) -> str:
-    """What the processes other than the measured server and its client used during the runs
-    (bench/vllm/measure.py), as a clause of the load line."""
+    """What the processes other than the measured ones (the engine and its worker; vLLM's
+    server and its client) used during the runs (common/cpu_load.py), as a clause of the load
+    line."""
     if not other or other.get("median_core") is None:
         return ""
-    return (f"; every other process (the idle servers included) used {100 * other['median_core']:.1f} % "
-            f"of a core during a run (median), {100 * other['max_core']:.1f} % at most "
-            f"(the limit {100 * (other.get('limit_core') or 0):g} %: {other.get('reruns', 0)} "
-            f"runs rerun, {len(other.get('left_out_over_limit') or [])} left out)")
+    limit = other.get("limit_core") is not None   # bench/vllm/measure.py's, idle servers and all
+    line = (f"; every other process{' (the idle servers included)' * limit} used "
+            f"{100 * other['median_core']:.1f} % of a core during a run (median), "
+            f"{100 * other['max_core']:.1f} % at most")
+    if limit:
+        line += (f" (the limit {100 * other['limit_core']:g} %: {other.get('reruns', 0)} runs "
+                 f"rerun, {len(other.get('left_out_over_limit') or [])} left out)")
+    return line
 
 
 def merged_chunks(verdicts: list[Verdict]) -> list[str]:
