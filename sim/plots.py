@@ -18,14 +18,14 @@ from matplotlib.colors import Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from stepgap.sim.sweep_table import SweepTable
+from stepgap.sim.sweep_table import X_AXES, SweepTable
 from stepgap.common.errors import UserError, where
 from stepgap.common.timeline_plots import DPI
 
-X_AXES = ("max_concurrency", "request_rate")
 LABELS = {
     "max_concurrency": "max concurrency (requests in flight)",
     "request_rate": "request rate (req/s)",
+    "shared_fraction": "shared fraction of the prompt",
     "mean_tpot_ms": "mean TPOT (ms)", "median_tpot_ms": "median TPOT (ms)",
     "p99_tpot_ms": "P99 TPOT (ms)", "mean_itl_ms": "mean ITL (ms)", "p99_itl_ms": "P99 ITL (ms)",
     "mean_ttft_ms": "mean TTFT (ms)", "p99_ttft_ms": "P99 TTFT (ms)",
@@ -33,6 +33,7 @@ LABELS = {
     "request_throughput": "request throughput (req/s)",
     "total_token_throughput": "total token throughput (tok/s)",
     "mean_step_gap_us": "mean step gap (µs)", "acceptance_length": "acceptance length (tokens)",
+    "prefix_cache_hit_rate": "prefix-cache hit rate (of prompt tokens)",
 }
 
 
@@ -41,7 +42,8 @@ def label(metric: str) -> str:
 
 
 def lower_is_better(metric: str) -> bool:
-    return not ("throughput" in metric or metric == "acceptance_length")
+    return not ("throughput" in metric or metric in ("acceptance_length",
+                                                     "prefix_cache_hit_rate"))
 
 
 # -------------------------------------------------------------------------------------------
@@ -130,7 +132,8 @@ def views(table: SweepTable, x: str | None = None) -> list[View]:
     if x is None:
         x = next((a for a in X_AXES if a in table.axes), None)
         if x is None:
-            raise UserError("plot sweep: the sweep has no max_concurrency or request_rate axis")
+            raise UserError(f"plot sweep: the sweep has no {', '.join(X_AXES[:-1])} or "
+                            f"{X_AXES[-1]} axis")
     elif x not in table.axes:
         raise UserError(f"plot sweep: --x {x}: not an axis of the sweep "
                         f"(axes: {', '.join(table.axes)})")
@@ -178,7 +181,8 @@ def format_best_k(view: View, rows: list[BestK], metric: str = "mean_tpot_ms") -
     cells = {(r.mode, r.x): f"k={r.k}  {r.value:7.2f}" + (f"  ({r.speedup:.2f}x)"
                                                            if has_base else "") for r in rows}
     width = max([len(c) for c in cells.values()] + [len(str(m)) for m in view.modes]) + 3
-    xname = "concurrency" if view.x == "max_concurrency" else "rate (req/s)"
+    xname = {"max_concurrency": "concurrency", "request_rate": "rate (req/s)"}.get(
+        view.x, "shared fraction")
     lines = [head, f"{xname:<14}" + "".join(f"{str(m):<{width}}" for m in view.modes)]
     for x in view.xs:
         lines.append(f"{_fmt_x(x):<14}" + "".join(f"{cells.get((m, x), '-'):<{width}}"
@@ -363,5 +367,6 @@ def saving_plot(view, metric: str = "mean_tpot_ms") -> Figure:
     grid[0][-1].legend(title="speculation depth", fontsize=8, title_fontsize=8,
                        loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
     scenario = common_scenario(views) if multi else view.scenario()
-    fig.suptitle(f"What async scheduling saves over sync, by load\n{scenario}", fontsize=11)
+    by = "by load" if view.x != "shared_fraction" else "by the shared fraction of the prompt"
+    fig.suptitle(f"What async scheduling saves over sync, {by}\n{scenario}", fontsize=11)
     return fig
