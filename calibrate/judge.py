@@ -349,7 +349,7 @@ def sign_flipped(row: dict) -> bool:
 # Which alternatives a folder's bounds admit, and what more it is held to (rules_for; the issue
 # that set them): the engine's (issue 5): the bounds alone; vLLM's (issue 13): P99 TPOT within
 # 10 % *or* inside the measured cell's own 95 % interval, and a saving within 25 % (right sign)
-# *or* inside its measured interval; the engine's on prompts of token ids, with prefix caching
+# *or* inside its measured interval; the engine's on a trace whose runs hit the prefix cache
 # (issue 27): the engine's bounds, mean TTFT within 5 % too, and every run's prefix-cache
 # queries and hits exactly the engine's (no known miss can excuse a count).
 RULES = {"engine": {"p99_interval": False, "saving_interval": False, "prefix": False},
@@ -359,12 +359,12 @@ RULES = {"engine": {"p99_interval": False, "saving_interval": False, "prefix": F
 
 def rules_for(setup: Setup) -> str:
     """A folder's rule set, from what it measured (vLLM's runs: "vllm"; stepgap's engine:
-    "engine", or "prefix" where its judged trace is prompts of token ids, which the prefix
-    cache hashes), never from a field its builder chose; tests/test_fidelity.py pins each
-    committed folder's."""
+    "engine", or "prefix" where its judged runs found prompt tokens in the prefix cache: a
+    trace with shared prefixes), never from a field its builder chose; tests/test_fidelity.py
+    pins each committed folder's."""
     if str(setup.manifest.get("device", "")).startswith("vllm"):
         return "vllm"
-    return "prefix" if setup.prompts else "engine"
+    return "prefix" if setup.prefix_hits else "engine"
 
 
 def prefix_failures(v: Verdict) -> list[str]:

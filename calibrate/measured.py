@@ -60,6 +60,7 @@ class Setup:
     settings: dict
     manifest: dict
     prompts: dict = field(default_factory=dict)   # request id -> its prompt's token ids
+    prefix_hits: bool = False   # some judged run found prompt tokens in the prefix cache
 
 
 # -------------------------------------------------------------------------------------------
@@ -78,7 +79,9 @@ def load_measured(folder) -> tuple[Setup, list[MeasuredCell]]:
     cells = [MeasuredCell(c["mode"], c["k"], c.get("max_concurrency"),
                           load_runs(folder / c["runs"]), c.get("info") or {})
              for c in man["cells"]]
-    return Setup(folder, settings, man, judged_prompts(folder)), cells
+    hits = any((r.get("config", {}).get("prefix_cache") or {}).get("hits", 0) > 0
+               for c in cells for r in c.runs)
+    return Setup(folder, settings, man, judged_prompts(folder), hits), cells
 
 
 def judged_prompts(folder: Path) -> dict[str, list[int]]:

@@ -37,6 +37,11 @@ LABELS = {
 }
 
 
+# The x axes in a phrase ("the best k for each ...")
+X_WORDS = {"max_concurrency": "concurrency", "request_rate": "request rate",
+           "shared_fraction": "shared fraction"}
+
+
 def label(metric: str) -> str:
     return LABELS.get(metric, metric)
 
@@ -182,14 +187,22 @@ def format_best_k(view: View, rows: list[BestK], metric: str = "mean_tpot_ms") -
                                                            if has_base else "") for r in rows}
     width = max([len(c) for c in cells.values()] + [len(str(m)) for m in view.modes]) + 3
     xname = {"max_concurrency": "concurrency", "request_rate": "rate (req/s)"}.get(
-        view.x, "shared fraction")
-    lines = [head, f"{xname:<14}" + "".join(f"{str(m):<{width}}" for m in view.modes)]
+        view.x, X_WORDS[view.x])
+    first = max(14, len(xname) + 2)
+    lines = [head, f"{xname:<{first}}" + "".join(f"{str(m):<{width}}" for m in view.modes)]
     for x in view.xs:
-        lines.append(f"{_fmt_x(x):<14}" + "".join(f"{cells.get((m, x), '-'):<{width}}"
-                                                   for m in view.modes))
+        lines.append(f"{_fmt_x(x):<{first}}" + "".join(f"{cells.get((m, x), '-'):<{width}}"
+                                                        for m in view.modes))
     if has_base:
         lines.append("(in parentheses: speedup over k=0 in the same mode)")
     return "\n".join(lines)
+
+
+def wrapped(text: str, fig: Figure) -> str:
+    """A title line broken to the figure's width (about 12 characters an inch at 11 pt), so that
+    a long workload spec is not cut off."""
+    import textwrap
+    return textwrap.fill(text, width=max(40, int(12 * fig.get_figwidth())))
 
 
 def _fmt_x(x) -> str:
@@ -243,10 +256,10 @@ def _heatmap_panels(rows: list, norm, cmap, fmt: str, cbar_label: str, title: st
     cb = fig.colorbar(im, ax=list(grid.ravel()), shrink=0.95, pad=0.02)
     cb.set_label(cbar_label)
     fig.legend(handles=[Patch(fill=False, edgecolor="black", lw=2.2,
-                              label="best k for each concurrency")],
+                              label=f"best k for each {X_WORDS[view.x]}")],
                loc="outside lower center", frameon=False, fontsize=9)
     scenario = common_scenario([r[0] for r in rows]) if multi else view.scenario()
-    fig.suptitle(f"{title}\n{scenario}", fontsize=11)
+    fig.suptitle(f"{title}\n{wrapped(scenario, fig)}", fontsize=11)
     return fig
 
 
@@ -263,9 +276,10 @@ def metric_heatmap(view, metric: str = "mean_tpot_ms") -> Figure:
     cmap = colormaps["YlOrRd" if lower else "YlGn"]
     norm = Normalize(vals.min(), vals.max())
     better = "lower is better" if lower else "higher is better"
+    by = "shared fraction" if rows[0][0].x == "shared_fraction" else "load"
     return _heatmap_panels(rows, norm, cmap, ".1f" if vals.max() < 1000 else ".0f",
                            f"{label(metric)}, {better}",
-                           f"{_cap(label(metric))} by speculation depth and load")
+                           f"{_cap(label(metric))} by speculation depth and {by}")
 
 
 def no_finite(metric: str, views: list[View]) -> str:
@@ -368,5 +382,6 @@ def saving_plot(view, metric: str = "mean_tpot_ms") -> Figure:
                        loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
     scenario = common_scenario(views) if multi else view.scenario()
     by = "by load" if view.x != "shared_fraction" else "by the shared fraction of the prompt"
-    fig.suptitle(f"What async scheduling saves over sync, {by}\n{scenario}", fontsize=11)
+    fig.suptitle(f"What async scheduling saves over sync, {by}\n{wrapped(scenario, fig)}",
+                 fontsize=11)
     return fig

@@ -209,8 +209,8 @@ def test_a_shared_fraction_where_it_means_nothing_is_refused(spec, fraction, mes
 
 def test_the_simulator_refuses_a_shared_fraction_of_a_workload_without_a_prefix():
     from stepgap.sim.config import SimConfig
-    with pytest.raises(UserError, match="shared_fraction.*prefix_repetition or "
+    with pytest.raises(UserError, match="shared-fraction.*prefix_repetition or "
                                         "generated-shared-prefix"):
         SimConfig(workload="mtbench", shared_fraction=0.5)
-    with pytest.raises(UserError, match="shared_fraction"):
+    with pytest.raises(UserError, match="shared-fraction.*from 0 to 1"):
         SimConfig(workload="prefix_repetition", shared_fraction=2.0)
