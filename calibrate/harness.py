@@ -25,6 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from stepgap.common.cpu_load import OtherCpu
 from stepgap.common.errors import UserError
 from stepgap.common.formats import MODES, TraceRequest
 from stepgap.common.scheduler import cdiv
@@ -208,7 +209,7 @@ def run_plan(plan: Plan, progress: bool = True, log=None, desc: str | None = Non
                     bar.update(sum(r.output_len for r in reqs))
                     continue
                 bar.set_postfix_str(f"{kind} {name} #{rep} load {os.getloadavg()[0]:.2f}")
-                load0, t_unit = os.getloadavg()[0], time.monotonic()
+                load0, t_unit, other = os.getloadavg()[0], time.monotonic(), OtherCpu()
                 run = run_trace(ex, reqs, setup.engine_config(mode, k), vocab_size=vocab,
                                 max_concurrency=conc, detailed=kind == "judged",
                                 config={"executor": ea.executor,
@@ -219,6 +220,8 @@ def run_plan(plan: Plan, progress: bool = True, log=None, desc: str | None = Non
                                         else plan.calibration_name, "slice": rep,
                                         "max_concurrency": conc})
                 out.loads.append(os.getloadavg()[0])
+                # what every other process used meanwhile (the engine and its worker measured)
+                run.result["config"]["other_cpu"] = other.stop({os.getpid(), *worker_pids(ex)})
                 if kind == "calibration":
                     calib_runs.append((mode, k, run.spans))
                     calib_info.append({"mode": mode, "k": k, "conc": conc, "slice": rep,
@@ -249,6 +252,12 @@ def run_plan(plan: Plan, progress: bool = True, log=None, desc: str | None = Non
                                  for info, steps in zip(calib_info, series)]
     out.wall_s = time.monotonic() - t0
     return out
+
+
+def worker_pids(ex) -> list[int]:
+    """The executor's worker process, if it has one (the inline executor runs in ours)."""
+    pid = getattr(ex, "pid", None)
+    return [pid] if isinstance(pid, int) else []
 
 
 def keep_judged(out: Measured, plan: Plan, name: str, k: int, conc: int, run, load0: float):

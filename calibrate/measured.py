@@ -12,6 +12,8 @@ by `stepgap calibrate`'s measurement scripts) holds:
     runs/<cell>.json.gz     each cell's judged runs, detailed: per-request chunks and the
                             engine's accepted count of every decode step
     timelines/, calibration.jsonl, calibration_steps.json.gz   what the report draws
+    judged.jsonl            the judged trace as it ran, token ids and all: the prefix cache's
+                            hashes are the simulator's too
 
 calibrate/judge.py re-simulates and judges a folder; calibrate/report.py writes its report.
 """
@@ -24,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stepgap.common.cpu_load import summary as cpu_summary
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json, read_json_object, write_json
 from stepgap.common.formats import TraceRequest, save_timeline, save_trace
@@ -32,6 +35,7 @@ from stepgap.calibrate.harness import Measured, Plan, cell_name, machine_info
 from stepgap.sim.profile import save_profile
 
 FORMAT = "stepgap-measured/1"
+JUDGED_FILE = "judged.jsonl"   # the judged trace, as run (older folders have none)
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -55,6 +59,8 @@ class Setup:
     folder: Path
     settings: dict
     manifest: dict
+    prompts: dict = field(default_factory=dict)   # request id -> its prompt's token ids
+    prefix_hits: bool = False   # some judged run found prompt tokens in the prefix cache
 
 
 # -------------------------------------------------------------------------------------------
@@ -73,7 +79,20 @@ def load_measured(folder) -> tuple[Setup, list[MeasuredCell]]:
     cells = [MeasuredCell(c["mode"], c["k"], c.get("max_concurrency"),
                           load_runs(folder / c["runs"]), c.get("info") or {})
              for c in man["cells"]]
-    return Setup(folder, settings, man), cells
+    hits = any((r.get("config", {}).get("prefix_cache") or {}).get("hits", 0) > 0
+               for c in cells for r in c.runs)
+    return Setup(folder, settings, man, judged_prompts(folder), hits), cells
+
+
+def judged_prompts(folder: Path) -> dict[str, list[int]]:
+    """The judged trace's token ids by request id (JUDGED_FILE; {} in a folder without one, or
+    whose prompts were lengths only)."""
+    from stepgap.common.formats import load_trace
+    path = folder / JUDGED_FILE
+    if not path.is_file():
+        return {}
+    return {r.request_id: r.prompt_token_ids for r in load_trace(path)
+            if r.prompt_token_ids is not None}
 
 
 def read_manifest(folder: Path) -> dict:
@@ -114,16 +133,24 @@ def load_runs(path: Path) -> list[dict]:
     return runs
 
 
-def requests_of(result: dict) -> list[TraceRequest]:
+def requests_of(result: dict, prompts: dict | None = None) -> list[TraceRequest]:
     """A judged run's trace, rebuilt from its detailed result, with the engine's accepted counts
-    (all requests arrive at 0, as the held-out trace)."""
+    (all requests arrive at 0, as the held-out trace) and, from `prompts` (Setup.prompts), each
+    prompt's token ids where the folder has them."""
     for key in ("request_ids", "input_lens", "output_lens"):
         if key not in result:
             raise UserError(f"a measured result lacks {key!r}: it must be saved with --detailed")
+    prompts = prompts or {}
     accepted = result.get("accepted") or [None] * len(result["request_ids"])
-    return [TraceRequest(str(rid), 0.0, plen, olen, accepted=acc)
-            for rid, plen, olen, acc in zip(result["request_ids"], result["input_lens"],
-                                            result["output_lens"], accepted)]
+    out = []
+    for rid, plen, olen, acc in zip(result["request_ids"], result["input_lens"],
+                                    result["output_lens"], accepted):
+        ids = prompts.get(str(rid))
+        if ids is not None and len(ids) != plen:
+            raise UserError(f"{JUDGED_FILE}: request {rid!r} has {len(ids)} prompt tokens, but "
+                            f"its run prefilled {plen}")
+        out.append(TraceRequest(str(rid), 0.0, plen, olen, ids, accepted=acc))
+    return out
 
 
 
@@ -159,6 +186,8 @@ def write_measured(plan: Plan, m: Measured, out: Path, command: str,
         write_json(out / "models" / name / "config.json", cfg)
     if plan.calibration is not None:
         save_trace(out / "calibration.jsonl", plan.calibration)
+    if plan.judged is not None:   # its prompts' token ids: what the prefix cache hashes
+        save_trace(out / JUDGED_FILE, plan.judged)
     if m.calibration_steps:   # what the noise model was fitted on (calibrate/fit.py)
         save_runs(out / "calibration_steps.json.gz", m.calibration_steps)
     cells = []
@@ -184,6 +213,8 @@ def write_measured(plan: Plan, m: Measured, out: Path, command: str,
         "wall_s": round(m.wall_s, 1),
         "load_avg_1m": {"min": min(m.loads), "max": max(m.loads),
                         "mean": round(sum(m.loads) / len(m.loads), 2)},
+        "other_cpu": cpu_summary([r["config"]["other_cpu"] for rs in m.runs.values()
+                                  for r in rs if r["config"].get("other_cpu")]),
         "traces": {"judged": plan.judged_name, "judged_prompts": len(plan.judged or []),
                    "calibration": plan.calibration_name or "(the profile's)",
                    "calibration_runs": m.calibration_runs},

@@ -11,8 +11,8 @@ import json
 import math
 from pathlib import Path
 
-from stepgap.calibrate.judge import (BOUNDS, RULES, SAVING_BOUND, SYNC_ONLY_MISSES,
-                                     SYNC_ONLY_PROFILE, Verdict, bound_failures, judge_folder,
+from stepgap.calibrate.judge import (RULES, SAVING_BOUND, SYNC_ONLY_MISSES, SYNC_ONLY_PROFILE,
+                                     Verdict, bound_failures, bounds_of, judge_folder,
                                      load_known_misses, rules_for, saving_cell, savings)
 from stepgap.common.fileio import read_json_object, write_text
 from stepgap.common.formats import load_timeline, save_result, save_timeline
@@ -50,7 +50,7 @@ def report_table(verdicts: list[Verdict], rules: str = "engine") -> str:
             if iv is not None and iv[0] <= s["p99_tpot_ms"] <= iv[1]:
                 passed["p99_tpot_ms"] = True
         mark = _mark(True) if all(passed.values()) else \
-            ", ".join(n for k, n, _ in BOUNDS if not passed[k]) + " MISS"
+            ", ".join(n for k, n, _ in bounds_of(rules) if not passed[k]) + " MISS"
         lines.append(
             f"| {c.mode} | {c.k} | {c.conc} "
             f"| {m['mean_tpot_ms']:.3f} / {s['mean_tpot_ms']:.3f} | {_pct(e['mean_tpot_ms'])} "
@@ -79,7 +79,7 @@ def summary_counts(verdicts: list[Verdict], saving_rows: list[dict],
                    rules: str = "engine") -> str:
     n = len(verdicts)
     parts = [f"{sum(v.passed[k] for v in verdicts)}/{n} cells within ±{100 * b:g} % on {name}"
-             for k, name, b in BOUNDS]
+             for k, name, b in bounds_of(rules)]
     if RULES[rules]["p99_interval"]:
         inside = sum(v.p99_interval is not None
                      and v.p99_interval[0] <= v.simulated["p99_tpot_ms"] <= v.p99_interval[1]
@@ -184,20 +184,44 @@ def report_text(setup, verdicts, rows, command) -> str:
         lines.append(f"- {man['note']}")
     if command:
         lines.append(f"- report: `{command}`")
-    bounds = ", ".join(f"{name} within ±{100 * b:g} %" for _, name, b in BOUNDS)
+    rules = rules_for(setup)
+    bounds = ", ".join(f"{name} within ±{100 * b:g} %" for _, name, b in bounds_of(rules))
+    if RULES[rules]["prefix"]:
+        bounds += ", every run's prefix-cache queries and hits exactly the engine's"
     lines += ["", f"Bounds: {bounds}; the saving of async and zero-bubble over sync (mean ITL) "
               f"within {100 * SAVING_BOUND:g} % of its size. Errors are (simulated − measured) "
               "/ measured. *device vs profile*: how much longer the judged runs' device ops "
               "took than the profile predicts for the same steps (the machine's drift; a "
               "diagnostic, not used by the simulator).", "",
-              f"**{summary_counts(verdicts, rows, rules_for(setup))}**", "",
-              report_table(verdicts, rules_for(setup)), "",
-              savings_table(rows), "", "![simulated against measured TPOT](tpot.png)", "",
+              f"**{summary_counts(verdicts, rows, rules)}**", "",
+              report_table(verdicts, rules), "",
+              savings_table(rows), "", *prefix_section(verdicts, rules),
+              "![simulated against measured TPOT](tpot.png)", "",
               "![step timelines](timeline.png)", ""]
     lines += merged_chunks(verdicts)
     lines += misses_section(setup.folder, verdicts, rows)
     lines += sync_only_section(setup)
     return "\n".join(lines)
+
+
+def prefix_section(verdicts: list[Verdict], rules: str) -> list[str]:
+    """Under the "prefix" rules: each cell's mean TTFT and its runs' prefix-cache counts,
+    measured and simulated."""
+    if not RULES[rules]["prefix"]:
+        return []
+    lines = ["| mode | k | conc | mean TTFT ms: measured / simulated | error | prefix cache "
+             "(tokens): hits / queries, measured | simulated | runs equal |",
+             "|---|---|---|---|---|---|---|---|"]
+    for v in verdicts:
+        pcs = v.prefix_cache or []
+        m = (pcs[0][0] or {}) if pcs else {}
+        sim = (pcs[0][1] or {}) if pcs else {}
+        equal = sum(a is not None and a == b for a, b in pcs)
+        lines.append(f"| {v.cell.mode} | {v.cell.k} | {v.cell.conc} | "
+                     f"{v.measured['mean_ttft_ms']:.3f} / {v.simulated['mean_ttft_ms']:.3f} | "
+                     f"{_pct(v.errors['mean_ttft_ms'])} | {m.get('hits')} / {m.get('queries')} "
+                     f"| {sim.get('hits')} / {sim.get('queries')} | {equal}/{len(pcs)} |")
+    return lines + ["", "(hits / queries: the first run's; every run must match its own.)", ""]
 
 
 def sync_only_section(setup) -> list[str]:
@@ -224,14 +248,19 @@ def sync_only_section(setup) -> list[str]:
 
 
 def other_cpu_line(other: dict | None) -> str:
-    """What the processes other than the measured server and its client used during the runs
-    (bench/vllm/measure.py), as a clause of the load line."""
+    """What the processes other than the measured ones (the engine and its worker; vLLM's
+    server and its client) used during the runs (common/cpu_load.py), as a clause of the load
+    line."""
     if not other or other.get("median_core") is None:
         return ""
-    return (f"; every other process (the idle servers included) used {100 * other['median_core']:.1f} % "
-            f"of a core during a run (median), {100 * other['max_core']:.1f} % at most "
-            f"(the limit {100 * (other.get('limit_core') or 0):g} %: {other.get('reruns', 0)} "
-            f"runs rerun, {len(other.get('left_out_over_limit') or [])} left out)")
+    limit = other.get("limit_core") is not None   # bench/vllm/measure.py's, idle servers and all
+    line = (f"; every other process{' (the idle servers included)' * limit} used "
+            f"{100 * other['median_core']:.1f} % of a core during a run (median), "
+            f"{100 * other['max_core']:.1f} % at most")
+    if limit:
+        line += (f" (the limit {100 * other['limit_core']:g} %: {other.get('reruns', 0)} runs "
+                 f"rerun, {len(other.get('left_out_over_limit') or [])} left out)")
+    return line
 
 
 def merged_chunks(verdicts: list[Verdict]) -> list[str]:
@@ -257,7 +286,7 @@ def misses_section(folder: Path, verdicts: list[Verdict], rows: list[dict]) -> l
     """The known misses (known_misses.toml, written by hand), each with its error now, and
     every bound broken beyond them."""
     misses = load_known_misses(folder)
-    errors = {(v.cell.name, key): v.errors[key] for v in verdicts for key, _, _ in BOUNDS}
+    errors = {(v.cell.name, key): e for v in verdicts for key, e in v.errors.items()}
     errors.update({(saving_cell(r), "saving"): r["error"] for r in rows})
     lines = []
     if misses:

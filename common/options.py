@@ -83,6 +83,13 @@ def nonneg_float(text: str) -> float:
     return v
 
 
+def fraction_arg(text: str) -> float:
+    v = _parse(text, float)
+    if not 0 <= v <= 1:
+        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, got {text}")
+    return v
+
+
 def positive_float(text: str) -> float:
     v = _parse(text, float)
     if not 0 < v < math.inf:
@@ -293,6 +300,10 @@ def add_load_args(p, default_workload: str = "mtbench"):
     for flag, key, what in WORKLOAD_FLAGS:
         g.add_argument(flag, dest=flag.lstrip("-").replace("-", "_"), type=nonneg_int,
                        default=None, metavar="N", help=what)
+    g.add_argument("--shared-fraction", type=fraction_arg, default=None, metavar="F",
+                   help="prefix_repetition or generated-shared-prefix: make the shared prefix "
+                        "this fraction (0 to 1) of each prompt, keeping the prompt's length "
+                        "(its prefix and suffix lengths' sum); a sweep axis as shared_fraction")
     return g
 
 
@@ -502,7 +513,8 @@ def workload_from_args(args, default_workload: str = "mtbench", vocab_size: int 
     from stepgap.common.workloads import apply_request_rate, load_workload
     fill_load_defaults(args)
     reqs = load_workload(workload_spec(args) or default_workload, args.num_prompts,
-                         args.output_len, args.seed, vocab_size)
+                         args.output_len, args.seed, vocab_size,
+                         getattr(args, "shared_fraction", None))
     return apply_request_rate(reqs, args.request_rate, args.burstiness, args.seed)
 
 

@@ -152,6 +152,11 @@ PARAMS = {"prefix_repetition": ("prefix_len", "suffix_len", "num_prefixes"),
                                       "question_len"),
           "multi-turn": ("sessions", "turns", "first_len", "user_len")}
 TOKEN_WORKLOADS = tuple(PARAMS)   # the built-ins with token ids (vocab_size matters)
+# The workloads a shared fraction applies to: (the shared prefix's length, the rest's). A fraction
+# f keeps the prompt's length (the two's sum, each as given or its default) and makes the first
+# round(f x length) tokens the shared prefix: the sweep axis `shared_fraction`.
+SHARED_SPLIT = {"prefix_repetition": ("prefix_len", "suffix_len"),
+                "generated-shared-prefix": ("system_prompt_len", "question_len")}
 MAX_PARAM = 1_000_000
 
 
@@ -178,16 +183,38 @@ def parse_spec(spec: str) -> tuple[str, dict]:
     return name, params
 
 
+def shared_split(spec: str, fraction: float) -> dict:
+    """The prefix and suffix lengths of a workload with shared prefixes at a shared fraction
+    of its prompt (SHARED_SPLIT), from its spec's own lengths or the defaults."""
+    import inspect
+    name, params = parse_spec(spec)
+    if name not in SHARED_SPLIT:
+        raise UserError(f"shared fraction {fraction:g}: workload {spec!r} has no shared prefix "
+                        f"to size (it applies to {' and '.join(SHARED_SPLIT)})")
+    if not (isinstance(fraction, (int, float)) and 0 <= fraction <= 1):
+        raise UserError(f"shared fraction: expected a number from 0 to 1, got {fraction!r}")
+    shared, rest = SHARED_SPLIT[name]
+    defaults = inspect.signature(BUILTIN[name]).parameters
+    length = sum(params.get(key, defaults[key].default) for key in (shared, rest))
+    prefix = round(fraction * length)
+    return {shared: prefix, rest: length - prefix}
+
+
 def load_workload(spec: str, num_prompts: int | None = None, output_len: int | None = None,
-                  seed: int = 0, vocab_size: int | None = None) -> list[TraceRequest]:
+                  seed: int = 0, vocab_size: int | None = None,
+                  shared_fraction: float | None = None) -> list[TraceRequest]:
     """A built-in workload by name (with its parameters, NAME:KEY=VALUE...), or a trace file in
     the docs/design.md format.
 
     `num_prompts` takes the first N requests of a file (cycling if it holds fewer, as the
     benchmark oversamples), and `output_len` overrides every request's output length;
-    `vocab_size` bounds the token ids of the built-ins that have them (the target's).
+    `vocab_size` bounds the token ids of the built-ins that have them (the target's);
+    `shared_fraction` sizes a shared-prefix workload's prefix as that fraction of its prompt
+    (shared_split).
     """
     name, params = parse_spec(spec) if spec.split(":")[0] in BUILTIN else (spec, {})
+    if shared_fraction is not None:
+        params = {**params, **shared_split(spec, shared_fraction)}
     if name in BUILTIN:
         kwargs = {"seed": seed, **params}
         if num_prompts is not None:

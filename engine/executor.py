@@ -23,8 +23,8 @@ import signal
 import time
 import traceback
 from collections import deque
-from pathlib import Path
 
+from stepgap.common.cpu_load import cpu_state
 from stepgap.common.errors import UserError
 from stepgap.common.formats import EXECUTORS
 from stepgap.engine.worker import RunConfig, StepMsg, StepResult, Worker, WorkerSpec
@@ -41,15 +41,6 @@ class WorkerDied(RuntimeError):
 # to it: they have their own, longer timeouts.
 STALL_TIMEOUT_S = 60.0
 CONFIGURE_TIMEOUT_S = 1800.0
-
-
-def cpu_state(pid: int) -> tuple[str, float] | None:
-    """(state letter, CPU seconds used) of a process, from /proc (Linux); None elsewhere."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return fields[0], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Watchdog:

@@ -300,6 +300,7 @@ def run_output(core: EngineCore, client: Client, requests: list[TraceRequest], c
                         percentile_metrics=percentile_metrics)
     result["config"].setdefault("mode", cfg.mode)
     result["config"].setdefault("k", cfg.k)
+    result["config"].setdefault("enable_prefix_caching", cfg.enable_prefix_caching)
     result["config"]["num_preemptions"] = core.sched.num_preemptions
     s = core.sched
     if s.caching:   # vLLM's prefix-cache counters (tokens), as the simulator reports them

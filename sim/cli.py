@@ -209,8 +209,9 @@ FIELDS = ("mode", "gpu", "model", "method", "moe_routing_skew", "all_reduce_late
           "acceptance", "acceptance_rates", "acceptance_spread", "replay", "max_num_seqs",
           "max_num_batched_tokens", "max_model_len", "block_size", "num_gpu_blocks_override",
           "gpu_memory_utilization", "tensor_parallel_size", "cpu_scale", "launch_latency_us",
-          "wake_us", "ipc_us", "output_latency_ms", "num_prompts", "output_len", "request_rate",
-          "max_concurrency", "detailed", "metric_percentiles", "percentile_metrics")
+          "wake_us", "ipc_us", "output_latency_ms", "num_prompts", "output_len",
+          "shared_fraction", "request_rate", "max_concurrency", "detailed",
+          "metric_percentiles", "percentile_metrics")
 
 
 def config_from_args(args) -> SimConfig:

@@ -113,6 +113,7 @@ class SimConfig:
     workload: str = "mtbench"
     num_prompts: int | None = None
     output_len: int | None = None
+    shared_fraction: float | None = None   # the shared prefix's share of a prompt (workloads.py)
     request_rate: float | None = None  # None: the trace's own arrival times
     burstiness: float = 1.0
     max_concurrency: int | None = None
@@ -161,6 +162,13 @@ class SimConfig:
         _ints(self, ("num_gpu_blocks_override", "output_len", "max_concurrency"), 1,
               optional=True)
         _ints(self, ("num_prompts",), 1, MAX_PROMPTS, optional=True)
+        if self.shared_fraction is not None:
+            _numbers(self, ("shared_fraction",), 1.0)
+            from stepgap.common.workloads import SHARED_SPLIT
+            if self.workload.split(":")[0] not in SHARED_SPLIT:
+                raise _bad("shared_fraction", f"sizes the shared prefix of "
+                           f"{' or '.join(SHARED_SPLIT)}, not of workload {self.workload!r}",
+                           self.shared_fraction)
         if self.topology is not None and self.topology not in TOPOLOGIES:
             raise _bad("topology", f"must be one of {', '.join(TOPOLOGIES)}", self.topology)
         if not (is_finite(self.gpu_memory_utilization) and 0 < self.gpu_memory_utilization <= 1):

@@ -614,7 +614,8 @@ def build_workload(cfg: SimConfig) -> list[TraceRequest]:
     if name in BUILTIN and name in TOKEN_WORKLOADS:   # token ids within the target's vocab
         from stepgap.common.model_presets import load_model_config
         vocab = load_model_config(cfg.model).vocab_size
-    reqs = load_workload(cfg.workload, cfg.num_prompts, cfg.output_len, cfg.seed, vocab)
+    reqs = load_workload(cfg.workload, cfg.num_prompts, cfg.output_len, cfg.seed, vocab,
+                         cfg.shared_fraction)
     return apply_request_rate(reqs, cfg.request_rate, cfg.burstiness, cfg.seed)
 
 

@@ -18,14 +18,14 @@ from matplotlib.colors import Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from stepgap.sim.sweep_table import SweepTable
+from stepgap.sim.sweep_table import X_AXES, SweepTable
 from stepgap.common.errors import UserError, where
 from stepgap.common.timeline_plots import DPI
 
-X_AXES = ("max_concurrency", "request_rate")
 LABELS = {
     "max_concurrency": "max concurrency (requests in flight)",
     "request_rate": "request rate (req/s)",
+    "shared_fraction": "shared fraction of the prompt",
     "mean_tpot_ms": "mean TPOT (ms)", "median_tpot_ms": "median TPOT (ms)",
     "p99_tpot_ms": "P99 TPOT (ms)", "mean_itl_ms": "mean ITL (ms)", "p99_itl_ms": "P99 ITL (ms)",
     "mean_ttft_ms": "mean TTFT (ms)", "p99_ttft_ms": "P99 TTFT (ms)",
@@ -33,7 +33,13 @@ LABELS = {
     "request_throughput": "request throughput (req/s)",
     "total_token_throughput": "total token throughput (tok/s)",
     "mean_step_gap_us": "mean step gap (µs)", "acceptance_length": "acceptance length (tokens)",
+    "prefix_cache_hit_rate": "prefix-cache hit rate (of prompt tokens)",
 }
+
+
+# The x axes in a phrase ("the best k for each ...")
+X_WORDS = {"max_concurrency": "concurrency", "request_rate": "request rate",
+           "shared_fraction": "shared fraction"}
 
 
 def label(metric: str) -> str:
@@ -41,7 +47,8 @@ def label(metric: str) -> str:
 
 
 def lower_is_better(metric: str) -> bool:
-    return not ("throughput" in metric or metric == "acceptance_length")
+    return not ("throughput" in metric or metric in ("acceptance_length",
+                                                     "prefix_cache_hit_rate"))
 
 
 # -------------------------------------------------------------------------------------------
@@ -130,7 +137,8 @@ def views(table: SweepTable, x: str | None = None) -> list[View]:
     if x is None:
         x = next((a for a in X_AXES if a in table.axes), None)
         if x is None:
-            raise UserError("plot sweep: the sweep has no max_concurrency or request_rate axis")
+            raise UserError(f"plot sweep: the sweep has no {', '.join(X_AXES[:-1])} or "
+                            f"{X_AXES[-1]} axis")
     elif x not in table.axes:
         raise UserError(f"plot sweep: --x {x}: not an axis of the sweep "
                         f"(axes: {', '.join(table.axes)})")
@@ -178,14 +186,23 @@ def format_best_k(view: View, rows: list[BestK], metric: str = "mean_tpot_ms") -
     cells = {(r.mode, r.x): f"k={r.k}  {r.value:7.2f}" + (f"  ({r.speedup:.2f}x)"
                                                            if has_base else "") for r in rows}
     width = max([len(c) for c in cells.values()] + [len(str(m)) for m in view.modes]) + 3
-    xname = "concurrency" if view.x == "max_concurrency" else "rate (req/s)"
-    lines = [head, f"{xname:<14}" + "".join(f"{str(m):<{width}}" for m in view.modes)]
+    xname = {"max_concurrency": "concurrency", "request_rate": "rate (req/s)"}.get(
+        view.x, X_WORDS[view.x])
+    first = max(14, len(xname) + 2)
+    lines = [head, f"{xname:<{first}}" + "".join(f"{str(m):<{width}}" for m in view.modes)]
     for x in view.xs:
-        lines.append(f"{_fmt_x(x):<14}" + "".join(f"{cells.get((m, x), '-'):<{width}}"
-                                                   for m in view.modes))
+        lines.append(f"{_fmt_x(x):<{first}}" + "".join(f"{cells.get((m, x), '-'):<{width}}"
+                                                        for m in view.modes))
     if has_base:
         lines.append("(in parentheses: speedup over k=0 in the same mode)")
     return "\n".join(lines)
+
+
+def wrapped(text: str, fig: Figure) -> str:
+    """A title line broken to the figure's width (about 12 characters an inch at 11 pt), so that
+    a long workload spec is not cut off."""
+    import textwrap
+    return textwrap.fill(text, width=max(40, int(12 * fig.get_figwidth())))
 
 
 def _fmt_x(x) -> str:
@@ -239,10 +256,10 @@ def _heatmap_panels(rows: list, norm, cmap, fmt: str, cbar_label: str, title: st
     cb = fig.colorbar(im, ax=list(grid.ravel()), shrink=0.95, pad=0.02)
     cb.set_label(cbar_label)
     fig.legend(handles=[Patch(fill=False, edgecolor="black", lw=2.2,
-                              label="best k for each concurrency")],
+                              label=f"best k for each {X_WORDS[view.x]}")],
                loc="outside lower center", frameon=False, fontsize=9)
     scenario = common_scenario([r[0] for r in rows]) if multi else view.scenario()
-    fig.suptitle(f"{title}\n{scenario}", fontsize=11)
+    fig.suptitle(f"{title}\n{wrapped(scenario, fig)}", fontsize=11)
     return fig
 
 
@@ -259,9 +276,10 @@ def metric_heatmap(view, metric: str = "mean_tpot_ms") -> Figure:
     cmap = colormaps["YlOrRd" if lower else "YlGn"]
     norm = Normalize(vals.min(), vals.max())
     better = "lower is better" if lower else "higher is better"
+    by = "shared fraction" if rows[0][0].x == "shared_fraction" else "load"
     return _heatmap_panels(rows, norm, cmap, ".1f" if vals.max() < 1000 else ".0f",
                            f"{label(metric)}, {better}",
-                           f"{_cap(label(metric))} by speculation depth and load")
+                           f"{_cap(label(metric))} by speculation depth and {by}")
 
 
 def no_finite(metric: str, views: list[View]) -> str:
@@ -363,5 +381,7 @@ def saving_plot(view, metric: str = "mean_tpot_ms") -> Figure:
     grid[0][-1].legend(title="speculation depth", fontsize=8, title_fontsize=8,
                        loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
     scenario = common_scenario(views) if multi else view.scenario()
-    fig.suptitle(f"What async scheduling saves over sync, by load\n{scenario}", fontsize=11)
+    by = "by load" if view.x != "shared_fraction" else "by the shared fraction of the prompt"
+    fig.suptitle(f"What async scheduling saves over sync, {by}\n{wrapped(scenario, fig)}",
+                 fontsize=11)
     return fig

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from stepgap.common.limits import MAX_MS
 from stepgap.common.options import at_most, positive_float, positive_int
+from stepgap.sim.sweep_table import X_AXES
 
 SWEEP_DESCRIPTION = """\
 Run the simulator over a grid of what-ifs (mode, k, concurrency or request rate, GPU, model,
@@ -145,8 +146,9 @@ def register(sub) -> None:
                    help="a column of the table (default mean_tpot_ms; e.g. p99_tpot_ms, "
                         "mean_itl_ms, output_throughput); the best k minimises times and "
                         "maximises throughputs")
-    q.add_argument("--x", choices=("max_concurrency", "request_rate"),
-                   help="the load axis (default: whichever the sweep has)")
+    q.add_argument("--x", choices=X_AXES,
+                   help="the x axis: the load, or the shared fraction of the prompt (default: "
+                        "the first of these the sweep has)")
     q.add_argument("--out", metavar="DIR", help="where the figures go (default DIR/plots)")
     q.add_argument("--quiet", action="store_true", help="print nothing but errors")
     q.set_defaults(func=plot_sweep_cmd)

@@ -37,6 +37,8 @@ def metrics_of(res: dict) -> dict:
     resolved = res["config"]["resolved"]
     for key in ("num_steps", "num_preemptions", "num_kv_blocks"):
         row[key] = resolved[key]
+    pc = resolved.get("prefix_cache")   # vLLM's counters: prompt tokens found / looked up
+    row["prefix_cache_hit_rate"] = pc["hits"] / pc["queries"] if pc and pc["queries"] else None
     row["simulated_mode"] = resolved.get("mode", res["config"]["mode"])
     return row
 

@@ -23,8 +23,11 @@ RESULT_METRICS = (
 COLUMNS = RESULT_METRICS + (
     "mean_step_gap_us", "median_step_gap_us", "p90_step_gap_us", "p99_step_gap_us",
     "acceptance_length", "num_steps", "num_preemptions", "num_kv_blocks",
+    "prefix_cache_hit_rate",   # prompt tokens the prefix cache found, of those looked up
     "simulated_mode",   # the mode the cell ran in (an n-gram cell asked for async runs sync)
 )
+# The x axis of a sweep's figures (sim/plots.py): the load, or the shared fraction of the prompt
+X_AXES = ("max_concurrency", "request_rate", "shared_fraction")
 TEXT_COLUMNS = ("simulated_mode",)   # the columns that are not numbers (not plotted)
 
 

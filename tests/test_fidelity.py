@@ -13,6 +13,9 @@ built it:
 - "vllm" (the real vLLM, issues 13 and 23): P99 TPOT within 10 % *or* inside the measured
   cell's own 95 % interval, and a saving within 25 % with its sign *or* inside its measured
   interval.
+- "prefix" (stepgap's engine on a shared-prefix trace with prefix caching, issue 27): the
+  engine's bounds, mean TTFT within 5 % too, and every run's prefix-cache queries and hits
+  exactly the engine's (a count has no known miss).
 
 A bound may be missed only where the folder's known_misses.toml, written by hand, says so: on
 the side of its signed error, up to its cap (at most 1.25 x |error| + 1 point), with a reason
@@ -47,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = sorted(p for p in (ROOT / "traces" / "measured").glob("*")
                  if (p / "manifest.json").is_file())
 # The rule set of each committed folder (module docstring): fixed here, never by the folder.
-FOLDER_RULES = {"cpu": "engine", "vllm-cpu": "vllm"}
+FOLDER_RULES = {"cpu": "engine", "vllm-cpu": "vllm", "prefix-cpu": "prefix"}
 
 
 @pytest.fixture(scope="module", params=FOLDERS, ids=lambda p: p.name)
@@ -246,3 +249,34 @@ def test_the_simulator_finds_exactly_the_prefix_hits_vllm_counted():
         {"queries": doc["vllm"]["queries"], "hits": doc["vllm"]["hits"]} == \
         {"queries": doc["engine"]["queries"], "hits": doc["engine"]["hits"]}
     assert doc["vllm"]["hits"] > 0
+
+
+# -- the engine against the simulator on a shared-prefix trace (issue 27) ----------------------
+
+PREFIX = ROOT / "traces" / "measured" / "prefix-cpu"
+
+
+def test_the_prefix_folder_judges_the_pairs_shared_prefix_trace():
+    """Its judged.jsonl is calibrate/pair.py's shared_prefix_trace, as docs/validation.md says,
+    and every run of every cell found the prefix cache (hits > 0), counted as the simulator
+    counts them."""
+    from stepgap.calibrate.pair import shared_prefix_trace
+    from stepgap.common.formats import load_trace
+    assert load_trace(PREFIX / "judged.jsonl") == shared_prefix_trace()
+    _, verdicts, _ = judge_folder(PREFIX)
+    assert len(verdicts) >= 4
+    for v in verdicts:
+        assert "mean_ttft_ms" in v.errors and len(v.prefix_cache) == len(v.cell.runs)
+        for measured, simulated in v.prefix_cache:
+            assert measured["hits"] > 0 and measured == simulated, v.cell.name
+
+
+def test_a_simulator_without_prefix_caching_fails_the_prefix_folder():
+    """Off in the simulator, every run's counts differ and the prefill it prices is the whole
+    prompt: the judge says so (cells at concurrency 1, where TTFT is prefill alone)."""
+    cells = tuple(f"{m}-k{k}-c1" for m in ("sync", "async") for k in (0, 2))
+    _, verdicts, _ = judge_folder(PREFIX, cells=cells, enable_prefix_caching=False)
+    fails = within_bounds(PREFIX, verdicts)
+    assert sum("prefix cache measured" in f for f in fails) == sum(len(v.cell.runs)
+                                                                  for v in verdicts)
+    assert any("mean TTFT" in f for f in fails), fails

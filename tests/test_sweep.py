@@ -294,3 +294,30 @@ def test_a_range_whose_rounding_repeats_a_value_keeps_it_once():
     assert grid.axes["max_concurrency"] == [1, 2, 3, 5, 8]
     with pytest.raises(UserError, match=r"--grid 'k=0..2,1': k is given the value 1 twice"):
         build_grid(["k=0..2,1"])   # one the user typed twice is an error, naming the option
+
+
+def test_the_shared_fraction_is_a_sweep_axis_and_an_x_axis_of_its_figures(tmp_path, capsys):
+    """Issue 27: a sweep over the shared fraction of the prompt. The more of each prompt is
+    shared, the more of it the prefix cache finds, and the less TTFT prefill costs."""
+    out = tmp_path / "s"
+    assert main(["sweep", "--set", "workload=prefix_repetition:num_prefixes=4:prefix_len=0:"
+                 "suffix_len=512", "--set", "num_prompts=16", "--set", "output_len=8",
+                 "--set", "request_rate=4", "--grid", "shared_fraction=0,0.5,0.9",
+                 "--grid", "mode=sync,async", "--grid", "k=0,2", "--out", str(out),
+                 "--jobs", "1", "--quiet"]) == 0
+    table = load_sweep(out)
+    hits = [table.value("prefix_cache_hit_rate", shared_fraction=f, mode="sync", k=2)
+            for f in (0, 0.5, 0.9)]
+    ttft = [table.value("mean_ttft_ms", shared_fraction=f, mode="sync", k=2)
+            for f in (0, 0.5, 0.9)]
+    assert hits[0] == 0 < hits[1] < hits[2] < 0.9   # 4 of 16 prompts find nothing cached
+    assert ttft[0] > ttft[1] > ttft[2]
+    assert main(["plot", "sweep", str(out), "--x", "shared_fraction", "--metric",
+                 "mean_ttft_ms", "--quiet"]) == 0
+    assert (out / "plots" / "saving_mean_ttft_ms.png").stat().st_size > 10_000
+    capsys.readouterr()
+    # on mtbench (lengths only, no prefix to size) the grid is refused before any cell runs
+    assert main(["sweep", "--grid", "shared_fraction=0,0.5", "--out", str(tmp_path / "x"),
+                 "--dry-run"]) != 0
+    assert "--shared-fraction: sizes the shared prefix of prefix_repetition" in \
+        capsys.readouterr().err

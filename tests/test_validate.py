@@ -148,6 +148,18 @@ def test_a_tiny_validation_end_to_end(tmp_path, capsys):
             "simulated", "timelines", "models", "calibration.jsonl"} <= files
     man = json.loads((out / "manifest.json").read_text())
     assert [c["num_runs"] for c in man["cells"]] == [2, 2, 2, 2]
+    # every run records what the other processes used meanwhile, and the manifest sums it up
+    assert man["other_cpu"]["runs"] == 8 and 0 <= man["other_cpu"]["median_core"] < 2
+    # the folder keeps the trace it judged; prompts that share no prefix keep the engine's
+    # rules (the prefix cache found nothing; the simulator, on the same token ids, neither)
+    from stepgap.calibrate.judge import judge_folder, rules_for
+    from stepgap.calibrate.measured import load_measured
+    assert load_trace(out / "judged.jsonl") == judged
+    setup, verdicts, _ = judge_folder(out)
+    assert rules_for(setup) == "engine" and len(setup.prompts) == 4
+    assert all(m == s == {"queries": m["queries"], "hits": 0} for v in verdicts
+               for m, s in v.prefix_cache)
+    assert load_measured(out)[0].prefix_hits is False
     report = (out / "report.md").read_text()
     assert "| sync | 2 | 1 |" in report and "| async | 2 | 2 |" in report
     assert "saving over sync" in report

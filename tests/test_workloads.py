@@ -169,3 +169,48 @@ def test_a_block_size_that_does_not_divide_the_context_is_refused_with_prefix_ca
                     max_position_embeddings=1000, enable_prefix_caching=False)
     # a run's own --max-model-len may stop anywhere short of the context, as in vLLM
     SchedulerConfig(num_blocks=100, block_size=16, max_model_len=50, max_position_embeddings=1024)
+
+
+# -- the shared fraction of the prompt (the sweep axis shared_fraction) -------------------------
+
+@pytest.mark.parametrize("spec, shared, rest", [
+    ("prefix_repetition:prefix_len=64:suffix_len=16:num_prefixes=4", "prefix_len", "suffix_len"),
+    ("prefix_repetition:num_prefixes=4", "prefix_len", "suffix_len"),   # the defaults' 512
+    ("generated-shared-prefix:num_groups=4:prompts_per_group=5:system_prompt_len=60:"
+     "question_len=20", "system_prompt_len", "question_len")])
+@pytest.mark.parametrize("fraction", [0.0, 0.3, 0.75, 1.0])
+def test_a_shared_fraction_sizes_the_prefix_and_keeps_the_prompts_length(spec, shared, rest,
+                                                                          fraction):
+    from stepgap.common.workloads import load_workload, parse_spec, shared_split
+    plain = load_workload(spec, num_prompts=20, output_len=4, vocab_size=1000)
+    reqs = load_workload(spec, num_prompts=20, output_len=4, vocab_size=1000,
+                         shared_fraction=fraction)
+    length = plain[0].prompt_len
+    assert all(r.prompt_len == length for r in reqs)
+    split = shared_split(spec, fraction)
+    assert split[shared] == round(fraction * length) and sum(split.values()) == length
+    assert parse_spec(spec)[0] and set(split) == {shared, rest}
+    prefix = split[shared]
+    # four groups: their prompts share exactly the first `prefix` tokens
+    assert len({tuple(r.prompt_token_ids[:prefix]) for r in reqs}) == (4 if prefix else 1)
+    if split[rest]:
+        assert len({tuple(r.prompt_token_ids) for r in reqs}) == 20
+
+
+@pytest.mark.parametrize("spec, fraction, message", [
+    ("mtbench", 0.5, "has no shared prefix to size"),
+    ("multi-turn", 0.5, "has no shared prefix to size"),
+    ("prefix_repetition", 1.5, "from 0 to 1"),
+    ("prefix_repetition", -0.1, "from 0 to 1")])
+def test_a_shared_fraction_where_it_means_nothing_is_refused(spec, fraction, message):
+    with pytest.raises(UserError, match=message):
+        load_workload(spec, num_prompts=4, shared_fraction=fraction)
+
+
+def test_the_simulator_refuses_a_shared_fraction_of_a_workload_without_a_prefix():
+    from stepgap.sim.config import SimConfig
+    with pytest.raises(UserError, match="shared-fraction.*prefix_repetition or "
+                                        "generated-shared-prefix"):
+        SimConfig(workload="mtbench", shared_fraction=0.5)
+    with pytest.raises(UserError, match="shared-fraction.*from 0 to 1"):
+        SimConfig(workload="prefix_repetition", shared_fraction=2.0)

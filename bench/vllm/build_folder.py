@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from stepgap.common.cpu_load import summary as cpu_summary  # noqa: E402
 from stepgap.calibrate.measured import FORMAT as MEASURED, git_commit, requests_of, save_runs, trim  # noqa: E402,E501
 from stepgap.calibrate.samples import device_points  # noqa: E402
 from stepgap.calibrate.fit import add_device, device_vs_profile  # noqa: E402
@@ -182,15 +183,9 @@ def main(argv=None) -> int:
     loads = [r["load_avg_1m"] for r in plan["runs"]]
     started = min(r["window_s"][0] for r in plan["runs"])
     other = [r["other_cpu"] for r in plan_runs if r.get("other_cpu")]
-    cores = sorted(o["others_core"] for o in other)
-    other_cpu = {"runs": len(other), "limit_core": plan.get("max_other_cpu"),
-                 "median_core": round(statistics.median(cores), 4) if cores else None,
-                 "max_core": round(max(cores), 4) if cores else None,
-                 "residual_max_core": round(max(o["residual_s"] / o["wall_s"] for o in other), 4)
-                 if other else None,
-                 "reruns": sum(len(r.get("reruns", [])) for r in plan["runs"]),
-                 "left_out_over_limit": over,
-                 "quiet_machine": plan.get("quiet")}
+    other_cpu = cpu_summary(other, limit_core=plan.get("max_other_cpu"),
+                            reruns=sum(len(r.get("reruns", [])) for r in plan["runs"]),
+                            left_out_over_limit=over, quiet_machine=plan.get("quiet"))
     manifest = {
         "format": MEASURED, "device": "vllm-cpu",
         "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),

@@ -54,6 +54,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from stepgap.calibrate.gpu import Log  # noqa: E402
+from stepgap.common.cpu_load import OtherCpu, cpu_seconds  # noqa: E402
 from stepgap.common.vllm_bench import BURSTY_MAX, bursty_share  # noqa: E402
 
 CLI = ROOT / "bench" / "vllm" / "vllm_cli.py"
@@ -197,57 +198,6 @@ def descendants(pid: int) -> list[int]:
         out += [int(k) for k in kids]
         todo += [int(k) for k in kids]
     return out
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads), seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def all_cpu() -> dict[int, float]:
-    """utime + stime of every process on the machine now, by pid."""
-    out = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                out[int(d)] = cpu_seconds(int(d))
-            except (OSError, IndexError, ValueError):
-                pass   # it ended while we looked
-    return out
-
-
-def busy_seconds() -> float:
-    """The machine's busy CPU time since boot (user, nice, system, irq, softirq; not idle,
-    iowait or steal), seconds: /proc/stat's first line."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[:7])
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
-
-
-class OtherCpu:
-    """What every process but the measured ones used during a run: the CPU time (utime +
-    stime) of each process not measured, from /proc at the start and the end (a process that
-    started in between counts whole; the idle servers and this script count), and the
-    machine's busy time less the measured processes' (which also holds processes that ended
-    in between, kernel threads and interrupts)."""
-
-    def __init__(self):
-        self.t0, self.procs, self.busy = time.monotonic(), all_cpu(), busy_seconds()
-        self.children = os.times().children_user + os.times().children_system
-
-    def stop(self, measured: set[int]) -> dict:
-        wall = time.monotonic() - self.t0
-        now, busy = all_cpu(), busy_seconds()
-        mine = {p: now[p] - self.procs.get(p, 0.0) for p in measured if p in now}
-        others = sum(now[p] - self.procs.get(p, 0.0) for p in now if p not in measured)
-        # the client has ended: its CPU time is ours to collect as a waited-for child's
-        client = os.times().children_user + os.times().children_system - self.children
-        residual = busy - self.busy - sum(mine.values()) - client
-        return {"wall_s": round(wall, 3), "others_s": round(others, 3),
-                "others_core": round(others / max(wall, 1e-9), 4),
-                "residual_s": round(residual, 3), "client_s": round(client, 3),
-                "measured_s": round(sum(mine.values()), 3)}
 
 
 # ---------------------------------------------------------------------------------------------
