@@ -1,7 +1,7 @@
 """What a shared prefix changes: TTFT and the async saving against the shared fraction of the
 prompt (issue 27), as a `stepgap sweep` over its `shared_fraction` axis.
 
-    python bench/prefix_whatif.py      # draws docs/img/prefix_whatif.png (about 10 s)
+    python bench/prefix_whatif.py      # draws docs/img/prefix_whatif.png (about 5 s)
 
 The same sweep from the command line (its table in out/prefix-whatif/sweep.csv):
 

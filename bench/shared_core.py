@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from stepgap.common.cpu_load import cpu_seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "checkpoints" / "pystdlib"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -35,10 +37,6 @@ def busy_seconds() -> tuple[float, float]:
     return (f[0] + f[1] + f[2] + f[5] + f[6]) / TICK, f[7] / TICK
 
 
-def proc_cpu(pid: int) -> float:
-    """User + system CPU seconds of one live process."""
-    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(stat[11]) + int(stat[12])) / TICK
 
 
 def run_once(argv: list[str], hog: str | None) -> dict:
@@ -48,7 +46,7 @@ def run_once(argv: list[str], hog: str | None) -> dict:
     spinner = subprocess.Popen(pre + [sys.executable, "-c", "while True: pass"]) if hog else None
     time.sleep(0.5 if hog else 0.0)
     try:
-        spin0 = proc_cpu(spinner.pid) if spinner else 0.0
+        spin0 = cpu_seconds(spinner.pid) if spinner else 0.0
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         (busy0, steal0), t0 = busy_seconds(), time.perf_counter()
         subprocess.run([sys.executable, "-m", "stepgap", "run", *argv, "--quiet",
@@ -56,7 +54,7 @@ def run_once(argv: list[str], hog: str | None) -> dict:
         wall = time.perf_counter() - t0
         busy, steal = (b - a for a, b in zip((busy0, steal0), busy_seconds()))
         ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-        spin = proc_cpu(spinner.pid) - spin0 if spinner else 0.0
+        spin = cpu_seconds(spinner.pid) - spin0 if spinner else 0.0
     finally:
         if spinner:
             spinner.kill()

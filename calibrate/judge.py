@@ -78,7 +78,7 @@ def resimulate(setup: Setup, cell: MeasuredCell, timeline: bool = False,
         overrides["cpu_scale"] = base * cpu_factor / device_scale
     results, spans = [], None
     levels = [1.0] * len(cell.runs)
-    prof = setup.settings.get("profile")
+    prof = overrides.get("profile", setup.settings.get("profile"))
     if prof and overrides.get("jitter", True):
         jitter = load_profile(prof).jitter
         if jitter:
@@ -246,14 +246,16 @@ CITED = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)+[\w.*-]+|[\w-]+\.(?:py|md|toml|js
 
 def cited(reason: str, root: Path = ROOT) -> tuple[list[str], list[str]]:
     """The repository paths a reason names that exist (a command's file and folder arguments
-    included), and those that are not committed data (`out/`, or no such path)."""
+    included), and those that name `out/` (not committed). A token that is no path in the
+    repository (prose such as "sync/async", or a path outside it) is neither."""
     good, bad = [], []
     for token in CITED.findall(reason):
         token = token.rstrip(".,;:)")
         path = root / token
         if token.startswith("out/") or "/out/" in token:
             bad.append(token)
-        elif path.exists() or any(root.glob(token)):
+        elif path.resolve().is_relative_to(root.resolve()) and (
+                path.exists() or any(root.glob(token))):
             good.append(token)
     return good, bad
 
@@ -395,6 +397,9 @@ def bound_failures(verdicts: list[Verdict], rows: list[dict],
         passes = abs(e) <= bound or alternative
         out.extend(miss_failures(cell, label, e, bound, misses.get((cell, key)), passes))
 
+    judged = {key for key, _, _ in bounds_of(rules)} | {"saving"}
+    out += [f"{cell}: a known miss of {metric}, which the {rules!r} rules do not judge"
+            for cell, metric in misses if metric not in judged]
     for v in verdicts:
         for key, label, bound in bounds_of(rules):
             check(v.cell.name, key, label, v.errors[key], bound)

@@ -29,7 +29,7 @@ from pathlib import Path
 from stepgap.common.cpu_load import summary as cpu_summary
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json, read_json_object, write_json
-from stepgap.common.formats import TraceRequest, save_timeline, save_trace
+from stepgap.common.formats import TraceRequest, load_trace, save_timeline, save_trace
 from stepgap.calibrate.fit import device_vs_profile
 from stepgap.calibrate.harness import Measured, Plan, cell_name, machine_info
 from stepgap.sim.profile import save_profile
@@ -87,7 +87,6 @@ def load_measured(folder) -> tuple[Setup, list[MeasuredCell]]:
 def judged_prompts(folder: Path) -> dict[str, list[int]]:
     """The judged trace's token ids by request id (JUDGED_FILE; {} in a folder without one, or
     whose prompts were lengths only)."""
-    from stepgap.common.formats import load_trace
     path = folder / JUDGED_FILE
     if not path.is_file():
         return {}

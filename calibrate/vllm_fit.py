@@ -71,9 +71,11 @@ def bench_window(doc: dict) -> tuple[float, float]:
 
 def classify(paths) -> dict[str, list[Path]]:
     """Inputs by kind: bench files, traces, hook span files, scrapes (folders are walked). A
-    JSON file found in a folder that is not a bench file is skipped (`skipped`, with why); one
+    JSON file found in a folder that is not a bench file (by its keys) is skipped (`skipped`,
+    with why); a bench file with a bad field is refused where it is read (`load_runs`), and one
     named on the command line must be one."""
-    from stepgap.common.vllm_bench import read_bench
+    from stepgap.common.fileio import read_json
+    from stepgap.common.vllm_bench import BENCH_KEYS, is_bench
     out = defaultdict(list)
     files = []
     for p in map(Path, paths):
@@ -92,11 +94,15 @@ def classify(paths) -> dict[str, list[Path]]:
         elif n.endswith(".txt") and (".before." in n or ".after." in n or "metrics" in n):
             out["scrapes"].append(f)
         elif n.endswith(".json"):
+            # in a folder, JSON that is no bench file (by its keys) is skipped with a note; a
+            # bench file with a bad field is refused, as one named explicitly is
             if walked:
                 try:
-                    read_bench(f)
+                    doc, why = read_json(f), f"it lacks one of {', '.join(BENCH_KEYS)}"
                 except UserError as e:
-                    out["skipped"].append(f"{f}: skipped, not a `vllm bench serve` file ({e})")
+                    doc, why = None, str(e)
+                if not is_bench(doc):
+                    out["skipped"].append(f"{f}: skipped, not a `vllm bench serve` file ({why})")
                     continue
             out["bench"].append(f)
     return out
@@ -170,13 +176,16 @@ def match_traces(runs: list[Run], traces) -> dict[str, list[Path]]:
     (`vllm bench serve --profile` writes its `date` after /stop_profile returns, seconds after
     the last step): a trace is a run's when it prefilled that run's prompt tokens
     (total_input_tokens); where several runs prefilled the same (the same prompts run again),
-    the one whose finishing time follows the trace's last event soonest takes it."""
+    the one whose finishing time follows the trace's last event soonest takes it. Where no run
+    prefilled as many (prefix caching prefills less, a recomputed preemption more), the runs
+    whose time window overlaps the trace's events may take it."""
     out: dict[str, list[Path]] = {}
     for t in traces:
         if t.role != "worker" or not t.events:
             continue
         tokens, end = prefill_tokens(t), t.events[-1]["ts"]
-        mine = [r for r in runs if r.doc.get("total_input_tokens") == tokens]
+        mine = [r for r in runs if r.doc.get("total_input_tokens") == tokens] or \
+            [r for r in runs if r.window[0] <= end and t.events[0]["ts"] <= r.window[1]]
         if not mine:
             continue
         after = [r for r in mine if r.window[1] >= end] or mine
@@ -389,6 +398,7 @@ def calibrate_runs(runs: list[Run], meta: dict | None = None) -> Profile:
         same = [k for k in cpu_by_k if bool(k) == drafted]
         async_source["from"] = {str(k): "fitted on the async calibration runs (fit_async)"
                                 if k in same else "estimated from the sync runs (estimate_async)"
+                                if k in estimated else "none (the sync costs alone)"
                                 for k in cpu_by_k}
         missing += miss
         for c in (cpu, *(cpu_by_k[k] for k in same)):

@@ -29,6 +29,7 @@ MODES = ("sync", "async", "zero-bubble")
 # compute (cpu).
 EXECUTORS = ("inline", "process")
 DEVICES = ("cpu", "cuda")
+OLD_DEVICES = {"async": "cuda", "sync": "cpu"}   # the devices as once spelled, still read
 # cpu.frontend: the API server of a served engine (vLLM's, or `stepgap serve`), between a step's
 # output and the client's chunk (docs/design.md §8). `add_request` is a request taken in, `stream`
 # one chunk written to its client (stepgap serve); `wait` a thread blocked (on the device, or

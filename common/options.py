@@ -83,13 +83,6 @@ def nonneg_float(text: str) -> float:
     return v
 
 
-def fraction_arg(text: str) -> float:
-    v = _parse(text, float)
-    if not 0 <= v <= 1:
-        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, got {text}")
-    return v
-
-
 def positive_float(text: str) -> float:
     v = _parse(text, float)
     if not 0 < v < math.inf:
@@ -297,10 +290,12 @@ def add_load_args(p, default_workload: str = "mtbench"):
                         "target's vocabulary), as vLLM's `vllm bench serve --dataset-name "
                         "prefix_repetition`, SGLang's generated-shared-prefix, or chat sessions; "
                         "its options below (the same as --trace NAME:KEY=VALUE:...)")
-    for flag, key, what in WORKLOAD_FLAGS:
-        g.add_argument(flag, dest=flag.lstrip("-").replace("-", "_"), type=nonneg_int,
+    from stepgap.common.workloads import ZERO_OK
+    for flag, key, what in WORKLOAD_FLAGS:   # a length may be 0 where the workload allows it
+        g.add_argument(flag, dest=flag.lstrip("-").replace("-", "_"),
+                       type=nonneg_int if key in ZERO_OK else positive_int,
                        default=None, metavar="N", help=what)
-    g.add_argument("--shared-fraction", type=fraction_arg, default=None, metavar="F",
+    g.add_argument("--shared-fraction", type=at_most(nonneg_float, 1.0), default=None, metavar="F",
                    help="prefix_repetition or generated-shared-prefix: make the shared prefix "
                         "this fraction (0 to 1) of each prompt, keeping the prompt's length "
                         "(its prefix and suffix lengths' sum); a sweep axis as shared_fraction")

@@ -275,6 +275,15 @@ class Scheduler:
     def num_free_blocks(self) -> int:
         return self.pool.num_free
 
+    def prefix_cache_counts(self) -> dict | None:
+        """vLLM's prefix-cache counters (tokens), as a run's result reports them in both
+        halves; None with caching off."""
+        if not self.caching:
+            return None
+        return {"queries": self.prefix_cache_queries, "hits": self.prefix_cache_hits,
+                "preempted_queries": self.preempted_queries,
+                "preempted_hits": self.preempted_hits}
+
     # -- schedule ---------------------------------------------------------------------------
 
     def _allocate(self, req: Request, num_new: int, lookahead: int) -> bool:

@@ -86,6 +86,9 @@ def _shared_groups(rng, name: str, groups: int, per: int, prefix_len: int, suffi
                    output_len: int, vocab_size: int) -> list[TraceRequest]:
     """`groups` random prefixes, each followed by `per` random suffixes of its own, group after
     group (the random draws in that order): name-g-j."""
+    if prefix_len + suffix_len < 1:
+        raise UserError("a workload of empty prompts: the shared prefix and each prompt's own "
+                        "part are both 0 tokens long")
     reqs = []
     for g in range(groups):
         prefix = _tokens(rng, prefix_len, vocab_size)
@@ -152,6 +155,7 @@ PARAMS = {"prefix_repetition": ("prefix_len", "suffix_len", "num_prefixes"),
                                       "question_len"),
           "multi-turn": ("sessions", "turns", "first_len", "user_len")}
 TOKEN_WORKLOADS = tuple(PARAMS)   # the built-ins with token ids (vocab_size matters)
+ZERO_OK = ("prefix_len", "suffix_len", "question_len", "user_len")   # the parameters that may be 0
 # The workloads a shared fraction applies to: (the shared prefix's length, the rest's). A fraction
 # f keeps the prompt's length (the two's sum, each as given or its default) and makes the first
 # round(f x length) tokens the shared prefix: the sweep axis `shared_fraction`.
@@ -175,24 +179,33 @@ def parse_spec(spec: str) -> tuple[str, dict]:
         except ValueError:
             raise UserError(f"workload {spec!r}: {key} must be an integer, got {value!r}") \
                 from None
-        if not sep or not 0 <= v <= MAX_PARAM or (v == 0 and key not in (
-                "prefix_len", "suffix_len", "question_len", "user_len")):
+        if not sep or not (0 if key in ZERO_OK else 1) <= v <= MAX_PARAM:
             raise UserError(f"workload {spec!r}: {key} must be an integer from "
-                            f"{0 if key.endswith('len') else 1} to {MAX_PARAM}, got {value!r}")
+                            f"{0 if key in ZERO_OK else 1} to {MAX_PARAM}, got {value!r}")
         params[key] = v
     return name, params
+
+
+def shared_fraction_problem(spec: str, fraction) -> str | None:
+    """What is wrong with sizing `spec`'s shared prefix at `fraction` (None: nothing): the
+    one check of the simulator's setting and of load_workload."""
+    if isinstance(fraction, bool) or not (isinstance(fraction, (int, float))
+                                          and 0 <= fraction <= 1):
+        return "must be a number from 0 to 1"
+    if spec.split(":")[0] not in SHARED_SPLIT:
+        return (f"sizes the shared prefix of {' or '.join(SHARED_SPLIT)}; workload {spec!r} "
+                "has no shared prefix to size")
+    return None
 
 
 def shared_split(spec: str, fraction: float) -> dict:
     """The prefix and suffix lengths of a workload with shared prefixes at a shared fraction
     of its prompt (SHARED_SPLIT), from its spec's own lengths or the defaults."""
     import inspect
+    why = shared_fraction_problem(spec, fraction)
+    if why:
+        raise UserError(f"shared fraction {fraction!r}: {why}")
     name, params = parse_spec(spec)
-    if name not in SHARED_SPLIT:
-        raise UserError(f"shared fraction {fraction:g}: workload {spec!r} has no shared prefix "
-                        f"to size (it applies to {' and '.join(SHARED_SPLIT)})")
-    if not (isinstance(fraction, (int, float)) and 0 <= fraction <= 1):
-        raise UserError(f"shared fraction: expected a number from 0 to 1, got {fraction!r}")
     shared, rest = SHARED_SPLIT[name]
     defaults = inspect.signature(BUILTIN[name]).parameters
     length = sum(params.get(key, defaults[key].default) for key in (shared, rest))

@@ -219,7 +219,8 @@ class EngineSetup:
                             num_blocks or self.num_blocks,
                             a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
                             a.sampling, a.block_size, self.target.max_position_embeddings,
-                            a.enable_prefix_caching, a.scheduler_reserve_full_isl)
+                            enable_prefix_caching=a.enable_prefix_caching,
+                            scheduler_reserve_full_isl=a.scheduler_reserve_full_isl)
 
     def make_executor(self):
         """The worker inline or in its own process."""

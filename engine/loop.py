@@ -58,8 +58,8 @@ class EngineConfig:
         return SchedulerConfig.for_run(self.mode, self.k, self.num_blocks, self.block_size,
                                        self.max_num_seqs, self.max_num_batched_tokens,
                                        self.max_model_len, self.max_position_embeddings,
-                                       self.scheduler_reserve_full_isl,
-                                       self.enable_prefix_caching)
+                                       reserve_full_isl=self.scheduler_reserve_full_isl,
+                                       enable_prefix_caching=self.enable_prefix_caching)
 
 
 @dataclass
@@ -302,11 +302,8 @@ def run_output(core: EngineCore, client: Client, requests: list[TraceRequest], c
     result["config"].setdefault("k", cfg.k)
     result["config"].setdefault("enable_prefix_caching", cfg.enable_prefix_caching)
     result["config"]["num_preemptions"] = core.sched.num_preemptions
-    s = core.sched
-    if s.caching:   # vLLM's prefix-cache counters (tokens), as the simulator reports them
-        result["config"]["prefix_cache"] = {
-            "queries": s.prefix_cache_queries, "hits": s.prefix_cache_hits,
-            "preempted_queries": s.preempted_queries, "preempted_hits": s.preempted_hits}
+    if core.sched.caching:   # vLLM's prefix-cache counters (tokens), as the simulator's
+        result["config"]["prefix_cache"] = core.sched.prefix_cache_counts()
     if detailed:
         result["output_token_ids"] = [client.outputs[rid] for rid in order]
         if cfg.k:

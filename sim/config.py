@@ -22,7 +22,7 @@ from stepgap.sim.profile_costs import ProfileCosts
 from stepgap.sim.tables import TableCosts, load_tables
 from stepgap.sim.hardware import Hardware, get_hardware
 from stepgap.common.errors import UserError
-from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES
+from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES, OLD_DEVICES
 from stepgap.common.limits import (MAX_K, MAX_MS, MAX_PROMPTS, MAX_SCALE, MAX_SKEW, MAX_SPREAD,
                                    MAX_US, is_finite, is_int, is_number)
 from stepgap.common.drafters import SPEC_METHODS, default_draft_model, load_drafter
@@ -36,7 +36,6 @@ from stepgap.common.scheduler import SchedulerConfig
 # Old spellings of fields and values, still read (grid files, folders written before).
 ALIASES = {"worker": "executor", "num_kv_blocks": "num_gpu_blocks_override",
            "num_speculative_tokens": "k", "spec_method": "method", "tp": "tensor_parallel_size"}
-OLD_DEVICES = {"async": "cuda", "sync": "cpu"}
 # Whose step loop is simulated: stepgap's engine (one message per step, an in-process client) or
 # vLLM's (execute_model and sample_tokens RPCs, take_draft_token_ids in sync, an API server
 # sharing the engine core's CPU; docs/vllm.md). None: the profile's, else stepgap.
@@ -163,12 +162,10 @@ class SimConfig:
               optional=True)
         _ints(self, ("num_prompts",), 1, MAX_PROMPTS, optional=True)
         if self.shared_fraction is not None:
-            _numbers(self, ("shared_fraction",), 1.0)
-            from stepgap.common.workloads import SHARED_SPLIT
-            if self.workload.split(":")[0] not in SHARED_SPLIT:
-                raise _bad("shared_fraction", f"sizes the shared prefix of "
-                           f"{' or '.join(SHARED_SPLIT)}, not of workload {self.workload!r}",
-                           self.shared_fraction)
+            from stepgap.common.workloads import shared_fraction_problem
+            why = shared_fraction_problem(self.workload, self.shared_fraction)
+            if why:
+                raise _bad("shared_fraction", why, self.shared_fraction)
         if self.topology is not None and self.topology not in TOPOLOGIES:
             raise _bad("topology", f"must be one of {', '.join(TOPOLOGIES)}", self.topology)
         if not (is_finite(self.gpu_memory_utilization) and 0 < self.gpu_memory_utilization <= 1):

@@ -563,10 +563,7 @@ class Sim:
             "num_preemptions": self.sched.num_preemptions,
         }
         if self.caching:   # vLLM's prefix-cache counters (tokens)
-            s = self.sched
-            config["resolved"]["prefix_cache"] = {
-                "queries": s.prefix_cache_queries, "hits": s.prefix_cache_hits,
-                "preempted_queries": s.preempted_queries, "preempted_hits": s.preempted_hits}
+            config["resolved"]["prefix_cache"] = self.sched.prefix_cache_counts()
         if self.device.jitter is not None and r.measured is not None and r.measured.jitter:
             j = r.measured.jitter
             config["resolved"]["jitter"] = {"bin_ms": j.bin_ms, "sigma_step": j.sigma_step,
@@ -600,11 +597,11 @@ def check_requests(requests: list[TraceRequest], sched: SchedulerConfig,
     the scheduler, or token ids past the target's vocabulary."""
     for tr in requests:
         sched.check_fits(tr.request_id, tr.prompt_len, tr.output_len)
-        if vocab_size is not None and tr.prompt_token_ids \
-                and max(tr.prompt_token_ids) >= vocab_size:
-            raise UserError(f"request {tr.request_id!r}: prompt_token_ids holds "
-                            f"{max(tr.prompt_token_ids)}, past the target's vocabulary of "
-                            f"{vocab_size}")
+        top = max(tr.prompt_token_ids) if vocab_size is not None and tr.prompt_token_ids \
+            else -1
+        if top >= vocab_size:
+            raise UserError(f"request {tr.request_id!r}: prompt_token_ids holds {top}, past the "
+                            f"target's vocabulary of {vocab_size}")
 
 
 def build_workload(cfg: SimConfig) -> list[TraceRequest]:

@@ -42,6 +42,11 @@ X_WORDS = {"max_concurrency": "concurrency", "request_rate": "request rate",
            "shared_fraction": "shared fraction"}
 
 
+def x_topic(x: str) -> str:
+    """What a figure's x axis varies, for its title: the load, or the shared fraction."""
+    return "the shared fraction of the prompt" if x == "shared_fraction" else "load"
+
+
 def label(metric: str) -> str:
     return LABELS.get(metric, metric)
 
@@ -276,10 +281,10 @@ def metric_heatmap(view, metric: str = "mean_tpot_ms") -> Figure:
     cmap = colormaps["YlOrRd" if lower else "YlGn"]
     norm = Normalize(vals.min(), vals.max())
     better = "lower is better" if lower else "higher is better"
-    by = "shared fraction" if rows[0][0].x == "shared_fraction" else "load"
     return _heatmap_panels(rows, norm, cmap, ".1f" if vals.max() < 1000 else ".0f",
                            f"{label(metric)}, {better}",
-                           f"{_cap(label(metric))} by speculation depth and {by}")
+                           f"{_cap(label(metric))} by speculation depth and "
+                           f"{x_topic(rows[0][0].x)}")
 
 
 def no_finite(metric: str, views: list[View]) -> str:
@@ -381,7 +386,7 @@ def saving_plot(view, metric: str = "mean_tpot_ms") -> Figure:
     grid[0][-1].legend(title="speculation depth", fontsize=8, title_fontsize=8,
                        loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
     scenario = common_scenario(views) if multi else view.scenario()
-    by = "by load" if view.x != "shared_fraction" else "by the shared fraction of the prompt"
-    fig.suptitle(f"What async scheduling saves over sync, {by}\n{wrapped(scenario, fig)}",
+    fig.suptitle(f"What async scheduling saves over sync, by {x_topic(view.x)}\n"
+                 f"{wrapped(scenario, fig)}",
                  fontsize=11)
     return fig

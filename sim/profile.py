@@ -275,7 +275,7 @@ def _about(doc: dict, source) -> None:
     engine's (cpu or cuda; sync and async, their old names, as SimConfig reads them) and whose
     `executor` is one of the executors. stepgap's engine and vLLM's are measured on CPUs and
     CUDA devices only: a profile of another device (`"tpu"`) is not one of theirs."""
-    from stepgap.common.formats import DEVICES, EXECUTORS
+    from stepgap.common.formats import DEVICES, EXECUTORS, OLD_DEVICES
     name = doc.get("device")
     if name is not None and name not in DEVICES + ("gpu",):
         raise UserError(f"{where(source, field='device')}: expected {' or '.join(DEVICES)} (the "
@@ -287,16 +287,13 @@ def _about(doc: dict, source) -> None:
         raise UserError(f"{where(source, field='topology')}: expected an object, got "
                         f"{topology!r}")
     device = topology.get("device")
-    if device is not None and device not in DEVICES + OLD_DEVICES:
+    if device is not None and device not in (*DEVICES, *OLD_DEVICES):
         raise UserError(f"{where(source, field='topology.device')}: expected "
                         f"{' or '.join(DEVICES)}, got {device!r}")
     executor = topology.get("executor")
     if executor is not None and executor not in EXECUTORS:
         raise UserError(f"{where(source, field='topology.executor')}: expected "
                         f"{' or '.join(EXECUTORS)}, got {executor!r}")
-
-
-OLD_DEVICES = ("sync", "async")   # sim/config.py's OLD_DEVICES: cpu and cuda as once spelled
 
 
 def _index(v) -> bool:

@@ -224,10 +224,10 @@ class Grid:
                 cfg = SimConfig(**settings)
                 r = resolve(cfg)
                 wkey = (cfg.workload, cfg.num_prompts, cfg.output_len, cfg.seed,
-                        cfg.request_rate, cfg.burstiness)
+                        cfg.request_rate, cfg.burstiness, cfg.shared_fraction, cfg.model)
                 if wkey not in workloads:
                     workloads[wkey] = build_workload(cfg)
-                check_requests(workloads[wkey], r.scheduler)
+                check_requests(workloads[wkey], r.scheduler, r.target.vocab_size)
             except UserError as e:
                 raise UserError(f"grid cell {format_cell(values)}: {e}") from None
             except (TypeError, ValueError) as e:   # a value of the wrong shape from a file

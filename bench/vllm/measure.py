@@ -55,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from stepgap.calibrate.gpu import Log  # noqa: E402
 from stepgap.common.cpu_load import OtherCpu, cpu_seconds  # noqa: E402
+from stepgap.common.fileio import write_json  # noqa: E402
 from stepgap.common.vllm_bench import BURSTY_MAX, bursty_share  # noqa: E402
 
 CLI = ROOT / "bench" / "vllm" / "vllm_cli.py"
@@ -307,10 +308,17 @@ def quiet_machine(log, seconds: float = 10.0) -> dict:
     return q
 
 
-def save_plan(out: Path, plan: dict) -> None:
-    tmp = out / "plan.json.tmp"
-    tmp.write_text(json.dumps(plan, indent=1) + "\n")
-    tmp.replace(out / "plan.json")
+def only(servers: dict, server: Server) -> None:
+    """Stop every server but `server`, and wake it: a run shares the machine with none of
+    them."""
+    for s in servers.values():
+        if s is not server:
+            s.pause()
+    server.resume()
+
+
+def unit_name(kind: str, mode: str, k: int, c: int, rep: int) -> str:
+    return f"{kind}-{mode}-k{k}-c{c}-r{rep}"
 
 
 def main(argv=None) -> int:
@@ -389,16 +397,17 @@ def main(argv=None) -> int:
         for i, (mode, k) in enumerate(itertools.product(modes, ks)):
             s = servers[(mode, k)] = Server(venv, mode, k, BASE_PORT + i, out, cpus)
             log(f"server {s.name} ready in {s.wait_ready():.0f} s (pids {s.pids()})")
-            if old:
-                s.pause()
-        if not old:
-            for s in servers.values():   # warm-up, then vLLM's own tokens of every chunk
-                bench(venv, s, judged, 4, out, f"warmup-{s.name}", cpus, 8)
+            s.pause()   # stopped while the next ones start, and from now on but for its runs
+        for s in servers.values():
+            # every start warms up, a resumed measurement's servers too (they are new
+            # processes); vLLM's own tokens of every chunk are captured once
+            only(servers, s)
+            bench(venv, s, judged, 4, out, f"warmup-{s.name}", cpus, 8)
+            if not old:
                 for ds in (judged, calib):
                     capture_tokens(s, ds, out)
-            log("warm-up and token capture done")
-        for s in servers.values():   # every server stopped but the one a run uses
             s.pause()
+        log("warm-up" + (" and token capture" if not old else "") + " done")
         quiet = [*old.get("quiet", []), quiet_machine(log)]
         plan = {"vllm": "0.32.0 (CPU build)", "modes": modes, "ks": ks,
                 "calibrate_ks": calibrate_ks,
@@ -411,18 +420,15 @@ def main(argv=None) -> int:
                 "servers": {s.name: {"port": s.port, "async_patch": s.mode == "async"}
                             for s in servers.values()}}
         units = [u for u in plan_units(ks, concs, modes, calibrate_ks, args.repeats, async_cal)
-                 if f"{u[0]}-{u[1]}-k{u[2]}-c{u[3]}-r{u[4]}" not in done]
+                 if unit_name(*u) not in done]
         if args.groups:
             only = {tuple(int(x) for x in g.split(":")) for g in args.groups.split(",")}
             units = [u for u in units if u[0] == "judged" and (u[2], u[3]) in only]
         for n, (kind, mode, k, c, rep) in enumerate(units):
-            name = f"{kind}-{mode}-k{k}-c{c}-r{rep}"
+            name = unit_name(kind, mode, k, c, rep)
             reruns = []
             server = servers[(mode, k)]
-            for s in servers.values():
-                if s is not server:
-                    s.pause()
-            server.resume()
+            only(servers, server)
             for attempt in range(args.retries + 1):
                 time.sleep(2)   # the previous server's spin on its queue ends (~1 s)
                 r = bench(venv, server, judged if kind == "judged" else calib, c,
@@ -439,9 +445,10 @@ def main(argv=None) -> int:
                 reruns.append({"attempt": attempt + 1, "why": why, "other_cpu": r["other_cpu"]})
                 log(f"{name}: {'; '.join(why)}, attempt {attempt + 1}")
             r.update(kind=kind, mode=mode, k=k, conc=c, rep=rep, attempts=attempt + 1,
-                     reruns=reruns, over_limit=bool(why))
+                     reruns=reruns,
+                     over_limit=r["other_cpu"]["others_core"] > args.max_other_cpu)
             runs.append(r)
-            save_plan(out, plan)
+            write_json(out / "plan.json", plan)
             log(f"{n + 1}/{len(units)} {name}: TPOT {r['mean_tpot_ms']:.3f} ms, ITL "
                 f"{r['mean_itl_ms']:.3f} ms, {r['wall_s']:.1f} s, others "
                 f"{r['other_cpu']['others_core']:.2%} of a core (busy residual "
@@ -450,10 +457,7 @@ def main(argv=None) -> int:
             for (mode, k), s in servers.items():
                 if k not in calibrate_ks:
                     continue
-                for other in servers.values():
-                    if other is not s:
-                        other.pause()
-                s.resume()
+                only(servers, s)
                 for c in concs:
                     name = f"profile-{mode}-k{k}-c{c}"
                     before = set(s.trace_dir.iterdir())
@@ -465,7 +469,7 @@ def main(argv=None) -> int:
                                            set(s.trace_dir.iterdir()) - before))
                     plan["profiles"].append(r)
                     log(f"{name}: traces {r['traces']}")
-        save_plan(out, plan)
+        write_json(out / "plan.json", plan)
         log(f"done: {out}/plan.json")
     finally:
         for s in servers.values():
