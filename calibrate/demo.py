@@ -244,7 +244,7 @@ def run_demo(pair=PAIR, k: int = 4, num_prompts: int | None = None,
     dcfg = load_draft_config(paths["eagle3"], tcfg)
     p_lens = [r.prompt_len for r in reqs]
     o_lens = [r.output_len for r in reqs]
-    out(f"stepgap demo: a trained Llama target and its EAGLE-3 head on held-out Python code")
+    out("stepgap demo: a trained Llama target and its EAGLE-3 head on held-out Python code")
     out(f"  target  {_show(paths['target'])}: {tcfg.num_layers} layers, hidden {tcfg.hidden_size}, "
         f"vocab {tcfg.vocab_size}, {tcfg.num_params / 1e6:.2f} M parameters")
     out(f"  draft   {_show(paths['eagle3'])}: EAGLE-3, aux layers "

@@ -31,7 +31,7 @@ import numpy as np
 from stepgap.calibrate.samples import cpu_samples, device_points
 from stepgap.common.formats import Span
 from stepgap.sim.cpu_costs import CPU_COSTS, OpCost
-from stepgap.sim.profile import FEATURES, CpuFit, Fit, Noise, Profile, features
+from stepgap.sim.profile import FEATURES, CpuFit, Fit, Noise, Profile
 
 GRID_REQS = (1, 2, 4)
 GRID_CONTEXT = (64, 160, 240)

@@ -116,7 +116,6 @@ def microbench(device) -> dict:
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     mm_s = _time_it(device, lambda: a @ b, 20 if cuda else 3)
-    del x, y, a, b
     return {"copy_bytes": nbytes, "copy_GBps_read_plus_write": 2 * nbytes / copy_s / 1e9,
             "gemm_n": n, "gemm_dtype": str(dtype).split(".")[-1],
             "gemm_TFLOPs": 2 * n ** 3 / mm_s / 1e12}

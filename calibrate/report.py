@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stepgap.calibrate.judge import (RULES, SAVING_BOUND, SYNC_ONLY_MISSES, SYNC_ONLY_PROFILE,
                                      Verdict, bound_failures, bounds_of, judge_folder,
@@ -17,6 +18,9 @@ from stepgap.calibrate.judge import (RULES, SAVING_BOUND, SYNC_ONLY_MISSES, SYNC
 from stepgap.common.fileio import read_json_object, write_text
 from stepgap.common.formats import load_timeline, save_result, save_timeline
 from stepgap.sim.profile import load_profile
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TIMELINE_STEPS = (60, 100)   # the steps of the timeline cells kept, when the manifest says none
 

@@ -11,7 +11,6 @@ Both halves import this module, and nothing else defines these formats:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, NamedTuple

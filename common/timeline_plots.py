@@ -61,7 +61,6 @@ def save(fig: Figure, path, fmt: str | None = None) -> None:
 
 
 OP_COLORS = {
-    "add_request": "#393b79", "process_outputs": "#6b6ecf",
     "schedule": "#1f77b4", "update_from_output": "#17becf",
     "prepare_inputs": "#2ca02c", "launch": "#bcbd22", "wait": "#d0d0d0",
     "propose": "#7f3b08", "broadcast": "#66c2a5", "collect": "#a6d854",

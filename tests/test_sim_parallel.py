@@ -7,7 +7,7 @@ import json
 import pytest
 
 from stepgap.common.errors import UserError
-from stepgap.common.formats import LANES, OPS, TraceRequest
+from stepgap.common.formats import LANES, OPS
 from stepgap.common.drafters import load_drafter
 from stepgap.common.model_presets import MODEL_PRESETS, load_model_config
 from stepgap.common.modelcfg import ModelConfig

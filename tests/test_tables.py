@@ -19,7 +19,7 @@ from stepgap.common.peer_run import (load_peer_requests, load_peer_trace, peer_r
 from stepgap.sim.config import SimConfig, resolve
 from stepgap.sim.costs import Batch
 from stepgap.sim.loop import simulate
-from stepgap.sim.tables import DENSE_LAYERS, TableCosts, Table1D, load_tables
+from stepgap.sim.tables import DENSE_LAYERS, Table1D, load_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT / "traces" / "peers" / "llmservingsim"

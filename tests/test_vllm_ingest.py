@@ -6,7 +6,6 @@ import copy
 import gzip
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest

@@ -42,7 +42,6 @@ import argparse
 import itertools
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -422,8 +421,8 @@ def main(argv=None) -> int:
         units = [u for u in plan_units(ks, concs, modes, calibrate_ks, args.repeats, async_cal)
                  if unit_name(*u) not in done]
         if args.groups:
-            only = {tuple(int(x) for x in g.split(":")) for g in args.groups.split(",")}
-            units = [u for u in units if u[0] == "judged" and (u[2], u[3]) in only]
+            groups = {tuple(int(x) for x in g.split(":")) for g in args.groups.split(",")}
+            units = [u for u in units if u[0] == "judged" and (u[2], u[3]) in groups]
         for n, (kind, mode, k, c, rep) in enumerate(units):
             name = unit_name(kind, mode, k, c, rep)
             reruns = []
