@@ -59,6 +59,7 @@ from stepgap.common.vllm_bench import BURSTY_MAX, bursty_share  # noqa: E402
 
 CLI = ROOT / "bench" / "vllm" / "vllm_cli.py"
 PAIR = ROOT / "checkpoints" / "pystdlib"
+IDLE_BEFORE_PAUSE = 2.0   # s: a last step's RPC ends, and the spin on its queue (~1 s)
 BASE_PORT = 18100
 MAX_MODEL_LEN = 256
 MAX_NUM_SEQS = 8
@@ -162,8 +163,12 @@ class Server:
     def pause(self) -> None:
         """Stop every process of the server (SIGSTOP): an idle vLLM server still wakes on its
         queues (0.4-1.3 % of a core each here), and nine of them would be most of what a run
-        may share the machine with."""
+        may share the machine with. Only once it has been idle for IDLE_BEFORE_PAUSE: an async
+        engine core may still wait on its worker for one step after the last request ended,
+        and a SIGSTOP then leaves its 60 s RPC timeout running on the wall clock (at its next
+        wake it died: "RPC call to sample_tokens timed out")."""
         if self.proc.poll() is None and not self.paused:
+            time.sleep(IDLE_BEFORE_PAUSE)
             os.killpg(self.proc.pid, signal.SIGSTOP)
             self.paused = True
 
@@ -429,7 +434,7 @@ def main(argv=None) -> int:
             server = servers[(mode, k)]
             only(servers, server)
             for attempt in range(args.retries + 1):
-                time.sleep(2)   # the previous server's spin on its queue ends (~1 s)
+                time.sleep(1)   # the woken server settles
                 r = bench(venv, server, judged if kind == "judged" else calib, c,
                           out, name, cpus, args.num_prompts)
                 why = []
