@@ -61,12 +61,12 @@ def save(fig: Figure, path, fmt: str | None = None) -> None:
 
 
 OP_COLORS = {
+    "add_request": "#aec7e8", "process_outputs": "#98df8a",
     "schedule": "#1f77b4", "update_from_output": "#17becf",
     "prepare_inputs": "#2ca02c", "launch": "#bcbd22", "wait": "#d0d0d0",
     "propose": "#7f3b08", "broadcast": "#66c2a5", "collect": "#a6d854",
     "fixup": "#e377c2", "target_forward": "#ff7f0e", "rejection_sample": "#d62728",
-    "draft_forward": "#9467bd", "d2h": "#8c564b", "add_request": "#aec7e8",
-    "process_outputs": "#98df8a", "unmapped": "#c7c7c7",
+    "draft_forward": "#9467bd", "d2h": "#8c564b", "unmapped": "#c7c7c7",
 }
 GAP_COLOR = "#e41a1c"
 

@@ -163,7 +163,7 @@ class Server:
     def pause(self) -> None:
         """Stop every process of the server (SIGSTOP): an idle vLLM server still wakes on its
         queues (0.4-1.3 % of a core each here), and nine of them would be most of what a run
-        may share the machine with. Only once it has been idle for IDLE_BEFORE_PAUSE: an async
+        may share the machine with. It first waits IDLE_BEFORE_PAUSE: an async
         engine core may still wait on its worker for one step after the last request ended,
         and a SIGSTOP then leaves its 60 s RPC timeout running on the wall clock (at its next
         wake it died: "RPC call to sample_tokens timed out")."""
