@@ -321,6 +321,13 @@ def only(servers: dict, server: Server) -> None:
     server.resume()
 
 
+def eta(elapsed_s: float, done: int, total: int) -> str:
+    """The runs left and their time at this invocation's pace so far (the profiles after
+    them take a few minutes more)."""
+    left = (total - done) * elapsed_s / done
+    return f"{total - done} runs left, about {left / 60:.0f} min"
+
+
 def unit_name(kind: str, mode: str, k: int, c: int, rep: int) -> str:
     return f"{kind}-{mode}-k{k}-c{c}-r{rep}"
 
@@ -395,6 +402,9 @@ def main(argv=None) -> int:
     done = {r["name"] for r in runs}
 
     servers = {}
+    # a SIGTERM (or Ctrl-C of a job started with `&`, whose SIGINT is ignored: use kill) still
+    # stops every server (the finally below); they would otherwise keep running, stopped or not
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped by SIGTERM"))
     try:
         # one at a time: every worker compiles on the worker CPU, and ten at once there do
         # not finish within a server's start-up timeout
@@ -428,6 +438,7 @@ def main(argv=None) -> int:
         if args.groups:
             groups = {tuple(int(x) for x in g.split(":")) for g in args.groups.split(",")}
             units = [u for u in units if u[0] == "judged" and (u[2], u[3]) in groups]
+        t_runs = time.monotonic()
         for n, (kind, mode, k, c, rep) in enumerate(units):
             name = unit_name(kind, mode, k, c, rep)
             reruns = []
@@ -456,7 +467,8 @@ def main(argv=None) -> int:
             log(f"{n + 1}/{len(units)} {name}: TPOT {r['mean_tpot_ms']:.3f} ms, ITL "
                 f"{r['mean_itl_ms']:.3f} ms, {r['wall_s']:.1f} s, others "
                 f"{r['other_cpu']['others_core']:.2%} of a core (busy residual "
-                f"{r['other_cpu']['residual_s']:.2f} s), cpu {r['cpu_s']}")
+                f"{r['other_cpu']['residual_s']:.2f} s), cpu {r['cpu_s']}; "
+                f"{eta(time.monotonic() - t_runs, n + 1, len(units))}")
         if args.profiles and not plan["profiles"]:
             for (mode, k), s in servers.items():
                 if k not in calibrate_ks:
