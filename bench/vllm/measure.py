@@ -402,8 +402,8 @@ def main(argv=None) -> int:
     done = {r["name"] for r in runs}
 
     servers = {}
-    # a SIGTERM (or Ctrl-C of a job started with `&`, whose SIGINT is ignored: use kill) still
-    # stops every server (the finally below); they would otherwise keep running, stopped or not
+    # SIGTERM stops every server too (the finally below), which would otherwise keep running;
+    # a job started with `&` ignores SIGINT, so stop one with `kill`
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped by SIGTERM"))
     try:
         # one at a time: every worker compiles on the worker CPU, and ten at once there do
