@@ -76,11 +76,9 @@ def peer_config(run: PeerRun, tables: bool = True, **overrides) -> tuple[SimConf
     """The simulator's configuration of a peer run: its meta.json's settings, its trace (with
     the token ids of the dataset it replayed, where found), its GPU and, unless `tables` is
     False, its operator tables."""
-    settings, notes = peer_settings(run.requests.with_name("meta.json"))
-    settings.setdefault("max_model_len", None)
     from stepgap.common.model_presets import load_model_config
-    if settings["max_model_len"] is None:   # vLLM's default: the model's own context
-        settings["max_model_len"] = load_model_config(run.model).max_position_embeddings
+    settings, notes = peer_settings(run.requests.with_name("meta.json"),
+                                    load_model_config(run.model).max_position_embeddings)
     cfg = SimConfig(gpu=run.gpu, model=run.model, workload=str(run.requests),
                     device_profile=str(run.tables) if tables else None,
                     metric_percentiles=PERCENTILES, timeseries_interval_s=TICK_S,

@@ -219,7 +219,7 @@ def config_from_args(args) -> SimConfig:
     from stepgap.sim.presets import get_preset
 
     settings = dict(get_preset(args.preset).settings) if args.preset else {}
-    settings.update(run_settings(args))
+    settings.update(run_settings(args, args.model or settings.get("model") or D.model))
     args.mode = mode_from_args(args)
     args.executor = executor_from_args(args)
     method, draft, k = speculative_from_args(args)
@@ -248,9 +248,12 @@ def config_from_args(args) -> SimConfig:
     return SimConfig(**settings)
 
 
-def run_settings(args) -> dict:
+def run_settings(args, model: str) -> dict:
     """A peer's vLLM run given as --trace (its requests.jsonl): the settings its meta.json
-    records, as the options they map to; the command line still wins (common/peer_run.py)."""
+    records, as the options they map to, read as the judge reads them (common/peer_run.py
+    `peer_settings`: what it leaves null takes vLLM's default for `model`); the command line
+    still wins."""
+    from stepgap.common.model_presets import load_model_config
     from stepgap.common.options import note
     from stepgap.common.peer_run import find_dataset, is_peer_requests, peer_settings
     if args.trace is None or not is_peer_requests(args.trace):
@@ -260,7 +263,7 @@ def run_settings(args) -> dict:
         note(args, f"--trace {args.trace}: no meta.json beside it; the run's settings are not "
                    "known, so stepgap's defaults are used")
         return {}
-    settings, notes = peer_settings(meta)
+    settings, notes = peer_settings(meta, load_model_config(model).max_position_embeddings)
     dataset = find_dataset(args.trace)
     notes.append(f"prompt token ids from {dataset} (the dataset the run replayed): prefix "
                  "caching finds the prompts' shared blocks" if dataset else

@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT / "traces" / "peers" / "llmservingsim"
 BUNDLE_4090 = PEERS / "profiler/perf/RTX4090/meta-llama/Llama-3.1-8B/bf16"
 RUN_4090 = PEERS / "bench/examples/RTX4090/Llama-3.1-8B/vllm"
+BUNDLE_PRO6000 = PEERS / "profiler/perf/RTXPRO6000/meta-llama/Llama-3.1-8B/bf16"
+RUN_PRO6000 = PEERS / "bench/examples/RTXPRO6000/Llama-3.1-8B/vllm"
 
 META = """\
 vllm_version: 0.19.0
@@ -298,13 +300,30 @@ def test_a_broken_requests_file_on_the_command_line_writes_nothing(tmp_path):
 
 
 def test_a_runs_settings_map_to_vllm_spelled_options():
-    settings, notes = peer_settings(RUN_4090 / "meta.json")
+    settings, notes = peer_settings(RUN_4090 / "meta.json", context=131072)
     assert settings == {"max_num_seqs": 256, "max_num_batched_tokens": 2048,
                         "max_model_len": 32768, "tensor_parallel_size": 1, "block_size": 16,
                         "num_gpu_blocks_override": 2588, "mode": "async",
                         "scheduler_reserve_full_isl": True, "enable_prefix_caching": True}
     assert "--num-gpu-blocks-override 2588" in notes[0]
     assert any("CUDA graphs" in n for n in notes)
+
+
+def test_a_null_max_model_len_is_the_models_context_as_vllm_takes_it(tmp_path):
+    meta = json.loads((RUN_PRO6000 / "meta.json").read_text())
+    assert meta["engine_kwargs"]["max_model_len"] is None
+    settings, notes = peer_settings(RUN_PRO6000 / "meta.json", context=131072)
+    assert settings["max_model_len"] == 131072
+    assert any("max_model_len is null" in n and "--max-model-len 131072" in n for n in notes)
+
+
+def test_the_readme_command_runs_the_pro6000_run_whose_prompts_pass_2048(tmp_path):
+    # (its longest request is 2,000-odd tokens past --max-model-len's own default of 2048)
+    res = tmp_path / "sim.json"
+    p = run_cli("simulate", "--gpu", "rtxpro6000", "--trace", str(RUN_PRO6000 / "requests.jsonl"),
+                "--device-profile", str(BUNDLE_PRO6000), "--result-json", str(res))
+    assert p.returncode == 0, p.stderr
+    assert "--max-model-len 131072" in p.stderr and res.is_file()
 
 
 def test_the_committed_run_replays_the_dataset_with_its_token_ids():
