@@ -223,10 +223,63 @@ def test_a_broken_bundle_is_one_clear_error(bundle, edit, message):
         costs_of(bundle, k=1)
 
 
-def test_tables_of_another_model_are_refused(bundle):
-    with pytest.raises(UserError, match=r"measured for meta-llama/Llama-3.1-8B .*not for "
-                                        r"--model llama-3.2-1b"):
+def test_tables_of_another_model_are_refused_naming_the_field(bundle):
+    with pytest.raises(UserError, match=r"bf16/meta.yaml: tables of meta-llama/Llama-3.1-8B, "
+                                        r"not of --model llama-3.2-1b: engine_effective."
+                                        r"hf_overrides.intermediate_size is 14336 per rank at "
+                                        r"TP 1, --model llama-3.2-1b has 8192$"):
         resolve(SimConfig(gpu="h100", model="llama-3.2-1b", device_profile=str(bundle)))
+
+
+# Qwen3-32B's per-rank shapes at TP 2, as its profiler wrote them: 64 heads of 128 over a width
+# of 5120, so hidden != heads x head_dim.
+QWEN_META = META.replace("model: meta-llama/Llama-3.1-8B", "architecture: qwen3\nmodel: "
+                         "Qwen/Qwen3-32B").replace("tp_degrees: [1]", "tp_degrees: [1, 2]") \
+    .replace("intermediate_size: 14336, num_attention_heads: 32", "intermediate_size: 12800, "
+             "num_attention_heads: 32").replace("num_key_value_heads: 8, vocab_size: 128256",
+                                                "num_key_value_heads: 4, vocab_size: 75968")
+
+
+def qwen_bundle(root: Path, with_qk_norm=True) -> Path:
+    layers = DENSE_LAYERS + (("qk_norm",) if with_qk_norm else ())
+    b = write_bundle(root, QWEN_META, dense=[(layer, n, 10 + n) for layer in layers
+                                             for n in TOKENS])
+    (b / "tp1").rename(b / "tp2")
+    return b
+
+
+def test_qwen3_tables_price_its_decoupled_head_dim_and_its_qk_norm(tmp_path):
+    b = qwen_bundle(tmp_path / "bf16")
+    costs = resolve(SimConfig(gpu="h100", model="qwen3-32b", tensor_parallel_size=2,
+                              device_profile=str(b))).device_costs
+    # embedding + 64 layers of 9 kernels (2 norms, qkv, qk_norm, rotary, o, gate_up, act, down)
+    # + final norm, each 10 + m us, at m = 10 tokens
+    assert costs.dense(10) == pytest.approx(20 + 64 * 9 * 20 + 20)
+
+
+def test_a_qwen3_bundle_without_qk_norm_rows_names_them(tmp_path):
+    b = qwen_bundle(tmp_path / "bf16", with_qk_norm=False)
+    with pytest.raises(UserError, match=r"tp2/dense.csv: no rows for qk_norm \(a qwen3 layer "):
+        resolve(SimConfig(gpu="h100", model="qwen3-32b", tensor_parallel_size=2,
+                          device_profile=str(b)))
+
+
+@pytest.mark.parametrize("model, tp, fields", [
+    ("llama-3.1-8b", 1, ["architecture is 'qwen3', --model is a 'llama' model",
+                          "num_attention_heads is 32 per rank at TP 2 (64 in all), --model "
+                          "llama-3.1-8b has 16", "vocab_size is 75968"]),
+    ("qwen3-8b", 1, ["intermediate_size is 12800 per rank at TP 2 (25600 in all), --model "
+                     "qwen3-8b has 6144"]),
+])
+def test_every_field_that_differs_is_named_once(tmp_path, model, tp, fields):
+    b = qwen_bundle(tmp_path / "bf16")
+    (b / "tp2").rename(b / "tp1")
+    with pytest.raises(UserError) as e:
+        resolve(SimConfig(gpu="h100", model=model, tensor_parallel_size=tp,
+                          device_profile=str(b)))
+    msg = str(e.value)
+    assert msg.count("\n") == 0 and "meta.yaml: tables of Qwen/Qwen3-32B" in msg
+    assert all(f in msg for f in fields), msg
 
 
 def test_a_request_longer_than_the_tables_kv_grid_is_refused_before_the_run(bundle, tmp_path):
