@@ -22,7 +22,9 @@ How a step is priced (docs/sim.md, "Measured operator tables", states and tests 
   + gate_up_proj + act_fn + down_proj) + final_layernorm, every dense layer at the step's tokens,
   + lm_head at the step's logit rows (one per request, vLLM V1 takes logits at every request's
   last scheduled position, plus one per draft token verified); with tensor parallelism, the
-  tables' `tp<N>` and the interconnect model's all-reduces and logits all-gather.
+  tables' `tp<N>`, an all-reduce per layer's attention and MLP and one after the embedding, and
+  the logits' all-gather, each as vLLM issues it (sim/hardware.py `all_reduce_path`), measured
+  where a hardware.yaml gives them (sim/hardware_file.py), else the interconnect model's.
 - attention: the largest prefill chunk and every decode in one lookup (the table's mixed shots
   measure that a mixed batch costs more than its parts); each further prefill chunk adds its own
   pure-prefill time above the kernel's floor (the table's cheapest shot); decodes at their mean
@@ -57,7 +59,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stepgap.common.errors import UserError, where
-from stepgap.common.fileio import read_text
+from stepgap.common.fileio import read_text, read_yaml
+from stepgap.sim.hardware import MeasuredLink
 
 DENSE_LAYERS = ("embedding", "layernorm", "qkv_proj", "rotary_emb", "o_proj", "gate_up_proj",
                 "act_fn", "down_proj", "final_layernorm")
@@ -324,20 +327,6 @@ def _attention(path: Path) -> AttentionTable:
     return AttentionTable(rows)
 
 
-def _meta(path: Path) -> dict:
-    import yaml
-    try:
-        doc = yaml.safe_load(read_text(path))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        raise UserError(f"{where(path, line)}: not valid YAML ({getattr(e, 'problem', e)})") \
-            from None
-    if not isinstance(doc, dict):
-        raise UserError(f"{path}: expected a mapping (LLMServingSim's meta.yaml)")
-    return doc
-
-
 def find_bundle(path) -> Path:
     """The variant folder (meta.yaml beside tp<N>/) of a path given as that folder, one of its
     tp<N> folders, or its meta.yaml."""
@@ -360,7 +349,7 @@ def load_tables(path, tp: int = 1) -> OpTables:
     """Read a perf bundle's tables at one tensor-parallel degree."""
     root = find_bundle(path)
     meta_path = root / "meta.yaml"
-    meta = _meta(meta_path)
+    meta = read_yaml(meta_path, "LLMServingSim's meta.yaml")
     have = sorted(int(d.name[2:]) for d in root.iterdir()
                   if d.is_dir() and d.name.startswith("tp") and d.name[2:].isdigit())
     if tp not in have:
@@ -461,8 +450,11 @@ class TableCosts:
                         "d2h": "roofline (no table: the catalog's copy time)",
                         "fixup": "roofline (no table: the catalog's per-kernel cost)"}
         if tp > 1:
-            self.sources["target_forward"] += "; all-reduces and logits all-gather from the " \
-                                              "interconnect model"
+            link = fallback.link
+            self.sources["target_forward"] += (
+                f"; all-reduces and logits all-gather {link.name}"
+                if isinstance(link, MeasuredLink) else
+                f"; all-reduces and logits all-gather from the interconnect model ({link.name})")
         if k:
             self.sources["draft_forward"] = (
                 f"{at}: the drafter's layers; its argmax bookkeeping from the roofline"
