@@ -379,6 +379,28 @@ def test_the_readme_command_runs_the_pro6000_run_whose_prompts_pass_2048(tmp_pat
     assert "--max-model-len 131072" in p.stderr and res.is_file()
 
 
+def readme_peer_commands() -> list[list[str]]:
+    """The `stepgap simulate` commands of the README's peer section, as printed."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Real GPU runs")[1].split("```")[1]
+    joined = block.replace("\\\n", " ")
+    folder = next(line.split("=", 1)[1] for line in joined.splitlines() if line.startswith("P="))
+    return [line.replace("$P", str(ROOT / folder)).split()[2:]
+            for line in joined.splitlines() if line.startswith("stepgap simulate")]
+
+
+def test_the_readmes_commands_run_as_printed_for_both_gpus_and_the_tp2_run(tmp_path):
+    commands = readme_peer_commands()
+    assert len(commands) == 3
+    for argv in commands:   # --model, --gpu, --device-profile, --trace and output options only
+        options = {a for a in argv if a.startswith("--")}
+        assert options <= {"--model", "--gpu", "--device-profile", "--trace",
+                           "--metric-percentiles", "--result-json"}, options
+        p = subprocess.run([sys.executable, "-m", "stepgap", "simulate", *argv, "--quiet"],
+                           capture_output=True, text=True, cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+
+
 def test_the_committed_run_replays_the_dataset_with_its_token_ids():
     trace = load_peer_trace(RUN_4090 / "requests.jsonl")
     assert len(trace) == 300 and all(len(r.prompt_token_ids) == r.prompt_len for r in trace)
