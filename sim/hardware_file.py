@@ -43,18 +43,21 @@ REQUIRED = {"flops": "bf16_tflops", "mem_bw": "memory_bw_gbps", "mem_bytes": "me
 DEFAULTS = {"flop_eff": 0.70, "bw_eff": 0.80, "kernel_us": 2.0, "d2h_us": 15.0}
 
 
-def _number(path, field: str, v, low: float = 0.0, integer: bool = False) -> float:
+def _number(path, field: str, v, low: float = 0.0, zero: bool = False,
+            integer: bool = False) -> float:
+    """A finite number above `low` (at `low` too where `zero`), naming the file and field."""
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-            or v <= low or (integer and v != int(v)):
+            or v < low or (v == low and not zero) or (integer and v != int(v)):
         what = "an integer" if integer else "a number"
-        raise UserError(f"{where(path, field=field)}: expected {what} > {low:g}, got {v!r}")
+        raise UserError(f"{where(path, field=field)}: expected {what} {'>=' if zero else '>'} "
+                        f"{low:g}, got {v!r}")
     return float(v)
 
 
-def _mapping(path, doc: dict, key: str) -> dict:
+def _mapping(path, doc: dict, key: str, at: str = "") -> dict:
     v = doc.get(key) or {}
     if not isinstance(v, dict):
-        raise UserError(f"{where(path, field=key)}: expected a mapping, got {v!r}")
+        raise UserError(f"{where(path, field=at + key)}: expected a mapping, got {v!r}")
     return v
 
 
@@ -65,8 +68,7 @@ def load_collectives(path, fully_connected: bool = False, p2p: bool = True,
     samples tensor parallelism needs, is an error naming the field."""
     path = Path(path)
     doc = read_yaml(path, WHAT) if doc is None else doc
-    block = _mapping(path, _mapping(path, doc, "measured"), "interconnect") \
-        if isinstance(doc.get("measured"), dict) else {}
+    block = _mapping(path, _mapping(path, doc, "measured"), "interconnect", "measured.")
     if not block:
         return None
     base = "measured.interconnect"
@@ -87,7 +89,7 @@ def load_collectives(path, fully_connected: bool = False, p2p: bool = True,
         if c not in COLLECTIVES:
             raise UserError(f"{where(path, field=at + '.collective')}: expected one of "
                             f"{', '.join(COLLECTIVES)}, got {c!r}")
-        size = _number(path, f"{at}.bytes", s.get("bytes"), 0, integer=True)
+        size = _number(path, f"{at}.bytes", s.get("bytes"), integer=True)
         key = "us_graphed" if s.get("us_graphed") is not None else "us"
         if size in points[c]:
             raise UserError(f"{where(path, field=at + '.bytes')}: {c} at {size:g} bytes twice")
@@ -124,7 +126,7 @@ def _interconnect(path, v) -> Interconnect:
                             f"false, got {v[key]!r}")
     return Interconnect(
         f"{path}'s interconnect", _number(path, "interconnect.bw_gbps", v.get("bw_gbps")) * GB,
-        _number(path, "interconnect.latency_us", v.get("latency_us"), -1e-12),
+        _number(path, "interconnect.latency_us", v.get("latency_us"), zero=True),
         v.get("fully_connected", False), str(path), v.get("p2p", True))
 
 
@@ -156,14 +158,15 @@ def load_gpu_file(path) -> Hardware:
         taken.append(f"memory bandwidth {spec['memory_bw_gbps']} GB/s")
     for key, (field, unit) in FIELDS.items():
         if doc.get(key) is not None:
-            low = -1e-12 if field in ("kernel_us", "d2h_us", "fp8_flops") else 0.0
-            values[field] = _number(path, key, doc[key], low) * unit
+            values[field] = _number(path, key, doc[key],
+                                    zero=field in ("kernel_us", "d2h_us", "fp8_flops")) * unit
             taken.append(f"{key} {doc[key]}")
     for field, key in REQUIRED.items():
         if field not in values:
-            raise UserError(f"{where(path, field=key)}: missing (spec.gpu_name "
-                            f"{spec.get('gpu_name')!r} is not in the catalog: give {key}, or "
-                            "base: a catalog entry to start from)")
+            why = f"spec.gpu_name {spec['gpu_name']!r} is not in the catalog" \
+                if spec.get("gpu_name") else "the file names no catalog entry (base)"
+            raise UserError(f"{where(path, field=key)}: missing ({why}: give {key}, or base: a "
+                            "catalog entry to start from)")
     if doc.get("interconnect") is not None:
         values["interconnect"] = _interconnect(path, doc["interconnect"])
     model = values["interconnect"]

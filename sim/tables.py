@@ -353,8 +353,11 @@ def load_tables(path, tp: int = 1) -> OpTables:
     have = sorted(int(d.name[2:]) for d in root.iterdir()
                   if d.is_dir() and d.name.startswith("tp") and d.name[2:].isdigit())
     if tp not in have:
-        raise UserError(f"--device-profile {root}: no tp{tp}/ folder (measured at "
-                        f"tensor-parallel size {', '.join(map(str, have)) or 'none'}); "
+        listed = meta.get("tp_degrees")
+        said = f"; meta.yaml's tp_degrees lists {listed}, but the folder is missing" \
+            if isinstance(listed, list) and tp in listed else ""
+        raise UserError(f"{root / f'tp{tp}'}: no such folder (tables here at tensor-parallel "
+                        f"size {', '.join(map(str, have)) or 'none'}{said}); "
                         f"--tensor-parallel-size {tp} needs tables measured at {tp}")
     folder = root / f"tp{tp}"
     eff = meta.get("engine_effective") or {}
@@ -556,8 +559,10 @@ class TableCosts:
             attn = self.attention((), m, m * mean, min(b.decode_kv_min + i, mean),
                                   max(b.decode_kv_max + i, mean))
         c = self.d if self.method == "draft_model" else self.t
+        fb = self.fallback   # an EAGLE-3 pass: three all-reduces and its own logits' gather
         coll = self._collectives(m, b.num_sampling, c) if self.method == "draft_model" else \
-            (3 * self.fallback.all_reduce(m, self.t.hidden_size) if self.tp > 1 else 0.0)
+            (3 * fb.all_reduce(m, self.t.hidden_size)
+             + fb.gather_logits(b.num_sampling, self.d.draft_vocab_size) if self.tp > 1 else 0.0)
         return self._draft_pass(i == 0, m, b.num_sampling) + layers * attn + coll
 
     def d2h(self, b) -> float:

@@ -197,8 +197,14 @@ def test_the_4090_tables_time_a_decode_step_as_their_kernels_add_up():
 
 
 def test_tensor_parallelism_needs_the_tables_of_that_degree(bundle):
-    with pytest.raises(UserError, match=r"no tp2/ folder .*measured at tensor-parallel size 1"):
+    with pytest.raises(UserError, match=r"bf16/tp2: no such folder \(tables here at "
+                                        r"tensor-parallel size 1\); --tensor-parallel-size 2"):
         load_tables(bundle, tp=2)
+    qwen = PEERS / "profiler/perf/RTXPRO6000/Qwen/Qwen3-32B/bf16"   # committed: tp2/ only
+    with pytest.raises(UserError, match=r"bf16/tp1: no such folder \(tables here at "
+                                        r"tensor-parallel size 2; meta.yaml's tp_degrees lists "
+                                        r"\[1, 2\], but the folder is missing\)"):
+        load_tables(qwen, tp=1)
 
 
 # -- bad input ------------------------------------------------------------------------------
