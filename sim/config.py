@@ -344,6 +344,8 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
                         f"(expected one of {', '.join(TOPOLOGIES)})")
     topo = Topology.of(engine, cfg.executor, cfg.device or ("cuda" if hw.kind == "gpu"
                                                             else "cpu"), tp)
+    from stepgap.common.workloads import workload_notes
+    notes += workload_notes(cfg.workload, cfg.model)
     prof, note = acceptance_profile(cfg, target)
     if note and cfg.k:
         notes.append(note)

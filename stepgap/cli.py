@@ -149,8 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     field; docs/robustness.md) or an output that cannot be written (stdout closed or full
     among them), 1 for a failed run, 130 on Ctrl-C, 143 on SIGTERM, 141 when stdout's reader
     has gone."""
+    from stepgap.common.options import model_tag
     parser = build_parser()
-    args, extra = parser.parse_known_args(vllm_spelling(sys.argv[1:] if argv is None else argv))
+    argv = vllm_spelling(sys.argv[1:] if argv is None else argv)
+    try:
+        argv = model_tag(parser, argv)
+    except UserError as e:
+        print(f"stepgap {argv[0]}: error: {e}", file=sys.stderr)
+        return 2
+    args, extra = parser.parse_known_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
