@@ -169,7 +169,9 @@ def near_presets(spec: str, ids: dict[str, str], presets) -> list[str]:
         other = _words(name)
         score = len(words & other) / len(words | other)
         scores[preset] = max(scores.get(preset, 0.0), score)
-    near = sorted((p for p, x in scores.items() if x >= 0.2), key=lambda p: -scores[p])[:3]
+    best = max(scores.values(), default=0.0)
+    near = sorted((p for p, x in scores.items() if x >= max(0.2, 0.6 * best)),
+                  key=lambda p: -scores[p])[:3]
     if not near:
         return list(presets)
     return [f"{p} ({by_preset[p]})" if p in by_preset else p for p in near]

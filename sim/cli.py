@@ -19,7 +19,7 @@ from stepgap.common.options import (add_engine_args, add_load_args, add_model_ar
                                     executor_from_args, mode_from_args, nonneg_float,
                                     positive_float, rates_arg, speculative_from_args,
                                     workload_spec)
-from stepgap.sim.config import TOPOLOGIES, SimConfig
+from stepgap.sim.config import KV_CACHE_DTYPES, QUANTIZATIONS, TOPOLOGIES, SimConfig
 from stepgap.sim.cpu_costs import CPU_COSTS, CPU_OPS, CpuCosts
 from stepgap.sim.hardware import CATALOG
 from stepgap.sim.presets import PRESETS
@@ -132,6 +132,16 @@ def register_simulate(sub) -> None:
                         "head or draft model of the same shapes; the roofline prices the rest, "
                         "and the result's config says which op came from where (docs/sim.md, "
                         "'Measured operator tables')")
+    g.add_argument("--quantization", "-q", choices=QUANTIZATIONS,
+                   help="vLLM's online quantization of the target: fp8 makes its linear layers "
+                        "1 byte a weight (weights' memory, the bytes a step reads) and runs "
+                        "their GEMMs at the --gpu's fp8 peak; the embedding, lm_head and the "
+                        "drafter stay bf16. Default: the checkpoint's own (quantization_config)")
+    g.add_argument("--kv-cache-dtype", choices=tuple(KV_CACHE_DTYPES),
+                   help="the KV cache's element: an fp8 one holds twice the tokens in the same "
+                        "memory and halves attention's reads (default auto: the model's bf16). "
+                        "With --device-profile, the bundle's variant of that dtype is used "
+                        "(e.g. bf16-kvfp8 beside bf16), or the run is refused")
     g.add_argument("--speed", type=at_most(nonneg_float, MAX_SCALE), metavar="X",
                    help="the machine's level for this run: device ops and CPU costs take X "
                         "times as long (default 1, the profile's mean)")
@@ -208,7 +218,8 @@ FIELDS = ("mode", "gpu", "model", "method", "moe_routing_skew", "all_reduce_late
           "enable_prefix_caching", "scheduler_reserve_full_isl", "timeseries_interval_s",
           "acceptance", "acceptance_rates", "acceptance_spread", "replay", "max_num_seqs",
           "max_num_batched_tokens", "max_model_len", "block_size", "num_gpu_blocks_override",
-          "gpu_memory_utilization", "tensor_parallel_size", "cpu_scale", "launch_latency_us",
+          "gpu_memory_utilization", "quantization", "kv_cache_dtype", "tensor_parallel_size",
+          "cpu_scale", "launch_latency_us",
           "wake_us", "ipc_us", "output_latency_ms", "num_prompts", "output_len",
           "shared_fraction", "request_rate", "max_concurrency", "detailed",
           "metric_percentiles", "percentile_metrics")

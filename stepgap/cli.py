@@ -44,9 +44,19 @@ scale); `compare` sets one run result against another. Options are spelled as `v
 """
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, whose errors are one line (with where the options are listed), not the usage
+    of every option first: bad input ends in one line (docs/robustness.md). Its subcommands'
+    parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the "
+                     "options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stepgap", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="stepgap", description=DESCRIPTION,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"stepgap {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
