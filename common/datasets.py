@@ -54,6 +54,9 @@ def check_dataset_name(name: str, path: str | None) -> None:
             "not a dataset of `vllm bench serve`"
         raise UserError(f"--dataset-name {name}: {what} (stepgap: {', '.join(MODELLED)}); "
                         + instead)
+    if name == "hf" and path is None:
+        raise UserError("--dataset-name hf needs --dataset-path, the dataset's id (stepgap has "
+                        f"the lengths of {', '.join(HF_DATASETS)})")
     if name == "hf" and path not in HF_DATASETS:
         raise UserError(f"--dataset-name hf --dataset-path {path}: stepgap has the lengths of "
                         f"{', '.join(HF_DATASETS)} only (nothing is downloaded); " + instead)

@@ -182,9 +182,11 @@ def _d(defaults, name: str) -> str:
 
 def add_model_args(p, defaults=None, draft_help: str = "", tp_help: str = ""):
     g = p.add_argument_group("model and speculative decoding (as `vllm serve`)")
-    g.add_argument("--model", "--target", dest="model", metavar="DIR|PRESET",
-                   help="the target: a Hugging Face Llama folder, its config.json, or a preset"
-                        + _d(defaults, "model"))
+    g.add_argument("--model", "--target", dest="model", metavar="ID|DIR|PRESET",
+                   help="the target, as `vllm serve MODEL` (also the word after the command): "
+                        "a Hugging Face id stepgap knows (meta-llama/Llama-3.1-8B-Instruct, "
+                        "Qwen/Qwen3-8B, ...: nothing is downloaded), a model folder, its "
+                        "config.json, or a preset" + _d(defaults, "model"))
     g.add_argument("--speculative-config", type=speculative_config_arg, metavar="JSON",
                    help='speculative decoding as vLLM takes it: {"method": METHOD, "model": '
                         'DIR|PRESET, "num_speculative_tokens": K}, METHOD one of '
@@ -200,8 +202,9 @@ def add_model_args(p, defaults=None, draft_help: str = "", tp_help: str = ""):
                    dest="k", type=at_most(nonneg_int, MAX_K), metavar="K",
                    help="draft tokens per step, the same as speculative_config's "
                         "num_speculative_tokens; 0 is plain decoding" + _d(defaults, "k"))
-    g.add_argument("--draft", metavar="DIR|PRESET",
-                   help="the drafter, the same as speculative_config's model"
+    g.add_argument("--draft", metavar="ID|DIR|PRESET",
+                   help="the drafter, the same as speculative_config's model (a head's id: "
+                        "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B, RedHatAI's speculators, ...)"
                         + (draft_help or _d(defaults, "draft")))
     g.add_argument("--tensor-parallel-size", "-tp", type=positive_int, metavar="N",
                    help=tp_help or "GPUs per model replica (the engine runs 1)")
@@ -373,10 +376,6 @@ def dataset_spec(name: str, path: str | None = None, params: dict | None = None)
     check_dataset_name(name, path)
     parts = [name] + [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                       for k, v in (params or {}).items() if v is not None]
-    if name in ("sharegpt", "hf") and path is None:
-        if name == "hf":
-            raise UserError("--dataset-name hf needs --dataset-path, the dataset's id "
-                            "(philschmid/mt-bench)")
     if path is not None:
         parts.append(f"path={path}")
     return ":".join(parts)
