@@ -19,7 +19,7 @@ from stepgap.common.options import (add_engine_args, add_load_args, add_model_ar
                                     executor_from_args, mode_from_args, nonneg_float,
                                     positive_float, rates_arg, speculative_from_args,
                                     workload_spec)
-from stepgap.sim.config import TOPOLOGIES, SimConfig
+from stepgap.sim.config import KV_CACHE_DTYPES, QUANTIZATIONS, TOPOLOGIES, SimConfig
 from stepgap.sim.cpu_costs import CPU_COSTS, CPU_OPS, CpuCosts
 from stepgap.sim.hardware import CATALOG
 from stepgap.sim.presets import PRESETS
@@ -32,8 +32,9 @@ Simulate a serving run of an LLM engine's step loop (engine core, worker, device
 async or zero-bubble scheduling, with speculative decoding of k draft tokens (EAGLE-3, EAGLE,
 MTP, a draft model, n-gram on the CPU or the GPU), on one GPU or a tensor-parallel group of up
 to 8, and print what `vllm bench serve` would report (TTFT, TPOT, ITL, E2EL), the acceptance
-and the step gaps. Targets: the presets, or any Hugging Face config.json of the families
-llama, qwen3, qwen3_moe, gpt_oss and deepseek_v3.
+and the step gaps. Targets: the presets by name or Hugging Face id (MODEL, as `vllm serve
+MODEL`, or --model), or any Hugging Face config.json of the families llama, qwen3,
+qwen3_moe, gpt_oss and deepseek_v3.
 
 A preset sets every option at once; options given on the command line override it.
 
@@ -49,15 +50,21 @@ examples:
   # the same on an H100 at depth 2, with a timeline to open in Perfetto (ui.perfetto.dev)
   stepgap simulate --preset seed-l20 --gpu h100 --num-speculative-tokens 2 --mode zero-bubble \\
       --timeline run.jsonl
-  # a pasted vLLM command line: the options stepgap does not model are named and ignored
-  stepgap simulate --model llama-3.1-8b --gpu h100 --async-scheduling \\
-      --speculative-config '{"method": "eagle3", "num_speculative_tokens": 3}' \\
-      --no-enable-prefix-caching --trace sharegpt --num-prompts 2000 --request-rate 8 \\
+  # a pasted vLLM command line: models by Hugging Face id (nothing is downloaded), vLLM's
+  # random dataset; the options stepgap does not model are named and ignored
+  stepgap simulate meta-llama/Llama-3.1-8B-Instruct --gpu h100 --async-scheduling \\
+      --speculative-config '{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+      "num_speculative_tokens": 3}' --no-enable-prefix-caching --dataset-name random \\
+      --random-input-len 1024 --random-output-len 128 --num-prompts 2000 --request-rate 8 \\
       --max-concurrency 64 --save-result --result-dir out
-  # Llama-3.3-70B + EAGLE-3 on 4 H100s (vLLM's multiprocess executor, NVLink all-reduces)
-  stepgap simulate --model llama-3.3-70b -tp 4 --gpu h100 --async-scheduling \\
-      --speculative-config '{"method": "eagle3", "num_speculative_tokens": 3}' \\
-      --draft llama-3.3-70b-eagle3 --max-concurrency 16
+  # a local ShareGPT file, its lengths from the model's tokenizer (else estimated, and said)
+  stepgap simulate --model DIR --dataset-name sharegpt --dataset-path ShareGPT_V3.json
+  # Llama-3.3-70B + EAGLE-3 on 4 H100s (vLLM's multiprocess executor, NVLink all-reduces),
+  # fp8 weights and KV cache
+  stepgap simulate --model meta-llama/Llama-3.3-70B-Instruct -tp 4 --gpu h100 \\
+      --async-scheduling --speculative-config '{"method": "eagle3", "num_speculative_tokens": 3,
+      "model": "RedHatAI/Llama-3.3-70B-Instruct-speculator.eagle3"}' --quantization fp8 \\
+      --kv-cache-dtype fp8 --max-concurrency 16
   # a MoE target with a small draft model, and with skewed expert routing
   stepgap simulate --model qwen3-30b-a3b --mode async --speculative-config \\
       '{"method": "draft_model", "model": "qwen3-0.6b", "num_speculative_tokens": 3}' \\
@@ -142,6 +149,16 @@ def register_simulate(sub) -> None:
                         "head or draft model of the same shapes; the roofline prices the rest, "
                         "and the result's config says which op came from where (docs/sim.md, "
                         "'Measured operator tables')")
+    g.add_argument("--quantization", "-q", choices=QUANTIZATIONS,
+                   help="vLLM's online quantization of the target: fp8 makes its linear layers "
+                        "1 byte a weight (weights' memory, the bytes a step reads) and runs "
+                        "their GEMMs at the --gpu's fp8 peak; the embedding, lm_head and the "
+                        "drafter stay bf16. Default: the checkpoint's own (quantization_config)")
+    g.add_argument("--kv-cache-dtype", choices=tuple(KV_CACHE_DTYPES),
+                   help="the KV cache's element: an fp8 one holds twice the tokens in the same "
+                        "memory and halves attention's reads (default auto: the model's bf16). "
+                        "With --device-profile, the bundle's variant of that dtype is used "
+                        "(e.g. bf16-kvfp8 beside bf16), or the run is refused")
     g.add_argument("--speed", type=at_most(nonneg_float, MAX_SCALE), metavar="X",
                    help="the machine's level for this run: device ops and CPU costs take X "
                         "times as long (default 1, the profile's mean)")
@@ -219,7 +236,8 @@ FIELDS = ("mode", "gpu", "model", "method", "moe_routing_skew", "all_reduce_late
           "enable_prefix_caching", "scheduler_reserve_full_isl", "timeseries_interval_s",
           "acceptance", "acceptance_rates", "acceptance_spread", "replay", "max_num_seqs",
           "max_num_batched_tokens", "max_model_len", "block_size", "num_gpu_blocks_override",
-          "gpu_memory_utilization", "tensor_parallel_size", "cpu_scale", "launch_latency_us",
+          "gpu_memory_utilization", "quantization", "kv_cache_dtype", "tensor_parallel_size",
+          "cpu_scale", "launch_latency_us",
           "wake_us", "ipc_us", "output_latency_ms", "num_prompts", "output_len",
           "shared_fraction", "request_rate", "max_concurrency", "detailed",
           "metric_percentiles", "percentile_metrics")

@@ -69,7 +69,9 @@ def cell_key(cfg: SimConfig) -> str:
     """The cell's hash: its whole config, the files it names and the simulator's code."""
     h = hashlib.sha256(f"{STORE_VERSION}:{model_digest()}:".encode())
     h.update(json.dumps(cfg.to_dict(), sort_keys=True).encode())
-    for name in (cfg.workload, cfg.model, cfg.draft or "", cfg.profile or "", cfg.gpu):
+    from stepgap.common.workloads import workload_files
+    for name in (*workload_files(cfg.workload), cfg.model, cfg.draft or "",
+                 cfg.profile or "", cfg.gpu):   # files it names
         path = Path(name)
         path = path / "config.json" if path.is_dir() else path
         if path.is_file():

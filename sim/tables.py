@@ -345,6 +345,32 @@ def find_bundle(path) -> Path:
     return p
 
 
+# LLMServingSim's variant folders are named by the weights' dtype, short, and `-kv<dtype>` for a
+# KV cache of another (bf16, bf16-kvfp8, fp8, fp8-kvfp8: its ProfileArgs.effective_variant).
+SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "fp8": "fp8"}
+
+
+def find_variant(path, fp8_weights: bool, fp8_kv: bool, weights: str, why: str) -> Path:
+    """The bundle's variant folder for fp8 weights or not and an fp8 KV cache or not: the one
+    given when its variant (meta.yaml's, else its folder's name) is that, else its sibling of
+    that name (`weights`: the weights' dtype when not fp8); none there is one line naming what
+    is. A bundle that names no fp8 is taken for the weights' own dtype."""
+    root = find_bundle(path)
+    meta = read_yaml(root / "meta.yaml", "LLMServingSim's meta.yaml")
+    have = str(meta.get("variant") or root.name)
+    weight, _, kv = have.partition("-kv")
+    if (weight == "fp8", kv.startswith("fp8")) == (fp8_weights, fp8_kv):
+        return root
+    want = ("fp8" if fp8_weights else weight if weight != "fp8" else
+            SHORT_DTYPES.get(weights, weights)) + ("-kvfp8" if fp8_kv else "")
+    if (root.parent / want / "meta.yaml").is_file():
+        return root.parent / want
+    there = sorted(d.name for d in root.parent.iterdir() if (d / "meta.yaml").is_file())
+    raise UserError(f"--device-profile {path}: measured as variant {have}; {why} needs the "
+                    f"bundle's {want} variant, not there (it has {', '.join(there)}): measure "
+                    "that variant, or drop --device-profile for the roofline")
+
+
 def load_tables(path, tp: int = 1) -> OpTables:
     """Read a perf bundle's tables at one tensor-parallel degree."""
     root = find_bundle(path)
