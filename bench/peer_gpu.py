@@ -15,7 +15,7 @@ one's sha256 is its runs' dataset_hash), and the RTX PRO 6000 pair's measured co
 at-e08dc38/; the search tool's read_file gives them, `--hardware COMMIT=FILE` copies them).
 Each run is simulated from its tables and from the roofline alone, with the settings its
 meta.json records, and set beside the measurement and LLMServingSim's own prediction; then
-with each modelling choice taken away in turn (the ablation). About a minute on one core.
+with each modelling choice taken away in turn (the ablation).
 """
 
 from __future__ import annotations

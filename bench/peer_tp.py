@@ -19,7 +19,7 @@ of the run time its steps with no simulation at all:
 Each step's time less its kernels (the tables, with the skew correction the bundle measured) is
 set beside the collectives each of LLMServingSim's hardware.yaml measurements of the same GPU
 pair prices for that step, with the all-reduce vLLM issues at each size. The first two steps of
-the server (warm-up) are left out. About 10 s of CPU.
+the server (warm-up) are left out.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the GPUs' own tables change for the question stepgap exists for (issues 22 and 35).
 
-    python bench/peer_whatif.py --out out/peer-whatif        # 6 sweeps, ~4 min on 2 cores
+    python bench/peer_whatif.py --out out/peer-whatif        # 6 sweeps of 98 cells
 
 Llama-3.1-8B with an EAGLE-3 head on the RTX 4090 and the RTX PRO 6000 Blackwell, and
 Qwen3-32B with an EAGLE-3 head at TP 2 on two RTX PRO 6000s over PCIe, k 0..6 x

@@ -74,8 +74,9 @@ examples:
   stepgap simulate --spec-method ngram -k 3 --mode async     # says it runs in sync, and why
   # a real vLLM run on two RTX PRO 6000s, replayed from its own files, priced from the GPU's
   # measured kernels and collectives (RUNS=traces/peers/llmservingsim; docs/sim.md)
-  stepgap simulate --model qwen3-32b --gpu RUNS/at-e08dc38/profiler/perf/RTXPRO6000/hardware.yaml \
-      --device-profile RUNS/profiler/perf/RTXPRO6000/Qwen/Qwen3-32B/bf16 \
+  stepgap simulate --model Qwen/Qwen3-32B \\
+      --gpu RUNS/at-e08dc38/profiler/perf/RTXPRO6000/hardware.yaml \\
+      --device-profile RUNS/profiler/perf/RTXPRO6000/Qwen/Qwen3-32B/bf16 \\
       --trace RUNS/bench/examples/RTXPRO6000/Qwen3-32B/vllm/requests.jsonl
   # a CPU-only engine: the worker in its own process, device ops on the worker's thread
   stepgap simulate --device cpu --model llama-3.2-1b --executor process --mode async \\
