@@ -49,7 +49,8 @@ HF_PRESETS = {
               "tie_word_embeddings": tied, "use_sliding_window": False}
        for name, h, n, heads, inter, tied in (("qwen3-0.6b", 1024, 28, 16, 3072, True),
                                               ("qwen3-1.7b", 2048, 28, 16, 6144, True),
-                                              ("qwen3-8b", 4096, 36, 32, 12288, False))},
+                                              ("qwen3-8b", 4096, 36, 32, 12288, False),
+                                              ("qwen3-32b", 5120, 64, 64, 25600, False))},
     "qwen3-30b-a3b": {
         "model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48,
         "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
@@ -114,7 +115,7 @@ MODEL_IDS = {
     "meta-llama/Llama-3.2-1B-Instruct": "llama-3.2-1b",
     "meta-llama/Llama-3.3-70B-Instruct": "llama-3.3-70b",
     "Qwen/Qwen3-0.6B": "qwen3-0.6b", "Qwen/Qwen3-1.7B": "qwen3-1.7b", "Qwen/Qwen3-8B": "qwen3-8b",
-    "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b",
+    "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen/Qwen3-32B": "qwen3-32b",
     "openai/gpt-oss-20b": "gpt-oss-20b",
     "deepseek-ai/DeepSeek-V3": "deepseek-v3",
 }

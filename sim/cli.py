@@ -72,6 +72,12 @@ examples:
   # DeepSeek-V3 drafting with its own MTP layer on 8 H200s; n-gram proposals (vLLM: sync)
   stepgap simulate --model deepseek-v3 -tp 8 --gpu h200 --spec-method mtp -k 1 --mode async
   stepgap simulate --spec-method ngram -k 3 --mode async     # says it runs in sync, and why
+  # a real vLLM run on two RTX PRO 6000s, replayed from its own files, priced from the GPU's
+  # measured kernels and collectives (RUNS=traces/peers/llmservingsim; docs/sim.md)
+  stepgap simulate --model Qwen/Qwen3-32B \\
+      --gpu RUNS/at-e08dc38/profiler/perf/RTXPRO6000/hardware.yaml \\
+      --device-profile RUNS/profiler/perf/RTXPRO6000/Qwen/Qwen3-32B/bf16 \\
+      --trace RUNS/bench/examples/RTXPRO6000/Qwen3-32B/vllm/requests.jsonl
   # a CPU-only engine: the worker in its own process, device ops on the worker's thread
   stepgap simulate --device cpu --model llama-3.2-1b --executor process --mode async \\
       --trace my_trace.jsonl --result-json out/sim.json
@@ -123,8 +129,13 @@ def register_simulate(sub) -> None:
                                       "cpu: device ops run on the worker's thread. Default: from "
                                       "--gpu (cpu for --gpu cpu, else cuda)")
     g = p.add_argument_group("hardware and measured costs")
-    g.add_argument("--gpu", help=f"device from the catalog: {', '.join(CATALOG)} (default "
-                                 f"{D.gpu}; cpu with --device cpu)")
+    g.add_argument("--gpu", metavar="NAME|FILE.yaml",
+                   help=f"device from the catalog: {', '.join(CATALOG)} (default {D.gpu}; cpu "
+                        "with --device cpu); or a YAML file for your own: stepgap's fields "
+                        "(base, bf16_tflops, fp8_tflops, memory_gb, memory_bw_gbps, flop_eff, "
+                        "bw_eff, kernel_us, d2h_us, interconnect) or LLMServingSim's "
+                        "hardware.yaml as it is, whose measured collectives then price tensor "
+                        "parallelism (docs/sim.md, 'The catalog')")
     g.add_argument("--profile", metavar="PROFILE.json",
                    help="a measured profile (`stepgap profile`, `stepgap calibrate`, or a "
                         "measured folder's profile.json): its device op fits replace the "
@@ -164,7 +175,8 @@ def register_simulate(sub) -> None:
     g.add_argument("--all-reduce-latency-us", type=at_most(nonneg_float, MAX_US), metavar="US",
                    help="tensor parallelism: one small all-reduce's time, which dominates the "
                         "collectives at decode (default: the --gpu interconnect's; 6 on "
-                        "NVLink, 20 on PCIe; docs/sim.md)")
+                        "NVLink, 20 on PCIe; docs/sim.md). Not with measured collectives (a "
+                        "hardware.yaml), which it would contradict")
     g.add_argument("--no-jitter", dest="jitter", action="store_false", default=None,
                    help="ignore the profile's measured speed noise (by default device ops "
                         "vary from step to step as measured; seeded by --seed)")
@@ -237,7 +249,7 @@ def config_from_args(args) -> SimConfig:
     from stepgap.sim.presets import get_preset
 
     settings = dict(get_preset(args.preset).settings) if args.preset else {}
-    settings.update(run_settings(args))
+    settings.update(run_settings(args, args.model or settings.get("model") or D.model))
     args.mode = mode_from_args(args)
     args.executor = executor_from_args(args)
     method, draft, k = speculative_from_args(args)
@@ -266,9 +278,12 @@ def config_from_args(args) -> SimConfig:
     return SimConfig(**settings)
 
 
-def run_settings(args) -> dict:
+def run_settings(args, model: str) -> dict:
     """A peer's vLLM run given as --trace (its requests.jsonl): the settings its meta.json
-    records, as the options they map to; the command line still wins (common/peer_run.py)."""
+    records, as the options they map to, read as the judge reads them (common/peer_run.py
+    `peer_settings`: what it leaves null takes vLLM's default for `model`); the command line
+    still wins."""
+    from stepgap.common.model_presets import load_model_config
     from stepgap.common.options import note
     from stepgap.common.peer_run import find_dataset, is_peer_requests, peer_settings
     if args.trace is None or not is_peer_requests(args.trace):
@@ -278,7 +293,7 @@ def run_settings(args) -> dict:
         note(args, f"--trace {args.trace}: no meta.json beside it; the run's settings are not "
                    "known, so stepgap's defaults are used")
         return {}
-    settings, notes = peer_settings(meta)
+    settings, notes = peer_settings(meta, load_model_config(model).max_position_embeddings)
     dataset = find_dataset(args.trace)
     notes.append(f"prompt token ids from {dataset} (the dataset the run replayed): prefix "
                  "caching finds the prompts' shared blocks" if dataset else

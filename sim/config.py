@@ -19,9 +19,12 @@ from stepgap.sim.cpu_costs import CPU_COSTS, CpuCosts, OpCost
 from stepgap.sim.roofline import RooflineCosts
 from stepgap.sim.profile import Noise, Profile, load_profile
 from stepgap.sim.profile_costs import ProfileCosts
-from stepgap.sim.tables import TableCosts, find_variant, load_tables
-from stepgap.sim.hardware import Hardware, get_hardware
-from stepgap.common.errors import UserError
+from stepgap.sim.tables import TableCosts, find_bundle, find_variant, load_tables
+from stepgap.sim.hardware import Hardware, MeasuredLink
+from stepgap.sim.hardware_file import (collectives_beside, load_collectives, load_gpu,
+                                       with_link)
+from stepgap.common.errors import UserError, where
+from stepgap.common.fileio import read_yaml
 from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES, OLD_DEVICES
 from stepgap.common.limits import (MAX_K, MAX_MS, MAX_PROMPTS, MAX_SCALE, MAX_SKEW, MAX_SPREAD,
                                    MAX_US, is_finite, is_int, is_number)
@@ -330,10 +333,15 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
     """Every object the run needs, and every check that can fail, before any work. `profile`:
     a measured profile to use instead of reading `cfg.profile`'s file; `device_costs`: a
     source of device costs to use instead of the config's (ConstantCosts in tests)."""
-    hw = get_hardware(cfg.gpu)
+    hw = load_gpu(cfg.gpu)
     target, notes = quantized(load_model_config(cfg.model), cfg, hw)
     tp = cfg.tensor_parallel_size
+    hw = collectives(cfg, hw, notes)
     if cfg.all_reduce_latency_us is not None and hw.interconnect is not None:
+        if isinstance(hw.interconnect, MeasuredLink):
+            raise UserError(f"--all-reduce-latency-us: the collectives are measured "
+                            f"({hw.interconnect.name}); it sets the interconnect model's "
+                            "latency, which they replace")
         hw = replace(hw, interconnect=replace(hw.interconnect,
                                               latency_us=cfg.all_reduce_latency_us))
     target.check_tensor_parallel(tp)
@@ -387,6 +395,44 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
         # queued): the share of the sync-fitted turnaround it waits (docs/vllm.md)
         rpc_share=0.5 if engine == "vllm" and async_ else 1.0,
         noise=measured.jitter if cfg.jitter and measured is not None else None)
+
+
+def collectives(cfg: SimConfig, hw: Hardware, notes: list[str]) -> Hardware:
+    """The collectives of a tensor-parallel run: measured where a hardware.yaml gives them
+    (`--gpu FILE.yaml`, or the one LLMServingSim keeps beside the --device-profile tables,
+    profiler/perf/<GPU>/hardware.yaml), else the --gpu's interconnect model; said in the
+    notes when measured."""
+    tp, link = cfg.tensor_parallel_size, hw.interconnect
+    if tp == 1:
+        return hw
+    if isinstance(link, MeasuredLink):
+        if link.npus != tp:
+            raise UserError(f"{where(cfg.gpu, field='measured.interconnect.npus')}: the "
+                            f"collectives were measured over {link.npus} GPUs; "
+                            f"--tensor-parallel-size {tp} needs them measured over {tp} (or a "
+                            "catalog --gpu, whose interconnect model prices them)")
+    elif cfg.device_profile is not None:
+        root = find_bundle(cfg.device_profile)
+        label = read_yaml(root / "meta.yaml", "LLMServingSim's meta.yaml").get("hardware")
+        found = collectives_beside(root, str(label)) if label else None
+        measured = load_collectives(found) if found else None
+        if measured is None:
+            return hw
+        if measured.npus != tp:
+            notes.append(f"{found} measured its collectives over {measured.npus} GPUs, not "
+                         f"{tp}: the --gpu's interconnect model ({link.name}) prices them")
+            return hw
+        hw = with_link(hw, measured)
+    else:
+        return hw
+    link = hw.interconnect
+    notes.append(f"collectives: {link.source}; each all-reduce takes vLLM's path (its custom "
+                 f"one-shot kernel under 8 MiB where the GPUs have peer access, priced as the "
+                 f"measured all_gather of the same bytes; NCCL's measured all_reduce above)"
+                 if link.p2p else
+                 f"collectives: {link.source}; each all-reduce is NCCL's (no peer access, so "
+                 "no custom all-reduce)")
+    return hw
 
 
 def quantized(target: ModelConfig, cfg: SimConfig, hw: Hardware) -> tuple[ModelConfig, list]:
@@ -466,9 +512,10 @@ def table_notes(cfg: SimConfig, costs: DeviceCosts, hw: Hardware,
         notes.append(f"--max-num-batched-tokens {cfg.max_num_batched_tokens} is past the "
                      f"tables' {tables.max_tokens:g} tokens: longer steps extrapolated in "
                      "proportion (docs/sim.md)")
-    if hw.name not in (tables.hardware.lower(), tables.hardware.lower().replace("_", "")):
+    label = tables.hardware.lower()
+    if hw.name.lower() not in (label, label.replace("_", "")):
         notes.append(f"--device-profile was measured on {tables.gpu} ({tables.hardware}); "
-                     f"--gpu {hw.name} gives the memory size and the roofline of what the "
+                     f"--gpu {cfg.gpu} gives the memory size and the roofline of what the "
                      "tables lack")
     return notes
 
