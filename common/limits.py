@@ -18,6 +18,10 @@ MAX_SKEW = 10.0           # the Zipf exponent of MoE routing (at 10 the top-k ex
                           # nearly every token: 64 tokens touch 12 of 128 at top-8)
 MAX_K = 64                # draft tokens per step
 MAX_PROMPTS = 1_000_000   # requests of one run
+# What a .gz input may decompress to (common/fileio.py gunzip): 1 GiB, 75 times the largest
+# input read so far (a vLLM torch-profiler trace of a CPU benchmark run, 13 MB), and what a
+# 4 GB machine can still hold while it reads it. A gzip bomb (3 GB of zeros in 3 MB) stops there.
+MAX_DECOMPRESSED_BYTES = 1 << 30
 
 
 def is_int(v) -> bool:

@@ -472,12 +472,13 @@ def check_outputs(args, result, timeline=(), chrome: str | None = None) -> None:
     (`timeline`: those paths, in that order), a Chrome trace of its own (`chrome`). Each is a
     file of its own (common/fileio.py check_distinct: two options naming one file would lose
     one) and can be written (check_writable)."""
-    from stepgap.common.fileio import check_distinct, check_writable
+    from stepgap.common.fileio import check_distinct, check_not_input, check_writable
     outputs = [("--result-json" if getattr(args, "result_json", None) else "--save-result",
                 result),
                *zip(("--timeline", "--timeline's Chrome trace"), timeline or ()),
                ("--chrome-trace", chrome)]
     check_distinct(outputs)
+    check_not_input(outputs, getattr(args, "input_paths", ()))   # (stepgap/cli.py gathers them)
     for option, path in outputs:
         if path is not None:
             check_writable(path, option)

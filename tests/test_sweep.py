@@ -247,7 +247,7 @@ def test_a_missing_cluster_engine_says_what_to_install(tmp_path, monkeypatch, ad
 
 def test_an_unreachable_cluster_is_a_clear_error(tmp_path, monkeypatch):
     pytest.importorskip("distributed")
-    monkeypatch.setattr(sweep_runners, "CONNECT_TIMEOUT", "1s")
+    monkeypatch.setattr(sweep_runners, "CONNECT_S", 1.0)
     with pytest.raises(UserError, match="--cluster tcp://127.0.0.1:9: cannot connect"):
         run_sweep(tiny_grid("k=0"), tmp_path, cluster="tcp://127.0.0.1:9")
 
