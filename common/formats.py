@@ -18,7 +18,7 @@ from typing import Iterable, NamedTuple
 import numpy as np
 
 from stepgap.common.errors import UserError, where
-from stepgap.common.limits import is_finite, is_int, is_number
+from stepgap.common.limits import MAX_ARRIVAL_S, is_finite, is_int, is_number
 from stepgap.common.fileio import (NONFINITE, check_file, dumps_json, json_lines, read_json_object,
                                    write_json, write_text)
 
@@ -53,9 +53,6 @@ VLLM_OPS = (("cpu.frontend", "add_request"), ("cpu.frontend", "process_outputs")
 SIM_ONLY_OPS = ("propose", "broadcast", "collect")
 PERCENTILES = (99,)
 METRICS = ("ttft", "tpot", "itl", "e2el")
-# Past these a trace's value is a typo, not a workload: an arrival after 1e6 s (11.6 days) would
-# have the engine sleep that long and the simulator's clock lose its microseconds.
-MAX_ARRIVAL_S = 1e6
 
 
 # ---------------------------------------------------------------------------------------------
