@@ -50,3 +50,13 @@ def is_number(v) -> bool:
 def is_finite(v) -> bool:
     """A number that is neither inf nor NaN."""
     return is_number(v) and math.isfinite(v)
+
+# `stepgap serve`'s HTTP edge (engine/api_server.py), checked before a body is parsed or a prompt
+# tokenized. A request line and headers up to vLLM's h11 limit (H11_MAX_INCOMPLETE_EVENT_SIZE,
+# 4 MiB) are read, and a URL past MAX_URL_BYTES is then a 414 (the API takes no query); a body
+# past MAX_BODY_BYTES is a 413 before it is read: the longest context a served model has, 128k
+# tokens, is a body of about 0.5 MB as text and 1 MB as token ids (a 100 MB prompt aborted the
+# server; 10-21 MB ones held its event loop for 34-61 s).
+MAX_HTTP_HEAD_BYTES = 4 << 20
+MAX_URL_BYTES = 8 << 10
+MAX_BODY_BYTES = 16 << 20

@@ -82,7 +82,7 @@ class CellStore:
                 + "\n").encode()
         try:
             if self._file is None:
-                self._file = self.path.open("ab", buffering=0)   # each line written at once
+                self._file = open(self.path, "ab", buffering=0)   # each line written at once
                 if self.cut_at is not None:
                     self._file.truncate(self.cut_at)
                 elif self.newline_due:

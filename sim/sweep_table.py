@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,13 +34,13 @@ TEXT_COLUMNS = ("simulated_mode",)   # the columns that are not numbers (not plo
 
 def is_column_value(key: str, v) -> bool:
     """What a finished cell may hold in a column: a number >= 0 (every metric is a time, a
-    count, a rate or a fraction; NaN and inf may be a cell's), a mode name in TEXT_COLUMNS, or
-    None where a metric has no value."""
+    count, a rate or a fraction), or one that is not finite (left blank in the figures), a
+    mode name in TEXT_COLUMNS, or None where a metric has no value."""
     if v is None:
         return True
     if key in TEXT_COLUMNS:
         return v in MODES
-    return is_number(v) and not v < 0
+    return is_number(v) and not (math.isfinite(v) and v < 0)
 
 
 @dataclass(slots=True)
@@ -118,7 +119,7 @@ def load_sweep(path) -> SweepTable:
             if key in COLUMNS and key not in TEXT_COLUMNS and v in NONFINITE:
                 r[key] = float(v)   # as save_result wrote it
             elif key in COLUMNS and not is_column_value(key, v):
-                expected = "a mode" if key in TEXT_COLUMNS else "a number >= 0"
+                expected = "a mode" if key in TEXT_COLUMNS else "a number >= 0 (or none)"
                 raise UserError(f"{where(path, field=f'rows[{n}].{key}')}: expected {expected}, "
                                 f"got {v!r}")
     if not isinstance(doc.get("base", {}), dict):
