@@ -28,9 +28,10 @@ examples:
 
 Endpoints: POST /v1/completions (stream or not; a prompt as text or token ids, or a list of
 them), POST /v1/chat/completions (with the tokenizer's chat template; a 400 where there is
-none), GET /v1/models, /health (503 once the engine has died), /metrics (Prometheus, vLLM's
-metric names), /version; with --timeline or --result-json also POST /start_profile and
-/stop_profile (which `vllm bench serve --profile` calls around its run).
+none), GET /v1/models, /health (503 once the engine has died, while it is stopped, or once a
+watchdog has ended it stuck), /metrics (Prometheus, vLLM's metric names), /version; with
+--timeline or --result-json also POST /start_profile and /stop_profile (which `vllm bench
+serve --profile` calls around its run). Bodies over 16 MiB are a 413, URLs over 8 KiB a 414.
 
 Every request is sampled as the server's --temperature/--top-k/--top-p say (default greedy): a
 request asking for other values gets a 400. A request stops at max_tokens, or at the EOS token
