@@ -80,45 +80,47 @@ def _subcommand(parser, args):
         command = sub.choices[getattr(args, sub.dest)]
 
 
-def empty_path(parser, args):
-    """(the command's parser, the option) of the first file, folder or name given as '': an
-    empty path is no path, and `if path:` would silently drop the output it asks for."""
-    command = _subcommand(parser, args)
-    for action in command._actions:
-        if action.type is not None or action.choices is not None or action.nargs == 0 \
-                or action.metavar is None or action.metavar in NOT_PATHS:
-            continue
-        value = getattr(args, action.dest, None)
-        if value == "" or isinstance(value, list) and "" in value:
-            name = action.option_strings[0] if action.option_strings else action.metavar
-            return command, name
-    return None
-
-
-# Options whose value is a file the command writes (besides `--out FILE`); every other path
-# option or argument is one it reads. (A folder it writes into, --out DIR, is neither.)
-FILE_OUTPUTS = ("result_json", "timeline", "chrome_trace", "chrome", "trace_out")
-FOLDER_METAVARS = ("DIR", "OUT")
-
-
-def command_paths(parser, args) -> tuple[list, list]:
-    """(outputs, inputs) of the command that ran: (option, path) pairs of its file outputs and
-    of every file or folder it reads (a `ROW=PATH` argument as its PATH)."""
-    command = _subcommand(parser, args)
-    outputs, inputs = [], []
+def path_options(command, args):
+    """(action, its name, its values as a list) of every option or argument of `command` whose
+    value is a path or a name: untyped, with a metavar other than NOT_PATHS."""
     for action in command._actions:
         if action.type is not None or action.choices is not None or action.nargs == 0 \
                 or action.metavar is None or action.metavar in NOT_PATHS:
             continue
         value = getattr(args, action.dest, None)
         name = action.option_strings[0] if action.option_strings else action.metavar
-        for v in value if isinstance(value, list) else [value]:
+        yield action, name, value if isinstance(value, list) else [value]
+
+
+def empty_path(parser, args):
+    """(the command's parser, the option) of the first file, folder or name given as '': an
+    empty path is no path, and `if path:` would silently drop the output it asks for."""
+    command = _subcommand(parser, args)
+    for _, name, values in path_options(command, args):
+        if "" in values:
+            return command, name
+    return None
+
+
+# Options whose value is a file the command writes (besides `--out FILE`), and those whose value
+# is a folder it writes into or a name; every other path option or argument is one it reads.
+FILE_OUTPUTS = ("result_json", "timeline", "chrome_trace", "chrome", "trace_out")
+FOLDER_METAVARS = ("DIR", "OUT")
+NOT_INPUTS = ("out", "result_dir", "result_filename", "served_model_name")
+
+
+def command_paths(parser, args) -> tuple[list, list]:
+    """(outputs, inputs) of the command that ran: (option, path) pairs of its file outputs and
+    of every file or folder it reads (a `ROW=PATH` argument as its PATH)."""
+    outputs, inputs = [], []
+    for action, name, values in path_options(_subcommand(parser, args), args):
+        for v in values:
             if not isinstance(v, str) or not v:
                 continue
             if action.dest in FILE_OUTPUTS or action.dest == "out" \
                     and action.metavar not in FOLDER_METAVARS:
                 outputs.append((name, v))
-            elif action.dest not in ("out", "result_dir", "result_filename"):
+            elif action.dest not in NOT_INPUTS:
                 path = v if os.path.exists(v) or "=" not in v else v.partition("=")[2]
                 inputs.append((name, path))
     return outputs, inputs

@@ -1388,6 +1388,8 @@ def base(tmp_path_factory):
 
 def test_bad_input_and_faults_end_in_one_clear_error_and_no_output(base, tmp_path):
     failures = []
+    shared = [p for p in base.root.rglob("*") if p.is_file()]   # every case's common inputs
+    before = [digest(p) for p in shared]
     for i in range(CASES):
         rng = random.Random(f"{SEED}:{i}")
         d = tmp_path / f"case{i}"
@@ -1395,6 +1397,10 @@ def test_bad_input_and_faults_end_in_one_clear_error_and_no_output(base, tmp_pat
         case = GENERATORS[i % len(GENERATORS)](rng, d, base)
         code, err = run_case(case)
         why = judge(case, code, err, d / "out")
+        if why is None and [digest(p) for p in shared] != before:
+            why = "changed a shared input: " + ", ".join(
+                str(p) for p, was in zip(shared, before) if digest(p) != was)
+            before = [digest(p) for p in shared]
         if why:
             failures.append(f"case {i} (STEPGAP_FUZZ_SEED={SEED}): {case.what}\n"
                             f"  argv: {case.argv}\n  {why}")
