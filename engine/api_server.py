@@ -742,12 +742,13 @@ async def _body(raw: Request) -> bytes | None:
 
 
 async def _drain(raw: Request, seen: int) -> None:
+    """Read and drop the rest of a refused body: up to DRAIN_BYTES, and while it keeps coming
+    (a client that stops sending and waits gets its answer a second later)."""
+    chunks = raw.stream().__aiter__()
     try:
-        async for chunk in raw.stream():
-            seen += len(chunk)
-            if seen > DRAIN_BYTES:
-                return
-    except ClientDisconnect:
+        while seen <= DRAIN_BYTES:
+            seen += len(await asyncio.wait_for(chunks.__anext__(), 1.0))
+    except (StopAsyncIteration, asyncio.TimeoutError, ClientDisconnect):
         pass
 
 

@@ -271,3 +271,19 @@ def test_a_chat_template_that_does_not_compile_is_named_at_start(tmp_path, templ
     with pytest.raises(UserError, match=words) as e:
         ServedTokenizer.load(target)
     assert str(e.value).startswith(f"{target / 'tokenizer_config.json'}: field 'chat_template'")
+
+
+def test_a_declared_body_too_large_is_answered_though_the_client_stops_sending(trap_server):
+    """100 MB announced, a little sent, then the client waits: it gets the 413 (the server
+    drops what comes while it comes), not a wait for the rest nor a reset."""
+    with socket.create_connection(("127.0.0.1", trap_server.port), timeout=HANG_S) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: 100000000\r\n\r\n" + b'{"prompt": "' + b"x" * 65536)
+        data = b""
+        while not data.endswith(b"}"):
+            more = s.recv(65536)
+            assert more, data
+            data += more
+    head, body = data.split(b"\r\n\r\n", 1)
+    assert head.split()[1] == b"413" and json.loads(body)["error"]["code"] == 413
+    serves_on(trap_server)
