@@ -36,7 +36,7 @@ from pathlib import Path
 from stepgap.common.drafters import SPEC_METHODS
 from stepgap.common.errors import UserError
 from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES
-from stepgap.common.limits import MAX_K, MAX_PROMPTS, is_int
+from stepgap.common.limits import MAX_K, MAX_PROMPTS, MIN_BURSTINESS, is_int
 
 # vLLM's --distributed-executor-backend: one process (the worker inline) or a worker process.
 EXECUTOR_BACKENDS = {"uni": "inline", "mp": "process"}
@@ -96,6 +96,17 @@ def at_most(parse, hi: float):
         v = parse(text)
         if v > hi:
             raise argparse.ArgumentTypeError(f"must be at most {hi:g}, got {text}")
+        return v
+    bounded.__name__ = parse.__name__
+    return bounded
+
+
+def at_least(parse, lo: float):
+    """The parser `parse`, refusing values below `lo` (common/limits.py)."""
+    def bounded(text: str):
+        v = parse(text)
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be at least {lo:g}, got {text}")
         return v
     bounded.__name__ = parse.__name__
     return bounded
@@ -292,9 +303,9 @@ def add_load_args(p, default_workload: str = "mtbench"):
     g.add_argument("--request-rate", type=rate_arg, default=None, metavar="RPS",
                    help="requests per second, or inf to send all at once; default: the trace's "
                         "own arrival times (built-in workloads: inf)")
-    g.add_argument("--burstiness", type=rate_arg, default=None,
+    g.add_argument("--burstiness", type=at_least(rate_arg, MIN_BURSTINESS), default=None,
                    help="gamma shape of inter-arrival times: 1 is Poisson, <1 burstier, "
-                        ">1 more uniform (default 1)")
+                        f">1 more uniform; at least {MIN_BURSTINESS:g} (default 1)")
     g.add_argument("--max-concurrency", type=positive_int, default=None,
                    help="most requests in flight at once, as the benchmark client's semaphore "
                         "(default: unlimited)")
@@ -352,7 +363,8 @@ WORKLOAD_FLAGS = (
     ("--gsp-prompts-per-group", "prompts_per_group", "generated-shared-prefix: questions per "
                                                      "system prompt (default 16)"),
     ("--gsp-system-prompt-len", "system_prompt_len", "generated-shared-prefix: tokens of a "
-                                                     "system prompt (default 2048)"),
+                                                     "system prompt (default 1664; SGLang's 2048 needs "
+                                                     "--max-model-len 2432)"),
     ("--gsp-question-len", "question_len", "generated-shared-prefix: tokens of a question "
                                            "(default 128)"),
     ("--gsp-output-len", "output_len", "generated-shared-prefix: output tokens (default 256)"),
@@ -537,12 +549,13 @@ def check_outputs(args, result, timeline=(), chrome: str | None = None) -> None:
     (`timeline`: those paths, in that order), a Chrome trace of its own (`chrome`). Each is a
     file of its own (common/fileio.py check_distinct: two options naming one file would lose
     one) and can be written (check_writable)."""
-    from stepgap.common.fileio import check_distinct, check_writable
+    from stepgap.common.fileio import check_distinct, check_not_input, check_writable
     outputs = [("--result-json" if getattr(args, "result_json", None) else "--save-result",
                 result),
                *zip(("--timeline", "--timeline's Chrome trace"), timeline or ()),
                ("--chrome-trace", chrome)]
     check_distinct(outputs)
+    check_not_input(outputs, getattr(args, "input_paths", ()))   # (stepgap/cli.py gathers them)
     for option, path in outputs:
         if path is not None:
             check_writable(path, option)

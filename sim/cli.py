@@ -13,9 +13,9 @@ from pathlib import Path
 
 from stepgap.common.acceptance import PROFILES
 from stepgap.common.model_presets import DRAFT_PRESETS
-from stepgap.common.limits import MAX_MS, MAX_SCALE, MAX_SKEW, MAX_SPREAD, MAX_US
+from stepgap.common.limits import MAX_MS, MAX_SCALE, MAX_SKEW, MAX_SPREAD, MAX_US, MIN_SPEED
 from stepgap.common.options import (add_engine_args, add_load_args, add_model_args,
-                                    add_result_args, add_scheduler_args, at_most,
+                                    add_result_args, add_scheduler_args, at_least, at_most,
                                     executor_from_args, mode_from_args, nonneg_float,
                                     positive_float, rates_arg, speculative_from_args,
                                     workload_spec)
@@ -160,9 +160,11 @@ def register_simulate(sub) -> None:
                         "memory and halves attention's reads (default auto: the model's bf16). "
                         "With --device-profile, the bundle's variant of that dtype is used "
                         "(e.g. bf16-kvfp8 beside bf16), or the run is refused")
-    g.add_argument("--speed", type=at_most(nonneg_float, MAX_SCALE), metavar="X",
+    g.add_argument("--speed", type=at_least(at_most(positive_float, MAX_SCALE), MIN_SPEED),
+                   metavar="X",
                    help="the machine's level for this run: device ops and CPU costs take X "
-                        "times as long (default 1, the profile's mean)")
+                        f"times as long, {MIN_SPEED:g} to {MAX_SCALE:g} (default 1, the "
+                        "profile's mean)")
     g.add_argument("--topology", choices=TOPOLOGIES,
                    help="whose step loop: stepgap's engine, vLLM's (its RPCs, its API "
                         "server sharing the engine core's CPU; docs/vllm.md), or stepgap's "

@@ -27,7 +27,8 @@ from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_yaml
 from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES, OLD_DEVICES
 from stepgap.common.limits import (MAX_K, MAX_MS, MAX_PROMPTS, MAX_SCALE, MAX_SKEW, MAX_SPREAD,
-                                   MAX_US, is_finite, is_int, is_number)
+                                   MAX_US, MIN_BURSTINESS, MIN_SPEED, is_finite, is_int,
+                                   is_number)
 from stepgap.common.drafters import SPEC_METHODS, default_draft_model, load_drafter
 from stepgap.common.model_heads import EagleHeadConfig
 from stepgap.common.model_presets import load_model_config
@@ -186,8 +187,9 @@ class SimConfig:
                        self.gpu_memory_utilization)
         _numbers(self, ("cpu_scale",), MAX_SCALE)
         _numbers(self, ("moe_routing_skew",), MAX_SKEW)
-        if not (is_finite(self.speed) and 0 < self.speed <= MAX_SCALE):
-            raise _bad("speed", f"must be a number in (0, {MAX_SCALE:g}]", self.speed)
+        if not (is_finite(self.speed) and MIN_SPEED <= self.speed <= MAX_SCALE):
+            raise _bad("speed", f"must be a number from {MIN_SPEED:g} to {MAX_SCALE:g}",
+                       self.speed)
         _numbers(self, ("launch_latency_us", "wake_us", "ipc_us", "all_reduce_latency_us"),
                  MAX_US, optional=True)
         _numbers(self, ("acceptance_spread",), MAX_SPREAD, optional=True)
@@ -200,8 +202,13 @@ class SimConfig:
         if self.request_rate is not None and not (_is_rate(self.request_rate)
                                                   and self.request_rate > 0):
             raise _bad("request_rate", "must be > 0 (or inf)", self.request_rate)
-        if not (_is_rate(self.burstiness) and self.burstiness > 0):
-            raise _bad("burstiness", "must be > 0", self.burstiness)
+        if not (_is_rate(self.burstiness) and self.burstiness >= MIN_BURSTINESS):
+            raise _bad("burstiness", f"must be >= {MIN_BURSTINESS:g} (or inf)", self.burstiness)
+        if self.request_rate is not None and self.num_prompts is not None:
+            from stepgap.common.workloads import last_arrival_problem
+            why = last_arrival_problem(self.num_prompts, self.request_rate)
+            if why:
+                raise _bad("request_rate", why, self.request_rate)
         if self.acceptance_rates is not None:
             self.acceptance_rates = _tuple(self, "acceptance_rates")
         self.metric_percentiles = _tuple(self, "metric_percentiles")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from stepgap.common.errors import UserError
-from stepgap.common.fileio import read_json, read_toml
+from stepgap.common.fileio import check_file, read_json, read_toml
 from stepgap.common.options import WORKLOAD_FLAGS
 from stepgap.sim.config import ALIASES, SimConfig, resolve
 from stepgap.sim.sweep_keys import cell_key
@@ -200,8 +200,7 @@ def parse_assignment(text: str, src: str) -> tuple[str, str]:
 def load_grid_file(path) -> tuple[str | None, dict, dict]:
     """(preset, base, axes) from a TOML or JSON file with `preset`, `[base]` and `[grid]`."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: grid file not found")
+    check_file(path, "grid file")
     if path.suffix == ".toml":
         doc = read_toml(path)
     elif path.suffix == ".json":
