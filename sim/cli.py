@@ -216,6 +216,8 @@ FIELDS = ("mode", "gpu", "model", "method", "moe_routing_skew", "all_reduce_late
 
 def config_from_args(args) -> SimConfig:
     """Defaults, then the preset, then what the command line gives."""
+    from stepgap.common.options import note
+    from stepgap.sim.config import profile_defaults
     from stepgap.sim.presets import get_preset
 
     settings = dict(get_preset(args.preset).settings) if args.preset else {}
@@ -245,6 +247,12 @@ def config_from_args(args) -> SimConfig:
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)
     settings["timeline"] = args.timeline is not None
+    given = {name for name in ("gpu", "device", "executor", "acceptance", "acceptance_rates",
+                               "acceptance_spread") if getattr(args, name, None) is not None}
+    settings, notes = profile_defaults(settings, given | set(get_preset(args.preset).settings
+                                                             if args.preset else ()))
+    for line in notes:
+        note(args, line)
     return SimConfig(**settings)
 
 
