@@ -314,11 +314,9 @@ class Scheduler:
             keys.append(hash((keys[-1] if keys else None, tuple(tokens[i * bs:(i + 1) * bs]))))
         return keys
 
-    def _cache_blocks(self, req: Request) -> None:
-        """Make the blocks filled by known tokens findable (vLLM caches at schedule time)."""
-        full = min(req.num_computed_tokens, req.num_tokens) // self.cfg.block_size
-        if full <= req.num_cached_blocks:
-            return
+    def _cache_blocks(self, req: Request, full: int) -> None:
+        """Make the request's first `full` blocks, filled by known tokens, findable (vLLM
+        caches at schedule time; `_take` calls this when it has new full blocks)."""
         pool, keys = self.pool, self._keys(req, full)
         for i in range(req.num_cached_blocks, full):
             bid = req.block_ids[i]
@@ -354,14 +352,17 @@ class Scheduler:
         """Count a scheduled chunk into the request's state (vLLM's _update_after_schedule)."""
         start = req.num_computed_tokens
         end = start + num_new
-        known = req.num_prompt_tokens + len(req.output_token_ids) + req.num_output_placeholders
+        tokens = req.num_prompt_tokens + len(req.output_token_ids)
+        known = tokens + req.num_output_placeholders
         num_spec = 0
         if end > known:   # the chunk reaches past the known tokens: drafts are verified
             num_spec = req.num_spec_tokens if req.num_spec_tokens < end - known else end - known
         samples = end >= known
         req.num_computed_tokens = end
-        if self.caching:
-            self._cache_blocks(req)
+        if self.caching:   # the blocks now full of known tokens (inline: every request, step)
+            full = (end if end < tokens else tokens) // self.cfg.block_size
+            if full > req.num_cached_blocks:
+                self._cache_blocks(req, full)
         if self.cfg.async_scheduling and samples:
             req.num_output_placeholders += 1 + num_spec
             req.num_spec_tokens = self.k

@@ -106,6 +106,29 @@ def register_simulate(sub) -> None:
     p = sub.add_parser("simulate", help="predict a serving run with the SimPy step-loop model",
                        description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_setup_args(p)
+    add_load_args(p)
+    add_result_args(p, timeline_help="write the timeline as JSON lines to PATH and a "
+                                     "Chrome-trace/Perfetto file beside it (PATH with "
+                                     ".chrome.json)")
+    p.add_argument("--timeseries-interval", dest="timeseries_interval_s",
+                   type=at_most(positive_float, 3600), metavar="S",
+                   help="add to the result a timeseries of running and waiting requests, KV "
+                        "cache use and token throughput every S seconds, as vLLM's stat logger "
+                        "(and LLMServingSim's timeseries.csv) report them")
+    p.add_argument("--band", action="store_true",
+                   help="also run each uncertain input (the host's CPU, the device where the "
+                        "roofline prices it, a borrowed or extrapolated acceptance) at the ends "
+                        "of its range, and print the band of each metric and the inputs that "
+                        "dominate it (the result gets `bands`; docs/sim.md, 'Bands')")
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    p.set_defaults(func=run, vllm_options=True)
+
+
+def add_setup_args(p) -> None:
+    """The options of a setup, as `stepgap simulate` and `stepgap advise` take them: a preset,
+    the model and drafter, the engine, the hardware and measured costs, the acceptance, the
+    scheduler and the CPU costs (the load and the outputs are each command's own)."""
     p.add_argument("--preset", choices=list(PRESETS), help="named scenario setting every option")
     add_model_args(p, D, draft_help=" (default: for eagle3 and eagle a head shaped from the "
                                     "target; for draft_model a model preset or folder, e.g. "
@@ -189,18 +212,6 @@ def register_simulate(sub) -> None:
                    help=f"one engine<->worker message, process topology (default {CPU.ipc_us:g})")
     g.add_argument("--output-latency-ms", type=at_most(nonneg_float, MAX_MS), metavar="MS",
                    help="from update_from_output to the client receiving the chunk (default 0)")
-
-    add_load_args(p)
-    add_result_args(p, timeline_help="write the timeline as JSON lines to PATH and a "
-                                     "Chrome-trace/Perfetto file beside it (PATH with "
-                                     ".chrome.json)")
-    p.add_argument("--timeseries-interval", dest="timeseries_interval_s",
-                   type=at_most(positive_float, 3600), metavar="S",
-                   help="add to the result a timeseries of running and waiting requests, KV "
-                        "cache use and token throughput every S seconds, as vLLM's stat logger "
-                        "(and LLMServingSim's timeseries.csv) report them")
-    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    p.set_defaults(func=run, vllm_options=True)
 
 
 FIELDS = ("mode", "gpu", "model", "method", "moe_routing_skew", "all_reduce_latency_us",
@@ -301,11 +312,18 @@ def run(args) -> int:
     cfg = config_from_args(args)
     out = result_path(args, "stepgap-sim", cfg.model)
     check_outputs(args, out, args.timeline and (args.timeline, chrome_path(args.timeline)))
-    res, spans = simulate(cfg)
+    if args.band:
+        from stepgap.sim.bands import bands_doc, format_bands, run_bands
+        res, inputs, bands, spans = run_bands(cfg.to_dict())
+        res["bands"] = bands_doc(inputs, bands)
+    else:
+        res, spans = simulate(cfg)
     for line in res["config"]["resolved"]["notes"]:
         note(args, line)
     if not args.quiet:
         print(format_summary(res, title=f"Simulated Serving Result ({cfg.mode}, k={cfg.k})"))
+        if args.band:
+            print(format_bands(inputs, bands))
         preset = get_preset(args.preset) if args.preset else None
         if preset and cfg.mode in preset.measured and same_scenario(cfg, preset.settings):
             print(comparison_table(res, preset.measured[cfg.mode],

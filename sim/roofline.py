@@ -342,6 +342,24 @@ class RooflineCosts:
             attn = self._attention(c, m, b.num_reqs, pairs, kv, layers, sliding)
         return self._draft_dense(i == 0, m, b.num_sampling) + attn
 
+    def draft_forwards(self, b: Batch, n: int) -> list[float]:
+        """Passes 0..n-1 of draft_forward, in one call (the device lane asks for all of a
+        step's passes at once): an EAGLE head's passes computed here as draft_forward computes
+        them, term for term, so the times are the same floats; other drafters pass by pass."""
+        if self.method not in ("eagle", "eagle3"):
+            return [self.draft_forward(b, i) for i in range(n)]
+        heads, kvh = self._heads(self.d)
+        hd, flops, bw, kernel = self.d.head_dim, self.flops, self.bw, self.hw.kernel_us
+        out = [self.draft_forward(b, 0)] if n else []
+        sampling = b.num_sampling
+        if n > 1:
+            dense = self._draft_dense(False, sampling, sampling)
+            for i in range(1, n):
+                kv = b.kv_tokens + i * sampling
+                out.append(dense + (max(4.0 * float(kv) * heads * hd / flops,
+                                        2 * BF16 * kv * kvh * hd / bw) + kernel))
+        return out
+
     def d2h(self, b: Batch) -> float:
         return self.hw.d2h_us
 
