@@ -195,9 +195,11 @@ def answer(cells: Cells, base: dict, load: dict, ks: list[int], inputs: list[Ban
     modes = {}
     for m in MODES:
         k0, tp = grids[m].get(0, math.nan), grids[m][best[m]]
+        zb = m == "zero-bubble"   # searched at its nominal best k only (`search`)
         modes[m] = ModeAnswer(
-            int_band(best[m], [at(w, m)[0] for w in ends]),
+            int_band(best[m], [] if zb else [at(w, m)[0] for w in ends]),
             combine(tp, per_input(inputs, lambda w: at(w, m)[1])),
+            Band(k0 / tp, k0 / tp, k0 / tp) if zb else
             combine(k0 / tp, per_input(inputs, lambda w: at(w, m)[2] / at(w, m)[1])),
             grids[m])
 
@@ -224,7 +226,10 @@ def search(cells: Cells, base: dict, loads: list[dict], ks: list[int],
     for li, load in enumerate(loads):
         for m in MODES:
             k_best = best_of({k: cells.tpot(cell(base, load, m, k)) for k in ks})
-            window = {k for k in (k_best - 1, k_best, k_best + 1, 0) if k in ks}
+            # zero-bubble answers one question (does it add anything over async at their best
+            # k?): its nominal best k only
+            window = {k_best} if m == "zero-bubble" else \
+                {k for k in (k_best - 1, k_best, k_best + 1, 0) if k in ks}
             searches += [(li, inp, end, m, set(window)) for inp in inputs
                          for end in ("low", "high")]
 
@@ -242,6 +247,8 @@ def search(cells: Cells, base: dict, loads: list[dict], ks: list[int],
         new = []
         for s in searches:
             li, inp, end, m, tried = s
+            if m == "zero-bubble":
+                continue
             b = best_of({k: tpot(li, inp, end, m, k) for k in tried})
             step = [k for k in (b - 1, b + 1) if k in ks and k not in tried]
             if step:

@@ -253,8 +253,7 @@ def acceptance_input(cfg, prof: AcceptanceProfile, borrowed: bool, max_k: int
                      "position", EXTRAPOLATED_SOURCE,
                      {"acceptance_rates": extrapolated(prof, EXTRAPOLATED_LOW, max_k),
                       "acceptance_spread": prof.spread},
-                     {"acceptance_rates": extrapolated(prof, 1.0, max_k),
-                      "acceptance_spread": prof.spread}, depth + 1)
+                     {}, depth + 1)   # the high end is stepgap's rule: the nominal run
 
 
 def _named() -> set[str]:

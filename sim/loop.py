@@ -126,8 +126,8 @@ class Clock(simpy.Environment):
         self.step()   # processed: a process that yields it carries on at once
 
     def hold(self, dt: float):
-        t = self._now + dt
-        if dt >= 0 and t < self.peek():
+        t, queue = self._now + dt, self._queue
+        if dt >= 0 and (not queue or t < queue[0][0]):   # peek(), inline: nothing due before
             self._now = t
             return self.passed
         return self.timeout(dt)

@@ -99,6 +99,11 @@ class RooflineCosts:
         self._draft: dict[tuple, float] = {}
         self._sampled: dict[tuple[int, int], float] = {}     # k = 0: the dense part + sampling
         self._attn: tuple[Batch | None, float] = (None, 0.0)   # the last forward's attention
+        # a dense GQA target without windowed layers: its attention summed in one expression,
+        # term for term as `_attention` sums it (the simulator's hot path)
+        t = target
+        self._plain = None if t.is_mla or t.num_sliding_layers else \
+            (t.num_layers, *self._heads(t), t.head_dim)
 
     # -- kernels --------------------------------------------------------------------------
 
@@ -250,6 +255,10 @@ class RooflineCosts:
         return t
 
     def _target_attention(self, b: Batch) -> float:
+        if self._plain is not None:
+            layers, heads, kvh, hd = self._plain
+            return layers * (max(4.0 * b.attn_pairs * heads * hd / self.flops,
+                                 2 * BF16 * b.kv_tokens * kvh * hd / self.bw) + self.hw.kernel_us)
         c = self.t
         return self._attention(c, b.num_tokens, b.num_reqs, b.attn_pairs, b.kv_tokens,
                                c.num_layers, c.num_sliding_layers)
