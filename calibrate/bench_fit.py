@@ -302,7 +302,6 @@ def solve(f, x0: float, x1: float, lo: float, hi: float, tol: float = 1e-4) -> f
 
 def fit_bench(runs: list[BenchRun], base: dict, noise: float):
     """The profile of the runs (module docstring)."""
-    from stepgap.common.acceptance import AcceptanceProfile
     from stepgap.sim.bands import CPU_HIGH, CPU_LOW, CPU_SEED, DEVICE_HIGH, DEVICE_LOW, shifted
     from stepgap.sim.config import SimConfig, acceptance_profile, resolve
 
