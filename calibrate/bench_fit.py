@@ -123,10 +123,13 @@ def extend(c) -> None:
 
 def cmd_bench(args) -> int:
     from stepgap.common.fileio import check_writable
+    from stepgap.sim.config import SimConfig, resolve
     from stepgap.sim.profile import save_profile
     check_writable(args.out, "--out")
     base = setup_of(args)
-    runs = load_bench_runs(args.measured, args, base)
+    runs = load_bench_runs(args.measured, args, base)   # first: what the files disagree with
+    for k in sorted({r.k for r in runs}):   # an unknown GPU or model: one line, before the fit
+        resolve(SimConfig(**settings(base, k)))
     profile = fit_bench(runs, base, args.noise)
     save_profile(args.out, profile)
     print(report(profile, args.out))
@@ -137,7 +140,6 @@ def cmd_bench(args) -> int:
 
 def setup_of(args) -> dict:
     """The SimConfig settings the runs had, from the command line."""
-    from stepgap.sim.config import SimConfig, resolve
     spec = args.speculative_config or {}
     method = spec.get("method", "eagle3")
     draft = args.draft or spec.get("model")
@@ -163,7 +165,6 @@ def setup_of(args) -> dict:
         raise UserError(f"--noise: expected a fraction in (0, 0.5), got {args.noise}")
     base["_k"], base["_conc"], base["_mode"] = k, args.max_concurrency, (
         None if args.async_scheduling is None else "async" if args.async_scheduling else "sync")
-    resolve(SimConfig(**settings(base, k or 0)))   # an unknown GPU or model: one line, now
     return base
 
 
@@ -337,7 +338,7 @@ def fit_bench(runs: list[BenchRun], base: dict, noise: float):
         else:
             s = solve(lambda x: statistics.fmean(fit.itl_error(x, e)), s, s * 1.1, 0.0, 50.0)
     if len(cells) >= 2:
-        split, why = split_two(fit, s, e, noise)
+        split, why = split_two(fit, s, e, noise, (CPU_LOW, CPU_HIGH), (DEVICE_LOW, DEVICE_HIGH))
         how["level"] = (f"CPU x {s:.3f} and device x {e:.4f}: least squares on the log mean "
                         f"ITL of {len(runs)} runs in {len(cells)} cells")
     else:
@@ -377,9 +378,10 @@ def fit_two(fit: Fitter, s: float, e: float) -> tuple[float, float]:
     return s, e
 
 
-def split_two(fit: Fitter, s: float, e: float, noise: float) -> tuple[dict, str]:
-    """The band of a determined split: 95 % of the runs' noise, propagated along the fit's
-    direction of most CPU change."""
+def split_two(fit: Fitter, s: float, e: float, noise: float, cpu: tuple, device: tuple
+              ) -> tuple[dict, str]:
+    """The band of a determined split: 95 % of the runs' noise, propagated through the fit
+    along its direction of most CPU change, as far as the ranges of sim/bands.py allow."""
     import numpy as np
     x = np.log([s, e])
     r = np.array(fit.itl_error(s, e))
@@ -388,10 +390,21 @@ def split_two(fit: Fitter, s: float, e: float, noise: float) -> tuple[dict, str]
                            for d in np.eye(2)])
     cov = noise ** 2 * np.linalg.pinv(jac.T @ jac)
     d = 1.96 * cov[:, 0] / math.sqrt(max(cov[0, 0], 1e-30))
-    lo, hi = np.exp(-d), np.exp(d)
-    why = f"95 % of a {100 * noise:.1f} % noise on each run's mean ITL, through the fit"
-    return {"low": {"cpu": float(lo[0]), "device": float(lo[1])},
-            "high": {"cpu": float(hi[0]), "device": float(hi[1])}, "source": why}, why
+    box = np.log([cpu, device])   # [[cpu lo, hi], [device lo, hi]]
+    ends = {}
+    for name, sign in (("low", -1.0), ("high", 1.0)):
+        t = 1.0   # how far along the direction the ranges let the end go
+        for i in range(2):
+            step = sign * d[i]
+            if step > 0 and x[i] + step > box[i][1]:
+                t = min(t, max(0.0, (box[i][1] - x[i]) / step))
+            elif step < 0 and x[i] + step < box[i][0]:
+                t = min(t, max(0.0, (box[i][0] - x[i]) / step))
+        f = np.exp(sign * t * d)
+        ends[name] = {"cpu": float(f[0]), "device": float(f[1])}
+    why = (f"95 % of a {100 * noise:.1f} % noise on each run's mean ITL, through the fit, "
+           "within the ranges of sim/bands.py")
+    return {**ends, "source": why}, why
 
 
 def split_one(fit: Fitter, s: float, e: float, noise: float, cpu: tuple, device: tuple

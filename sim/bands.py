@@ -167,7 +167,8 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
     else:
         inputs.append(cpu_input(cfg.cpu_scale))
     if measured is None or not measured.fits:
-        if isinstance(_innermost(r.device_costs), TableCosts):
+        if any(isinstance(c, TableCosts) for c in (r.device_costs,
+                                                    getattr(r.device_costs, "fallback", None))):
             inputs.append(BandInput("device", "the device ops the measured tables price",
                                     1.0, TABLES_LOW, TABLES_HIGH, "x device time",
                                     TABLES_SOURCE, {"speed": TABLES_LOW},
@@ -183,11 +184,6 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
     if acc is not None:
         inputs.append(acc)
     return inputs
-
-
-def _innermost(costs):
-    """The device costs under a measured profile's wrapper (its fallback)."""
-    return getattr(costs, "fallback", costs)
 
 
 def cpu_input(nominal: float) -> BandInput:
@@ -328,3 +324,17 @@ def format_bands(inputs: list[BandInput], bands: dict) -> str:
         lines.append(f"  {i.name:<11}{i.low:.3g} .. {i.high:.3g} {i.unit} (nominal "
                      f"{i.nominal:.3g}): {i.what}; {i.source}")
     return "\n".join(lines)
+
+
+def difference_band(a: dict, b: dict, metric: str = "mean_itl_ms") -> tuple[Band, list]:
+    """The band of metric(run a) - metric(run b), each input end moving both runs together
+    (what async saves over sync: a the sync run, b the async one), and the inputs."""
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.loop import simulate
+
+    def value(sa, sb):
+        return simulate(SimConfig(**sa))[0][metric] - simulate(SimConfig(**sb))[0][metric]
+    inputs = [i for i in band_inputs(a) if i.applies(a.get("k", 0))]
+    return combine(value(a, b), {i.name: tuple(value(i.settings(a, end), i.settings(b, end))
+                                               for end in ("low", "high"))
+                                 for i in inputs}), inputs

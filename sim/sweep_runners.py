@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 from stepgap.common.errors import UserError
 from stepgap.sim.config import SimConfig
-from stepgap.sim.sweep_table import RESULT_METRICS
+from stepgap.sim.sweep_table import BANDED, RESULT_METRICS
 
 CONNECT_TIMEOUT = "10s"      # to reach a Dask scheduler
 
@@ -25,6 +25,19 @@ def run_cell(settings: dict) -> dict:
 
     res, _ = simulate(SimConfig(**settings))
     return metrics_of(res)
+
+
+def run_band_cell(settings: dict) -> dict:
+    """Simulate one cell and its bands (sim/bands.py): its metrics, with the low and high end
+    of each BANDED metric and the inputs that dominate its band."""
+    from stepgap.sim.bands import run_bands
+    res, _, bands, _ = run_bands(settings, metrics=BANDED)
+    row = metrics_of(res)
+    for m, b in bands.items():
+        row[f"{m}_low"], row[f"{m}_high"] = b.low, b.high
+    row["band_dominant"] = "; ".join(f"{m}: {', '.join(b.dominant) or '-'}"
+                                     for m, b in bands.items())
+    return row
 
 
 def metrics_of(res: dict) -> dict:
@@ -113,18 +126,19 @@ def stop_pool(ex: ProcessPoolExecutor) -> None:
     ex.shutdown(wait=True, cancel_futures=True)
 
 
-def run_local(settings: list[dict], jobs: int) -> Iterator[tuple[int, dict]]:
-    """(index, metrics) as cells finish, over `jobs` processes (1: in this process)."""
+def run_local(settings: list[dict], jobs: int, fn: Callable = run_cell
+              ) -> Iterator[tuple[int, dict]]:
+    """(index, fn(settings)) as cells finish, over `jobs` processes (1: in this process)."""
     if jobs <= 1 or len(settings) <= 1:
         for i, s in enumerate(settings):
-            yield i, run_cell(s)
+            yield i, fn(s)
         return
     ctx = multiprocessing.get_context()
     ex = ProcessPoolExecutor(max_workers=min(jobs, len(settings)), mp_context=ctx,
                              initializer=_pool_worker_signals,
                              initargs=(os.getpid(), ctx.get_start_method() == "fork"))
     try:
-        futures = {ex.submit(run_cell, s): i for i, s in enumerate(settings)}
+        futures = {ex.submit(fn, s): i for i, s in enumerate(settings)}
         for f in as_completed(futures):
             yield futures[f], f.result()
     except BaseException:   # interrupted, or the consumer stopped (GeneratorExit)
@@ -151,9 +165,10 @@ def _dask_connect(address: str):
     return Client(address, timeout=CONNECT_TIMEOUT)
 
 
-def _dask_run(client, settings: list[dict]) -> Iterator[tuple[int, dict]]:
+def _dask_run(client, settings: list[dict], fn: Callable = run_cell
+              ) -> Iterator[tuple[int, dict]]:
     from distributed import as_completed as dask_completed
-    futures = client.map(run_cell, settings, pure=False)
+    futures = client.map(fn, settings, pure=False)
     index = {f.key: i for i, f in enumerate(futures)}
     for f in dask_completed(futures):
         yield index[f.key], f.result()
@@ -166,9 +181,9 @@ def _ray_connect(address: str):
                     log_to_driver=False, logging_level="warning")
 
 
-def _ray_run(_, settings: list[dict]) -> Iterator[tuple[int, dict]]:
+def _ray_run(_, settings: list[dict], fn: Callable = run_cell) -> Iterator[tuple[int, dict]]:
     import ray
-    cell = ray.remote(num_cpus=1)(run_cell)   # one CPU each: a cell is pure Python
+    cell = ray.remote(num_cpus=1)(fn)   # one CPU each: a cell is pure Python
     refs = [cell.remote(s) for s in settings]
     index = {ref: i for i, ref in enumerate(refs)}
     pending = refs
@@ -186,8 +201,9 @@ def cluster_engine(address: str) -> ClusterEngine:
     return RAY if address == "ray" or address.startswith("ray://") else DASK
 
 
-def run_cluster(settings: list[dict], address: str) -> Iterator[tuple[int, dict]]:
-    """(index, metrics) as cells finish on the cluster at `address` (`cluster_engine`)."""
+def run_cluster(settings: list[dict], address: str, fn: Callable = run_cell
+                ) -> Iterator[tuple[int, dict]]:
+    """(index, fn(settings)) as cells finish on the cluster at `address` (`cluster_engine`)."""
     engine = cluster_engine(address)
     try:
         importlib.import_module(engine.module)
@@ -199,4 +215,4 @@ def run_cluster(settings: list[dict], address: str) -> Iterator[tuple[int, dict]
     except (OSError, TimeoutError, ValueError, ConnectionError) as e:
         raise UserError(f"--cluster {address}: cannot connect ({e})") from None
     with session:
-        yield from engine.run(session, settings)
+        yield from engine.run(session, settings, fn)
