@@ -5,7 +5,7 @@ saves; and that band without the calibration, from stepgap's own ranges (sim/ban
 
 Targets (issue 34): calibrated on the sync row, the async mean TPOT within 2 %, the ITL saving
 within 25 % of the measured 0.97 ms and its band narrower than +-30 % of the saving;
-uncalibrated, the band of the saving contains 0.97 ms. About 1-2 min on one core.
+uncalibrated, the band of the saving contains 0.97 ms.
 
 Usage: python bench/seed_user_path.py [--out DIR]
 """

@@ -327,8 +327,12 @@ def rests_on(base: dict, ks: list[int], inputs: list[BandInput]) -> dict:
         from stepgap.sim.bands import CPU_SEED, CPU_SEED_SOURCE
         why = f": {CPU_SEED_SOURCE}" if cfg.cpu_scale == CPU_SEED else ""
         cpu = f"stepgap's defaults x {cfg.cpu_scale:g}{why}; not calibrated on this host"
-    workload = f"{cfg.workload}" + (f", {cfg.num_prompts} prompts" if cfg.num_prompts else "") + \
-        (f", output {cfg.output_len}" if cfg.output_len else "")
+    from stepgap.sim.loop import build_workload
+    reqs = build_workload(cfg)
+    p, o = [r.prompt_len for r in reqs], [r.output_len for r in reqs]
+    workload = (f"{cfg.workload}: {len(reqs)} prompts of {min(p)}-{max(p)} tokens (mean "
+                f"{sum(p) / len(p):.0f}), " + (f"{o[0]} output tokens each" if min(o) == max(o)
+                                               else f"outputs of {min(o)}-{max(o)} tokens"))
     return {"device": device, "acceptance": acc, "cpu": cpu, "seed": cfg.seed,
             "workload": workload, "gpu": hw.name, "model": r.target.name,
             "draft": r.draft.name if r.draft is not None else None, "method": cfg.method,

@@ -161,6 +161,7 @@ def run(args) -> int:
         for option, path in (("result", args.result_json), ("figure", args.plot)):
             if path:
                 print(f"{option}: {path}")
+        note(args, f"{advice.sims} simulations in {advice.seconds:.1f} s")
     return 0
 
 
@@ -169,16 +170,22 @@ def run(args) -> int:
 
 
 def _b(b, fmt: str, scale: float = 1.0, unit: str = "") -> str:
-    """value (low-high)"""
+    """value [low, high] (the value alone where the band rounds to it)"""
     v, lo, hi = (x * scale for x in (b.value, b.low, b.high))
     if f"{lo:{fmt}}" == f"{hi:{fmt}}":
         return f"{v:{fmt}}{unit}"
-    return f"{v:{fmt}}{unit} ({lo:{fmt}}-{hi:{fmt}})"
+    return f"{v:{fmt}}{unit} [{lo:{fmt}}, {hi:{fmt}}]"
 
 
 def _k(b) -> str:
     k, lo, hi = int(b.value), int(b.low), int(b.high)
-    return f"{k}" if lo == hi else f"{k} ({lo}-{hi})"
+    return f"{k}" if lo == hi else f"{k} [{lo}-{hi}]"
+
+
+def table(head: list[list[str]], rows: list[list[str]]) -> list[str]:
+    """Columns as wide as their widest cell, two spaces apart; `head`: its lines of titles."""
+    widths = [max(len(r[i]) for r in head + rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in head + rows]
 
 
 def format_advice(advice) -> str:
@@ -207,31 +214,28 @@ def format_advice(advice) -> str:
                          f": {i.source}")
     else:
         lines += ["", "Bands: not computed (--no-band)"]
-    w = max(len(a.label) for a in advice.answers) + 2
-    lines += ["", f"{'':<{w}}{'best k':<22}{'mean TPOT ms at the best k':<40}"
-                  f"{'speedup over k=0':<30}",
-              f"{'load':<{w}}{'sync':<11}{'async':<11}{'sync':<20}{'async':<20}"
-              f"{'sync':<15}{'async':<15}"]
-    for a in advice.answers:
-        s, y = a.modes["sync"], a.modes["async"]
-        lines.append(f"{a.label:<{w}}{_k(s.best_k):<11}{_k(y.best_k):<11}"
-                     f"{_b(s.tpot_ms, '.2f'):<20}{_b(y.tpot_ms, '.2f'):<20}"
-                     f"{_b(s.speedup, '.2f', unit='x'):<15}{_b(y.speedup, '.2f', unit='x'):<15}")
-    lines += ["", f"{'':<{w}}{'async saves (each at its best k)':<40}"
-                  f"{'zero-bubble adds over async':<40}",
-              f"{'load':<{w}}{'% of sync TPOT':<25}{'dominated by':<15}"
-              f"{'% of async TPOT':<25}{'dominated by':<15}"]
+    lines += [""] + table(
+        [["", "best k", "", "mean TPOT ms, at the best k", "", "speedup over k=0", ""],
+         ["load", "sync", "async", "sync", "async", "sync", "async"]],
+        [[a.label, _k(a.modes["sync"].best_k), _k(a.modes["async"].best_k),
+          _b(a.modes["sync"].tpot_ms, ".2f"), _b(a.modes["async"].tpot_ms, ".2f"),
+          _b(a.modes["sync"].speedup, ".2f", unit="x"),
+          _b(a.modes["async"].speedup, ".2f", unit="x")] for a in advice.answers])
+    rows = []
     for a in advice.answers:
         zb = a.zero_bubble_saving
-        lines.append(f"{a.label:<{w}}{_b(a.async_saving, '.1f', 100, ' %'):<25}"
-                     f"{', '.join(a.async_saving.dominant) or '-':<15}"
-                     f"{_b(zb, '.1f', 100, ' %'):<25}{', '.join(zb.dominant) or '-':<15}"
-                     + ("  no: zero-bubble adds nothing here" if zb.high < 0.005 else ""))
+        rows.append([a.label, _b(a.async_saving, ".1f", 100, " %"),
+                     ", ".join(a.async_saving.dominant) or "-", _b(zb, ".1f", 100, " %"),
+                     "no" if zb.high < 0.005 else "yes" if zb.low > 0.005 else "maybe"])
+    lines += [""] + table(
+        [["", "async saves (each mode", "", "zero-bubble adds over", ""],
+         ["load", "at its best k), % of sync", "dominated by", "async, % of its TPOT",
+          "does it pay?"]], rows)
     warned = [(a.label, w_) for a in advice.answers for w_ in a.warnings]
     if warned:
         lines += ["", "Warnings:"] + [f"  {label}: {text}" for label, text in warned]
-    lines += ["", f"({advice.sims} simulations, {advice.seconds:.1f} s; bands: the sum of "
-                  "each input's swing on each side)"]
+    lines += ["", f"({advice.sims} simulations; a band sums, on each side, what each input "
+                  "moves the number at the ends of its range)"]
     return "\n".join(lines)
 
 

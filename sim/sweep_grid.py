@@ -24,7 +24,7 @@ from pathlib import Path
 
 from stepgap.common.errors import UserError
 from stepgap.common.fileio import read_json, read_toml
-from stepgap.sim.config import ALIASES, SimConfig, resolve
+from stepgap.sim.config import ALIASES, SimConfig, profile_defaults, resolve
 from stepgap.sim.sweep_keys import cell_key
 
 GRID_KEYS = tuple(f.name for f in fields(SimConfig) if f.name not in ("detailed", "timeline"))
@@ -220,7 +220,8 @@ class Grid:
         for combo in itertools.product(*self.axes.values()):
             values = dict(zip(self.axes, combo))
             settings = {**self.base, **values}
-            try:
+            try:   # a profile runs where it was measured unless the grid says otherwise
+                settings, _ = profile_defaults(settings, set(settings))
                 cfg = SimConfig(**settings)
                 r = resolve(cfg)
                 wkey = (cfg.workload, cfg.num_prompts, cfg.output_len, cfg.seed,
