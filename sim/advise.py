@@ -314,7 +314,14 @@ def rests_on(base: dict, ks: list[int], inputs: list[BandInput]) -> dict:
                       if level is not None else "; no measured table or profile"))
     prof, note = acceptance_profile(cfg, r.target)
     depth = len(prof.rates)
-    acc = {"profile": prof.name, "source": prof.source, "rates": list(prof.rates),
+    name, source = prof.name, prof.source
+    if measured is not None and cfg.acceptance_rates is not None \
+            and tuple(cfg.acceptance_rates) == measured.acceptance()[0]:
+        about = measured.about.get("acceptance")
+        name = f"measured ({measured.path})"
+        source = about.get("source", "the profile") if isinstance(about, dict) else \
+            "the profile's acceptance_by_k (vLLM's /metrics)"
+    acc = {"profile": name, "source": source, "rates": list(prof.rates),
            "spread": prof.spread, "measured_depth": depth,
            "extrapolated_positions": [k for k in range(depth + 1, max(ks) + 1)],
            "borrowed": note}
