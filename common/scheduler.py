@@ -207,21 +207,20 @@ class BlockPool:
             if key is not None:   # evicted: handed out again
                 del self.cached[key]
             ids.append(bid)
-        for bid in ids:
-            self.refs[bid] = 1
+        self.refs.update(dict.fromkeys(ids, 1))
         return ids
 
     def free(self, ids: list[int]) -> None:
         if not self.caching:
             self.free_ids.extend(ids)
             return
+        refs, free_ids = self.refs, self.free_ids
         for bid in reversed(ids):   # the tail first: a request's prefix is evicted last
-            n = self.refs[bid] - 1
+            n = refs.pop(bid) - 1
             if n:
-                self.refs[bid] = n
+                refs[bid] = n
             else:
-                del self.refs[bid]
-                self.free_ids[bid] = None
+                free_ids[bid] = None
 
     def touch(self, ids: list[int]) -> None:
         """Another holder for each (cached) block; a free one leaves the free list."""
@@ -328,6 +327,8 @@ class Scheduler:
     def _cache_hit(self, req: Request) -> list[int]:
         """The cached blocks of the request's longest cached prefix, at most num_tokens - 1
         tokens (its last token is always computed, for its logits)."""
+        if req.prompt_token_ids is None and not req.num_preemptions:
+            return []   # its blocks are known by its id: none was cached before it first ran
         most = (req.num_tokens - 1) // self.cfg.block_size
         cached, hit = self.pool.cached, []
         for key in self._keys(req, most)[:most]:
