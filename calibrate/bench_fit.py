@@ -177,8 +177,14 @@ def settings(base: dict, k: int, **extra) -> dict:
 
 
 def model_name(text: str) -> str:
-    """A model's name to compare a bench file's model_id with --model: the last path part,
-    lower case, without the -Instruct/-Chat/-hf suffixes and a meta- prefix."""
+    """A model's name to compare a bench file's model_id with --model: the preset a preset
+    name or Hugging Face id stands for, as every command resolves it (`preset_of`: an id and
+    its preset are one model); else the last path part, lower case, without the
+    -Instruct/-Chat/-hf suffixes and a meta- prefix."""
+    from stepgap.common.model_presets import preset_of
+    preset = preset_of(str(text))
+    if preset is not None:
+        return preset
     name = Path(str(text).rstrip("/")).name.lower()
     name = re.sub(r"-(instruct|chat|hf|base)$", "", name)
     return name.removeprefix("meta-")

@@ -143,6 +143,8 @@ def run(args) -> int:
     finally:
         if bar is not None:
             bar.close()
+    for line in advice.notes:   # the cells' own (fp8, a dataset's estimate, a profile's device)
+        note(args, line)
     advice.notes = notes + advice.notes
     figure = None
     if args.plot:

@@ -21,8 +21,9 @@ Simulate a serving run of an LLM engine's step loop (engine core, worker, device
 async or zero-bubble scheduling, with speculative decoding of k draft tokens (EAGLE-3, EAGLE,
 MTP, a draft model, n-gram on the CPU or the GPU), on one GPU or a tensor-parallel group of up
 to 8, and print what `vllm bench serve` would report (TTFT, TPOT, ITL, E2EL), the acceptance
-and the step gaps. Targets: the presets, or any Hugging Face config.json of the families
-llama, qwen3, qwen3_moe, gpt_oss and deepseek_v3.
+and the step gaps. Targets: the presets by name or Hugging Face id (MODEL, as `vllm serve
+MODEL`, or --model), or any Hugging Face config.json of the families llama, qwen3,
+qwen3_moe, gpt_oss and deepseek_v3.
 
 A preset sets every option at once; options given on the command line override it.
 
@@ -38,15 +39,21 @@ examples:
   # the same on an H100 at depth 2, with a timeline to open in Perfetto (ui.perfetto.dev)
   stepgap simulate --preset seed-l20 --gpu h100 --num-speculative-tokens 2 --mode zero-bubble \\
       --timeline run.jsonl
-  # a pasted vLLM command line: the options stepgap does not model are named and ignored
-  stepgap simulate --model llama-3.1-8b --gpu h100 --async-scheduling \\
-      --speculative-config '{"method": "eagle3", "num_speculative_tokens": 3}' \\
-      --no-enable-prefix-caching --trace sharegpt --num-prompts 2000 --request-rate 8 \\
+  # a pasted vLLM command line: models by Hugging Face id (nothing is downloaded), vLLM's
+  # random dataset; the options stepgap does not model are named and ignored
+  stepgap simulate meta-llama/Llama-3.1-8B-Instruct --gpu h100 --async-scheduling \\
+      --speculative-config '{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+      "num_speculative_tokens": 3}' --no-enable-prefix-caching --dataset-name random \\
+      --random-input-len 1024 --random-output-len 128 --num-prompts 2000 --request-rate 8 \\
       --max-concurrency 64 --save-result --result-dir out
-  # Llama-3.3-70B + EAGLE-3 on 4 H100s (vLLM's multiprocess executor, NVLink all-reduces)
-  stepgap simulate --model llama-3.3-70b -tp 4 --gpu h100 --async-scheduling \\
-      --speculative-config '{"method": "eagle3", "num_speculative_tokens": 3}' \\
-      --draft llama-3.3-70b-eagle3 --max-concurrency 16
+  # a local ShareGPT file, its lengths from the model's tokenizer (else estimated, and said)
+  stepgap simulate --model DIR --dataset-name sharegpt --dataset-path ShareGPT_V3.json
+  # Llama-3.3-70B + EAGLE-3 on 4 H100s (vLLM's multiprocess executor, NVLink all-reduces),
+  # fp8 weights and KV cache
+  stepgap simulate --model meta-llama/Llama-3.3-70B-Instruct -tp 4 --gpu h100 \\
+      --async-scheduling --speculative-config '{"method": "eagle3", "num_speculative_tokens": 3,
+      "model": "RedHatAI/Llama-3.3-70B-Instruct-speculator.eagle3"}' --quantization fp8 \\
+      --kv-cache-dtype fp8 --max-concurrency 16
   # a MoE target with a small draft model, and with skewed expert routing
   stepgap simulate --model qwen3-30b-a3b --mode async --speculative-config \\
       '{"method": "draft_model", "model": "qwen3-0.6b", "num_speculative_tokens": 3}' \\
@@ -54,6 +61,12 @@ examples:
   # DeepSeek-V3 drafting with its own MTP layer on 8 H200s; n-gram proposals (vLLM: sync)
   stepgap simulate --model deepseek-v3 -tp 8 --gpu h200 --spec-method mtp -k 1 --mode async
   stepgap simulate --spec-method ngram -k 3 --mode async     # says it runs in sync, and why
+  # a real vLLM run on two RTX PRO 6000s, replayed from its own files, priced from the GPU's
+  # measured kernels and collectives (RUNS=traces/peers/llmservingsim; docs/sim.md)
+  stepgap simulate --model Qwen/Qwen3-32B \\
+      --gpu RUNS/at-e08dc38/profiler/perf/RTXPRO6000/hardware.yaml \\
+      --device-profile RUNS/profiler/perf/RTXPRO6000/Qwen/Qwen3-32B/bf16 \\
+      --trace RUNS/bench/examples/RTXPRO6000/Qwen3-32B/vllm/requests.jsonl
   # a CPU-only engine: the worker in its own process, device ops on the worker's thread
   stepgap simulate --device cpu --model llama-3.2-1b --executor process --mode async \\
       --trace my_trace.jsonl --result-json out/sim.json

@@ -13,7 +13,7 @@ from stepgap.common.limits import MAX_MS, MAX_SCALE, MAX_SKEW, MAX_SPREAD, MAX_U
 from stepgap.common.options import (add_engine_args, add_model_args, add_scheduler_args,
                                     at_most, executor_from_args, mode_from_args, nonneg_float,
                                     rates_arg, speculative_from_args, workload_spec)
-from stepgap.sim.config import TOPOLOGIES, SimConfig
+from stepgap.sim.config import KV_CACHE_DTYPES, QUANTIZATIONS, TOPOLOGIES, SimConfig
 from stepgap.sim.cpu_costs import CPU_COSTS, CPU_OPS, CpuCosts
 from stepgap.sim.hardware import CATALOG
 from stepgap.sim.presets import PRESETS
@@ -51,8 +51,13 @@ def add_setup_args(p) -> None:
                                       "cpu: device ops run on the worker's thread. Default: from "
                                       "--gpu (cpu for --gpu cpu, else cuda)")
     g = p.add_argument_group("hardware and measured costs")
-    g.add_argument("--gpu", help=f"device from the catalog: {', '.join(CATALOG)} (default "
-                                 f"{D.gpu}; cpu with --device cpu)")
+    g.add_argument("--gpu", metavar="NAME|FILE.yaml",
+                   help=f"device from the catalog: {', '.join(CATALOG)} (default {D.gpu}; cpu "
+                        "with --device cpu); or a YAML file for your own: stepgap's fields "
+                        "(base, bf16_tflops, fp8_tflops, memory_gb, memory_bw_gbps, flop_eff, "
+                        "bw_eff, kernel_us, d2h_us, interconnect) or LLMServingSim's "
+                        "hardware.yaml as it is, whose measured collectives then price tensor "
+                        "parallelism (docs/sim.md, 'The catalog')")
     g.add_argument("--profile", metavar="PROFILE.json",
                    help="a measured profile (`stepgap profile`, `stepgap calibrate`, or a "
                         "measured folder's profile.json): its device op fits replace the "
@@ -67,6 +72,16 @@ def add_setup_args(p) -> None:
                         "head or draft model of the same shapes; the roofline prices the rest, "
                         "and the result's config says which op came from where (docs/sim.md, "
                         "'Measured operator tables')")
+    g.add_argument("--quantization", "-q", choices=QUANTIZATIONS,
+                   help="vLLM's online quantization of the target: fp8 makes its linear layers "
+                        "1 byte a weight (weights' memory, the bytes a step reads) and runs "
+                        "their GEMMs at the --gpu's fp8 peak; the embedding, lm_head and the "
+                        "drafter stay bf16. Default: the checkpoint's own (quantization_config)")
+    g.add_argument("--kv-cache-dtype", choices=tuple(KV_CACHE_DTYPES),
+                   help="the KV cache's element: an fp8 one holds twice the tokens in the same "
+                        "memory and halves attention's reads (default auto: the model's bf16). "
+                        "With --device-profile, the bundle's variant of that dtype is used "
+                        "(e.g. bf16-kvfp8 beside bf16), or the run is refused")
     g.add_argument("--speed", type=at_most(nonneg_float, MAX_SCALE), metavar="X",
                    help="the machine's level for this run: device ops and CPU costs take X "
                         "times as long (default 1, the profile's mean)")
@@ -82,7 +97,8 @@ def add_setup_args(p) -> None:
     g.add_argument("--all-reduce-latency-us", type=at_most(nonneg_float, MAX_US), metavar="US",
                    help="tensor parallelism: one small all-reduce's time, which dominates the "
                         "collectives at decode (default: the --gpu interconnect's; 6 on "
-                        "NVLink, 20 on PCIe; docs/sim.md)")
+                        "NVLink, 20 on PCIe; docs/sim.md). Not with measured collectives (a "
+                        "hardware.yaml), which it would contradict")
     g.add_argument("--no-jitter", dest="jitter", action="store_false", default=None,
                    help="ignore the profile's measured speed noise (by default device ops "
                         "vary from step to step as measured; seeded by --seed)")
@@ -131,7 +147,8 @@ FIELDS = ("mode", "gpu", "model", "method", "moe_routing_skew", "all_reduce_late
           "enable_prefix_caching", "scheduler_reserve_full_isl", "timeseries_interval_s",
           "acceptance", "acceptance_rates", "acceptance_spread", "replay", "max_num_seqs",
           "max_num_batched_tokens", "max_model_len", "block_size", "num_gpu_blocks_override",
-          "gpu_memory_utilization", "tensor_parallel_size", "cpu_scale", "launch_latency_us",
+          "gpu_memory_utilization", "quantization", "kv_cache_dtype", "tensor_parallel_size",
+          "cpu_scale", "launch_latency_us",
           "wake_us", "ipc_us", "output_latency_ms", "num_prompts", "output_len",
           "shared_fraction", "request_rate", "max_concurrency", "detailed",
           "metric_percentiles", "percentile_metrics")
@@ -144,7 +161,7 @@ def config_from_args(args) -> SimConfig:
     from stepgap.sim.presets import get_preset
 
     settings = dict(get_preset(args.preset).settings) if args.preset else {}
-    settings.update(run_settings(args))
+    settings.update(run_settings(args, args.model or settings.get("model") or D.model))
     args.mode = mode_from_args(args)
     args.executor = executor_from_args(args)
     method, draft, k = speculative_from_args(args)
@@ -179,9 +196,12 @@ def config_from_args(args) -> SimConfig:
     return SimConfig(**settings)
 
 
-def run_settings(args) -> dict:
+def run_settings(args, model: str) -> dict:
     """A peer's vLLM run given as --trace (its requests.jsonl): the settings its meta.json
-    records, as the options they map to; the command line still wins (common/peer_run.py)."""
+    records, as the options they map to, read as the judge reads them (common/peer_run.py
+    `peer_settings`: what it leaves null takes vLLM's default for `model`); the command line
+    still wins."""
+    from stepgap.common.model_presets import load_model_config
     from stepgap.common.options import note
     from stepgap.common.peer_run import find_dataset, is_peer_requests, peer_settings
     if args.trace is None or not is_peer_requests(args.trace):
@@ -191,7 +211,7 @@ def run_settings(args) -> dict:
         note(args, f"--trace {args.trace}: no meta.json beside it; the run's settings are not "
                    "known, so stepgap's defaults are used")
         return {}
-    settings, notes = peer_settings(meta)
+    settings, notes = peer_settings(meta, load_model_config(model).max_position_embeddings)
     dataset = find_dataset(args.trace)
     notes.append(f"prompt token ids from {dataset} (the dataset the run replayed): prefix "
                  "caching finds the prompts' shared blocks" if dataset else

@@ -255,6 +255,18 @@ def test_a_bench_file_that_disagrees_with_the_command_line_is_refused(tmp_path, 
     assert not (tmp_path / "p.json").exists()
 
 
+def test_a_bench_files_model_id_and_the_command_lines_model_resolve_alike():
+    from stepgap.calibrate.bench_fit import model_name
+    # an id and the preset it stands for are one model (common/model_presets.py MODEL_IDS)
+    assert model_name("meta-llama/Llama-3.1-8B-Instruct") == model_name("llama-3.1-8b")
+    assert model_name("Qwen/Qwen3-32B") == model_name("qwen3-32b")
+    assert model_name("openai/gpt-oss-20b") == model_name("gpt-oss-20b")
+    # an id stepgap does not know: by its name (a local folder of the same model, say)
+    assert model_name("meta-llama/Meta-Llama-3.1-8B-Instruct") == model_name("llama-3.1-8b")
+    assert model_name("Qwen/Qwen3-8B") != model_name("qwen3-32b")
+    assert model_name("meta-llama/Llama-3.2-1B-Instruct") != model_name("llama-3.1-8b")
+
+
 # -- a profile knows where it was measured ------------------------------------------------------
 
 
