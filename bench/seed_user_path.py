@@ -5,7 +5,9 @@ saves; and that band without the calibration, from stepgap's own ranges (sim/ban
 
 Targets (issue 34): calibrated on the sync row, the async mean TPOT within 2 %, the ITL saving
 within 25 % of the measured 0.97 ms and its band narrower than +-30 % of the saving;
-uncalibrated, the band of the saving contains 0.97 ms.
+uncalibrated, the band of the saving contains 0.97 ms. It also shows what else the sync row
+could tell (its P99 ITL, its TPOT against its ITL) at the two ends of what one cell leaves open,
+and the CPU range the bands rest on (sim/bands.py; bench/cpu_evidence.py has its evidence).
 
 Usage: python bench/seed_user_path.py [--out DIR]
 """
@@ -22,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from stepgap.common.vllm_bench import read_bench  # noqa: E402
-from stepgap.sim.bands import difference_band  # noqa: E402
+from stepgap.sim.bands import (CPU_HIGH, CPU_HIGH_SOURCE, CPU_LOW, CPU_LOW_SOURCE,  # noqa: E402
+                                difference_band, split_input)
 from stepgap.sim.config import SimConfig  # noqa: E402
 from stepgap.sim.loop import simulate  # noqa: E402
 from stepgap.sim.presets import get_preset  # noqa: E402
@@ -44,6 +47,23 @@ def band_text(b, measured: float) -> str:
             f"the measured {measured:.2f} ms {'inside' if inside else 'OUTSIDE'})")
 
 
+def split_ends(base: dict, profile: Path, sync: dict) -> None:
+    """The sync row at the two ends of what the calibration left open (the most and the least
+    host CPU that reproduce its mean ITL): whether its other numbers tell the ends apart."""
+    from stepgap.sim.profile import load_profile
+    split = load_profile(profile).notes["bands"]["split"]
+    print("\n4. the sync row at the ends of the split (does anything besides its mean ITL tell "
+          "host from device?):")
+    keys = ("mean_itl_ms", "p99_itl_ms", "mean_tpot_ms", "p99_tpot_ms")
+    print("   " + " " * 34 + "".join(f"{k:>14}" for k in keys))
+    print(f"   {'measured':<34}" + "".join(f"{sync[k]:>14.2f}" for k in keys))
+    inp = split_input(split)
+    for end in ("low", "high"):
+        r = simulate(SimConfig(**{**inp.settings(base, end), "mode": "sync"}))[0]
+        what = f"{end}: CPU x {split[end]['cpu']:.3f}, device x {split[end]['device']:.3f}"
+        print(f"   {what:<34}" + "".join(f"{r[k]:>14.2f}" for k in keys))
+
+
 def main() -> int:
     from stepgap.cli import main as stepgap
     from stepgap.sim.config import profile_defaults
@@ -54,6 +74,8 @@ def main() -> int:
     sync, async_ = read_bench(SYNC), read_bench(ASYNC)
     saving = sync["mean_itl_ms"] - async_["mean_itl_ms"]
 
+    print(f"the host CPU range of the bands: x {CPU_LOW:g} ({CPU_LOW_SOURCE}) to x {CPU_HIGH:g} "
+          f"({CPU_HIGH_SOURCE})\n")
     print("1. uncalibrated: the seed's setup (docs/design.md §6), the L20's roofline, stepgap's "
           "ranges")
     seed = {**get_preset("seed-l20").settings}
@@ -81,6 +103,7 @@ def main() -> int:
             for key in ("mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms")))
     b, _ = difference_band({**base, "mode": "sync"}, {**base, "mode": "async"})
     print(f"   async saves {band_text(b, saving)}")
+    split_ends(base, profile, sync)
     tpot_err = res["async"]["mean_tpot_ms"] / async_["mean_tpot_ms"] - 1
     sav_err = b.value / saving - 1
     print("\ntargets:")

@@ -23,17 +23,20 @@ from dataclasses import dataclass, field
 from stepgap.common.acceptance import PUBLISHED, AcceptanceProfile
 
 # The host's CPU costs, as a factor on stepgap's defaults (sim/cpu_costs.py), from the hosts
-# there is evidence for (docs/sim.md, "Bands").
+# there is evidence for: the lowest and the highest whose CPU side was measured on its own (a gap
+# in a trace, what async hides, a fit that separates the forwards), not by subtracting stepgap's
+# roofline, which would mix this input with the `device` one (bench/cpu_evidence.py; docs/sim.md,
+# "Bands", has every host found and why each is or is not an end).
 CPU_LOW = 1.0
-CPU_LOW_SOURCE = ("stepgap's defaults: each op's Python work at small batch on one fast server "
-                  "core (docs/sim.md, 'CPU cost model'); no host measured faster")
+CPU_LOW_SOURCE = ("vLLM #10634: V1 on a GPU, Llama-2-7B, 5-6 ms between two decode steps at 256 "
+                  "requests, 1.0-1.2 x the defaults' 5.0 ms there (bench/cpu_evidence.py)")
 CPU_SEED = 2.42
 CPU_SEED_SOURCE = ("the seed's L20 host: fitted on vLLM #25872's sync mean ITL "
                    "(bench/seed_calibration.py)")
 CPU_HIGH = 3.1
 CPU_HIGH_SOURCE = ("SpecDecode-Bench's H100 fit of vLLM with Llama-3.1-8B: 1.21 ms per step "
                    "besides the forwards (arXiv:2601.11580), 3.1 x the defaults' 0.39 ms "
-                   "(docs/sim.md)")
+                   "(bench/cpu_evidence.py)")
 # The roofline's device times against real GPUs where no table prices an op: with the L20's
 # efficiencies, +9.2 % mean TPOT on the RTX 4090, -11.8 % on the RTX PRO 6000 (docs/sim.md,
 # "Measured operator tables"): the true device time is the roofline's x 1/1.092 .. 1/0.882.
