@@ -272,7 +272,9 @@ def add_scheduler_args(p, defaults=None, blocks_help: str = ""):
     return g
 
 
-def add_load_args(p, default_workload: str = "mtbench"):
+def add_load_args(p, default_workload: str = "mtbench", many: bool = False):
+    """The workload and the load; `many`: --request-rate and --max-concurrency take lists of
+    load points (stepgap advise), as VALUES or V1,V2,... (`load_list` reads them)."""
     from stepgap.common.datasets import MODELLED
     from stepgap.common.workloads import BUILTIN
     g = p.add_argument_group("workload and load (as `vllm bench serve`)")
@@ -300,15 +302,25 @@ def add_load_args(p, default_workload: str = "mtbench"):
                         "1000 for vLLM's datasets as vLLM)")
     g.add_argument("--output-len", type=positive_int, default=None,
                    help="override every request's output length (tokens; ignore_eos)")
-    g.add_argument("--request-rate", type=rate_arg, default=None, metavar="RPS",
-                   help="requests per second, or inf to send all at once; default: the trace's "
-                        "own arrival times (built-in workloads: inf)")
+    if many:
+        g.add_argument("--request-rate", nargs="+", action="extend", default=None,
+                       metavar="RPS", help="the request rates to judge (requests per second, or "
+                       "inf), e.g. 2 4 8 or 2,4,8; with --max-concurrency, every pair")
+    else:
+        g.add_argument("--request-rate", type=rate_arg, default=None, metavar="RPS",
+                       help="requests per second, or inf to send all at once; default: the "
+                            "trace's own arrival times (built-in workloads: inf)")
     g.add_argument("--burstiness", type=at_least(rate_arg, MIN_BURSTINESS), default=None,
                    help="gamma shape of inter-arrival times: 1 is Poisson, <1 burstier, "
                         f">1 more uniform; at least {MIN_BURSTINESS:g} (default 1)")
-    g.add_argument("--max-concurrency", type=positive_int, default=None,
-                   help="most requests in flight at once, as the benchmark client's semaphore "
-                        "(default: unlimited)")
+    if many:
+        g.add_argument("--max-concurrency", nargs="+", action="extend", default=None,
+                       metavar="N", help="the concurrencies to judge, e.g. 1 2 4 8 16 32 or "
+                       "1,2,4,8,16,32 (the benchmark client's semaphore)")
+    else:
+        g.add_argument("--max-concurrency", type=positive_int, default=None,
+                       help="most requests in flight at once, as the benchmark client's "
+                            "semaphore (default: unlimited)")
     g.add_argument("--seed", type=nonneg_int, default=None, help="seed for workloads, arrivals "
                    "and sampling (default 0, as vLLM: the same seed draws vLLM's random lengths)")
     g.add_argument("--ignore-eos", action="store_true",
@@ -328,6 +340,23 @@ def add_load_args(p, default_workload: str = "mtbench"):
                         "this fraction (0 to 1) of each prompt, keeping the prompt's length "
                         "(its prefix and suffix lengths' sum); a sweep axis as shared_fraction")
     return g
+
+
+def load_list(option: str, words: list[str] | None, parse) -> list | None:
+    """A list of load points from the words given to `option` (each VALUE or V1,V2,...),
+    parsed by `parse` (rate_arg, positive_int); None when the option was not given."""
+    if words is None:
+        return None
+    values = []
+    for word in words:
+        for text in filter(None, (t.strip() for t in word.split(","))):
+            try:
+                values.append(parse(text))
+            except argparse.ArgumentTypeError as e:
+                raise UserError(f"{option} {text!r}: {e}") from None
+    if not values:
+        raise UserError(f"{option}: the load list is empty; give at least one value")
+    return list(dict.fromkeys(values))
 
 
 def ratio_arg(text: str) -> float:

@@ -14,7 +14,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from stepgap.common.acceptance import AcceptanceProfile, default_profile, get_profile
-from stepgap.sim.costs import DeviceCosts
+from stepgap.sim.costs import DeviceCosts, LevelCosts
 from stepgap.sim.cpu_costs import CPU_COSTS, CpuCosts, OpCost
 from stepgap.sim.roofline import RooflineCosts
 from stepgap.sim.profile import Noise, Profile, load_profile
@@ -373,6 +373,9 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
                      f"host, so vLLM runs it with sync scheduling (async takes EAGLE, MTP, "
                      f"draft models and ngram_gpu): --mode {cfg.mode} is simulated as sync")
     measured = profile or (load_profile(cfg.profile) if cfg.profile else None)
+    device = cfg.device or ("cuda" if hw.kind == "gpu" else "cpu")
+    if measured is not None:
+        notes += elsewhere_notes(cfg, measured, hw.name, device)
     costs = device_costs_of(cfg, target, draft, hw, measured)   # (its checks, whatever is used)
     notes += table_notes(cfg, costs, hw, measured)
     if device_costs is not None:
@@ -381,8 +384,7 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
     if engine not in TOPOLOGIES:
         raise UserError(f"{measured.path or 'the profile'}: topology.engine {engine!r} "
                         f"(expected one of {', '.join(TOPOLOGIES)})")
-    topo = Topology.of(engine, cfg.executor, cfg.device or ("cuda" if hw.kind == "gpu"
-                                                            else "cpu"), tp)
+    topo = Topology.of(engine, cfg.executor, device, tp)
     from stepgap.common.workloads import workload_notes
     notes += workload_notes(cfg.workload, cfg.model)
     prof, note = acceptance_profile(cfg, target)
@@ -402,6 +404,48 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
         # queued): the share of the sync-fitted turnaround it waits (docs/vllm.md)
         rpc_share=0.5 if engine == "vllm" and async_ else 1.0,
         noise=measured.jitter if cfg.jitter and measured is not None else None)
+
+
+def profile_defaults(settings: dict, given) -> tuple[dict, list[str]]:
+    """`settings` with what their profile was measured on (`Profile.measured_on`: its gpu,
+    device, executor and measured acceptance) filled in where `given` (the fields a command
+    line, preset or grid set) names none of them, and a note for a measured acceptance that
+    the given settings replace. A profile runs where it was measured unless told otherwise;
+    told otherwise, `resolve` says so in the result."""
+    if not settings.get("profile"):
+        return settings, []
+    measured = load_profile(settings["profile"])
+    where, out, notes = measured.measured_on(), dict(settings), []
+    if not {"gpu", "device"} & set(given):   # a gpu or device given picks the other itself
+        out.update({name: where[name] for name in ("gpu", "device") if name in where})
+    if "executor" in where and "executor" not in given:
+        out["executor"] = where["executor"]
+    if "acceptance_rates" in where:
+        chosen = [n for n in ("acceptance", "acceptance_rates", "acceptance_spread") if n in given]
+        if chosen:
+            rates = ", ".join(f"{r:.3g}" for r in where["acceptance_rates"])
+            notes.append(f"--profile {settings['profile']} measured its acceptance (rates "
+                         f"{rates}); this run takes {flag(chosen[0])} instead, as asked")
+        else:
+            out["acceptance_rates"] = where["acceptance_rates"]
+            out["acceptance_spread"] = where["acceptance_spread"]
+            out.pop("acceptance", None)
+    return out, notes
+
+
+def elsewhere_notes(cfg: SimConfig, measured: Profile, gpu: str, device: str) -> list[str]:
+    """A profile run on another device than the one it was measured on: an explicit choice
+    (the command line takes the profile's device unless told otherwise), said in the result."""
+    where = measured.measured_on()
+    name = cfg.profile or measured.path or "the profile"
+    was = where.get("gpu") if where.get("gpu") not in (None, gpu) else None
+    if was is None and where.get("device") in (None, device):
+        return []
+    what = ["its CPU costs"] + (["its device fits"] if measured.fits else []) + \
+        (["its device level"] if measured.roofline_level is not None else [])
+    return [f"--profile {name} was measured on {was or where['device']} (device "
+            f"{where.get('device', '?')}); this run simulates --gpu {gpu} --device {device}: "
+            f"{' and '.join(what)} on another device, as asked"]
 
 
 def collectives(cfg: SimConfig, hw: Hardware, notes: list[str]) -> Hardware:
@@ -477,15 +521,20 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
         routing_skew=cfg.moe_routing_skew, max_model_len=cfg.max_model_len,
         kv_bytes=KV_CACHE_DTYPES[cfg.kv_cache_dtype])
     if measured is not None:
-        if cfg.tensor_parallel_size > 1 or (cfg.k and cfg.method != "eagle3"):
+        if measured.fits and (cfg.tensor_parallel_size > 1 or (cfg.k and cfg.method != "eagle3")):
             raise UserError(f"--profile {cfg.profile or measured.path}: a measured profile "
                             "times one device running EAGLE-3 drafts; --tensor-parallel-size "
                             "> 1 and other methods use the roofline (drop --profile)")
-        if cfg.quantization or cfg.kv_cache_dtype not in ("auto", target.torch_dtype):
+        if measured.fits and (cfg.quantization or
+                              cfg.kv_cache_dtype not in ("auto", target.torch_dtype)):
             raise UserError(f"--profile {cfg.profile or measured.path}: a measured profile "
                             "times the weights and KV cache it was measured with; "
                             "--quantization and --kv-cache-dtype use the roofline (drop "
                             "--profile)")
+        if measured.roofline_level is not None:   # the device it was measured on, its level
+            on = measured.measured_on().get("gpu", "the device measured")
+            costs = LevelCosts(costs, measured.roofline_level, "the level `stepgap calibrate` "
+                               f"fitted on {on}'s runs", measured.path)
         costs = ProfileCosts(measured, cfg.k, costs, cfg.block_size)
     if cfg.device_profile is not None:   # a GPU's measured operator tables (sim/tables.py)
         device = cfg.device or ("cuda" if hw.kind == "gpu" else "cpu")

@@ -122,6 +122,11 @@ def register(sub) -> None:
     g.add_argument("--dry-run", action="store_true",
                    help="check the grid, say how many cells it has and how many are done, "
                         "run nothing")
+    g.add_argument("--band", action="store_true",
+                   help="also run every cell with each uncertain input at the ends of its range "
+                        "(sim/bands.py): the table gets the band of mean TPOT and mean ITL "
+                        "(*_low, *_high) and the inputs that dominate each (band_dominant); "
+                        "about 5 times the simulations")
     g = p.add_argument_group("output")
     g.add_argument("--plot", action="store_true",
                    help="then draw the sweep's figures into DIR/plots (as `stepgap plot sweep`)")
@@ -223,7 +228,7 @@ def run_sweep_cmd(args) -> int:
             print(f"  first cell: {format_cell(cells[0].values)}")
         return 0
     run = run_sweep(grid, args.out, jobs=args.jobs, cluster=args.cluster, fresh=args.fresh,
-                    progress=not args.quiet)
+                    progress=not args.quiet, band=args.band)
     if not args.quiet:
         for line in run.notes:
             print(f"note: {line}")

@@ -28,7 +28,7 @@ from pathlib import Path
 from stepgap.common.errors import UserError
 from stepgap.common.fileio import check_file, read_json, read_toml
 from stepgap.common.options import WORKLOAD_FLAGS
-from stepgap.sim.config import ALIASES, SimConfig, resolve
+from stepgap.sim.config import ALIASES, SimConfig, profile_defaults, resolve
 from stepgap.sim.sweep_keys import cell_key
 
 # vLLM's spellings a grid takes besides SimConfig's fields (vllm_settings makes them into the
@@ -280,8 +280,9 @@ class Grid:
         cells, workloads = [], {}
         for combo in itertools.product(*self.axes.values()):
             values = dict(zip(self.axes, combo))
-            try:
+            try:   # a profile runs where it was measured unless the grid says otherwise
                 settings = vllm_settings({**self.base, **values}, explicit)
+                settings, _ = profile_defaults(settings, set(settings))
                 cfg = SimConfig(**settings)
                 r = resolve(cfg)
                 wkey = (cfg.workload, cfg.num_prompts, cfg.output_len, cfg.seed,

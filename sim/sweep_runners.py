@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 from stepgap.common.errors import UserError
 from stepgap.sim.config import SimConfig
-from stepgap.sim.sweep_table import RESULT_METRICS
+from stepgap.sim.sweep_table import BANDED, RESULT_METRICS
 
 # A cluster that is none, or that loses its workers, ends a sweep in bounded time, one line
 # (run_cluster); the cells done by then stay stored (sim/sweep_store.py).
@@ -30,6 +30,19 @@ def run_cell(settings: dict) -> dict:
 
     res, _ = simulate(SimConfig(**settings))
     return metrics_of(res)
+
+
+def run_band_cell(settings: dict) -> dict:
+    """Simulate one cell and its bands (sim/bands.py): its metrics, with the low and high end
+    of each BANDED metric and the inputs that dominate its band."""
+    from stepgap.sim.bands import run_bands
+    res, _, bands, _ = run_bands(settings, metrics=BANDED)
+    row = metrics_of(res)
+    for m, b in bands.items():
+        row[f"{m}_low"], row[f"{m}_high"] = b.low, b.high
+    row["band_dominant"] = "; ".join(f"{m}: {', '.join(b.dominant) or '-'}"
+                                     for m, b in bands.items())
+    return row
 
 
 def metrics_of(res: dict) -> dict:
@@ -118,18 +131,19 @@ def stop_pool(ex: ProcessPoolExecutor) -> None:
     ex.shutdown(wait=True, cancel_futures=True)
 
 
-def run_local(settings: list[dict], jobs: int) -> Iterator[tuple[int, dict]]:
-    """(index, metrics) as cells finish, over `jobs` processes (1: in this process)."""
+def run_local(settings: list[dict], jobs: int, fn: Callable = run_cell
+              ) -> Iterator[tuple[int, dict]]:
+    """(index, fn(settings)) as cells finish, over `jobs` processes (1: in this process)."""
     if jobs <= 1 or len(settings) <= 1:
         for i, s in enumerate(settings):
-            yield i, run_cell(s)
+            yield i, fn(s)
         return
     ctx = multiprocessing.get_context()
     ex = ProcessPoolExecutor(max_workers=min(jobs, len(settings)), mp_context=ctx,
                              initializer=_pool_worker_signals,
                              initargs=(os.getpid(), ctx.get_start_method() == "fork"))
     try:
-        futures = {ex.submit(run_cell, s): i for i, s in enumerate(settings)}
+        futures = {ex.submit(fn, s): i for i, s in enumerate(settings)}
         for f in as_completed(futures):
             yield futures[f], f.result()
     except BaseException:   # interrupted, or the consumer stopped (GeneratorExit)
@@ -183,13 +197,14 @@ def _dask_workers(client) -> int:
     return len(client.nthreads(callback_timeout=CONNECT_S))
 
 
-def _dask_run(client, settings: list[dict]) -> Iterator[tuple[int, dict]]:
+def _dask_run(client, settings: list[dict], fn: Callable = run_cell
+              ) -> Iterator[tuple[int, dict]]:
     """(index, metrics) as cells finish. With no worker for WORKERS_S (none joined, or the last
     one died) the sweep ends: a Dask scheduler would hold its tasks for a worker forever."""
     import time
 
     from distributed import as_completed as dask_completed
-    futures = client.map(run_cell, settings, pure=False)
+    futures = client.map(fn, settings, pure=False)
     index = {f.key: i for i, f in enumerate(futures)}
     with client.as_current():   # as_completed finds its client there
         pending = dask_completed(futures)
@@ -215,9 +230,9 @@ def _ray_connect(address: str):
                     log_to_driver=False, logging_level="warning")
 
 
-def _ray_run(_, settings: list[dict]) -> Iterator[tuple[int, dict]]:
+def _ray_run(_, settings: list[dict], fn: Callable = run_cell) -> Iterator[tuple[int, dict]]:
     import ray
-    cell = ray.remote(num_cpus=1)(run_cell)   # one CPU each: a cell is pure Python
+    cell = ray.remote(num_cpus=1)(fn)   # one CPU each: a cell is pure Python
     refs = [cell.remote(s) for s in settings]
     index = {ref: i for i, ref in enumerate(refs)}
     pending = refs
@@ -235,8 +250,9 @@ def cluster_engine(address: str) -> ClusterEngine:
     return RAY if address == "ray" or address.startswith("ray://") else DASK
 
 
-def run_cluster(settings: list[dict], address: str) -> Iterator[tuple[int, dict]]:
-    """(index, metrics) as cells finish on the cluster at `address` (`cluster_engine`)."""
+def run_cluster(settings: list[dict], address: str, fn: Callable = run_cell
+                ) -> Iterator[tuple[int, dict]]:
+    """(index, fn(settings)) as cells finish on the cluster at `address` (`cluster_engine`)."""
     engine = cluster_engine(address)
     try:
         importlib.import_module(engine.module)
@@ -249,7 +265,7 @@ def run_cluster(settings: list[dict], address: str) -> Iterator[tuple[int, dict]
         raise UserError(f"--cluster {address}: cannot connect ({e})") from None
     with session:
         try:
-            yield from engine.run(session, settings)
+            yield from engine.run(session, settings, fn)
         except UserError:   # a cell's own bad input, raised where it ran
             raise
         except (Exception, asyncio.CancelledError) as e:   # Dask's FutureCancelledError is

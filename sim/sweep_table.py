@@ -27,9 +27,13 @@ COLUMNS = RESULT_METRICS + (
     "prefix_cache_hit_rate",   # prompt tokens the prefix cache found, of those looked up
     "simulated_mode",   # the mode the cell ran in (an n-gram cell asked for async runs sync)
 )
+# With --band: each BANDED metric's band (sim/bands.py) and the inputs dominating each band.
+BANDED = ("mean_tpot_ms", "mean_itl_ms")
+BAND_COLUMNS = tuple(f"{m}_{end}" for m in BANDED for end in ("low", "high")) + \
+    ("band_dominant",)
 # The x axis of a sweep's figures (sim/plots.py): the load, or the shared fraction of the prompt
 X_AXES = ("max_concurrency", "request_rate", "shared_fraction")
-TEXT_COLUMNS = ("simulated_mode",)   # the columns that are not numbers (not plotted)
+TEXT_COLUMNS = ("simulated_mode", "band_dominant")   # not numbers (not plotted)
 
 
 def is_column_value(key: str, v) -> bool:
@@ -38,6 +42,8 @@ def is_column_value(key: str, v) -> bool:
     mode name in TEXT_COLUMNS, or None where a metric has no value."""
     if v is None:
         return True
+    if key == "band_dominant":
+        return isinstance(v, str)
     if key in TEXT_COLUMNS:
         return v in MODES
     return is_number(v) and not (math.isfinite(v) and v < 0)
@@ -55,7 +61,8 @@ class SweepTable:
 
     @property
     def columns(self) -> list[str]:
-        return [*self.axes, *COLUMNS, "cell"]
+        band = any("band_dominant" in r for r in self.rows)
+        return [*self.axes, *COLUMNS, *(BAND_COLUMNS if band else ()), "cell"]
 
     def csv_text(self) -> str:
         buf = io.StringIO()
@@ -116,10 +123,12 @@ def load_sweep(path) -> SweepTable:
         raise UserError(f"{where(path, field='rows')}: {what} (expected a list of rows)")
     for n, r in enumerate(rows):
         for key, v in r.items():
-            if key in COLUMNS and key not in TEXT_COLUMNS and v in NONFINITE:
+            known = key in COLUMNS or key in BAND_COLUMNS
+            if known and key not in TEXT_COLUMNS and v in NONFINITE:
                 r[key] = float(v)   # as save_result wrote it
-            elif key in COLUMNS and not is_column_value(key, v):
-                expected = "a mode" if key in TEXT_COLUMNS else "a number >= 0 (or none)"
+            elif known and not is_column_value(key, v):
+                expected = "a string" if key == "band_dominant" else \
+                    "a mode" if key in TEXT_COLUMNS else "a number >= 0 (or none)"
                 raise UserError(f"{where(path, field=f'rows[{n}].{key}')}: expected {expected}, "
                                 f"got {v!r}")
     if not isinstance(doc.get("base", {}), dict):
