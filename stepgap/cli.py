@@ -3,7 +3,8 @@
 Each module listed in COMMAND_MODULES (one per package: its cli.py) defines
 `register(subparsers)`, which adds the package's subcommands and sets `func` on them.
 Registration must stay cheap: modules import torch and other heavy packages inside their
-handlers, so that `stepgap --help` and `stepgap simulate` start fast.
+handlers, so that `stepgap --help` and `stepgap simulate` start fast (tests/test_startup.py
+checks that --help, simulate, sweep, plot and compare never import torch).
 """
 
 from __future__ import annotations
