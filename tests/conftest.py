@@ -3,7 +3,8 @@ imported as `from tests.helpers import ...`; fixtures shared by several files li
 
 `make test` runs the suite on every core (pytest-xdist, `--dist loadgroup`). A costly fixture
 is built once per worker that uses it, so every test that uses one of ONE_WORKER's fixtures is
-sent to that fixture's worker (an `xdist_group` named for it): each is built once per run.
+sent to that fixture's worker (an `xdist_group` named for it, and for its parameter where it has
+one: each folder's tests of test_fidelity.py go together): each is built once per run.
 docs/design.md, "Tests", says how the suite is organised."""
 
 import json
@@ -15,7 +16,8 @@ import pytest
 from tests.helpers import CHAT_TEMPLATE, PAIR, SERVED_K, Server, tiny_checkpoints
 
 # The fixtures whose users run on one worker (any scope wider than a test's).
-ONE_WORKER = ("pair_server", "process_executor", "graph_executor", "nb_kernel")
+ONE_WORKER = ("pair_server", "process_executor", "graph_executor", "nb_kernel", "judged",
+              "peer_judged")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -23,7 +25,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         for name in ONE_WORKER:
             if name in item.fixturenames:
-                item.add_marker(pytest.mark.xdist_group(name))
+                params = getattr(item, "callspec", None)
+                param = params.params.get(name) if params else None
+                group = name if param is None else f"{name}-{getattr(param, 'name', param)}"
+                item.add_marker(pytest.mark.xdist_group(group))
                 break
 
 

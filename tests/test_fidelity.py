@@ -33,6 +33,7 @@ its tables and held to calibrate/peers.py's PEER_BOUNDS (issue 22's targets: mea
 P99 TPOT 3 %, mean TTFT 3 %, P99 TTFT 5 %, mean E2EL 2 %, the running-requests peak 5 %).
 """
 
+import functools
 from dataclasses import replace
 from pathlib import Path
 
@@ -53,10 +54,16 @@ FOLDERS = sorted(p for p in (ROOT / "traces" / "measured").glob("*")
 FOLDER_RULES = {"cpu": "engine", "vllm-cpu": "vllm", "prefix-cpu": "prefix"}
 
 
+@functools.lru_cache(maxsize=None)
+def judge(folder: Path):
+    """The folder's cells re-simulated and judged (judge_folder), once per test process."""
+    return judge_folder(folder)
+
+
 @pytest.fixture(scope="module", params=FOLDERS, ids=lambda p: p.name)
 def judged(request):
     folder = request.param
-    _, verdicts, _ = judge_folder(folder)
+    _, verdicts, _ = judge(folder)
     return folder, verdicts, savings(verdicts)
 
 
@@ -256,6 +263,7 @@ def test_the_simulator_finds_exactly_the_prefix_hits_vllm_counted():
 PREFIX = ROOT / "traces" / "measured" / "prefix-cpu"
 
 
+@pytest.mark.xdist_group("judged-prefix-cpu")   # with `judged`'s prefix-cpu tests: judged once
 def test_the_prefix_folder_judges_the_pairs_shared_prefix_trace():
     """Its judged.jsonl is calibrate/pair.py's shared_prefix_trace, as docs/validation.md says,
     and every run of every cell found the prefix cache (hits > 0), counted as the simulator
@@ -263,7 +271,7 @@ def test_the_prefix_folder_judges_the_pairs_shared_prefix_trace():
     from stepgap.calibrate.pair import shared_prefix_trace
     from stepgap.common.formats import load_trace
     assert load_trace(PREFIX / "judged.jsonl") == shared_prefix_trace()
-    _, verdicts, _ = judge_folder(PREFIX)
+    _, verdicts, _ = judge(PREFIX)
     assert len(verdicts) >= 4
     for v in verdicts:
         assert "mean_ttft_ms" in v.errors and len(v.prefix_cache) == len(v.cell.runs)
