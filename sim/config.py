@@ -19,12 +19,16 @@ from stepgap.sim.cpu_costs import CPU_COSTS, CpuCosts, OpCost
 from stepgap.sim.roofline import RooflineCosts
 from stepgap.sim.profile import Noise, Profile, load_profile
 from stepgap.sim.profile_costs import ProfileCosts
-from stepgap.sim.tables import TableCosts, load_tables
-from stepgap.sim.hardware import Hardware, get_hardware
-from stepgap.common.errors import UserError
+from stepgap.sim.tables import TableCosts, find_bundle, find_variant, load_tables
+from stepgap.sim.hardware import Hardware, MeasuredLink
+from stepgap.sim.hardware_file import (collectives_beside, load_collectives, load_gpu,
+                                       with_link)
+from stepgap.common.errors import UserError, where
+from stepgap.common.fileio import read_yaml
 from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES, OLD_DEVICES
 from stepgap.common.limits import (MAX_K, MAX_MS, MAX_PROMPTS, MAX_SCALE, MAX_SKEW, MAX_SPREAD,
-                                   MAX_US, is_finite, is_int, is_number)
+                                   MAX_US, MIN_BURSTINESS, MIN_SPEED, is_finite, is_int,
+                                   is_number)
 from stepgap.common.drafters import SPEC_METHODS, default_draft_model, load_drafter
 from stepgap.common.model_heads import EagleHeadConfig
 from stepgap.common.model_presets import load_model_config
@@ -99,6 +103,10 @@ class SimConfig:
     block_size: int = 16
     num_gpu_blocks_override: int | None = None   # None: from device memory
     gpu_memory_utilization: float = 0.9
+    quantization: str | None = None              # vLLM's --quantization: fp8 (the target's
+                                                 # linear layers); None: the checkpoint's own
+    kv_cache_dtype: str = "auto"                 # vLLM's --kv-cache-dtype: auto (the model's
+                                                 # dtype) or an fp8 one
     scheduler_reserve_full_isl: bool = True      # vLLM's: admit only what fits whole
     enable_prefix_caching: bool = True           # vLLM's automatic prefix caching
     # CPU
@@ -166,6 +174,12 @@ class SimConfig:
             why = shared_fraction_problem(self.workload, self.shared_fraction)
             if why:
                 raise _bad("shared_fraction", why, self.shared_fraction)
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise _bad("quantization", "is not modelled: stepgap models fp8 (or none: the "
+                       "checkpoint's own quantization_config)", self.quantization)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise _bad("kv_cache_dtype", f"must be one of {', '.join(KV_CACHE_DTYPES)}",
+                       self.kv_cache_dtype)
         if self.topology is not None and self.topology not in TOPOLOGIES:
             raise _bad("topology", f"must be one of {', '.join(TOPOLOGIES)}", self.topology)
         if not (is_finite(self.gpu_memory_utilization) and 0 < self.gpu_memory_utilization <= 1):
@@ -173,8 +187,9 @@ class SimConfig:
                        self.gpu_memory_utilization)
         _numbers(self, ("cpu_scale",), MAX_SCALE)
         _numbers(self, ("moe_routing_skew",), MAX_SKEW)
-        if not (is_finite(self.speed) and 0 < self.speed <= MAX_SCALE):
-            raise _bad("speed", f"must be a number in (0, {MAX_SCALE:g}]", self.speed)
+        if not (is_finite(self.speed) and MIN_SPEED <= self.speed <= MAX_SCALE):
+            raise _bad("speed", f"must be a number from {MIN_SPEED:g} to {MAX_SCALE:g}",
+                       self.speed)
         _numbers(self, ("launch_latency_us", "wake_us", "ipc_us", "all_reduce_latency_us"),
                  MAX_US, optional=True)
         _numbers(self, ("acceptance_spread",), MAX_SPREAD, optional=True)
@@ -187,8 +202,13 @@ class SimConfig:
         if self.request_rate is not None and not (_is_rate(self.request_rate)
                                                   and self.request_rate > 0):
             raise _bad("request_rate", "must be > 0 (or inf)", self.request_rate)
-        if not (_is_rate(self.burstiness) and self.burstiness > 0):
-            raise _bad("burstiness", "must be > 0", self.burstiness)
+        if not (_is_rate(self.burstiness) and self.burstiness >= MIN_BURSTINESS):
+            raise _bad("burstiness", f"must be >= {MIN_BURSTINESS:g} (or inf)", self.burstiness)
+        if self.request_rate is not None and self.num_prompts is not None:
+            from stepgap.common.workloads import last_arrival_problem
+            why = last_arrival_problem(self.num_prompts, self.request_rate)
+            if why:
+                raise _bad("request_rate", why, self.request_rate)
         if self.acceptance_rates is not None:
             self.acceptance_rates = _tuple(self, "acceptance_rates")
         self.metric_percentiles = _tuple(self, "metric_percentiles")
@@ -211,11 +231,25 @@ class SimConfig:
                                 f"to {MAX_US:g} microseconds, got {abc!r}")
 
     def to_dict(self) -> dict:
+        """The config as results and a sweep's cell hashes record it; the fields that came
+        after those results (OPTIONAL_FIELDS) only where set, so that a run without them writes
+        what it wrote before, byte for byte."""
         d = asdict(self)
+        for key, default in OPTIONAL_FIELDS.items():
+            if d[key] == default:
+                del d[key]
         for key in ("acceptance_rates", "metric_percentiles", "percentile_metrics"):
             if d[key] is not None:
                 d[key] = list(d[key])
         return d
+
+
+# Fields written into a result only where they differ from their default (SimConfig.to_dict).
+OPTIONAL_FIELDS = {"quantization": None, "kv_cache_dtype": "auto"}
+# vLLM's --quantization and --kv-cache-dtype values the simulator models, and the element size
+# of a KV cache of each (auto: the model's bf16).
+QUANTIZATIONS = ("fp8",)
+KV_CACHE_DTYPES = {"auto": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
 
 def _is_rate(v) -> bool:
@@ -306,10 +340,15 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
     """Every object the run needs, and every check that can fail, before any work. `profile`:
     a measured profile to use instead of reading `cfg.profile`'s file; `device_costs`: a
     source of device costs to use instead of the config's (ConstantCosts in tests)."""
-    hw = get_hardware(cfg.gpu)
-    target = load_model_config(cfg.model)
-    tp, notes = cfg.tensor_parallel_size, []
+    hw = load_gpu(cfg.gpu)
+    target, notes = quantized(load_model_config(cfg.model), cfg, hw)
+    tp = cfg.tensor_parallel_size
+    hw = collectives(cfg, hw, notes)
     if cfg.all_reduce_latency_us is not None and hw.interconnect is not None:
+        if isinstance(hw.interconnect, MeasuredLink):
+            raise UserError(f"--all-reduce-latency-us: the collectives are measured "
+                            f"({hw.interconnect.name}); it sets the interconnect model's "
+                            "latency, which they replace")
         hw = replace(hw, interconnect=replace(hw.interconnect,
                                               latency_us=cfg.all_reduce_latency_us))
     target.check_tensor_parallel(tp)
@@ -344,6 +383,8 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
                         f"(expected one of {', '.join(TOPOLOGIES)})")
     topo = Topology.of(engine, cfg.executor, cfg.device or ("cuda" if hw.kind == "gpu"
                                                             else "cpu"), tp)
+    from stepgap.common.workloads import workload_notes
+    notes += workload_notes(cfg.workload, cfg.model)
     prof, note = acceptance_profile(cfg, target)
     if note and cfg.k:
         notes.append(note)
@@ -363,6 +404,68 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
         noise=measured.jitter if cfg.jitter and measured is not None else None)
 
 
+def collectives(cfg: SimConfig, hw: Hardware, notes: list[str]) -> Hardware:
+    """The collectives of a tensor-parallel run: measured where a hardware.yaml gives them
+    (`--gpu FILE.yaml`, or the one LLMServingSim keeps beside the --device-profile tables,
+    profiler/perf/<GPU>/hardware.yaml), else the --gpu's interconnect model; said in the
+    notes when measured."""
+    tp, link = cfg.tensor_parallel_size, hw.interconnect
+    if tp == 1:
+        return hw
+    if isinstance(link, MeasuredLink):
+        if link.npus != tp:
+            raise UserError(f"{where(cfg.gpu, field='measured.interconnect.npus')}: the "
+                            f"collectives were measured over {link.npus} GPUs; "
+                            f"--tensor-parallel-size {tp} needs them measured over {tp} (or a "
+                            "catalog --gpu, whose interconnect model prices them)")
+    elif cfg.device_profile is not None:
+        root = find_bundle(cfg.device_profile)
+        label = read_yaml(root / "meta.yaml", "LLMServingSim's meta.yaml").get("hardware")
+        found = collectives_beside(root, str(label)) if label else None
+        measured = load_collectives(found) if found else None
+        if measured is None:
+            return hw
+        if measured.npus != tp:
+            notes.append(f"{found} measured its collectives over {measured.npus} GPUs, not "
+                         f"{tp}: the --gpu's interconnect model ({link.name}) prices them")
+            return hw
+        hw = with_link(hw, measured)
+    else:
+        return hw
+    link = hw.interconnect
+    notes.append(f"collectives: {link.source}; each all-reduce takes vLLM's path (its custom "
+                 f"one-shot kernel under 8 MiB where the GPUs have peer access, priced as the "
+                 f"measured all_gather of the same bytes; NCCL's measured all_reduce above)"
+                 if link.p2p else
+                 f"collectives: {link.source}; each all-reduce is NCCL's (no peer access, so "
+                 "no custom all-reduce)")
+    return hw
+
+
+def quantized(target: ModelConfig, cfg: SimConfig, hw: Hardware) -> tuple[ModelConfig, list]:
+    """The target with --quantization fp8 applied (vLLM's online fp8: every linear layer of the
+    decoder 1 byte a weight; the embedding, lm_head and the drafter keep theirs), and the lines
+    that say what fp8 weights and an fp8 KV cache change on this GPU."""
+    notes = []
+    if cfg.quantization == "fp8" and target.quantization != "fp8":
+        if target.quantization is not None:
+            raise UserError(f"--quantization fp8: model {target.name!r} is a "
+                            f"{target.quantization} checkpoint (vLLM serves a checkpoint in its "
+                            "own quantization); drop --quantization")
+        experts = 1.0 if target.expert_weight_bytes == 2.0 else target.expert_weight_bytes
+        target = replace(target, weight_bytes=1.0, expert_weight_bytes=experts,
+                         quantization="fp8")
+        peak = (f"the fp8 GEMM peak of {hw.name} ({hw.fp8_flops / 1e12:g} TFLOP/s dense)"
+                if hw.fp8_flops else f"the bf16 rate ({hw.name} has no fp8 tensor cores: "
+                "vLLM dequantizes)")
+        notes.append(f"--quantization fp8: the target's linear layers 1 byte a weight, at {peak}; "
+                     "its embedding, lm_head and the drafter stay bf16")
+    if KV_CACHE_DTYPES[cfg.kv_cache_dtype] == 1:
+        notes.append(f"--kv-cache-dtype {cfg.kv_cache_dtype}: 1 byte a KV element, for the "
+                     "cache's capacity and the attention's reads")
+    return target, notes
+
+
 def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
                     measured: Profile | None) -> DeviceCosts:
     """The run's source of device costs, behind the DeviceCosts seam (sim/costs.py): the
@@ -371,12 +474,18 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
     operator tables) stands here the same way."""
     costs: DeviceCosts = RooflineCosts(
         target, draft, hw, cfg.k, tp=cfg.tensor_parallel_size, method=cfg.method,
-        routing_skew=cfg.moe_routing_skew, max_model_len=cfg.max_model_len)
+        routing_skew=cfg.moe_routing_skew, max_model_len=cfg.max_model_len,
+        kv_bytes=KV_CACHE_DTYPES[cfg.kv_cache_dtype])
     if measured is not None:
         if cfg.tensor_parallel_size > 1 or (cfg.k and cfg.method != "eagle3"):
             raise UserError(f"--profile {cfg.profile or measured.path}: a measured profile "
                             "times one device running EAGLE-3 drafts; --tensor-parallel-size "
                             "> 1 and other methods use the roofline (drop --profile)")
+        if cfg.quantization or cfg.kv_cache_dtype not in ("auto", target.torch_dtype):
+            raise UserError(f"--profile {cfg.profile or measured.path}: a measured profile "
+                            "times the weights and KV cache it was measured with; "
+                            "--quantization and --kv-cache-dtype use the roofline (drop "
+                            "--profile)")
         costs = ProfileCosts(measured, cfg.k, costs, cfg.block_size)
     if cfg.device_profile is not None:   # a GPU's measured operator tables (sim/tables.py)
         device = cfg.device or ("cuda" if hw.kind == "gpu" else "cpu")
@@ -385,7 +494,13 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
                             "a GPU's kernels (--device cuda, a --gpu of the catalog); drop "
                             "--device cpu")
         roofline = costs if measured is None else costs.fallback
-        costs = TableCosts(load_tables(cfg.device_profile, cfg.tensor_parallel_size), target,
+        fp8_kv = KV_CACHE_DTYPES[cfg.kv_cache_dtype] == 1
+        why = " with ".join(x for x in (
+            "fp8 weights" if target.quantization == "fp8" else f"{target.torch_dtype} weights",
+            f"--kv-cache-dtype {cfg.kv_cache_dtype}" if fp8_kv else None) if x)
+        bundle = find_variant(cfg.device_profile, target.quantization == "fp8", fp8_kv,
+                              target.torch_dtype, why)
+        costs = TableCosts(load_tables(bundle, cfg.tensor_parallel_size), target,
                            draft, cfg.k, roofline, cfg.method, cfg.tensor_parallel_size)
     return costs
 
@@ -404,9 +519,10 @@ def table_notes(cfg: SimConfig, costs: DeviceCosts, hw: Hardware,
         notes.append(f"--max-num-batched-tokens {cfg.max_num_batched_tokens} is past the "
                      f"tables' {tables.max_tokens:g} tokens: longer steps extrapolated in "
                      "proportion (docs/sim.md)")
-    if hw.name not in (tables.hardware.lower(), tables.hardware.lower().replace("_", "")):
+    label = tables.hardware.lower()
+    if hw.name.lower() not in (label, label.replace("_", "")):
         notes.append(f"--device-profile was measured on {tables.gpu} ({tables.hardware}); "
-                     f"--gpu {hw.name} gives the memory size and the roofline of what the "
+                     f"--gpu {cfg.gpu} gives the memory size and the roofline of what the "
                      "tables lack")
     return notes
 
@@ -450,7 +566,8 @@ def scheduler_config(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
         weights = weight_bytes(target, draft, tp, method)
         blocks = kv_cache_blocks(hw.mem_bytes, cfg.gpu_memory_utilization, weights,
                                  RESERVED_BYTES, cfg.block_size,
-                                 kv_bytes_per_token(target, draft, tp, method))
+                                 kv_bytes_per_token(target, draft, tp, method,
+                                                    KV_CACHE_DTYPES[cfg.kv_cache_dtype]))
         if blocks < 1:
             usable = hw.mem_bytes * cfg.gpu_memory_utilization / 1e9
             per = f" per GPU at --tensor-parallel-size {tp}" if tp > 1 else ""

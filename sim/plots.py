@@ -135,18 +135,25 @@ def common_scenario(views: list[View]) -> str:
     return ", ".join(p for p in first if all(p in r for r in rest))
 
 
+def plot_axis(axes: dict, x: str | None = None, who: str = "plot sweep") -> str:
+    """The x axis of a sweep's figures (`x`, or the first of X_AXES the sweep has), or an error
+    when the sweep (its `axes`) cannot be drawn: checked by `sweep --plot` before it runs."""
+    if "k" not in axes:
+        raise UserError(f"{who}: the sweep has no k axis (sweep with --grid k=0..6)")
+    if x is None:
+        x = next((a for a in X_AXES if a in axes), None)
+        if x is None:
+            raise UserError(f"{who}: the sweep has no {', '.join(X_AXES[:-1])} or "
+                            f"{X_AXES[-1]} axis to draw along (add one: --grid "
+                            "max_concurrency=1..64:x2)")
+    elif x not in axes:
+        raise UserError(f"{who}: --x {x}: not an axis of the sweep (axes: {', '.join(axes)})")
+    return x
+
+
 def views(table: SweepTable, x: str | None = None) -> list[View]:
     """One view per combination of the axes other than mode, k and the concurrency axis."""
-    if "k" not in table.axes:
-        raise UserError("plot sweep: the sweep has no k axis (sweep with --grid k=0..6)")
-    if x is None:
-        x = next((a for a in X_AXES if a in table.axes), None)
-        if x is None:
-            raise UserError(f"plot sweep: the sweep has no {', '.join(X_AXES[:-1])} or "
-                            f"{X_AXES[-1]} axis")
-    elif x not in table.axes:
-        raise UserError(f"plot sweep: --x {x}: not an axis of the sweep "
-                        f"(axes: {', '.join(table.axes)})")
+    x = plot_axis(table.axes, x)
     modes = table.axes.get("mode", [table.setting("mode")])
     others = [a for a in table.axes if a not in ("mode", "k", x)]
     out = []

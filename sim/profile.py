@@ -36,7 +36,7 @@ import numpy as np
 from stepgap.sim.costs import Batch
 from stepgap.sim.cpu_costs import CpuCosts
 from stepgap.common.errors import UserError, where
-from stepgap.common.fileio import read_json_object, write_json
+from stepgap.common.fileio import not_a_file, read_json_object, write_json
 from stepgap.common.limits import is_finite, is_int, is_number
 
 FORMAT = "stepgap-profile/1"
@@ -259,7 +259,7 @@ def load_profile(path) -> Profile:
     path = Path(path)
     if path.is_dir():
         path = path / "profile.json"
-    if not path.is_file():
+    if not_a_file(path) == "not found":
         raise UserError(f"{path}: profile not found (`stepgap profile` writes one)")
     return Profile.from_dict(read_json_object(path, "a profile"), path)
 

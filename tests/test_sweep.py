@@ -2,6 +2,7 @@
 
 import csv
 import json
+import time
 
 import pytest
 
@@ -247,9 +248,74 @@ def test_a_missing_cluster_engine_says_what_to_install(tmp_path, monkeypatch, ad
 
 def test_an_unreachable_cluster_is_a_clear_error(tmp_path, monkeypatch):
     pytest.importorskip("distributed")
-    monkeypatch.setattr(sweep_runners, "CONNECT_TIMEOUT", "1s")
+    monkeypatch.setattr(sweep_runners, "CONNECT_S", 1.0)
     with pytest.raises(UserError, match="--cluster tcp://127.0.0.1:9: cannot connect"):
         run_sweep(tiny_grid("k=0"), tmp_path, cluster="tcp://127.0.0.1:9")
+
+
+@pytest.fixture
+def quick_cluster_limits(monkeypatch):
+    """The cluster's timeouts at a second or two, so that a failing cluster fails fast here."""
+    monkeypatch.setattr(sweep_runners, "CONNECT_S", 1.0)
+    monkeypatch.setattr(sweep_runners, "WORKERS_S", 2.0)
+    monkeypatch.setattr(sweep_runners, "POLL_S", 0.1)
+
+
+@pytest.mark.parametrize("peer", ["silent", "http"])
+def test_a_port_that_is_no_dask_scheduler_fails_in_bounded_time(tmp_path, quick_cluster_limits,
+                                                                 peer):
+    """A port that accepts and never speaks, or speaks HTTP, used to hang the sweep past 150 s:
+    distributed's own connect timeout does not cover the wait for the scheduler's answer."""
+    pytest.importorskip("distributed")
+    import http.server
+    import socket
+    import threading
+    if peer == "http":
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                                 http.server.SimpleHTTPRequestHandler)
+        server.daemon_threads = True   # (each waits for a request line that never comes)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        port, close = server.server_address[1], server.shutdown
+    else:
+        listener = socket.create_server(("127.0.0.1", 0))
+        port, close = listener.getsockname()[1], listener.close
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(UserError, match=rf"--cluster tcp://127.0.0.1:{port}: cannot "
+                                            "connect"):
+            run_sweep(tiny_grid("k=0"), tmp_path, cluster=f"tcp://127.0.0.1:{port}")
+        assert time.monotonic() - t0 < 60
+    finally:
+        close()
+
+
+def test_a_scheduler_without_workers_ends_the_sweep_and_keeps_the_cells(tmp_path,
+                                                                       quick_cluster_limits):
+    distributed = pytest.importorskip("distributed")
+    run_sweep(tiny_grid("k=0"), tmp_path, jobs=1)   # one cell done before
+    with distributed.LocalCluster(n_workers=0, dashboard_address=None) as cluster:
+        with pytest.raises(UserError, match=r"no worker for 2 s .* the cells finished before "
+                                            "it are stored"):
+            run_sweep(tiny_grid("k=0,1"), tmp_path, cluster=cluster.scheduler_address)
+    assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 1
+    assert run_sweep(tiny_grid("k=0,1"), tmp_path, jobs=1).skipped == 1   # and it resumes
+
+
+def test_a_killed_scheduler_ends_the_sweep_in_one_line(tmp_path, quick_cluster_limits):
+    distributed = pytest.importorskip("distributed")
+    import threading
+    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                       dashboard_address=None)
+    grid = tiny_grid("k=0..7", sets=["num_prompts=400"])
+    timer = threading.Timer(2.0, cluster.close)
+    timer.start()
+    try:
+        with pytest.raises(UserError, match="--cluster tcp://.*: (the cluster failed|cannot "
+                                            "connect|the scheduler has had no worker)"):
+            run_sweep(grid, tmp_path, cluster=cluster.scheduler_address)
+    finally:
+        timer.join()
+        cluster.close()
 
 
 def test_grid_without_axes_is_refused():
@@ -321,3 +387,45 @@ def test_the_shared_fraction_is_a_sweep_axis_and_an_x_axis_of_its_figures(tmp_pa
                  "--dry-run"]) != 0
     assert "--shared-fraction: sizes the shared prefix of prefix_repetition" in \
         capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM's spellings as keys
+
+
+def test_vllms_spellings_make_each_cells_settings():
+    grid = build_grid(["async_scheduling=false,true", "random_input_len=256,1024"],
+                      preset="seed-l20",
+                      sets=["dataset_name=random", "random_output_len=64", "num_prompts=4",
+                            'speculative_config={"method": "eagle3", '
+                            '"num_speculative_tokens": 2}'])
+    cells = grid.cells()
+    got = [(c.settings["mode"], c.settings["k"], c.settings["workload"],
+            c.settings["output_len"]) for c in cells]
+    assert got == [("sync", 2, "random:input_len=256", 64), ("sync", 2, "random:input_len=1024", 64),
+                   ("async", 2, "random:input_len=256", 64),
+                   ("async", 2, "random:input_len=1024", 64)]
+    assert cells[0].values == {"async_scheduling": False, "random_input_len": 256}
+
+
+def test_a_setting_given_both_ways_must_agree():
+    grid = build_grid(["async_scheduling=true"], sets=["mode=sync"])
+    with pytest.raises(UserError, match="async_scheduling's mode 'async' and mode 'sync' "
+                                        "disagree"):
+        grid.cells()
+    grid = build_grid(["k=1,3"], sets=['speculative_config={"num_speculative_tokens": 2}'])
+    with pytest.raises(UserError, match="num_speculative_tokens 2 and k 1 disagree"):
+        grid.cells()
+    grid = build_grid(["dataset_name=sonnet"])
+    with pytest.raises(UserError, match="--dataset-name sonnet: a vLLM dataset stepgap does "
+                                        "not sample"):
+        grid.cells()
+
+
+def test_a_grid_file_takes_the_speculative_config_as_a_table(tmp_path):
+    f = tmp_path / "g.toml"
+    f.write_text('[base]\nnum_prompts = 4\nspeculative_config = {method = "eagle3", '
+                 'num_speculative_tokens = 3}\n[grid]\nasync_scheduling = [true]\n')
+    cell, = build_grid(grid_file=f).cells()
+    assert (cell.settings["mode"], cell.settings["k"], cell.settings["method"]) == \
+        ("async", 3, "eagle3")
