@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from stepgap.common.errors import UserError
 from stepgap.common.limits import is_int
 
+BLOCK_SIZE = 16   # tokens per KV block by default, as vLLM's
+
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
 
 
@@ -106,7 +108,7 @@ class SchedulerOutput:
 @dataclass(slots=True)
 class SchedulerConfig:
     num_blocks: int
-    block_size: int = 16
+    block_size: int = BLOCK_SIZE
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int = 2048

@@ -3,7 +3,8 @@
 Each module listed in COMMAND_MODULES (one per package: its cli.py) defines
 `register(subparsers)`, which adds the package's subcommands and sets `func` on them.
 Registration must stay cheap: modules import torch and other heavy packages inside their
-handlers, so that `stepgap --help` and `stepgap simulate` start fast.
+handlers, so that `stepgap --help` and `stepgap simulate` start fast (tests/test_startup.py
+checks that --help, simulate, sweep, plot and compare never import torch).
 """
 
 from __future__ import annotations
@@ -204,8 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. Exit status: 0, 2 for bad input (one line naming the file, line and
     field; docs/robustness.md) or an output that cannot be written (stdout closed or full
     among them), 1 for a failed run, 130 on Ctrl-C, 143 on SIGTERM, 141 when stdout's reader
-    has gone. Ctrl-C or SIGTERM while the parser is built (it imports torch: seconds) is one
-    line too, as anywhere else."""
+    has gone. Ctrl-C or SIGTERM while the parser is built (it imports every command's module)
+    is one line too, as anywhere else."""
     on_main_thread = threading_main()
     if on_main_thread:
         old = signal.signal(signal.SIGTERM, _terminate)

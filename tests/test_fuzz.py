@@ -33,7 +33,7 @@ from unittest import mock
 import pytest
 
 from stepgap.common.formats import RequestTiming, run_result, save_result
-from stepgap.cli import main
+from stepgap.cli import build_parser, main
 
 SEED = int(os.environ.get("STEPGAP_FUZZ_SEED", "16"))
 # (1,000 cases: 17-18 s on this 2-core VM; STEPGAP_FUZZ_CASES=20000 for a longer hunt)
@@ -1379,6 +1379,16 @@ def judge(case: Case, code, err: str, out: Path) -> str | None:
     if changed:
         return f"changed its inputs: {changed}"
     return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_parser():
+    """Every case here is parsed by one parser, built once (building it is a large part of a
+    case's time): argparse keeps nothing from one parse to the next, so `main` reads each
+    case's arguments as a parser of its own would."""
+    parser = build_parser()
+    with mock.patch("stepgap.cli.build_parser", lambda: parser):
+        yield
 
 
 @pytest.fixture(scope="module")
