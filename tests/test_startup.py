@@ -50,6 +50,9 @@ COMMANDS = {
     "plot timeline": lambda d, out: ["plot", "timeline", str(d / "t.jsonl"), "--out",
                                      str(out / "t.png"), "--quiet"],
     "compare": lambda d, out: ["compare", str(d / "r.json"), str(d / "r.json")],
+    "advise": lambda d, out: ["advise", "--preset", "seed-l20", "--num-prompts", "2",
+                              "--max-concurrency", "1", "--max-k", "1",
+                              "--result-json", str(out / "a.json")],
 }
 
 
