@@ -186,6 +186,22 @@ def test_the_cache_key_follows_imports_inside_functions_too(tmp_path):
         "sim/__init__.py", "sim/costs.py", "sim/loop.py", "sim/roofline.py")
 
 
+def test_a_changed_simulator_file_changes_the_digest_through_the_symlinked_layout(tmp_path):
+    """The digest reads the files the package's symlinks lead to (stepgap/sim -> ../sim), as an
+    import does: a byte changed in sim/costs.py is a new digest, so every cell runs again."""
+    (tmp_path / "sim").mkdir()
+    (tmp_path / "sim" / "__init__.py").write_text("")
+    (tmp_path / "sim" / "loop.py").write_text("from stepgap.sim.costs import Batch\n")
+    (tmp_path / "sim" / "costs.py").write_text("SCALE = 1.0\n")
+    (tmp_path / "stepgap").mkdir()
+    (tmp_path / "stepgap" / "sim").symlink_to("../sim")
+    package = tmp_path / "stepgap"
+    before = sweep_keys.model_digest(("stepgap.sim.loop",), package)
+    (tmp_path / "sim" / "costs.py").write_text("SCALE = 1.1\n")
+    sweep_keys.model_digest.cache_clear()
+    assert sweep_keys.model_digest(("stepgap.sim.loop",), package) != before
+
+
 def test_a_changed_trace_file_reruns_its_cells(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"request_id": "a", "arrival_s": 0, "prompt_len": 8, "output_len": 16}\n')
