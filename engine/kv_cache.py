@@ -24,6 +24,7 @@ The attention metadata travels in a small `Context`, set once per forward (as na
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -66,6 +67,16 @@ def set_context(ctx: Context | None) -> None:
 
 def get_context() -> Context | None:
     return _CONTEXT
+
+
+@contextmanager
+def attention_context(ctx: Context):
+    """The forwards in the block attend with `ctx`; none after it, whatever happens inside."""
+    set_context(ctx)
+    try:
+        yield ctx
+    finally:
+        set_context(None)
 
 
 def make_context(positions: torch.Tensor, block_tables: torch.Tensor, pad_idx: torch.Tensor,
