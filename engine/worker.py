@@ -317,7 +317,8 @@ class Worker:
         they are emulated (the padded path, run eagerly)."""
         if self.cuda:
             torch.cuda.synchronize(self.device)
-            self.graph_pool = self.graph_pool or torch.cuda.graph_pool_handle()
+            if self.graph_pool is None:
+                self.graph_pool = torch.cuda.graph_pool_handle()
         spec = self.spec
         plan = GraphPlan.of(self.device, self.dtype, self.scratch, self.kv.block_size,
                             spec.max_num_seqs, spec.max_model_len + spec.max_k, self.graph_pool)
