@@ -1,4 +1,4 @@
-"""Peers' real GPU runs, judged (DESIGN.md §9): a vLLM run on a GPU, re-simulated from the
+"""Peers' real GPU runs, judged (docs/design.md §9): a vLLM run on a GPU, re-simulated from the
 same GPU's measured operator tables, and held to fixed bounds like the committed CPU folders.
 
 A peer folder (`traces/peers/<peer>/`) keeps the peer's files as they publish them, under
