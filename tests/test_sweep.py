@@ -379,7 +379,7 @@ def test_a_range_whose_rounding_repeats_a_value_keeps_it_once():
 
 
 def test_the_shared_fraction_is_a_sweep_axis_and_an_x_axis_of_its_figures(tmp_path, capsys):
-    """Issue 27: a sweep over the shared fraction of the prompt. The more of each prompt is
+    """A sweep over the shared fraction of the prompt. The more of each prompt is
     shared, the more of it the prefix cache finds, and the less TTFT prefill costs."""
     out = tmp_path / "s"
     assert main(["sweep", "--set", "workload=prefix_repetition:num_prefixes=4:prefix_len=0:"
