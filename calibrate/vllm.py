@@ -1,7 +1,7 @@
 """vLLM as the measured side: its profiler traces, its metrics and its benchmark files, read into
 stepgap's formats (docs/design.md §8; docs/vllm.md says how each mapping was read off vLLM 0.32).
 
-- `ingest_profile`: the torch-profiler traces a vLLM server writes (the worker's, and the API
+- `vllm_timeline`: the torch-profiler traces a vLLM server writes (the worker's, and the API
   server's) become a stepgap timeline on docs/design.md's lanes and ops (`SCOPES`), step by step;
   the spans of bench/vllm/stepgap_hooks.py (vLLM's engine core and API server, which its
   profiler does not trace) join them on the same clock. What maps to no op keeps vLLM's name
@@ -293,7 +293,7 @@ def step_spans(src: Source, n: int, step: dict, kernels: dict) -> list[Span]:
     return spans
 
 
-def ingest_profile(paths, window: tuple[float, float] | None = None) -> list[Span]:
+def vllm_timeline(paths, window: tuple[float, float] | None = None) -> list[Span]:
     """A vLLM server's traces and stepgap_hooks span files as one timeline, microseconds from
     its first worker step (`paths` may hold Sources already read). The worker's steps come from
     its torch-profiler trace where one is given, else from its hook spans; `window` (epoch
@@ -543,7 +543,7 @@ def cmd_ingest_profile(args) -> int:
     check_writable(args.out, "--out")
     if args.chrome:
         check_writable(args.chrome, "--chrome")
-    spans = ingest_profile(args.traces)
+    spans = vllm_timeline(args.traces)
     gaps = step_gaps(spans)
     steps = len({s.step for s in spans})
     med = statistics.median(gaps) if gaps else 0.0

@@ -113,7 +113,7 @@ def load_runs(paths) -> tuple[list[Run], list[str]]:
     with its scrapes (NAME.before.txt, NAME.after.txt) and its timeline (the traces whose steps
     fall in its window, else the hook spans inside it). Every bench file must come from the
     same model and client settings."""
-    from stepgap.calibrate.vllm import acceptance_from_scrapes, ingest_profile, read_source
+    from stepgap.calibrate.vllm import acceptance_from_scrapes, read_source, vllm_timeline
     from stepgap.common.vllm_bench import read_bench
     kinds = classify(paths)
     if not kinds["bench"]:
@@ -156,7 +156,7 @@ def load_runs(paths) -> tuple[list[Run], list[str]]:
         window = (min(t.events[0]["ts"] for t in mine),
                   max(t.events[-1]["ts"] for t in mine)) if mine else r.window
         try:
-            r.spans = ingest_profile(mine + kinds["hooks"], window)
+            r.spans = vllm_timeline(mine + kinds["hooks"], window)
             r.profiled = bool(mine)
         except UserError as e:
             r.notes.append(f"no timeline in its window ({e})")
