@@ -123,8 +123,7 @@ class SpansDump:
 
 @dataclass(slots=True)
 class Failed:
-    message: str
-    user_error: bool             # True: bad settings, found while starting; False: it died
+    message: str                 # bad settings found while starting, or how it died
 
 
 @dataclass(slots=True)

@@ -161,11 +161,10 @@ def _engine_core(conn_in, conn_out, engine_args, record: bool, parent_pid: int) 
         setup = engine_args.create_engine_config()
         executor = setup.make_executor()
     except UserError as e:
-        _tell(conn_out, Failed(str(e), user_error=True))
+        _tell(conn_out, Failed(str(e)))
         return
     except BaseException:
-        _tell(conn_out, Failed(f"the engine failed to start:\n{traceback.format_exc()}",
-                               user_error=False))
+        _tell(conn_out, Failed(f"the engine failed to start:\n{traceback.format_exc()}"))
         return
     with executor:
         try:
@@ -173,9 +172,9 @@ def _engine_core(conn_in, conn_out, engine_args, record: bool, parent_pid: int) 
         except (BrokenPipeError, ConnectionResetError):   # the front end is gone (SIGKILL,
             pass                                          # the OOM killer): stop quietly
         except UserError as e:
-            _tell(conn_out, Failed(str(e), user_error=True))
+            _tell(conn_out, Failed(str(e)))
         except Exception as e:   # a dead worker (WorkerDied), an engine bug
-            _tell(conn_out, Failed(f"{type(e).__name__}: {e}", user_error=False))
+            _tell(conn_out, Failed(f"{type(e).__name__}: {e}"))
 
 
 def serve(executor, setup, conn_in, conn_out, record: bool, parent_pid: int) -> None:

@@ -175,9 +175,3 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size()
-
-
-def kv_cache_bytes_per_block(num_layers: int, num_kv_heads: int, head_dim: int,
-                             dtype: torch.dtype, block_size: int = BLOCK_SIZE) -> int:
-    return num_layers * 2 * block_size * num_kv_heads * head_dim * \
-        torch.empty((), dtype=dtype).element_size()
