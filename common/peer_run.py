@@ -240,9 +240,15 @@ def peer_settings(meta_path) -> tuple[dict, list[str]]:
     if full is not None:
         settings["scheduler_reserve_full_isl"] = bool(full)
         mapped.append(f"--{'' if full else 'no-'}scheduler-reserve-full-isl")
-    if kw.get("data_parallel_size") not in (None, 1):
-        raise UserError(f"{where(meta_path, field='engine_kwargs.data_parallel_size')}: "
-                        f"{kw.get('data_parallel_size')} (data parallelism is not modelled)")
+    if kw.get("data_parallel_size") != 1:   # (1, vLLM's default, needs no option)
+        take("data_parallel_size", "--data-parallel-size", kw.get("data_parallel_size"))
+    ep = kw.get("enable_expert_parallel")
+    if ep not in (None, False):
+        if ep is not True:
+            raise UserError(f"{where(meta_path, field='engine_kwargs.enable_expert_parallel')}: "
+                            f"expected true or false, got {ep!r}")
+        settings["enable_expert_parallel"] = True
+        mapped.append("--enable-expert-parallel")
     prefix = cache.get("enable_prefix_caching",
                        _get(resolved, "cache_config", "enable_prefix_caching"))
     if prefix is None:

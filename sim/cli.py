@@ -62,6 +62,10 @@ examples:
   stepgap simulate --model qwen3-30b-a3b --mode async --speculative-config \\
       '{"method": "draft_model", "model": "qwen3-0.6b", "num_speculative_tokens": 3}' \\
       --moe-routing-skew 0.5 --max-concurrency 32
+  # Qwen3-30B-A3B on two RTX PRO 6000s as two data-parallel engine cores with expert
+  # parallelism, its MoE blocks from measured tables (LLMServingSim's bundle with moe.csv)
+  stepgap simulate --model qwen3-30b-a3b --gpu rtxpro6000 --data-parallel-size 2 \
+      --enable-expert-parallel --device-profile BUNDLE --trace RUN/vllm/requests.jsonl
   # DeepSeek-V3 drafting with its own MTP layer on 8 H200s; n-gram proposals (vLLM: sync)
   stepgap simulate --model deepseek-v3 -tp 8 --gpu h200 --spec-method mtp -k 1 --mode async
   stepgap simulate --spec-method ngram -k 3 --mode async     # says it runs in sync, and why
@@ -111,7 +115,11 @@ def register_simulate(sub) -> None:
                                     "target; for draft_model a model preset or folder, e.g. "
                                     f"qwen3-0.6b; head presets: {', '.join(DRAFT_PRESETS)})",
                    tp_help="GPUs of one node running the model (vLLM's tensor parallelism, "
-                           "1 to 8; above 1 the multiprocess executor, --executor process)")
+                           "1 to 8; above 1 the multiprocess executor, --executor process)",
+                   dp_help="engine cores behind vLLM's DP front end, each with its own "
+                           "scheduler, KV cache and --tensor-parallel-size GPUs (data x "
+                           "tensor parallel at most 8, one node); a MoE target's ranks run in "
+                           "lockstep (docs/sim.md, 'Data and expert parallelism'). Default 1")
     add_engine_args(p, D, device_help="cuda: the device runs launched ops while the CPU goes on; "
                                       "cpu: device ops run on the worker's thread. Default: from "
                                       "--gpu (cpu for --gpu cpu, else cuda)")
@@ -208,7 +216,8 @@ FIELDS = ("mode", "gpu", "model", "method", "moe_routing_skew", "all_reduce_late
           "enable_prefix_caching", "scheduler_reserve_full_isl", "timeseries_interval_s",
           "acceptance", "acceptance_rates", "acceptance_spread", "replay", "max_num_seqs",
           "max_num_batched_tokens", "max_model_len", "block_size", "num_gpu_blocks_override",
-          "gpu_memory_utilization", "tensor_parallel_size", "cpu_scale", "launch_latency_us",
+          "gpu_memory_utilization", "tensor_parallel_size", "data_parallel_size",
+          "enable_expert_parallel", "cpu_scale", "launch_latency_us",
           "wake_us", "ipc_us", "output_latency_ms", "num_prompts", "output_len",
           "shared_fraction", "request_rate", "max_concurrency", "detailed",
           "metric_percentiles", "percentile_metrics")

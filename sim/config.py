@@ -20,6 +20,8 @@ from stepgap.sim.roofline import RooflineCosts
 from stepgap.sim.profile import Noise, Profile, load_profile
 from stepgap.sim.profile_costs import ProfileCosts
 from stepgap.sim.tables import TableCosts, load_tables
+from stepgap.sim.expert_parallel import MoeCosts, MoeParallel
+from stepgap.sim.moe_tables import check_moe_bundle, has_dense_tables, moe_parts
 from stepgap.sim.hardware import Hardware, get_hardware
 from stepgap.common.errors import UserError
 from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES, OLD_DEVICES
@@ -40,6 +42,8 @@ ALIASES = {"worker": "executor", "num_kv_blocks": "num_gpu_blocks_override",
 # vLLM's (execute_model and sample_tokens RPCs, take_draft_token_ids in sync, an API server
 # sharing the engine core's CPU; docs/vllm.md). None: the profile's, else stepgap.
 TOPOLOGIES = ("stepgap", "vllm", "served")
+# Fields added after results were committed, left out of a result's config at their defaults.
+LATER_FIELDS = {"data_parallel_size": 1, "enable_expert_parallel": False}
 # Methods whose drafter proposes from the sampled tokens on the host: vLLM runs them with sync
 # scheduling only (vllm/config/vllm.py; docs/sim.md).
 CPU_PROPOSERS = ("ngram",)
@@ -80,6 +84,8 @@ class SimConfig:
     device: str | None = None          # cuda: runs asynchronously to the CPU; cpu: the worker's
                                        # own cores. None: from the --gpu entry's kind
     tensor_parallel_size: int = 1      # GPUs of one node running one model replica
+    data_parallel_size: int = 1        # engine cores, each its own replica (sim/data_parallel.py)
+    enable_expert_parallel: bool = False   # MoE experts split over the dp x tp GPUs by count
     moe_routing_skew: float = 0.0      # Zipf exponent of the experts' popularity (0: uniform)
     all_reduce_latency_us: float | None = None   # None: the --gpu's interconnect's
     topology: str | None = None
@@ -135,6 +141,11 @@ class SimConfig:
             self.executor = "process" if tp > 1 else "inline"
         if self.executor not in EXECUTORS:
             raise _bad("executor", f"must be one of {', '.join(EXECUTORS)}", self.executor)
+        dp = self.data_parallel_size
+        if not is_int(dp) or not 1 <= dp <= 8 or dp * tp > 8:
+            raise _bad("data_parallel_size", "must be an integer from 1 to 8, with data x tensor "
+                       "parallel GPUs at most 8 (one node; multi-node parallelism is not "
+                       "modelled)", dp)
         if tp > 1 and self.executor == "inline":
             raise _bad("executor", "tensor parallelism runs vLLM's multiprocess executor, one "
                        "worker process per GPU (--executor process, or leave it unset)",
@@ -152,7 +163,7 @@ class SimConfig:
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise _bad(name, "must be a name or a path", getattr(self, name))
         for name in ("jitter", "replay", "detailed", "timeline", "scheduler_reserve_full_isl",
-                     "enable_prefix_caching"):
+                     "enable_prefix_caching", "enable_expert_parallel"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, "must be true or false", getattr(self, name))
         _ints(self, ("k",), 0, MAX_K)
@@ -212,6 +223,9 @@ class SimConfig:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        for name, default in LATER_FIELDS.items():
+            if d[name] == default:   # a run that does not use them writes what it wrote before
+                del d[name]
         for key in ("acceptance_rates", "metric_percentiles", "percentile_metrics"):
             if d[key] is not None:
                 d[key] = list(d[key])
@@ -336,6 +350,7 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
     measured = profile or (load_profile(cfg.profile) if cfg.profile else None)
     costs = device_costs_of(cfg, target, draft, hw, measured)   # (its checks, whatever is used)
     notes += table_notes(cfg, costs, hw, measured)
+    notes += parallel_notes(cfg, target, costs)
     if device_costs is not None:
         costs = device_costs
     engine = cfg.topology or (measured.engine if measured else None) or "stepgap"
@@ -344,6 +359,10 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
                         f"(expected one of {', '.join(TOPOLOGIES)})")
     topo = Topology.of(engine, cfg.executor, cfg.device or ("cuda" if hw.kind == "gpu"
                                                             else "cpu"), tp)
+    if cfg.data_parallel_size > 1 and (engine != "stepgap" or not topo.device_async):
+        raise _bad("data_parallel_size", "data parallelism is modelled for GPU engine cores "
+                   "(--device cuda) behind stepgap's in-process client (--topology stepgap)",
+                   cfg.data_parallel_size)
     prof, note = acceptance_profile(cfg, target)
     if note and cfg.k:
         notes.append(note)
@@ -373,10 +392,12 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
         target, draft, hw, cfg.k, tp=cfg.tensor_parallel_size, method=cfg.method,
         routing_skew=cfg.moe_routing_skew, max_model_len=cfg.max_model_len)
     if measured is not None:
-        if cfg.tensor_parallel_size > 1 or (cfg.k and cfg.method != "eagle3"):
+        if cfg.tensor_parallel_size > 1 or cfg.data_parallel_size > 1 \
+                or (cfg.k and cfg.method != "eagle3"):
             raise UserError(f"--profile {cfg.profile or measured.path}: a measured profile "
                             "times one device running EAGLE-3 drafts; --tensor-parallel-size "
-                            "> 1 and other methods use the roofline (drop --profile)")
+                            "or --data-parallel-size > 1 and other methods use the roofline "
+                            "(drop --profile)")
         costs = ProfileCosts(measured, cfg.k, costs, cfg.block_size)
     if cfg.device_profile is not None:   # a GPU's measured operator tables (sim/tables.py)
         device = cfg.device or ("cuda" if hw.kind == "gpu" else "cpu")
@@ -385,9 +406,93 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
                             "a GPU's kernels (--device cuda, a --gpu of the catalog); drop "
                             "--device cpu")
         roofline = costs if measured is None else costs.fallback
-        costs = TableCosts(load_tables(cfg.device_profile, cfg.tensor_parallel_size), target,
-                           draft, cfg.k, roofline, cfg.method, cfg.tensor_parallel_size)
+        if has_dense_tables(cfg.device_profile, cfg.tensor_parallel_size) \
+                or not target.is_moe:
+            costs = TableCosts(load_tables(cfg.device_profile, cfg.tensor_parallel_size),
+                               target, draft, cfg.k, roofline, cfg.method,
+                               cfg.tensor_parallel_size)
+        else:   # a bundle of MoE tables alone: the roofline prices the rest of the step
+            about = check_moe_bundle(cfg.device_profile, target)
+            costs = roofline
+            costs.path = cfg.device_profile
+            costs.sources = {"target_forward": f"roofline (the bundle, {about}, has no dense "
+                                               "tables)"}
+    attach_moe(cfg, target, hw, costs)
     return costs
+
+
+def attach_moe(cfg: SimConfig, target: ModelConfig, hw: Hardware, costs) -> None:
+    """A MoE target's blocks from the bundle's moe.csv, or under data or expert parallelism
+    (sim/expert_parallel.py), priced by one MoeCosts that the tables and their roofline share.
+    A run with neither keeps the roofline's own MoE layers, as before."""
+    plan = MoeParallel(cfg.data_parallel_size, cfg.tensor_parallel_size,
+                       cfg.enable_expert_parallel)
+    if not target.is_moe or not isinstance(costs, (RooflineCosts, TableCosts)):
+        return
+    table = mtp = None
+    if cfg.device_profile is not None:
+        table, mtp = moe_parts(cfg.device_profile, cfg.tensor_parallel_size, plan.moe_tp,
+                               cfg.k > 0 and cfg.method == "mtp")
+    if isinstance(costs, RooflineCosts) and table is None and mtp is None and plan.dp == 1 \
+            and not plan.expert_parallel:
+        return
+    if plan.dp > 1 and hw.interconnect is None:
+        raise UserError(f"--data-parallel-size {plan.dp}: --gpu {hw.name} has no interconnect "
+                        "in the catalog to gather the MoE layers' tokens over")
+    roofline = costs if isinstance(costs, RooflineCosts) else costs.fallback
+    moe = MoeCosts(target, roofline, plan, hw.interconnect, table, mtp)
+    roofline.moe = moe
+    if isinstance(costs, TableCosts):
+        if target.num_moe_layers < target.num_layers and \
+                "gate_up_proj" not in costs.tables.dense:
+            raise UserError(f"--device-profile {costs.tables.path}: dense.csv has no MLP rows "
+                            f"(gate_up_proj, act_fn, down_proj) for --model {target.name}'s "
+                            f"{target.num_layers - target.num_moe_layers} dense layers")
+        costs.moe = moe
+    sources = getattr(costs, "sources", None)
+    if sources is None:
+        costs.sources = sources = {}
+    sources["moe"] = moe.source()
+    if mtp is not None:
+        sources["draft_forward"] = (f"MTP module's own kernels from tables ({cfg.device_profile}"
+                                    "/mtp.csv), its decoder layer as the target's, the rest "
+                                    "the roofline")
+
+
+def parallel_notes(cfg: SimConfig, target: ModelConfig, costs) -> list[str]:
+    """What a run under data or expert parallelism, or with MoE tables, should be told."""
+    notes = []
+    dp = cfg.data_parallel_size
+    if cfg.enable_expert_parallel and not target.is_moe:
+        notes.append(f"--enable-expert-parallel: {target.name} has no experts; it changes "
+                     "nothing")
+    if dp > 1:
+        notes.append(f"data parallel {dp}: {dp} engine cores, each its own scheduler, KV cache "
+                     "and GPU(s), requests routed as vLLM's DP front end routes them "
+                     "(docs/sim.md, 'Data and expert parallelism')"
+                     + ("; a MoE target: every rank runs each forward in lockstep, a dummy "
+                        "batch where it has none" if target.is_moe else
+                        "; a dense target: the ranks run independently, as vLLM runs them"))
+    moe = getattr(costs, "moe", None) or getattr(getattr(costs, "fallback", None), "moe", None)
+    if moe is None:
+        return notes
+    plan = moe.plan
+    notes.append(moe.source())
+    if moe.grid is not None:
+        measured = ", ".join(map(str, moe.table.grids))
+        if moe.ep != plan.ep:
+            notes.append(f"moe.csv has no ep {plan.ep} grid (measured: ep {measured}): the "
+                         f"nearest, ep {moe.ep}, prices the MoE blocks")
+        rows = cfg.max_num_batched_tokens * (dp if dp > 1 else 1)
+        if rows > moe.grid.max_tokens:
+            notes.append(f"moe.csv's ep {moe.ep} grid ends at {moe.grid.max_tokens:g} tokens; "
+                         f"a MoE block over more (up to {rows}: --max-num-batched-tokens"
+                         + (f" x DP {dp}" if dp > 1 else "") + ") grows from its last time as "
+                         "the roofline grows (the result counts them)")
+    elif cfg.device_profile is not None:
+        notes.append(f"--device-profile has no moe.csv for MoE layers split {plan.moe_tp} ways "
+                     f"by width (tp{plan.moe_tp}/): the roofline prices the MoE blocks")
+    return notes
 
 
 def table_notes(cfg: SimConfig, costs: DeviceCosts, hw: Hardware,
@@ -447,7 +552,8 @@ def scheduler_config(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
     blocks = cfg.num_gpu_blocks_override
     tp, method = cfg.tensor_parallel_size, cfg.method if cfg.k else None
     if blocks is None:
-        weights = weight_bytes(target, draft, tp, method)
+        weights = weight_bytes(target, draft, tp, method,
+                               tp * cfg.data_parallel_size if target.is_moe else None)
         blocks = kv_cache_blocks(hw.mem_bytes, cfg.gpu_memory_utilization, weights,
                                  RESERVED_BYTES, cfg.block_size,
                                  kv_bytes_per_token(target, draft, tp, method))

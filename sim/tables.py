@@ -61,6 +61,7 @@ from stepgap.common.fileio import read_text
 
 DENSE_LAYERS = ("embedding", "layernorm", "qkv_proj", "rotary_emb", "o_proj", "gate_up_proj",
                 "act_fn", "down_proj", "final_layernorm")
+MLP_LAYERS = ("gate_up_proj", "act_fn", "down_proj")   # a MoE bundle's dense layers' only
 PER_SEQUENCE = ("lm_head", "sampler")
 ATTENTION_COLUMNS = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us")
 MAX_TIME_US = 1e9   # one kernel of 1000 s is a unit error (ns or ms written as us)
@@ -363,12 +364,15 @@ def load_tables(path, tp: int = 1) -> OpTables:
         raise UserError(f"{where(meta_path, field='engine_effective.hf_overrides')}: expected "
                         "a mapping of the model's per-rank shapes")
     degrees = meta.get("tp_degrees") or have
+    # a MoE bundle (its moe.csv: sim/moe_tables.py) has MLP rows only for its dense layers
+    layers = DENSE_LAYERS if not (folder / "moe.csv").is_file() else \
+        tuple(n for n in DENSE_LAYERS if n not in MLP_LAYERS)
     return OpTables(
         str(root), str(meta.get("gpu", "?")), str(meta.get("hardware", root.parts[-4]
                                                          if len(root.parts) > 3 else "?")),
         str(meta.get("model", "?")), tp, shapes,
         max(degrees) if isinstance(degrees, list) and degrees else 1,
-        _tables_1d(folder / "dense.csv", "tokens", DENSE_LAYERS),
+        _tables_1d(folder / "dense.csv", "tokens", layers),
         _tables_1d(folder / "per_sequence.csv", "sequences", PER_SEQUENCE),
         _attention(folder / "attention.csv"), _skew(meta, root, tp, meta_path), meta)
 
@@ -380,8 +384,9 @@ def matches(tables: OpTables, c, hidden: int) -> bool:
     s, r = tables.shapes, tables.shapes_tp
     want = {"num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
             "intermediate_size": c.intermediate_size}
-    return all(k in s and s[k] * r == v for k, v in want.items()) \
-        and c.hidden_size == hidden == c.num_heads * c.head_dim
+    # NOTE: Qwen3 decouples head_dim from hidden / heads (Qwen3-30B-A3B: 32 x 128 against
+    # 2048), and hf_overrides records no head_dim: the width alone is checked here
+    return all(k in s and s[k] * r == v for k, v in want.items()) and c.hidden_size == hidden
 
 
 # -------------------------------------------------------------------------------------------
@@ -409,7 +414,9 @@ class TableCosts:
         self.method, self.tp = method, tp
         dense, seq = tables.dense, tables.per_sequence
         self._layer = [dense[n] for n in ("layernorm", "layernorm", "qkv_proj", "rotary_emb",
-                                          "o_proj", "gate_up_proj", "act_fn", "down_proj")]
+                                          "o_proj", "gate_up_proj", "act_fn", "down_proj")
+                       if n in dense]   # a MoE bundle's MLP: its MoE blocks (moe below)
+        self.moe = None   # a MoE target's blocks (sim/expert_parallel.py MoeCosts)
         self.embedding, self.final_norm = dense["embedding"], dense["final_layernorm"]
         self.lm_head, self.sampler = seq["lm_head"], seq["sampler"]
         self.attn = tables.attention
@@ -417,6 +424,7 @@ class TableCosts:
         self._draft_dense: dict[tuple[bool, int, int], float] = {}
         self.draft_tables = draft is not None and method in ("eagle3", "draft_model") \
             and matches(tables, draft, target.hidden_size) \
+            and all(n in dense for n in MLP_LAYERS) \
             and (method != "draft_model" or draft.vocab_size == target.vocab_size)
         at = f"tables ({tables.describe()})"
         self.sources = {"target_forward": at, "rejection_sample": f"{at}: the sampler",
@@ -441,10 +449,25 @@ class TableCosts:
         """The target's dense kernels over m tokens: embedding, its layers, final norm."""
         t = self._dense.get(m)
         if t is None:
-            t = self.embedding(m) + self.t.num_layers * sum(f(m) for f in self._layer) \
-                + self.final_norm(m)
+            if self.moe is None:
+                t = self.embedding(m) + self.t.num_layers * sum(f(m) for f in self._layer) \
+                    + self.final_norm(m)
+            else:
+                t = self._moe_model_dense(m)
             self._dense[m] = t
         return t
+
+    def _moe_model_dense(self, m: int) -> float:
+        """A MoE target's dense kernels over m tokens: every layer's attention side
+        (qk_norm where the tables have it), the MLP of its dense layers only; its MoE blocks
+        apart (`self.moe`)."""
+        d, c = self.tables.dense, self.t
+        side = sum(d[n](m) for n in ("layernorm", "layernorm", "qkv_proj", "qk_norm",
+                                     "rotary_emb", "o_proj") if n in d)
+        dense_layers = c.num_layers - c.num_moe_layers
+        mlp = sum(d[n](m) for n in MLP_LAYERS) if dense_layers else 0.0
+        return self.embedding(m) + c.num_layers * side + dense_layers * mlp \
+            + self.final_norm(m)
 
     def attention(self, prefills, num_decode: int, decode_kv: float, kv_min: float = 0.0,
                   kv_max: float = 0.0) -> float:
@@ -477,9 +500,12 @@ class TableCosts:
 
     def target_forward(self, b) -> float:
         rows = b.num_reqs + b.num_drafts
-        return self.dense(b.num_tokens) + self.t.num_layers * self.attention(
+        t = self.dense(b.num_tokens) + self.t.num_layers * self.attention(
             b.prefills, b.num_decode, b.decode_kv, b.decode_kv_min, b.decode_kv_max) \
             + self.lm_head(rows) + self._collectives(b.num_tokens, rows, self.t)
+        if self.moe is not None:   # its MoE blocks, and their dispatch and combine under DP
+            t += self.moe.forward(b.num_tokens, b.moe_rows or b.num_tokens)
+        return t
 
     def rejection_sample(self, b) -> float:
         return self.sampler(b.num_reqs + b.num_drafts)
