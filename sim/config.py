@@ -425,8 +425,8 @@ def attach_moe(cfg: SimConfig, target: ModelConfig, hw: Hardware, costs) -> None
     """A MoE target's blocks from the bundle's moe.csv, or under data or expert parallelism
     (sim/expert_parallel.py), priced by one MoeCosts that the tables and their roofline share.
     A run with neither keeps the roofline's own MoE layers, as before."""
-    plan = MoeParallel(cfg.data_parallel_size, cfg.tensor_parallel_size,
-                       cfg.enable_expert_parallel)
+    dp, tp = cfg.data_parallel_size, cfg.tensor_parallel_size
+    plan = MoeParallel(dp, tp, cfg.enable_expert_parallel and dp * tp > 1)   # vLLM's use_ep
     if not target.is_moe or not isinstance(costs, (RooflineCosts, TableCosts)):
         return
     table = mtp = None
@@ -466,6 +466,10 @@ def parallel_notes(cfg: SimConfig, target: ModelConfig, costs) -> list[str]:
     if cfg.enable_expert_parallel and not target.is_moe:
         notes.append(f"--enable-expert-parallel: {target.name} has no experts; it changes "
                      "nothing")
+    elif cfg.enable_expert_parallel and dp * cfg.tensor_parallel_size == 1:
+        notes.append("--enable-expert-parallel on one GPU: no other GPU to hold experts; it "
+                     "changes nothing (vLLM: expert parallelism needs data x tensor parallel "
+                     "> 1)")
     if dp > 1:
         notes.append(f"data parallel {dp}: {dp} engine cores, each its own scheduler, KV cache "
                      "and GPU(s), requests routed as vLLM's DP front end routes them "
@@ -483,6 +487,15 @@ def parallel_notes(cfg: SimConfig, target: ModelConfig, costs) -> list[str]:
         if moe.ep != plan.ep:
             notes.append(f"moe.csv has no ep {plan.ep} grid (measured: ep {measured}): the "
                          f"nearest, ep {moe.ep}, prices the MoE blocks")
+        bw, tok, active = moe.fastest_read()
+        if bw > moe.roof.hw.mem_bw:   # the datasheet peak
+            notes.append(f"moe.csv's ep {moe.ep} grid reads {active:g} experts' weights at "
+                         f"{tok:g} tokens at {bw / 1e12:.1f} TB/s, past --gpu "
+                         f"{moe.roof.hw.name}'s peak {moe.roof.hw.mem_bw / 1e12:.2f} TB/s: "
+                         "the table "
+                         "likely understates the block (LLMServingSim's output-bundle docs: "
+                         "a stack of dense and MoE layers measured before its normalization "
+                         "fix understates it; remeasure with slice --group moe --force)")
         rows = cfg.max_num_batched_tokens * (dp if dp > 1 else 1)
         if rows > moe.grid.max_tokens:
             notes.append(f"moe.csv's ep {moe.ep} grid ends at {moe.grid.max_tokens:g} tokens; "

@@ -1,7 +1,7 @@
 """Data parallelism as vLLM runs it (`--data-parallel-size N`): N engine cores, each with its own
 scheduler, KV cache, worker and GPU(s), behind one front end that routes each request
-(`Router`); for a MoE target, the ranks' lockstep (`Lockstep`). docs/sim.md, "Data and expert parallelism", states and tests/test_sim_dp.py
-checks each rule.
+(`Router`); for a MoE target, the ranks' lockstep (`Lockstep`). docs/sim.md, "Data and expert
+parallelism", states and tests/test_sim_dp.py checks each rule.
 
 - Routing (vLLM's DPLBAsyncMPClient): a request goes to the engine core with the lowest
   4 x waiting + running, as the DP coordinator last published the counts, plus one waiting

@@ -61,7 +61,8 @@ class MoeParallel:
 
     def describe(self) -> str:
         if self.expert_parallel:
-            how = f"MoE layers expert-parallel over {self.ep} GPUs (each 1/{self.ep} of the experts)"
+            how = f"MoE layers expert-parallel over {self.ep} GPUs (each 1/{self.ep} of the " \
+                  "experts)"
         elif self.moe_tp > 1:
             how = f"MoE layers split by width over {self.moe_tp} GPUs"
         else:
@@ -136,6 +137,17 @@ class MoeCosts:
         where = (f"tables ({self.table.path}, the ep {self.ep} grid)" if self.grid is not None
                  else "the roofline")
         return f"{self.plan.describe()}; blocks from {where}"
+
+    def fastest_read(self) -> tuple[float, float, float]:
+        """The table's point that reads the routed experts' weights fastest: (bytes/s implied
+        by its time, its tokens, its activated experts), for a check against the GPU's
+        bandwidth (a table that implies more than the card's peak understates the block)."""
+        c, grid = self.t, self.grid
+        per = 3 * c.hidden_size * (c.moe_intermediate_size // self.plan.moe_tp) \
+            * c.expert_weight_bytes
+        return max((a * per / (t * 1e-6), tok, a)
+                   for tok, (xs, ys) in zip(grid.tokens, grid.rows) for a, t in zip(xs, ys)
+                   if t > 0)
 
     def coverage(self) -> dict:
         """How many distinct row counts the table priced, and how many past its grid."""

@@ -132,9 +132,12 @@ def mtp_wrapper(tables: dict[str, Table1D], rows: int) -> float:
 def moe_parts(path, tp: int, moe_tp: int, mtp: bool) -> tuple[MoeTable | None, dict | None]:
     """A bundle's MoE table for a run whose experts are split `moe_tp` ways by width (1 with
     expert parallelism: its EP grids are measured at TP 1, in tp1/), and the MTP module's
-    kernels of its TP degree (when it drafts with MTP); None where the bundle has none."""
+    kernels (when it drafts with MTP) of its TP degree, else TP 1's (its eh_proj is a plain
+    Linear that vLLM does not shard, and its norms are replicated); None where absent."""
     root = find_bundle(path)
     moe, mtp_file = root / f"tp{moe_tp}" / "moe.csv", root / f"tp{tp}" / "mtp.csv"
+    if not mtp_file.is_file():
+        mtp_file = root / "tp1" / "mtp.csv"
     return (load_moe_table(moe) if moe.is_file() else None,
             load_mtp_table(mtp_file) if mtp and mtp_file.is_file() else None)
 
@@ -166,7 +169,8 @@ def check_moe_bundle(path, target) -> str:
     for key, attr in SHAPES:
         v = shapes.get(key) if isinstance(shapes, dict) else None
         if isinstance(v, int) and v * r != getattr(target, attr):
-            raise UserError(f"{where(root / 'meta.yaml', field='engine_effective.hf_overrides.' + key)}: "
+            field = "engine_effective.hf_overrides." + key
+            raise UserError(f"{where(root / 'meta.yaml', field=field)}: "
                             f"{v} per rank at TP {r}, not --model {target.name}'s "
                             f"{getattr(target, attr)}: tables of another model")
     return (f"{meta.get('hardware', '?')} ({meta.get('gpu', '?')}), {meta.get('model', '?')} "
