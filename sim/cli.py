@@ -30,8 +30,9 @@ CPU = CpuCosts()
 DESCRIPTION = """\
 Simulate a serving run of an LLM engine's step loop (engine core, worker, device) in sync,
 async or zero-bubble scheduling, with speculative decoding of k draft tokens (EAGLE-3, EAGLE,
-MTP, a draft model, n-gram on the CPU or the GPU), on one GPU or a tensor-parallel group of up
-to 8, and print what `vllm bench serve` would report (TTFT, TPOT, ITL, E2EL), the acceptance
+MTP, a draft model, n-gram on the CPU or the GPU), on one GPU, a tensor-parallel group of up
+to 8, or data-parallel engine cores with expert parallelism (MoE blocks and MTP modules from
+measured tables where given), and print what `vllm bench serve` would report (TTFT, TPOT, ITL, E2EL), the acceptance
 and the step gaps. Targets: the presets, or any Hugging Face config.json of the families
 llama, qwen3, qwen3_moe, gpt_oss and deepseek_v3.
 
