@@ -1,6 +1,6 @@
 """What the MoE and MTP tables, data parallelism and expert parallelism change (issue 40).
 
-    python bench/moe_whatif.py                      # 19 runs, about a minute on 2 cores
+    python bench/moe_whatif.py                      # 19 runs, one markdown table
 
 DeepSeek-V3's shapes (`--model deepseek-v3`: 61 layers, MLA, 256 experts of 2048 + 1 shared,
 top-8, FP8, one MTP layer; DeepSeek-V3.2-Exp has the same, plus its sparse-attention indexer,
