@@ -1,18 +1,21 @@
-"""Real vLLM runs on two GPUs, predicted from the same GPUs' measured operator tables (issue 22).
+"""Real vLLM runs on GPUs, predicted from the same GPUs' measured operator tables (issues 22, 35).
 
     python bench/peer_gpu.py                          # judge traces/peers/llmservingsim, print
     python bench/peer_gpu.py --write                  # ... and rewrite its report and figures
     python bench/peer_gpu.py --build traces/peers/llmservingsim \\
-        --from ../shared/gpu-peers/llmservingsim --dataset WORKLOAD.jsonl   # (re)build it
+        --from ../shared/gpu-peers/llmservingsim --dataset WORKLOAD.jsonl \\
+        --hardware 1b2cc02=HARDWARE.yaml --hardware e08dc38=HARDWARE.yaml   # (re)build it
 
 The folder holds LLMServingSim's files as it publishes them (MIT; its LICENSE and the source
-commit in peers.json): each run's `vllm/` (requests.jsonl, meta.json, timeseries.csv), its own
+commits in peers.json): each run's `vllm/` (requests.jsonl, meta.json, timeseries.csv), its own
 prediction (validation/summary.txt, outputs/sim.csv.gz), the GPU's perf bundle (meta.yaml and
-tp1/ tables), and the dataset the runs replayed (workloads/, gzipped; its sha256 is the runs'
-dataset_hash). Each run is simulated twice, from its tables and from the roofline alone, with
-the settings its meta.json records, and set beside the measurement and LLMServingSim's own
-prediction; then the same run with each modelling choice taken away in turn (the ablation).
-The whole table takes well under a minute on one core.
+the tp<N>/ tables the run needs), the datasets the runs replayed (workloads/, gzipped; each
+one's sha256 is its runs' dataset_hash), and the RTX PRO 6000 pair's measured collectives
+(its hardware.yaml at LLMServingSim's commits 1b2cc02, beside the tables, and e08dc38, under
+at-e08dc38/; the search tool's read_file gives them, `--hardware COMMIT=FILE` copies them).
+Each run is simulated from its tables and from the roofline alone, with the settings its
+meta.json records, and set beside the measurement and LLMServingSim's own prediction; then
+with each modelling choice taken away in turn (the ablation).
 """
 
 from __future__ import annotations
@@ -42,8 +45,25 @@ from stepgap.common.fileio import write_json, write_text  # noqa: E402
 
 FOLDER = ROOT / "traces" / "peers" / "llmservingsim"
 COMMIT = "5daddb21a545658d5150b535712d0494584b5278"
-RUNS = (("rtx4090-llama-3.1-8b", "RTX4090", "rtx4090"),
-        ("rtxpro6000-llama-3.1-8b", "RTXPRO6000", "rtxpro6000"))
+# name, GPU folder, run folder, model's bundle folder, preset, TP, --gpu (catalog or file)
+RUNS = (("rtx4090-llama-3.1-8b", "RTX4090", "Llama-3.1-8B", "meta-llama/Llama-3.1-8B",
+         "llama-3.1-8b", 1, "rtx4090"),
+        ("rtxpro6000-llama-3.1-8b", "RTXPRO6000", "Llama-3.1-8B", "meta-llama/Llama-3.1-8B",
+         "llama-3.1-8b", 1, "rtxpro6000"),
+        # the collectives of the pair as measured 2026-09-08: what the run's own step times
+        # show (bench/peer_tp.py; docs/sim.md, "What TP 2 over PCIe costs")
+        ("rtxpro6000-qwen3-32b-tp2", "RTXPRO6000", "Qwen3-32B", "Qwen/Qwen3-32B", "qwen3-32b", 2,
+         "at-e08dc38/profiler/perf/RTXPRO6000/hardware.yaml"))
+# LLMServingSim's measurements of the RTX PRO 6000 pair's collectives, by commit
+HARDWARE = {"1b2cc02": "profiler/perf/RTXPRO6000/hardware.yaml",
+            "e08dc38": "at-e08dc38/profiler/perf/RTXPRO6000/hardware.yaml"}
+COMMITS = {"1b2cc02": "1b2cc02d67a2647c9f0d67bf07debf240aba82b5 (written 2026-10-02, measured "
+                      "2026-09-26 with ACS and IOMMU off)",
+           "e08dc38": "e08dc388d0e919df6ef92623f943e092e8ea20b3 (measured 2026-09-08)"}
+# Runs priced a second way, beside the judged one: label, SimConfig overrides
+VARIANTS = {"rtxpro6000-qwen3-32b-tp2": (
+    ("tables, collectives of hardware.yaml at 1b2cc02 (measured 2026-09-26)",
+     {"gpu": "rtxpro6000"}),)}
 STATS = ("mean", "median", "p90", "p99")
 METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL"))
 # Each modelling choice taken away in turn (the ablation): SimConfig overrides, or a patch.
@@ -54,21 +74,23 @@ ABLATION = (("as judged", {}, None),
             ("no skew correction (decodes at their mean history only)", {},
              ("stepgap.sim.tables.SkewFit.alpha", lambda self, *a: 0.0)),
             ("admit by first chunk (no reserve_full_isl)", {"scheduler_reserve_full_isl": False},
-             None))
+             None),
+            ("NCCL for every all-reduce (no custom all-reduce; TP runs)", {},
+             ("stepgap.sim.hardware.all_reduce_path", lambda *a: "nccl")))
 
 
 # -------------------------------------------------------------------------------------------
 # Building the folder from the peer's files
 
 
-def build(dest: Path, src: Path, dataset: Path) -> None:
+def build(dest: Path, src: Path, datasets: list[Path], hardware: dict[str, Path]) -> None:
     """Copy what the judge reads, unchanged, under the peer's own paths."""
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy(src / "LICENSE", dest / "LICENSE")
-    runs = []
-    for name, gpu, entry in RUNS:
-        run = Path("bench/examples") / gpu / "Llama-3.1-8B"
-        tables = Path("profiler/perf") / gpu / "meta-llama/Llama-3.1-8B/bf16"
+    runs, replayed = [], {}
+    for name, gpu, folder, model, preset, tp, entry in RUNS:
+        run = Path("bench/examples") / gpu / folder
+        tables = Path("profiler/perf") / gpu / model / "bf16"
         for rel in ("vllm/requests.jsonl", "vllm/meta.json", "vllm/timeseries.csv",
                     "validation/summary.txt", "config.json"):
             (dest / run / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -76,25 +98,45 @@ def build(dest: Path, src: Path, dataset: Path) -> None:
         (dest / run / "outputs").mkdir(exist_ok=True)
         with open(src / run / "outputs/sim.csv", "rb") as f:
             (dest / run / "outputs/sim.csv.gz").write_bytes(gzip.compress(f.read(), mtime=0))
-        for rel in ("meta.yaml", "tp1/dense.csv", "tp1/attention.csv", "tp1/per_sequence.csv"):
-            (dest / tables / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(src / tables / rel, dest / tables / rel)
+        for rel in ("meta.yaml", *(f"tp{tp}/{t}.csv" for t in ("dense", "attention",
+                                                              "per_sequence", "skew_fit"))):
+            if (src / tables / rel).is_file():
+                (dest / tables / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(src / tables / rel, dest / tables / rel)
         runs.append({"name": name, "run": str(run), "tables": str(tables), "gpu": entry,
-                     "model": "llama-3.1-8b"})
-    meta = json.loads((src / runs[0]["run"] / "vllm/meta.json").read_text())
-    data = dataset.read_bytes()
-    if hashlib.sha256(data).hexdigest() != meta["dataset_hash"]:
-        raise SystemExit(f"{dataset}: not the dataset the runs replayed (sha256 differs from "
-                         "meta.json's dataset_hash)")
-    (dest / meta["dataset_path"]).parent.mkdir(parents=True, exist_ok=True)
-    (dest / (meta["dataset_path"] + ".gz")).write_bytes(gzip.compress(data, mtime=0))
+                     "model": preset})
+        meta = json.loads((src / run / "vllm/meta.json").read_text())
+        replayed[meta["dataset_hash"]] = meta["dataset_path"]
+    for digest, rel in replayed.items():   # each dataset, as LLMServingSim keeps it or given
+        for cand in [src / (rel + ".gz"), src / rel, *datasets]:
+            data = cand.read_bytes() if cand.is_file() else b""
+            if cand.suffix == ".gz" and data:
+                data = gzip.decompress(data)
+            if data and hashlib.sha256(data).hexdigest() == digest:
+                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+                (dest / (rel + ".gz")).write_bytes(gzip.compress(data, mtime=0)
+                                                   if cand.suffix != ".gz" else
+                                                   cand.read_bytes())
+                break
+        else:
+            raise SystemExit(f"{rel}: no dataset with the runs' dataset_hash {digest[:12]}... "
+                             "under --from or in --dataset")
+    for commit, rel in HARDWARE.items():
+        if commit not in hardware:
+            raise SystemExit(f"--hardware {commit}=FILE: LLMServingSim's "
+                             f"profiler/perf/RTXPRO6000/hardware.yaml at {commit} (read_file)")
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(hardware[commit], dest / rel)
     write_json(dest / "peers.json", {
         "source": {"repository": "github.com/casys-kaist/LLMServingSim", "commit": COMMIT,
                    "licence": "MIT (LICENSE, which travels with these files)",
                    "copied": "unchanged, under their own paths; outputs/sim.csv and the "
-                             "dataset gzipped; the perf bundles' tp1 tables only",
-                   "dataset": f"{meta['dataset_path']} at that commit (sha256 "
-                              f"{meta['dataset_hash']}, the runs' dataset_hash)"},
+                             "Llama dataset gzipped; the perf bundles' tables at the runs' TP "
+                             "degrees only",
+                   "datasets": [f"{rel} at that commit (sha256 {d}, its runs' dataset_hash)"
+                                for d, rel in replayed.items()],
+                   "hardware": {rel: f"profiler/perf/RTXPRO6000/hardware.yaml at {COMMITS[c]}"
+                                for c, rel in HARDWARE.items()}},
         "runs": runs})
     print(f"built {dest}")
 
@@ -182,14 +224,18 @@ def main(argv=None) -> int:
     ap.add_argument("--build", type=Path, metavar="DEST", help="build a peer folder at DEST")
     ap.add_argument("--from", dest="src", type=Path, metavar="DIR",
                     help="the peer's files (../shared/gpu-peers/llmservingsim)")
-    ap.add_argument("--dataset", type=Path, metavar="FILE",
-                    help="the dataset the runs replayed (LLMServingSim's "
+    ap.add_argument("--dataset", type=Path, metavar="FILE", action="append", default=[],
+                    help="a dataset the runs replayed that --from lacks (LLMServingSim's "
                          "workloads/sharegpt-llama-3.1-8b-300-sps10.jsonl)")
+    ap.add_argument("--hardware", action="append", default=[], metavar="COMMIT=FILE",
+                    help="LLMServingSim's profiler/perf/RTXPRO6000/hardware.yaml at a commit "
+                         f"({', '.join(HARDWARE)})")
     args = ap.parse_args(argv)
     if args.build:
-        if not (args.src and args.dataset):
-            ap.error("--build needs --from and --dataset")
-        build(args.build, args.src, args.dataset)
+        if not args.src:
+            ap.error("--build needs --from")
+        build(args.build, args.src, args.dataset,
+              {c: Path(f) for c, _, f in (h.partition("=") for h in args.hardware)})
         args.folder = args.build
     t0 = time.process_time()
     source, runs = load_peers(args.folder)
@@ -201,6 +247,10 @@ def main(argv=None) -> int:
         results.append((run, judged, roof))
         fails += peer_failures(run.name, judged["errors"], misses)
         lines += [f"## {run.name}", "", *table(run, judged, roof, peer), ""]
+        for label, over in VARIANTS.get(run.name, ()):
+            e = judge_run(run, **over)["errors"]
+            lines += [f"The same, {label}: " + ", ".join(
+                f"{name} {100 * e[k]:+.1f} %" for k, name, _ in PEER_BOUNDS) + ".", ""]
         lines += ["Settings and what is not modelled:", ""]
         lines += [f"- {n}" for n in dict.fromkeys(judged["notes"])]
         dc = judged["simulated"]["config"]["resolved"].get("device_costs", {})
@@ -214,7 +264,11 @@ def main(argv=None) -> int:
                       "prediction):", "",
                   "| | " + " | ".join(label for _, label, _ in PEER_BOUNDS) + " |",
                   "|---|" + "---|" * len(PEER_BOUNDS)]
+        tp = judged["config"].tensor_parallel_size
         for label, over, patch in ABLATION:
+            if ("TP runs" in label and tp == 1) or ("skew" in label and run.name.startswith(
+                    "rtx4090")):
+                continue   # nothing to take away: no all-reduces, no skew fit measured
             if not (over or patch):
                 e = judged["errors"]
             else:
@@ -227,13 +281,18 @@ def main(argv=None) -> int:
     head = ["# Peer GPU runs: real vLLM 0.19.0 against stepgap, from the GPUs' own operator "
             "tables", "",
             f"- source: {source.get('repository')} at {source.get('commit', '?')[:7]}, "
-            f"{source.get('licence')}",
-            "- measured: vLLM 0.19.0, Llama-3.1-8B bf16, TP 1, 300 ShareGPT requests at about "
-            "10/s, async scheduling, chunked prefill (2048), prefix caching, CUDA graphs; "
-            "TTFT = first token - queued, TPOT = (last - first) / (output - 1), E2EL = last "
-            "token - queued (vLLM's RequestStateStats); ITL is not recorded",
-            "- simulated: `stepgap simulate --trace RUN/vllm/requests.jsonl --device-profile "
-            "TABLES --gpu GPU` (settings from the run's meta.json); roofline: the same without "
+            f"{source.get('licence')}; the RTX PRO 6000 pair's collectives: "
+            + "; ".join(f"`{k}`, LLMServingSim's {v}"
+                        for k, v in (source.get("hardware") or {}).items()),
+            "- measured: vLLM 0.19.0, bf16, 300 ShareGPT requests at about 10/s, async "
+            "scheduling, chunked prefill (2048), prefix caching, CUDA graphs: Llama-3.1-8B at TP "
+            "1 on each GPU, Qwen3-32B at TP 2 on two RTX PRO 6000s over PCIe; TTFT = first "
+            "token - queued, TPOT = (last - first) / (output - 1), E2EL = last token - queued "
+            "(vLLM's RequestStateStats); ITL is not recorded",
+            "- simulated: `stepgap simulate --model MODEL --gpu GPU --device-profile TABLES "
+            "--trace RUN/vllm/requests.jsonl` (settings from the run's meta.json; GPU a catalog "
+            "entry, or for the TP 2 run the pair's hardware.yaml of 2026-09-08, whose collectives "
+            "the run's own step times show: bench/peer_tp.py); roofline: the same without "
             "--device-profile",
             "- LLMServingSim: its own prediction as it published it (validation/summary.txt; "
             "ITL from outputs/sim.csv)",
@@ -244,7 +303,7 @@ def main(argv=None) -> int:
             f"**Bounds broken beyond the known misses: {len(fails)}**" +
             ("".join(f"\n- {f}" for f in fails) if fails else ""), "",
             "![running and waiting requests, measured and simulated](series.png)", ""]
-    text = "\n".join(head + lines)
+    text = "\n".join(head + lines).replace(f"{ROOT}/", "")   # paths as the repository's
     print(text)
     if args.write:
         write_text(args.folder / "report.md", text + "\n")

@@ -1,16 +1,22 @@
-"""What the GPUs' own tables change for the question stepgap exists for (issue 22, item 5).
+"""What the GPUs' own tables change for the question stepgap exists for (issues 22 and 35).
 
-    python bench/peer_whatif.py --out out/peer-whatif        # 4 sweeps, ~2 min on 2 cores
+    python bench/peer_whatif.py --out out/peer-whatif        # 6 sweeps of 98 cells
 
-Llama-3.1-8B with an EAGLE-3 head on the RTX 4090 and the RTX PRO 6000 Blackwell, k 0..6 x
+Llama-3.1-8B with an EAGLE-3 head on the RTX 4090 and the RTX PRO 6000 Blackwell, and
+Qwen3-32B with an EAGLE-3 head at TP 2 on two RTX PRO 6000s over PCIe, k 0..6 x
 max-concurrency 1..64, sync against async, each priced twice: from the GPU's measured
 operator tables (traces/peers/llmservingsim, --device-profile) and from the roofline of its
-datasheet entry. Everything else is the seed scenario (`--preset seed-l20`: MT-bench-like
-prompts, 256 output tokens, its CPU cost scale 2.42 fitted on the L20 host), with vLLM's
---max-num-batched-tokens 2048 of the peer runs. No EAGLE-3 acceptance was measured on these
-GPUs: the acceptance is the seed's profile, vLLM #26191 (Llama-3.1-8B + EAGLE-3 on MT-bench,
-k = 7). Prints, per GPU and cost model, the best k of each mode by mean TPOT and what async
-saves at it, and draws docs/img/peer_whatif.png (--figure).
+datasheet entry. The TP 2 pair's collectives are the ones its real run shows, LLMServingSim's
+hardware.yaml of 2026-09-08 (--gpu FILE.yaml; bench/peer_tp.py), in both. Everything else is
+the seed scenario (`--preset seed-l20`: MT-bench-like prompts, 256 output tokens, its CPU cost
+scale 2.42 fitted on the L20 host), with vLLM's --max-num-batched-tokens 2048 of the peer runs.
+No EAGLE-3 acceptance was measured on these GPUs. Llama: the seed's profile, vLLM #26191
+(Llama-3.1-8B + EAGLE-3 on MT-bench, k = 7). Qwen3-32B: `vllm-qwen3-8b-eagle3` (vLLM's
+acceptance test, Qwen3-8B + RedHatAI's EAGLE-3 head on MT-bench, k = 3; past k = 3 its last
+conditional rate carries on), the only published Qwen3 EAGLE-3 profile stepgap holds; its head
+is shaped from the target (one decoder layer of Qwen3-32B's shapes, which the tables price).
+Prints, per scenario and cost model, the best k of each mode by mean TPOT and what async saves
+at it, and draws docs/img/peer_whatif.png (--figure).
 """
 
 from __future__ import annotations
@@ -23,15 +29,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = ROOT / "traces/peers/llmservingsim/profiler/perf"
-GPUS = (("rtx4090", "RTX 4090", TABLES / "RTX4090/meta-llama/Llama-3.1-8B/bf16"),
-        ("rtxpro6000", "RTX PRO 6000", TABLES / "RTXPRO6000/meta-llama/Llama-3.1-8B/bf16"))
+PAIR = ROOT / "traces/peers/llmservingsim/at-e08dc38/profiler/perf/RTXPRO6000/hardware.yaml"
+# key, label, --gpu, the tables, the scenario's own settings
+GPUS = (("rtx4090", "RTX 4090", "rtx4090", TABLES / "RTX4090/meta-llama/Llama-3.1-8B/bf16", ()),
+        ("rtxpro6000", "RTX PRO 6000", "rtxpro6000",
+         TABLES / "RTXPRO6000/meta-llama/Llama-3.1-8B/bf16", ()),
+        ("qwen3-32b-tp2", "Qwen3-32B, TP 2 on two RTX PRO 6000", str(PAIR),
+         TABLES / "RTXPRO6000/Qwen/Qwen3-32B/bf16",
+         ("model=qwen3-32b", "tensor_parallel_size=2", "draft=eagle3",
+          "acceptance=vllm-qwen3-8b-eagle3")))
 CONCS = (1, 2, 4, 8, 16, 32, 64)
 
 
-def sweep(gpu: str, tables: Path | None, out: Path) -> list[dict]:
+def sweep(gpu: str, tables: Path | None, sets: tuple, out: Path) -> list[dict]:
     cmd = [sys.executable, "-m", "stepgap", "sweep", "--preset", "seed-l20", "--set",
            f"gpu={gpu}", "--set", "max_num_batched_tokens=2048", "--grid", "mode=sync,async",
            "--grid", "k=0..6", "--grid", "max_concurrency=1..64:x2", "--out", str(out)]
+    for kv in sets:
+        cmd += ["--set", kv]
     if tables is not None:
         cmd += ["--set", f"device_profile={tables}"]
     subprocess.run(cmd, check=True, cwd=ROOT, stderr=subprocess.DEVNULL)
@@ -59,8 +74,9 @@ def figure(results: dict, path: Path) -> None:
     ax1, ax2 = fig.subplots(1, 2)
     for (gpu, model), b in results.items():
         style = {"tables": "-", "roofline": ":"}[model]
-        color = {"rtx4090": "tab:green", "rtxpro6000": "tab:purple"}[gpu]
-        label = f"{dict((g, n) for g, n, _ in GPUS)[gpu]}, {model}"
+        color = {"rtx4090": "tab:green", "rtxpro6000": "tab:purple",
+                 "qwen3-32b-tp2": "tab:red"}[gpu]
+        label = f"{dict((g, n) for g, n, *_ in GPUS)[gpu]}, {model}"
         ax1.plot(CONCS, [b[("saving", c)] for c in CONCS], style, color=color, marker="o",
                  label=label)
         ax2.plot(CONCS, [b[("async", c)][0] for c in CONCS], style, color=color, marker="o",
@@ -73,8 +89,9 @@ def figure(results: dict, path: Path) -> None:
         ax.set_xticks(CONCS, [str(c) for c in CONCS])
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("Llama-3.1-8B + EAGLE-3 (acceptance: vLLM #26191, MT-bench): measured tables "
-                 "against the datasheet roofline", fontsize=10)
+    fig.suptitle("+ EAGLE-3: Llama-3.1-8B (acceptance vLLM #26191, MT-bench) and Qwen3-32B at "
+                 "TP 2 (vllm-qwen3-8b-eagle3): measured tables against the roofline",
+                 fontsize=10)
     fig.savefig(path, dpi=110)
 
 
@@ -86,15 +103,15 @@ def main(argv=None) -> int:
     ap.add_argument("--figure", type=Path, default=ROOT / "docs" / "img" / "peer_whatif.png")
     args = ap.parse_args(argv)
     results = {}
-    for gpu, name, tables in GPUS:
+    for key, name, gpu, tables, sets in GPUS:
         for model, t in (("tables", tables), ("roofline", None)):
-            results[(gpu, model)] = best(sweep(gpu, t, args.out / f"{gpu}-{model}"))
-    print("| concurrency | " + " | ".join(f"{n} {m}" for _, n, _ in GPUS
+            results[(key, model)] = best(sweep(gpu, t, sets, args.out / f"{key}-{model}"))
+    print("| concurrency | " + " | ".join(f"{n} {m}" for _, n, *_ in GPUS
                                         for m in ("tables", "roofline")) + " |")
-    print("|---|" + "---|" * 4)
+    print("|---|" + "---|" * 2 * len(GPUS))
     for c in CONCS:
         cells = []
-        for gpu, _, _ in GPUS:
+        for gpu, *_ in GPUS:
             for model in ("tables", "roofline"):
                 b = results[(gpu, model)]
                 (ks, ts), (ka, ta) = b[("sync", c)], b[("async", c)]

@@ -235,9 +235,10 @@ def sim_hardware(plan: Plan) -> str:
     """The catalog entry the simulator's roofline falls back to for this machine."""
     if plan.engine.device == "cpu":
         return "cpu"
-    from stepgap.sim.hardware import CATALOG
-    gpu = machine_info().get("gpu", "").lower()
-    return next((h for h in CATALOG if h != "cpu" and h in gpu), "h100")
+    from stepgap.sim.hardware import CATALOG, catalog_entry
+    gpu = machine_info().get("gpu", "")
+    return catalog_entry(gpu) or next((h for h in sorted(CATALOG, key=len, reverse=True)
+                                       if h != "cpu" and h in gpu.lower()), "h100")
 
 
 def save_runs(path: Path, results: list[dict]) -> None:

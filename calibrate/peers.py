@@ -22,6 +22,7 @@ from stepgap.common.fileio import read_json_object, read_text
 from stepgap.common.peer_run import (find_dataset, load_timeseries, peer_result,
                                      peer_settings)
 from stepgap.sim.config import SimConfig
+from stepgap.sim.hardware import is_gpu_file
 from stepgap.sim.loop import simulate
 
 MANIFEST = "peers.json"
@@ -39,7 +40,7 @@ class PeerRun:
     name: str
     run: Path        # the run's folder: vllm/{requests.jsonl, meta.json, timeseries.csv}
     tables: Path     # the perf bundle's variant folder (--device-profile)
-    gpu: str         # the catalog entry
+    gpu: str         # the catalog entry, or a GPU file (a hardware.yaml: --gpu FILE.yaml)
     model: str
 
     @property
@@ -60,8 +61,9 @@ def load_peers(folder) -> tuple[dict, list[PeerRun]]:
     for n, r in enumerate(doc.get("runs") or []):
         src = where(path, field=f"runs[{n}]")
         try:
+            gpu = str(r["gpu"])   # a catalog entry, or a GPU file in the folder
             run = PeerRun(str(r["name"]), folder / r["run"], folder / r["tables"],
-                          str(r["gpu"]), str(r["model"]))
+                          str(folder / gpu) if is_gpu_file(gpu) else gpu, str(r["model"]))
         except (KeyError, TypeError):
             raise UserError(f"{src}: expected name, run, tables, gpu and model") from None
         if not run.requests.is_file():
@@ -76,15 +78,13 @@ def peer_config(run: PeerRun, tables: bool = True, **overrides) -> tuple[SimConf
     """The simulator's configuration of a peer run: its meta.json's settings, its trace (with
     the token ids of the dataset it replayed, where found), its GPU and, unless `tables` is
     False, its operator tables."""
-    settings, notes = peer_settings(run.requests.with_name("meta.json"))
-    settings.setdefault("max_model_len", None)
     from stepgap.common.model_presets import load_model_config
-    if settings["max_model_len"] is None:   # vLLM's default: the model's own context
-        settings["max_model_len"] = load_model_config(run.model).max_position_embeddings
-    cfg = SimConfig(gpu=run.gpu, model=run.model, workload=str(run.requests),
-                    device_profile=str(run.tables) if tables else None,
-                    metric_percentiles=PERCENTILES, timeseries_interval_s=TICK_S,
-                    detailed=False, **{**settings, **overrides})
+    settings, notes = peer_settings(run.requests.with_name("meta.json"),
+                                    load_model_config(run.model).max_position_embeddings)
+    cfg = SimConfig(**{"gpu": run.gpu, "model": run.model, "workload": str(run.requests),
+                       "device_profile": str(run.tables) if tables else None,
+                       "metric_percentiles": PERCENTILES, "timeseries_interval_s": TICK_S,
+                       "detailed": False, **settings, **overrides})
     if find_dataset(run.requests) is None:
         notes.append("no dataset found: prefix caching sees no prompt token ids")
     return cfg, notes

@@ -570,7 +570,7 @@ def cmd_ingest_metrics(args) -> int:
 
 
 def cmd_ingest_bench(args) -> int:
-    from stepgap.common.vllm_bench import bench_requests, bench_result, read_bench
+    from stepgap.common.vllm_bench import bench_requests, bench_result, merged_chunks, read_bench
     from stepgap.common.fileio import check_distinct, check_writable
     from stepgap.common.formats import format_summary, save_result, save_trace
     check_distinct([("--out", args.out), ("--trace-out", args.trace_out)])
@@ -579,6 +579,9 @@ def cmd_ingest_bench(args) -> int:
             check_writable(path, option)
     doc = read_bench(args.result)
     res = bench_result(doc, args.result)
+    merged = merged_chunks(doc, args.result)
+    if merged:
+        print(f"warning: {merged}")
     print(format_summary(res, f"vllm bench serve: {Path(args.result).name}"), flush=True)
     if args.out:
         save_result(args.out, res)

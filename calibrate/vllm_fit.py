@@ -58,7 +58,7 @@ class Run:
     spans: list | None = None      # the run's timeline, where given
     profiled: bool = False          # the timeline is a torch-profiler trace (the profiler's
                                     # overhead in it), not hook spans of the run itself
-    acceptance: dict | None = None  # from its scrapes
+    acceptance: dict | None = None  # from its scrapes, else its bench file
     notes: list[str] = field(default_factory=list)
 
 
@@ -140,17 +140,23 @@ def load_runs(paths) -> tuple[list[Run], list[str]]:
         if after is not None and r.k:
             r.acceptance = acceptance_from_scrapes(read_text(after), read_text(before)
                                                    if before else None, after, before)
+        elif r.k:
+            r.acceptance = bench_acceptance(r.doc, r.path)
     traces = [read_source(p) for p in kinds["traces"]]
     used = set()
     matched = match_traces(runs, traces)
     for r in runs:
-        mine = matched.get(r.name, [])
-        used.update(mine)
-        sources = mine + (kinds["hooks"] if not mine else [])
-        if not sources:
+        mine = [t for t in traces if t.path in matched.get(r.name, ())]
+        used.update(t.path for t in mine)
+        if not (mine or kinds["hooks"]):
             continue
+        # NOTE: a trace matched by what it prefilled is the run's whole timeline (`vllm bench
+        # serve --profile` profiles that run alone), and the bench writes its `date` seconds
+        # after the trace's last step: its window is the trace's own, not the bench's clock.
+        window = (min(t.events[0]["ts"] for t in mine),
+                  max(t.events[-1]["ts"] for t in mine)) if mine else r.window
         try:
-            r.spans = ingest_profile(sources + ([] if not mine else kinds["hooks"]), r.window)
+            r.spans = ingest_profile(mine + kinds["hooks"], window)
             r.profiled = bool(mine)
         except UserError as e:
             r.notes.append(f"no timeline in its window ({e})")
@@ -162,6 +168,21 @@ def load_runs(paths) -> tuple[list[Run], list[str]]:
                for p in kinds["scrapes"] if not any(p.name.startswith(r.name + ".")
                                                     for r in runs)]
     return runs, unused
+
+
+def bench_acceptance(doc: dict, path) -> dict | None:
+    """The acceptance a run saw, from its bench file (vLLM 0.32 writes the spec-decode
+    counters it scraped around the run: spec_decode_*), as acceptance_from_scrapes gives it;
+    None where the file has none."""
+    rates = doc.get("spec_decode_per_position_acceptance_rates")
+    if not rates or not doc.get("spec_decode_num_drafts"):
+        return None
+    return {"format": "stepgap-acceptance/1", "k": len(rates), "rates": rates,
+            "num_drafts": doc["spec_decode_num_drafts"],
+            "num_draft_tokens": doc["spec_decode_draft_tokens"],
+            "num_accepted_tokens": doc["spec_decode_accepted_tokens"],
+            "acceptance_length": doc["spec_decode_acceptance_length"],
+            "source": f"{path}: spec_decode_per_position_acceptance_rates"}
 
 
 def prefill_tokens(src) -> int:
@@ -378,7 +399,10 @@ def calibrate_runs(runs: list[Run], meta: dict | None = None) -> Profile:
     for c in (cpu, *cpu_by_k.values()):
         if "rpc_mid" in c:
             c["worker_turnaround"] = list(c["rpc_mid"])
-    for term, why in (("rpc_drafts", "a sync run with drafts (k > 0)"),
+    for term, why in (("schedule", "the engine core's hook spans; vLLM's profiler does not "
+                       "trace the engine core, so the default stands"),
+                      ("update_from_output", "the engine core's hook spans; the default stands"),
+                      ("rpc_drafts", "a sync run with drafts (k > 0)"),
                       ("process_outputs", "the API server's hook spans"),
                       ("rpc_mid", "the worker's timeline")):
         if term not in cpu:
@@ -433,13 +457,67 @@ def resimulate_run(profile: Profile, run: Run, **settings) -> dict:
     return res
 
 
+# The CPU terms a worker's torch-profiler trace times: the profiler's overhead inflates them as
+# it does the device ops, so one level scales both.
+TRACED_TERMS = ("prepare_inputs", "launch", "rpc_mid", "worker_turnaround")
+
+
+def profiled_levels(runs: list[Run], simulated: list[float], has_api_server: bool
+                    ) -> tuple[dict[int, float], float | None]:
+    """The level of each k's profiled costs and, where the runs span concurrencies and no
+    API-server timeline timed the per-request work, a per-request cost of each step: least
+    squares of the runs' measured mean ITL over level[k] x simulated + per_request x requests in
+    flight (min(concurrency, prompts)); the cost held >= 0."""
+    import numpy as np
+    ks = sorted({r.k for r in runs})
+    flight = [min(r.conc or r.doc["num_prompts"], r.doc["num_prompts"]) for r in runs]
+    x = [[s if r.k == k else 0.0 for k in ks] for r, s in zip(runs, simulated)]
+    per_request = not has_api_server and len(set(flight)) > 1
+    if per_request:
+        x = [row + [n * 1e-3] for row, n in zip(x, flight)]   # us per request, in ms
+    y = [r.doc["mean_itl_ms"] for r in runs]
+    coef = np.linalg.lstsq(np.array(x), np.array(y), rcond=None)[0]
+    if per_request and coef[-1] < 0:   # no cost per request: the levels alone
+        return profiled_levels(runs, simulated, True)[0], 0.0
+    levels = {k: float(c) for k, c in zip(ks, coef)}
+    return levels, float(coef[-1]) if per_request else None
+
+
+def apply_levels(profile: Profile, levels: dict[int, float], per_request: float | None) -> None:
+    """Each k's fits and traced CPU terms (the nearest k's where it has none of its own) at its
+    level; the per-request cost, where fitted, added to prepare_inputs' on every k."""
+    from dataclasses import replace
+    fitted = sorted({f.k for f in profile.fits if f.k is not None})
+    fits = [f for f in profile.fits if f.k not in levels]
+    for k, level in sorted(levels.items()):
+        near = min(fitted, key=lambda x: (abs(x - k), -x)) if fitted else None
+        for f in profile.fits:
+            if f.k == near and (k or f.op != "draft_forward"):
+                fits.append(replace(f.scaled(level), k=k) if near == k else replace(
+                    f.scaled(level), k=k, source=f"{f.source} at k={near}, at the level of "
+                                                 f"the k={k} runs"))
+        cpu_near = min(profile.cpu_by_k, key=lambda x: (abs(x - k), -x)) \
+            if profile.cpu_by_k else None
+        if cpu_near is not None:
+            base = profile.cpu_by_k[cpu_near]
+            terms = {t: [round(c * level, 4) for c in v] if t in TRACED_TERMS else v
+                     for t, v in base.terms.items()}
+            profile.cpu_by_k[k] = CpuFit(terms, base.quality if cpu_near == k else None)
+    profile.fits = sorted(fits, key=lambda f: (f.op, f.i is None, f.i or 0, f.k or 0))
+    if per_request:
+        for c in (profile.cpu, *profile.cpu_by_k.values()):
+            if "prepare_inputs" in c.terms:
+                a, b, t = c.terms["prepare_inputs"]
+                c.terms["prepare_inputs"] = [a, round(b + per_request, 4), t]
+
+
 def fit_levels(profile: Profile, runs: list[Run]) -> Profile:
     """The profile with the client's latency (TTFT left over) and, where the device costs come
     from profiled runs, their level against the unprofiled runs' mean ITL; and every run's
     residual. Needs the model's config (about["model"]["target"]). Runs whose client read the
     stream in bursts (bursty_share) time the client, not the engine: they are left out of both
     levels."""
-    from stepgap.common.vllm_bench import BURSTY_ITL_MS, bursty_share, is_bursty
+    from stepgap.common.vllm_bench import is_bursty
     undetermined, notes = profile.undetermined, profile.notes
     model = (profile.about.get("model") or {}).get("target")
     if not model:
@@ -447,12 +525,6 @@ def fit_levels(profile: Profile, runs: list[Run]) -> Profile:
                             "runs could not be re-simulated")
         return profile
     steady = [r for r in runs if not is_bursty(r.doc)]
-    for r in runs:
-        if r not in steady:
-            undetermined.append(
-                f"{r.name}: {bursty_share(r.doc):.0%} of its ITLs under "
-                f"{BURSTY_ITL_MS * 1e3:.0f} us (the client read the stream in bursts: it was "
-                "short of CPU); left out of the level fits")
     scale = any(r.profiled for r in runs if r.spans)
     kw = {"model": model, "draft": (profile.about.get("model") or {}).get("draft") or "eagle3",
           **(profile.about.get("scheduler") or {})}
@@ -465,11 +537,25 @@ def fit_levels(profile: Profile, runs: list[Run]) -> Profile:
         undetermined.append("client_latency_us, level: no run with a steady client")
         notes["level"] = {"device_ops_scaled_by": 1.0, "why": "no run with a steady client"}
     elif scale:
-        level = statistics.median(itl)
-        profile.fits = [f.scaled(level) for f in profile.fits]
-        notes["level"] = {"device_ops_scaled_by": round(level, 4),
-                          "why": "the device costs come from profiled runs: measured mean "
-                                 "ITL over simulated, median over the steady runs"}
+        sims = [r.doc["mean_itl_ms"] / x for r, x in zip(steady, itl)]
+        levels, per_req = profiled_levels(steady, sims, "process_outputs" in profile.cpu.terms)
+        apply_levels(profile, levels, per_req)
+        notes["level"] = {
+            "scaled_by_k": {str(k): round(v, 4) for k, v in sorted(levels.items())},
+            "why": "the costs come from profiled runs (the profiler's overhead in every op it "
+                   "records): the device fits and the worker's traced CPU terms of each k "
+                   "scaled to its steady runs' mean ITL (least squares); a k without runs "
+                   "takes the nearest k's"}
+        if per_req is not None:   # what the timelines left undetermined, the runs determine
+            undetermined[:] = [m for m in undetermined
+                               if not m.startswith("prepare_inputs: b (per request)")]
+            notes["level"]["per_request_us"] = round(per_req, 1)
+            notes["level"]["per_request_why"] = (
+                "what a step gained per request in flight, fitted from the steady runs' mean "
+                "ITL at their concurrencies (a trace of one request at a time leaves it "
+                "undetermined, and no API-server timeline times it), added to "
+                "prepare_inputs' per-request cost: where in the step it is spent is not "
+                "determined")
     else:
         notes["level"] = {"device_ops_scaled_by": 1.0,
                           "why": "the device costs come from the runs' own hook spans "
@@ -483,8 +569,11 @@ def fit_levels(profile: Profile, runs: list[Run]) -> Profile:
         res = resimulate_run(profile, r, **kw)
         notes["residuals"].append({
             "run": r.name, "k": r.k, "conc": r.conc,
+            **({"profiled": True} if r.profiled else {}),
+            **({"merged_chunks": True} if r not in steady else {}),
             **{m: round((res[m] - r.doc[m]) / r.doc[m], 4)
-               for m in ("mean_tpot_ms", "mean_itl_ms", "mean_ttft_ms", "p99_tpot_ms")}})
+               for m in ("mean_tpot_ms", "mean_itl_ms", "mean_ttft_ms", "mean_e2el_ms",
+                         "p99_tpot_ms")}})
     return profile
 
 
@@ -503,8 +592,8 @@ the workflow: profile a short vLLM sync run, bench two concurrencies, calibrate,
 
 Inputs (files or folders, sorted by their content): `vllm bench serve --save-result
 --save-detailed` files (the runs: their TTFT, ITL and per-request lengths); the runs' timelines,
-torch-profiler traces (*.pt.trace.json.gz, each matched to the run whose time window holds it)
-or bench/vllm/stepgap_hooks span files (*.jsonl, cut by each run's window); and /metrics
+torch-profiler traces (*.pt.trace.json.gz, each matched to the run that prefilled its prompt
+tokens) or bench/vllm/stepgap_hooks span files (*.jsonl, cut by each run's window); and /metrics
 scrapes named RUN.before.txt / RUN.after.txt (the acceptance each run saw). Only sync runs are
 fitted (a run's mode comes from a `--metadata mode=...` of the bench, else from its timeline).
 A run at one concurrency cannot tell a per-request cost from a fixed one: what the inputs leave
@@ -533,7 +622,12 @@ def register(sub) -> None:
 def cmd_calibrate(args) -> int:
     from stepgap.common.fileio import check_writable
     check_writable(args.out, "--out")
+    from stepgap.common.vllm_bench import merged_chunks
     runs, unused = load_runs(args.measured)
+    for r in runs:   # first: what such a run cannot be held to
+        merged = merged_chunks(r.doc, r.name)
+        if merged:
+            print(f"warning: {merged}; left out of the level fits", flush=True)
     for line in unused + [f"{r.name}: {n}" for r in runs for n in r.notes]:
         print(f"  note: {line}", file=sys.stderr)
     meta = {"model": {"target": args.model, "draft": args.draft},
@@ -547,8 +641,14 @@ def cmd_calibrate(args) -> int:
           f"{', '.join(sorted(profile.cpu.terms))}; fitted on {len(cal['runs'])} sync runs "
           f"(k {cal['ks']}, concurrency {cal['concurrency']})")
     for r in profile.notes.get("residuals", []):
+        what = " (profiled: the profiler's overhead in it)" if r.get("profiled") else ""
+        if r.get("merged_chunks"):   # its TPOT and ITL are the client's
+            print(f"  {r['run']}: mean TTFT {100 * r['mean_ttft_ms']:+.1f} %, mean E2EL "
+                  f"{100 * r['mean_e2el_ms']:+.1f} % (merged chunks: no TPOT, no ITL)")
+            continue
         print(f"  {r['run']}: mean TPOT {100 * r['mean_tpot_ms']:+.1f} %, mean ITL "
-              f"{100 * r['mean_itl_ms']:+.1f} %, mean TTFT {100 * r['mean_ttft_ms']:+.1f} %")
+              f"{100 * r['mean_itl_ms']:+.1f} %, mean TTFT {100 * r['mean_ttft_ms']:+.1f} %"
+              + what)
     for m in profile.undetermined:
         print(f"  undetermined: {m}", file=sys.stderr)
     return 0

@@ -9,8 +9,9 @@ from stepgap.common.errors import UserError
 from stepgap.common.model_families import llama_fields
 from stepgap.common.model_fields import check_config_object, named
 from stepgap.common.model_heads import EagleHeadConfig, eagle3_for, eagle_for
-from stepgap.common.model_presets import (DRAFT_PRESETS, MODEL_PRESETS, load_draft_config,
-                                          load_model_config, read_config)
+from stepgap.common.model_presets import (DRAFT_PRESETS, EAGLE_IDS, MODEL_PRESETS,
+                                          load_draft_config, load_model_config, preset_of,
+                                          read_config)
 from stepgap.common.modelcfg import ModelConfig
 
 
@@ -40,7 +41,10 @@ def load_drafter(method: str, spec: str | None, target: ModelConfig,
     if method not in SPEC_METHODS:
         raise UserError(f"{src}: not modelled (methods: {', '.join(SPEC_METHODS)})")
     if method in DERIVED_HEADS:
-        if spec is None or spec == method:
+        if spec is None or spec == method or (method == "eagle" and spec in EAGLE_IDS):
+            if spec in EAGLE_IDS and preset_of(target.name) != EAGLE_IDS[spec]:
+                raise UserError(f"{src}: {spec} is a head of {EAGLE_IDS[spec]}, not of "
+                                f"{target.name}")
             head = DERIVED_HEADS[method](target)
         elif method == "eagle" and spec not in DRAFT_PRESETS and Path(spec).exists():
             d, source = read_config(spec)   # an EAGLE head's config is a 1-layer Llama's
@@ -67,7 +71,7 @@ def load_drafter(method: str, spec: str | None, target: ModelConfig,
                             f"the target {target.vocab_size} (vLLM requires the same "
                             "vocabulary)")
         return draft
-    if spec is not None and spec != target.name:
+    if spec is not None and spec != target.name and preset_of(spec) != target.name:
         raise UserError(f"{src} takes no draft model (got {spec})")
     if method == "mtp":
         if not target.num_mtp_layers:

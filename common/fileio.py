@@ -127,6 +127,23 @@ def read_toml(path) -> dict:
         raise UserError(_long_integer(text, path, None).replace("JSON", "TOML")) from None
 
 
+def read_yaml(path, what: str) -> dict:
+    """A YAML file whose top level is a mapping (`what` says whose format, for the error):
+    LLMServingSim's meta.yaml and hardware.yaml, a GPU file."""
+    import yaml
+    try:
+        doc = yaml.safe_load(read_text(path))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise UserError(f"{path}{line}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    except RecursionError:
+        raise UserError(f"{path}: not valid YAML (nested too deeply)") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"{path}: expected a mapping ({what})")
+    return doc
+
+
 # -------------------------------------------------------------------------------------------
 # Writing
 

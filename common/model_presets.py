@@ -1,8 +1,10 @@
-"""Named presets of well-known models and heads, so that nothing is downloaded, and the loaders
-of a target or a head by preset name, folder or config.json."""
+"""Named presets of well-known models and heads, so that nothing is downloaded, the Hugging Face
+ids they stand for, and the loaders of a target or a head by preset name, Hugging Face id,
+folder or config.json."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from stepgap.common.errors import UserError
@@ -47,7 +49,8 @@ HF_PRESETS = {
               "tie_word_embeddings": tied, "use_sliding_window": False}
        for name, h, n, heads, inter, tied in (("qwen3-0.6b", 1024, 28, 16, 3072, True),
                                               ("qwen3-1.7b", 2048, 28, 16, 6144, True),
-                                              ("qwen3-8b", 4096, 36, 32, 12288, False))},
+                                              ("qwen3-8b", 4096, 36, 32, 12288, False),
+                                              ("qwen3-32b", 5120, 64, 64, 25600, False))},
     "qwen3-30b-a3b": {
         "model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48,
         "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
@@ -82,6 +85,10 @@ HF_PRESETS = {
         "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
                                 "activation_scheme": "dynamic", "weight_block_size": [128, 128]}},
 }
+# Qwen3-30B-A3B-Instruct-2507: Qwen3-30B-A3B's layers with a 256K context (its config.json, as
+# LLMServingSim's configs/model/Qwen/ copies it: rope_theta 1e7, max_position_embeddings 262144)
+HF_PRESETS["qwen3-30b-a3b-instruct-2507"] = {**HF_PRESETS["qwen3-30b-a3b"], "rope_theta": 10000000,
+                                             "max_position_embeddings": 262144}
 MODEL_PRESETS.update({name: ModelConfig.from_hf_dict(d, f"preset {name}", name)
                       for name, d in HF_PRESETS.items()})
 # The yuhuili/EAGLE3-LLaMA3.1-Instruct-8B head: one 4096-wide layer, draft vocab 32000,
@@ -103,6 +110,90 @@ DRAFT_PRESETS: dict[str, EagleHeadConfig] = {
 }
 
 
+# Hugging Face ids: each preset's by the repository its config.json was read from, and the
+# common EAGLE-3 heads by theirs (yuhuili's, RedHatAI's speculators, AngelSlim's). A run names
+# a model as `vllm serve` does; nothing is downloaded: the id stands for the preset's shapes.
+MODEL_IDS = {
+    "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "meta-llama/Llama-3.2-3B-Instruct": "llama-3.2-3b",
+    "meta-llama/Llama-3.2-1B-Instruct": "llama-3.2-1b",
+    "meta-llama/Llama-3.3-70B-Instruct": "llama-3.3-70b",
+    "Qwen/Qwen3-0.6B": "qwen3-0.6b", "Qwen/Qwen3-1.7B": "qwen3-1.7b", "Qwen/Qwen3-8B": "qwen3-8b",
+    "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen/Qwen3-32B": "qwen3-32b",
+    "Qwen/Qwen3-30B-A3B-Instruct-2507": "qwen3-30b-a3b-instruct-2507",
+    "openai/gpt-oss-20b": "gpt-oss-20b",
+    "deepseek-ai/DeepSeek-V3": "deepseek-v3",
+}
+DRAFT_IDS = {
+    "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B": "llama-3.1-8b-eagle3",
+    # the speculators-format heads: one target-sized layer, draft vocabulary 32000 (the shapes
+    # of the presets above; their own configs were not found in a source we could read)
+    "RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3": "llama-3.1-8b-eagle3",
+    "RedHatAI/Llama-3.3-70B-Instruct-speculator.eagle3": "llama-3.3-70b-eagle3",
+    "RedHatAI/Qwen3-8B-speculator.eagle3": "qwen3-8b-eagle3",
+    "AngelSlim/Qwen3-8B_eagle3": "qwen3-8b-eagle3",
+}
+# EAGLE (-1) heads, each one layer shaped as its target with the target's lm_head: the head
+# `--speculative-config method eagle` shapes from the target (common/model_heads.py eagle_for).
+EAGLE_IDS = {"yuhuili/EAGLE-LLaMA3.1-Instruct-8B": "llama-3.1-8b"}
+
+
+def hf_cache_file(repo_id: str, filename: str) -> Path | None:
+    """A file of a Hugging Face repository already in this machine's cache (HF_HUB_CACHE, else
+    HF_HOME/hub, else ~/.cache/huggingface/hub: where vLLM finds it offline), or None. Nothing
+    is downloaded."""
+    import os
+    if repo_id.count("/") != 1:
+        return None
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME") or os.path.join(Path.home(), ".cache", "huggingface"), "hub")
+    snapshots = Path(hub) / f"models--{repo_id.replace('/', '--')}" / "snapshots"
+    found = sorted(snapshots.glob(f"*/{filename}")) if snapshots.is_dir() else []
+    return found[-1] if found else None
+
+
+def preset_of(spec: str, ids: dict[str, str] = MODEL_IDS) -> str | None:
+    """The preset a name stands for: itself, or the preset of a Hugging Face id (None: neither)."""
+    presets = MODEL_PRESETS if ids is MODEL_IDS else DRAFT_PRESETS
+    return spec if spec in presets else ids.get(spec)
+
+
+def _words(name: str) -> set[str]:
+    """A model name's words: families, versions and sizes (`Llama-3.1-8B` -> llama, 3.1, 8b)."""
+    return set(re.findall(r"\d+(?:\.\d+)*[bm]?|[a-z]+", name.lower()))
+
+
+def near_presets(spec: str, ids: dict[str, str], presets) -> list[str]:
+    """The presets nearest a name stepgap does not know, each with its id, for the one line
+    that refuses it: the most words shared with a preset's name or id (none near: every
+    preset, by name)."""
+    words = _words(spec.rstrip("/").split("/")[-1])
+    by_preset = {p: i for i, p in reversed(ids.items())}
+    scores = {}
+    for name, preset in [*((p, p) for p in presets), *((i.split("/")[-1], p)
+                                                      for i, p in ids.items())]:
+        other = _words(name)
+        score = len(words & other) / len(words | other)
+        scores[preset] = max(scores.get(preset, 0.0), score)
+    best = max(scores.values(), default=0.0)
+    near = sorted((p for p, x in scores.items() if x >= max(0.2, 0.6 * best)),
+                  key=lambda p: -scores[p])[:3]
+    if not near:
+        return list(presets)
+    return [f"{p} ({by_preset[p]})" if p in by_preset else p for p in near]
+
+
+def unknown(spec: str, what: str, ids: dict[str, str], presets, extra: str = "") -> UserError:
+    """The one line for a model or head stepgap does not know: near presets, and how to give
+    one's config.json (nothing is downloaded)."""
+    fp8 = "; its FP8 weights: add --quantization fp8" if "fp8" in spec.lower() else ""
+    return UserError(
+        f"unknown {what} {spec!r}: not a preset, a Hugging Face id stepgap knows, a folder or a "
+        f"config.json (nothing is downloaded); near: {', '.join(near_presets(spec, ids, presets))}"
+        f"{extra}{fp8}; for this one, give its config.json (e.g. `huggingface-cli download "
+        f"{spec if '/' in spec else 'ORG/NAME'} config.json --local-dir DIR`, then DIR)")
+
+
 def read_config(spec: str) -> tuple[dict, str]:
     path = Path(spec)
     if path.is_dir():
@@ -113,27 +204,32 @@ def read_config(spec: str) -> tuple[dict, str]:
 
 
 def load_model_config(spec: str) -> ModelConfig:
-    """A target by preset name, model folder, or config.json path."""
-    if spec in MODEL_PRESETS:
-        return MODEL_PRESETS[spec]
+    """A target by preset name, Hugging Face id (MODEL_IDS, else one in this machine's Hugging
+    Face cache), model folder, or config.json path."""
+    preset = preset_of(spec)
+    if preset is not None:
+        return MODEL_PRESETS[preset]
     if not Path(spec).exists():
-        raise UserError(f"unknown model {spec!r}: expected a preset "
-                        f"({', '.join(MODEL_PRESETS)}), a model folder or a config.json")
+        cached = hf_cache_file(spec, "config.json")   # a model this machine already has
+        if cached is None:
+            raise unknown(spec, "model", MODEL_IDS, MODEL_PRESETS)
+        return ModelConfig.from_hf_dict(read_json(cached), str(cached), name=spec)
     d, source = read_config(spec)
     return ModelConfig.from_hf_dict(d, source, name=Path(spec).name)
 
 
 def load_draft_config(spec: str, target: ModelConfig | None = None) -> EagleHeadConfig:
-    """An EAGLE-3 head by preset name, folder or config.json; `eagle3` derives one from target."""
-    if spec in DRAFT_PRESETS:
-        return DRAFT_PRESETS[spec]
+    """An EAGLE-3 head by preset name, Hugging Face id (DRAFT_IDS), folder or config.json;
+    `eagle3` derives one from target."""
+    preset = preset_of(spec, DRAFT_IDS)
+    if preset is not None:
+        return DRAFT_PRESETS[preset]
     if spec == "eagle3":
         if target is None:
             raise UserError("draft 'eagle3' derives a head from the target; give a target")
         return eagle3_for(target)
     if not Path(spec).exists():
-        raise UserError(f"unknown draft {spec!r}: expected a preset "
-                        f"({', '.join(DRAFT_PRESETS)}, or 'eagle3' for one shaped like the "
-                        "target), a head folder or a config.json")
+        raise unknown(spec, "draft", DRAFT_IDS, DRAFT_PRESETS,
+                      ", or eagle3 (a head shaped like the target)")
     d, source = read_config(spec)
     return EagleHeadConfig.from_hf_dict(d, source, name=Path(spec).name)

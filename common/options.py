@@ -184,9 +184,11 @@ def _d(defaults, name: str) -> str:
 def add_model_args(p, defaults=None, draft_help: str = "", tp_help: str = "",
                    dp_help: str = ""):
     g = p.add_argument_group("model and speculative decoding (as `vllm serve`)")
-    g.add_argument("--model", "--target", dest="model", metavar="DIR|PRESET",
-                   help="the target: a Hugging Face Llama folder, its config.json, or a preset"
-                        + _d(defaults, "model"))
+    g.add_argument("--model", "--target", dest="model", metavar="ID|DIR|PRESET",
+                   help="the target, as `vllm serve MODEL` (also the word after the command): "
+                        "a Hugging Face id stepgap knows (meta-llama/Llama-3.1-8B-Instruct, "
+                        "Qwen/Qwen3-8B, ...: nothing is downloaded), a model folder, its "
+                        "config.json, or a preset" + _d(defaults, "model"))
     g.add_argument("--speculative-config", type=speculative_config_arg, metavar="JSON",
                    help='speculative decoding as vLLM takes it: {"method": METHOD, "model": '
                         'DIR|PRESET, "num_speculative_tokens": K}, METHOD one of '
@@ -202,8 +204,9 @@ def add_model_args(p, defaults=None, draft_help: str = "", tp_help: str = "",
                    dest="k", type=at_most(nonneg_int, MAX_K), metavar="K",
                    help="draft tokens per step, the same as speculative_config's "
                         "num_speculative_tokens; 0 is plain decoding" + _d(defaults, "k"))
-    g.add_argument("--draft", metavar="DIR|PRESET",
-                   help="the drafter, the same as speculative_config's model"
+    g.add_argument("--draft", metavar="ID|DIR|PRESET",
+                   help="the drafter, the same as speculative_config's model (a head's id: "
+                        "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B, RedHatAI's speculators, ...)"
                         + (draft_help or _d(defaults, "draft")))
     g.add_argument("--tensor-parallel-size", "-tp", type=positive_int, metavar="N",
                    help=tp_help or "GPUs per model replica (the engine runs 1)")
@@ -267,15 +270,31 @@ def add_scheduler_args(p, defaults=None, blocks_help: str = ""):
 
 
 def add_load_args(p, default_workload: str = "mtbench"):
+    from stepgap.common.datasets import MODELLED
     from stepgap.common.workloads import BUILTIN
     g = p.add_argument_group("workload and load (as `vllm bench serve`)")
-    g.add_argument("--trace", "--workload", "--dataset-path", dest="trace", default=None,
-                   metavar="NAME|FILE",
-                   help=f"built-in workload ({', '.join(BUILTIN)}) or a trace file of JSON lines "
-                        f"{{request_id, arrival_s, prompt_len, output_len}} "
-                        f"(default: {default_workload})")
+    g.add_argument("--trace", "--workload", dest="trace", default=None, metavar="NAME|FILE",
+                   help=f"built-in workload ({', '.join(BUILTIN)}) or a trace file: JSON lines "
+                        f"{{request_id, arrival_s, prompt_len, output_len}}, a `vllm bench "
+                        f"serve --save-result --save-detailed` file (its requests), or a vLLM "
+                        f"run's requests.jsonl (default: {default_workload})")
+    g.add_argument("--dataset-name", default=None, metavar="NAME",
+                   help=f"a dataset of `vllm bench serve`, sampled as vLLM 0.32 samples it: "
+                        f"{', '.join(MODELLED)} (docs/sim.md, 'Workloads'); its options below. "
+                        "Without it the workload is --trace's (vLLM's default, random, when "
+                        "a --random-* option is given)")
+    g.add_argument("--dataset-path", default=None, metavar="FILE|ID",
+                   help="sharegpt: the local ShareGPT JSON; hf: the dataset's id "
+                        "(philschmid/mt-bench); without --dataset-name, a trace file as "
+                        "--trace takes")
+    g.add_argument("--tokenizer", default=None, metavar="DIR|ID",
+                   help="the tokenizer that counts a ShareGPT file's tokens (a folder with "
+                        "tokenizer.json, or an id in this machine's Hugging Face cache; "
+                        "default: the model's, else an estimate of 4 characters a token, "
+                        "named in the run's notes)")
     g.add_argument("--num-prompts", type=at_most(positive_int, MAX_PROMPTS), default=None,
-                   help="number of requests (default: the workload's own; 80 for mtbench)")
+                   help="number of requests (default: the workload's own: 80 for mtbench, "
+                        "1000 for vLLM's datasets as vLLM)")
     g.add_argument("--output-len", type=positive_int, default=None,
                    help="override every request's output length (tokens; ignore_eos)")
     g.add_argument("--request-rate", type=rate_arg, default=None, metavar="RPS",
@@ -288,21 +307,19 @@ def add_load_args(p, default_workload: str = "mtbench"):
                    help="most requests in flight at once, as the benchmark client's semaphore "
                         "(default: unlimited)")
     g.add_argument("--seed", type=nonneg_int, default=None, help="seed for workloads, arrivals "
-                   "and sampling (default 0)")
+                   "and sampling (default 0, as vLLM: the same seed draws vLLM's random lengths)")
     g.add_argument("--ignore-eos", action="store_true",
                    help="accepted for vLLM's sake: stepgap always generates each request's "
                         "output length")
-    g.add_argument("--dataset-name", choices=("prefix_repetition", "generated-shared-prefix",
-                                              "multi-turn"), default=None,
-                   help="a generated workload with shared prefixes (token ids within the "
-                        "target's vocabulary), as vLLM's `vllm bench serve --dataset-name "
-                        "prefix_repetition`, SGLang's generated-shared-prefix, or chat sessions; "
-                        "its options below (the same as --trace NAME:KEY=VALUE:...)")
+    g.add_argument("--disable-shuffle", action="store_true", default=None,
+                   help="sharegpt: take the file's conversations in order (vLLM shuffles them "
+                        "with --seed)")
     from stepgap.common.workloads import ZERO_OK
     for flag, key, what in WORKLOAD_FLAGS:   # a length may be 0 where the workload allows it
-        g.add_argument(flag, dest=flag.lstrip("-").replace("-", "_"),
-                       type=nonneg_int if key in ZERO_OK else positive_int,
-                       default=None, metavar="N", help=what)
+        kind = ratio_arg if key == "range_ratio" else \
+            nonneg_int if key in ZERO_OK else positive_int
+        g.add_argument(flag, dest=flag.lstrip("-").replace("-", "_"), type=kind,
+                       default=None, metavar="R" if key == "range_ratio" else "N", help=what)
     g.add_argument("--shared-fraction", type=at_most(nonneg_float, 1.0), default=None, metavar="F",
                    help="prefix_repetition or generated-shared-prefix: make the shared prefix "
                         "this fraction (0 to 1) of each prompt, keeping the prompt's length "
@@ -310,9 +327,26 @@ def add_load_args(p, default_workload: str = "mtbench"):
     return g
 
 
-# The generated workloads' options (vLLM's prefix_repetition flags, SGLang's gsp flags, and the
-# multi-turn sessions'): (flag, the workload's parameter, help).
+def ratio_arg(text: str) -> float:
+    v = _parse(text, float)
+    if not 0 <= v < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), as vLLM takes it, got {text}")
+    return v
+
+
+# The datasets' options, vLLM's flags (and the multi-turn sessions'): (flag, the workload's
+# parameter, help). A flag belongs to the dataset whose name its prefix spells (DATASET_FLAGS).
 WORKLOAD_FLAGS = (
+    ("--random-input-len", "input_len", "random: input tokens of a prompt, the special tokens "
+                                        "the tokenizer adds included (default 1024)"),
+    ("--random-output-len", "output_len", "random: output tokens (default 128)"),
+    ("--random-range-ratio", "range_ratio", "random: lengths drawn from [len x (1 - R), len x "
+                                            "(1 + R)] (default 0)"),
+    ("--random-prefix-len", "prefix_len", "random: tokens of a prefix every prompt shares "
+                                          "before its own input (default 0)"),
+    ("--sharegpt-output-len", "output_len", "sharegpt: every output this long (default: the "
+                                            "file's second turn's)"),
+    ("--hf-output-len", "output_len", "hf: output tokens (default 256 for philschmid/mt-bench)"),
     ("--prefix-repetition-prefix-len", "prefix_len", "prefix_repetition: tokens of each shared "
                                                      "prefix (default 256)"),
     ("--prefix-repetition-suffix-len", "suffix_len", "prefix_repetition: tokens after it, each "
@@ -337,35 +371,66 @@ WORKLOAD_FLAGS = (
     ("--multi-turn-user-len", "user_len", "multi-turn: tokens of each later user message "
                                           "(default 64)"),
 )
+DATASET_FLAGS = {"random": "--random-", "sharegpt": "--sharegpt-", "hf": "--hf-",
+                 "prefix_repetition": "--prefix-repetition-",
+                 "generated-shared-prefix": "--gsp-", "multi-turn": "--multi-turn-"}
+
+
+def dataset_spec(name: str, path: str | None = None, params: dict | None = None) -> str:
+    """The workload spec (common/workloads.py NAME:KEY=VALUE...:path=PATH) of a vLLM dataset
+    by its --dataset-name, --dataset-path and options, each checked (common/datasets.py): one
+    spec for the command line, sweep grids and `stepgap advise`."""
+    from stepgap.common.datasets import check_dataset_name
+    check_dataset_name(name, path)
+    parts = [name] + [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                      for k, v in (params or {}).items() if v is not None]
+    if path is not None:
+        parts.append(f"path={path}")
+    return ":".join(parts)
 
 
 def workload_spec(args) -> str | None:
-    """--trace, or --dataset-name with its options as NAME:KEY=VALUE:... (common/workloads.py);
-    a generated workload's option without its --dataset-name is an error, as is
-    --dataset-name beside a --trace."""
+    """--trace, or --dataset-name with its options as a workload spec (dataset_spec): a
+    dataset's option without its --dataset-name is an error (but --random-* alone is vLLM's
+    default dataset, random), as is --dataset-name beside a --trace. An output-length option
+    of the dataset sets --output-len."""
     name = getattr(args, "dataset_name", None)
+    path = getattr(args, "dataset_path", None)
     given = [(flag, key, getattr(args, flag.lstrip("-").replace("-", "_"), None))
              for flag, key, _ in WORKLOAD_FLAGS]
     given = [(flag, key, v) for flag, key, v in given if v is not None]
+    if name is None and given and all(f.startswith("--random-") for f, _, _ in given) \
+            and path is None and args.trace is None:
+        name = "random"   # vLLM's default --dataset-name
+        note(args, "--random-* options without --dataset-name: vLLM's default dataset, random")
     if name is None:
         if given:
             raise UserError(f"{given[0][0]}: give --dataset-name, the workload it belongs to")
-        return args.trace
+        if path is not None and args.trace is not None:
+            raise UserError(f"--dataset-path {path} and --trace {args.trace}: give one")
+        return args.trace if path is None else path
     if args.trace is not None:
         raise UserError(f"--dataset-name {name} and --trace {args.trace}: give one")
-    prefix = {"prefix_repetition": "--prefix-repetition-", "generated-shared-prefix": "--gsp-",
-              "multi-turn": "--multi-turn-"}[name]
-    parts = [name]
+    prefix = DATASET_FLAGS.get(name)
+    params = {}
     for flag, key, v in given:
-        if not flag.startswith(prefix):
+        if prefix is None or not flag.startswith(prefix):
             raise UserError(f"{flag}: an option of another workload than --dataset-name {name}")
         if key == "output_len":
             if args.output_len is not None and args.output_len != v:
                 raise UserError(f"{flag} {v} and --output-len {args.output_len} differ; give one")
             args.output_len = v
         else:
-            parts.append(f"{key}={v}")
-    return ":".join(parts)
+            params[key] = v
+    if name == "sharegpt" and path is not None:
+        params["shuffle"] = 0 if getattr(args, "disable_shuffle", None) else None
+    elif name == "sharegpt":
+        note(args, "--dataset-name sharegpt without --dataset-path: the built-in ShareGPT-like "
+                   "length mix stands in (log-normal, mean prompt 161 and output 338 tokens; "
+                   "docs/sim.md); give the file for its own lengths")
+    if name in ("random", "sharegpt") and getattr(args, "tokenizer", None):
+        params["tokenizer"] = args.tokenizer
+    return dataset_spec(name, path, params)
 
 
 def add_result_args(p, timeline_help: str = ""):
@@ -521,7 +586,7 @@ def workload_from_args(args, default_workload: str = "mtbench", vocab_size: int 
     fill_load_defaults(args)
     reqs = load_workload(workload_spec(args) or default_workload, args.num_prompts,
                          args.output_len, args.seed, vocab_size,
-                         getattr(args, "shared_fraction", None))
+                         getattr(args, "shared_fraction", None), getattr(args, "model", None))
     return apply_request_rate(reqs, args.request_rate, args.burstiness, args.seed)
 
 
@@ -541,6 +606,26 @@ def vllm_option_names() -> frozenset[str]:
     from stepgap.common.fileio import read_json
     doc = read_json(Path(__file__).with_name("vllm_options.json"))
     return frozenset(doc["serve"]) | frozenset(doc["bench_serve"])
+
+
+def model_tag(parser, argv: list[str]) -> list[str]:
+    """`stepgap simulate MODEL ...` as `vllm serve MODEL ...`: a word right after a command that
+    takes --model and vLLM's options is its --model (given also as --model, the same or an
+    error)."""
+    if len(argv) < 2 or argv[1].startswith("-") or argv[0] not in parser.commands:
+        return argv
+    command = parser.commands[argv[0]]
+    flags = [f for f in ("--model", "--target") if f in command._option_string_actions]
+    if not flags or not command.get_default("vllm_options"):
+        return argv
+    rest = argv[2:]
+    for i, word in enumerate(rest):
+        name, eq, value = word.partition("=")
+        if name in flags:
+            other = value if eq else rest[i + 1] if i + 1 < len(rest) else None
+            if other != argv[1]:
+                raise UserError(f"MODEL {argv[1]} and {name} {other}: give one")
+    return [argv[0], "--model", argv[1], *rest]
 
 
 def _is_number(text: str) -> bool:

@@ -189,9 +189,12 @@ def _get(d: dict, *keys):
     return d
 
 
-def peer_settings(meta_path) -> tuple[dict, list[str]]:
+def peer_settings(meta_path, context: int) -> tuple[dict, list[str]]:
     """SimConfig settings from a run's meta.json, and one note per setting mapped or not
-    modelled. Settings the file does not record keep vLLM's defaults (said so)."""
+    modelled. Settings the file does not record keep vLLM's defaults (said so): a null
+    max_model_len is the model's own context, `context` (its max_position_embeddings), as vLLM
+    takes it. Every path that reads a peer run reads it here (the command line, the judge, the
+    benchmarks), so that they all simulate the same settings."""
     meta_path = Path(meta_path)
     doc = read_json_object(meta_path, "a vLLM run's meta.json")
     kw = doc.get("engine_kwargs") or {}
@@ -212,8 +215,12 @@ def peer_settings(meta_path) -> tuple[dict, list[str]]:
 
     take("max_num_seqs", "--max-num-seqs", kw.get("max_num_seqs"))
     take("max_num_batched_tokens", "--max-num-batched-tokens", kw.get("max_num_batched_tokens"))
-    take("max_model_len", "--max-model-len", kw.get("max_model_len")
-         or _get(resolved, "model_config", "max_model_len"))
+    length = kw.get("max_model_len") or _get(resolved, "model_config", "max_model_len")
+    if length is None:
+        notes.append(f"meta.json's max_model_len is null: vLLM's default, the model's context "
+                     f"(max_position_embeddings), so --max-model-len {context}")
+        length = context
+    take("max_model_len", "--max-model-len", length)
     take("tensor_parallel_size", "--tensor-parallel-size", kw.get("tensor_parallel_size"))
     take("block_size", "--block-size", cache.get("block_size")
          or _get(resolved, "cache_config", "block_size"))
@@ -240,9 +247,11 @@ def peer_settings(meta_path) -> tuple[dict, list[str]]:
     if full is not None:
         settings["scheduler_reserve_full_isl"] = bool(full)
         mapped.append(f"--{'' if full else 'no-'}scheduler-reserve-full-isl")
-    if kw.get("data_parallel_size") != 1:   # (1, vLLM's default, needs no option)
-        take("data_parallel_size", "--data-parallel-size", kw.get("data_parallel_size"))
-    ep = kw.get("enable_expert_parallel")
+    dp = kw.get("data_parallel_size", _get(resolved, "parallel_config", "data_parallel_size"))
+    if dp != 1:   # (1, vLLM's default, needs no option)
+        take("data_parallel_size", "--data-parallel-size", dp)
+    ep = kw.get("enable_expert_parallel",
+                _get(resolved, "parallel_config", "enable_expert_parallel"))
     if ep not in (None, False):
         if ep is not True:
             raise UserError(f"{where(meta_path, field='engine_kwargs.enable_expert_parallel')}: "

@@ -233,6 +233,17 @@ def is_bursty(doc: dict) -> bool:
     return bursty_share(doc) > BURSTY_MAX
 
 
+def merged_chunks(doc: dict, name) -> str | None:
+    """One line for a run whose client merged its streamed chunks (is_bursty): what it still
+    supports. None for a run whose client read the stream as the server wrote it."""
+    if not is_bursty(doc):
+        return None
+    return (f"{name}: its streamed chunks were merged ({bursty_share(doc):.0%} of its ITLs "
+            f"under {BURSTY_ITL_MS * 1e3:.0f} us: the client read the stream in bursts, short "
+            "of CPU), so its TPOT and ITL time the client, not the server; it supports TTFT, "
+            "E2EL and throughput only")
+
+
 def is_bench(doc) -> bool:
     """A `vllm bench serve --save-result` document (by its keys)."""
     return isinstance(doc, dict) and all(k in doc for k in BENCH_KEYS)

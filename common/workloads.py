@@ -3,7 +3,10 @@
 Built-in workloads (documented and justified in docs/sim.md, "Workloads"):
 
 - `mtbench`: 80 prompts in MT-bench's eight categories, ten each, output 256 tokens;
-- `sharegpt`: a ShareGPT-like length mix (log-normal prompt and output lengths);
+- `sharegpt`: a ShareGPT-like length mix (log-normal prompt and output lengths); with a path,
+  a local ShareGPT file sampled as vLLM samples it;
+- `vllm bench serve`'s `random` and `hf` (philschmid/mt-bench) datasets, as vLLM samples them
+  (common/datasets.py);
 - with shared prefixes, and token ids: `prefix_repetition` (vLLM's dataset of that name),
   `generated-shared-prefix` (SGLang's), `multi-turn` (chat sessions, each turn extending the
   last), parameters given as NAME:KEY=VALUE:KEY=VALUE.
@@ -146,16 +149,48 @@ def multi_turn(num_prompts: int | None = None, output_len: int = 64, seed: int =
     return reqs[:num_prompts] if num_prompts is not None else reqs
 
 
-BUILTIN = {"mtbench": mtbench_like, "sharegpt": sharegpt_like,
+def hf_dataset(num_prompts: int = 1000, output_len: int = 256, seed: int = 0,
+               path: str = "philschmid/mt-bench") -> list[TraceRequest]:
+    """`--dataset-name hf --dataset-path ID`: a Hugging Face dataset stepgap has the lengths of
+    (common/datasets.py HF_DATASETS), with vLLM's default of 1000 prompts (oversampled)."""
+    from stepgap.common.datasets import check_dataset_name
+    check_dataset_name("hf", path)
+    return mtbench_like(num_prompts, output_len, seed)
+
+
+def _random(**kw) -> list[TraceRequest]:
+    from stepgap.common.datasets import random_dataset
+    return random_dataset(**kw)
+
+
+def _sharegpt(path: str | None = None, **kw) -> list[TraceRequest]:
+    """The built-in ShareGPT-like mix, or with a path vLLM's ShareGPT sampling of that file."""
+    from stepgap.common.datasets import sharegpt_file
+    if path is None:
+        kw.pop("model", None), kw.pop("tokenizer", None), kw.pop("shuffle", None)
+        return sharegpt_like(**kw)
+    return sharegpt_file(path, **kw)
+
+
+BUILTIN = {"mtbench": mtbench_like, "sharegpt": _sharegpt,
            "prefix_repetition": prefix_repetition,
-           "generated-shared-prefix": generated_shared_prefix, "multi-turn": multi_turn}
-# The parameters each built-in takes in a spec (NAME:KEY=VALUE:KEY=VALUE), integers all.
+           "generated-shared-prefix": generated_shared_prefix, "multi-turn": multi_turn,
+           "random": _random, "hf": hf_dataset}
+# The parameters each built-in takes in a spec (NAME:KEY=VALUE:KEY=VALUE), integers but where
+# FLOAT_PARAMS or TEXT_PARAMS say; a `path` comes last and takes the rest of the spec.
 PARAMS = {"prefix_repetition": ("prefix_len", "suffix_len", "num_prefixes"),
           "generated-shared-prefix": ("num_groups", "prompts_per_group", "system_prompt_len",
                                       "question_len"),
-          "multi-turn": ("sessions", "turns", "first_len", "user_len")}
-TOKEN_WORKLOADS = tuple(PARAMS)   # the built-ins with token ids (vocab_size matters)
-ZERO_OK = ("prefix_len", "suffix_len", "question_len", "user_len")   # the parameters that may be 0
+          "multi-turn": ("sessions", "turns", "first_len", "user_len"),
+          "random": ("input_len", "range_ratio", "prefix_len", "tokenizer"),
+          "sharegpt": ("shuffle", "tokenizer", "path"), "hf": ("path",)}
+FLOAT_PARAMS = ("range_ratio",)
+TEXT_PARAMS = ("tokenizer", "path")
+TOKEN_WORKLOADS = ("prefix_repetition", "generated-shared-prefix", "multi-turn",
+                   "random")   # the built-ins with token ids (vocab_size matters)
+MODEL_WORKLOADS = ("random", "sharegpt")   # the built-ins that read the model (its tokenizer)
+ZERO_OK = ("prefix_len", "suffix_len", "question_len", "user_len", "input_len",
+           "shuffle")   # the parameters that may be 0
 # The workloads a shared fraction applies to: (the shared prefix's length, the rest's). A fraction
 # f keeps the prompt's length (the two's sum, each as given or its default) and makes the first
 # round(f x length) tokens the shared prefix: the sweep axis `shared_fraction`.
@@ -165,21 +200,35 @@ MAX_PARAM = 1_000_000
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
-    """`prefix_repetition:prefix_len=768:suffix_len=256` -> (name, {prefix_len: 768, ...})."""
-    name, *rest = spec.split(":")
+    """`prefix_repetition:prefix_len=768:suffix_len=256` -> (name, {prefix_len: 768, ...});
+    `sharegpt:path=FILE` (the path last, whatever it holds)."""
+    head, sep, path = spec.partition(":path=")
+    name, *rest = head.split(":")
     params = {}
+    if sep:
+        rest.append("path=" + path)
     for item in rest:
         key, sep, value = item.partition("=")
         if name not in PARAMS or key not in PARAMS[name]:
             allowed = ", ".join(PARAMS.get(name, ())) or "none"
             raise UserError(f"workload {spec!r}: {name!r} takes no parameter {key!r} (its "
                             f"parameters: {allowed})")
+        if key in TEXT_PARAMS:
+            if not value:
+                raise UserError(f"workload {spec!r}: {key} is empty")
+            params[key] = value
+            continue
         try:
-            v = int(value)
+            v = float(value) if key in FLOAT_PARAMS else int(value)
         except ValueError:
-            raise UserError(f"workload {spec!r}: {key} must be an integer, got {value!r}") \
-                from None
-        if not sep or not (0 if key in ZERO_OK else 1) <= v <= MAX_PARAM:
+            raise UserError(f"workload {spec!r}: {key} must be "
+                            f"{'a number' if key in FLOAT_PARAMS else 'an integer'}, got "
+                            f"{value!r}") from None
+        if key in FLOAT_PARAMS:
+            if not (sep and 0 <= v < 1):
+                raise UserError(f"workload {spec!r}: {key} must be a number in [0, 1), got "
+                                f"{value!r}")
+        elif not sep or not (0 if key in ZERO_OK else 1) <= v <= MAX_PARAM:
             raise UserError(f"workload {spec!r}: {key} must be an integer from "
                             f"{0 if key in ZERO_OK else 1} to {MAX_PARAM}, got {value!r}")
         params[key] = v
@@ -213,9 +262,32 @@ def shared_split(spec: str, fraction: float) -> dict:
     return {shared: prefix, rest: length - prefix}
 
 
+def workload_notes(spec: str, model: str | None) -> list[str]:
+    """What a run's workload rests on, one line each: where a ShareGPT file's lengths came
+    from (the model's tokenizer, or the estimate; common/datasets.py)."""
+    from stepgap.common.datasets import CHARS_PER_TOKEN, find_tokenizer
+    name, params = parse_spec(spec) if spec.split(":")[0] in BUILTIN else (spec, {})
+    if name != "sharegpt" or "path" not in params:
+        return []
+    tok, source = find_tokenizer(model, params.get("tokenizer"))
+    if tok is not None:
+        return [f"{params['path']}: lengths from the tokenizer {source}"]
+    return [f"{params['path']}: lengths estimated at {CHARS_PER_TOKEN:g} characters a token: "
+            f"{source}"]
+
+
+def workload_files(spec: str) -> list[str]:
+    """The files a workload spec reads: a trace file, or a dataset's file and tokenizer."""
+    if spec.split(":")[0] not in BUILTIN:
+        return [spec]
+    params = parse_spec(spec)[1]
+    return [params[k] for k in TEXT_PARAMS if k in params]
+
+
 def load_workload(spec: str, num_prompts: int | None = None, output_len: int | None = None,
                   seed: int = 0, vocab_size: int | None = None,
-                  shared_fraction: float | None = None) -> list[TraceRequest]:
+                  shared_fraction: float | None = None,
+                  model: str | None = None) -> list[TraceRequest]:
     """A built-in workload by name (with its parameters, NAME:KEY=VALUE...), or a trace file in
     the docs/design.md format.
 
@@ -223,7 +295,8 @@ def load_workload(spec: str, num_prompts: int | None = None, output_len: int | N
     benchmark oversamples), and `output_len` overrides every request's output length;
     `vocab_size` bounds the token ids of the built-ins that have them (the target's);
     `shared_fraction` sizes a shared-prefix workload's prefix as that fraction of its prompt
-    (shared_split).
+    (shared_split); `model` (its tokenizer) gives a ShareGPT file's lengths and the tokens a
+    random dataset's server adds (common/datasets.py).
     """
     name, params = parse_spec(spec) if spec.split(":")[0] in BUILTIN else (spec, {})
     if shared_fraction is not None:
@@ -236,6 +309,11 @@ def load_workload(spec: str, num_prompts: int | None = None, output_len: int | N
             kwargs["output_len"] = output_len
         if name in TOKEN_WORKLOADS and vocab_size is not None:
             kwargs["vocab_size"] = vocab_size
+        if name == "random":   # the tokens the server adds (the model's tokenizer's)
+            from stepgap.common.datasets import special_tokens
+            kwargs["special_tokens"] = special_tokens(model, kwargs.pop("tokenizer", None))
+        elif name == "sharegpt":
+            kwargs["model"] = model
         return BUILTIN[name](**kwargs)
     if not Path(spec).exists():
         raise UserError(f"unknown workload {spec!r}: expected one of {', '.join(BUILTIN)} "

@@ -25,8 +25,8 @@ from stepgap.engine.tiny import TINY_TARGET, build_tiny, tiny_draft_config
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json_object, write_bytes, write_json
 from stepgap.common.model_heads import EagleHeadConfig
-from stepgap.common.model_presets import (DRAFT_PRESETS, MODEL_PRESETS, load_draft_config,
-                                          load_model_config)
+from stepgap.common.model_presets import (DRAFT_IDS, load_draft_config, load_model_config,
+                                          preset_of)
 from stepgap.common.modelcfg import ModelConfig
 
 
@@ -198,7 +198,7 @@ def load_target(spec: str, device: torch.device, dtype: torch.dtype,
     cfg = target_config(spec)
     with build_on(device, dtype):
         model = Llama(cfg, aux_layers, max_positions)
-    if spec in MODEL_PRESETS or random_weights:
+    if preset_of(spec) is not None or random_weights:   # a preset or its Hugging Face id
         init_weights(model, seed=seed)
         return model.eval(), cfg
     ignored = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
@@ -247,7 +247,8 @@ def load_draft(spec: str, target: Llama, device: torch.device, dtype: torch.dtyp
         head.embed_tokens = target.embed_tokens
         target.aux_layers = tuple(cfg.aux_layers_for(tcfg))
         return head.eval(), cfg
-    folder = None if spec in DRAFT_PRESETS or spec == "eagle3" or random_weights else Path(spec)
+    folder = None if preset_of(spec, DRAFT_IDS) is not None or spec == "eagle3" \
+        or random_weights else Path(spec)
     own_embedding = False
     if folder is not None:
         own_embedding = "embed_tokens.weight" in _open_tensors(folder)

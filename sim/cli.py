@@ -19,7 +19,7 @@ from stepgap.common.options import (add_engine_args, add_load_args, add_model_ar
                                     executor_from_args, mode_from_args, nonneg_float,
                                     positive_float, rates_arg, speculative_from_args,
                                     workload_spec)
-from stepgap.sim.config import TOPOLOGIES, SimConfig
+from stepgap.sim.config import KV_CACHE_DTYPES, QUANTIZATIONS, TOPOLOGIES, SimConfig
 from stepgap.sim.cpu_costs import CPU_COSTS, CPU_OPS, CpuCosts
 from stepgap.sim.hardware import CATALOG
 from stepgap.sim.presets import PRESETS
@@ -32,8 +32,9 @@ Simulate a serving run of an LLM engine's step loop (engine core, worker, device
 async or zero-bubble scheduling, with speculative decoding of k draft tokens (EAGLE-3, EAGLE,
 MTP, a draft model, n-gram on the CPU or the GPU), on one GPU, a tensor-parallel group of up
 to 8, or data-parallel engine cores with expert parallelism (MoE blocks and MTP modules from
-measured tables where given), and print what `vllm bench serve` would report (TTFT, TPOT, ITL, E2EL), the acceptance
-and the step gaps. Targets: the presets, or any Hugging Face config.json of the families
+measured tables where given), and print what `vllm bench serve` would report (TTFT, TPOT,
+ITL, E2EL), the acceptance and the step gaps. Targets: the presets by name or Hugging Face id
+(MODEL, as `vllm serve MODEL`, or --model), or any Hugging Face config.json of the families
 llama, qwen3, qwen3_moe, gpt_oss and deepseek_v3.
 
 A preset sets every option at once; options given on the command line override it.
@@ -50,26 +51,39 @@ examples:
   # the same on an H100 at depth 2, with a timeline to open in Perfetto (ui.perfetto.dev)
   stepgap simulate --preset seed-l20 --gpu h100 --num-speculative-tokens 2 --mode zero-bubble \\
       --timeline run.jsonl
-  # a pasted vLLM command line: the options stepgap does not model are named and ignored
-  stepgap simulate --model llama-3.1-8b --gpu h100 --async-scheduling \\
-      --speculative-config '{"method": "eagle3", "num_speculative_tokens": 3}' \\
-      --no-enable-prefix-caching --trace sharegpt --num-prompts 2000 --request-rate 8 \\
+  # a pasted vLLM command line: models by Hugging Face id (nothing is downloaded), vLLM's
+  # random dataset; the options stepgap does not model are named and ignored
+  stepgap simulate meta-llama/Llama-3.1-8B-Instruct --gpu h100 --async-scheduling \\
+      --speculative-config '{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+      "num_speculative_tokens": 3}' --no-enable-prefix-caching --dataset-name random \\
+      --random-input-len 1024 --random-output-len 128 --num-prompts 2000 --request-rate 8 \\
       --max-concurrency 64 --save-result --result-dir out
-  # Llama-3.3-70B + EAGLE-3 on 4 H100s (vLLM's multiprocess executor, NVLink all-reduces)
-  stepgap simulate --model llama-3.3-70b -tp 4 --gpu h100 --async-scheduling \\
-      --speculative-config '{"method": "eagle3", "num_speculative_tokens": 3}' \\
-      --draft llama-3.3-70b-eagle3 --max-concurrency 16
+  # a local ShareGPT file, its lengths from the model's tokenizer (else estimated, and said)
+  stepgap simulate --model DIR --dataset-name sharegpt --dataset-path ShareGPT_V3.json
+  # Llama-3.3-70B + EAGLE-3 on 4 H100s (vLLM's multiprocess executor, NVLink all-reduces),
+  # fp8 weights and KV cache
+  stepgap simulate --model meta-llama/Llama-3.3-70B-Instruct -tp 4 --gpu h100 \\
+      --async-scheduling --speculative-config '{"method": "eagle3", "num_speculative_tokens": 3,
+      "model": "RedHatAI/Llama-3.3-70B-Instruct-speculator.eagle3"}' --quantization fp8 \\
+      --kv-cache-dtype fp8 --max-concurrency 16
   # a MoE target with a small draft model, and with skewed expert routing
   stepgap simulate --model qwen3-30b-a3b --mode async --speculative-config \\
       '{"method": "draft_model", "model": "qwen3-0.6b", "num_speculative_tokens": 3}' \\
       --moe-routing-skew 0.5 --max-concurrency 32
   # Qwen3-30B-A3B on two RTX PRO 6000s as two data-parallel engine cores with expert
   # parallelism, its MoE blocks from measured tables (LLMServingSim's bundle with moe.csv)
-  stepgap simulate --model qwen3-30b-a3b --gpu rtxpro6000 --data-parallel-size 2 \
-      --enable-expert-parallel --device-profile BUNDLE --trace RUN/vllm/requests.jsonl
+  stepgap simulate --model Qwen/Qwen3-30B-A3B-Instruct-2507 --gpu rtxpro6000 \\
+      --data-parallel-size 2 --enable-expert-parallel --device-profile BUNDLE \\
+      --trace RUN/vllm/requests.jsonl
   # DeepSeek-V3 drafting with its own MTP layer on 8 H200s; n-gram proposals (vLLM: sync)
   stepgap simulate --model deepseek-v3 -tp 8 --gpu h200 --spec-method mtp -k 1 --mode async
   stepgap simulate --spec-method ngram -k 3 --mode async     # says it runs in sync, and why
+  # a real vLLM run on two RTX PRO 6000s, replayed from its own files, priced from the GPU's
+  # measured kernels and collectives (RUNS=traces/peers/llmservingsim; docs/sim.md)
+  stepgap simulate --model Qwen/Qwen3-32B \\
+      --gpu RUNS/at-e08dc38/profiler/perf/RTXPRO6000/hardware.yaml \\
+      --device-profile RUNS/profiler/perf/RTXPRO6000/Qwen/Qwen3-32B/bf16 \\
+      --trace RUNS/bench/examples/RTXPRO6000/Qwen3-32B/vllm/requests.jsonl
   # a CPU-only engine: the worker in its own process, device ops on the worker's thread
   stepgap simulate --device cpu --model llama-3.2-1b --executor process --mode async \\
       --trace my_trace.jsonl --result-json out/sim.json
@@ -125,8 +139,13 @@ def register_simulate(sub) -> None:
                                       "cpu: device ops run on the worker's thread. Default: from "
                                       "--gpu (cpu for --gpu cpu, else cuda)")
     g = p.add_argument_group("hardware and measured costs")
-    g.add_argument("--gpu", help=f"device from the catalog: {', '.join(CATALOG)} (default "
-                                 f"{D.gpu}; cpu with --device cpu)")
+    g.add_argument("--gpu", metavar="NAME|FILE.yaml",
+                   help=f"device from the catalog: {', '.join(CATALOG)} (default {D.gpu}; cpu "
+                        "with --device cpu); or a YAML file for your own: stepgap's fields "
+                        "(base, bf16_tflops, fp8_tflops, memory_gb, memory_bw_gbps, flop_eff, "
+                        "bw_eff, kernel_us, d2h_us, interconnect) or LLMServingSim's "
+                        "hardware.yaml as it is, whose measured collectives then price tensor "
+                        "parallelism (docs/sim.md, 'The catalog')")
     g.add_argument("--profile", metavar="PROFILE.json",
                    help="a measured profile (`stepgap profile`, `stepgap calibrate`, or a "
                         "measured folder's profile.json): its device op fits replace the "
@@ -141,6 +160,16 @@ def register_simulate(sub) -> None:
                         "head or draft model of the same shapes; the roofline prices the rest, "
                         "and the result's config says which op came from where (docs/sim.md, "
                         "'Measured operator tables')")
+    g.add_argument("--quantization", "-q", choices=QUANTIZATIONS,
+                   help="vLLM's online quantization of the target: fp8 makes its linear layers "
+                        "1 byte a weight (weights' memory, the bytes a step reads) and runs "
+                        "their GEMMs at the --gpu's fp8 peak; the embedding, lm_head and the "
+                        "drafter stay bf16. Default: the checkpoint's own (quantization_config)")
+    g.add_argument("--kv-cache-dtype", choices=tuple(KV_CACHE_DTYPES),
+                   help="the KV cache's element: an fp8 one holds twice the tokens in the same "
+                        "memory and halves attention's reads (default auto: the model's bf16). "
+                        "With --device-profile, the bundle's variant of that dtype is used "
+                        "(e.g. bf16-kvfp8 beside bf16), or the run is refused")
     g.add_argument("--speed", type=at_most(nonneg_float, MAX_SCALE), metavar="X",
                    help="the machine's level for this run: device ops and CPU costs take X "
                         "times as long (default 1, the profile's mean)")
@@ -156,7 +185,8 @@ def register_simulate(sub) -> None:
     g.add_argument("--all-reduce-latency-us", type=at_most(nonneg_float, MAX_US), metavar="US",
                    help="tensor parallelism: one small all-reduce's time, which dominates the "
                         "collectives at decode (default: the --gpu interconnect's; 6 on "
-                        "NVLink, 20 on PCIe; docs/sim.md)")
+                        "NVLink, 20 on PCIe; docs/sim.md). Not with measured collectives (a "
+                        "hardware.yaml), which it would contradict")
     g.add_argument("--no-jitter", dest="jitter", action="store_false", default=None,
                    help="ignore the profile's measured speed noise (by default device ops "
                         "vary from step to step as measured; seeded by --seed)")
@@ -217,8 +247,8 @@ FIELDS = ("mode", "gpu", "model", "method", "moe_routing_skew", "all_reduce_late
           "enable_prefix_caching", "scheduler_reserve_full_isl", "timeseries_interval_s",
           "acceptance", "acceptance_rates", "acceptance_spread", "replay", "max_num_seqs",
           "max_num_batched_tokens", "max_model_len", "block_size", "num_gpu_blocks_override",
-          "gpu_memory_utilization", "tensor_parallel_size", "data_parallel_size",
-          "enable_expert_parallel", "cpu_scale", "launch_latency_us",
+          "gpu_memory_utilization", "quantization", "kv_cache_dtype", "tensor_parallel_size",
+          "data_parallel_size", "enable_expert_parallel", "cpu_scale", "launch_latency_us",
           "wake_us", "ipc_us", "output_latency_ms", "num_prompts", "output_len",
           "shared_fraction", "request_rate", "max_concurrency", "detailed",
           "metric_percentiles", "percentile_metrics")
@@ -229,7 +259,7 @@ def config_from_args(args) -> SimConfig:
     from stepgap.sim.presets import get_preset
 
     settings = dict(get_preset(args.preset).settings) if args.preset else {}
-    settings.update(run_settings(args))
+    settings.update(run_settings(args, args.model or settings.get("model") or D.model))
     args.mode = mode_from_args(args)
     args.executor = executor_from_args(args)
     method, draft, k = speculative_from_args(args)
@@ -258,9 +288,12 @@ def config_from_args(args) -> SimConfig:
     return SimConfig(**settings)
 
 
-def run_settings(args) -> dict:
+def run_settings(args, model: str) -> dict:
     """A peer's vLLM run given as --trace (its requests.jsonl): the settings its meta.json
-    records, as the options they map to; the command line still wins (common/peer_run.py)."""
+    records, as the options they map to, read as the judge reads them (common/peer_run.py
+    `peer_settings`: what it leaves null takes vLLM's default for `model`); the command line
+    still wins."""
+    from stepgap.common.model_presets import load_model_config
     from stepgap.common.options import note
     from stepgap.common.peer_run import find_dataset, is_peer_requests, peer_settings
     if args.trace is None or not is_peer_requests(args.trace):
@@ -270,7 +303,7 @@ def run_settings(args) -> dict:
         note(args, f"--trace {args.trace}: no meta.json beside it; the run's settings are not "
                    "known, so stepgap's defaults are used")
         return {}
-    settings, notes = peer_settings(meta)
+    settings, notes = peer_settings(meta, load_model_config(model).max_position_embeddings)
     dataset = find_dataset(args.trace)
     notes.append(f"prompt token ids from {dataset} (the dataset the run replayed): prefix "
                  "caching finds the prompts' shared blocks" if dataset else

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 from stepgap.common.acceptance import AcceptanceProfile, default_profile, get_profile
 from stepgap.sim.costs import DeviceCosts
@@ -19,11 +20,15 @@ from stepgap.sim.cpu_costs import CPU_COSTS, CpuCosts, OpCost
 from stepgap.sim.roofline import RooflineCosts
 from stepgap.sim.profile import Noise, Profile, load_profile
 from stepgap.sim.profile_costs import ProfileCosts
-from stepgap.sim.tables import TableCosts, load_tables
+from stepgap.sim.tables import (TableCosts, bundle_meta, find_bundle, find_variant,
+                                load_tables, refuse_another_model)
 from stepgap.sim.expert_parallel import MoeCosts, MoeParallel
-from stepgap.sim.moe_tables import check_moe_bundle, has_dense_tables, moe_parts
-from stepgap.sim.hardware import Hardware, get_hardware
-from stepgap.common.errors import UserError
+from stepgap.sim.moe_tables import check_moe_bundle, moe_only, moe_parts
+from stepgap.sim.hardware import Hardware, MeasuredLink
+from stepgap.sim.hardware_file import (collectives_beside, load_collectives, load_gpu,
+                                       with_link)
+from stepgap.common.errors import UserError, where
+from stepgap.common.fileio import read_yaml
 from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES, OLD_DEVICES
 from stepgap.common.limits import (MAX_K, MAX_MS, MAX_PROMPTS, MAX_SCALE, MAX_SKEW, MAX_SPREAD,
                                    MAX_US, is_finite, is_int, is_number)
@@ -42,8 +47,6 @@ ALIASES = {"worker": "executor", "num_kv_blocks": "num_gpu_blocks_override",
 # vLLM's (execute_model and sample_tokens RPCs, take_draft_token_ids in sync, an API server
 # sharing the engine core's CPU; docs/vllm.md). None: the profile's, else stepgap.
 TOPOLOGIES = ("stepgap", "vllm", "served")
-# Fields added after results were committed, left out of a result's config at their defaults.
-LATER_FIELDS = {"data_parallel_size": 1, "enable_expert_parallel": False}
 # Methods whose drafter proposes from the sampled tokens on the host: vLLM runs them with sync
 # scheduling only (vllm/config/vllm.py; docs/sim.md).
 CPU_PROPOSERS = ("ngram",)
@@ -105,6 +108,10 @@ class SimConfig:
     block_size: int = 16
     num_gpu_blocks_override: int | None = None   # None: from device memory
     gpu_memory_utilization: float = 0.9
+    quantization: str | None = None              # vLLM's --quantization: fp8 (the target's
+                                                 # linear layers); None: the checkpoint's own
+    kv_cache_dtype: str = "auto"                 # vLLM's --kv-cache-dtype: auto (the model's
+                                                 # dtype) or an fp8 one
     scheduler_reserve_full_isl: bool = True      # vLLM's: admit only what fits whole
     enable_prefix_caching: bool = True           # vLLM's automatic prefix caching
     # CPU
@@ -177,6 +184,12 @@ class SimConfig:
             why = shared_fraction_problem(self.workload, self.shared_fraction)
             if why:
                 raise _bad("shared_fraction", why, self.shared_fraction)
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise _bad("quantization", "is not modelled: stepgap models fp8 (or none: the "
+                       "checkpoint's own quantization_config)", self.quantization)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise _bad("kv_cache_dtype", f"must be one of {', '.join(KV_CACHE_DTYPES)}",
+                       self.kv_cache_dtype)
         if self.topology is not None and self.topology not in TOPOLOGIES:
             raise _bad("topology", f"must be one of {', '.join(TOPOLOGIES)}", self.topology)
         if not (is_finite(self.gpu_memory_utilization) and 0 < self.gpu_memory_utilization <= 1):
@@ -222,14 +235,26 @@ class SimConfig:
                                 f"to {MAX_US:g} microseconds, got {abc!r}")
 
     def to_dict(self) -> dict:
+        """The config as results and a sweep's cell hashes record it; the fields that came
+        after those results (OPTIONAL_FIELDS) only where set, so that a run without them writes
+        what it wrote before, byte for byte."""
         d = asdict(self)
-        for name, default in LATER_FIELDS.items():
-            if d[name] == default:   # a run that does not use them writes what it wrote before
-                del d[name]
+        for key, default in OPTIONAL_FIELDS.items():
+            if d[key] == default:
+                del d[key]
         for key in ("acceptance_rates", "metric_percentiles", "percentile_metrics"):
             if d[key] is not None:
                 d[key] = list(d[key])
         return d
+
+
+# Fields written into a result only where they differ from their default (SimConfig.to_dict).
+OPTIONAL_FIELDS = {"quantization": None, "kv_cache_dtype": "auto", "data_parallel_size": 1,
+                   "enable_expert_parallel": False}
+# vLLM's --quantization and --kv-cache-dtype values the simulator models, and the element size
+# of a KV cache of each (auto: the model's bf16).
+QUANTIZATIONS = ("fp8",)
+KV_CACHE_DTYPES = {"auto": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
 
 def _is_rate(v) -> bool:
@@ -320,10 +345,15 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
     """Every object the run needs, and every check that can fail, before any work. `profile`:
     a measured profile to use instead of reading `cfg.profile`'s file; `device_costs`: a
     source of device costs to use instead of the config's (ConstantCosts in tests)."""
-    hw = get_hardware(cfg.gpu)
-    target = load_model_config(cfg.model)
-    tp, notes = cfg.tensor_parallel_size, []
+    hw = load_gpu(cfg.gpu)
+    target, notes = quantized(load_model_config(cfg.model), cfg, hw)
+    tp = cfg.tensor_parallel_size
+    hw = collectives(cfg, hw, notes, target.is_moe)
     if cfg.all_reduce_latency_us is not None and hw.interconnect is not None:
+        if isinstance(hw.interconnect, MeasuredLink):
+            raise UserError(f"--all-reduce-latency-us: the collectives are measured "
+                            f"({hw.interconnect.name}); it sets the interconnect model's "
+                            "latency, which they replace")
         hw = replace(hw, interconnect=replace(hw.interconnect,
                                               latency_us=cfg.all_reduce_latency_us))
     target.check_tensor_parallel(tp)
@@ -363,6 +393,8 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
         raise _bad("data_parallel_size", "data parallelism is modelled for GPU engine cores "
                    "(--device cuda) behind stepgap's in-process client (--topology stepgap)",
                    cfg.data_parallel_size)
+    from stepgap.common.workloads import workload_notes
+    notes += workload_notes(cfg.workload, cfg.model)
     prof, note = acceptance_profile(cfg, target)
     if note and cfg.k:
         notes.append(note)
@@ -382,6 +414,81 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
         noise=measured.jitter if cfg.jitter and measured is not None else None)
 
 
+def collectives(cfg: SimConfig, hw: Hardware, notes: list[str], moe: bool) -> Hardware:
+    """The collectives of a run over several GPUs, tensor parallelism's (all-reduces, the
+    logits' all-gather over the tp GPUs) and a MoE target's under data parallelism (`moe`: its
+    dispatch and combine over the dp ranks, sim/expert_parallel.py): measured where a
+    hardware.yaml gives them (`--gpu FILE.yaml`, or the one LLMServingSim keeps beside the
+    --device-profile tables, profiler/perf/<GPU>/hardware.yaml) over as many GPUs as each group
+    has, else the --gpu's interconnect model; said in the notes when measured."""
+    tp, link = cfg.tensor_parallel_size, hw.interconnect
+    dp = cfg.data_parallel_size if moe else 1
+    groups = {n: opt for n, opt in ((dp, "--data-parallel-size"),
+                                    (tp, "--tensor-parallel-size")) if n > 1}
+    if not groups:
+        return hw
+    if isinstance(link, MeasuredLink):
+        for n, opt in groups.items():
+            if link.npus != n:
+                raise UserError(f"{where(cfg.gpu, field='measured.interconnect.npus')}: the "
+                                f"collectives were measured over {link.npus} GPUs; {opt} {n} "
+                                f"needs them measured over {n} (or a catalog --gpu, whose "
+                                "interconnect model prices them)")
+    elif cfg.device_profile is not None:
+        root = find_bundle(cfg.device_profile)
+        label = read_yaml(root / "meta.yaml", "LLMServingSim's meta.yaml").get("hardware")
+        found = collectives_beside(root, str(label)) if label else None
+        measured = load_collectives(found) if found else None
+        if measured is None:
+            return hw
+        if any(measured.npus != n for n in groups):
+            notes.append(f"{found} measured its collectives over {measured.npus} GPUs, not "
+                         f"{' and '.join(map(str, groups))}: the --gpu's interconnect model "
+                         f"({link.name}) prices them")
+            return hw
+        hw = with_link(hw, measured)
+    else:
+        return hw
+    link = hw.interconnect
+    said = [f"collectives: {link.source}"]
+    if tp > 1:
+        said.append("each all-reduce takes vLLM's path (its custom one-shot kernel under 8 MiB "
+                    "where the GPUs have peer access, priced as the measured all_gather of the "
+                    "same bytes; NCCL's measured all_reduce above)" if link.p2p else
+                    "each all-reduce is NCCL's (no peer access, so no custom all-reduce)")
+    if dp > 1:
+        said.append("the MoE layers' dispatch and combine over the DP ranks as the measured "
+                    "all_gather and " + ("reduce_scatter" if "reduce_scatter" in link.sizes
+                                         else "all_gather of the same bytes (no reduce_scatter "
+                                              "samples)"))
+    notes.append("; ".join(said))
+    return hw
+
+
+def quantized(target: ModelConfig, cfg: SimConfig, hw: Hardware) -> tuple[ModelConfig, list]:
+    """The target with --quantization fp8 applied (vLLM's online fp8: every linear layer of the
+    decoder 1 byte a weight; the embedding, lm_head and the drafter keep theirs), and the lines
+    that say what fp8 weights and an fp8 KV cache change on this GPU."""
+    notes = []
+    if cfg.quantization == "fp8" and target.quantization != "fp8":
+        if target.quantization is not None:
+            raise UserError(f"--quantization fp8: model {target.name!r} is a "
+                            f"{target.quantization} checkpoint (vLLM serves a checkpoint in its "
+                            "own quantization); drop --quantization")
+        experts = 1.0 if target.expert_weight_bytes == 2.0 else target.expert_weight_bytes
+        target = replace(target, weight_bytes=1.0, expert_weight_bytes=experts,
+                         quantization="fp8")
+        peak = (f"the fp8 GEMM peak of {hw.name} ({hw.fp8_flops / 1e12:g} TFLOP/s dense)"
+                if hw.fp8_flops else f"the bf16 rate ({hw.name} has no fp8 tensor cores: "
+                "vLLM dequantizes)")
+        notes.append(f"--quantization fp8: the target's linear layers 1 byte a weight, at {peak}; "
+                     "its embedding, lm_head and the drafter stay bf16")
+    if KV_CACHE_DTYPES[cfg.kv_cache_dtype] == 1:
+        notes.append(f"--kv-cache-dtype {cfg.kv_cache_dtype}: 1 byte a KV element, for the "
+                     "cache's capacity and the attention's reads")
+    return target, notes
+
+
 def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
                     measured: Profile | None) -> DeviceCosts:
     """The run's source of device costs, behind the DeviceCosts seam (sim/costs.py): the
@@ -390,7 +497,9 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
     operator tables) stands here the same way."""
     costs: DeviceCosts = RooflineCosts(
         target, draft, hw, cfg.k, tp=cfg.tensor_parallel_size, method=cfg.method,
-        routing_skew=cfg.moe_routing_skew, max_model_len=cfg.max_model_len)
+        routing_skew=cfg.moe_routing_skew, max_model_len=cfg.max_model_len,
+        kv_bytes=KV_CACHE_DTYPES[cfg.kv_cache_dtype])
+    bundle = None   # the --device-profile variant folder the run reads
     if measured is not None:
         if cfg.tensor_parallel_size > 1 or cfg.data_parallel_size > 1 \
                 or (cfg.k and cfg.method != "eagle3"):
@@ -398,6 +507,11 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
                             "times one device running EAGLE-3 drafts; --tensor-parallel-size "
                             "or --data-parallel-size > 1 and other methods use the roofline "
                             "(drop --profile)")
+        if cfg.quantization or cfg.kv_cache_dtype not in ("auto", target.torch_dtype):
+            raise UserError(f"--profile {cfg.profile or measured.path}: a measured profile "
+                            "times the weights and KV cache it was measured with; "
+                            "--quantization and --kv-cache-dtype use the roofline (drop "
+                            "--profile)")
         costs = ProfileCosts(measured, cfg.k, costs, cfg.block_size)
     if cfg.device_profile is not None:   # a GPU's measured operator tables (sim/tables.py)
         device = cfg.device or ("cuda" if hw.kind == "gpu" else "cpu")
@@ -406,33 +520,40 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
                             "a GPU's kernels (--device cuda, a --gpu of the catalog); drop "
                             "--device cpu")
         roofline = costs if measured is None else costs.fallback
-        if has_dense_tables(cfg.device_profile, cfg.tensor_parallel_size) \
-                or not target.is_moe:
-            costs = TableCosts(load_tables(cfg.device_profile, cfg.tensor_parallel_size),
-                               target, draft, cfg.k, roofline, cfg.method,
-                               cfg.tensor_parallel_size)
-        else:   # a bundle of MoE tables alone: the roofline prices the rest of the step
-            about = check_moe_bundle(cfg.device_profile, target)
+        fp8_kv = KV_CACHE_DTYPES[cfg.kv_cache_dtype] == 1
+        why = " with ".join(x for x in (
+            "fp8 weights" if target.quantization == "fp8" else f"{target.torch_dtype} weights",
+            f"--kv-cache-dtype {cfg.kv_cache_dtype}" if fp8_kv else None) if x)
+        bundle = find_variant(cfg.device_profile, target.quantization == "fp8", fp8_kv,
+                              target.torch_dtype, why)
+        refuse_another_model(bundle_meta(bundle), target)   # (before reading its tables)
+        only = moe_only(bundle, cfg.tensor_parallel_size, target)
+        if only is None:
+            costs = TableCosts(load_tables(bundle, cfg.tensor_parallel_size), target,
+                               draft, cfg.k, roofline, cfg.method, cfg.tensor_parallel_size)
+        else:   # a MoE target's MoE and MTP tables alone: the roofline prices the rest
+            about = check_moe_bundle(bundle, target)
             costs = roofline
-            costs.path = cfg.device_profile
-            costs.sources = {"target_forward": f"roofline (the bundle, {about}, has no dense "
-                                               "tables)"}
-    attach_moe(cfg, target, hw, costs)
+            costs.path = str(bundle)
+            costs.sources = {"target_forward": f"roofline (the bundle, {about}: {only})"}
+    attach_moe(cfg, target, hw, costs, bundle)
     return costs
 
 
-def attach_moe(cfg: SimConfig, target: ModelConfig, hw: Hardware, costs) -> None:
-    """A MoE target's blocks from the bundle's moe.csv, or under data or expert parallelism
-    (sim/expert_parallel.py), priced by one MoeCosts that the tables and their roofline share.
-    A run with neither keeps the roofline's own MoE layers, as before."""
+def attach_moe(cfg: SimConfig, target: ModelConfig, hw: Hardware, costs,
+               bundle: Path | None) -> None:
+    """A MoE target's blocks from the bundle's moe.csv (`bundle`: the --device-profile variant
+    folder the run reads), or under data or expert parallelism (sim/expert_parallel.py),
+    priced by one MoeCosts that the tables and their roofline share; its dispatch and combine
+    over `hw.interconnect`, measured where `collectives` found them. A run with neither keeps
+    the roofline's own MoE layers, as before."""
     dp, tp = cfg.data_parallel_size, cfg.tensor_parallel_size
     plan = MoeParallel(dp, tp, cfg.enable_expert_parallel and dp * tp > 1)   # vLLM's use_ep
     if not target.is_moe or not isinstance(costs, (RooflineCosts, TableCosts)):
         return
     table = mtp = None
-    if cfg.device_profile is not None:
-        table, mtp = moe_parts(cfg.device_profile, cfg.tensor_parallel_size, plan.moe_tp,
-                               cfg.k > 0 and cfg.method == "mtp")
+    if bundle is not None:
+        table, mtp = moe_parts(bundle, tp, plan.moe_tp, cfg.k > 0 and cfg.method == "mtp")
     if isinstance(costs, RooflineCosts) and table is None and mtp is None and plan.dp == 1 \
             and not plan.expert_parallel:
         return
@@ -443,20 +564,14 @@ def attach_moe(cfg: SimConfig, target: ModelConfig, hw: Hardware, costs) -> None
     moe = MoeCosts(target, roofline, plan, hw.interconnect, table, mtp)
     roofline.moe = moe
     if isinstance(costs, TableCosts):
-        if target.num_moe_layers < target.num_layers and \
-                "gate_up_proj" not in costs.tables.dense:
-            raise UserError(f"--device-profile {costs.tables.path}: dense.csv has no MLP rows "
-                            f"(gate_up_proj, act_fn, down_proj) for --model {target.name}'s "
-                            f"{target.num_layers - target.num_moe_layers} dense layers")
         costs.moe = moe
     sources = getattr(costs, "sources", None)
     if sources is None:
         costs.sources = sources = {}
     sources["moe"] = moe.source()
     if mtp is not None:
-        sources["draft_forward"] = (f"MTP module's own kernels from tables ({cfg.device_profile}"
-                                    "/mtp.csv), its decoder layer as the target's, the rest "
-                                    "the roofline")
+        sources["draft_forward"] = (f"MTP module's own kernels from tables ({bundle}/mtp.csv), "
+                                    "its decoder layer as the target's, the rest the roofline")
 
 
 def parallel_notes(cfg: SimConfig, target: ModelConfig, costs) -> list[str]:
@@ -522,9 +637,10 @@ def table_notes(cfg: SimConfig, costs: DeviceCosts, hw: Hardware,
         notes.append(f"--max-num-batched-tokens {cfg.max_num_batched_tokens} is past the "
                      f"tables' {tables.max_tokens:g} tokens: longer steps extrapolated in "
                      "proportion (docs/sim.md)")
-    if hw.name not in (tables.hardware.lower(), tables.hardware.lower().replace("_", "")):
+    label = tables.hardware.lower()
+    if hw.name.lower() not in (label, label.replace("_", "")):
         notes.append(f"--device-profile was measured on {tables.gpu} ({tables.hardware}); "
-                     f"--gpu {hw.name} gives the memory size and the roofline of what the "
+                     f"--gpu {cfg.gpu} gives the memory size and the roofline of what the "
                      "tables lack")
     return notes
 
@@ -569,7 +685,8 @@ def scheduler_config(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
                                tp * cfg.data_parallel_size if target.is_moe else None)
         blocks = kv_cache_blocks(hw.mem_bytes, cfg.gpu_memory_utilization, weights,
                                  RESERVED_BYTES, cfg.block_size,
-                                 kv_bytes_per_token(target, draft, tp, method))
+                                 kv_bytes_per_token(target, draft, tp, method,
+                                                    KV_CACHE_DTYPES[cfg.kv_cache_dtype]))
         if blocks < 1:
             usable = hw.mem_bytes * cfg.gpu_memory_utilization / 1e9
             per = f" per GPU at --tensor-parallel-size {tp}" if tp > 1 else ""

@@ -27,10 +27,10 @@ A block's time (`MoeCosts.block`): the bundle's moe.csv at the EP degree it meas
 run's, where it covers the rows; past its last token count, its last measured time grown as
 the roofline grows from there (counted in the result); the roofline alone where no table is
 given. The dispatch and combine (`MoeCosts.exchange`): one all-gather of rows x (hidden +
-experts) bf16 and one reduce-scatter of rows x hidden bf16 per MoE layer, from the GPU's
-interconnect model (sim/hardware.py). NOTE: measured collectives (LLMServingSim's
-hardware.yaml, read for issue 35) answer the same calls (`all_gather_us`, and
-`reduce_scatter_us` where they have it) and stand in `MoeCosts.link` once read.
+experts) bf16 and one reduce-scatter of rows x hidden bf16 per MoE layer, over `MoeCosts.link`:
+the collectives measured over the dp GPUs where a hardware.yaml gives them (sim/hardware.py
+`MeasuredLink`, found by sim/config.py `collectives`), else the GPU's interconnect model
+(`Interconnect`); both answer `all_gather_us` and `reduce_scatter_us`.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stepgap.common.modelcfg import BF16
+from stepgap.sim.hardware import MeasuredLink
 from stepgap.sim.roofline import expected_experts
 
 
@@ -76,14 +77,14 @@ class MoeParallel:
 class MoeCosts:
     """The target's MoE blocks, and their dispatch and combine, on one rank (module
     docstring). `table`: a MoeTable; `mtp`: an MTP module's measured kernels (mtp.csv), read
-    by the roofline's MTP pass; `link`: the collectives' costs (the GPU's interconnect)."""
+    by the roofline's MTP pass; `link`: the collectives' costs (measured, or the GPU's
+    interconnect model)."""
 
     def __init__(self, target, roofline, plan: MoeParallel, link, table=None, mtp=None):
         self.t, self.roof, self.plan, self.link = target, roofline, plan, link
         self.table, self.mtp = table, mtp
         self.ep = table.degree(plan.ep) if table is not None else None   # the grid it reads
         self.grid = table.grids[self.ep] if table is not None else None
-        self.reduce_scatter = getattr(link, "reduce_scatter_us", None) if link else None
         self.looked: set[int] = set()   # distinct row counts priced from the table
         self.past: set[int] = set()     # of them, past its last token count
         self._block: dict[tuple[int, int], float] = {}
@@ -123,10 +124,8 @@ class MoeCosts:
             return 0.0
         c = self.t
         gathered = BF16 * rows * (c.hidden_size + c.num_experts)   # hidden states, logits
-        outputs = BF16 * rows * c.hidden_size
-        # NOTE: a ring reduce-scatter moves what a ring all-gather of its input moves
-        scatter = self.reduce_scatter or self.link.all_gather_us
-        return self.link.all_gather_us(gathered, n) + scatter(outputs, n)
+        outputs = BF16 * rows * c.hidden_size                       # partial sums, every row
+        return self.link.all_gather_us(gathered, n) + self.link.reduce_scatter_us(outputs, n)
 
     def forward(self, m: int, rows: int) -> float:
         """Every MoE layer of the target's forward: its blocks, dispatches and combines."""
@@ -136,7 +135,13 @@ class MoeCosts:
         """Where the blocks' times come from, for the result's device_costs."""
         where = (f"tables ({self.table.path}, the ep {self.ep} grid)" if self.grid is not None
                  else "the roofline")
-        return f"{self.plan.describe()}; blocks from {where}"
+        out = f"{self.plan.describe()}; blocks from {where}"
+        if self.plan.dp > 1:
+            link = self.link
+            out += ("; dispatch and combine from the collectives " + link.name
+                    if isinstance(link, MeasuredLink) else
+                    f"; dispatch and combine from the interconnect model ({link.name})")
+        return out
 
     def fastest_read(self) -> tuple[float, float, float]:
         """The table's point that reads the routed experts' weights fastest: (bytes/s implied

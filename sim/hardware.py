@@ -10,7 +10,8 @@ number and how sensitive the predictions are to each.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+from dataclasses import dataclass, replace
 
 from stepgap.common.errors import UserError
 
@@ -18,25 +19,46 @@ GB = 1e9
 GIB = 2 ** 30
 
 
+CUSTOM_AR_MAX_BYTES = 8 * 2 ** 20   # vLLM's CustomAllreduce max_size
+
+
+def all_reduce_path(nbytes: float, n: int, fully_connected: bool, p2p: bool) -> str:
+    """Which all-reduce vLLM issues for `nbytes` over n GPUs (its custom_all_reduce.py and
+    csrc/custom_all_reduce.cuh): its own kernel where the GPUs have peer access and are 2, or 4,
+    6 or 8 fully connected (NVLink), for inputs under 8 MiB: one-shot (every GPU reads its
+    peers' whole buffers) on 2 GPUs, and on NVLink under 512 KiB up to 4 GPUs or 256 KiB up to
+    8; two-shot (reduce-scatter, then all-gather) above those; NCCL otherwise.
+    (Symmetric-memory and FlashInfer all-reduces, which newer vLLM tries on Hopper and
+    Blackwell NVLink first, are not modelled.)"""
+    if n in (2, 4, 6, 8) and p2p and (n == 2 or fully_connected) \
+            and nbytes < CUSTOM_AR_MAX_BYTES:
+        if n == 2 or (n <= 4 and nbytes < 512 * 1024) or nbytes < 256 * 1024:
+            return "one_shot"
+        return "two_shot"
+    return "nccl"
+
+
 @dataclass(frozen=True, slots=True)
 class Interconnect:
     """GPU-to-GPU links of one node, as tensor parallelism's collectives see them.
 
-    An all-reduce of B bytes over N GPUs costs the better of vLLM's two custom all-reduce
-    algorithms: one-shot, every GPU reads the N-1 others' buffers, latency + (N-1)·B / bw; and
-    two-shot (reduce-scatter, then all-gather), 2·latency + 2·(N-1)/N·B / bw. An all-gather of
-    B bytes in all costs latency + (N-1)/N·B / bw. `latency_us` is a small message's time in a
-    CUDA graph, and dominates at decode (16 KiB per token of a 70B model); `bw` is what one GPU
-    moves in one direction, after protocol overhead. With `one_shot` False (PCIe, no P2P
-    fabric: vLLM disables its custom all-reduce past 2 such GPUs) NCCL's ring is used:
-    latency + 2·(N-1)/N·B / bw.
+    An all-reduce of B bytes over N GPUs is the one vLLM issues (`all_reduce_path`): its
+    one-shot kernel, every GPU reading the N-1 others' buffers, latency + (N-1)·B / bw; its
+    two-shot kernel (reduce-scatter, then all-gather), 2·latency + 2·(N-1)/N·B / bw; or NCCL's
+    ring, latency + 2·(N-1)/N·B / bw. An all-gather of B bytes in all, and a reduce-scatter of
+    B bytes on each GPU, cost latency + (N-1)/N·B / bw. `latency_us` is a small message's time in a CUDA graph, and
+    dominates at decode (16 KiB per token of a 70B model); `bw` is what one GPU moves in one
+    direction, after protocol overhead. `fully_connected`: NVLink between every pair (vLLM's
+    custom all-reduce at 4 to 8 GPUs); `p2p`: the GPUs can read each other's memory (over PCIe:
+    vLLM's custom all-reduce at 2 GPUs; GeForce cards have none).
     """
 
     name: str
     bw: float            # bytes/s one GPU sends (or receives) to its peers, effective
     latency_us: float    # one small collective, in a CUDA graph
-    one_shot: bool
+    fully_connected: bool
     source: str
+    p2p: bool = True
 
     def __post_init__(self):
         if not (self.bw > 0 and self.latency_us >= 0):
@@ -46,36 +68,99 @@ class Interconnect:
         if n <= 1:
             return 0.0
         bw = self.bw / 1e6   # bytes per microsecond
+        path = all_reduce_path(nbytes, n, self.fully_connected, self.p2p)
+        if path == "one_shot":
+            return self.latency_us + (n - 1) * nbytes / bw
         ring = self.latency_us + 2 * (n - 1) / n * nbytes / bw
-        if not self.one_shot:
-            return ring
-        one = self.latency_us + (n - 1) * nbytes / bw
-        return min(one, ring + self.latency_us)
+        return ring + self.latency_us if path == "two_shot" else ring
 
     def all_gather_us(self, nbytes: float, n: int) -> float:
         return 0.0 if n <= 1 else self.latency_us + (n - 1) / n * nbytes / (self.bw / 1e6)
 
+    def reduce_scatter_us(self, nbytes: float, n: int) -> float:
+        """A ring reduce-scatter of B bytes on each GPU moves what a ring all-gather of B bytes
+        in all moves."""
+        return self.all_gather_us(nbytes, n)
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredLink:
+    """Collectives measured on a node's GPUs (LLMServingSim's hardware.yaml, read by
+    sim/hardware_file.py): per collective, microseconds by message size over `npus` GPUs,
+    linear between sizes, the smallest size's time below them and the top two sizes' slope
+    above. The all-reduce vLLM issues (`all_reduce_path`) is priced from what was measured:
+    NCCL's all_reduce as measured; vLLM's one-shot kernel, where every GPU reads its peers'
+    whole buffers, as the all_gather of the same bytes per GPU, which moves exactly that; its
+    two-shot kernel as a reduce_scatter and an all_gather of a 1/N share each. Samples are in
+    bytes of one GPU's all-reduce input, all-gather input and reduce-scatter output, as
+    LLMServingSim's profiler records them."""
+
+    name: str
+    npus: int
+    sizes: dict   # collective -> (bytes, ...), ascending
+    times: dict   # collective -> (us, ...)
+    fully_connected: bool
+    p2p: bool
+    source: str
+
+    def at(self, collective: str, nbytes: float) -> float:
+        xs, ys = self.sizes[collective], self.times[collective]
+        if nbytes <= xs[0] or len(xs) == 1:
+            return ys[0]
+        j = min(bisect.bisect_right(xs, nbytes), len(xs) - 1)
+        return ys[j - 1] + (ys[j] - ys[j - 1]) * (nbytes - xs[j - 1]) / (xs[j] - xs[j - 1])
+
+    def all_reduce_us(self, nbytes: float, n: int) -> float:
+        if n <= 1:
+            return 0.0
+        path = all_reduce_path(nbytes, n, self.fully_connected, self.p2p)
+        if path == "one_shot":
+            return self.at("all_gather", nbytes)
+        if path == "two_shot":
+            return self.at("reduce_scatter", nbytes / n) + self.at("all_gather", nbytes / n)
+        return self.at("all_reduce", nbytes)
+
+    def all_gather_us(self, nbytes: float, n: int) -> float:
+        return 0.0 if n <= 1 else self.at("all_gather", nbytes / n)
+
+    def reduce_scatter_us(self, nbytes: float, n: int) -> float:
+        """B bytes on each GPU reduced, 1/n of them to each: the measured reduce_scatter of
+        that output, else (none measured) the all_gather that moves the same bytes."""
+        if n <= 1:
+            return 0.0
+        return self.at("reduce_scatter" if "reduce_scatter" in self.sizes else "all_gather",
+                       nbytes / n)
+
 
 # docs/sim.md has the measurements behind these numbers.
 NVLINK4 = Interconnect(
-    "nvlink4", bw=370 * GB, latency_us=6.0, one_shot=True,
+    "nvlink4", bw=370 * GB, latency_us=6.0, fully_connected=True,
     source="NVLink 4 (H100/H200 SXM): 450 GB/s per direction, NCCL reaches ~370 GB/s "
            "(nccl-tests #212); vLLM's custom all-reduce on H100 fits latency 6 us (vLLM "
            "#24111, #24532)")
 INTERCONNECTS: dict[str, Interconnect] = {i.name: i for i in (
-    Interconnect("nvlink3", bw=246 * GB, latency_us=6.0, one_shot=True,
+    Interconnect("nvlink3", bw=246 * GB, latency_us=6.0, fully_connected=True,
                  source="NVLink 3 (A100 SXM): 300 GB/s per direction at NVLink 4's 82 % "
                         "efficiency (one 8-GPU node measured ~200 GB/s busbw, nccl-tests#149); "
                         "latency as NVLink 4"),
     NVLINK4,
-    Interconnect("nvlink5", bw=740 * GB, latency_us=6.0, one_shot=True,
+    Interconnect("nvlink5", bw=740 * GB, latency_us=6.0, fully_connected=True,
                  source="NVLink 5 (B200): 900 GB/s per direction (1.8 TB/s bidirectional) at "
                         "NVLink 4's 82 % efficiency; vLLM ca_1stage 7 us at 16 KiB on "
                         "B300 (#37756)"),
-    Interconnect("pcie5", bw=50 * GB, latency_us=20.0, one_shot=False,
+    Interconnect("nvlink-bridge", bw=246 * GB, latency_us=6.0, fully_connected=False,
+                 source="NVLink bridge of an H100 NVL pair: 600 GB/s (300 per direction) at "
+                        "NVLink 4's 82 %; past the pair, NCCL's ring is priced at the same "
+                        "rate (optimistic: it crosses PCIe)"),
+    Interconnect("xgmi", bw=367 * GB, latency_us=6.0, fully_connected=True,
+                 source="AMD Infinity Fabric (MI300X platform): 7 links of 64 GB/s per "
+                        "direction to the other 7 GPUs, 448 GB/s, at NVLink 4's 82 %; latency "
+                        "as NVLink (no measurement read); vLLM's ROCm quick all-reduce is not "
+                        "modelled"),
+    Interconnect("pcie5", bw=50 * GB, latency_us=20.0, fully_connected=False,
                  source="PCIe Gen5 x16 (RTX PRO 6000 Blackwell): 64 GB/s per direction at "
                         "PCIe 4's ~80 %; latency as PCIe 4 (no measurement found)"),
-    Interconnect("pcie4", bw=25 * GB, latency_us=20.0, one_shot=False,
+    Interconnect("pcie4", bw=25 * GB, latency_us=20.0, fully_connected=False,
                  source="PCIe Gen4 x16 (L20, L40S-class): 32 GB/s per direction at ~80 %; "
                         "NCCL ring, 19.4 us at 4 KB on 4 PCIe GPUs behind one switch in a CUDA "
                         "graph (haohervchb/sglang-V100#2, a V100 proxy: no L20 measurement "
@@ -97,8 +182,9 @@ class Hardware:
     source: str
     fp8_flops: float = 0.0     # peak dense fp8 FLOP/s; 0: no fp8 tensor cores (fp8 weights are
                                # dequantized and multiplied at the bf16 rate)
-    interconnect: Interconnect | None = None   # between the GPUs of a node; None: one device
+    interconnect: Interconnect | MeasuredLink | None = None   # between a node's GPUs
     gpus_per_node: int = 8
+    device_names: tuple[str, ...] = ()   # as CUDA names the device (a file's spec.gpu_name)
 
     def __post_init__(self):
         if self.kind not in ("gpu", "cpu"):
@@ -135,36 +221,93 @@ CATALOG: dict[str, Hardware] = {h.name: h for h in (
     Hardware("l20", "gpu", flops=119.5e12, mem_bw=864 * GB, flop_eff=0.70, bw_eff=0.80,
              kernel_us=2.0, d2h_us=15.0, mem_bytes=48 * GB, fp8_flops=239e12,
              interconnect=INTERCONNECTS["pcie4"],
-             source="NVIDIA L20 datasheet: 864 GB/s GDDR6, 119.5 TFLOP/s dense bf16, 48 GB"),
+             source="NVIDIA L20 datasheet: 864 GB/s GDDR6, 119.5 TFLOP/s dense bf16, 48 GB",
+             device_names=("NVIDIA L20",)),
     Hardware("a100", "gpu", flops=312e12, mem_bw=2039 * GB, flop_eff=0.75, bw_eff=0.85,
              kernel_us=2.0, d2h_us=15.0, mem_bytes=80 * GB, interconnect=INTERCONNECTS["nvlink3"],
-             source="NVIDIA A100-80GB SXM datasheet: 2039 GB/s HBM2e, 312 TFLOP/s bf16"),
+             source="NVIDIA A100-80GB SXM datasheet: 2039 GB/s HBM2e, 312 TFLOP/s bf16",
+             device_names=("NVIDIA A100-SXM4-80GB",)),
     Hardware("h100", "gpu", flops=989e12, mem_bw=3350 * GB, flop_eff=0.75, bw_eff=0.85,
              kernel_us=2.0, d2h_us=15.0, mem_bytes=80 * GB, fp8_flops=1979e12,
              interconnect=NVLINK4,
-             source="NVIDIA H100 SXM datasheet: 3350 GB/s HBM3, 989 TFLOP/s dense bf16"),
+             source="NVIDIA H100 SXM datasheet: 3350 GB/s HBM3, 989 TFLOP/s dense bf16",
+             device_names=("NVIDIA H100 80GB HBM3",)),
     # Measured on one H200 (docs/design.md §6): 4.3 TB/s copy (0.90), 790 TFLOP/s GEMM (0.80).
     Hardware("h200", "gpu", flops=989e12, mem_bw=4800 * GB, flop_eff=0.80, bw_eff=0.86,
              kernel_us=2.0, d2h_us=15.0, mem_bytes=141 * GB, fp8_flops=1979e12,
              interconnect=NVLINK4,
-             source="NVIDIA H200 SXM datasheet: 4800 GB/s HBM3e, 989 TFLOP/s; docs/design.md §6"),
+             source="NVIDIA H200 SXM datasheet: 4800 GB/s HBM3e, 989 TFLOP/s; docs/design.md §6",
+             device_names=("NVIDIA H200",)),
     Hardware("b200", "gpu", flops=2250e12, mem_bw=8000 * GB, flop_eff=0.75, bw_eff=0.85,
              kernel_us=2.0, d2h_us=15.0, mem_bytes=180 * GB, fp8_flops=4500e12,
              interconnect=INTERCONNECTS["nvlink5"],
-             source="NVIDIA B200 datasheet: 8 TB/s HBM3e, 2.25 PFLOP/s dense bf16"),
+             source="NVIDIA B200 datasheet: 8 TB/s HBM3e, 2.25 PFLOP/s dense bf16",
+             device_names=("NVIDIA B200",)),
     # Two GDDR cards of the peer runs (docs/sim.md, "Measured operator tables"): datasheet peaks,
     # the L20's efficiencies (the same kind of memory system); memory as CUDA reports it.
     Hardware("rtx4090", "gpu", flops=165.2e12, mem_bw=1008 * GB, flop_eff=0.70, bw_eff=0.80,
              kernel_us=2.0, d2h_us=15.0, mem_bytes=25_250_627_584, fp8_flops=330.3e12,
-             interconnect=INTERCONNECTS["pcie4"],
+             interconnect=replace(INTERCONNECTS["pcie4"], name="pcie4, no P2P", p2p=False),
              source="NVIDIA Ada architecture whitepaper, GeForce RTX 4090: 1008 GB/s GDDR6X, "
                     "165.2 TFLOP/s dense bf16 (FP32 accumulate), 330.3 fp8; 24 GB "
-                    "(25,250,627,584 bytes as CUDA reports it in the peer run's meta.json)"),
+                    "(25,250,627,584 bytes as CUDA reports it in the peer run's meta.json); "
+                    "GeForce cards have no peer-to-peer access",
+             device_names=("NVIDIA GeForce RTX 4090",)),
     Hardware("rtxpro6000", "gpu", flops=500e12, mem_bw=1792 * GB, flop_eff=0.70, bw_eff=0.80,
              kernel_us=2.0, d2h_us=15.0, mem_bytes=96 * GIB, fp8_flops=1000e12,
              interconnect=INTERCONNECTS["pcie5"],
              source="NVIDIA RTX PRO 6000 Blackwell Server Edition datasheet: 1792 GB/s GDDR7, "
-                    "96 GB, 4000 AI TOPS (fp4, sparse): 1000 TFLOP/s dense fp8, 500 dense bf16"),
+                    "96 GB, 4000 AI TOPS (fp4, sparse): 1000 TFLOP/s dense fp8, 500 dense bf16",
+             device_names=("NVIDIA RTX PRO 6000 Blackwell Server Edition",)),
+    # GPUs people serve on (issue 36): datasheet peaks, dense (NVIDIA prints the sparse rate
+    # first; half of it is the dense one); the efficiencies of the catalog's own entries of the
+    # same kind of memory (GDDR: the L20's, HBM: the H100's).
+    Hardware("l40s", "gpu", flops=362.05e12, mem_bw=864 * GB, flop_eff=0.70, bw_eff=0.80,
+             kernel_us=2.0, d2h_us=15.0, mem_bytes=48 * GB, fp8_flops=733e12,
+             interconnect=INTERCONNECTS["pcie4"],
+             source="NVIDIA L40S datasheet: 864 GB/s GDDR6, 48 GB, 362.05 TFLOP/s bf16 (733 "
+                    "with sparsity), 733 fp8; PCIe Gen4 x16, no NVLink",
+             device_names=("NVIDIA L40S",)),
+    Hardware("l4", "gpu", flops=121e12, mem_bw=300 * GB, flop_eff=0.70, bw_eff=0.80,
+             kernel_us=2.0, d2h_us=15.0, mem_bytes=24 * GB, fp8_flops=242.5e12,
+             interconnect=INTERCONNECTS["pcie4"],
+             source="NVIDIA L4 datasheet: 300 GB/s GDDR6, 24 GB, 242 TFLOP/s bf16 and 485 fp8 "
+                    "with sparsity (121 and 242.5 dense); PCIe Gen4 x16",
+             device_names=("NVIDIA L4",)),
+    Hardware("a10g", "gpu", flops=70e12, mem_bw=600 * GB, flop_eff=0.70, bw_eff=0.80,
+             kernel_us=2.0, d2h_us=15.0, mem_bytes=24 * GB,
+             interconnect=INTERCONNECTS["pcie4"],
+             source="AWS's A10G (G5 instances; no NVIDIA datasheet): 600 GB/s GDDR6, 24 GB, 70 "
+                    "TFLOP/s bf16 tensor (Baseten, 'NVIDIA A10 vs A10G for ML model "
+                    "inference'); Ampere: no fp8",
+             device_names=("NVIDIA A10G",)),
+    Hardware("h100-pcie", "gpu", flops=756e12, mem_bw=2000 * GB, flop_eff=0.75, bw_eff=0.85,
+             kernel_us=2.0, d2h_us=15.0, mem_bytes=80 * GB, fp8_flops=1513e12,
+             interconnect=INTERCONNECTS["pcie5"],
+             source="NVIDIA H100 PCIe datasheet: 2 TB/s HBM2e, 80 GB, 1513 TFLOP/s bf16 and "
+                    "3026 fp8 with sparsity (756 and 1513 dense); PCIe Gen5 (the optional "
+                    "NVLink bridge is not modelled)",
+             device_names=("NVIDIA H100 PCIe",)),
+    Hardware("h100-nvl", "gpu", flops=835e12, mem_bw=3900 * GB, flop_eff=0.75, bw_eff=0.85,
+             kernel_us=2.0, d2h_us=15.0, mem_bytes=94 * GB, fp8_flops=1670e12,
+             interconnect=INTERCONNECTS["nvlink-bridge"],
+             source="NVIDIA H100 NVL datasheet (per GPU): 3.9 TB/s HBM3, 94 GB, 1671 TFLOP/s "
+                    "bf16 and 3341 fp8 with sparsity (835 and 1670 dense); pairs joined by an "
+                    "NVLink bridge",
+             device_names=("NVIDIA H100 NVL",)),
+    Hardware("h20", "gpu", flops=148e12, mem_bw=4000 * GB, flop_eff=0.75, bw_eff=0.85,
+             kernel_us=2.0, d2h_us=15.0, mem_bytes=96 * GB, fp8_flops=296e12,
+             interconnect=NVLINK4,
+             source="NVIDIA H20 (HGX H20 datasheet): 4.0 TB/s HBM3, 96 GB, 148 TFLOP/s dense "
+                    "bf16, 296 fp8; NVLink 900 GB/s",
+             device_names=("NVIDIA H20",)),
+    Hardware("mi300x", "gpu", flops=1307.4e12, mem_bw=5300 * GB, flop_eff=0.75, bw_eff=0.85,
+             kernel_us=2.0, d2h_us=15.0, mem_bytes=192 * GB, fp8_flops=2614.9e12,
+             interconnect=INTERCONNECTS["xgmi"],
+             source="AMD Instinct MI300X datasheet: 5.3 TB/s HBM3, 192 GB, 1307.4 TFLOP/s "
+                    "dense bf16, 2614.9 fp8; the H100's efficiencies (no ROCm kernel "
+                    "measurement read)",
+             device_names=("AMD Instinct MI300X",)),
     # A generic 16-core AVX-512 server socket running torch eagerly: ~2.5 TFLOP/s fp32 peak,
     # ~100 GB/s DRAM; kernel_us is torch's per-op dispatch overhead on the CPU. A placeholder
     # until the engine's measured CPU profile replaces it.
@@ -174,8 +317,25 @@ CATALOG: dict[str, Hardware] = {h.name: h for h in (
 )}
 
 
+def catalog_entry(device_name: str) -> str | None:
+    """The catalog entry of a device as CUDA names it (nvidia-smi, torch, a hardware.yaml's
+    spec.gpu_name), or None."""
+    name = device_name.strip().lower()
+    for key, hw in CATALOG.items():
+        if name in (n.lower() for n in hw.device_names):
+            return key
+    return None
+
+
+def is_gpu_file(name: str) -> bool:
+    return name.lower().endswith((".yaml", ".yml"))
+
+
 def get_hardware(name: str) -> Hardware:
+    """A catalog entry by name (sim/hardware_file.py `load_gpu` also takes a GPU file)."""
     try:
         return CATALOG[name.lower()]
     except KeyError:
-        raise UserError(f"gpu: unknown device {name!r} (known: {', '.join(CATALOG)})") from None
+        raise UserError(f"gpu: unknown device {name!r} (known: {', '.join(CATALOG)}; or a "
+                        "YAML file: your own GPU's fields, or LLMServingSim's hardware.yaml)") \
+            from None

@@ -796,7 +796,7 @@ def build_workload(cfg: SimConfig) -> list[TraceRequest]:
         from stepgap.common.model_presets import load_model_config
         vocab = load_model_config(cfg.model).vocab_size
     reqs = load_workload(cfg.workload, cfg.num_prompts, cfg.output_len, cfg.seed, vocab,
-                         cfg.shared_fraction)
+                         cfg.shared_fraction, cfg.model)
     return apply_request_rate(reqs, cfg.request_rate, cfg.burstiness, cfg.seed)
 
 

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stepgap.common.errors import UserError, where
-from stepgap.sim.tables import Table1D, _meta, _number, _read_csv, _tables_1d, find_bundle
+from stepgap.sim.tables import (FAMILY_LAYERS, Table1D, _number, _read_csv, _tables_1d,
+                                bundle_meta, refuse_another_model)
 
 MOE_COLUMNS = ("tokens", "activated_experts", "time_us")
 MTP_LAYERS = ("mtp_embed", "mtp_enorm_hnorm", "mtp_eh_proj", "mtp_glue", "mtp_shared_head")
@@ -116,7 +117,7 @@ def load_moe_table(path) -> MoeTable:
 
 def load_mtp_table(path) -> dict[str, Table1D]:
     """Read an mtp.csv: the MTP module's kernels by rows (its eh_proj at least)."""
-    tables = _tables_1d(Path(path), "sequences", ())
+    tables = _tables_1d(Path(path), "sequences", (), "an MTP module")
     if "mtp_eh_proj" not in tables:
         raise UserError(f"{path}: no rows for mtp_eh_proj (an MTP module's table holds "
                         f"{', '.join(MTP_LAYERS)})")
@@ -129,12 +130,13 @@ def mtp_wrapper(tables: dict[str, Table1D], rows: int) -> float:
     return sum(tables[name](rows) for name in MTP_LAYERS if name in tables)
 
 
-def moe_parts(path, tp: int, moe_tp: int, mtp: bool) -> tuple[MoeTable | None, dict | None]:
+def moe_parts(root: Path, tp: int, moe_tp: int, mtp: bool) -> tuple[MoeTable | None,
+                                                                    dict | None]:
     """A bundle's MoE table for a run whose experts are split `moe_tp` ways by width (1 with
     expert parallelism: its EP grids are measured at TP 1, in tp1/), and the MTP module's
     kernels (when it drafts with MTP) of its TP degree, else TP 1's (its eh_proj is a plain
-    Linear that vLLM does not shard, and its norms are replicated); None where absent."""
-    root = find_bundle(path)
+    Linear that vLLM does not shard, and its norms are replicated); None where absent.
+    `root`: the bundle's variant folder (sim/tables.py find_variant)."""
     moe, mtp_file = root / f"tp{moe_tp}" / "moe.csv", root / f"tp{tp}" / "mtp.csv"
     if not mtp_file.is_file():
         mtp_file = root / "tp1" / "mtp.csv"
@@ -142,36 +144,31 @@ def moe_parts(path, tp: int, moe_tp: int, mtp: bool) -> tuple[MoeTable | None, d
             load_mtp_table(mtp_file) if mtp and mtp_file.is_file() else None)
 
 
-def has_dense_tables(path, tp: int) -> bool:
-    """Whether a bundle holds a layer's dense tables at this TP (else, MoE tables alone)."""
-    return (find_bundle(path) / f"tp{tp}" / "dense.csv").is_file()
+def moe_only(root: Path, tp: int, target) -> str | None:
+    """Why a MoE target takes only a bundle's MoE and MTP tables (the rest of each step from
+    the roofline), or None where the dense, attention and per-sequence tables price the rest:
+    the bundle has no dense tables at this TP, or its family's layers are not among those
+    stepgap reads from tables (DeepSeek's MLA)."""
+    if not target.is_moe:
+        return None
+    family = bundle_meta(root).family
+    if family not in FAMILY_LAYERS:
+        return f"stepgap does not read {family}'s dense and attention kernels from tables"
+    if not (root / f"tp{tp}" / "dense.csv").is_file():
+        return f"no tp{tp}/dense.csv"
+    return None
 
 
-SHAPES = (("num_attention_heads", "num_heads"), ("num_key_value_heads", "num_kv_heads"),
-          ("intermediate_size", "intermediate_size"), ("vocab_size", "vocab_size"))
-
-
-def check_moe_bundle(path, target) -> str:
-    """A bundle of MoE tables without dense ones: refused where it has no moe.csv in tp1/ or
-    its per-rank shapes (meta.yaml's hf_overrides, at its largest TP) are not the target's,
-    naming the field; else what it was measured on, for the result."""
-    root = find_bundle(path)
-    meta = _meta(root / "meta.yaml")
+def check_moe_bundle(root: Path, target) -> str:
+    """A bundle whose MoE and MTP tables alone are read: refused where it has no moe.csv in
+    tp1/, or where its family or per-rank shapes (meta.yaml's architecture and hf_overrides)
+    are not the target's, field by field (sim/tables.py `shape_mismatch`); else what it was
+    measured on, for the result."""
+    bm = bundle_meta(root)
     if not (root / "tp1" / "moe.csv").is_file():
-        raise UserError(f"--device-profile {root}: no tp1/dense.csv or tp1/moe.csv (a perf "
-                        "bundle's tp<N>/ holds dense.csv, attention.csv and per_sequence.csv, "
-                        "and moe.csv for a MoE model)")
-    eff = meta.get("engine_effective") or {}
-    shapes = eff.get("hf_overrides") or {}
-    degrees = meta.get("tp_degrees") or [1]
-    r = max(degrees) if isinstance(degrees, list) and all(isinstance(d, int) for d in degrees) \
-        else 1
-    for key, attr in SHAPES:
-        v = shapes.get(key) if isinstance(shapes, dict) else None
-        if isinstance(v, int) and v * r != getattr(target, attr):
-            field = "engine_effective.hf_overrides." + key
-            raise UserError(f"{where(root / 'meta.yaml', field=field)}: "
-                            f"{v} per rank at TP {r}, not --model {target.name}'s "
-                            f"{getattr(target, attr)}: tables of another model")
-    return (f"{meta.get('hardware', '?')} ({meta.get('gpu', '?')}), {meta.get('model', '?')} "
-            f"{meta.get('variant', '')}; vLLM {meta.get('vllm_version', '?')}")
+        raise UserError(f"--device-profile {root}: no tp1/moe.csv (a MoE model's perf bundle "
+                        "measures its MoE block at TP 1) and no dense tables stepgap reads")
+    refuse_another_model(bm, target)
+    m = bm.meta
+    return (f"{m.get('hardware', '?')} ({m.get('gpu', '?')}), {bm.model} "
+            f"{m.get('variant', '')}; vLLM {m.get('vllm_version', '?')}")

@@ -89,8 +89,10 @@ class RooflineCosts:
     """
 
     def __init__(self, target: ModelConfig, draft, hw: Hardware, k: int, tp: int = 1,
-                 method: str = "eagle3", routing_skew: float = 0.0, max_model_len: int = 2048):
+                 method: str = "eagle3", routing_skew: float = 0.0, max_model_len: int = 2048,
+                 kv_bytes: int = BF16):
         self.t, self.d, self.hw, self.k = target, draft, hw, k
+        self.kv_bytes = kv_bytes          # a KV-cache element (--kv-cache-dtype)
         self.tp, self.method, self.skew, self.max_model_len = tp, method, routing_skew, \
             max_model_len
         self.flops = hw.flops_eff / 1e6   # FLOP per microsecond
@@ -122,9 +124,10 @@ class RooflineCosts:
 
     def attention(self, pairs: float, kv_tokens: int, heads: int, kv_heads: int,
                   head_dim: int) -> float:
-        """One layer's attention: QK^T and PV over the pairs, the KV of every context read."""
+        """One layer's attention: QK^T and PV over the pairs, the KV of every context read
+        (`kv_bytes` an element)."""
         flops = 4.0 * pairs * heads * head_dim
-        nbytes = 2 * BF16 * kv_tokens * kv_heads * head_dim
+        nbytes = 2 * self.kv_bytes * kv_tokens * kv_heads * head_dim
         return max(flops / self.flops, nbytes / self.bw) + self.hw.kernel_us
 
     def all_reduce(self, m: int, width: int) -> float:
@@ -231,7 +234,7 @@ class RooflineCosts:
         if c.is_mla:   # over the latent cache, which every rank holds whole
             latent = c.kv_lora_rank + c.qk_rope_head_dim
             flops = 2.0 * pairs * heads * (latent + c.kv_lora_rank)
-            one = max(flops / self.flops, BF16 * kv_tokens * latent / self.bw) \
+            one = max(flops / self.flops, self.kv_bytes * kv_tokens * latent / self.bw) \
                 + self.hw.kernel_us
             return layers * one
         full = self.attention(pairs, kv_tokens, heads, kv, c.head_dim)

@@ -11,6 +11,9 @@ Grid syntax (command line; docs/sweeps.md has the file form):
     max_concurrency=1..64:x2         1, 2, 4, ..., 64 (a geometric range)
     request_rate=0.5..2:0.5          0.5, 1.0, 1.5, 2.0 (an arithmetic range)
     acceptance_rates=0.8/0.6,0.7/0.5 list-valued fields take '/' between their numbers
+    async_scheduling=true,false      vLLM's spellings too: async_scheduling, speculative_config
+    random_input_len=256,1024        (JSON), and `vllm bench serve`'s dataset options with
+                                     dataset_name (vllm_settings)
 """
 
 from __future__ import annotations
@@ -24,12 +27,65 @@ from pathlib import Path
 
 from stepgap.common.errors import UserError
 from stepgap.common.fileio import read_json, read_toml
+from stepgap.common.options import WORKLOAD_FLAGS
 from stepgap.sim.config import ALIASES, SimConfig, resolve
 from stepgap.sim.sweep_keys import cell_key
 
-GRID_KEYS = tuple(f.name for f in fields(SimConfig) if f.name not in ("detailed", "timeline"))
-FIELD_TYPES = {f.name: str(f.type) for f in fields(SimConfig)}
+# vLLM's spellings a grid takes besides SimConfig's fields (vllm_settings makes them into the
+# cell's settings): async scheduling, the speculative config (a table, or JSON in --set) and
+# `vllm bench serve`'s dataset options (common/options.py WORKLOAD_FLAGS).
+VLLM_KEYS = {"async_scheduling": "bool", "speculative_config": "dict", "dataset_name": "str",
+             "dataset_path": "str", "tokenizer": "str", "disable_shuffle": "bool",
+             **{f.lstrip("-").replace("-", "_"): "float" if key == "range_ratio" else "int"
+                for f, key, _ in WORKLOAD_FLAGS}}
+GRID_KEYS = tuple(f.name for f in fields(SimConfig) if f.name not in ("detailed", "timeline")) \
+    + tuple(VLLM_KEYS)
+FIELD_TYPES = {**{f.name: str(f.type) for f in fields(SimConfig)},
+               **{k: f"{t} | None" for k, t in VLLM_KEYS.items()}}
 MAX_VALUES = 10_000          # per range: a typo such as 0..1e9 should fail, not hang
+
+
+def vllm_settings(d: dict, explicit=None) -> dict:
+    """A cell's settings with vLLM's spellings (VLLM_KEYS) made into SimConfig's fields:
+    async_scheduling into mode, speculative_config's method, model and num_speculative_tokens
+    into method, draft and k, and the dataset options into the workload and its output length.
+    They win over a preset's settings; a field also given as such (`explicit`: the keys given,
+    not the preset's; default all) must agree."""
+    import argparse
+    from types import SimpleNamespace
+    from stepgap.common.options import speculative_config_arg, workload_spec
+    d = dict(d)
+
+    explicit = set(d) if explicit is None else set(explicit)
+
+    def put(key, value, src):
+        if value is None:
+            return
+        if key in explicit and key in d and d[key] != value:
+            raise UserError(f"{src} {value!r} and {key} {d[key]!r} disagree; give one")
+        d[key] = value
+    a = d.pop("async_scheduling", None)
+    if a is not None:
+        if not (a and "mode" in explicit and d.get("mode") in ("async", "zero-bubble")):
+            put("mode", "async" if a else "sync", "async_scheduling's mode")
+    spec = d.pop("speculative_config", None)
+    if spec is not None:
+        try:
+            spec = speculative_config_arg(spec if isinstance(spec, str) else json.dumps(spec))
+        except argparse.ArgumentTypeError as e:
+            raise UserError(f"speculative_config: {e}") from None
+        for field_, key in (("method", "method"), ("model", "draft"),
+                            ("num_speculative_tokens", "k")):
+            put(key, spec.get(field_), f"speculative_config's {field_}")
+    names = [k for k in VLLM_KEYS if k not in ("async_scheduling", "speculative_config")]
+    given = {k: d.pop(k) for k in names if k in d}
+    if given:   # the cell's dataset, in place of the preset's or the base's workload
+        ns = SimpleNamespace(trace=None, output_len=None, quiet=True,
+                             **{k: given.get(k) for k in names})
+        d["workload"] = workload_spec(ns)
+        if ns.output_len is not None:
+            d["output_len"] = ns.output_len
+    return d
 
 
 def grid_key(name: str, src: str) -> str:
@@ -52,6 +108,8 @@ def parse_scalar(key: str, text: str, src: str):
     kind, text = field_kind(key), text.strip()
     if text.lower() == "none" and "None" in FIELD_TYPES[key]:
         return None
+    if key == "speculative_config":   # JSON, as vLLM takes it
+        return text
     try:
         if kind == "int":
             return int(text)
@@ -216,11 +274,15 @@ class Grid:
         so that no run starts unless all can."""
         from stepgap.sim.loop import build_workload, check_requests
 
+        from stepgap.sim.presets import get_preset
+        preset = dict(get_preset(self.preset).settings) if self.preset else {}
+        explicit = [k for k, v in self.base.items() if k not in preset or preset[k] != v] \
+            + list(self.axes)
         cells, workloads = [], {}
         for combo in itertools.product(*self.axes.values()):
             values = dict(zip(self.axes, combo))
-            settings = {**self.base, **values}
             try:
+                settings = vllm_settings({**self.base, **values}, explicit)
                 cfg = SimConfig(**settings)
                 r = resolve(cfg)
                 wkey = (cfg.workload, cfg.num_prompts, cfg.output_len, cfg.seed,

@@ -69,7 +69,9 @@ def cell_key(cfg: SimConfig) -> str:
     """The cell's hash: its whole config, the files it names and the simulator's code."""
     h = hashlib.sha256(f"{STORE_VERSION}:{model_digest()}:".encode())
     h.update(json.dumps(cfg.to_dict(), sort_keys=True).encode())
-    for name in (cfg.workload, cfg.model, cfg.draft or "", cfg.profile or ""):   # files it names
+    from stepgap.common.workloads import workload_files
+    for name in (*workload_files(cfg.workload), cfg.model, cfg.draft or "",
+                 cfg.profile or "", cfg.gpu):   # files it names
         path = Path(name)
         path = path / "config.json" if path.is_dir() else path
         if path.is_file():
@@ -79,4 +81,8 @@ def cell_key(cfg: SimConfig) -> str:
         for path in sorted([*root.glob("meta.yaml"), *root.glob("tp*/*.csv")]):
             h.update(str(path.relative_to(root)).encode())
             h.update(read_bytes(path))
+        for path in root.resolve().parents:   # the GPU's hardware.yaml, where one is kept
+            if (path / "hardware.yaml").is_file():
+                h.update(read_bytes(path / "hardware.yaml"))
+                break
     return h.hexdigest()[:16]

@@ -11,7 +11,8 @@ The tables are LLMServingSim's perf bundle (`profiler/perf/<GPU>/<model>/<varian
 - `attention.csv` (prefill_chunk, kv_prefill, n_decode, kv_decode, time_us): one layer's
   attention kernel for one prefill chunk of `prefill_chunk` tokens after `kv_prefill` tokens of
   history, beside `n_decode` one-token decodes of `kv_decode` history each;
-- `per_sequence.csv` (layer, sequences, time_us): lm_head and the sampler by rows.
+- `per_sequence.csv` (layer, sequences, time_us): lm_head and the sampler by rows;
+- for a MoE model, `moe.csv` and `mtp.csv` (sim/moe_tables.py).
 
 Times are CUDA kernel time per module (vLLM's layerwise profiler, `enforce_eager`), so a step
 is the sum of its kernels, run back to back as a CUDA graph runs them.
@@ -19,10 +20,13 @@ is the sum of its kernels, run back to back as a CUDA graph runs them.
 How a step is priced (docs/sim.md, "Measured operator tables", states and tests each rule):
 
 - target forward = embedding + L x (2 layernorm + qkv_proj + rotary_emb + attention + o_proj
-  + gate_up_proj + act_fn + down_proj) + final_layernorm, every dense layer at the step's tokens,
+  + gate_up_proj + act_fn + down_proj; Qwen3's qk_norm after qkv_proj; a Qwen3-MoE layer's MLP
+  its MoE block, `moe` below) + final_layernorm, every dense layer at the step's tokens,
   + lm_head at the step's logit rows (one per request, vLLM V1 takes logits at every request's
   last scheduled position, plus one per draft token verified); with tensor parallelism, the
-  tables' `tp<N>` and the interconnect model's all-reduces and logits all-gather.
+  tables' `tp<N>`, an all-reduce per layer's attention and MLP and one after the embedding, and
+  the logits' all-gather, each as vLLM issues it (sim/hardware.py `all_reduce_path`), measured
+  where a hardware.yaml gives them (sim/hardware_file.py), else the interconnect model's.
 - attention: the largest prefill chunk and every decode in one lookup (the table's mixed shots
   measure that a mixed batch costs more than its parts); each further prefill chunk adds its own
   pure-prefill time above the kernel's floor (the table's cheapest shot); decodes at their mean
@@ -57,11 +61,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stepgap.common.errors import UserError, where
-from stepgap.common.fileio import read_text
+from stepgap.common.fileio import read_text, read_yaml
+from stepgap.sim.hardware import MeasuredLink
 
 DENSE_LAYERS = ("embedding", "layernorm", "qkv_proj", "rotary_emb", "o_proj", "gate_up_proj",
                 "act_fn", "down_proj", "final_layernorm")
-MLP_LAYERS = ("gate_up_proj", "act_fn", "down_proj")   # a MoE bundle's dense layers' only
+MLP_LAYERS = ("gate_up_proj", "act_fn", "down_proj")
+# The kernels of one decoder layer (attention apart), in the order a family's layer runs them,
+# as LLMServingSim's architecture catalogs (profiler/models/<family>.yaml) name them: Qwen3
+# adds its per-head q/k RMSNorm (`qk_norm`) after qkv_proj; a Qwen3-MoE layer is Qwen3's up to
+# its MLP, which is the MoE block, priced from the bundle's moe.csv (sim/moe_tables.py).
+FAMILY_LAYERS = {
+    "llama": ("layernorm", "layernorm", "qkv_proj", "rotary_emb", "o_proj", "gate_up_proj",
+              "act_fn", "down_proj"),
+    "qwen3": ("layernorm", "layernorm", "qkv_proj", "qk_norm", "rotary_emb", "o_proj",
+              "gate_up_proj", "act_fn", "down_proj"),
+    "qwen3_moe": ("layernorm", "layernorm", "qkv_proj", "qk_norm", "rotary_emb", "o_proj"),
+}
+# LLMServingSim's architectures that are a stepgap family under another name: DeepSeek-V3.2 is
+# V3's layers (MLA, the MoE block, the MTP module) with a sparse-attention indexer beside MLA.
+FAMILY_OF = {"deepseek_v32": "deepseek_v3"}
+VOCAB_PADDING = 64   # vLLM pads a vocabulary-parallel embedding to a multiple of 64, then splits
 PER_SEQUENCE = ("lm_head", "sampler")
 ATTENTION_COLUMNS = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us")
 MAX_TIME_US = 1e9   # one kernel of 1000 s is a unit error (ns or ms written as us)
@@ -211,6 +231,22 @@ def _skew(meta: dict, root: Path, tp: int, meta_path: Path) -> SkewFit | None:
 # The bundle
 
 
+@dataclass(frozen=True, slots=True)
+class BundleMeta:
+    """What a bundle's meta.yaml says of the model it measured: its family (`architecture`,
+    read through FAMILY_OF), its Hugging Face id, its per-rank shapes (hf_overrides) at the TP
+    degree they were written for (the largest measured), and the tp<N>/ folders it has."""
+
+    path: str
+    model: str
+    family: str
+    architecture: str      # as meta.yaml spells it
+    shapes: dict
+    shapes_tp: int
+    tp_folders: tuple[int, ...]
+    meta: dict
+
+
 @dataclass(slots=True)
 class OpTables:
     """One GPU's tables for one model, dtype and tensor-parallel degree."""
@@ -227,6 +263,7 @@ class OpTables:
     attention: AttentionTable
     skew: SkewFit | None = None
     meta: dict = field(default_factory=dict)
+    family: str = "llama"  # meta.yaml's architecture: which kernels make a layer
 
     @property
     def max_tokens(self) -> float:
@@ -280,7 +317,7 @@ def _number(path: Path, n: int, row: dict, key: str, integer: bool = False) -> f
     return x
 
 
-def _tables_1d(path: Path, key: str, names: tuple[str, ...]) -> dict[str, Table1D]:
+def _tables_1d(path: Path, key: str, names: tuple[str, ...], who: str) -> dict[str, Table1D]:
     points: dict[str, dict[float, float]] = {}
     for n, row in _read_csv(path, ("layer", key, "time_us")):
         x = _number(path, n, row, key, integer=True)
@@ -292,8 +329,8 @@ def _tables_1d(path: Path, key: str, names: tuple[str, ...]) -> dict[str, Table1
         pts[x] = _number(path, n, row, "time_us")
     missing = [name for name in names if name not in points]
     if missing:
-        raise UserError(f"{path}: no rows for {', '.join(missing)} (a Llama-family layer "
-                        f"needs {', '.join(names)})")
+        raise UserError(f"{path}: no rows for {', '.join(missing)} ({who} needs "
+                        f"{', '.join(names)})")
     return {name: Table1D(tuple(sorted(p)), tuple(p[x] for x in sorted(p)))
             for name, p in points.items()}
 
@@ -314,20 +351,6 @@ def _attention(path: Path) -> AttentionTable:
     return AttentionTable(rows)
 
 
-def _meta(path: Path) -> dict:
-    import yaml
-    try:
-        doc = yaml.safe_load(read_text(path))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        raise UserError(f"{where(path, line)}: not valid YAML ({getattr(e, 'problem', e)})") \
-            from None
-    if not isinstance(doc, dict):
-        raise UserError(f"{path}: expected a mapping (LLMServingSim's meta.yaml)")
-    return doc
-
-
 def find_bundle(path) -> Path:
     """The variant folder (meta.yaml beside tp<N>/) of a path given as that folder, one of its
     tp<N> folders, or its meta.yaml."""
@@ -346,47 +369,128 @@ def find_bundle(path) -> Path:
     return p
 
 
-def load_tables(path, tp: int = 1) -> OpTables:
-    """Read a perf bundle's tables at one tensor-parallel degree."""
+# LLMServingSim's variant folders are named by the weights' dtype, short, and `-kv<dtype>` for a
+# KV cache of another (bf16, bf16-kvfp8, fp8, fp8-kvfp8: its ProfileArgs.effective_variant).
+SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "fp8": "fp8"}
+
+
+def find_variant(path, fp8_weights: bool, fp8_kv: bool, weights: str, why: str) -> Path:
+    """The bundle's variant folder for fp8 weights or not and an fp8 KV cache or not: the one
+    given when its variant (meta.yaml's, else its folder's name) is that, else its sibling of
+    that name (`weights`: the weights' dtype when not fp8); none there is one line naming what
+    is. A bundle that names no fp8 is taken for the weights' own dtype."""
     root = find_bundle(path)
+    meta = read_yaml(root / "meta.yaml", "LLMServingSim's meta.yaml")
+    have = str(meta.get("variant") or root.name)
+    weight, _, kv = have.partition("-kv")
+    if (weight == "fp8", kv.startswith("fp8")) == (fp8_weights, fp8_kv):
+        return root
+    want = ("fp8" if fp8_weights else weight if weight != "fp8" else
+            SHORT_DTYPES.get(weights, weights)) + ("-kvfp8" if fp8_kv else "")
+    if (root.parent / want / "meta.yaml").is_file():
+        return root.parent / want
+    there = sorted(d.name for d in root.parent.iterdir() if (d / "meta.yaml").is_file())
+    raise UserError(f"--device-profile {path}: measured as variant {have}; {why} needs the "
+                    f"bundle's {want} variant, not there (it has {', '.join(there)}): measure "
+                    "that variant, or drop --device-profile for the roofline")
+
+
+def bundle_meta(root: Path) -> BundleMeta:
+    """What a bundle's meta.yaml says of the model it measured (`root`: its variant folder)."""
     meta_path = root / "meta.yaml"
-    meta = _meta(meta_path)
-    have = sorted(int(d.name[2:]) for d in root.iterdir()
-                  if d.is_dir() and d.name.startswith("tp") and d.name[2:].isdigit())
-    if tp not in have:
-        raise UserError(f"--device-profile {root}: no tp{tp}/ folder (measured at "
-                        f"tensor-parallel size {', '.join(map(str, have)) or 'none'}); "
-                        f"--tensor-parallel-size {tp} needs tables measured at {tp}")
-    folder = root / f"tp{tp}"
+    meta = read_yaml(meta_path, "LLMServingSim's meta.yaml")
+    have = tuple(sorted(int(d.name[2:]) for d in root.iterdir()
+                        if d.is_dir() and d.name.startswith("tp") and d.name[2:].isdigit()))
     eff = meta.get("engine_effective") or {}
     shapes = eff.get("hf_overrides") or {}
     if not isinstance(shapes, dict):
         raise UserError(f"{where(meta_path, field='engine_effective.hf_overrides')}: expected "
                         "a mapping of the model's per-rank shapes")
+    arch = str(meta.get("architecture") or "llama")
     degrees = meta.get("tp_degrees") or have
-    # a MoE bundle (its moe.csv: sim/moe_tables.py) has MLP rows only for its dense layers
-    layers = DENSE_LAYERS if not (folder / "moe.csv").is_file() else \
-        tuple(n for n in DENSE_LAYERS if n not in MLP_LAYERS)
+    return BundleMeta(str(root), str(meta.get("model", "?")), FAMILY_OF.get(arch, arch), arch,
+                      shapes, max(degrees) if isinstance(degrees, (list, tuple)) and degrees
+                      else 1, have, meta)
+
+
+def load_tables(path, tp: int = 1) -> OpTables:
+    """Read a perf bundle's tables at one tensor-parallel degree."""
+    root = find_bundle(path)
+    meta_path = root / "meta.yaml"
+    bm = bundle_meta(root)
+    meta, have = bm.meta, bm.tp_folders
+    if tp not in have:
+        listed = meta.get("tp_degrees")
+        said = f"; meta.yaml's tp_degrees lists {listed}, but the folder is missing" \
+            if isinstance(listed, list) and tp in listed else ""
+        raise UserError(f"{root / f'tp{tp}'}: no such folder (tables here at tensor-parallel "
+                        f"size {', '.join(map(str, have)) or 'none'}{said}); "
+                        f"--tensor-parallel-size {tp} needs tables measured at {tp}")
+    folder = root / f"tp{tp}"
+    family = bm.family
+    if family not in FAMILY_LAYERS:
+        raise UserError(f"{where(meta_path, field='architecture')}: {bm.architecture!r}: "
+                        f"stepgap prices the layers of {', '.join(FAMILY_LAYERS)} from tables "
+                        "(of another MoE family, moe.csv and mtp.csv alone); drop "
+                        "--device-profile to price it from the roofline")
     return OpTables(
         str(root), str(meta.get("gpu", "?")), str(meta.get("hardware", root.parts[-4]
                                                          if len(root.parts) > 3 else "?")),
-        str(meta.get("model", "?")), tp, shapes,
-        max(degrees) if isinstance(degrees, list) and degrees else 1,
-        _tables_1d(folder / "dense.csv", "tokens", layers),
-        _tables_1d(folder / "per_sequence.csv", "sequences", PER_SEQUENCE),
-        _attention(folder / "attention.csv"), _skew(meta, root, tp, meta_path), meta)
+        bm.model, tp, bm.shapes, bm.shapes_tp,
+        _tables_1d(folder / "dense.csv", "tokens",
+                   ("embedding", *dict.fromkeys(FAMILY_LAYERS[family]), "final_layernorm"),
+                   f"a {family} layer"),
+        _tables_1d(folder / "per_sequence.csv", "sequences", PER_SEQUENCE, "the head"),
+        _attention(folder / "attention.csv"), _skew(meta, root, tp, meta_path), meta, family)
 
 
-def matches(tables: OpTables, c, hidden: int) -> bool:
-    """Whether a model (or a drafter's decoder layer) has the shapes the tables were measured
-    at: the target's width `hidden`, and the tables' heads, KV heads and MLP width (per rank at
-    the shapes' TP degree, meta.yaml's hf_overrides)."""
-    s, r = tables.shapes, tables.shapes_tp
-    want = {"num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
-            "intermediate_size": c.intermediate_size}
-    # NOTE: Qwen3 decouples head_dim from hidden / heads (Qwen3-30B-A3B: 32 x 128 against
-    # 2048), and hf_overrides records no head_dim: the width alone is checked here
-    return all(k in s and s[k] * r == v for k, v in want.items()) and c.hidden_size == hidden
+def per_rank(c, tp: int) -> dict[str, int]:
+    """A model's shapes on one of tp ranks, as vLLM shards them (and as the profiler's
+    hf_overrides write them): heads, MLP and the padded vocabulary split; KV heads split, one
+    per rank at least (replicated past their number)."""
+    vocab = -(-c.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+    return {"num_attention_heads": c.num_heads // tp,
+            "num_key_value_heads": max(1, c.num_kv_heads // tp),
+            "intermediate_size": c.intermediate_size // tp, "vocab_size": vocab // tp,
+            "head_dim": c.head_dim, "hidden_size": c.hidden_size}
+
+
+def shape_mismatch(tables: OpTables | BundleMeta, c, hidden: int,
+                   family: bool = True) -> str | None:
+    """None where a model (or a drafter's decoder layer) has the shapes the tables were
+    measured at, else which do not match, field by field: its family against meta.yaml's
+    `architecture` (not for an EAGLE head, whose one layer is priced kernel by kernel), its
+    width against the target's `hidden`, and its shapes per rank at the tables' TP degree
+    against meta.yaml's hf_overrides (heads, KV heads, MLP width, vocabulary; head_dim and
+    hidden_size where the overrides give them: Qwen3's head_dim is not hidden / heads, so each
+    field is taken as it is). A MoE bundle's expert counts in hf_overrides are the profiler's
+    own (it shrinks the experts to one rank's share to measure moe.csv), so they are not
+    compared. `tables`: the tables, or a bundle's meta.yaml alone (sim/moe_tables.py)."""
+    r, s, out = tables.shapes_tp, tables.shapes, []
+    kind = getattr(c, "model_type", "llama")
+    if family and kind != tables.family:
+        out.append(f"architecture is {tables.family!r}, --model is a {kind!r} model")
+    if c.hidden_size != hidden:
+        out.append(f"hidden_size {c.hidden_size}, not the target's {hidden}")
+    mine = per_rank(c, r)
+    for key, want in mine.items():
+        have = s.get(key)
+        if key in ("head_dim", "hidden_size") and have is None:
+            continue   # the profiler overrides only what sharding changes
+        if have != want:
+            total = f" ({have * r} in all)" if isinstance(have, int) and r > 1 \
+                and key not in ("head_dim", "hidden_size") else ""
+            out.append(f"engine_effective.hf_overrides.{key} is {have!r} per rank at TP {r}"
+                       f"{total}, --model {c.name} has {want}")
+    return "; ".join(out) or None
+
+
+def refuse_another_model(tables: OpTables | BundleMeta, target) -> None:
+    """One line naming each field where the tables were measured for another model."""
+    why = shape_mismatch(tables, target, target.hidden_size)
+    if why is not None:
+        raise UserError(f"{Path(tables.path) / 'meta.yaml'}: tables of {tables.model}, not "
+                        f"of --model {target.name}: {why}")
 
 
 # -------------------------------------------------------------------------------------------
@@ -399,23 +503,21 @@ class TableCosts:
 
     def __init__(self, tables: OpTables, target, draft, k: int, fallback, method: str = "eagle3",
                  tp: int = 1):
-        if not matches(tables, target, target.hidden_size) \
-                or tables.shapes.get("vocab_size", 0) \
-                * tables.shapes_tp != target.vocab_size:
-            s = tables.shapes
-            raise UserError(
-                f"--device-profile {tables.path}: measured for {tables.model} ({s.get('num_attention_heads')} "
-                f"heads, {s.get('num_key_value_heads')} KV heads, MLP "
-                f"{s.get('intermediate_size')}, vocab {s.get('vocab_size')} per rank at TP "
-                f"{tables.shapes_tp}), not for --model {target.name} ({target.num_heads} heads, "
-                f"{target.num_kv_heads} KV heads, MLP {target.intermediate_size}, vocab "
-                f"{target.vocab_size}); give tables of this model")
+        refuse_another_model(tables, target)
         self.tables, self.t, self.d, self.k, self.fallback = tables, target, draft, k, fallback
         self.method, self.tp = method, tp
         dense, seq = tables.dense, tables.per_sequence
-        self._layer = [dense[n] for n in ("layernorm", "layernorm", "qkv_proj", "rotary_emb",
-                                          "o_proj", "gate_up_proj", "act_fn", "down_proj")
-                       if n in dense]   # a MoE bundle's MLP: its MoE blocks (moe below)
+        self._layer = [dense[n] for n in FAMILY_LAYERS[tables.family]]
+        # a MoE target: the layers above are each layer's attention side; the dense layers'
+        # MLP (DeepSeek's first layers) from the MLP rows, the MoE blocks from `moe`
+        self._mlp = [dense[n] for n in MLP_LAYERS if n in dense] \
+            if target.is_moe and target.num_moe_layers < target.num_layers else []
+        if len(self._mlp) < len(MLP_LAYERS) and target.is_moe \
+                and target.num_moe_layers < target.num_layers:
+            raise UserError(f"{tables.path}/tp{tp}/dense.csv: no rows for "
+                            f"{', '.join(MLP_LAYERS)} (--model {target.name}'s "
+                            f"{target.num_layers - target.num_moe_layers} dense layers need "
+                            "them)")
         self.moe = None   # a MoE target's blocks (sim/expert_parallel.py MoeCosts)
         self.embedding, self.final_norm = dense["embedding"], dense["final_layernorm"]
         self.lm_head, self.sampler = seq["lm_head"], seq["sampler"]
@@ -423,16 +525,19 @@ class TableCosts:
         self._dense: dict[int, float] = {}
         self._draft_dense: dict[tuple[bool, int, int], float] = {}
         self.draft_tables = draft is not None and method in ("eagle3", "draft_model") \
-            and matches(tables, draft, target.hidden_size) \
             and all(n in dense for n in MLP_LAYERS) \
-            and (method != "draft_model" or draft.vocab_size == target.vocab_size)
+            and shape_mismatch(tables, draft, target.hidden_size,
+                               family=method == "draft_model") is None
         at = f"tables ({tables.describe()})"
         self.sources = {"target_forward": at, "rejection_sample": f"{at}: the sampler",
                         "d2h": "roofline (no table: the catalog's copy time)",
                         "fixup": "roofline (no table: the catalog's per-kernel cost)"}
         if tp > 1:
-            self.sources["target_forward"] += "; all-reduces and logits all-gather from the " \
-                                              "interconnect model"
+            link = fallback.link
+            self.sources["target_forward"] += (
+                f"; all-reduces and logits all-gather {link.name}"
+                if isinstance(link, MeasuredLink) else
+                f"; all-reduces and logits all-gather from the interconnect model ({link.name})")
         if k:
             self.sources["draft_forward"] = (
                 f"{at}: the drafter's layers; its argmax bookkeeping from the roofline"
@@ -446,28 +551,16 @@ class TableCosts:
     # -- pieces -----------------------------------------------------------------------------
 
     def dense(self, m: int) -> float:
-        """The target's dense kernels over m tokens: embedding, its layers, final norm."""
+        """The target's dense kernels over m tokens: embedding, its layers, final norm (a MoE
+        target: every layer's attention side, its dense layers' MLP; the MoE blocks apart)."""
         t = self._dense.get(m)
         if t is None:
-            if self.moe is None:
-                t = self.embedding(m) + self.t.num_layers * sum(f(m) for f in self._layer) \
-                    + self.final_norm(m)
-            else:
-                t = self._moe_model_dense(m)
+            t = self.embedding(m) + self.t.num_layers * sum(f(m) for f in self._layer) \
+                + self.final_norm(m)
+            if self._mlp:
+                t += (self.t.num_layers - self.t.num_moe_layers) * sum(f(m) for f in self._mlp)
             self._dense[m] = t
         return t
-
-    def _moe_model_dense(self, m: int) -> float:
-        """A MoE target's dense kernels over m tokens: every layer's attention side
-        (qk_norm where the tables have it), the MLP of its dense layers only; its MoE blocks
-        apart (`self.moe`)."""
-        d, c = self.tables.dense, self.t
-        side = sum(d[n](m) for n in ("layernorm", "layernorm", "qkv_proj", "qk_norm",
-                                     "rotary_emb", "o_proj") if n in d)
-        dense_layers = c.num_layers - c.num_moe_layers
-        mlp = sum(d[n](m) for n in MLP_LAYERS) if dense_layers else 0.0
-        return self.embedding(m) + c.num_layers * side + dense_layers * mlp \
-            + self.final_norm(m)
 
     def attention(self, prefills, num_decode: int, decode_kv: float, kv_min: float = 0.0,
                   kv_max: float = 0.0) -> float:
@@ -552,8 +645,10 @@ class TableCosts:
             attn = self.attention((), m, m * mean, min(b.decode_kv_min + i, mean),
                                   max(b.decode_kv_max + i, mean))
         c = self.d if self.method == "draft_model" else self.t
+        fb = self.fallback   # an EAGLE-3 pass: three all-reduces and its own logits' gather
         coll = self._collectives(m, b.num_sampling, c) if self.method == "draft_model" else \
-            (3 * self.fallback.all_reduce(m, self.t.hidden_size) if self.tp > 1 else 0.0)
+            (3 * fb.all_reduce(m, self.t.hidden_size)
+             + fb.gather_logits(b.num_sampling, self.d.draft_vocab_size) if self.tp > 1 else 0.0)
         return self._draft_pass(i == 0, m, b.num_sampling) + layers * attn + coll
 
     def d2h(self, b) -> float:

@@ -44,9 +44,19 @@ scale); `compare` sets one run result against another. Options are spelled as `v
 """
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, whose errors are one line (with where the options are listed), not the usage
+    of every option first: bad input ends in one line (docs/robustness.md). Its subcommands'
+    parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the "
+                     "options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stepgap", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="stepgap", description=DESCRIPTION,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"stepgap {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
@@ -149,8 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     field; docs/robustness.md) or an output that cannot be written (stdout closed or full
     among them), 1 for a failed run, 130 on Ctrl-C, 143 on SIGTERM, 141 when stdout's reader
     has gone."""
+    from stepgap.common.options import model_tag
     parser = build_parser()
-    args, extra = parser.parse_known_args(vllm_spelling(sys.argv[1:] if argv is None else argv))
+    argv = vllm_spelling(sys.argv[1:] if argv is None else argv)
+    try:
+        argv = model_tag(parser, argv)
+    except UserError as e:
+        print(f"stepgap {argv[0]}: error: {e}", file=sys.stderr)
+        return 2
+    args, extra = parser.parse_known_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -224,6 +224,27 @@ def test_every_peer_run_is_priced_from_its_own_tables(peer_judged):
         assert dc["target_forward"].startswith("tables"), name
 
 
+QWEN_TP2 = "rtxpro6000-qwen3-32b-tp2"
+
+
+def test_the_tp2_run_is_priced_from_the_pairs_measured_collectives(peer_judged):
+    folder, _, judged = peer_judged
+    j = judged[QWEN_TP2]
+    assert j["config"].tensor_parallel_size == 2
+    dc = j["simulated"]["config"]["resolved"]["device_costs"]["target_forward"]
+    assert "all-gather measured" in dc and "at-e08dc38" in dc
+    assert any(n.startswith("collectives: ") and "vLLM's path" in n for n in j["notes"])
+
+
+def test_the_tp2_run_priced_with_the_later_measurement_breaks_its_bounds(peer_judged):
+    # The pair's collectives as measured 2026-09-26 (1b2cc02, beside the tables) are about half
+    # what the run's own step times show (bench/peer_tp.py): priced with them, the run misses.
+    folder, _, _ = peer_judged
+    run = next(r for r in load_peers(folder)[1] if r.name == QWEN_TP2)
+    errs = judge_run(run, gpu="rtxpro6000")["errors"]
+    assert peer_failures(run.name, errs, {}) and errs["mean_tpot_ms"] < -0.10
+
+
 # -- prefix caching against the real vLLM (issue 27) --------------------------------------------
 
 PREFIX_HITS = ROOT / "traces" / "measured" / "prefix-cpu" / "vllm_prefix_hits.json"

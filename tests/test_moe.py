@@ -5,6 +5,11 @@ states, the EP degree a run reads, what the tables do not cover, and bad input.
 The tables are written here with round numbers, so every expected time is worked out by hand
 from the rule, not taken from the code."""
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from stepgap.common.errors import UserError
@@ -12,17 +17,20 @@ from stepgap.common.model_presets import MODEL_PRESETS
 from stepgap.sim.config import SimConfig, resolve
 from stepgap.sim.costs import Batch
 from stepgap.sim.expert_parallel import MoeCosts, MoeParallel
-from stepgap.sim.hardware import get_hardware
+from stepgap.sim.hardware import Interconnect, MeasuredLink, get_hardware
+from stepgap.sim.hardware_file import load_collectives
 from stepgap.sim.loop import simulate
 from stepgap.sim.moe_tables import load_moe_table
 from stepgap.sim.roofline import expected_experts
 
+ROOT = Path(__file__).resolve().parents[1]
 QWEN = MODEL_PRESETS["qwen3-30b-a3b"]   # 48 MoE layers, 128 experts, top-8, hidden 2048
 
 META = """\
 vllm_version: 0.19.0
 gpu: Test GPU
 hardware: TESTGPU
+architecture: qwen3_moe
 model: Qwen/Qwen3-30B-A3B
 tp_degrees: [1]
 engine_effective:
@@ -122,6 +130,63 @@ def test_dispatch_and_combine_are_an_all_gather_and_a_reduce_scatter_per_layer()
     assert MoeCosts(QWEN, LinearRoofline(), MoeParallel(1, 2, True), link).exchange(100) == 0
 
 
+def collectives_yaml(path, npus=2, scatter=True):
+    """A hardware.yaml of round numbers: an all_gather of B bytes a GPU takes 10 us at 1,000
+    bytes and 0.1 us more a kB; a reduce_scatter (B bytes out a GPU) 20 us, 0.2 us a kB."""
+    rows = [("all_reduce", 1000, 5), ("all_reduce", 1001000, 50),
+            ("all_gather", 1000, 10), ("all_gather", 1001000, 110)]
+    if scatter:
+        rows += [("reduce_scatter", 1000, 20), ("reduce_scatter", 1001000, 220)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("hardware: TESTGPU\nspec: {gpu_name: NVIDIA H100 80GB HBM3}\n"
+                    f"measured:\n  interconnect:\n    npus: {npus}\n    samples:\n" + "".join(
+                        f"    - {{collective: {c}, bytes: {b}, us_graphed: {t}}}\n"
+                        for c, b, t in rows))
+    return path
+
+
+def test_dispatch_and_combine_read_the_measured_all_gather_and_reduce_scatter(tmp_path):
+    link = collectives_yaml(tmp_path / "hw.yaml")
+    moe = MoeCosts(QWEN, LinearRoofline(), MoeParallel(2, 1, True),
+                   load_collectives(link))
+    # 100 rows: each GPU gives 100 x (2048 + 128) x 2 / 2 = 217,600 bytes to the all-gather and
+    # gets 100 x 2048 x 2 / 2 = 204,800 out of the reduce-scatter
+    assert moe.exchange(100) == pytest.approx(10 + 216.6 * 0.1 + 20 + 203.8 * 0.2)
+    no_scatter = load_collectives(
+        collectives_yaml(tmp_path / "ag.yaml", scatter=False))
+    # without reduce_scatter samples: the all_gather that moves the same bytes
+    assert no_scatter.reduce_scatter_us(409600, 2) == pytest.approx(10 + 203.8 * 0.1)
+
+
+def test_a_dp_runs_collectives_are_measured_where_the_bundles_gpu_measured_them(tmp_path):
+    perf = tmp_path / "perf" / "TESTGPU"
+    b = write_bundle(perf / "Qwen" / "Qwen3-30B-A3B" / "bf16", dense=False)
+    collectives_yaml(perf / "hardware.yaml")
+    ep2 = dict(model="qwen3-30b-a3b", gpu="h100", enable_expert_parallel=True,
+               device_profile=str(b))
+    r = resolve(SimConfig(**ep2, data_parallel_size=2))
+    moe = r.device_costs.moe
+    assert isinstance(moe.link, MeasuredLink) and moe.link.npus == 2
+    assert moe.exchange(100) == pytest.approx(10 + 216.6 * 0.1 + 20 + 203.8 * 0.2)
+    assert any("dispatch and combine over the DP ranks as the measured all_gather and "
+               "reduce_scatter" in n for n in r.notes)
+    assert "dispatch and combine from the collectives measured" in moe.source()
+    # four DP ranks: the pair's measurement is not theirs, the interconnect model prices them
+    r = resolve(SimConfig(**ep2, data_parallel_size=4))
+    assert isinstance(r.device_costs.moe.link, Interconnect)
+    assert any("measured its collectives over 2 GPUs, not 4: the --gpu's interconnect model "
+               "(nvlink4) prices them" in n for n in r.notes)
+
+
+def test_a_gpu_file_measured_over_other_gpus_than_the_dp_group_is_one_clear_error(tmp_path):
+    gpu = collectives_yaml(tmp_path / "hw.yaml", npus=4)
+    with pytest.raises(UserError, match=r"hw.yaml: field 'measured.interconnect.npus': the "
+                                        r"collectives were measured over 4 GPUs; "
+                                        r"--data-parallel-size 2 needs them measured over 2"):
+        resolve(SimConfig(model="qwen3-30b-a3b", gpu=str(gpu), data_parallel_size=2,
+                          enable_expert_parallel=True))
+
+
 def test_expert_or_width_split_hold_the_same_expert_bytes_per_gpu():
     whole = QWEN.weight_bytes_per_rank(1)
     experts = 48 * 128 * 3 * 2048 * 768 * 2
@@ -193,7 +258,8 @@ def test_a_bundle_of_moe_tables_alone_prices_the_rest_from_the_roofline(tmp_path
 
 
 def test_an_mtp_pass_adds_what_mtp_csv_measured(tmp_path):
-    meta = META.replace("Qwen/Qwen3-30B-A3B", "deepseek-ai/DeepSeek-V3").replace(
+    meta = META.replace("Qwen/Qwen3-30B-A3B", "deepseek-ai/DeepSeek-V3.2-Exp").replace(
+        "qwen3_moe", "deepseek_v32\nvariant: fp8").replace(
         "intermediate_size: 6144, num_attention_heads: 32,\n                 "
         "num_key_value_heads: 4, vocab_size: 151936",
         "intermediate_size: 18432, num_attention_heads: 128,\n                 "
@@ -228,10 +294,20 @@ def test_moe_tables_of_another_model_are_refused_naming_the_field(tmp_path):
     b = write_bundle(tmp_path / "bf16", meta=META.replace("num_attention_heads: 32",
                                                           "num_attention_heads: 16"),
                      dense=False)
-    with pytest.raises(UserError, match=r"meta.yaml: field 'engine_effective.hf_overrides."
-                                        r"num_attention_heads': 16 per rank at TP 1, not "
-                                        r"--model qwen3-30b-a3b's 32"):
+    with pytest.raises(UserError, match=r"meta.yaml: tables of Qwen/Qwen3-30B-A3B, not of "
+                                        r"--model qwen3-30b-a3b: engine_effective.hf_overrides."
+                                        r"num_attention_heads is 16 per rank at TP 1, --model "
+                                        r"qwen3-30b-a3b has 32"):
         resolve(SimConfig(model="qwen3-30b-a3b", gpu="h100", device_profile=str(b)))
+
+
+def test_moe_tables_of_another_family_are_refused_naming_it(tmp_path):
+    for dense in (True, False):   # priced by the tables, or by moe.csv alone
+        b = write_bundle(tmp_path / f"bf16-{dense}", meta=META.replace("qwen3_moe", "qwen3"),
+                         dense=dense)
+        with pytest.raises(UserError, match=r"architecture is 'qwen3', --model is a "
+                                            r"'qwen3_moe' model"):
+            resolve(SimConfig(model="qwen3-30b-a3b", gpu="h100", device_profile=str(b)))
 
 
 def test_a_table_that_reads_experts_faster_than_the_gpu_can_is_flagged(tmp_path):
@@ -243,3 +319,45 @@ def test_a_table_that_reads_experts_faster_than_the_gpu_can_is_flagged(tmp_path)
     b = write_bundle(tmp_path / "ok", moe=[(1, 1, 8, 100)], dense=False)
     notes = resolve(SimConfig(model="qwen3-30b-a3b", gpu="h100", device_profile=str(b))).notes
     assert not any("understates" in n for n in notes)
+
+
+# -- the judged run's command, on a stand-in run ---------------------------------------------------
+
+def stand_in_run(folder, n=6):
+    """A vLLM run's folder as LLMServingSim keeps it, its meta.json as the held-back run's
+    records its engine: DP 2 with expert parallelism, TP 1, max_model_len null."""
+    folder.mkdir(parents=True)
+    (folder / "meta.json").write_text(json.dumps({
+        "model": "Qwen/Qwen3-30B-A3B-Instruct-2507", "vllm_version": "0.19.0",
+        "engine_kwargs": {"tensor_parallel_size": 1, "data_parallel_size": 2,
+                          "enable_expert_parallel": True, "max_num_seqs": 64,
+                          "max_num_batched_tokens": 256, "max_model_len": None}}))
+    (folder / "requests.jsonl").write_text("".join(json.dumps({
+        "request_id": f"bench-{i}", "input_toks": 300 + 50 * i, "output_toks": 20 + i,
+        "arrival_time": 1e9 + 0.1 * i, "queued_ts": 10 + 0.1 * i, "scheduled_ts": 10 + 0.1 * i,
+        "first_token_ts": 10.2 + 0.1 * i, "last_token_ts": 11 + 0.1 * i}) + "\n"
+        for i in range(n)))
+    return folder / "requests.jsonl"
+
+
+def test_the_judged_command_runs_as_written_with_a_hugging_face_id(tmp_path):
+    perf = tmp_path / "perf" / "TESTGPU"
+    b = write_bundle(perf / "Qwen" / "Qwen3-30B-A3B-Instruct-2507" / "bf16")
+    collectives_yaml(perf / "hardware.yaml")
+    trace = stand_in_run(tmp_path / "bench" / "vllm")
+    out = tmp_path / "sim.json"
+    p = subprocess.run([sys.executable, "-m", "stepgap", "simulate", "--model",
+                        "Qwen/Qwen3-30B-A3B-Instruct-2507", "--gpu", "rtxpro6000",
+                        "--data-parallel-size", "2", "--enable-expert-parallel",
+                        "--device-profile", str(b), "--trace", str(trace),
+                        "--result-json", str(out), "--quiet"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(out.read_text())
+    r = res["config"]["resolved"]
+    assert res["completed"] == 6 and r["data_parallel"]["size"] == 2
+    # null max_model_len: the model's own context, the 2507 release's 256K
+    assert res["config"]["max_model_len"] == 262144
+    assert res["config"]["enable_expert_parallel"] is True
+    assert "dispatch and combine from the collectives measured" in r["device_costs"]["moe"]
+    assert r["device_costs"]["target_forward"].startswith("tables")

@@ -138,3 +138,57 @@ def test_run_ignores_vllm_options_it_does_not_model(tmp_path, capsys):
     run_result(tmp_path, "a", "--enable-chunked-prefill", "--kv-cache-dtype", "auto")
     err = capsys.readouterr().err
     assert "ignoring --enable-chunked-prefill" in err and "ignoring --kv-cache-dtype" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# Models by Hugging Face id, and MODEL as `vllm serve MODEL` takes it
+
+
+def test_a_hugging_face_id_is_the_preset_its_config_came_from(tmp_path):
+    by_id = sim_result(tmp_path, "id", "--model", "meta-llama/Llama-3.2-1B-Instruct")
+    by_name = sim_result(tmp_path, "name")
+    assert by_id["config"]["model"] == "meta-llama/Llama-3.2-1B-Instruct"
+    assert by_id["config"]["resolved"]["target"] == "llama-3.2-1b"
+    assert by_id["mean_tpot_ms"] == by_name["mean_tpot_ms"]
+
+
+def test_the_issues_command_line_pastes_with_the_target_and_head_by_id(tmp_path):
+    spec = json.dumps({"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+                       "num_speculative_tokens": 3})
+    path = tmp_path / "r.json"
+    assert main(["simulate", "--model", "meta-llama/Llama-3.1-8B-Instruct",
+                 "--speculative-config", spec, "--num-prompts", "2", "--quiet",
+                 "--result-json", str(path)]) == 0
+    resolved = load_result(path)["config"]["resolved"]
+    assert (resolved["target"], resolved["draft"]) == ("llama-3.1-8b", "llama-3.1-8b-eagle3")
+
+
+def test_model_is_the_word_after_the_command_as_vllm_serve_takes_it(tmp_path, capsys):
+    path = tmp_path / "r.json"
+    assert main(["simulate", "meta-llama/Llama-3.2-1B-Instruct", "--num-prompts", "2",
+                 "--quiet", "--result-json", str(path)]) == 0
+    assert load_result(path)["config"]["resolved"]["target"] == "llama-3.2-1b"
+    err = exits_2(["simulate", "Qwen/Qwen3-8B", "--model", "llama-3.2-1b"], capsys)
+    assert err.strip() == ("stepgap simulate: error: MODEL Qwen/Qwen3-8B and --model "
+                           "llama-3.2-1b: give one")
+
+
+@pytest.mark.parametrize("argv, near", [
+    (["--model", "meta-llama/Llama-3.1-8B"], "near: llama-3.1-8b (meta-llama/Llama-3.1-8B-Instruct)"),
+    (["--model", "RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic"],
+     "near: llama-3.3-70b (meta-llama/Llama-3.3-70B-Instruct); its FP8 weights: add "
+     "--quantization fp8"),
+    (["--model", "meta-llama/Llama-3.3-70B-Instruct", "-tp", "4", "--draft",
+      "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B", "-k", "2"],
+     "near: llama-3.3-70b-eagle3 (RedHatAI/Llama-3.3-70B-Instruct-speculator.eagle3)"),
+])
+def test_an_id_stepgap_does_not_know_is_one_line_naming_near_presets(capsys, argv, near):
+    err = exits_2(["simulate", *argv, "--num-prompts", "2"], capsys)
+    assert len(err.strip().splitlines()) == 1 and near in err
+    assert "nothing is downloaded" in err and "config.json" in err
+
+
+def test_an_argparse_error_is_one_line_not_the_usage(capsys):
+    err = exits_2(["simulate", "--mode", "fast"], capsys)
+    assert len(err.strip().splitlines()) == 1 and "invalid choice: 'fast'" in err
+    assert "--help` lists the options" in err

@@ -109,3 +109,77 @@ def test_malformed_trace_line_names_file_line_and_field(tmp_path, capsys):
     assert main(["simulate", "--trace", path]) == 2
     err = capsys.readouterr().err
     assert f"{path}:2: field 'prompt_len'" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 weights and KV cache (--quantization, --kv-cache-dtype)
+
+LLAMA8B_LINEAR = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)   # parameters
+
+
+def fp8_run(tmp_path, capsys, name, *extra):
+    path = tmp_path / f"{name}.json"
+    assert main(["simulate", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h100",
+                 "--num-prompts", "4", "--max-concurrency", "1", "--output-len", "64", *extra,
+                 "--result-json", str(path)]) == 0
+    return load_result(path), capsys.readouterr().err
+
+
+def test_an_fp8_kv_cache_holds_twice_the_blocks(tmp_path, capsys):
+    bf16, _ = fp8_run(tmp_path, capsys, "bf16")
+    fp8, err = fp8_run(tmp_path, capsys, "kv", "--kv-cache-dtype", "fp8")
+    a, b = (r["config"]["resolved"]["num_kv_blocks"] for r in (bf16, fp8))
+    assert abs(b - 2 * a) <= 1
+    assert fp8["config"]["kv_cache_dtype"] == "fp8" and "kv_cache_dtype" not in bf16["config"]
+    assert "--kv-cache-dtype fp8: 1 byte a KV element" in err
+
+
+def test_fp8_weights_free_a_byte_a_linear_weight_and_run_at_the_fp8_peak(tmp_path, capsys):
+    bf16, _ = fp8_run(tmp_path, capsys, "bf16")
+    fp8, err = fp8_run(tmp_path, capsys, "fp8", "--quantization", "fp8")
+    a, b = (r["config"]["resolved"]["num_kv_blocks"] for r in (bf16, fp8))
+    per_block = 16 * 32 * 2 * 8 * 128 * 2   # tokens x layers x K,V x KV heads x dim x bf16
+    assert abs((b - a) - LLAMA8B_LINEAR / per_block) <= 1
+    assert "the fp8 GEMM peak of h100 (1979 TFLOP/s dense)" in err
+    # decode streams the weights: about half of them read, so the step takes about half
+    assert 0.45 < fp8["mean_tpot_ms"] / bf16["mean_tpot_ms"] < 0.65
+
+
+def test_a_gpu_without_fp8_tensor_cores_says_it_multiplies_at_the_bf16_rate(tmp_path, capsys):
+    _, err = fp8_run(tmp_path, capsys, "a100", "--quantization", "fp8", "--gpu", "a100")
+    assert "the bf16 rate (a100 has no fp8 tensor cores" in err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--model", "openai/gpt-oss-20b", "--quantization", "fp8"],
+     "is a mxfp4 checkpoint (vLLM serves a checkpoint in its own quantization)"),
+    (["--model", "checkpoints/pystdlib/target", "--draft", "checkpoints/pystdlib/eagle3",
+      "--gpu", "cpu", "--profile", "traces/measured/cpu/profile.json", "--kv-cache-dtype",
+      "fp8"], "a measured profile times the weights and KV cache it was measured with"),
+    (["--quantization", "awq"], "invalid choice: 'awq'"),
+])
+def test_what_fp8_cannot_be_applied_to_is_one_line(capsys, argv, needle):
+    with pytest.raises(SystemExit) as e:   # (argparse's errors exit; the others return)
+        raise SystemExit(main(["simulate", *argv, "--num-prompts", "2", "--quiet"]))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_measured_tables_take_the_variant_of_the_kv_caches_dtype(tmp_path, capsys):
+    import shutil
+    bundle = ("traces/peers/llmservingsim/profiler/perf/RTX4090/meta-llama/Llama-3.1-8B/bf16")
+    argv = ["simulate", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "rtx4090",
+            "--kv-cache-dtype", "fp8", "--num-prompts", "2", "--quiet"]
+    assert main([*argv, "--device-profile", bundle]) == 2
+    err = capsys.readouterr().err
+    assert "measured as variant bf16" in err and "needs the bundle's bf16-kvfp8 variant" in err
+    shutil.copytree(bundle, tmp_path / "bf16")
+    kv = tmp_path / "bf16-kvfp8"
+    shutil.copytree(bundle, kv)
+    meta = (kv / "meta.yaml").read_text().replace("variant: bf16", "variant: bf16-kvfp8")
+    (kv / "meta.yaml").write_text(meta)
+    path = tmp_path / "r.json"
+    assert main([*argv, "--device-profile", str(tmp_path / "bf16"), "--result-json",
+                 str(path)]) == 0
+    assert load_result(path)["config"]["resolved"]["device_costs"]["profile"] == str(kv)

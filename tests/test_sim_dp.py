@@ -152,13 +152,17 @@ def test_a_peer_runs_meta_json_gives_its_data_and_expert_parallelism(tmp_path):
     meta = tmp_path / "meta.json"
     meta.write_text(json.dumps({"vllm_version": "0.19.0", "engine_kwargs": {
         "data_parallel_size": 2, "enable_expert_parallel": True}}))
-    settings, notes = peer_settings(meta)
+    settings, notes = peer_settings(meta, 40960)
     assert settings["data_parallel_size"] == 2 and settings["enable_expert_parallel"] is True
     assert "--data-parallel-size 2, --enable-expert-parallel" in notes[0]
     meta.write_text(json.dumps({"engine_kwargs": {"enable_expert_parallel": "yes"}}))
     with pytest.raises(UserError, match=r"field 'engine_kwargs.enable_expert_parallel': "
                                         r"expected true or false"):
-        peer_settings(meta)
+        peer_settings(meta, 40960)
+    meta.write_text(json.dumps({"resolved_config": {"parallel_config": {
+        "data_parallel_size": 2, "enable_expert_parallel": True}}}))
+    settings, _ = peer_settings(meta, 40960)   # where only vLLM's resolved config records them
+    assert settings["data_parallel_size"] == 2 and settings["enable_expert_parallel"] is True
 
 
 @pytest.mark.parametrize("cfg, message", [

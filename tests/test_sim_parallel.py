@@ -3,6 +3,8 @@ targets read from config.json, and the speculation methods (docs/sim.md), pinned
 forms and by numbers worked out by hand."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -14,12 +16,14 @@ from stepgap.common.modelcfg import ModelConfig
 from stepgap.sim.config import SimConfig, resolve
 from stepgap.sim.costs import Batch
 from stepgap.sim.roofline import RooflineCosts, expected_experts
-from stepgap.sim.hardware import Hardware, Interconnect
+from stepgap.sim.hardware import (CATALOG, Hardware, Interconnect, MeasuredLink,
+                                  all_reduce_path, catalog_entry)
+from stepgap.sim.hardware_file import load_collectives, load_gpu, with_link
 from stepgap.sim.loop import simulate
 from stepgap.sim.presets import PRESETS
 from stepgap.cli import main
 
-LINK = Interconnect("test", bw=1e11, latency_us=5.0, one_shot=True, source="test")
+LINK = Interconnect("test", bw=1e11, latency_us=5.0, fully_connected=True, source="test")
 # Bandwidth only: infinite compute, no kernel overhead, 1 TB/s at 100 %, a 100 GB/s link.
 BW_ONLY = Hardware("bw", "gpu", flops=1e30, mem_bw=1e12, flop_eff=1.0, bw_eff=1.0,
                    kernel_us=0.0, d2h_us=0.0, mem_bytes=1e12, source="test", interconnect=LINK)
@@ -43,12 +47,28 @@ def test_one_gpu_reproduces_the_seed_to_the_last_bit(mode, tpot, itl):
 
 # -- tensor parallelism -------------------------------------------------------------------
 
-def test_all_reduce_is_the_better_of_one_shot_and_two_shot():
-    small, big = 16 * 1024, 64 * 2 ** 20
+@pytest.mark.parametrize("nbytes, n, nvlink, p2p, path", [
+    (7 * 2 ** 20, 2, False, True, "one_shot"),     # 2 GPUs with peer access: one-shot, PCIe too
+    (9 * 2 ** 20, 2, True, True, "nccl"),          # 8 MiB and above: NCCL
+    (7 * 2 ** 20, 2, False, False, "nccl"),        # no peer access (GeForce): NCCL
+    (500 * 1024, 4, True, True, "one_shot"),       # NVLink, up to 4 GPUs: one-shot under 512 KiB
+    (600 * 1024, 4, True, True, "two_shot"),
+    (250 * 1024, 8, True, True, "one_shot"),       # up to 8 GPUs: under 256 KiB
+    (300 * 1024, 8, True, True, "two_shot"),
+    (16 * 1024, 4, False, True, "nccl"),           # more than 2 on PCIe: NCCL
+    (16 * 1024, 3, True, True, "nccl"),            # a world size vLLM's kernel does not take
+])
+def test_all_reduce_takes_the_path_vllm_takes(nbytes, n, nvlink, p2p, path):
+    assert all_reduce_path(nbytes, n, nvlink, p2p) == path
+
+
+def test_each_all_reduce_path_costs_its_algorithm():
+    small, mid, big = 16 * 1024, 2 ** 20, 64 * 2 ** 20
     assert LINK.all_reduce_us(small, 1) == 0.0
     assert LINK.all_reduce_us(small, 4) == pytest.approx(5.0 + 3 * small / 1e5)   # one-shot
-    assert LINK.all_reduce_us(big, 4) == pytest.approx(10.0 + 1.5 * big / 1e5)    # two-shot
-    ring = Interconnect("pcie", bw=1e10, latency_us=20.0, one_shot=False, source="test")
+    assert LINK.all_reduce_us(mid, 4) == pytest.approx(10.0 + 1.5 * mid / 1e5)    # two-shot
+    assert LINK.all_reduce_us(big, 4) == pytest.approx(5.0 + 1.5 * big / 1e5)     # NCCL ring
+    ring = Interconnect("pcie", bw=1e10, latency_us=20.0, fully_connected=False, source="test")
     assert ring.all_reduce_us(small, 8) == pytest.approx(20.0 + 2 * 7 / 8 * small / 1e4)
     assert LINK.all_gather_us(big, 8) == pytest.approx(5.0 + 7 / 8 * big / 1e5)
 
@@ -267,6 +287,130 @@ def test_a_measured_profile_is_one_device_with_eagle3():
                           profile="traces/measured/cpu/profile.json"))
 
 
+# -- measured collectives and GPU files (LLMServingSim's hardware.yaml) --------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+HW_1B2CC02 = ROOT / "traces/peers/llmservingsim/profiler/perf/RTXPRO6000/hardware.yaml"
+# A hardware.yaml of round numbers: all_reduce 10 + bytes/1e5 us, all_gather 5 + bytes/1e5,
+# reduce_scatter 4 + bytes/1e5, at 1 KB, 1 MB and 10 MB (bytes as 1e3, 1e6, 1e7).
+HW_YAML = """\
+hardware: TESTGPU
+spec:
+  gpu_name: NVIDIA H100 80GB HBM3
+  memory_total_gib: 40.0
+measured:
+  at: '2026-01-01'
+  interconnect:
+    npus: 2
+    samples:
+""" + "".join(f"    - collective: {c}\n      bytes: {b}\n      us: {a + b / 1e5}\n"
+              for c, a in (("all_reduce", 10), ("all_gather", 5), ("reduce_scatter", 4))
+              for b in (1000, 1000000, 10000000))
+
+
+def hw_file(tmp_path, text=HW_YAML, name="hardware.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_hardware_yaml_is_read_as_it_is_and_prices_what_vllm_issues(tmp_path):
+    link = load_collectives(hw_file(tmp_path))
+    assert link.npus == 2
+    # under 8 MiB at 2 GPUs vLLM runs its one-shot kernel: each GPU reads its peer's buffer,
+    # which is what an all-gather of the same bytes per GPU moves
+    assert link.all_reduce_us(5e5, 2) == pytest.approx(5 + 5e5 / 1e5)    # between points
+    assert link.all_reduce_us(10, 2) == pytest.approx(5 + 1000 / 1e5)     # below: the first
+    # from 8 MiB, NCCL's all_reduce as measured, and above the top two points' slope
+    assert link.all_reduce_us(9e6, 2) == pytest.approx(10 + 9e6 / 1e5)
+    assert link.all_reduce_us(2e7, 2) == pytest.approx(10 + 2e7 / 1e5)
+    # the logits' all-gather: 2e6 bytes in all are 1e6 a GPU
+    assert link.all_gather_us(2e6, 2) == pytest.approx(5 + 1e6 / 1e5)
+    nccl = with_link(load_gpu("rtx4090"), link).interconnect   # GeForce: no peer access
+    assert nccl.all_reduce_us(5e5, 2) == pytest.approx(10 + 5e5 / 1e5)
+
+
+def test_the_committed_measurement_holds_the_numbers_the_issue_quotes():
+    link = load_collectives(HW_1B2CC02)   # LLMServingSim's, at 1b2cc02
+    assert (link.npus, link.sizes["all_reduce"][0], link.sizes["all_reduce"][-1]) == \
+        (2, 4096, 20971520)
+    for nbytes, us in ((10240, 12.9), (2 ** 20, 41.0), (4 * 2 ** 20, 125.0)):
+        assert link.at("all_reduce", nbytes) == pytest.approx(us, abs=0.15)
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda t: t.replace("    npus: 2\n", ""), "field 'measured.interconnect.npus': missing"),
+    (lambda t: t.replace("collective: all_gather", "collective: reduce_scatter")
+     .replace("bytes: 1000\n      us: 5.01", "bytes: 2000\n      us: 5.01")
+     .replace("bytes: 1000000\n      us: 15.0", "bytes: 2000000\n      us: 15.0")
+     .replace("bytes: 10000000\n      us: 105.0", "bytes: 20000000\n      us: 105.0"),
+     "field 'measured.interconnect.samples': no all_gather samples"),
+    (lambda t: t.replace("us: 10.01", "us: -1"),
+     "field 'measured.interconnect.samples[0].us': expected a number > 0"),
+])
+def test_a_hardware_yaml_without_its_gpu_count_or_a_collective_names_the_field(tmp_path, edit,
+                                                                             field):
+    path = hw_file(tmp_path, edit(HW_YAML))
+    with pytest.raises(UserError, match=re.escape(f"{path}: {field}")):
+        load_collectives(path)
+
+
+def test_a_gpu_file_takes_the_catalog_entry_of_its_device_and_its_own_memory(tmp_path):
+    hw = load_gpu(str(hw_file(tmp_path)))
+    h100 = load_gpu("h100")
+    assert (hw.flops, hw.mem_bw, hw.interconnect.npus) == (h100.flops, h100.mem_bw, 2)
+    assert hw.mem_bytes == 40 * 2 ** 30 and "catalog's h100" in hw.source
+
+
+def test_a_gpu_file_of_stepgaps_fields_describes_a_gpu_the_catalog_lacks(tmp_path):
+    hw = load_gpu(str(hw_file(tmp_path, "name: mygpu\nbf16_tflops: 100\nmemory_gb: 32\n"
+                                        "memory_bw_gbps: 1000\ninterconnect: pcie4\n",
+                              "mine.yaml")))
+    assert (hw.name, hw.flops, hw.mem_bytes, hw.mem_bw) == ("mygpu", 1e14, 32e9, 1e12)
+    assert hw.interconnect.name == "pcie4" and hw.flop_eff == 0.70
+    with pytest.raises(UserError, match=r"mine.yaml: field 'bf16_tflops': missing"):
+        load_gpu(str(hw_file(tmp_path, "memory_gb: 32\nmemory_bw_gbps: 1000\n", "mine.yaml")))
+
+
+def test_tables_at_tp2_take_the_hardware_yaml_kept_beside_them(tmp_path):
+    perf = tmp_path / "profiler/perf/TESTGPU"
+    bundle = perf / "meta-llama/Llama-3.1-8B/bf16"
+    bundle.mkdir(parents=True)
+    hw_file(perf)
+    meta = json.loads(json.dumps({"hardware": "TESTGPU", "architecture": "llama",
+                                  "tp_degrees": [2], "engine_effective": {"hf_overrides": {
+                                      "num_attention_heads": 16, "num_key_value_heads": 4,
+                                      "intermediate_size": 7168, "vocab_size": 64128}}}))
+    (bundle / "meta.yaml").write_text(json.dumps(meta))
+    (bundle / "tp2").mkdir()
+    from stepgap.sim.tables import DENSE_LAYERS
+    (bundle / "tp2/dense.csv").write_text("layer,tokens,time_us\n" + "".join(
+        f"{layer},{n},{n}\n" for layer in DENSE_LAYERS for n in (1, 100)))
+    (bundle / "tp2/per_sequence.csv").write_text(
+        "layer,sequences,time_us\nlm_head,1,10\nsampler,1,1\n")
+    (bundle / "tp2/attention.csv").write_text(
+        "prefill_chunk,kv_prefill,n_decode,kv_decode,time_us\n0,0,1,100,5\n100,0,0,0,9\n")
+    res = resolve(SimConfig(gpu="h100", tensor_parallel_size=2, device_profile=str(bundle)))
+    assert isinstance(res.hw.interconnect, MeasuredLink)
+    assert any(n.startswith("collectives: ") and "hardware.yaml" in n for n in res.notes)
+    costs = res.device_costs
+    one = costs._collectives(1, 1, costs.t)     # 65 one-shot all-reduces of 8 KiB, a gather
+    assert one == pytest.approx(65 * (5 + 8192 / 1e5) + 5 + 128256 / 1e5)
+    assert "measured (" in costs.sources["target_forward"]
+    with pytest.raises(UserError, match=r"--all-reduce-latency-us: the collectives are "
+                                        r"measured"):
+        resolve(SimConfig(gpu="h100", tensor_parallel_size=2, device_profile=str(bundle),
+                          all_reduce_latency_us=3.0))
+
+
+def test_catalog_gpus_name_their_sources_and_their_devices_once():
+    names = [n for hw in CATALOG.values() for n in hw.device_names]
+    assert len(names) == len(set(names))
+    for key in ("l40s", "l4", "a10g", "h100-pcie", "h100-nvl", "h20", "b200", "mi300x"):
+        assert CATALOG[key].source and CATALOG[key].device_names, key
+        assert catalog_entry(CATALOG[key].device_names[0]) == key
+
+
 # -- bad input at the command line: one clear message, before any work ---------------------
 
 def moe_without_experts(tmp_path):
@@ -277,6 +421,10 @@ def moe_without_experts(tmp_path):
 
 
 @pytest.mark.parametrize("argv, needle", [
+    (["--model", "llama-3.1-8b", "-tp", "4", "--gpu", str(HW_1B2CC02)],
+     "hardware.yaml: field 'measured.interconnect.npus': the collectives were measured over 2 "
+     "GPUs; --tensor-parallel-size 4 needs them measured over 4"),
+    (["--gpu", "nonesuch.yaml"], "--gpu nonesuch.yaml: no such file"),
     (["--model", "llama-3.3-70b", "--gpu", "h100", "--tensor-parallel-size", "3"],
      "--tensor-parallel-size 3: model 'llama-3.3-70b' has 8 KV heads, which 3 neither divides "
      "nor is a multiple of"),

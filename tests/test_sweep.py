@@ -321,3 +321,45 @@ def test_the_shared_fraction_is_a_sweep_axis_and_an_x_axis_of_its_figures(tmp_pa
                  "--dry-run"]) != 0
     assert "--shared-fraction: sizes the shared prefix of prefix_repetition" in \
         capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM's spellings as keys
+
+
+def test_vllms_spellings_make_each_cells_settings():
+    grid = build_grid(["async_scheduling=false,true", "random_input_len=256,1024"],
+                      preset="seed-l20",
+                      sets=["dataset_name=random", "random_output_len=64", "num_prompts=4",
+                            'speculative_config={"method": "eagle3", '
+                            '"num_speculative_tokens": 2}'])
+    cells = grid.cells()
+    got = [(c.settings["mode"], c.settings["k"], c.settings["workload"],
+            c.settings["output_len"]) for c in cells]
+    assert got == [("sync", 2, "random:input_len=256", 64), ("sync", 2, "random:input_len=1024", 64),
+                   ("async", 2, "random:input_len=256", 64),
+                   ("async", 2, "random:input_len=1024", 64)]
+    assert cells[0].values == {"async_scheduling": False, "random_input_len": 256}
+
+
+def test_a_setting_given_both_ways_must_agree():
+    grid = build_grid(["async_scheduling=true"], sets=["mode=sync"])
+    with pytest.raises(UserError, match="async_scheduling's mode 'async' and mode 'sync' "
+                                        "disagree"):
+        grid.cells()
+    grid = build_grid(["k=1,3"], sets=['speculative_config={"num_speculative_tokens": 2}'])
+    with pytest.raises(UserError, match="num_speculative_tokens 2 and k 1 disagree"):
+        grid.cells()
+    grid = build_grid(["dataset_name=sonnet"])
+    with pytest.raises(UserError, match="--dataset-name sonnet: a vLLM dataset stepgap does "
+                                        "not sample"):
+        grid.cells()
+
+
+def test_a_grid_file_takes_the_speculative_config_as_a_table(tmp_path):
+    f = tmp_path / "g.toml"
+    f.write_text('[base]\nnum_prompts = 4\nspeculative_config = {method = "eagle3", '
+                 'num_speculative_tokens = 3}\n[grid]\nasync_scheduling = [true]\n')
+    cell, = build_grid(grid_file=f).cells()
+    assert (cell.settings["mode"], cell.settings["k"], cell.settings["method"]) == \
+        ("async", 3, "eagle3")

@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT / "traces" / "peers" / "llmservingsim"
 BUNDLE_4090 = PEERS / "profiler/perf/RTX4090/meta-llama/Llama-3.1-8B/bf16"
 RUN_4090 = PEERS / "bench/examples/RTX4090/Llama-3.1-8B/vllm"
+BUNDLE_PRO6000 = PEERS / "profiler/perf/RTXPRO6000/meta-llama/Llama-3.1-8B/bf16"
+RUN_PRO6000 = PEERS / "bench/examples/RTXPRO6000/Llama-3.1-8B/vllm"
 
 META = """\
 vllm_version: 0.19.0
@@ -195,8 +197,14 @@ def test_the_4090_tables_time_a_decode_step_as_their_kernels_add_up():
 
 
 def test_tensor_parallelism_needs_the_tables_of_that_degree(bundle):
-    with pytest.raises(UserError, match=r"no tp2/ folder .*measured at tensor-parallel size 1"):
+    with pytest.raises(UserError, match=r"bf16/tp2: no such folder \(tables here at "
+                                        r"tensor-parallel size 1\); --tensor-parallel-size 2"):
         load_tables(bundle, tp=2)
+    qwen = PEERS / "profiler/perf/RTXPRO6000/Qwen/Qwen3-32B/bf16"   # committed: tp2/ only
+    with pytest.raises(UserError, match=r"bf16/tp1: no such folder \(tables here at "
+                                        r"tensor-parallel size 2; meta.yaml's tp_degrees lists "
+                                        r"\[1, 2\], but the folder is missing\)"):
+        load_tables(qwen, tp=1)
 
 
 # -- bad input ------------------------------------------------------------------------------
@@ -221,10 +229,63 @@ def test_a_broken_bundle_is_one_clear_error(bundle, edit, message):
         costs_of(bundle, k=1)
 
 
-def test_tables_of_another_model_are_refused(bundle):
-    with pytest.raises(UserError, match=r"measured for meta-llama/Llama-3.1-8B .*not for "
-                                        r"--model llama-3.2-1b"):
+def test_tables_of_another_model_are_refused_naming_the_field(bundle):
+    with pytest.raises(UserError, match=r"bf16/meta.yaml: tables of meta-llama/Llama-3.1-8B, "
+                                        r"not of --model llama-3.2-1b: engine_effective."
+                                        r"hf_overrides.intermediate_size is 14336 per rank at "
+                                        r"TP 1, --model llama-3.2-1b has 8192$"):
         resolve(SimConfig(gpu="h100", model="llama-3.2-1b", device_profile=str(bundle)))
+
+
+# Qwen3-32B's per-rank shapes at TP 2, as its profiler wrote them: 64 heads of 128 over a width
+# of 5120, so hidden != heads x head_dim.
+QWEN_META = META.replace("model: meta-llama/Llama-3.1-8B", "architecture: qwen3\nmodel: "
+                         "Qwen/Qwen3-32B").replace("tp_degrees: [1]", "tp_degrees: [1, 2]") \
+    .replace("intermediate_size: 14336, num_attention_heads: 32", "intermediate_size: 12800, "
+             "num_attention_heads: 32").replace("num_key_value_heads: 8, vocab_size: 128256",
+                                                "num_key_value_heads: 4, vocab_size: 75968")
+
+
+def qwen_bundle(root: Path, with_qk_norm=True) -> Path:
+    layers = DENSE_LAYERS + (("qk_norm",) if with_qk_norm else ())
+    b = write_bundle(root, QWEN_META, dense=[(layer, n, 10 + n) for layer in layers
+                                             for n in TOKENS])
+    (b / "tp1").rename(b / "tp2")
+    return b
+
+
+def test_qwen3_tables_price_its_decoupled_head_dim_and_its_qk_norm(tmp_path):
+    b = qwen_bundle(tmp_path / "bf16")
+    costs = resolve(SimConfig(gpu="h100", model="qwen3-32b", tensor_parallel_size=2,
+                              device_profile=str(b))).device_costs
+    # embedding + 64 layers of 9 kernels (2 norms, qkv, qk_norm, rotary, o, gate_up, act, down)
+    # + final norm, each 10 + m us, at m = 10 tokens
+    assert costs.dense(10) == pytest.approx(20 + 64 * 9 * 20 + 20)
+
+
+def test_a_qwen3_bundle_without_qk_norm_rows_names_them(tmp_path):
+    b = qwen_bundle(tmp_path / "bf16", with_qk_norm=False)
+    with pytest.raises(UserError, match=r"tp2/dense.csv: no rows for qk_norm \(a qwen3 layer "):
+        resolve(SimConfig(gpu="h100", model="qwen3-32b", tensor_parallel_size=2,
+                          device_profile=str(b)))
+
+
+@pytest.mark.parametrize("model, tp, fields", [
+    ("llama-3.1-8b", 1, ["architecture is 'qwen3', --model is a 'llama' model",
+                          "num_attention_heads is 32 per rank at TP 2 (64 in all), --model "
+                          "llama-3.1-8b has 16", "vocab_size is 75968"]),
+    ("qwen3-8b", 1, ["intermediate_size is 12800 per rank at TP 2 (25600 in all), --model "
+                     "qwen3-8b has 6144"]),
+])
+def test_every_field_that_differs_is_named_once(tmp_path, model, tp, fields):
+    b = qwen_bundle(tmp_path / "bf16")
+    (b / "tp2").rename(b / "tp1")
+    with pytest.raises(UserError) as e:
+        resolve(SimConfig(gpu="h100", model=model, tensor_parallel_size=tp,
+                          device_profile=str(b)))
+    msg = str(e.value)
+    assert msg.count("\n") == 0 and "meta.yaml: tables of Qwen/Qwen3-32B" in msg
+    assert all(f in msg for f in fields), msg
 
 
 def test_a_request_longer_than_the_tables_kv_grid_is_refused_before_the_run(bundle, tmp_path):
@@ -298,13 +359,52 @@ def test_a_broken_requests_file_on_the_command_line_writes_nothing(tmp_path):
 
 
 def test_a_runs_settings_map_to_vllm_spelled_options():
-    settings, notes = peer_settings(RUN_4090 / "meta.json")
+    settings, notes = peer_settings(RUN_4090 / "meta.json", context=131072)
     assert settings == {"max_num_seqs": 256, "max_num_batched_tokens": 2048,
                         "max_model_len": 32768, "tensor_parallel_size": 1, "block_size": 16,
                         "num_gpu_blocks_override": 2588, "mode": "async",
                         "scheduler_reserve_full_isl": True, "enable_prefix_caching": True}
     assert "--num-gpu-blocks-override 2588" in notes[0]
     assert any("CUDA graphs" in n for n in notes)
+
+
+def test_a_null_max_model_len_is_the_models_context_as_vllm_takes_it(tmp_path):
+    meta = json.loads((RUN_PRO6000 / "meta.json").read_text())
+    assert meta["engine_kwargs"]["max_model_len"] is None
+    settings, notes = peer_settings(RUN_PRO6000 / "meta.json", context=131072)
+    assert settings["max_model_len"] == 131072
+    assert any("max_model_len is null" in n and "--max-model-len 131072" in n for n in notes)
+
+
+def test_the_readme_command_runs_the_pro6000_run_whose_prompts_pass_2048(tmp_path):
+    # (its longest request is 2,000-odd tokens past --max-model-len's own default of 2048)
+    res = tmp_path / "sim.json"
+    p = run_cli("simulate", "--gpu", "rtxpro6000", "--trace", str(RUN_PRO6000 / "requests.jsonl"),
+                "--device-profile", str(BUNDLE_PRO6000), "--result-json", str(res))
+    assert p.returncode == 0, p.stderr
+    assert "--max-model-len 131072" in p.stderr and res.is_file()
+
+
+def readme_peer_commands() -> list[list[str]]:
+    """The `stepgap simulate` commands of the README's peer section, as printed."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Real GPU runs")[1].split("```")[1]
+    joined = block.replace("\\\n", " ")
+    folder = next(line.split("=", 1)[1] for line in joined.splitlines() if line.startswith("P="))
+    return [line.replace("$P", str(ROOT / folder)).split()[2:]
+            for line in joined.splitlines() if line.startswith("stepgap simulate")]
+
+
+def test_the_readmes_commands_run_as_printed_for_both_gpus_and_the_tp2_run(tmp_path):
+    commands = readme_peer_commands()
+    assert len(commands) == 3
+    for argv in commands:   # --model, --gpu, --device-profile, --trace and output options only
+        options = {a for a in argv if a.startswith("--")}
+        assert options <= {"--model", "--gpu", "--device-profile", "--trace",
+                           "--metric-percentiles", "--result-json"}, options
+        p = subprocess.run([sys.executable, "-m", "stepgap", "simulate", *argv, "--quiet"],
+                           capture_output=True, text=True, cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
 
 
 def test_the_committed_run_replays_the_dataset_with_its_token_ids():

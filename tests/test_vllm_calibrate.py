@@ -185,3 +185,65 @@ def test_the_async_terms_estimated_from_sync_fits_follow_the_code_structure():
     assert est[2]["async_output"] == [80.0, 9.0 + 0.2 * 3, 0.0]
     assert est[2]["async_schedule"] == [30.0, 10.0, 0.0]
     assert estimate_async({2: cpu_by_k[2]}, d2h) == {}   # no k = 0 to take the difference from
+
+
+# ---------------------------------------------------------------------------------------------
+# The files as users have them
+
+
+def test_a_profiled_trace_is_the_whole_timeline_of_the_run_that_prefilled_it(tmp_path):
+    """`vllm bench serve --profile` writes its `date` seconds after the trace's last step (the
+    profiler's files are written first): the trace is matched by the prompt tokens it prefilled
+    and is the run's timeline whole, whatever the bench's clock says."""
+    import gzip
+    import time
+    doc = json.loads(gzip.decompress((DATA / "worker.pt.trace.json.gz").read_bytes()))
+    marks = [e for e in doc["traceEvents"] if e.get("cat") == "user_annotation"
+             and e["name"].startswith("execute_context_")]
+    marks[0]["name"] = "execute_context_1(40)_generation_3(9)"   # a prefill of 40 tokens
+    (tmp_path / "rank0.1.pt.trace.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    end_s = (doc.get("baseTimeNanoseconds") or 0) / 1e9 + max(
+        e["ts"] + e.get("dur", 0) for e in doc["traceEvents"] if e.get("ph") == "X") / 1e6
+    bench = json.loads((DATA / "bench.json").read_text())
+    bench.update(total_input_tokens=40, date=time.strftime("%Y%m%d-%H%M%S",
+                                                           time.localtime(end_s + 9)))
+    (tmp_path / "profiled.json").write_text(json.dumps(bench))
+    runs, unused = load_runs([tmp_path / "profiled.json", tmp_path / "rank0.1.pt.trace.json.gz"])
+    assert unused == [] and runs[0].notes == []
+    assert runs[0].profiled and len({s.step for s in runs[0].spans}) == 8
+
+
+def test_a_run_without_scrapes_takes_the_acceptance_its_bench_file_recorded(tmp_path):
+    shutil.copy(DATA / "bench.json", tmp_path / "bench.json")
+    runs, _ = load_runs([tmp_path / "bench.json"])
+    doc = json.loads((DATA / "bench.json").read_text())
+    assert runs[0].acceptance["rates"] == doc["spec_decode_per_position_acceptance_rates"]
+    assert runs[0].acceptance["num_drafts"] == doc["spec_decode_num_drafts"]
+
+
+def test_profiled_levels_recover_each_ks_level_and_the_cost_per_request_in_flight():
+    """Measured ITL = level[k] x simulated + per_request x requests in flight: the least
+    squares gives back the levels and the cost the runs were made with."""
+    from stepgap.calibrate.vllm_fit import profiled_levels
+    runs, sims = [], []
+    for k, level in ((0, 0.5), (2, 0.9)):
+        for conc, sim in ((1, 6.0 + k), (4, 6.5 + k)):
+            doc = {"num_prompts": 48, "mean_itl_ms": level * sim + 0.6 * conc}
+            runs.append(Run(f"k{k}c{conc}", Path("x"), doc, k, "sync", conc, (0, 0)))
+            sims.append(sim)
+    levels, per_request = profiled_levels(runs, sims, has_api_server=False)
+    assert levels == pytest.approx({0: 0.5, 2: 0.9}) and per_request == pytest.approx(600)
+    # an API-server timeline times the per-request work itself: the levels alone
+    assert profiled_levels(runs, sims, has_api_server=True)[1] is None
+
+
+def test_a_bench_file_with_merged_chunks_says_so_first(tmp_path, capsys):
+    assert main(["ingest", "vllm-bench", str(DATA / "bench.json")]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("warning: ") and "streamed chunks were merged" in first
+    assert "supports TTFT, E2EL and throughput only" in first
+    assert main(["calibrate", str(DATA), "--model", str(PAIR / "target"), "--draft",
+                 str(PAIR / "eagle3"), "--out", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("warning: bench: its streamed chunks were merged")
+    assert not any("TPOT +" in line for line in out)   # no TPOT residual for such a run

@@ -214,3 +214,122 @@ def test_the_simulator_refuses_a_shared_fraction_of_a_workload_without_a_prefix(
         SimConfig(workload="mtbench", shared_fraction=0.5)
     with pytest.raises(UserError, match="shared-fraction.*from 0 to 1"):
         SimConfig(workload="prefix_repetition", shared_fraction=2.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# `vllm bench serve`'s datasets (common/datasets.py)
+
+PAIR = __import__("pathlib").Path(__file__).resolve().parents[1] / "checkpoints" / "pystdlib"
+
+
+def vllm_random_lengths(n, input_len, output_len, ratio, special, seed=0):
+    """vLLM 0.32's RandomDataset.get_sampling_params, restated from its source: one
+    default_rng(seed), input lengths then output lengths drawn from integer ranges."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    real = max(0, input_len - special)
+    ins = rng.integers(math.floor(real * (1 - ratio)), math.ceil(real * (1 + ratio)) + 1, n)
+    outs = rng.integers(max(math.floor(output_len * (1 - ratio)), 1),
+                        max(math.ceil(output_len * (1 + ratio)), 1) + 1, n)
+    return ins.tolist(), outs.tolist()
+
+
+def test_random_draws_vllms_lengths_for_the_same_seed():
+    reqs = load_workload("random:input_len=1000:range_ratio=0.5", num_prompts=50,
+                         output_len=100, seed=7, model="llama-3.1-8b", vocab_size=128256)
+    ins, outs = vllm_random_lengths(50, 1000, 100, 0.5, special=1, seed=7)
+    assert [r.prompt_len for r in reqs] == [1 + n for n in ins]   # the server adds BOS back
+    assert [r.output_len for r in reqs] == outs
+    assert len(load_workload("random")) == 1000   # vLLM's default --num-prompts
+
+
+def test_random_without_a_range_is_the_lengths_given_and_qwen_adds_no_token():
+    reqs = load_workload("random:input_len=512", num_prompts=3, output_len=64,
+                         model="qwen3-8b")
+    assert {(r.prompt_len, r.output_len) for r in reqs} == {(512, 64)}
+
+
+def test_random_prefix_is_shared_by_every_prompt_and_the_rest_is_its_own():
+    reqs = load_workload("random:input_len=64:prefix_len=32", num_prompts=4, output_len=8,
+                         model="llama-3.1-8b", vocab_size=128256)
+    assert {r.prompt_len for r in reqs} == {1 + 32 + 63}
+    prefixes = {tuple(r.prompt_token_ids[:33]) for r in reqs}
+    rests = {tuple(r.prompt_token_ids[33:]) for r in reqs}
+    assert len(prefixes) == 1 and len(rests) == 4
+
+
+def test_vllms_flags_make_the_random_spec_and_random_is_vllms_default(capsys):
+    from types import SimpleNamespace
+    from stepgap.common.options import WORKLOAD_FLAGS, workload_spec
+    flags = {f.lstrip("-").replace("-", "_"): None for f, _, _ in WORKLOAD_FLAGS}
+    args = SimpleNamespace(trace=None, output_len=None, dataset_name=None, dataset_path=None,
+                           command="simulate", **{**flags, "random_input_len": 1024,
+                                                  "random_output_len": 128,
+                                                  "random_range_ratio": 0.25})
+    assert workload_spec(args) == "random:input_len=1024:range_ratio=0.25"
+    assert args.output_len == 128
+    assert "vLLM's default dataset, random" in capsys.readouterr().err
+
+
+def sharegpt(tmp_path, n=6):
+    import json
+    data = [{"id": str(i), "conversations": [
+        {"from": "human", "value": "def f(x):\n    return x + %d  # explain\n" % i * (i + 1)},
+        {"from": "gpt", "value": "It adds a number to x. " * (i + 1)}]} for i in range(n)]
+    data.append({"id": "one-turn", "conversations": [{"from": "human", "value": "hi"}]})
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(data))
+    return path, data
+
+
+def test_sharegpt_lengths_come_from_the_models_tokenizer(tmp_path):
+    from tokenizers import Tokenizer
+    path, data = sharegpt(tmp_path)
+    tok = Tokenizer.from_file(str(PAIR / "target" / "tokenizer.json"))
+    reqs = load_workload(f"sharegpt:shuffle=0:path={path}", num_prompts=6,
+                         model=str(PAIR / "target"))
+    want = [(len(tok.encode(d["conversations"][0]["value"]).ids),
+             len(tok.encode(d["conversations"][1]["value"]).ids)) for d in data[:6]]
+    want = [(p, o) for p, o in want if p >= 4 and o >= 4]   # vLLM's length checks
+    assert [(r.prompt_len, r.output_len) for r in reqs][:len(want)] == want
+    assert len(reqs) == 6   # oversampled to --num-prompts from the ones kept
+
+
+def test_sharegpt_shuffles_with_pythons_random_as_vllm_does(tmp_path):
+    import random
+    path, data = sharegpt(tmp_path)
+    order = list(range(6))
+    random.seed(3)
+    random.shuffle(order)
+    reqs = load_workload(f"sharegpt:path={path}", num_prompts=6, seed=3, output_len=5)
+    lens = [len(data[i]["conversations"][0]["value"]) for i in order]
+    assert [r.prompt_len for r in reqs] == [round(n / 4) for n in lens]   # no tokenizer
+    assert {r.output_len for r in reqs} == {5}
+
+
+def test_without_a_tokenizer_the_estimate_is_named_in_the_runs_notes(tmp_path):
+    from stepgap.sim.config import SimConfig, resolve
+    path, _ = sharegpt(tmp_path)
+    notes = resolve(SimConfig(workload=f"sharegpt:path={path}")).notes
+    assert any("lengths estimated at 4 characters a token" in n for n in notes)
+    notes = resolve(SimConfig(workload=f"sharegpt:path={path}", model=str(PAIR / "target"),
+                              draft=str(PAIR / "eagle3"), gpu="cpu")).notes
+    assert any("lengths from the tokenizer" in n for n in notes)
+
+
+def test_hf_mt_bench_is_the_built_in_mtbench_with_vllms_default_prompts():
+    assert load_workload("hf:path=philschmid/mt-bench", num_prompts=80) == mtbench_like()
+    assert len(load_workload("hf:path=philschmid/mt-bench")) == 1000
+
+
+@pytest.mark.parametrize("name, path, message", [
+    ("sonnet", None, "a vLLM dataset stepgap does not sample"),
+    ("hf", "likaixin/InstructCoder", "stepgap has the lengths of philschmid/mt-bench only"),
+    ("random", "x.json", "random makes its own prompts"),
+    ("bogus", None, "not a dataset of `vllm bench serve`"),
+])
+def test_a_dataset_stepgap_does_not_sample_is_one_line_saying_what_to_give(name, path, message):
+    from stepgap.common.options import dataset_spec
+    with pytest.raises(UserError, match=message) as e:
+        dataset_spec(name, path)
+    assert "\n" not in str(e.value)

@@ -1,0 +1,208 @@
+"""A GPU described in a YAML file (`--gpu FILE.yaml`), and the collectives measured on it.
+
+One reader for two kinds of file, which may also stand in one file (stepgap's fields win):
+
+- **LLMServingSim's hardware.yaml**, read as it is (its profiler writes
+  `profiler/perf/<GPU>/hardware.yaml`): `hardware` (the label), `spec` (`gpu_name` as CUDA
+  names the device, `memory_total_gib`, `memory_bw_gbps`) and `measured.interconnect`: the
+  collectives NCCL ran over `npus` GPUs, as `samples` of `collective` (all_reduce,
+  all_gather, reduce_scatter), `bytes` and `us_graphed` (replayed from a CUDA graph, as an
+  engine issues them) or `us`. It records no peak FLOP/s: those come from the catalog entry
+  of the same device (`spec.gpu_name`), or from stepgap's fields below.
+- **stepgap's fields**, for a GPU the catalog lacks or to change an entry: `base` (a catalog
+  entry to start from), `name`, `bf16_tflops` and `fp8_tflops` (dense peaks), `memory_gb`,
+  `memory_bw_gbps`, `flop_eff`, `bw_eff`, `kernel_us`, `d2h_us`, `interconnect` (a catalog
+  interconnect's name, or `{bw_gbps, latency_us, fully_connected, p2p}`), `source`.
+
+Measured collectives replace the interconnect model (sim/hardware.py `MeasuredLink`) when the
+file gives them; a perf bundle's own hardware.yaml (`collectives_beside`) is found the same way
+by `--device-profile`. Every error names the file and the field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+from stepgap.common.errors import UserError, where
+from stepgap.common.fileio import read_yaml
+from stepgap.sim.hardware import (CATALOG, GB, GIB, INTERCONNECTS, Hardware, Interconnect,
+                                  MeasuredLink, catalog_entry, get_hardware, is_gpu_file)
+
+WHAT = "a GPU file: stepgap's fields, or LLMServingSim's hardware.yaml"
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+NEEDED = ("all_reduce", "all_gather")   # what tensor parallelism issues every step
+# stepgap's own fields: the Hardware field each sets, and its unit
+FIELDS = {"bf16_tflops": ("flops", 1e12), "fp8_tflops": ("fp8_flops", 1e12),
+          "memory_gb": ("mem_bytes", GB), "memory_bw_gbps": ("mem_bw", GB),
+          "flop_eff": ("flop_eff", 1.0), "bw_eff": ("bw_eff", 1.0),
+          "kernel_us": ("kernel_us", 1.0), "d2h_us": ("d2h_us", 1.0)}
+REQUIRED = {"flops": "bf16_tflops", "mem_bw": "memory_bw_gbps", "mem_bytes": "memory_gb"}
+# A GPU the catalog does not know takes the catalog's GPU defaults for what it does not give.
+DEFAULTS = {"flop_eff": 0.70, "bw_eff": 0.80, "kernel_us": 2.0, "d2h_us": 15.0}
+
+
+def _number(path, field: str, v, low: float = 0.0, zero: bool = False,
+            integer: bool = False) -> float:
+    """A finite number above `low` (at `low` too where `zero`), naming the file and field."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+            or v < low or (v == low and not zero) or (integer and v != int(v)):
+        what = "an integer" if integer else "a number"
+        raise UserError(f"{where(path, field=field)}: expected {what} {'>=' if zero else '>'} "
+                        f"{low:g}, got {v!r}")
+    return float(v)
+
+
+def _mapping(path, doc: dict, key: str, at: str = "") -> dict:
+    v = doc.get(key) or {}
+    if not isinstance(v, dict):
+        raise UserError(f"{where(path, field=at + key)}: expected a mapping, got {v!r}")
+    return v
+
+
+def load_collectives(path, fully_connected: bool = False, p2p: bool = True,
+                     doc: dict | None = None) -> MeasuredLink | None:
+    """The collectives a hardware.yaml measured (`measured.interconnect`), or None where it
+    measured none. A block without its GPU count, or without the all_reduce or all_gather
+    samples tensor parallelism needs, is an error naming the field."""
+    path = Path(path)
+    doc = read_yaml(path, WHAT) if doc is None else doc
+    block = _mapping(path, _mapping(path, doc, "measured"), "interconnect", "measured.")
+    if not block:
+        return None
+    base = "measured.interconnect"
+    if block.get("npus") is None:
+        raise UserError(f"{where(path, field=base + '.npus')}: missing (the number of GPUs the "
+                        "collectives were measured over)")
+    npus = int(_number(path, f"{base}.npus", block["npus"], 1, integer=True))
+    samples = block.get("samples")
+    if not isinstance(samples, list) or not samples:
+        raise UserError(f"{where(path, field=base + '.samples')}: missing (a list of "
+                        "collective, bytes, us)")
+    points: dict[str, dict[float, float]] = {c: {} for c in COLLECTIVES}
+    for i, s in enumerate(samples):
+        at = f"{base}.samples[{i}]"
+        if not isinstance(s, dict):
+            raise UserError(f"{where(path, field=at)}: expected a mapping, got {s!r}")
+        c = s.get("collective")
+        if c not in COLLECTIVES:
+            raise UserError(f"{where(path, field=at + '.collective')}: expected one of "
+                            f"{', '.join(COLLECTIVES)}, got {c!r}")
+        size = _number(path, f"{at}.bytes", s.get("bytes"), integer=True)
+        key = "us_graphed" if s.get("us_graphed") is not None else "us"
+        if size in points[c]:
+            raise UserError(f"{where(path, field=at + '.bytes')}: {c} at {size:g} bytes twice")
+        points[c][size] = _number(path, f"{at}.{key}", s.get(key))
+    for c in NEEDED:
+        if not points[c]:
+            raise UserError(f"{where(path, field=base + '.samples')}: no {c} samples "
+                            "(tensor parallelism all-reduces the hidden states and all-gathers "
+                            "the logits)")
+    measured = {c: p for c, p in points.items() if p}
+    label = doc.get("hardware") or path.parent.name
+    return MeasuredLink(
+        f"measured ({path})", npus,
+        {c: tuple(sorted(p)) for c, p in measured.items()},
+        {c: tuple(p[x] for x in sorted(p)) for c, p in measured.items()},
+        fully_connected, p2p,
+        f"{path}: {label}'s {', '.join(measured)} measured over {npus} GPUs "
+        f"({block.get('communicator') or 'NCCL'}; {doc['measured'].get('at') or 'undated'})")
+
+
+def _interconnect(path, v) -> Interconnect:
+    if isinstance(v, str):
+        if v not in INTERCONNECTS:
+            raise UserError(f"{where(path, field='interconnect')}: unknown {v!r} (known: "
+                            f"{', '.join(INTERCONNECTS)}, or a mapping of bw_gbps, "
+                            "latency_us, fully_connected, p2p)")
+        return INTERCONNECTS[v]
+    if not isinstance(v, dict):
+        raise UserError(f"{where(path, field='interconnect')}: expected a name or a mapping, "
+                        f"got {v!r}")
+    for key in ("fully_connected", "p2p"):
+        if not isinstance(v.get(key, False), bool):
+            raise UserError(f"{where(path, field='interconnect.' + key)}: expected true or "
+                            f"false, got {v[key]!r}")
+    return Interconnect(
+        f"{path}'s interconnect", _number(path, "interconnect.bw_gbps", v.get("bw_gbps")) * GB,
+        _number(path, "interconnect.latency_us", v.get("latency_us"), zero=True),
+        v.get("fully_connected", False), str(path), v.get("p2p", True))
+
+
+def load_gpu_file(path) -> Hardware:
+    """The GPU a YAML file describes (module docstring): a catalog entry (`base`, or the one
+    of `spec.gpu_name`) with what the file gives in its place."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"--gpu {path}: no such file (a GPU file: stepgap's fields, or "
+                        "LLMServingSim's hardware.yaml; or a catalog entry: "
+                        f"{', '.join(CATALOG)})")
+    doc = read_yaml(path, WHAT)
+    spec = _mapping(path, doc, "spec")
+    base_name = doc.get("base") or catalog_entry(str(spec.get("gpu_name") or ""))
+    if base_name is not None and base_name not in CATALOG:
+        raise UserError(f"{where(path, field='base')}: unknown catalog entry {base_name!r} "
+                        f"(known: {', '.join(CATALOG)})")
+    base = CATALOG.get(base_name)
+    values = {f.name: getattr(base, f.name) for f in base.__dataclass_fields__.values()} \
+        if base is not None else {"kind": "gpu", "fp8_flops": 0.0, "gpus_per_node": 8,
+                                  "interconnect": None, **DEFAULTS}
+    taken = []
+    if spec.get("memory_total_gib") is not None:
+        values["mem_bytes"] = _number(path, "spec.memory_total_gib",
+                                      spec["memory_total_gib"]) * GIB
+        taken.append(f"memory {spec['memory_total_gib']} GiB")
+    if spec.get("memory_bw_gbps") is not None:
+        values["mem_bw"] = _number(path, "spec.memory_bw_gbps", spec["memory_bw_gbps"]) * GB
+        taken.append(f"memory bandwidth {spec['memory_bw_gbps']} GB/s")
+    for key, (field, unit) in FIELDS.items():
+        if doc.get(key) is not None:
+            values[field] = _number(path, key, doc[key],
+                                    zero=field in ("kernel_us", "d2h_us", "fp8_flops")) * unit
+            taken.append(f"{key} {doc[key]}")
+    for field, key in REQUIRED.items():
+        if field not in values:
+            why = f"spec.gpu_name {spec['gpu_name']!r} is not in the catalog" \
+                if spec.get("gpu_name") else "the file names no catalog entry (base)"
+            raise UserError(f"{where(path, field=key)}: missing ({why}: give {key}, or base: a "
+                            "catalog entry to start from)")
+    if doc.get("interconnect") is not None:
+        values["interconnect"] = _interconnect(path, doc["interconnect"])
+    model = values["interconnect"]
+    link = load_collectives(path, model.fully_connected if model is not None else False,
+                            model.p2p if model is not None else True, doc)
+    if link is not None:
+        values["interconnect"] = link
+    values["name"] = str(doc.get("name") or doc.get("hardware") or path.stem)
+    values["source"] = str(doc.get("source") or "") or (
+        f"{path}" + (f": {', '.join(taken)}" if taken else "")
+        + (f"; the rest from the catalog's {base_name} ({base.source})" if base is not None
+           else "; efficiencies and per-kernel costs: the catalog's GPU defaults"))
+    values["device_names"] = (str(spec["gpu_name"]),) if spec.get("gpu_name") else ()
+    return Hardware(**values)
+
+
+def load_gpu(name: str) -> Hardware:
+    """`--gpu`: a catalog entry by name, or the GPU a YAML file describes."""
+    return load_gpu_file(name) if is_gpu_file(name) else get_hardware(name)
+
+
+def collectives_beside(bundle: Path, label: str) -> Path | None:
+    """The hardware.yaml of a perf bundle's GPU, where LLMServingSim keeps it:
+    profiler/perf/<label>/hardware.yaml, above the bundle's <model>/<variant> folders."""
+    for folder in bundle.resolve().parents:
+        if folder.name == label and (folder / "hardware.yaml").is_file():
+            return folder / "hardware.yaml"
+        if folder.name == "perf":
+            break
+    return None
+
+
+def with_link(hw: Hardware, link: MeasuredLink) -> Hardware:
+    """`hw` with measured collectives in place of its interconnect model (which says whether
+    its GPUs are fully connected and have peer access, for vLLM's choice of all-reduce)."""
+    model = hw.interconnect
+    if model is not None and not isinstance(model, MeasuredLink):
+        link = replace(link, fully_connected=model.fully_connected, p2p=model.p2p)
+    return replace(hw, interconnect=link)
