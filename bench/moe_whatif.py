@@ -1,6 +1,6 @@
 """What the MoE and MTP tables, data parallelism and expert parallelism change (issue 40).
 
-    python bench/moe_whatif.py                      # 19 runs, one markdown table
+    python bench/moe_whatif.py                      # 21 runs, one markdown table
 
 DeepSeek-V3's shapes (`--model deepseek-v3`: 61 layers, MLA, 256 experts of 2048 + 1 shared,
 top-8, FP8, one MTP layer; DeepSeek-V3.2-Exp has the same, plus its sparse-attention indexer,
@@ -12,8 +12,12 @@ the rest, or with the roofline alone. The load: 600 ShareGPT-like requests at 20
 measurement, 0.882), vLLM's --max-num-batched-tokens 2048 per engine core. The weights do not
 fit the cards (about 97 GB a GPU at DP 8 + EP 8): every run takes --num-gpu-blocks-override
 8000 (128,000 tokens of KV per engine core), so this is a study of the step loop's costs, not
-of a deployment. Prints one markdown table: mean TPOT and TTFT, median ITL, output tokens/s,
-the share of the MoE tables' lookups past their 2,048-token grid, and the dummy forwards.
+of a deployment. The last two runs take two of the GPUs (DP 2 + EP 2), their MoE layers'
+dispatch and combine priced from the pair's measured collectives (LLMServingSim's
+profiler/perf/RTXPRO6000/hardware.yaml, found beside the bundle) or, with the bundle copied
+away from it, from the interconnect model. Prints one markdown table: mean TPOT and TTFT,
+median ITL, output tokens/s, the share of the MoE tables' lookups past their 2,048-token grid,
+and the dummy forwards.
 """
 
 from __future__ import annotations
@@ -37,9 +41,10 @@ BASE = dict(model="deepseek-v3", gpu="rtxpro6000", method="mtp", k=1, mode="asyn
             max_num_batched_tokens=2048, num_gpu_blocks_override=8000)
 
 
-def scenarios(no_mtp: Path) -> list[tuple[str, dict]]:
+def scenarios(no_mtp: Path, unmeasured: Path) -> list[tuple[str, dict]]:
     t = str(TABLES)
     ep8 = dict(data_parallel_size=8, enable_expert_parallel=True)
+    ep2 = dict(data_parallel_size=2, enable_expert_parallel=True)
     return [
         ("DP 8 + EP 8, MoE and MTP from tables", {**ep8, "device_profile": t}),
         ("DP 8 + EP 8, roofline", ep8),
@@ -59,6 +64,10 @@ def scenarios(no_mtp: Path) -> list[tuple[str, dict]]:
            {**ep8, "device_profile": t, "mode": mode, "k": k})
           for k in (0, 1, 2) for mode in ("sync", "async", "zero-bubble")],
         ("DP 8 + EP 8, roofline, sync, k=1", {**ep8, "mode": "sync"}),
+        # two of the eight GPUs: the pair's measured collectives (hardware.yaml beside the
+        # bundle, over 2 GPUs) price the dispatch and combine, or the interconnect model does
+        ("DP 2 + EP 2, tables, collectives measured", {**ep2, "device_profile": t}),
+        ("DP 2 + EP 2, tables, collectives modelled", {**ep2, "device_profile": str(unmeasured)}),
     ]
 
 
@@ -81,10 +90,12 @@ def main() -> int:
         no_mtp = Path(tmp) / "fp8"   # the same bundle without its mtp.csv
         shutil.copytree(TABLES, no_mtp)
         (no_mtp / "tp1" / "mtp.csv").unlink()
+        unmeasured = Path(tmp) / "whole" / "fp8"   # the same bundle away from hardware.yaml
+        shutil.copytree(TABLES, unmeasured)
         print("| scenario | mean TPOT ms | mean TTFT ms | median ITL ms | output tok/s | "
               "MoE row counts past the grid | dummy forwards |")
         print("|---|---|---|---|---|---|---|")
-        for i, (name, settings) in enumerate(scenarios(no_mtp)):
+        for i, (name, settings) in enumerate(scenarios(no_mtp, unmeasured)):
             if args.only and str(i) not in args.only:
                 continue
             res, _ = simulate(SimConfig(**{**BASE, **settings}))
