@@ -22,8 +22,12 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	$(PY) -m stepgap demo
 
+# On every core (pytest-xdist; tests that share a costly fixture run on one worker, see
+# tests/conftest.py), in an order pytest-randomly shuffles (its seed is in the header), and
+# the ten slowest tests named at the end. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= auto
 test: install
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadgroup --durations=10
 
 bench: install
 	$(PY) -m pytest -q -m slow

@@ -271,14 +271,21 @@ def load_known_misses(folder, metrics: tuple[str, ...] | None = None, name: str 
     if not path.is_file():
         return {}
     doc = read_toml(path)
+    entries = doc.get("miss", [])
+    if not isinstance(entries, list):
+        raise UserError(f"{where(path, field='miss')}: expected [[miss]] tables, got "
+                        f"{entries!r}")
     out = {}
-    for n, d in enumerate(doc.get("miss", [])):
+    for n, d in enumerate(entries):
         src = where(path, field=f"miss[{n}]")
         try:
             m = KnownMiss(str(d["cell"]), str(d["metric"]), float(d["error"]), float(d["cap"]),
                           str(d["reason"]).strip())
         except (KeyError, TypeError, ValueError):
             raise UserError(f"{src}: expected cell, metric, error, cap and reason") from None
+        bad = next((k for k in ("error", "cap") if not math.isfinite(getattr(m, k))), None)
+        if bad:
+            raise UserError(f"{src}.{bad}: expected a finite fraction, got {d[bad]!r}")
         if m.metric not in metrics:
             raise UserError(f"{src}: metric {m.metric!r} (expected one of "
                             f"{', '.join(metrics)})")

@@ -199,6 +199,7 @@ def command_line(name: str) -> str:
 
 def cmd_validate(args) -> int:
     from stepgap.calibrate.harness import run_plan
+    from stepgap.calibrate.judge import MISSES_FILE, SYNC_ONLY_MISSES, load_known_misses
     from stepgap.calibrate.measured import load_measured, write_measured
     from stepgap.calibrate.report import write_report
     from stepgap.common.fileio import check_writable
@@ -210,6 +211,8 @@ def cmd_validate(args) -> int:
         if not src.is_dir():
             raise UserError(f"--from-measured {src}: not a folder")
         load_measured(src)   # what is wrong with the folder is named there, before a copy
+        for name in (MISSES_FILE, SYNC_ONLY_MISSES):   # and its known misses, as the user
+            load_known_misses(src, name=name)           # wrote them (not the --out copy)
         if src.resolve() != out.resolve():
             copy_measured(src, out)
         write_report(out, command, args.quiet)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator
 from statistics import NormalDist
 
 import numpy as np
@@ -202,7 +201,10 @@ class Acceptance:
             check_replay(requests, k)
         self.recorded = {r.request_id: r.accepted for r in requests
                          if replay and r.accepted is not None}
-        self._state: dict[str, Iterator[int]] = {}   # request id -> its counts, in order
+        # request id -> [counts, next index, its generator, its rates, the id]: the recorded
+        # counts first, then its own stream, BLOCK steps at a time (a list and an index: the
+        # simulator draws one per request per step)
+        self._state: dict[str, list] = {}
 
     def rates_for(self, request_id: str) -> np.ndarray:
         """The conditional rates of one request, after its quality shift."""
@@ -210,22 +212,28 @@ class Acceptance:
         return np.array([c if c <= 0.0 or c >= 1.0 or z == 0.0 else
                          1.0 / (1.0 + math.exp(-(_logit(c) + z))) for c in self.cond])
 
-    def _counts(self, request_id: str) -> Iterator[int]:
-        """One request's accepted counts: the recorded ones, then draws from its own stream,
-        BLOCK steps at a time."""
-        yield from self.recorded.get(request_id, ())
-        rng = np.random.default_rng([self.seed, 1, self.index[request_id]])
-        rates = self.rates_for(request_id)
-        while True:
-            hits = rng.random((self.BLOCK, self.k)) < rates
-            yield from np.cumprod(hits, axis=1).sum(axis=1).tolist()
+    def _draw(self, state: list) -> list[int]:
+        """The next BLOCK counts of a request's own stream."""
+        if state[2] is None:
+            rid = state[4]
+            state[2] = np.random.default_rng([self.seed, 1, self.index[rid]])
+            state[3] = self.rates_for(rid)
+        hits = state[2].random((self.BLOCK, self.k)) < state[3]
+        return np.cumprod(hits, axis=1).sum(axis=1).tolist()
 
     def next(self, request_id: str, num_drafts: int) -> int:
         """Accepted count of this request's next decode step that verified `num_drafts`."""
-        counts = self._state.get(request_id)
-        if counts is None:
-            counts = self._state[request_id] = self._counts(request_id)
-        n = next(counts)
+        state = self._state.get(request_id)
+        if state is None:
+            recorded = self.recorded.get(request_id)
+            state = self._state[request_id] = [list(recorded) if recorded else [], 0, None,
+                                               None, request_id]
+        counts, i = state[0], state[1]
+        if i == len(counts):
+            counts = state[0] = self._draw(state)
+            i = 0
+        state[1] = i + 1
+        n = counts[i]
         return n if n < num_drafts else num_drafts
 
     def finished(self, request_id: str) -> None:

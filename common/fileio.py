@@ -11,7 +11,9 @@ found before a measurement, not after it. Errors name the path (docs/robustness.
 
 from __future__ import annotations
 
+import errno
 import gzip
+import io
 import json
 import math
 import os
@@ -19,10 +21,12 @@ import re
 import stat
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Iterator
 
 from stepgap.common.errors import UserError
+from stepgap.common.limits import MAX_DECOMPRESSED_BYTES
 
 try:
     import tomllib
@@ -38,14 +42,43 @@ os.umask(_UMASK)
 # Reading
 
 
+def not_a_file(path) -> str | None:
+    """Why `path` (links followed) is no file to read, or None when it is one: it is missing, a
+    folder, a FIFO or a device (a read would block, or never end), or a link that loops."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "not found"
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symbolic link that loops"
+        return f"cannot read ({e.strerror})"
+    if stat.S_ISREG(st.st_mode):
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        return "is a folder, not a file"
+    kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) \
+        else "a device"
+    return f"{kind}, not a regular file"
+
+
+def check_file(path, what: str = "file") -> Path:
+    """`path` if it is a file to read; else one line naming it (`what`: "trace file", ...)."""
+    why = not_a_file(path)
+    if why == "not found":
+        raise UserError(f"{path}: {what} not found")
+    if why:
+        raise UserError(f"{path}: {why}")
+    return Path(path)
+
+
 def read_bytes(path) -> bytes:
     path = Path(path)
+    why = not_a_file(path)
+    if why:
+        raise UserError(f"{path}: {why}")
     try:
         return path.read_bytes()
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a folder, not a file") from None
-    except FileNotFoundError:
-        raise UserError(f"{path}: not found") from None
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror})") from None
 
@@ -58,14 +91,30 @@ def decode_text(data: bytes, source) -> str:
         raise UserError(f"{source}: not UTF-8 text (byte {e.start})") from None
 
 
+def gunzip(data: bytes, source) -> bytes:
+    """gzip-compressed `data`, decompressed a piece at a time up to MAX_DECOMPRESSED_BYTES
+    (common/limits.py): a gzip bomb (gigabytes of zeros packed into megabytes) is named when it
+    passes the limit, never inflated whole into the memory."""
+    pieces, total = [], 0
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+            while piece := f.read(1 << 20):
+                total += len(piece)
+                if total > MAX_DECOMPRESSED_BYTES:
+                    raise UserError(f"{source}: decompresses to more than "
+                                    f"{MAX_DECOMPRESSED_BYTES >> 20} MiB (a gzip bomb?); "
+                                    "stepgap reads no larger input")
+                pieces.append(piece)
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error):
+        raise UserError(f"{source}: not a gzip file (or a truncated one)") from None
+    return b"".join(pieces)
+
+
 def read_text(path) -> str:
-    """A file's UTF-8 text; a `.gz` file is decompressed first."""
+    """A file's UTF-8 text; a `.gz` file is decompressed first (`gunzip`)."""
     data = read_bytes(path)
     if str(path).endswith(".gz"):
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, gzip.BadGzipFile):
-            raise UserError(f"{path}: not a gzip file (or a truncated one)") from None
+        data = gunzip(data, path)
     return decode_text(data, path)
 
 
@@ -162,6 +211,8 @@ def check_writable(path, option: str, folder: bool = False) -> Path:
     folder is not writable, or its disk is full. Creates nothing."""
     path = Path(path)
     what = f"{option} {path}"
+    if path.is_symlink() and not_a_file(path) == "a symbolic link that loops":
+        raise UserError(f"{what}: a symbolic link that loops; nothing can be written through it")
     if folder:
         if path.exists() and not path.is_dir():
             raise UserError(f"{what}: is a file, not a folder")
@@ -201,11 +252,37 @@ def check_distinct(outputs) -> None:
         seen[key] = (option, path)
 
 
+def check_not_input(outputs, inputs) -> None:
+    """No output overwrites an input of the same command: `--timeline` naming the `--trace`,
+    a `--result-json` linking to it, `serve --result-json` naming the model's config.json.
+    `outputs` and `inputs`: (option, path) pairs, None paths skipped. Only an output that exists
+    can be an input; one inside an input folder (a checkpoint, a measured folder) is refused
+    too, as the command may read it. Links and hard links are seen through."""
+    for option, out in outputs:
+        if out is None or not os.path.isfile(out):
+            continue
+        for source, src in inputs:
+            if src is None or not os.path.exists(src):
+                continue
+            if os.path.isdir(src):
+                clash = os.path.realpath(out).startswith(os.path.realpath(src) + os.sep)
+                what = "a file in"
+            else:
+                clash = os.path.samefile(out, src)
+                what = "the same file as"
+            if clash:
+                raise UserError(f"{option} {out}: {what} the input {source} {src}, which the "
+                                "output would overwrite; give the output another path")
+
+
 def write_bytes(path, data: bytes) -> None:
     """Write atomically: a temporary file in the same folder, then a rename over `path`."""
     path = Path(path)
     if path.is_symlink():
-        path = path.resolve()   # write through the link, keep it
+        try:
+            path = path.resolve()   # write through the link, keep it
+        except (OSError, RuntimeError):   # RuntimeError: a link that loops (Python < 3.13)
+            raise UserError(f"{path}: cannot write (a symbolic link that loops)") from None
     if path.exists() and not stat.S_ISREG(path.stat().st_mode):
         what = "a folder" if path.is_dir() else "not a regular file"
         raise UserError(f"{path}: cannot write ({what})")

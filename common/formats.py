@@ -18,8 +18,8 @@ from typing import Iterable, NamedTuple
 import numpy as np
 
 from stepgap.common.errors import UserError, where
-from stepgap.common.limits import is_finite, is_int, is_number
-from stepgap.common.fileio import (NONFINITE, dumps_json, json_lines, read_json_object,
+from stepgap.common.limits import MAX_ARRIVAL_S, is_finite, is_int, is_number
+from stepgap.common.fileio import (NONFINITE, check_file, dumps_json, json_lines, read_json_object,
                                    write_json, write_text)
 
 MODES = ("sync", "async", "zero-bubble")
@@ -53,9 +53,6 @@ VLLM_OPS = (("cpu.frontend", "add_request"), ("cpu.frontend", "process_outputs")
 SIM_ONLY_OPS = ("propose", "broadcast", "collect")
 PERCENTILES = (99,)
 METRICS = ("ttft", "tpot", "itl", "e2el")
-# Past these a trace's value is a typo, not a workload: an arrival after 1e6 s (11.6 days) would
-# have the engine sleep that long and the simulator's clock lose its microseconds.
-MAX_ARRIVAL_S = 1e6
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,8 +128,7 @@ def parse_trace_line(obj, path, lineno) -> TraceRequest:
 def load_trace(path) -> list[TraceRequest]:
     """Read a workload trace (JSON lines). Blank lines are skipped."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: trace file not found")
+    check_file(path, "trace file")
     requests, seen = [], {}
     for lineno, obj in json_lines(path):
         req = parse_trace_line(obj, path, lineno)
@@ -211,8 +207,7 @@ def parse_span(d, path, lineno) -> Span:
 
 def load_timeline(path) -> list[Span]:
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: timeline file not found")
+    check_file(path, "timeline file")
     return [parse_span(d, path, lineno) for lineno, d in json_lines(path)]
 
 
@@ -485,8 +480,7 @@ def load_result(path) -> dict:
     Missing `step_gaps`, `spec_decode` and `config` are tolerated (vLLM does not write them).
     """
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: result file not found")
+    check_file(path, "result file")
     res = check_result(read_json_object(path, "a run result"), path)
     if res.get("step_gaps") is None:
         res["step_gaps"] = {"count": 0}

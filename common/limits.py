@@ -13,11 +13,28 @@ import math
 MAX_US = 1e9              # an op's cost or a latency in microseconds: 1000 s
 MAX_MS = MAX_US / 1e3     # the same in milliseconds
 MAX_SCALE = 1e6           # a multiplier of every cost (--cpu-scale, --speed)
+MIN_SPEED = 1 / MAX_SCALE # the machine's level (--speed): 1e-300 would make every cost 0
 MAX_SPREAD = 100.0        # a logit-scale spread of acceptance
 MAX_SKEW = 10.0           # the Zipf exponent of MoE routing (at 10 the top-k experts take
                           # nearly every token: 64 tokens touch 12 of 128 at top-8)
 MAX_K = 64                # draft tokens per step
 MAX_PROMPTS = 1_000_000   # requests of one run
+# An arrival after 1e6 s (11.6 days) would have the engine sleep that long and the simulator's
+# clock lose its microseconds: a trace's arrival_s, and num_prompts / --request-rate, the last
+# arrival of a rate (1e-20 req/s: a client whose hold rounds to 0 and spins forever).
+MAX_ARRIVAL_S = 1e6
+# The gamma shape of inter-arrival times (--burstiness): below 0.01 its draws underflow to 0
+# (at 1e-3, 34 of 80 intervals; at 1e-6 every one), so every request would arrive at once.
+MIN_BURSTINESS = 0.01
+# Prompt tokens a generated workload may hold (common/workloads.py, whose generators hold them as
+# Python lists: at this limit 0.57 GB where prompts share prefixes, 1.99 GB where none do,
+# measured), so that sessions x turns or prompts
+# x prefix length are refused before they are built (gsp's defaults hold 1.8 million).
+MAX_WORKLOAD_TOKENS = 50_000_000
+# What a .gz input may decompress to (common/fileio.py gunzip): 1 GiB, 75 times the largest
+# input read so far (a vLLM torch-profiler trace of a CPU benchmark run, 13 MB), and what a
+# 4 GB machine can still hold while it reads it. A gzip bomb (3 GB of zeros in 3 MB) stops there.
+MAX_DECOMPRESSED_BYTES = 1 << 30
 
 
 def is_int(v) -> bool:
@@ -33,3 +50,13 @@ def is_number(v) -> bool:
 def is_finite(v) -> bool:
     """A number that is neither inf nor NaN."""
     return is_number(v) and math.isfinite(v)
+
+# `stepgap serve`'s HTTP edge (engine/api_server.py), checked before a body is parsed or a prompt
+# tokenized. A request line and headers up to vLLM's h11 limit (H11_MAX_INCOMPLETE_EVENT_SIZE,
+# 4 MiB) are read, and a URL past MAX_URL_BYTES is then a 414 (the API takes no query); a body
+# past MAX_BODY_BYTES is a 413 before it is read: the longest context a served model has, 128k
+# tokens, is a body of about 0.5 MB as text and 1 MB as token ids (a 100 MB prompt aborted the
+# server; 10-21 MB ones held its event loop for 34-61 s).
+MAX_HTTP_HEAD_BYTES = 4 << 20
+MAX_URL_BYTES = 8 << 10
+MAX_BODY_BYTES = 16 << 20

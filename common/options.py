@@ -37,7 +37,7 @@ from pathlib import Path
 from stepgap.common.drafters import SPEC_METHODS
 from stepgap.common.errors import UserError
 from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES
-from stepgap.common.limits import MAX_K, MAX_PROMPTS, is_int
+from stepgap.common.limits import MAX_K, MAX_PROMPTS, MIN_BURSTINESS, is_int
 
 # vLLM's --distributed-executor-backend: one process (the worker inline) or a worker process.
 EXECUTOR_BACKENDS = {"uni": "inline", "mp": "process"}
@@ -97,6 +97,17 @@ def at_most(parse, hi: float):
         v = parse(text)
         if v > hi:
             raise argparse.ArgumentTypeError(f"must be at most {hi:g}, got {text}")
+        return v
+    bounded.__name__ = parse.__name__
+    return bounded
+
+
+def at_least(parse, lo: float):
+    """The parser `parse`, refusing values below `lo` (common/limits.py)."""
+    def bounded(text: str):
+        v = parse(text)
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be at least {lo:g}, got {text}")
         return v
     bounded.__name__ = parse.__name__
     return bounded
@@ -269,7 +280,9 @@ def add_scheduler_args(p, defaults=None, blocks_help: str = ""):
     return g
 
 
-def add_load_args(p, default_workload: str = "mtbench"):
+def add_load_args(p, default_workload: str = "mtbench", many: bool = False):
+    """The workload and the load; `many`: --request-rate and --max-concurrency take lists of
+    load points (stepgap advise), as VALUES or V1,V2,... (`load_list` reads them)."""
     from stepgap.common.datasets import MODELLED
     from stepgap.common.workloads import BUILTIN
     g = p.add_argument_group("workload and load (as `vllm bench serve`)")
@@ -297,15 +310,25 @@ def add_load_args(p, default_workload: str = "mtbench"):
                         "1000 for vLLM's datasets as vLLM)")
     g.add_argument("--output-len", type=positive_int, default=None,
                    help="override every request's output length (tokens; ignore_eos)")
-    g.add_argument("--request-rate", type=rate_arg, default=None, metavar="RPS",
-                   help="requests per second, or inf to send all at once; default: the trace's "
-                        "own arrival times (built-in workloads: inf)")
-    g.add_argument("--burstiness", type=rate_arg, default=None,
+    if many:
+        g.add_argument("--request-rate", nargs="+", action="extend", default=None,
+                       metavar="RPS", help="the request rates to judge (requests per second, or "
+                       "inf), e.g. 2 4 8 or 2,4,8; with --max-concurrency, every pair")
+    else:
+        g.add_argument("--request-rate", type=rate_arg, default=None, metavar="RPS",
+                       help="requests per second, or inf to send all at once; default: the "
+                            "trace's own arrival times (built-in workloads: inf)")
+    g.add_argument("--burstiness", type=at_least(rate_arg, MIN_BURSTINESS), default=None,
                    help="gamma shape of inter-arrival times: 1 is Poisson, <1 burstier, "
-                        ">1 more uniform (default 1)")
-    g.add_argument("--max-concurrency", type=positive_int, default=None,
-                   help="most requests in flight at once, as the benchmark client's semaphore "
-                        "(default: unlimited)")
+                        f">1 more uniform; at least {MIN_BURSTINESS:g} (default 1)")
+    if many:
+        g.add_argument("--max-concurrency", nargs="+", action="extend", default=None,
+                       metavar="N", help="the concurrencies to judge, e.g. 1 2 4 8 16 32 or "
+                       "1,2,4,8,16,32 (the benchmark client's semaphore)")
+    else:
+        g.add_argument("--max-concurrency", type=positive_int, default=None,
+                       help="most requests in flight at once, as the benchmark client's "
+                            "semaphore (default: unlimited)")
     g.add_argument("--seed", type=nonneg_int, default=None, help="seed for workloads, arrivals "
                    "and sampling (default 0, as vLLM: the same seed draws vLLM's random lengths)")
     g.add_argument("--ignore-eos", action="store_true",
@@ -325,6 +348,23 @@ def add_load_args(p, default_workload: str = "mtbench"):
                         "this fraction (0 to 1) of each prompt, keeping the prompt's length "
                         "(its prefix and suffix lengths' sum); a sweep axis as shared_fraction")
     return g
+
+
+def load_list(option: str, words: list[str] | None, parse) -> list | None:
+    """A list of load points from the words given to `option` (each VALUE or V1,V2,...),
+    parsed by `parse` (rate_arg, positive_int); None when the option was not given."""
+    if words is None:
+        return None
+    values = []
+    for word in words:
+        for text in filter(None, (t.strip() for t in word.split(","))):
+            try:
+                values.append(parse(text))
+            except argparse.ArgumentTypeError as e:
+                raise UserError(f"{option} {text!r}: {e}") from None
+    if not values:
+        raise UserError(f"{option}: the load list is empty; give at least one value")
+    return list(dict.fromkeys(values))
 
 
 def ratio_arg(text: str) -> float:
@@ -360,7 +400,8 @@ WORKLOAD_FLAGS = (
     ("--gsp-prompts-per-group", "prompts_per_group", "generated-shared-prefix: questions per "
                                                      "system prompt (default 16)"),
     ("--gsp-system-prompt-len", "system_prompt_len", "generated-shared-prefix: tokens of a "
-                                                     "system prompt (default 2048)"),
+                                                     "system prompt (default 1664; SGLang's 2048 needs "
+                                                     "--max-model-len 2432)"),
     ("--gsp-question-len", "question_len", "generated-shared-prefix: tokens of a question "
                                            "(default 128)"),
     ("--gsp-output-len", "output_len", "generated-shared-prefix: output tokens (default 256)"),
@@ -549,12 +590,13 @@ def check_outputs(args, result, timeline=(), chrome: str | None = None) -> None:
     (`timeline`: those paths, in that order), a Chrome trace of its own (`chrome`). Each is a
     file of its own (common/fileio.py check_distinct: two options naming one file would lose
     one) and can be written (check_writable)."""
-    from stepgap.common.fileio import check_distinct, check_writable
+    from stepgap.common.fileio import check_distinct, check_not_input, check_writable
     outputs = [("--result-json" if getattr(args, "result_json", None) else "--save-result",
                 result),
                *zip(("--timeline", "--timeline's Chrome trace"), timeline or ()),
                ("--chrome-trace", chrome)]
     check_distinct(outputs)
+    check_not_input(outputs, getattr(args, "input_paths", ()))   # (stepgap/cli.py gathers them)
     for option, path in outputs:
         if path is not None:
             check_writable(path, option)

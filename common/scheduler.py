@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from stepgap.common.errors import UserError
 from stepgap.common.limits import is_int
 
+BLOCK_SIZE = 16   # tokens per KV block by default, as vLLM's
+
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
 
 
@@ -106,7 +108,7 @@ class SchedulerOutput:
 @dataclass(slots=True)
 class SchedulerConfig:
     num_blocks: int
-    block_size: int = 16
+    block_size: int = BLOCK_SIZE
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int = 2048
@@ -207,21 +209,20 @@ class BlockPool:
             if key is not None:   # evicted: handed out again
                 del self.cached[key]
             ids.append(bid)
-        for bid in ids:
-            self.refs[bid] = 1
+        self.refs.update(dict.fromkeys(ids, 1))
         return ids
 
     def free(self, ids: list[int]) -> None:
         if not self.caching:
             self.free_ids.extend(ids)
             return
+        refs, free_ids = self.refs, self.free_ids
         for bid in reversed(ids):   # the tail first: a request's prefix is evicted last
-            n = self.refs[bid] - 1
+            n = refs.pop(bid) - 1
             if n:
-                self.refs[bid] = n
+                refs[bid] = n
             else:
-                del self.refs[bid]
-                self.free_ids[bid] = None
+                free_ids[bid] = None
 
     def touch(self, ids: list[int]) -> None:
         """Another holder for each (cached) block; a free one leaves the free list."""
@@ -314,11 +315,9 @@ class Scheduler:
             keys.append(hash((keys[-1] if keys else None, tuple(tokens[i * bs:(i + 1) * bs]))))
         return keys
 
-    def _cache_blocks(self, req: Request) -> None:
-        """Make the blocks filled by known tokens findable (vLLM caches at schedule time)."""
-        full = min(req.num_computed_tokens, req.num_tokens) // self.cfg.block_size
-        if full <= req.num_cached_blocks:
-            return
+    def _cache_blocks(self, req: Request, full: int) -> None:
+        """Make the request's first `full` blocks, filled by known tokens, findable (vLLM
+        caches at schedule time; `_take` calls this when it has new full blocks)."""
         pool, keys = self.pool, self._keys(req, full)
         for i in range(req.num_cached_blocks, full):
             bid = req.block_ids[i]
@@ -330,6 +329,8 @@ class Scheduler:
     def _cache_hit(self, req: Request) -> list[int]:
         """The cached blocks of the request's longest cached prefix, at most num_tokens - 1
         tokens (its last token is always computed, for its logits)."""
+        if req.prompt_token_ids is None and not req.num_preemptions:
+            return []   # its blocks are known by its id: none was cached before it first ran
         most = (req.num_tokens - 1) // self.cfg.block_size
         cached, hit = self.pool.cached, []
         for key in self._keys(req, most)[:most]:
@@ -354,14 +355,17 @@ class Scheduler:
         """Count a scheduled chunk into the request's state (vLLM's _update_after_schedule)."""
         start = req.num_computed_tokens
         end = start + num_new
-        known = req.num_prompt_tokens + len(req.output_token_ids) + req.num_output_placeholders
+        tokens = req.num_prompt_tokens + len(req.output_token_ids)
+        known = tokens + req.num_output_placeholders
         num_spec = 0
         if end > known:   # the chunk reaches past the known tokens: drafts are verified
             num_spec = req.num_spec_tokens if req.num_spec_tokens < end - known else end - known
         samples = end >= known
         req.num_computed_tokens = end
-        if self.caching:
-            self._cache_blocks(req)
+        if self.caching:   # the blocks now full of known tokens (inline: every request, step)
+            full = (end if end < tokens else tokens) // self.cfg.block_size
+            if full > req.num_cached_blocks:
+                self._cache_blocks(req, full)
         if self.cfg.async_scheduling and samples:
             req.num_output_placeholders += 1 + num_spec
             req.num_spec_tokens = self.k

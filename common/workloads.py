@@ -28,6 +28,8 @@ import numpy as np
 
 from stepgap.common.errors import UserError
 from stepgap.common.formats import TraceRequest, load_trace
+from stepgap.common.limits import (MAX_ARRIVAL_S, MAX_PROMPTS, MAX_WORKLOAD_TOKENS,
+                                   MIN_BURSTINESS)
 
 # MT-bench first-turn prompts per category, in Llama-3 tokens after the Llama-3.1 chat template
 # (its system header with the knowledge and current dates adds about 36 tokens): means of the
@@ -85,17 +87,39 @@ def _tokens(rng, n: int, vocab_size: int) -> list[int]:
     return rng.integers(0, vocab_size, n).tolist()
 
 
+def check_size(name: str, requests: int, tokens: int, how: str) -> None:
+    """A generated workload of `requests` prompts holding `tokens` tokens in all, refused
+    before it is built when it passes MAX_PROMPTS or MAX_WORKLOAD_TOKENS (common/limits.py):
+    its size is a product of parameters each within bounds (sessions x turns), which would
+    fill the memory. `how` says the product."""
+    if requests > MAX_PROMPTS:
+        raise UserError(f"workload {name}: {how} = {requests:,} requests, more than "
+                        f"{MAX_PROMPTS:,}; give --num-prompts, or smaller parameters")
+    if tokens > MAX_WORKLOAD_TOKENS:
+        raise UserError(f"workload {name}: its {requests:,} prompts hold {tokens:,} tokens, more "
+                        f"than {MAX_WORKLOAD_TOKENS:,}; give fewer prompts (--num-prompts) or "
+                        "shorter ones")
+
+
 def _shared_groups(rng, name: str, groups: int, per: int, prefix_len: int, suffix_len: int,
-                   output_len: int, vocab_size: int) -> list[TraceRequest]:
+                   output_len: int, vocab_size: int, limit: int | None = None
+                   ) -> list[TraceRequest]:
     """`groups` random prefixes, each followed by `per` random suffixes of its own, group after
-    group (the random draws in that order): name-g-j."""
+    group (the random draws in that order): name-g-j; the first `limit` of them (built lazily:
+    the draws of those kept are the same)."""
     if prefix_len + suffix_len < 1:
         raise UserError("a workload of empty prompts: the shared prefix and each prompt's own "
                         "part are both 0 tokens long")
+    n = groups * per if limit is None else min(limit, groups * per)
+    workload, product = {"gsp": ("generated-shared-prefix", "num_groups x prompts_per_group"),
+                         "prefix": ("prefix_repetition", "num_prefixes x prompts each")}[name]
+    check_size(workload, n, n * (prefix_len + suffix_len), product)
     reqs = []
     for g in range(groups):
         prefix = _tokens(rng, prefix_len, vocab_size)
         for j in range(per):
+            if len(reqs) == n:
+                return reqs
             ids = prefix + _tokens(rng, suffix_len, vocab_size)
             reqs.append(TraceRequest(f"{name}-{g}-{j}", 0.0, len(ids), output_len, ids))
     return reqs
@@ -120,14 +144,15 @@ def prefix_repetition(num_prompts: int = 100, output_len: int = 128, seed: int =
 
 def generated_shared_prefix(num_prompts: int | None = None, output_len: int = 256,
                             seed: int = 0, num_groups: int = 64, prompts_per_group: int = 16,
-                            system_prompt_len: int = 2048, question_len: int = 128,
+                            system_prompt_len: int = 1664, question_len: int = 128,
                             vocab_size: int = DEFAULT_VOCAB) -> list[TraceRequest]:
     """SGLang's `--dataset-name generated-shared-prefix` (its gsp options): num_groups system
     prompts of system_prompt_len tokens, each followed by prompts_per_group questions of
-    question_len; num_prompts, when given, takes the first of them, group after group."""
-    reqs = _shared_groups(np.random.default_rng(seed), "gsp", num_groups, prompts_per_group,
-                          system_prompt_len, question_len, output_len, vocab_size)
-    return reqs[:num_prompts] if num_prompts is not None else reqs
+    question_len; num_prompts, when given, takes the first of them, group after group (and only
+    those are built). SGLang's system prompt is 2048 tokens; stepgap's default, 1664, makes the
+    default prompt (1792) and output (256) fit the default --max-model-len, 2048."""
+    return _shared_groups(np.random.default_rng(seed), "gsp", num_groups, prompts_per_group,
+                          system_prompt_len, question_len, output_len, vocab_size, num_prompts)
 
 
 def multi_turn(num_prompts: int | None = None, output_len: int = 64, seed: int = 0,
@@ -137,16 +162,25 @@ def multi_turn(num_prompts: int | None = None, output_len: int = 64, seed: int =
     user message of user_len tokens. A static trace cannot hold the model's own answer, so the
     answer is output_len tokens of the trace's own (the cached prefix a turn finds is the last
     turn's prompt, not its answer: a real client's reuse is that plus the answer). Turns in
-    order, session after session within each turn; num_prompts, when given, the first."""
+    order, session after session within each turn; num_prompts, when given, the first (and only
+    those are built, with the same draws)."""
+    n = sessions * turns if num_prompts is None else min(num_prompts, sessions * turns)
+    grow = output_len + user_len   # tokens a prompt gains each turn
+    full, part = divmod(n, sessions)
+    tokens = sessions * (full * first_len + grow * full * (full - 1) // 2) \
+        + part * (first_len + grow * full)
+    check_size("multi-turn", n, tokens, "sessions x turns")
     rng = np.random.default_rng(seed)
-    prompts = [_tokens(rng, first_len, vocab_size) for _ in range(sessions)]
+    prompts = [_tokens(rng, first_len, vocab_size) for _ in range(min(sessions, n))]
     reqs = []
     for t in range(turns):
         for s in range(sessions):
+            if len(reqs) == n:
+                return reqs
             reqs.append(TraceRequest(f"session-{s}-turn-{t}", 0.0, len(prompts[s]), output_len,
                                      list(prompts[s])))
-            prompts[s] = prompts[s] + _tokens(rng, output_len + user_len, vocab_size)
-    return reqs[:num_prompts] if num_prompts is not None else reqs
+            prompts[s] = prompts[s] + _tokens(rng, grow, vocab_size)
+    return reqs
 
 
 def hf_dataset(num_prompts: int = 1000, output_len: int = 256, seed: int = 0,
@@ -350,14 +384,26 @@ def cycle(reqs: list[TraceRequest], n: int) -> list[TraceRequest]:
     return out
 
 
+def last_arrival_problem(n: int, request_rate: float) -> str | None:
+    """What is wrong with sending `n` requests at `request_rate` (None: nothing): the last
+    would arrive after MAX_ARRIVAL_S (common/limits.py)."""
+    if n / request_rate <= MAX_ARRIVAL_S:
+        return None
+    return (f"sends the last of {n} requests at {n / request_rate:.3g} s, after "
+            f"{MAX_ARRIVAL_S:g} s; give a rate of at least {n / MAX_ARRIVAL_S:.3g} req/s")
+
+
 def arrival_times(n: int, request_rate: float, burstiness: float = 1.0,
                   seed: int = 0) -> list[float]:
     """Send times of `vllm bench serve`: gamma intervals (shape = burstiness, mean = 1/rate),
     rescaled so the last arrival is at n / rate. An infinite rate sends everything at once."""
     if not request_rate > 0:
         raise UserError(f"--request-rate must be > 0 (or inf), got {request_rate}")
-    if not burstiness > 0:
-        raise UserError(f"--burstiness must be > 0, got {burstiness}")
+    if not burstiness >= MIN_BURSTINESS:
+        raise UserError(f"--burstiness must be at least {MIN_BURSTINESS:g}, got {burstiness}")
+    why = last_arrival_problem(n, request_rate)
+    if why:
+        raise UserError(f"--request-rate {request_rate:g}: {why}")
     if math.isinf(request_rate):
         return [0.0] * n
     if math.isinf(burstiness):

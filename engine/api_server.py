@@ -28,6 +28,7 @@ timeline and result bracket exactly the benchmark's requests.
 from __future__ import annotations
 
 import asyncio
+import functools
 import multiprocessing as mp
 import os
 import sys
@@ -40,18 +41,29 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
+from stepgap.common.cpu_load import cpu_state
 from stepgap.common.errors import UserError
 from stepgap.common.formats import (RequestTiming, Span, SpecStats, run_result, save_chrome_trace,
                             save_result, save_timeline, step_gaps)
+from stepgap.common.limits import MAX_BODY_BYTES, MAX_HTTP_HEAD_BYTES, MAX_URL_BYTES
 from stepgap.engine.core_proc import engine_core_main
 from stepgap.engine.metrics import CONTENT_TYPE, Metrics
 from stepgap.engine.protocol import (SSE_DONE, APIError, ChatCompletionRequest, CompletionRequest,
-                             Shapes, check_sampling, completion_prompts, new_id, parse, sse,
-                             usage)
+                             Shapes, check_sampling, completion_prompts, message_text, new_id,
+                             parse, sse, usage)
 from stepgap.engine.tokenizer import Detokenizer, ServedTokenizer
 
 START_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 3.0
+# The watchdog (EngineClient.watch): an engine core that, with requests due, has sent nothing
+# while it and its worker used no CPU for this long is stuck (stopped, deadlocked) and is ended
+# as a dead one is: /health 503, its requests fail; a stopped one (SIGSTOP) is reported by
+# /health at once. A step of this engine is milliseconds; a loaded machine stalls a second.
+ENGINE_STUCK_S = 15.0
+WATCH_S = 1.0
+INLINE_CHARS = 1 << 16   # a text longer than this is tokenized off the event loop
+DRAIN_BYTES = 16 * MAX_BODY_BYTES   # a refused body is read (and dropped) up to this much, so
+                                    # that its client gets the 413 rather than a reset
 
 
 class EngineError(Exception):
@@ -107,6 +119,8 @@ class EngineClient:
         self.spec = (0, 0, 0, (0,) * self.cfg.k)   # the engine's cumulative counts
         self._dumps: dict[int, asyncio.Future] = {}
         self._next_dump = 0
+        self.heard = time.monotonic()       # the engine core's last message
+        self.save_error: str | None = None  # the recorded run could not be written at shutdown
         self.reset_window()
 
     # -- the engine core process --------------------------------------------------------------
@@ -146,9 +160,43 @@ class EngineClient:
         self.info = payload[0]
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Read the engine's messages from the event loop, as they come."""
+        """Read the engine's messages from the event loop, as they come; watch the engine."""
         self.loop = loop
         loop.add_reader(self.conn_out.fileno(), self._on_readable)
+        self._watch = loop.create_task(self.watch())
+
+    def _pids(self) -> list[int]:
+        pids = [self.info.get("engine_pid"), self.info.get("worker_pid")]
+        return list(dict.fromkeys(p for p in pids if p is not None))
+
+    def stopped(self) -> str | None:
+        """Which of the engine's processes is stopped (SIGSTOP, a debugger), if one is."""
+        for pid, who in zip(self._pids(), ("engine core", "worker")):
+            state = cpu_state(pid)
+            if state is not None and state[0] in "Tt":
+                return f"the {who} (pid {pid}) is stopped"
+        return None
+
+    async def watch(self) -> None:
+        """The watchdog: with requests due, an engine core that sends nothing while it and its
+        worker use no CPU for ENGINE_STUCK_S is stuck; it is killed and ended as a dead one
+        (its worker follows it), so that no request waits on it for ever."""
+        cpu, progress = None, time.monotonic()
+        while not self.dead and not self.stopping:
+            await asyncio.sleep(WATCH_S)
+            now = time.monotonic()
+            states = [cpu_state(p) for p in self._pids()]   # None where there is no /proc
+            used = sum(st[1] for st in states) if all(states) else None
+            if used != cpu or not self.subs:
+                progress = now
+            cpu, progress = used, max(progress, self.heard)
+            if now - progress > ENGINE_STUCK_S and not self.dead:
+                why = self.stopped() or "the engine core sent nothing and its processes used " \
+                    "no CPU"
+                if self.proc is not None and self.proc.is_alive():
+                    self.proc.kill()
+                self._on_dead(f"{why} for {ENGINE_STUCK_S:.0f} s while requests were due; "
+                              "it was ended (the server must be restarted)")
 
     def stop(self) -> None:
         """Stop the engine core: ask, then terminate, then kill. Idempotent."""
@@ -186,6 +234,26 @@ class EngineClient:
 
     # -- requests ---------------------------------------------------------------------------
 
+    async def tokenize(self, prompts: list, field_name: str = "prompt",
+                       add_special_tokens: bool = True) -> list[list[int]]:
+        """Every prompt's token ids, checked (prompt_ids). A text longer than any of
+        --max-model-len tokens can be is refused before it is tokenized; one longer than
+        INLINE_CHARS is tokenized off the event loop, which serves on meanwhile."""
+        out = []
+        for prompt in prompts:
+            if isinstance(prompt, str) and self.tok is not None:
+                limit = self.tok.max_chars(self.cfg.max_model_len)
+                if len(prompt) > limit:
+                    raise APIError(f"{field_name}: {len(prompt)} characters, more than "
+                                   f"{self.cfg.max_model_len} tokens (--max-model-len) of at "
+                                   f"most {self.tok.longest_token} characters each can hold",
+                                   field_name)
+                if len(prompt) > INLINE_CHARS:
+                    prompt = await asyncio.to_thread(self.tok.encode, prompt,
+                                                     add_special_tokens)
+            out.append(self.prompt_ids(prompt, field_name, add_special_tokens))
+        return out
+
     def prompt_ids(self, prompt, field_name: str, add_special_tokens: bool = True) -> list[int]:
         if isinstance(prompt, str):
             if self.tok is None:
@@ -207,14 +275,16 @@ class EngineClient:
                            "no room for output", field_name)
         return ids
 
-    def submit(self, prompts: list, max_tokens: int | None, ignore_eos: bool, arrival_ns: int,
-               field_name: str = "prompt", add_special_tokens: bool = True) -> Choices:
-        """Tokenize and check every prompt, then hand them to the engine (add_request)."""
+    def check_alive(self) -> None:
         if self.dead:
             raise APIError(f"the engine is dead: {self.dead}", status=503)
         if self.stopping:
             raise APIError("the server is shutting down", status=503)
-        all_ids = [self.prompt_ids(p, field_name, add_special_tokens) for p in prompts]
+
+    def submit(self, all_ids: list[list[int]], max_tokens: int | None, ignore_eos: bool,
+               arrival_ns: int, field_name: str = "prompt") -> Choices:
+        """Hand checked prompts (tokenize) to the engine (add_request)."""
+        self.check_alive()
         batch, base = Choices(), new_id("req")
         eos = None if ignore_eos or self.tok is None else self.tok.eos_token_id
         plans = []
@@ -283,6 +353,7 @@ class EngineClient:
     # -- what the engine says ---------------------------------------------------------------
 
     def _on_readable(self) -> None:
+        self.heard = time.monotonic()
         try:
             while self.conn_out.poll():
                 self._on_message(self.conn_out.recv())
@@ -383,13 +454,14 @@ class EngineClient:
             return []
 
     async def save(self, timeline: str | None, result_json: str | None, config: dict) -> None:
-        """Write the window's timeline and run result, then start a new window."""
-        engine = await self.engine_spans()
+        """Write the window's timeline and run result, then start a new window. A write that
+        fails (a full disk) raises UserError naming the file and keeps the window, the engine's
+        spans taken for it included, for the next try."""
         t0_us = self.t0_ns / 1e3
-        spans = [s._replace(start_us=s.start_us - t0_us, end_us=s.end_us - t0_us)
-                 for s in engine] + self.spans
-        spans = [s for s in spans if s.end_us >= 0]
-        spans.sort(key=lambda s: (s.start_us, s.end_us))
+        self.spans += [s._replace(start_us=s.start_us - t0_us, end_us=s.end_us - t0_us)
+                       for s in await self.engine_spans()]
+        spans = sorted((s for s in self.spans if s.end_us >= 0),
+                       key=lambda s: (s.start_us, s.end_us))
         if timeline:
             save_timeline(timeline, spans)
             save_chrome_trace(chrome_path(timeline), spans, "stepgap serve")
@@ -397,6 +469,25 @@ class EngineClient:
             save_result(result_json, self.window_result(spans, config))
         self.saved = True
         self.reset_window()
+
+    async def save_at_exit(self, timeline: str | None, result_json: str | None,
+                           config: dict) -> None:
+        """The last window, at shutdown. Where its files cannot be written, they go to a
+        folder of the temporary directory instead, and `save_error` says where (or that they
+        are lost): a shutdown never fails half way."""
+        try:
+            await self.save(timeline, result_json, config)
+            return
+        except UserError as e:
+            why = str(e)
+        import tempfile
+        folder = Path(tempfile.gettempdir()) / f"stepgap-serve-{os.getpid()}"
+        try:
+            await self.save(timeline and str(folder / Path(timeline).name),
+                            result_json and str(folder / Path(result_json).name), config)
+            self.save_error = f"{why}; the served run is in {folder}/ instead"
+        except UserError as e:
+            self.save_error = f"{why}; the served run is lost ({e})"
 
     def window_result(self, spans: list[Span], config: dict) -> dict:
         timings = sorted(self.timings, key=lambda t: t.send_s)
@@ -432,7 +523,7 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
             # the last window, unless it is an empty one after a /stop_profile (which would
             # overwrite the run that call saved)
             if recording and (engine.timings or engine.subs or not engine.saved):
-                await engine.save(timeline, result_json, config)
+                await engine.save_at_exit(timeline, result_json, config)
             engine.stop()
 
     app = FastAPI(title="stepgap serve", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -520,15 +611,16 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
     @app.post("/v1/completions")
     async def completions(raw: Request):
         arrival = time.perf_counter_ns()
-        body = await _body(raw)
-        if body is None:
-            return Response(status_code=499)   # the client closed the request half-sent
         try:
+            body = await _body(raw)
+            if body is None:
+                return Response(status_code=499)   # the client closed the request half-sent
             req = parse(CompletionRequest, body)
             check_model(req.model)
             check_sampling(req, sampling)
-            batch = engine.submit(completion_prompts(req), req.max_tokens, req.ignore_eos,
-                                  arrival)
+            engine.check_alive()
+            ids = await engine.tokenize(completion_prompts(req))
+            batch = engine.submit(ids, req.max_tokens, req.ignore_eos, arrival)
         except APIError as e:
             return error(e)
         shapes = Shapes(False, new_id("cmpl"), model_name, bool(req.return_token_ids))
@@ -538,10 +630,10 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request):
         arrival = time.perf_counter_ns()
-        body = await _body(raw)
-        if body is None:
-            return Response(status_code=499)   # the client closed the request half-sent
         try:
+            body = await _body(raw)
+            if body is None:
+                return Response(status_code=499)   # the client closed the request half-sent
             req = parse(ChatCompletionRequest, body)
             check_model(req.model)
             check_sampling(req, sampling)
@@ -549,14 +641,21 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
                 raise APIError("this model has no chat template (its tokenizer_config.json "
                                "has no chat_template, and there is no chat_template.jinja): "
                                "use /v1/completions with a prompt", "messages")
-            messages = [{"role": m.role, "content": _text_of(m.content)} for m in req.messages]
+            messages = [{"role": m.role, "content": message_text(m.content,
+                                                                 f"messages.{i}.content")}
+                        for i, m in enumerate(req.messages)]
+            engine.check_alive()
+            limit = engine.tok.max_chars(engine.cfg.max_model_len)
+            render = functools.partial(engine.tok.render_chat, messages,
+                                       req.add_generation_prompt, limit)
             try:
-                text = engine.tok.render_chat(messages, req.add_generation_prompt)
+                text = await asyncio.to_thread(render) if len(body) > INLINE_CHARS \
+                    else render()
             except ValueError as e:
                 raise APIError(f"messages: {e}", "messages") from None
             max_tokens = req.max_completion_tokens or req.max_tokens
-            batch = engine.submit([text], max_tokens, req.ignore_eos, arrival, "messages",
-                                  add_special_tokens=False)
+            ids = await engine.tokenize([text], "messages", add_special_tokens=False)
+            batch = engine.submit(ids, max_tokens, req.ignore_eos, arrival, "messages")
         except APIError as e:
             return error(e)
         shapes = Shapes(True, new_id("chatcmpl"), model_name, bool(req.return_token_ids))
@@ -572,7 +671,10 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
 
     @app.get("/health")
     async def health():
-        return Response(status_code=503 if engine.dead or engine.stopping else 200)
+        """200 while the engine serves; 503 once it is dead (or stuck: the watchdog), while
+        one of its processes is stopped, or while the server shuts down."""
+        down = engine.dead or engine.stopping or engine.stopped()
+        return Response(status_code=503 if down else 200)
 
     @app.get("/metrics")
     async def metrics():
@@ -595,7 +697,12 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
 
         @app.post("/stop_profile")
         async def stop_profile():
-            await engine.save(timeline, result_json, config)
+            try:
+                await engine.save(timeline, result_json, config)
+            except UserError as e:   # a full disk: the window is kept for the next try
+                return error(APIError(f"{e}; the recorded window is kept: POST /stop_profile "
+                                      "again once it can be written", status=507,
+                                      type_="InsufficientStorageError"))
             return Response(status_code=200)
 
     return app
@@ -608,19 +715,57 @@ def chrome_path(timeline) -> Path:
 
 async def _body(raw: Request) -> bytes | None:
     """The request's body, or None when the client went away before sending all of it (a
-    half-sent body is no request: nothing to answer, nothing to log)."""
+    half-sent body is no request: nothing to answer, nothing to log). One longer than
+    MAX_BODY_BYTES (its Content-Length, or what has come) is a 413 before more is kept; what
+    is left of it is read and dropped (up to DRAIN_BYTES), so that the client, still sending,
+    reads the answer instead of a reset connection."""
+    def too_large(size: str) -> APIError:
+        return APIError(f"the body is {size} bytes, more than the {MAX_BODY_BYTES} this server "
+                        "takes (a prompt of --max-model-len tokens needs far less)", status=413,
+                        type_="RequestEntityTooLarge")
+
+    declared = raw.headers.get("content-length", "")
+    chunks, total = [], 0
     try:
-        return await raw.body()
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            await _drain(raw, 0)
+            raise too_large(declared)
+        async for chunk in raw.stream():
+            total += len(chunk)
+            if total > MAX_BODY_BYTES:
+                await _drain(raw, total)
+                raise too_large(f"more than {total}")
+            chunks.append(chunk)
     except ClientDisconnect:
         return None
+    return b"".join(chunks)
 
 
-def _text_of(content) -> str:
-    """A message's text: a string, or OpenAI's list of parts (their text parts joined)."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    return "".join(p if isinstance(p, str) else p.get("text", "") for p in content
-                   if isinstance(p, str) or p.get("type") == "text")
+async def _drain(raw: Request, seen: int) -> None:
+    """Read and drop the rest of a refused body: up to DRAIN_BYTES, and while it keeps coming
+    (a client that stops sending and waits gets its answer a second later)."""
+    chunks = raw.stream().__aiter__()
+    try:
+        while seen <= DRAIN_BYTES:
+            seen += len(await asyncio.wait_for(chunks.__anext__(), 1.0))
+    except (StopAsyncIteration, asyncio.TimeoutError, ClientDisconnect):
+        pass
+
+
+def limit_url(app):
+    """The app behind a check of the URL's length: one past MAX_URL_BYTES is a 414 with
+    OpenAI's error object (uvicorn reads request lines up to MAX_HTTP_HEAD_BYTES, vLLM's h11
+    limit; past that it answers 400 itself)."""
+    async def checked(scope, receive, send):
+        if scope["type"] == "http":
+            size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+            if size > MAX_URL_BYTES:
+                e = APIError(f"the URL is {size} bytes, more than {MAX_URL_BYTES}", status=414,
+                             type_="URITooLong")
+                await JSONResponse(e.body(), status_code=414)(scope, receive, send)
+                return
+        await app(scope, receive, send)
+    return checked
 
 
 def run_server(app, engine: EngineClient, sock, log_level: str) -> None:
@@ -636,6 +781,7 @@ def run_server(app, engine: EngineClient, sock, log_level: str) -> None:
             super().handle_exit(sig, frame)
 
     host, port = sock.getsockname()[:2]
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=STOP_TIMEOUT_S, access_log=False)
+    config = uvicorn.Config(limit_url(app), host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=STOP_TIMEOUT_S, access_log=False,
+                            http="h11", h11_max_incomplete_event_size=MAX_HTTP_HEAD_BYTES)
     Server(config).run(sockets=[sock])

@@ -14,6 +14,8 @@ parts of a run:
 (EngineArgs has the same three as shortcuts, each resolving the args anew.)
 
 Field names follow `vllm serve` (`docs/design.md`, "One vocabulary"); errors name the option.
+This module imports no torch (the engine's modules are imported where a run needs them): the
+command line builds an EngineArgs for its options' defaults, and must start without torch.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from stepgap.common.errors import UserError
 from stepgap.common.formats import DEVICES, EXECUTORS, MODES
@@ -28,10 +31,11 @@ from stepgap.common.limits import MAX_K, is_int
 from stepgap.common.memory import RESERVED_BYTES, kv_bytes_per_token, kv_cache_blocks
 from stepgap.common.model_heads import EagleHeadConfig
 from stepgap.common.modelcfg import ModelConfig
-from stepgap.common.scheduler import cdiv
-from stepgap.engine.kv_cache import BLOCK_SIZE
-from stepgap.engine.loop import EngineConfig
-from stepgap.engine.sampler import SamplingConfig
+from stepgap.common.scheduler import BLOCK_SIZE, cdiv
+from stepgap.engine.sampling_params import SamplingConfig
+
+if TYPE_CHECKING:   # engine/loop.py imports torch
+    from stepgap.engine.loop import EngineConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
@@ -214,6 +218,7 @@ class EngineSetup:
         """One run's scheduling: the args' mode and k unless given (a worker serves runs of
         any mode and any k up to its max_k), in a KV cache of `num_blocks` (at most the
         worker's) if given."""
+        from stepgap.engine.loop import EngineConfig
         a = self.args
         return EngineConfig(mode or a.mode, a.k if k is None else k,
                             num_blocks or self.num_blocks,

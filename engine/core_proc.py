@@ -154,23 +154,33 @@ def engine_core_main(conn_in, conn_out, engine_args, record: bool, parent_pid: i
     exit_now()
 
 
+def _tell(conn_out, msg) -> None:
+    """Send the front end a last message, if it is still there to read it."""
+    try:
+        conn_out.send(msg)
+    except OSError:   # BrokenPipeError: it is gone (SIGKILL), so nobody is told
+        pass
+
+
 def _engine_core(conn_in, conn_out, engine_args, record: bool, parent_pid: int) -> None:
     try:
         setup = engine_args.create_engine_config()
         executor = setup.make_executor()
     except UserError as e:
-        conn_out.send(("user_error", str(e)))
+        _tell(conn_out, ("user_error", str(e)))
         return
     except BaseException:
-        conn_out.send(("dead", f"the engine failed to start:\n{traceback.format_exc()}"))
+        _tell(conn_out, ("dead", f"the engine failed to start:\n{traceback.format_exc()}"))
         return
     with executor:
         try:
             serve(executor, setup, conn_in, conn_out, record, parent_pid)
+        except (BrokenPipeError, ConnectionResetError):   # the front end is gone (SIGKILL,
+            pass                                          # the OOM killer): stop quietly
         except UserError as e:
-            conn_out.send(("user_error", str(e)))
+            _tell(conn_out, ("user_error", str(e)))
         except Exception as e:   # a dead worker (WorkerDied), an engine bug
-            conn_out.send(("dead", f"{type(e).__name__}: {e}"))
+            _tell(conn_out, ("dead", f"{type(e).__name__}: {e}"))
 
 
 def serve(executor, setup, conn_in, conn_out, record: bool, parent_pid: int) -> None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-BLOCK_SIZE = 16   # the default, as vLLM's
+from stepgap.common.scheduler import BLOCK_SIZE   # tokens per block by default, as vLLM's
 
 
 @dataclass(slots=True)

@@ -69,7 +69,7 @@ def add_run_args(p) -> None:
 
 def sampling_from_args(args):
     from stepgap.common.acceptance import PROFILES, AcceptanceProfile
-    from stepgap.engine.sampler import SamplingConfig
+    from stepgap.engine.sampling_params import SamplingConfig
     syn = args.synthetic_acceptance
     profile = None
     if syn not in (None, "replay"):

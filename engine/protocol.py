@@ -123,8 +123,21 @@ def _pydantic_marker(x) -> bool:
 
 
 def _short(v) -> str:
+    """A value as an error message shows it: at most 80 characters."""
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 256:
+        return f"an integer of {len(str(abs(v)))} digits"
     text = json.dumps(v) if not isinstance(v, str) else repr(v)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+# Fields of OpenAI's and vLLM's requests that change what is generated, which the engine does
+# not model, with the value that changes nothing: any other value is a 400 naming the field,
+# never a silent drop (they are not declared above, so pydantic keeps them as extras).
+UNMODELLED = {"best_of": (1,), "use_beam_search": (False,), "logit_bias": ({},),
+              "prompt_logprobs": (), "allowed_token_ids": (), "bad_words": ([],),
+              "min_p": (0,), "length_penalty": (1,), "response_format": ({"type": "text"},),
+              "structured_outputs": (), "guided_json": (), "guided_regex": (),
+              "guided_choice": (), "guided_grammar": (), "tools": ([],)}
 
 
 def check_sampling(req: SamplingFields, sampling) -> None:
@@ -136,8 +149,8 @@ def check_sampling(req: SamplingFields, sampling) -> None:
         raise APIError("echo: not supported", "echo")
     if getattr(req, "suffix", None):
         raise APIError("suffix: not supported", "suffix")
-    if req.logprobs not in (None, False):
-        raise APIError("logprobs: not supported", "logprobs")
+    if req.logprobs is not None and req.logprobs is not False:   # 0 asks for them too
+        raise APIError(f"logprobs: not supported, got {_short(req.logprobs)}", "logprobs")
     if getattr(req, "top_logprobs", None):
         raise APIError("top_logprobs: not supported", "top_logprobs")
     if req.stop:
@@ -153,6 +166,11 @@ def check_sampling(req: SamplingFields, sampling) -> None:
         v = getattr(req, name)
         if v is not None and v != neutral:
             raise APIError(f"{name}: penalties are not modelled (only {neutral:g})", name)
+    for name, neutral in UNMODELLED.items():
+        v = (req.model_extra or {}).get(name)
+        if v is not None and v not in neutral:
+            raise APIError(f"{name}: not modelled (the engine serves plain decoding, one "
+                           f"sequence a request), got {_short(v)}", name)
     served = {"temperature": sampling.temperature, "top_p": sampling.top_p,
               "top_k": sampling.top_k}
     for name, value in served.items():
@@ -162,12 +180,36 @@ def check_sampling(req: SamplingFields, sampling) -> None:
         if v is not None and v != value:
             raise APIError(f"{name}: this server samples every request with {name} {value:g} "
                            f"(set by `stepgap serve --{name.replace('_', '-')}`); per-request "
-                           f"sampling is not modelled, got {v:g}", name)
+                           f"sampling is not modelled, got {_short(v)}", name)
     if req.seed is not None and not sampling.greedy:
         raise APIError("seed: per-request seeds are not modelled (the server's --seed seeds "
                        "sampling)", "seed")
     if req.stream_options is not None and not req.stream:
         raise APIError("stream_options: only with stream = true", "stream_options")
+
+
+def message_text(content, param: str) -> str:
+    """A chat message's text: a string, or OpenAI's list of parts (strings, or objects of type
+    "text" whose `text` is a string), joined. Any other part (an image, a number where text
+    belongs) is a 400 naming it: the model reads text only, and a dropped part would change the
+    prompt silently."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    out = []
+    for j, part in enumerate(content):
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        kind = part.get("type")
+        if kind != "text":
+            raise APIError(f"{param}.{j}.type: only text parts are served (a text-only "
+                           f"model), got {_short(kind)}", f"{param}.{j}.type")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise APIError(f"{param}.{j}.text: expected a string, got {_short(text)}",
+                           f"{param}.{j}.text")
+        out.append(text)
+    return "".join(out)
 
 
 def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:

@@ -28,9 +28,10 @@ examples:
 
 Endpoints: POST /v1/completions (stream or not; a prompt as text or token ids, or a list of
 them), POST /v1/chat/completions (with the tokenizer's chat template; a 400 where there is
-none), GET /v1/models, /health (503 once the engine has died), /metrics (Prometheus, vLLM's
-metric names), /version; with --timeline or --result-json also POST /start_profile and
-/stop_profile (which `vllm bench serve --profile` calls around its run).
+none), GET /v1/models, /health (503 once the engine has died, while it is stopped, or once a
+watchdog has ended it stuck), /metrics (Prometheus, vLLM's metric names), /version; with
+--timeline or --result-json also POST /start_profile and /stop_profile (which `vllm bench
+serve --profile` calls around its run). Bodies over 16 MiB are a 413, URLs over 8 KiB a 414.
 
 Every request is sampled as the server's --temperature/--top-k/--top-p say (default greedy): a
 request asking for other values gets a 400. A request stops at max_tokens, or at the EOS token
@@ -59,7 +60,7 @@ def register(sub) -> None:
     g = p.add_argument_group("server (as `vllm serve`)")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
                    "127.0.0.1; vLLM's default is every address)")
-    g.add_argument("--port", type=int, default=8000, help="default 8000")
+    g.add_argument("--port", type=port_arg, default=8000, help="1 to 65535 (default 8000)")
     g.add_argument("--served-model-name", nargs="+", metavar="NAME",
                    help="the model's name in the API (default: --model as given)")
     g.add_argument("--tokenizer", metavar="DIR",
@@ -97,12 +98,11 @@ def cmd_serve(args) -> int:
     if ea.sampling.synthetic is not None or ea.sampling.replay:
         raise UserError("--synthetic-acceptance is not served: its draws are made per trace "
                         "(use `stepgap run`)")
-    if not 0 < args.port < 65536:
-        raise UserError(f"--port must be in 1..65535, got {args.port}")
     if args.max_model_len is None:   # as vLLM: the model's own context
         ea = ea.with_(max_model_len=ea.target_config().max_position_embeddings)
     setup = ea.create_engine_config()   # a head that does not fit fails here, before any
     target = setup.target               # process starts
+    check_serves_a_request(setup)
     check_served_outputs(args)
     tok = ServedTokenizer.load(args.tokenizer or ea.model)
     if args.tokenizer and tok is None:
@@ -128,14 +128,51 @@ def cmd_serve(args) -> int:
         app = build_app(engine, name, ea.sampling, timeline=args.timeline,
                         result_json=args.result_json, config=config)
         run_server(app, engine, sock, args.uvicorn_log_level)
+    except KeyboardInterrupt:   # SIGINT or SIGTERM, re-raised by uvicorn once it has shut down
+        if engine.save_error:
+            raise UserError(engine.save_error) from None
+        raise
     finally:
         engine.stop()
         sock.close()
+    if engine.save_error:   # bad output: the run's files could not be written where asked
+        raise UserError(engine.save_error)
     if engine.dead:
         print(f"stepgap serve: the engine died: {engine.dead}", file=sys.stderr)
         return 1
     return 0
 
+
+def port_arg(text: str) -> int:
+    """--port: a TCP port, 1 to 65535, checked as the option is read (99999 used to time out
+    after the engine's build)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"a port is 1 to 65535, got {port}")
+    return port
+
+
+def check_serves_a_request(setup) -> None:
+    """As vLLM refuses to start a server that cannot serve one request of its --max-model-len
+    (the KV cache must hold it), so does stepgap serve, before any process starts: a
+    --max-model-len of 1 leaves no room for an output token, and a cache of a few blocks
+    (--kv-cache-gib 1e-12) holds no request of any length the server takes."""
+    from stepgap.common.scheduler import cdiv
+    a = setup.args
+    if a.max_model_len < 2:
+        raise UserError(f"--max-model-len {a.max_model_len}: a request is at least one prompt "
+                        "token and one output token; give at least 2")
+    need = cdiv(a.max_model_len + a.k, a.block_size)
+    if need > setup.num_blocks:
+        fits = setup.num_blocks * a.block_size - a.k
+        raise UserError(f"--max-model-len {a.max_model_len}: one request of that length needs "
+                        f"{need} KV blocks of {a.block_size} tokens, but the cache holds "
+                        f"{setup.num_blocks} (--num-gpu-blocks-override, --kv-cache-gib or "
+                        f"--gpu-memory-utilization); the cache serves at most --max-model-len "
+                        f"{max(fits, 0)}")
 
 def check_served_outputs(args) -> None:
     """The files a served run writes at shutdown (or /stop_profile), checked before serving as

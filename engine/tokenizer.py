@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepgap.common.errors import UserError
+from stepgap.common.errors import UserError, where
 
 
 def load_tokenizer(folder: Path | str):
@@ -46,6 +46,27 @@ def _token_text(v) -> str | None:
     return v.get("content") if isinstance(v, dict) else v
 
 
+def compile_template(template: str, source: str):
+    """The chat template compiled once, as transformers' apply_chat_template compiles it (a
+    sandboxed jinja2 environment, trim_blocks and lstrip_blocks, `raise_exception`); one that
+    does not compile is refused at start-up, naming where it came from."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(template)
+    except TemplateError as e:
+        raise UserError(f"{source}: the chat template does not compile ({e})") from None
+    except (RecursionError, MemoryError):
+        raise UserError(f"{source}: the chat template does not compile (nested too "
+                        "deeply)") from None
+
+
 @dataclass
 class ServedTokenizer:
     tok: object                     # tokenizers.Tokenizer
@@ -53,6 +74,8 @@ class ServedTokenizer:
     chat_template: str | None
     bos_token: str | None = None
     eos_token: str | None = None
+    template: object = None         # chat_template compiled (compile_template)
+    longest_token: int = 1          # characters of the vocabulary's longest token
 
     @classmethod
     def load(cls, folder: Path | str) -> "ServedTokenizer | None":
@@ -72,13 +95,20 @@ class ServedTokenizer:
         if eos_id is None and eos:
             eos_id = tok.token_to_id(eos)
         template = cfg.get("chat_template")
+        source = where(folder / "tokenizer_config.json", field="chat_template")
         if isinstance(template, list):   # named templates: the default one
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default")
         jinja = folder / "chat_template.jinja"
         if not template and jinja.is_file():
-            template = jinja.read_text()
-        return cls(tok, eos_id, template or None, bos, eos)
+            from stepgap.common.fileio import read_text
+            template, source = read_text(jinja), str(jinja)
+        if template is not None and not isinstance(template, str):
+            raise UserError(f"{source}: expected a jinja template (a string), got "
+                            f"{type(template).__name__}")
+        compiled = compile_template(template, source) if template else None
+        longest = max((len(t) for t in tok.get_vocab()), default=1)
+        return cls(tok, eos_id, template or None, bos, eos, compiled, longest)
 
     @property
     def vocab_size(self) -> int:
@@ -90,24 +120,33 @@ class ServedTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text of a conversation, by the model's chat template (as transformers'
-        apply_chat_template renders it: a sandboxed jinja2 environment, trim_blocks and
-        lstrip_blocks)."""
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    def max_chars(self, max_tokens: int) -> int:
+        """The most characters a text of `max_tokens` tokens can have: no token is longer
+        than the vocabulary's longest. A longer text is refused before it is tokenized."""
+        return max_tokens * self.longest_token
 
-        def raise_exception(message):
-            raise TemplateError(message)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    max_chars: int | None = None) -> str:
+        """The prompt text of a conversation, by the model's chat template, rendered a piece
+        at a time and stopped past `max_chars`. Whatever the template raises (its own
+        raise_exception, 1/0, a range the sandbox refuses, recursion) is a ValueError saying
+        so: the request's fault or the template's, never the server's."""
+        out, n = [], 0
         try:
-            return env.from_string(self.chat_template).render(
-                messages=messages, add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "", eos_token=self.eos_token or "")
-        except TemplateError as e:
-            raise ValueError(f"the chat template failed: {e}") from None
+            for piece in self.template.generate(
+                    messages=messages, add_generation_prompt=add_generation_prompt,
+                    bos_token=self.bos_token or "", eos_token=self.eos_token or ""):
+                out.append(piece)
+                n += len(piece)
+                if max_chars is not None and n > max_chars:
+                    raise ValueError(f"the chat template's output passes {max_chars} "
+                                     "characters, more than the context holds")
+        except Exception as e:   # jinja2's TemplateError, or anything the template raised
+            if isinstance(e, ValueError) and str(e).startswith("the chat template's output"):
+                raise
+            raise ValueError(f"the chat template failed: {type(e).__name__}: "
+                             f"{str(e)[:200]}") from None
+        return "".join(out)
 
 
 class Detokenizer:

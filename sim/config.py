@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from stepgap.common.acceptance import AcceptanceProfile, default_profile, get_profile
-from stepgap.sim.costs import DeviceCosts
+from stepgap.sim.costs import DeviceCosts, LevelCosts
 from stepgap.sim.cpu_costs import CPU_COSTS, CpuCosts, OpCost
 from stepgap.sim.roofline import RooflineCosts
 from stepgap.sim.profile import Noise, Profile, load_profile
@@ -31,7 +31,8 @@ from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_yaml
 from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES, OLD_DEVICES
 from stepgap.common.limits import (MAX_K, MAX_MS, MAX_PROMPTS, MAX_SCALE, MAX_SKEW, MAX_SPREAD,
-                                   MAX_US, is_finite, is_int, is_number)
+                                   MAX_US, MIN_BURSTINESS, MIN_SPEED, is_finite, is_int,
+                                   is_number)
 from stepgap.common.drafters import SPEC_METHODS, default_draft_model, load_drafter
 from stepgap.common.model_heads import EagleHeadConfig
 from stepgap.common.model_presets import load_model_config
@@ -197,8 +198,9 @@ class SimConfig:
                        self.gpu_memory_utilization)
         _numbers(self, ("cpu_scale",), MAX_SCALE)
         _numbers(self, ("moe_routing_skew",), MAX_SKEW)
-        if not (is_finite(self.speed) and 0 < self.speed <= MAX_SCALE):
-            raise _bad("speed", f"must be a number in (0, {MAX_SCALE:g}]", self.speed)
+        if not (is_finite(self.speed) and MIN_SPEED <= self.speed <= MAX_SCALE):
+            raise _bad("speed", f"must be a number from {MIN_SPEED:g} to {MAX_SCALE:g}",
+                       self.speed)
         _numbers(self, ("launch_latency_us", "wake_us", "ipc_us", "all_reduce_latency_us"),
                  MAX_US, optional=True)
         _numbers(self, ("acceptance_spread",), MAX_SPREAD, optional=True)
@@ -211,8 +213,13 @@ class SimConfig:
         if self.request_rate is not None and not (_is_rate(self.request_rate)
                                                   and self.request_rate > 0):
             raise _bad("request_rate", "must be > 0 (or inf)", self.request_rate)
-        if not (_is_rate(self.burstiness) and self.burstiness > 0):
-            raise _bad("burstiness", "must be > 0", self.burstiness)
+        if not (_is_rate(self.burstiness) and self.burstiness >= MIN_BURSTINESS):
+            raise _bad("burstiness", f"must be >= {MIN_BURSTINESS:g} (or inf)", self.burstiness)
+        if self.request_rate is not None and self.num_prompts is not None:
+            from stepgap.common.workloads import last_arrival_problem
+            why = last_arrival_problem(self.num_prompts, self.request_rate)
+            if why:
+                raise _bad("request_rate", why, self.request_rate)
         if self.acceptance_rates is not None:
             self.acceptance_rates = _tuple(self, "acceptance_rates")
         self.metric_percentiles = _tuple(self, "metric_percentiles")
@@ -378,6 +385,9 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
                      f"host, so vLLM runs it with sync scheduling (async takes EAGLE, MTP, "
                      f"draft models and ngram_gpu): --mode {cfg.mode} is simulated as sync")
     measured = profile or (load_profile(cfg.profile) if cfg.profile else None)
+    device = cfg.device or ("cuda" if hw.kind == "gpu" else "cpu")
+    if measured is not None:
+        notes += elsewhere_notes(cfg, measured, hw.name, device)
     costs = device_costs_of(cfg, target, draft, hw, measured)   # (its checks, whatever is used)
     notes += table_notes(cfg, costs, hw, measured)
     notes += parallel_notes(cfg, target, costs)
@@ -387,8 +397,7 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
     if engine not in TOPOLOGIES:
         raise UserError(f"{measured.path or 'the profile'}: topology.engine {engine!r} "
                         f"(expected one of {', '.join(TOPOLOGIES)})")
-    topo = Topology.of(engine, cfg.executor, cfg.device or ("cuda" if hw.kind == "gpu"
-                                                            else "cpu"), tp)
+    topo = Topology.of(engine, cfg.executor, device, tp)
     if cfg.data_parallel_size > 1 and (engine != "stepgap" or not topo.device_async):
         raise _bad("data_parallel_size", "data parallelism is modelled for GPU engine cores "
                    "(--device cuda) behind stepgap's in-process client (--topology stepgap)",
@@ -412,6 +421,48 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
         # queued): the share of the sync-fitted turnaround it waits (docs/vllm.md)
         rpc_share=0.5 if engine == "vllm" and async_ else 1.0,
         noise=measured.jitter if cfg.jitter and measured is not None else None)
+
+
+def profile_defaults(settings: dict, given) -> tuple[dict, list[str]]:
+    """`settings` with what their profile was measured on (`Profile.measured_on`: its gpu,
+    device, executor and measured acceptance) filled in where `given` (the fields a command
+    line, preset or grid set) names none of them, and a note for a measured acceptance that
+    the given settings replace. A profile runs where it was measured unless told otherwise;
+    told otherwise, `resolve` says so in the result."""
+    if not settings.get("profile"):
+        return settings, []
+    measured = load_profile(settings["profile"])
+    where, out, notes = measured.measured_on(), dict(settings), []
+    if not {"gpu", "device"} & set(given):   # a gpu or device given picks the other itself
+        out.update({name: where[name] for name in ("gpu", "device") if name in where})
+    if "executor" in where and "executor" not in given:
+        out["executor"] = where["executor"]
+    if "acceptance_rates" in where:
+        chosen = [n for n in ("acceptance", "acceptance_rates", "acceptance_spread") if n in given]
+        if chosen:
+            rates = ", ".join(f"{r:.3g}" for r in where["acceptance_rates"])
+            notes.append(f"--profile {settings['profile']} measured its acceptance (rates "
+                         f"{rates}); this run takes {flag(chosen[0])} instead, as asked")
+        else:
+            out["acceptance_rates"] = where["acceptance_rates"]
+            out["acceptance_spread"] = where["acceptance_spread"]
+            out.pop("acceptance", None)
+    return out, notes
+
+
+def elsewhere_notes(cfg: SimConfig, measured: Profile, gpu: str, device: str) -> list[str]:
+    """A profile run on another device than the one it was measured on: an explicit choice
+    (the command line takes the profile's device unless told otherwise), said in the result."""
+    where = measured.measured_on()
+    name = cfg.profile or measured.path or "the profile"
+    was = where.get("gpu") if where.get("gpu") not in (None, gpu) else None
+    if was is None and where.get("device") in (None, device):
+        return []
+    what = ["its CPU costs"] + (["its device fits"] if measured.fits else []) + \
+        (["its device level"] if measured.roofline_level is not None else [])
+    return [f"--profile {name} was measured on {was or where['device']} (device "
+            f"{where.get('device', '?')}); this run simulates --gpu {gpu} --device {device}: "
+            f"{' and '.join(what)} on another device, as asked"]
 
 
 def collectives(cfg: SimConfig, hw: Hardware, notes: list[str], moe: bool) -> Hardware:
@@ -501,17 +552,22 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
         kv_bytes=KV_CACHE_DTYPES[cfg.kv_cache_dtype])
     bundle = None   # the --device-profile variant folder the run reads
     if measured is not None:
-        if cfg.tensor_parallel_size > 1 or cfg.data_parallel_size > 1 \
-                or (cfg.k and cfg.method != "eagle3"):
+        if measured.fits and (cfg.tensor_parallel_size > 1 or cfg.data_parallel_size > 1
+                              or (cfg.k and cfg.method != "eagle3")):
             raise UserError(f"--profile {cfg.profile or measured.path}: a measured profile "
                             "times one device running EAGLE-3 drafts; --tensor-parallel-size "
                             "or --data-parallel-size > 1 and other methods use the roofline "
                             "(drop --profile)")
-        if cfg.quantization or cfg.kv_cache_dtype not in ("auto", target.torch_dtype):
+        if measured.fits and (cfg.quantization or
+                              cfg.kv_cache_dtype not in ("auto", target.torch_dtype)):
             raise UserError(f"--profile {cfg.profile or measured.path}: a measured profile "
                             "times the weights and KV cache it was measured with; "
                             "--quantization and --kv-cache-dtype use the roofline (drop "
                             "--profile)")
+        if measured.roofline_level is not None:   # the device it was measured on, its level
+            on = measured.measured_on().get("gpu", "the device measured")
+            costs = LevelCosts(costs, measured.roofline_level, "the level `stepgap calibrate` "
+                               f"fitted on {on}'s runs", measured.path)
         costs = ProfileCosts(measured, cfg.k, costs, cfg.block_size)
     if cfg.device_profile is not None:   # a GPU's measured operator tables (sim/tables.py)
         device = cfg.device or ("cuda" if hw.kind == "gpu" else "cpu")
@@ -533,9 +589,12 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
                                draft, cfg.k, roofline, cfg.method, cfg.tensor_parallel_size)
         else:   # a MoE target's MoE and MTP tables alone: the roofline prices the rest
             about = check_moe_bundle(bundle, target)
-            costs = roofline
+            costs = roofline   # (a profile's level over it, where it has one)
             costs.path = str(bundle)
-            costs.sources = {"target_forward": f"roofline (the bundle, {about}: {only})"}
+            sources = getattr(costs, "sources", None) or {}
+            under = sources.get("target_forward", "roofline")
+            costs.sources = {**sources,
+                             "target_forward": f"{under} (the bundle, {about}: {only})"}
     attach_moe(cfg, target, hw, costs, bundle)
     return costs
 
@@ -549,18 +608,18 @@ def attach_moe(cfg: SimConfig, target: ModelConfig, hw: Hardware, costs,
     the roofline's own MoE layers, as before."""
     dp, tp = cfg.data_parallel_size, cfg.tensor_parallel_size
     plan = MoeParallel(dp, tp, cfg.enable_expert_parallel and dp * tp > 1)   # vLLM's use_ep
-    if not target.is_moe or not isinstance(costs, (RooflineCosts, TableCosts)):
+    roofline = roofline_of(costs)
+    if not target.is_moe or roofline is None:
         return
     table = mtp = None
     if bundle is not None:
         table, mtp = moe_parts(bundle, tp, plan.moe_tp, cfg.k > 0 and cfg.method == "mtp")
-    if isinstance(costs, RooflineCosts) and table is None and mtp is None and plan.dp == 1 \
+    if not isinstance(costs, TableCosts) and table is None and mtp is None and plan.dp == 1 \
             and not plan.expert_parallel:
         return
     if plan.dp > 1 and hw.interconnect is None:
         raise UserError(f"--data-parallel-size {plan.dp}: --gpu {hw.name} has no interconnect "
                         "in the catalog to gather the MoE layers' tokens over")
-    roofline = costs if isinstance(costs, RooflineCosts) else costs.fallback
     moe = MoeCosts(target, roofline, plan, hw.interconnect, table, mtp)
     roofline.moe = moe
     if isinstance(costs, TableCosts):
@@ -572,6 +631,16 @@ def attach_moe(cfg: SimConfig, target: ModelConfig, hw: Hardware, costs,
     if mtp is not None:
         sources["draft_forward"] = (f"MTP module's own kernels from tables ({bundle}/mtp.csv), "
                                     "its decoder layer as the target's, the rest the roofline")
+
+
+def roofline_of(costs) -> RooflineCosts | None:
+    """The roofline under a run's device costs: itself, the fallback of a profile's fits or of
+    measured tables, the roofline a profile's level scales (None: another source)."""
+    while not isinstance(costs, RooflineCosts):
+        costs = getattr(costs, "fallback", None) or getattr(costs, "costs", None)
+        if costs is None:
+            return None
+    return costs
 
 
 def parallel_notes(cfg: SimConfig, target: ModelConfig, costs) -> list[str]:
@@ -592,7 +661,8 @@ def parallel_notes(cfg: SimConfig, target: ModelConfig, costs) -> list[str]:
                      + ("; a MoE target: every rank runs each forward in lockstep, a dummy "
                         "batch where it has none" if target.is_moe else
                         "; a dense target: the ranks run independently, as vLLM runs them"))
-    moe = getattr(costs, "moe", None) or getattr(getattr(costs, "fallback", None), "moe", None)
+    roofline = roofline_of(costs)
+    moe = roofline.moe if roofline is not None else None
     if moe is None:
         return notes
     plan = moe.plan

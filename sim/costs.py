@@ -65,3 +65,19 @@ class ConstantCosts:
     def draft_forward(self, b, i): return self.draft
     def d2h(self, b): return self.copy
     def fixup(self, b): return self.fix
+
+
+class LevelCosts:
+    """Another source's device op times x `level`: the roofline at the level of a device that
+    was measured (a profile fitted on `vllm bench serve` files: `Profile.roofline_level`)."""
+
+    def __init__(self, costs: DeviceCosts, level: float, source: str, path: str | None = None):
+        self.costs, self.level, self.path = costs, level, path
+        self.sources = {op: f"roofline x {level:.4g} ({source})" for op in
+                        ("target_forward", "rejection_sample", "draft_forward", "d2h", "fixup")}
+
+    def target_forward(self, b): return self.costs.target_forward(b) * self.level
+    def rejection_sample(self, b): return self.costs.rejection_sample(b) * self.level
+    def draft_forward(self, b, i): return self.costs.draft_forward(b, i) * self.level
+    def d2h(self, b): return self.costs.d2h(b) * self.level
+    def fixup(self, b): return self.costs.fixup(b) * self.level

@@ -128,8 +128,8 @@ class Clock(simpy.Environment):
         self.step()   # processed: a process that yields it carries on at once
 
     def hold(self, dt: float):
-        t = self._now + dt
-        if dt >= 0 and t < self.peek():
+        t, queue = self._now + dt, self._queue
+        if dt >= 0 and (not queue or t < queue[0][0]):   # peek(), inline: nothing due before
             self._now = t
             return self.passed
         return self.timeout(dt)
@@ -196,9 +196,11 @@ class Device:
             ops.append("rejection_sample")
             durs.append(c.rejection_sample(b))
         nverify = len(durs)
-        for i in range(self.draft_passes(b)):
-            ops.append("draft_forward")
-            durs.append(c.draft_forward(b, i))
+        passes = self.draft_passes(b)
+        if passes:
+            ops += ["draft_forward"] * passes
+            many = getattr(c, "draft_forwards", None)   # all of them in one call
+            durs += many(b, passes) if many else [c.draft_forward(b, i) for i in range(passes)]
         ops.append("d2h")
         durs.append(c.d2h(b))
         return ops, durs, sample, nverify
@@ -395,7 +397,10 @@ class Sim:
                 cost = cpu.schedule(out.num_reqs, out.num_batched_tokens)
                 if self.async_terms and cpu.async_schedule is not None and batch is not None:
                     cost += cpu.async_schedule(out.num_reqs, batch.num_drafts)
-                yield from self.on_host(ENGINE, "schedule", out.step, cost)
+                if self.host is None:
+                    yield self.busy(ENGINE, "schedule", out.step, cost)
+                else:
+                    yield from self.on_host(ENGINE, "schedule", out.step, cost)
                 if out.scheduled:
                     step = Step(out, batch)
                     self.num_steps += 1
@@ -471,8 +476,11 @@ class Sim:
         if self.samples is not None:
             self.sample(step, emitted)
         cpu = self.cpu
-        yield from self.on_host(ENGINE, "update_from_output", out.step,
-                                cpu.update_from_output(out.num_reqs, out.num_batched_tokens))
+        cost = cpu.update_from_output(out.num_reqs, out.num_batched_tokens)
+        if self.host is None:
+            yield self.busy(ENGINE, "update_from_output", out.step, cost)
+        else:
+            yield from self.on_host(ENGINE, "update_from_output", out.step, cost)
         if self.api_server:
             if emitted:
                 self.to_frontend.put((out.step, emitted))

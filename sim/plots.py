@@ -135,18 +135,25 @@ def common_scenario(views: list[View]) -> str:
     return ", ".join(p for p in first if all(p in r for r in rest))
 
 
+def plot_axis(axes: dict, x: str | None = None, who: str = "plot sweep") -> str:
+    """The x axis of a sweep's figures (`x`, or the first of X_AXES the sweep has), or an error
+    when the sweep (its `axes`) cannot be drawn: checked by `sweep --plot` before it runs."""
+    if "k" not in axes:
+        raise UserError(f"{who}: the sweep has no k axis (sweep with --grid k=0..6)")
+    if x is None:
+        x = next((a for a in X_AXES if a in axes), None)
+        if x is None:
+            raise UserError(f"{who}: the sweep has no {', '.join(X_AXES[:-1])} or "
+                            f"{X_AXES[-1]} axis to draw along (add one: --grid "
+                            "max_concurrency=1..64:x2)")
+    elif x not in axes:
+        raise UserError(f"{who}: --x {x}: not an axis of the sweep (axes: {', '.join(axes)})")
+    return x
+
+
 def views(table: SweepTable, x: str | None = None) -> list[View]:
     """One view per combination of the axes other than mode, k and the concurrency axis."""
-    if "k" not in table.axes:
-        raise UserError("plot sweep: the sweep has no k axis (sweep with --grid k=0..6)")
-    if x is None:
-        x = next((a for a in X_AXES if a in table.axes), None)
-        if x is None:
-            raise UserError(f"plot sweep: the sweep has no {', '.join(X_AXES[:-1])} or "
-                            f"{X_AXES[-1]} axis")
-    elif x not in table.axes:
-        raise UserError(f"plot sweep: --x {x}: not an axis of the sweep "
-                        f"(axes: {', '.join(table.axes)})")
+    x = plot_axis(table.axes, x)
     modes = table.axes.get("mode", [table.setting("mode")])
     others = [a for a in table.axes if a not in ("mode", "k", x)]
     out = []
@@ -389,4 +396,51 @@ def saving_plot(view, metric: str = "mean_tpot_ms") -> Figure:
     fig.suptitle(f"What async scheduling saves over sync, by {x_topic(view.x)}\n"
                  f"{wrapped(scenario, fig)}",
                  fontsize=11)
+    return fig
+
+
+# -------------------------------------------------------------------------------------------
+# stepgap advise
+
+
+def advise_figure(advice) -> Figure:
+    """The best k of sync and async (their bands as bars) and what async and zero-bubble save
+    (their bands shaded), against the load points of a `stepgap advise` answer."""
+    answers = advice.answers
+    xs = np.arange(len(answers))
+    fig = Figure(figsize=(11.5, 4.4), dpi=DPI, layout="constrained")
+    ax_k, ax_s = fig.subplots(1, 2)
+    for j, (mode, color) in enumerate((("sync", "tab:blue"), ("async", "tab:orange"))):
+        b = [a.modes[mode].best_k for a in answers]
+        v = np.array([x.value for x in b], dtype=float)
+        lo = v - np.array([x.low for x in b], dtype=float)
+        hi = np.array([x.high for x in b], dtype=float) - v
+        off = (j - 0.5) * 0.12
+        ax_k.errorbar(xs + off, v, yerr=[lo, hi], fmt="o-", color=color, capsize=4, lw=1.6,
+                      label=f"{mode} (bar: the best k over the inputs' range)")
+    ax_k.set_ylim(min(advice.ks) - 0.5, max(advice.ks) + 0.5)
+    ax_k.set_yticks(advice.ks)
+    ax_k.set_ylabel("best k by mean TPOT (draft tokens per step)")
+    ax_k.set_title("Best speculation depth")
+    for mode, key, color in (("async", "async_saving", "tab:orange"),
+                             ("zero-bubble", "zero_bubble_saving", "tab:green")):
+        b = [getattr(a, key) for a in answers]
+        v = 100 * np.array([x.value for x in b])
+        ax_s.plot(xs, v, "o-", color=color, lw=1.8,
+                  label=f"{mode}: saving over {'sync' if mode == 'async' else 'async'}")
+        ax_s.fill_between(xs, [100 * x.low for x in b], [100 * x.high for x in b],
+                          color=color, alpha=0.2, lw=0, label=f"{mode}: band")
+    ax_s.axhline(0, color="grey", lw=0.8)
+    ax_s.set_ylabel("saving in mean TPOT, each mode at its best k (%)")
+    ax_s.set_title("What async scheduling saves")
+    for ax in (ax_k, ax_s):
+        ax.set_xticks(xs, [a.label for a in answers], rotation=20 if len(answers) > 6 else 0)
+        ax.set_xlabel("load")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, frameon=False)
+    r = advice.rests_on
+    what = f"{r['model']}" + (f" + {r['draft']}" if r.get("draft") else "") + \
+        f" on {r['gpu']}, {r['workload']}"
+    fig.suptitle(f"stepgap advise: {what}\nbands: {', '.join(i.name for i in advice.inputs) or 'none'}"
+                 " at the ends of their ranges (docs/sim.md, 'Bands')", fontsize=11)
     return fig

@@ -36,7 +36,7 @@ import numpy as np
 from stepgap.sim.costs import Batch
 from stepgap.sim.cpu_costs import CpuCosts
 from stepgap.common.errors import UserError, where
-from stepgap.common.fileio import read_json_object, write_json
+from stepgap.common.fileio import not_a_file, read_json_object, write_json
 from stepgap.common.limits import is_finite, is_int, is_number
 
 FORMAT = "stepgap-profile/1"
@@ -161,8 +161,8 @@ class Noise:
 
 # The sections the type holds, in the file's order; the rest is `about` (before them) or
 # `notes` (after them), kept as written.
-TYPED = ("format", "features", "device_ops", "cpu", "cpu_fit_quality", "cpu_by_k",
-         "cpu_fit_quality_by_k", "jitter", "undetermined")
+TYPED = ("format", "features", "device_ops", "roofline_level", "cpu", "cpu_fit_quality",
+         "cpu_by_k", "cpu_fit_quality_by_k", "jitter", "undetermined")
 
 
 @dataclass(slots=True)
@@ -180,6 +180,9 @@ class Profile:
     about: dict = field(default_factory=dict)
     notes: dict = field(default_factory=dict)
     path: str | None = None                  # the file it was read from
+    # The roofline's device op times x this: the level of the device measured, where the
+    # profile has no fits of its own (`stepgap calibrate` on bench files alone fits it)
+    roofline_level: float | None = None
 
     @property
     def engine(self) -> str | None:
@@ -197,10 +200,57 @@ class Profile:
             return None
         return self.cpu.costs(base)
 
+    def measured_on(self) -> dict:
+        """What the profile was measured on, as SimConfig settings: the device (`gpu`, the
+        catalog entry, where it says; `device`, cpu or cuda) and the executor; `acceptance_rates`
+        and `acceptance_spread` where it measured the acceptance (the deepest k measured: its
+        later positions are extrapolated). A `--profile` run takes these unless told otherwise
+        (sim/cli.py), and says so when told otherwise (sim/config.py `resolve`)."""
+        from stepgap.common.formats import DEVICES, EXECUTORS, OLD_DEVICES
+        topo = self.about.get("topology") if isinstance(self.about.get("topology"), dict) else {}
+        device = topo.get("device") or self.about.get("device")
+        device = "cuda" if device == "gpu" else OLD_DEVICES.get(device, device)
+        out = {}
+        if device in DEVICES:
+            out["device"] = device
+        gpu = self.about.get("gpu")
+        if isinstance(gpu, str):
+            out["gpu"] = gpu
+        elif device == "cpu":
+            out["gpu"] = "cpu"
+        if topo.get("executor") in EXECUTORS:
+            out["executor"] = topo["executor"]
+        rates, spread = self.acceptance()
+        if rates:
+            out["acceptance_rates"] = rates
+            out["acceptance_spread"] = spread
+        return out
+
+    def acceptance(self) -> tuple[tuple[float, ...] | None, float]:
+        """The per-position acceptance the profile measured (rates, spread): `about.acceptance`
+        (`stepgap calibrate` on bench files), else the deepest k of `acceptance_by_k` (on
+        vLLM's timelines and scrapes); (None, 0) where it measured none."""
+        from stepgap.common.acceptance import AcceptanceProfile
+        acc, name = self.about.get("acceptance"), "acceptance"
+        by_k = self.notes.get("acceptance_by_k")
+        if acc is None and isinstance(by_k, dict) and by_k:
+            deepest = max(by_k, key=lambda k: int(k) if str(k).isdigit() else -1)
+            acc, name = by_k[deepest], f"acceptance_by_k.{deepest}"
+        if acc is None:
+            return None, 0.0
+        try:
+            prof = AcceptanceProfile("measured", tuple(acc["rates"]), acc.get("spread", 0.0))
+        except (UserError, TypeError, KeyError, AttributeError):
+            raise UserError(f"{where(self.path or 'profile', field=name)}: expected {{rates: "
+                            "[...], spread}, per-position rates as vLLM reports them") from None
+        return prof.rates, prof.spread
+
     def to_dict(self) -> dict:
         """The profile's JSON document (`save_profile` writes it)."""
         doc = {"format": FORMAT, **self.about, "features": list(FEATURES),
                "device_ops": [f.to_dict() for f in self.fits]}
+        if self.roofline_level is not None:
+            doc["roofline_level"] = self.roofline_level
         if self.cpu is not None:
             doc["cpu"] = self.cpu.terms
             if self.cpu.quality is not None:
@@ -228,6 +278,10 @@ class Profile:
                             f"([] for none), got {'nothing' if ops is None else repr(ops)[:60]}")
         fits = [Fit.from_dict(f, lambda sub="", n=n: where(source, field=f"device_ops[{n}]{sub}"))
                 for n, f in enumerate(ops)]
+        level = doc.get("roofline_level")
+        if level is not None and not (is_finite(level) and 0 < level <= 100):
+            raise UserError(f"{where(source, field='roofline_level')}: expected a number in "
+                            f"(0, 100] (the roofline's device times x it), got {level!r}")
         cpu = doc.get("cpu")
         if cpu is not None:
             _cpu_costs(cpu, where(source, field="cpu"))
@@ -251,7 +305,8 @@ class Profile:
                    {int(k): CpuFit(c, (quality_by_k or {}).get(k) if quality_by_k else None)
                     for k, c in by_k.items()},
                    jitter, doc.get("undetermined"), about, notes,
-                   None if path is None else str(path))
+                   None if path is None else str(path),
+                   None if level is None else float(level))
 
 
 def load_profile(path) -> Profile:
@@ -259,7 +314,7 @@ def load_profile(path) -> Profile:
     path = Path(path)
     if path.is_dir():
         path = path / "profile.json"
-    if not path.is_file():
+    if not_a_file(path) == "not found":
         raise UserError(f"{path}: profile not found (`stepgap profile` writes one)")
     return Profile.from_dict(read_json_object(path, "a profile"), path)
 
@@ -276,6 +331,16 @@ def _about(doc: dict, source) -> None:
     `executor` is one of the executors. stepgap's engine and vLLM's are measured on CPUs and
     CUDA devices only: a profile of another device (`"tpu"`) is not one of theirs."""
     from stepgap.common.formats import DEVICES, EXECUTORS, OLD_DEVICES
+    acc = doc.get("acceptance")
+    if acc is not None:   # what the profile measured: rates as vLLM reports them, a spread
+        if not isinstance(acc, dict) or not isinstance(acc.get("rates"), list):
+            raise UserError(f"{where(source, field='acceptance')}: expected {{rates: [...], "
+                            f"spread}}, got {acc!r}"[:200])
+        from stepgap.common.acceptance import AcceptanceProfile
+        try:
+            AcceptanceProfile("measured", tuple(acc["rates"]), acc.get("spread", 0.0))
+        except UserError as e:
+            raise UserError(f"{where(source, field='acceptance')}: {e}") from None
     name = doc.get("device")
     if name is not None and name not in DEVICES + ("gpu",):
         raise UserError(f"{where(source, field='device')}: expected {' or '.join(DEVICES)} (the "

@@ -26,7 +26,8 @@ class ProfileCosts:
             for f in pick:
                 self.fits[(op, f.i if op == "draft_forward" else None)] = f
             if not pick:
-                self.sources[op] = "roofline (not in the profile)"
+                self.sources[op] = getattr(fallback, "sources", {}).get(
+                    op, "roofline (not in the profile)")
             else:
                 at = "any k" if pick[0].k is None else f"k={pick[0].k}" + (
                     "" if pick[0].k == k else f", the nearest measured to k={k}")

@@ -107,6 +107,12 @@ class RooflineCosts:
         self._sampled: dict[tuple[int, int], float] = {}     # k = 0: the dense part + sampling
         self._attn: tuple[Batch | None, float] = (None, 0.0)   # the last forward's attention
         self.moe = None   # MoeCosts: the target's MoE blocks from tables or under DP/EP
+        # a GQA target without windowed layers: its attention summed in one expression, term
+        # for term as `_attention` sums it (the simulator's hot path; MoE blocks change nothing
+        # of the attention, so a GQA MoE target takes it too)
+        t = target
+        self._plain = None if t.is_mla or t.num_sliding_layers else \
+            (t.num_layers, *self._heads(t), t.head_dim)
 
     # -- kernels --------------------------------------------------------------------------
 
@@ -274,6 +280,11 @@ class RooflineCosts:
         return t
 
     def _target_attention(self, b: Batch) -> float:
+        if self._plain is not None:
+            layers, heads, kvh, hd = self._plain
+            return layers * (max(4.0 * b.attn_pairs * heads * hd / self.flops,
+                                 2 * self.kv_bytes * b.kv_tokens * kvh * hd / self.bw)
+                             + self.hw.kernel_us)
         c = self.t
         return self._attention(c, b.num_tokens, b.num_reqs, b.attn_pairs, b.kv_tokens,
                                c.num_layers, c.num_sliding_layers)
@@ -373,6 +384,26 @@ class RooflineCosts:
         else:
             attn = self._attention(c, m, b.num_reqs, pairs, kv, layers, sliding)
         return self._draft_dense(i == 0, m, b.num_sampling, rows) + attn
+
+    def draft_forwards(self, b: Batch, n: int) -> list[float]:
+        """Passes 0..n-1 of draft_forward, in one call (the device lane asks for all of a
+        step's passes at once): an EAGLE head's passes computed here as draft_forward computes
+        them, term for term, so the times are the same floats; other drafters, and the passes
+        of a data-parallel MoE group's step (`draft_moe_rows`), pass by pass."""
+        if self.method not in ("eagle", "eagle3") or b.draft_moe_rows:
+            return [self.draft_forward(b, i) for i in range(n)]
+        heads, kvh = self._heads(self.d)
+        hd, flops, bw, kernel = self.d.head_dim, self.flops, self.bw, self.hw.kernel_us
+        kv_bytes = self.kv_bytes
+        out = [self.draft_forward(b, 0)] if n else []
+        sampling = b.num_sampling
+        if n > 1:
+            dense = self._draft_dense(False, sampling, sampling)
+            for i in range(1, n):
+                kv = b.kv_tokens + i * sampling
+                out.append(dense + (max(4.0 * float(kv) * heads * hd / flops,
+                                        2 * kv_bytes * kv * kvh * hd / bw) + kernel))
+        return out
 
     def d2h(self, b: Batch) -> float:
         return self.hw.d2h_us

@@ -44,12 +44,19 @@ def cell_notes(cells: list[GridCell]) -> list[str]:
 
 
 def run_sweep(grid: Grid, out, jobs: int = 1, cluster: str | None = None, fresh: bool = False,
-              progress: bool = False) -> SweepRun:
-    """Run every cell not yet in OUT/cells.jsonl and write OUT/sweep.csv and OUT/sweep.json."""
+              progress: bool = False, band: bool = False) -> SweepRun:
+    """Run every cell not yet in OUT/cells.jsonl and write OUT/sweep.csv and OUT/sweep.json;
+    `band`: each cell with its bands (sim/bands.py), kept under a key of its own."""
+    import hashlib
+
     from tqdm import tqdm
+    from stepgap.sim.sweep_runners import run_band_cell, run_cell
 
     t0 = time.perf_counter()
     cells = grid.cells()
+    if band:
+        for c in cells:
+            c.key = hashlib.sha256(f"{c.key}:band".encode()).hexdigest()[:16]
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -58,7 +65,8 @@ def run_sweep(grid: Grid, out, jobs: int = 1, cluster: str | None = None, fresh:
         raise UserError(f"--out {out}: {e.strerror}") from None
     todo = [c for c in cells if c.key not in store.done]
     settings = [c.settings for c in todo]
-    runner = run_cluster(settings, cluster) if cluster else run_local(settings, jobs)
+    fn = run_band_cell if band else run_cell
+    runner = run_cluster(settings, cluster, fn) if cluster else run_local(settings, jobs, fn)
     try:
         with tqdm(total=len(cells), initial=len(cells) - len(todo), disable=not progress,
                   unit="cell", desc="sweep", dynamic_ncols=True) as bar:

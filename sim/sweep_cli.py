@@ -122,6 +122,11 @@ def register(sub) -> None:
     g.add_argument("--dry-run", action="store_true",
                    help="check the grid, say how many cells it has and how many are done, "
                         "run nothing")
+    g.add_argument("--band", action="store_true",
+                   help="also run every cell with each uncertain input at the ends of its range "
+                        "(sim/bands.py): the table gets the band of mean TPOT and mean ITL "
+                        "(*_low, *_high) and the inputs that dominate each (band_dominant); "
+                        "about 5 times the simulations")
     g = p.add_argument_group("output")
     g.add_argument("--plot", action="store_true",
                    help="then draw the sweep's figures into DIR/plots (as `stepgap plot sweep`)")
@@ -193,12 +198,21 @@ def _steps(text: str) -> tuple[int, int]:
 
 
 def run_sweep_cmd(args) -> int:
+    from stepgap.common.errors import UserError
     from stepgap.common.fileio import check_writable
     from stepgap.sim.sweep import cell_notes, run_sweep
     from stepgap.sim.sweep_grid import build_grid, format_cell
     from stepgap.sim.sweep_store import CellStore
 
+    if args.cluster == "":
+        raise UserError("--cluster '': no address; give a Dask scheduler's (tcp://host:8786), "
+                        "ray://host:port or ray, or leave --cluster out to run on local "
+                        "processes")
     grid = build_grid(args.grid, args.grid_file, args.preset, args.set)
+    if args.plot:   # a sweep that cannot be drawn is found before it runs, not after
+        from stepgap.sim.plots import plot_axis
+        plot_axis(grid.axes, None, "--plot")
+        check_metric(args.metric)
     if not args.dry_run:
         check_writable(args.out, "--out", folder=True)
     if args.dry_run:
@@ -214,7 +228,7 @@ def run_sweep_cmd(args) -> int:
             print(f"  first cell: {format_cell(cells[0].values)}")
         return 0
     run = run_sweep(grid, args.out, jobs=args.jobs, cluster=args.cluster, fresh=args.fresh,
-                    progress=not args.quiet)
+                    progress=not args.quiet, band=args.band)
     if not args.quiet:
         for line in run.notes:
             print(f"note: {line}")
@@ -239,6 +253,14 @@ def plot_sweep_cmd(args) -> int:
     return draw_sweep(table, out, args.metric, args.x, args.quiet)
 
 
+def check_metric(metric: str) -> None:
+    from stepgap.common.errors import UserError
+    from stepgap.sim.sweep_table import COLUMNS, TEXT_COLUMNS
+    if metric not in COLUMNS or metric in TEXT_COLUMNS:
+        numeric = [c for c in COLUMNS if c not in TEXT_COLUMNS]
+        raise UserError(f"--metric: unknown metric {metric!r} (columns: {', '.join(numeric)})")
+
+
 def draw_sweep(table, out: Path, metric: str, x: str | None, quiet: bool) -> int:
     """The sweep's figures and best_k.csv in `out`. Every figure is drawn before any file is
     written, so that a sweep that cannot be drawn leaves nothing half written; a cell whose
@@ -250,13 +272,10 @@ def draw_sweep(table, out: Path, metric: str, x: str | None, quiet: bool) -> int
 
     from stepgap.common.timeline_plots import render
     from stepgap.sim import plots
-    from stepgap.sim.sweep_table import COLUMNS, TEXT_COLUMNS
     from stepgap.common.errors import UserError
     from stepgap.common.fileio import write_bytes, write_text
 
-    if metric not in COLUMNS or metric in TEXT_COLUMNS:
-        numeric = [c for c in COLUMNS if c not in TEXT_COLUMNS]
-        raise UserError(f"--metric: unknown metric {metric!r} (columns: {', '.join(numeric)})")
+    check_metric(metric)
     files, best_rows = [], []
     views = plots.views(table, x)
     drawn = [v for v in views if plots.has_finite(v, metric)]

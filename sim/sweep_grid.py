@@ -26,9 +26,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from stepgap.common.errors import UserError
-from stepgap.common.fileio import read_json, read_toml
+from stepgap.common.fileio import check_file, read_json, read_toml
 from stepgap.common.options import WORKLOAD_FLAGS
-from stepgap.sim.config import ALIASES, SimConfig, resolve
+from stepgap.sim.config import ALIASES, SimConfig, profile_defaults, resolve
 from stepgap.sim.sweep_keys import cell_key
 
 # vLLM's spellings a grid takes besides SimConfig's fields (vllm_settings makes them into the
@@ -200,8 +200,7 @@ def parse_assignment(text: str, src: str) -> tuple[str, str]:
 def load_grid_file(path) -> tuple[str | None, dict, dict]:
     """(preset, base, axes) from a TOML or JSON file with `preset`, `[base]` and `[grid]`."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: grid file not found")
+    check_file(path, "grid file")
     if path.suffix == ".toml":
         doc = read_toml(path)
     elif path.suffix == ".json":
@@ -281,8 +280,9 @@ class Grid:
         cells, workloads = [], {}
         for combo in itertools.product(*self.axes.values()):
             values = dict(zip(self.axes, combo))
-            try:
+            try:   # a profile runs where it was measured unless the grid says otherwise
                 settings = vllm_settings({**self.base, **values}, explicit)
+                settings, _ = profile_defaults(settings, set(settings))
                 cfg = SimConfig(**settings)
                 r = resolve(cfg)
                 wkey = (cfg.workload, cfg.num_prompts, cfg.output_len, cfg.seed,

@@ -57,9 +57,11 @@ def model_sources(roots: tuple[str, ...] = MODEL_ROOTS, root: Path = PACKAGE_ROO
 
 
 @functools.cache
-def model_digest() -> str:
+def model_digest(roots: tuple[str, ...] = MODEL_ROOTS) -> str:
+    """A hash of the project's code that `roots` import (`model_sources`): the simulator's,
+    by default (the tests key their tiny checkpoints by training/tiny.py's)."""
     h = hashlib.sha256()
-    for name in model_sources():
+    for name in model_sources(roots):
         h.update(name.encode() + b"\0")
         h.update((PACKAGE_ROOT / name).read_bytes())
     return h.hexdigest()[:16]

@@ -4,6 +4,7 @@ extra). Every cell runs with its own settings' seed, so every runner gives the s
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import multiprocessing
 import os
@@ -14,9 +15,13 @@ from typing import Callable, Iterator
 
 from stepgap.common.errors import UserError
 from stepgap.sim.config import SimConfig
-from stepgap.sim.sweep_table import RESULT_METRICS
+from stepgap.sim.sweep_table import BANDED, RESULT_METRICS
 
-CONNECT_TIMEOUT = "10s"      # to reach a Dask scheduler
+# A cluster that is none, or that loses its workers, ends a sweep in bounded time, one line
+# (run_cluster); the cells done by then stay stored (sim/sweep_store.py).
+CONNECT_S = 10.0        # to reach a scheduler and hear it speak (an HTTP port never does)
+WORKERS_S = 30.0        # the most a sweep waits with no worker: at start, or after losing them
+POLL_S = 0.5            # how often a sweep with no cell finished looks at the workers
 
 
 def run_cell(settings: dict) -> dict:
@@ -25,6 +30,19 @@ def run_cell(settings: dict) -> dict:
 
     res, _ = simulate(SimConfig(**settings))
     return metrics_of(res)
+
+
+def run_band_cell(settings: dict) -> dict:
+    """Simulate one cell and its bands (sim/bands.py): its metrics, with the low and high end
+    of each BANDED metric and the inputs that dominate its band."""
+    from stepgap.sim.bands import run_bands
+    res, _, bands, _ = run_bands(settings, metrics=BANDED)
+    row = metrics_of(res)
+    for m, b in bands.items():
+        row[f"{m}_low"], row[f"{m}_high"] = b.low, b.high
+    row["band_dominant"] = "; ".join(f"{m}: {', '.join(b.dominant) or '-'}"
+                                     for m, b in bands.items())
+    return row
 
 
 def metrics_of(res: dict) -> dict:
@@ -113,18 +131,19 @@ def stop_pool(ex: ProcessPoolExecutor) -> None:
     ex.shutdown(wait=True, cancel_futures=True)
 
 
-def run_local(settings: list[dict], jobs: int) -> Iterator[tuple[int, dict]]:
-    """(index, metrics) as cells finish, over `jobs` processes (1: in this process)."""
+def run_local(settings: list[dict], jobs: int, fn: Callable = run_cell
+              ) -> Iterator[tuple[int, dict]]:
+    """(index, fn(settings)) as cells finish, over `jobs` processes (1: in this process)."""
     if jobs <= 1 or len(settings) <= 1:
         for i, s in enumerate(settings):
-            yield i, run_cell(s)
+            yield i, fn(s)
         return
     ctx = multiprocessing.get_context()
     ex = ProcessPoolExecutor(max_workers=min(jobs, len(settings)), mp_context=ctx,
                              initializer=_pool_worker_signals,
                              initargs=(os.getpid(), ctx.get_start_method() == "fork"))
     try:
-        futures = {ex.submit(run_cell, s): i for i, s in enumerate(settings)}
+        futures = {ex.submit(fn, s): i for i, s in enumerate(settings)}
         for f in as_completed(futures):
             yield futures[f], f.result()
     except BaseException:   # interrupted, or the consumer stopped (GeneratorExit)
@@ -147,16 +166,61 @@ class ClusterEngine:
 
 
 def _dask_connect(address: str):
+    """A Dask client of the scheduler at `address`. Made in a thread of its own, so that an
+    address that accepts and never answers as a Dask scheduler (a port that speaks HTTP, or
+    nothing) fails after CONNECT_S: distributed's own timeout leaves that wait unbounded."""
+    import threading
+
     from distributed import Client
-    return Client(address, timeout=CONNECT_TIMEOUT)
+    made: dict = {}
+
+    def connect() -> None:
+        try:
+            made["client"] = Client(address, timeout=f"{CONNECT_S:g}s", set_as_default=False)
+        except BaseException as e:
+            made["error"] = e
+
+    t = threading.Thread(target=connect, name="dask-connect", daemon=True)
+    t.start()
+    t.join(CONNECT_S + 5.0)
+    if "error" in made:
+        raise made["error"]
+    if "client" not in made:
+        raise TimeoutError(f"no Dask scheduler answered within {CONNECT_S:g} s (a port that "
+                           "speaks another protocol, or none, gives no answer)")
+    return made["client"]
 
 
-def _dask_run(client, settings: list[dict]) -> Iterator[tuple[int, dict]]:
+def _dask_workers(client) -> int:
+    """How many workers the scheduler has now (it answers within CONNECT_S, or the error
+    says it is gone)."""
+    return len(client.nthreads(callback_timeout=CONNECT_S))
+
+
+def _dask_run(client, settings: list[dict], fn: Callable = run_cell
+              ) -> Iterator[tuple[int, dict]]:
+    """(index, metrics) as cells finish. With no worker for WORKERS_S (none joined, or the last
+    one died) the sweep ends: a Dask scheduler would hold its tasks for a worker forever."""
+    import time
+
     from distributed import as_completed as dask_completed
-    futures = client.map(run_cell, settings, pure=False)
+    futures = client.map(fn, settings, pure=False)
     index = {f.key: i for i, f in enumerate(futures)}
-    for f in dask_completed(futures):
-        yield index[f.key], f.result()
+    with client.as_current():   # as_completed finds its client there
+        pending = dask_completed(futures)
+    seen_worker = time.monotonic()
+    while not pending.is_empty():
+        finished = pending.next_batch(block=False)
+        for f in finished:
+            yield index[f.key], f.result()
+        if finished:
+            continue
+        if _dask_workers(client):
+            seen_worker = time.monotonic()
+        elif time.monotonic() - seen_worker > WORKERS_S:
+            raise TimeoutError(f"the scheduler has had no worker for {WORKERS_S:g} s (none "
+                               "joined, or they died), with cells still to run")
+        time.sleep(POLL_S)
 
 
 def _ray_connect(address: str):
@@ -166,9 +230,9 @@ def _ray_connect(address: str):
                     log_to_driver=False, logging_level="warning")
 
 
-def _ray_run(_, settings: list[dict]) -> Iterator[tuple[int, dict]]:
+def _ray_run(_, settings: list[dict], fn: Callable = run_cell) -> Iterator[tuple[int, dict]]:
     import ray
-    cell = ray.remote(num_cpus=1)(run_cell)   # one CPU each: a cell is pure Python
+    cell = ray.remote(num_cpus=1)(fn)   # one CPU each: a cell is pure Python
     refs = [cell.remote(s) for s in settings]
     index = {ref: i for i, ref in enumerate(refs)}
     pending = refs
@@ -186,8 +250,9 @@ def cluster_engine(address: str) -> ClusterEngine:
     return RAY if address == "ray" or address.startswith("ray://") else DASK
 
 
-def run_cluster(settings: list[dict], address: str) -> Iterator[tuple[int, dict]]:
-    """(index, metrics) as cells finish on the cluster at `address` (`cluster_engine`)."""
+def run_cluster(settings: list[dict], address: str, fn: Callable = run_cell
+                ) -> Iterator[tuple[int, dict]]:
+    """(index, fn(settings)) as cells finish on the cluster at `address` (`cluster_engine`)."""
     engine = cluster_engine(address)
     try:
         importlib.import_module(engine.module)
@@ -199,4 +264,13 @@ def run_cluster(settings: list[dict], address: str) -> Iterator[tuple[int, dict]
     except (OSError, TimeoutError, ValueError, ConnectionError) as e:
         raise UserError(f"--cluster {address}: cannot connect ({e})") from None
     with session:
-        yield from engine.run(session, settings)
+        try:
+            yield from engine.run(session, settings, fn)
+        except UserError:   # a cell's own bad input, raised where it ran
+            raise
+        except (Exception, asyncio.CancelledError) as e:   # Dask's FutureCancelledError is
+            why = str(e).splitlines()[0] if str(e) else "no message"   # not an Exception
+            why = why if isinstance(e, TimeoutError) else \
+                f"the cluster failed: {type(e).__name__}: {why}"
+            raise UserError(f"--cluster {address}: {why}; the cells finished before it are "
+                            "stored, and the sweep resumes from them when run again") from None

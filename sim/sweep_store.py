@@ -64,24 +64,42 @@ class CellStore:
             d["metrics"] = metrics
         if not isinstance(metrics, dict) or not all(is_column_value(k, v)
                                                     for k, v in metrics.items()):
-            raise UserError(f"{where(self.path, lineno, 'metrics')}: expected an object of "
-                            f"numbers, got {str(metrics)[:60]!r}; delete the line, or rerun "
-                            "with --fresh")
+            bad = next((k for k, v in metrics.items() if not is_column_value(k, v)), None) \
+                if isinstance(metrics, dict) else None
+            field = "metrics" if bad is None else f"metrics.{bad}"
+            got = metrics if bad is None else metrics[bad]
+            raise UserError(f"{where(self.path, lineno, field)}: expected "
+                            + ("an object of numbers" if bad is None else
+                               "a mode" if bad in TEXT_COLUMNS else "a number >= 0")
+                            + f", got {str(got)[:60]!r}; delete the line, or rerun with --fresh")
         return d["cell"]
 
     def add(self, cell: GridCell, metrics: dict) -> None:
-        if self._file is None:
-            self._file = self.path.open("ab")
-            if self.cut_at is not None:
-                self._file.truncate(self.cut_at)
-            elif self.newline_due:
-                self._file.write(b"\n")
-        self._file.write((dumps_json({"cell": cell.key, "values": cell.values,
-                                      "metrics": metrics}) + "\n").encode())
-        self._file.flush()
+        """Append the cell's line. A disk that fills up (ENOSPC) or a file-size limit
+        (`ulimit -f`, EFBIG) ends the sweep in one line: the cells done stay stored, a line
+        torn by the failed write is cut off by the next run, which resumes."""
+        line = (dumps_json({"cell": cell.key, "values": cell.values, "metrics": metrics})
+                + "\n").encode()
+        try:
+            if self._file is None:
+                self._file = open(self.path, "ab", buffering=0)   # each line written at once
+                if self.cut_at is not None:
+                    self._file.truncate(self.cut_at)
+                elif self.newline_due:
+                    self._file.write(b"\n")
+            view = memoryview(line)
+            while view:   # a raw write may take part of the line (a disk filling up)
+                view = view[self._file.write(view):]
+        except OSError as e:
+            raise UserError(f"{self.path}: cannot write ({e.strerror}); the {len(self.done)} "
+                            "cells done before it are stored, and the sweep resumes from them "
+                            "when run again") from None
         self.done[cell.key] = metrics
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:   # unbuffered: nothing is left to write
+                pass
             self._file = None

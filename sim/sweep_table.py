@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,19 +27,26 @@ COLUMNS = RESULT_METRICS + (
     "prefix_cache_hit_rate",   # prompt tokens the prefix cache found, of those looked up
     "simulated_mode",   # the mode the cell ran in (an n-gram cell asked for async runs sync)
 )
+# With --band: each BANDED metric's band (sim/bands.py) and the inputs dominating each band.
+BANDED = ("mean_tpot_ms", "mean_itl_ms")
+BAND_COLUMNS = tuple(f"{m}_{end}" for m in BANDED for end in ("low", "high")) + \
+    ("band_dominant",)
 # The x axis of a sweep's figures (sim/plots.py): the load, or the shared fraction of the prompt
 X_AXES = ("max_concurrency", "request_rate", "shared_fraction")
-TEXT_COLUMNS = ("simulated_mode",)   # the columns that are not numbers (not plotted)
+TEXT_COLUMNS = ("simulated_mode", "band_dominant")   # not numbers (not plotted)
 
 
 def is_column_value(key: str, v) -> bool:
-    """What a finished cell may hold in a column: a number (a mode name in TEXT_COLUMNS), or
-    None where a metric has no value."""
+    """What a finished cell may hold in a column: a number >= 0 (every metric is a time, a
+    count, a rate or a fraction), or one that is not finite (left blank in the figures), a
+    mode name in TEXT_COLUMNS, or None where a metric has no value."""
     if v is None:
         return True
+    if key == "band_dominant":
+        return isinstance(v, str)
     if key in TEXT_COLUMNS:
         return v in MODES
-    return is_number(v)
+    return is_number(v) and not (math.isfinite(v) and v < 0)
 
 
 @dataclass(slots=True)
@@ -53,7 +61,8 @@ class SweepTable:
 
     @property
     def columns(self) -> list[str]:
-        return [*self.axes, *COLUMNS, "cell"]
+        band = any("band_dominant" in r for r in self.rows)
+        return [*self.axes, *COLUMNS, *(BAND_COLUMNS if band else ()), "cell"]
 
     def csv_text(self) -> str:
         buf = io.StringIO()
@@ -114,10 +123,12 @@ def load_sweep(path) -> SweepTable:
         raise UserError(f"{where(path, field='rows')}: {what} (expected a list of rows)")
     for n, r in enumerate(rows):
         for key, v in r.items():
-            if key in COLUMNS and key not in TEXT_COLUMNS and v in NONFINITE:
+            known = key in COLUMNS or key in BAND_COLUMNS
+            if known and key not in TEXT_COLUMNS and v in NONFINITE:
                 r[key] = float(v)   # as save_result wrote it
-            elif key in COLUMNS and not is_column_value(key, v):
-                expected = "a mode" if key in TEXT_COLUMNS else "a number"
+            elif known and not is_column_value(key, v):
+                expected = "a string" if key == "band_dominant" else \
+                    "a mode" if key in TEXT_COLUMNS else "a number >= 0 (or none)"
                 raise UserError(f"{where(path, field=f'rows[{n}].{key}')}: expected {expected}, "
                                 f"got {v!r}")
     if not isinstance(doc.get("base", {}), dict):
@@ -125,7 +136,29 @@ def load_sweep(path) -> SweepTable:
     axes = {k: [_restore(k, v, path) for v in vals] for k, vals in axes.items()}
     rows = [{k: (_restore(k, v, path) if k in axes else v) for k, v in r.items()}
             for r in rows]
+    check_cells(axes, rows, path)
     return SweepTable(doc.get("preset"), doc.get("base", {}), axes, rows, str(path))
+
+
+def check_cells(axes: dict, rows: list[dict], path) -> None:
+    """Every axis value a number where it is one (not NaN: a NaN cell matches no row), and one
+    row per cell, its axis values the axes': a row given twice, or off the grid, would leave
+    its cell without a value and the figures blaming the metric."""
+    for key, vals in axes.items():
+        if any(isinstance(v, float) and v != v for v in vals):
+            raise UserError(f"{where(path, field=f'axes.{key}')}: NaN is no value of an axis")
+    seen: dict[tuple, int] = {}
+    for n, r in enumerate(rows):
+        for key, vals in axes.items():
+            if key not in r or r[key] not in vals:
+                raise UserError(f"{where(path, field=f'rows[{n}].{key}')}: expected one of the "
+                                f"axis's values {vals}, got {r.get(key)!r}")
+        cell = tuple(r[key] for key in axes)
+        if cell in seen:
+            at = ", ".join(f"{k}={v}" for k, v in zip(axes, cell))
+            raise UserError(f"{where(path, field=f'rows[{n}]')}: the same cell ({at}) as "
+                            f"rows[{seen[cell]}]; a sweep has one row per cell")
+        seen[cell] = n
 
 
 def _restore(key: str, v, path):

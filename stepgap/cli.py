@@ -3,7 +3,8 @@
 Each module listed in COMMAND_MODULES (one per package: its cli.py) defines
 `register(subparsers)`, which adds the package's subcommands and sets `func` on them.
 Registration must stay cheap: modules import torch and other heavy packages inside their
-handlers, so that `stepgap --help` and `stepgap simulate` start fast.
+handlers, so that `stepgap --help` and `stepgap simulate` start fast (tests/test_startup.py
+checks that --help, simulate, sweep, plot and compare never import torch).
 """
 
 from __future__ import annotations
@@ -79,25 +80,71 @@ def vllm_spelling(argv: list[str]) -> list[str]:
 NOT_PATHS = ("KEY=VALUE", "KEY=VALUES", "LIST", "ADDRESS")
 
 
-def empty_path(parser, args):
-    """(the command's parser, the option) of the first file, folder or name given as '': an
-    empty path is no path, and `if path:` would silently drop the output it asks for."""
+def _subcommand(parser, args):
+    """The parser of the subcommand that ran (`plot timeline`, `ingest vllm-bench`)."""
     command = parser.commands[args.command]
-    while True:   # down to the subcommand that ran (`plot timeline`, `ingest vllm-bench`)
+    while True:
         sub = next((a for a in command._actions
                     if isinstance(a, argparse._SubParsersAction)), None)
         if sub is None or getattr(args, sub.dest, None) not in sub.choices:
-            break
+            return command
         command = sub.choices[getattr(args, sub.dest)]
+
+
+def path_options(command, args):
+    """(action, its name, its values as a list) of every option or argument of `command` whose
+    value is a path or a name: untyped, with a metavar other than NOT_PATHS."""
     for action in command._actions:
         if action.type is not None or action.choices is not None or action.nargs == 0 \
                 or action.metavar is None or action.metavar in NOT_PATHS:
             continue
         value = getattr(args, action.dest, None)
-        if value == "" or isinstance(value, list) and "" in value:
-            name = action.option_strings[0] if action.option_strings else action.metavar
+        name = action.option_strings[0] if action.option_strings else action.metavar
+        yield action, name, value if isinstance(value, list) else [value]
+
+
+def empty_path(parser, args):
+    """(the command's parser, the option) of the first file, folder or name given as '': an
+    empty path is no path, and `if path:` would silently drop the output it asks for."""
+    command = _subcommand(parser, args)
+    for _, name, values in path_options(command, args):
+        if "" in values:
             return command, name
     return None
+
+
+# Options whose value is a file the command writes (besides `--out FILE`), and those whose value
+# is a folder it writes into or a name; every other path option or argument is one it reads.
+FILE_OUTPUTS = ("result_json", "timeline", "chrome_trace", "chrome", "trace_out")
+FOLDER_METAVARS = ("DIR", "OUT")
+NOT_INPUTS = ("out", "result_dir", "result_filename", "served_model_name")
+
+
+def command_paths(parser, args) -> tuple[list, list]:
+    """(outputs, inputs) of the command that ran: (option, path) pairs of its file outputs and
+    of every file or folder it reads (a `ROW=PATH` argument as its PATH)."""
+    outputs, inputs = [], []
+    for action, name, values in path_options(_subcommand(parser, args), args):
+        for v in values:
+            if not isinstance(v, str) or not v:
+                continue
+            if action.dest in FILE_OUTPUTS or action.dest == "out" \
+                    and action.metavar not in FOLDER_METAVARS:
+                outputs.append((name, v))
+            elif action.dest not in NOT_INPUTS:
+                path = v if os.path.exists(v) or "=" not in v else v.partition("=")[2]
+                inputs.append((name, path))
+    return outputs, inputs
+
+
+def output_over_input(parser, args) -> None:
+    """An output that names (or links to) an input of the same command is refused before any
+    work (common/fileio.py check_not_input); the inputs stay on `args` for the outputs a command
+    derives (a timeline's Chrome trace beside it: common/options.py check_outputs)."""
+    from stepgap.common.fileio import check_not_input
+    outputs, inputs = command_paths(parser, args)
+    args.input_paths = inputs
+    check_not_input(outputs, inputs)
 
 
 class Terminated(KeyboardInterrupt):
@@ -158,53 +205,83 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. Exit status: 0, 2 for bad input (one line naming the file, line and
     field; docs/robustness.md) or an output that cannot be written (stdout closed or full
     among them), 1 for a failed run, 130 on Ctrl-C, 143 on SIGTERM, 141 when stdout's reader
-    has gone."""
-    from stepgap.common.options import model_tag
-    parser = build_parser()
-    argv = vllm_spelling(sys.argv[1:] if argv is None else argv)
-    try:
-        argv = model_tag(parser, argv)
-    except UserError as e:
-        print(f"stepgap {argv[0]}: error: {e}", file=sys.stderr)
-        return 2
-    args, extra = parser.parse_known_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    empty = empty_path(parser, args)
-    if empty:
-        empty[0].error(f"argument {empty[1]}: an empty path ('') names no file or folder")
-    if extra:   # a pasted vLLM option is named and ignored; anything else is an error
-        command = parser.commands[args.command]
-        if not getattr(args, "vllm_options", False):
-            command.error(f"unrecognized arguments: {' '.join(extra)}")
-        from stepgap.common.options import ignore_vllm_options
-        ignore_vllm_options(command, args, extra)
+    has gone. Ctrl-C or SIGTERM while the parser is built (it imports every command's module)
+    is one line too, as anywhere else."""
     on_main_thread = threading_main()
     if on_main_thread:
         old = signal.signal(signal.SIGTERM, _terminate)
         stdout = sys.stdout = CheckedStdout(sys.stdout)
+    name = "stepgap"
     try:
+        _tolerant_help_streams()
+        from stepgap.common.options import model_tag
+        parser = build_parser()
+        argv = vllm_spelling(sys.argv[1:] if argv is None else argv)
+        if argv:
+            name = f"stepgap {argv[0]}"
+        args, extra = parser.parse_known_args(model_tag(parser, argv))
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        name = f"stepgap {args.command}"
+        check_command_line(parser, args, extra)
         code = args.func(args) or 0
         sys.stdout.flush()
         return code
     except UserError as e:
         if isinstance(e, StdoutError):
             _stdout_gone()   # what is still buffered would fail again at exit
-        print(f"stepgap {args.command}: error: {e}", file=sys.stderr)
+        say(f"{name}: error: {e}")
         return 2
     except BrokenPipeError:
         _stdout_gone()
         return 141
     except KeyboardInterrupt as e:
         how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
-        print(f"stepgap {args.command}: {how}", file=sys.stderr)
+        say(f"{name}: {how}")
         return 143 if isinstance(e, Terminated) else 130
     finally:
         if on_main_thread:
             signal.signal(signal.SIGTERM, old if old is not None else signal.SIG_DFL)
             if sys.stdout is stdout:
                 sys.stdout = stdout.stream
+
+
+def check_command_line(parser, args, extra: list[str]) -> None:
+    """What the parser cannot see alone, before the command runs: an empty path, leftover words
+    (a pasted vLLM option is named and ignored), an output naming one of the inputs."""
+    empty = empty_path(parser, args)
+    if empty:
+        empty[0].error(f"argument {empty[1]}: an empty path ('') names no file or folder")
+    if extra:
+        command = parser.commands[args.command]
+        if not getattr(args, "vllm_options", False):
+            command.error(f"unrecognized arguments: {' '.join(extra)}")
+        from stepgap.common.options import ignore_vllm_options
+        ignore_vllm_options(command, args, extra)
+    output_over_input(parser, args)
+
+
+def say(line: str) -> None:
+    """One line to stderr; where stderr is closed (`2>&-`) or fails, nothing: the exit status
+    still says what happened."""
+    if sys.stderr is None:   # print(file=None) would write to stdout
+        return
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _tolerant_help_streams() -> None:
+    """A stdout or stderr that cannot encode a character of a help text (an ASCII locale, `µs`)
+    writes a replacement for it rather than fail in a UnicodeEncodeError."""
+    for stream in (getattr(sys.stdout, "stream", sys.stdout), sys.stderr):
+        if stream is not None and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="replace")
+            except (OSError, ValueError):
+                pass
 
 
 def threading_main() -> bool:

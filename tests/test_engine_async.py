@@ -20,15 +20,18 @@ def process_executor():
     assert not ex.proc.is_alive()
 
 
-@pytest.fixture(params=["inline", "process"])
-def executor(request, process_executor):
-    return inline_executor() if request.param == "inline" else process_executor
+# The executor changes only how a step travels (calls in this process, or pipes to a worker
+# process), not what it computes: every case runs inline, and the process executor runs a
+# subset that takes every value of every axis (docs/design.md, "Tests"). Its own faults (a
+# killed worker, an interrupt, an error) are tested below.
+MODES, KS, CONCURRENCIES = ("async", "zero-bubble"), (0, 1, 3, 5), (1, 4, 16)
+CASES = [(mode, k, c) for mode in MODES for k in KS for c in CONCURRENCIES]
+# each mode with each k once, the concurrency turning: k > 0 at concurrency 1 in both modes
+PROCESS_CASES = [(mode, k, CONCURRENCIES[(i + j) % len(CONCURRENCIES)])
+                 for i, mode in enumerate(MODES) for j, k in enumerate(KS)]
 
 
-@pytest.mark.parametrize("concurrency", [1, 4, 16])
-@pytest.mark.parametrize("k", [0, 1, 3, 5])
-@pytest.mark.parametrize("mode", ["async", "zero-bubble"])
-def test_overlapped_modes_emit_exactly_the_sync_tokens(executor, mode, k, concurrency):
+def assert_emits_the_sync_tokens(executor, mode, k, concurrency):
     out = run(executor, REQS, mode=mode, k=k, max_num_seqs=16, max_concurrency=concurrency)
     assert_lossless(out)  # the target's own greedy output, which sync also gives
     if k and concurrency == 1:
@@ -36,12 +39,33 @@ def test_overlapped_modes_emit_exactly_the_sync_tokens(executor, mode, k, concur
         assert out.num_discarded > 0
 
 
-@pytest.mark.parametrize("k", [1, 3])
-@pytest.mark.parametrize("mode", ["async", "zero-bubble"])
-def test_overlapped_modes_are_lossless_under_preemption(executor, mode, k):
+@pytest.mark.parametrize("mode, k, concurrency", CASES)
+def test_overlapped_modes_emit_exactly_the_sync_tokens(mode, k, concurrency):
+    assert_emits_the_sync_tokens(inline_executor(), mode, k, concurrency)
+
+
+@pytest.mark.parametrize("mode, k, concurrency", PROCESS_CASES)
+def test_overlapped_modes_emit_exactly_the_sync_tokens_through_a_worker_process(
+        process_executor, mode, k, concurrency):
+    assert_emits_the_sync_tokens(process_executor, mode, k, concurrency)
+
+
+def assert_lossless_under_preemption(executor, mode, k):
     out = run(executor, REQS, mode=mode, k=k, num_blocks=12)
     assert out.result["config"]["num_preemptions"] > 0
     assert_lossless(out)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("mode", MODES)
+def test_overlapped_modes_are_lossless_under_preemption(mode, k):
+    assert_lossless_under_preemption(inline_executor(), mode, k)
+
+
+@pytest.mark.parametrize("mode, k", [("async", 3), ("zero-bubble", 1)])
+def test_overlapped_modes_are_lossless_under_preemption_through_a_worker_process(
+        process_executor, mode, k):
+    assert_lossless_under_preemption(process_executor, mode, k)
 
 
 def test_zero_bubble_fixes_up_on_the_device_and_async_waits_for_counts():

@@ -121,3 +121,19 @@ def test_target_folder_loads_in_transformers(paths):
     transformers = pytest.importorskip("transformers")
     hf = transformers.LlamaForCausalLM.from_pretrained(paths["target"])
     assert hf.config.num_hidden_layers == 4
+
+
+def test_the_tests_cached_checkpoints_are_made_again_when_a_byte_changes(paths, tmp_path):
+    """tests/helpers.py keeps the tiny checkpoints between runs; a kept folder whose files
+    were changed (a test that wrote into it) is not used but made again."""
+    from pathlib import Path
+    from tests.helpers import TRAIN_STEPS, read_made, tiny_key
+    cached = Path(paths["target"]).parent
+    shutil.copytree(cached, tmp_path / "c")
+    assert read_made(tmp_path / "c")["target"] == "target"
+    f = tmp_path / "c" / "eagle3-yuhuili" / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 1
+    f.write_bytes(bytes(data))
+    assert read_made(tmp_path / "c") is None
+    assert tiny_key(TRAIN_STEPS) == cached.name != tiny_key(TRAIN_STEPS - 1)

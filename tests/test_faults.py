@@ -177,3 +177,79 @@ def test_a_closed_stdout_is_no_traceback(tmp_path):
     os.close(write)
     assert proc.returncode == 141
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Round 3 (issue 38): the first seconds of a command, closed streams, gzip bombs
+
+
+# `python -c` this: the command, signalled by itself in the middle of building its parser, once
+# the first command module has registered its commands (the parser no longer imports torch, so
+# no moment of a real start is long enough to be hit from outside every time).
+SIGNAL_WHILE_PARSING = """
+import importlib, os, signal, sys
+import stepgap.cli as cli
+
+class Importer:
+    calls = 0
+
+    def import_module(self, name):
+        Importer.calls += 1
+        if Importer.calls == 2:
+            os.kill(os.getpid(), signal.{sig})
+        return importlib.import_module(name)
+
+cli.importlib = Importer()
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"),
+                                             (signal.SIGTERM, 143, "terminated (SIGTERM)")])
+def test_a_signal_while_the_parser_is_built_is_one_line(sig, code, word):
+    """Ctrl-C in a command's first moment, while the parser is built, used to print a
+    KeyboardInterrupt traceback: the parser was built outside main()'s try."""
+    p = subprocess.run([sys.executable, "-c", SIGNAL_WHILE_PARSING.format(sig=sig.name),
+                        "simulate", "--num-prompts", "2", "--quiet"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == code, p.stderr
+    assert p.stderr.strip().splitlines()[-1].endswith(word) and "Traceback" not in p.stderr
+
+
+def test_bad_input_with_stderr_and_stdout_closed_is_still_status_2():
+    r = subprocess.run(["bash", "-c", f"{sys.executable} -m stepgap simulate --trace missing "
+                        "2>&- >&-"], cwd=ROOT, timeout=120)
+    assert r.returncode == 2
+
+
+def test_help_on_an_ascii_stdout_replaces_what_it_cannot_encode():
+    r = subprocess.run([sys.executable, "-m", "stepgap", "sweep", "--help"], cwd=ROOT,
+                       capture_output=True, timeout=120, env={**os.environ,
+                                                              "PYTHONIOENCODING": "ascii"})
+    assert r.returncode == 0 and b"Traceback" not in r.stderr
+    assert b"ms (?s for step gaps)" in r.stdout   # µs, as the ASCII codec can write it
+
+
+def test_a_gzip_bomb_is_refused_at_the_limit_without_filling_the_memory(tmp_path):
+    """3 GB of spaces packed into 3 MB, as a --trace: decompressed a piece at a time and refused
+    past MAX_DECOMPRESSED_BYTES (1 GiB), under an address-space limit of 3 GiB that the whole
+    of it would pass."""
+    import gzip
+    import resource
+
+    from stepgap.common.limits import MAX_DECOMPRESSED_BYTES
+    path = tmp_path / "t.jsonl.gz"
+    with gzip.open(path, "wb", compresslevel=9) as f:
+        piece = b" " * (64 << 20)
+        for _ in range(48):   # 3 GiB
+            f.write(piece)
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+    r = subprocess.run([sys.executable, "-m", "stepgap", "simulate", "--trace", str(path),
+                        "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       preexec_fn=limit)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (f"stepgap simulate: error: {path}: decompresses to more than "
+                                f"{MAX_DECOMPRESSED_BYTES >> 20} MiB (a gzip bomb?); stepgap "
+                                "reads no larger input")

@@ -33,7 +33,7 @@ from unittest import mock
 import pytest
 
 from stepgap.common.formats import RequestTiming, run_result, save_result
-from stepgap.cli import main
+from stepgap.cli import build_parser, main
 
 SEED = int(os.environ.get("STEPGAP_FUZZ_SEED", "16"))
 # (1,000 cases: 17-18 s on this 2-core VM; STEPGAP_FUZZ_CASES=20000 for a longer hunt)
@@ -47,6 +47,17 @@ class Case:
     argv: list[str]
     names: tuple[str, ...]           # the error line names one of these
     fault: Callable | None = None    # a context manager injecting a fault while it runs
+    inputs: tuple = ()               # files the case reads, byte for byte unchanged after it
+    digests: tuple = ()              # (taken when the case is made)
+
+    def __post_init__(self):
+        self.digests = tuple(digest(p) for p in self.inputs)
+
+
+def digest(path) -> bytes | None:
+    import hashlib
+    path = Path(path)
+    return hashlib.sha256(path.read_bytes()).digest() if path.is_file() else None
 
 
 # -------------------------------------------------------------------------------------------
@@ -1108,8 +1119,222 @@ def small_ones(rng: random.Random, d: Path, base: Base) -> Case:
     return Case(how, ["simulate", "--model", path, *sim_args(base, out)], (path,))
 
 
+# -------------------------------------------------------------------------------------------
+# Round 3 (issue 38): gzip bombs, workloads whose size is a product, tiny rates, outputs that
+# name an input or a link that loops, a full sweep store, and the small ones
+
+
+@contextlib.contextmanager
+def small_gzip_limit():
+    """MAX_DECOMPRESSED_BYTES at 1 MiB, so that a bomb costs the test milliseconds; the real
+    limit's own case is tests/test_faults.py's."""
+    with mock.patch("stepgap.common.fileio.MAX_DECOMPRESSED_BYTES", 1 << 20):
+        yield
+
+
+def bomb(path: Path, valid: bytes) -> Path:
+    """A gzip file of `valid` and then 4 MiB of spaces, packed into a few kilobytes."""
+    import gzip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(valid + b" " * (4 << 20), mtime=0))
+    return path
+
+
+class _StoreFillsUp:
+    """The sweep store's file on a disk that fills up: a write takes part of its bytes, the
+    next fails with ENOSPC (or EFBIG: `ulimit -f`)."""
+
+    def __init__(self, f, err: int):
+        self.f, self.err, self.left = f, err, 40
+
+    def write(self, data) -> int:
+        if self.left <= 0:
+            raise OSError(self.err, os.strerror(self.err))
+        n = self.f.write(bytes(data[:self.left]))
+        self.left -= n
+        return n
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+def store_fills_up(err: int):
+    @contextlib.contextmanager
+    def fault():
+        real = open
+        with mock.patch("stepgap.sim.sweep_store.open", create=True,
+                        new=lambda *a, **kw: _StoreFillsUp(real(*a, **kw), err)):
+            yield
+    return fault
+
+
+def round3(rng: random.Random, d: Path, base: Base) -> Case:
+    """The families of round 3: one line naming the file, field or option, exit 2, before any
+    work, nothing written, and every input byte for byte as it was."""
+    out = d / "out"
+    how = rng.choice(["gzip bomb", "workload product", "tiny rate", "tiny speed", "output loop",
+                      "output is an input", "store full", "cluster ''", "plot no axis",
+                      "known miss", "table cells", "negative metric", "fifo"])
+    if how == "gzip bomb":
+        kind = rng.choice(["trace", "run result", "timeline", "measured runs"])
+        if kind == "trace":
+            path = bomb(d / "t.jsonl.gz", json.dumps(trace_lines()[0]).encode() + b"\n")
+            argv = ["simulate", *sim_args(base, out)[2:], "--trace", str(path)]
+        elif kind == "run result":
+            path = bomb(d / "r.json.gz", json.dumps(result_doc()).encode())
+            argv = ["compare", str(path), str(base.result)]
+        elif kind == "timeline":
+            path = bomb(d / "tl.jsonl.gz", json.dumps(span_lines()[0]).encode() + b"\n")
+            argv = ["plot", "timeline", str(path), "--out", str(out / "t.png")]
+        else:
+            folder = measured_folder(d, base)
+            path = bomb(folder / "runs" / "sync-k0-c1.json.gz", json.dumps([result_doc()])
+                        .encode())
+            argv = ["validate", "--from-measured", str(folder), "--out", str(out / "v"),
+                    "--quiet"]
+        return Case(f"{how}: {kind}", argv, (f"{path}: decompresses to more than",),
+                    small_gzip_limit, (path,))
+    if how == "workload product":
+        spec, cut = rng.choice([
+            ("multi-turn:sessions=1000000:turns=1000000", None),
+            ("generated-shared-prefix:num_groups=1000000:prompts_per_group=1000000", None),
+            ("multi-turn:sessions=1000:turns=1000:first_len=1000000", "2000"),
+            ("prefix_repetition:prefix_len=1000000:suffix_len=1000000", "100000")])
+        argv = rng.choice([["simulate", "--quiet"], ["run", "--model", "tiny", "--quiet"],
+                           ["sweep", "--grid", "k=0,1", "--dry-run", "--set",
+                            f"workload={spec}"]])
+        if argv[0] == "sweep":
+            argv += [] if cut is None else ["--set", f"num_prompts={cut}"]
+        else:
+            argv += ["--trace", spec] + ([] if cut is None else ["--num-prompts", cut])
+        return Case(f"{how}: {argv[0]} {spec}", argv, ("workload",))
+    if how == "tiny rate":
+        rate = rng.choice(["1e-20", "1e-300", "1e-7"])
+        argv = rng.choice([["simulate", *sim_args(base, out)],
+                           ["run", "--model", "tiny", *run_args(base, out)],
+                           ["sweep", "--set", f"workload={base.trace}", "--set", "num_prompts=2",
+                            "--grid", f"request_rate=1,{rate}", "--dry-run"]])
+        if argv[0] != "sweep":
+            argv += ["--request-rate", rate]
+        return Case(f"{how}: {argv[0]} {rate}", argv, ("--request-rate", "request_rate"),
+                    inputs=(base.trace,))
+    if how == "tiny speed":
+        option = rng.choice(["--speed", "--burstiness"])
+        return Case(f"{option} 1e-300", ["simulate", *sim_args(base, out), option, "1e-300",
+                                         "--request-rate", "1"], (option,))
+    if how == "output loop":   # a link to itself: refused before the work, not after it
+        out.mkdir(parents=True)
+        loop = out / "loop"
+        os.symlink(loop.name, loop)
+        option = rng.choice(["--result-json", "--timeline", "calibrate --out", "plot --out"])
+        argv = {"--result-json": ["simulate", *sim_args(base, out)[:-1], str(loop)],
+                "--timeline": ["simulate", *sim_args(base, out)[:-2], "--timeline", str(loop)],
+                "calibrate --out": ["calibrate", str(VLLM_DATA / "bench.json"), "--model",
+                                    str(base.target), "--out", str(loop)],
+                "plot --out": ["plot", "timeline", str(timeline_file(d)), "--chrome",
+                               str(loop), "--out", str(d / "t.png")]}[option]
+        return Case(f"{how}: {option}", argv, ("loops",))
+    if how == "output is an input":
+        trace = write_lines(d / "t.jsonl", trace_lines())
+        bench = write_json(d / "b.json", bench_doc())
+        tl = timeline_file(d)
+        link = d / "link.json"
+        os.symlink(trace.name, link)
+        target = d / "m"
+        shutil.copytree(base.target, target)
+        which = rng.choice(["--timeline = --trace", "--result-json links to --trace",
+                            "calibrate --out = its bench", "ingest --out = its bench",
+                            "plot --chrome = its timeline", "run --timeline = --trace",
+                            "serve --result-json = config.json", "simulate into --model"])
+        argv, inputs = {
+            "--timeline = --trace": (["simulate", "--trace", str(trace), "--timeline",
+                                      str(trace), "--quiet"], (trace,)),
+            "--result-json links to --trace": (["simulate", "--trace", str(trace),
+                                                "--result-json", str(link), "--quiet"],
+                                               (trace,)),
+            "run --timeline = --trace": (["run", "--model", "tiny", "--trace", str(trace),
+                                          "--timeline", str(trace), "--quiet"], (trace,)),
+            "calibrate --out = its bench": (["calibrate", str(bench), "--model",
+                                             str(base.target), "--out", str(bench)], (bench,)),
+            "ingest --out = its bench": (["ingest", "vllm-bench", str(bench), "--out",
+                                          str(bench)], (bench,)),
+            "plot --chrome = its timeline": (["plot", "timeline", str(tl), "--chrome", str(tl),
+                                              "--out", str(out / "t.png")], (tl,)),
+            "serve --result-json = config.json": (["serve", "--model", str(target),
+                                                   "--result-json",
+                                                   str(target / "config.json")],
+                                                  (target / "config.json",)),
+            "simulate into --model": (["simulate", "--model", str(target), "--trace",
+                                       str(trace), "--timeline", str(target / "config.json"),
+                                       "--quiet"], (target / "config.json",)),
+        }[which]
+        return Case(f"{how}: {which}", argv, ("the same file as the input",
+                                              "a file in the input"),
+                    serving_fails() if which.startswith("serve") else None, inputs)
+    if how == "store full":
+        store = write_lines(d / "sw" / "cells.jsonl", store_lines())
+        err = rng.choice([errno.ENOSPC, errno.EFBIG])
+        return Case(f"{how}: {errno.errorcode[err]}",
+                    ["sweep", "--set", f"workload={base.trace}", "--set", "num_prompts=2",
+                     "--grid", "k=0,1", "--jobs", "1", "--out", str(store.parent), "--quiet"],
+                    (f"{store}: cannot write",), store_fills_up(err))
+    if how == "cluster ''":
+        return Case(how, ["sweep", "--set", f"workload={base.trace}", "--grid", "k=0,1",
+                          "--cluster", "", "--out", str(out / "sw"), "--quiet"],
+                    ("--cluster ''",))
+    if how == "plot no axis":
+        return Case(how, ["sweep", "--set", f"workload={base.trace}", "--set", "num_prompts=2",
+                          "--grid", rng.choice(["k=0,1", "max_concurrency=1,2"]), "--plot",
+                          "--jobs", "1", "--out", str(out / "sw"), "--quiet"], ("--plot",))
+    if how == "known miss":
+        folder = measured_folder(d, base)
+        entry = rng.choice(['miss = 5', 'miss = "x"',
+                            '[[miss]]\ncell = "sync-k0-c1"\nmetric = "mean_tpot"\nerror = nan'
+                            '\ncap = nan\nreason = "x"',
+                            '[[miss]]\ncell = "sync-k0-c1"\nmetric = "mean_tpot"\nerror = 0.1'
+                            '\ncap = inf\nreason = "x"'])
+        path = folder / rng.choice(["known_misses.toml", "known_misses_sync_only.toml"])
+        path.write_text(entry + "\n")
+        return Case(f"{how}: {entry.splitlines()[-2 if '[' in entry else 0]}",
+                    ["validate", "--from-measured", str(folder), "--out", str(out / "v"),
+                     "--quiet"], (f"{path}: field 'miss",), inputs=(path,))
+    if how == "table cells":
+        doc = table_doc()
+        what = rng.choice(["row twice", "row off the grid", "nan axis"])
+        if what == "row twice":
+            doc["rows"][3] = dict(doc["rows"][0])
+            names = ("field 'rows[3]'",)
+        elif what == "row off the grid":
+            doc["rows"][1]["max_concurrency"] = 3
+            names = ("field 'rows[1].max_concurrency'",)
+        else:
+            doc["axes"]["shared_fraction"] = [0.5, "nan"]
+            for row in doc["rows"]:
+                row["shared_fraction"] = 0.5
+            names = ("field 'axes.shared_fraction'",)
+        path = write_json(d / "tb" / "sweep.json", doc)
+        return Case(f"{how}: {what}", ["plot", "sweep", str(path.parent), "--out",
+                                       str(out / "plots"), "--quiet"], names, inputs=(path,))
+    if how == "negative metric":
+        lines = store_lines()
+        metric = rng.choice(["mean_tpot_ms", "p99_itl_ms", "num_steps", "duration"])
+        lines[1]["metrics"][metric] = rng.choice([-1.0, -1e-9, -1e300])
+        store = write_lines(d / "sw" / "cells.jsonl", lines)
+        return Case(f"{how}: {metric}", ["sweep", "--set", f"workload={base.trace}", "--set",
+                                         "num_prompts=2", "--grid", "k=0,1", "--jobs", "1",
+                                         "--out", str(store.parent), "--quiet"],
+                    (f"{store}:2: field 'metrics.{metric}'",), inputs=(store,))
+    fifo = d / "fifo.jsonl"
+    os.mkfifo(fifo)
+    argv = rng.choice([["simulate", *sim_args(base, out)[2:], "--trace", str(fifo)],
+                       ["compare", str(fifo), str(base.result)],
+                       ["plot", "timeline", str(fifo), "--out", str(out / "t.png")]])
+    return Case(f"{how}: {argv[0]}", argv, (f"{fifo}: a FIFO",))
+
+
 GENERATORS = (broken_file, broken_file, mistyped_field, mistyped_field, mistyped_field,
-              bad_option, too_large, bad_output, small_ones, same_or_empty_path, stdout_fault)
+              bad_option, too_large, bad_output, small_ones, same_or_empty_path, stdout_fault,
+              round3)
 
 
 # -------------------------------------------------------------------------------------------
@@ -1150,7 +1375,20 @@ def judge(case: Case, code, err: str, out: Path) -> str | None:
         if out.exists() else []
     if left:
         return f"left output files behind: {[str(p) for p in left]}"
+    changed = [str(p) for p, was in zip(case.inputs, case.digests) if digest(p) != was]
+    if changed:
+        return f"changed its inputs: {changed}"
     return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_parser():
+    """Every case here is parsed by one parser, built once (building it is a large part of a
+    case's time): argparse keeps nothing from one parse to the next, so `main` reads each
+    case's arguments as a parser of its own would."""
+    parser = build_parser()
+    with mock.patch("stepgap.cli.build_parser", lambda: parser):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -1160,6 +1398,8 @@ def base(tmp_path_factory):
 
 def test_bad_input_and_faults_end_in_one_clear_error_and_no_output(base, tmp_path):
     failures = []
+    shared = [p for p in base.root.rglob("*") if p.is_file()]   # every case's common inputs
+    before = [digest(p) for p in shared]
     for i in range(CASES):
         rng = random.Random(f"{SEED}:{i}")
         d = tmp_path / f"case{i}"
@@ -1167,6 +1407,10 @@ def test_bad_input_and_faults_end_in_one_clear_error_and_no_output(base, tmp_pat
         case = GENERATORS[i % len(GENERATORS)](rng, d, base)
         code, err = run_case(case)
         why = judge(case, code, err, d / "out")
+        if why is None and [digest(p) for p in shared] != before:
+            why = "changed a shared input: " + ", ".join(
+                str(p) for p, was in zip(shared, before) if digest(p) != was)
+            before = [digest(p) for p in shared]
         if why:
             failures.append(f"case {i} (STEPGAP_FUZZ_SEED={SEED}): {case.what}\n"
                             f"  argv: {case.argv}\n  {why}")

@@ -235,5 +235,10 @@ def test_a_profile_fitted_on_engine_runs_predicts_their_device_time():
     assert {f.op for f in prof.fits} == {"target_forward", "rejection_sample", "draft_forward",
                                          "d2h"}
     assert {"schedule", "update_from_output", "prepare_inputs", "launch"} <= set(prof.cpu.terms)
-    assert all(abs(r - 1) < 1e-6 for r in
-               prof.notes["checks"]["calibration_fit_over_calibration_steps"].values())
+    # Least squares with a constant term puts the fitted total on the measured one, wherever
+    # the non-negative fit kept that term (on a busy machine the timings may make it drop it:
+    # then the total is off by what the noise made it, which is no property of the fit).
+    ratios = prof.notes["checks"]["calibration_fit_over_calibration_steps"]
+    keys = {f"{f.op}{'' if f.i is None else '/' + str(f.i)} k={f.k}": f for f in prof.fits}
+    assert set(ratios) == set(keys)
+    assert all(abs(ratios[key] - 1) < 1e-6 for key, f in keys.items() if f.coef[0] > 0)

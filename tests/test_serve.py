@@ -1,17 +1,17 @@
 """`stepgap serve`: the OpenAI API over HTTP, driven by a streaming client as `vllm bench serve`
 drives it, on 127.0.0.1 only. Every server here is a real `python -m stepgap serve` process
-(front end, engine core and, with --executor process, a worker), bounded in time."""
+(front end, engine core and, with --executor process, a worker), bounded in time. The tests that
+only send requests share one server (`pair_server`, tests/conftest.py); those that kill, signal
+or stop a process, or need another model, start their own."""
 
 import asyncio
 import json
 import os
-import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -21,132 +21,13 @@ import pytest
 from stepgap.common.formats import load_result
 from stepgap.engine.tokenizer import Detokenizer, ServedTokenizer
 from stepgap.cli import main
+from tests.helpers import (HANG_S, PAIR, SERVED_K as K, Server, alive, get, post, stream,
+                           wait_idle)
 
 ROOT = Path(__file__).resolve().parents[1]
-PAIR = ROOT / "checkpoints" / "pystdlib"
-K = 4
-CHAT_TEMPLATE = ("{% for m in messages %}# {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}# assistant:{% endif %}")
-START_S = 90.0
-# How long a test waits for something that must happen (a process ending, a chunk, an idle
-# engine) before it calls it a hang. Only a hang fails: the tests check what the server does,
-# not how fast a machine does it (a loaded one takes seconds where an idle one takes a tenth).
-HANG_S = 60.0
-
-
-def get(url: str, **kwargs) -> httpx.Response:
-    return httpx.get(url, **{"timeout": HANG_S, **kwargs})
-
-
-def post(url: str, **kwargs) -> httpx.Response:
-    return httpx.post(url, **{"timeout": HANG_S, **kwargs})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def alive(pid: int) -> bool:
-    """A process that exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
-class Server:
-    """`stepgap serve ARGS` on a free port of 127.0.0.1; its three pids once it is up."""
-
-    def __init__(self, *args: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="stepgap-serve-", suffix=".log")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stepgap", "serve", *args, "--host", "127.0.0.1",
-             "--port", str(self.port)], cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + START_S
-        while True:
-            assert self.proc.poll() is None, f"the server exited:\n{self.text()}"
-            try:
-                if get(self.url + "/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"the server did not start:\n{self.text()}"
-            time.sleep(0.2)
-        m = re.search(r"engine core pid (\d+), worker pid (\d+)", self.text())
-        self.pids = [self.proc.pid, int(m[1]), int(m[2])]
-
-    def text(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self, sig=signal.SIGTERM) -> bool:
-        """Signal the front end; whether every one of its processes then ended by itself (not
-        hanging for HANG_S, when the test kills what is left)."""
-        t0 = time.monotonic()
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        while any(alive(p) for p in self.pids) and time.monotonic() - t0 < HANG_S:
-            time.sleep(0.05)
-        ended = not any(alive(p) for p in self.pids)
-        for p in self.pids:      # never leave one behind, even when the test fails
-            if alive(p):
-                os.kill(p, signal.SIGCONT)
-                subprocess.run(["kill", "-9", str(p)], check=False)
-        self.proc.wait(5)
-        return ended
-
-    def metrics(self) -> dict[str, float]:
-        """Every series of /metrics by its name and labels, engine and model labels dropped."""
-        out = {}
-        for line in get(self.url + "/metrics").text.splitlines():
-            if line.startswith("#") or not line.strip():
-                continue
-            name, value = line.rsplit(" ", 1)
-            name = re.sub(r'(engine|model_name)="[^"]*",?', "", name)
-            name = name.replace(",}", "}").replace("{}", "")
-            out[name] = float(value)
-        return out
-
-
-def stream(url: str, body: dict, timeout: float = 60.0, events: list | None = None) -> list:
-    """A streamed completion: the decoded data events, [DONE] as the string (appended to
-    `events` as they come, when given)."""
-    events = [] if events is None else events
-    with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True},
-                      timeout=timeout) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                data = line[len("data: "):]
-                events.append(data if data == "[DONE]" else json.loads(data))
-    return events
-
-
 # ---------------------------------------------------------------------------------------------
-# The trained pair, with its tokenizer (and a chat template added to a copy of it)
-
-
-@pytest.fixture(scope="module")
-def pair_server():
-    tmp = Path(tempfile.mkdtemp(prefix="stepgap-serve-pair-"))
-    target = tmp / "target"
-    shutil.copytree(PAIR / "target", target)
-    cfg = json.loads((target / "tokenizer_config.json").read_text())
-    (target / "tokenizer_config.json").write_text(json.dumps({**cfg,
-                                                              "chat_template": CHAT_TEMPLATE}))
-    # float32 with one torch thread on both sides (the process executor's worker, and the
-    # tests' own engine): equal shapes then give equal bits, so greedy outputs can be compared.
-    server = Server("--model", str(target), "--draft", str(PAIR / "eagle3"), "-k", str(K),
-                    "--max-model-len", "256", "--executor", "process", "--max-num-seqs", "8",
-                    "--num-gpu-blocks-override", "256", "--served-model-name", "pystdlib")
-    yield server
-    assert server.stop(signal.SIGINT)
-    shutil.rmtree(tmp, ignore_errors=True)
+# The trained pair, with its tokenizer (and a chat template added to a copy of it), served by
+# the shared `pair_server`
 
 
 @pytest.fixture(scope="module")
@@ -401,18 +282,6 @@ def test_64_clients_half_of_them_leaving_mid_stream_leave_no_block_or_request_be
         assert server.stop()
 
 
-def wait_idle(server: Server) -> dict:
-    """The server's metrics once it runs and waits for nothing and holds no KV block."""
-    deadline = time.monotonic() + HANG_S
-    while True:
-        m = server.metrics()
-        if (m["vllm:num_requests_running"], m["vllm:num_requests_waiting"],
-                m["vllm:kv_cache_usage_perc"]) == (0, 0, 0):
-            return m
-        assert time.monotonic() < deadline, m
-        time.sleep(0.05)
-
-
 def _stream_in_background(url: str, out: list):
     import threading
 
@@ -468,27 +337,23 @@ def test_a_killed_worker_fails_health_and_ends_requests_in_flight_with_an_error(
     assert not any(alive(p) for p in server.pids)
 
 
-def test_a_recorded_window_is_a_timeline_and_result_the_served_fit_reads(tmp_path, tok):
+def test_a_recorded_window_is_a_timeline_and_result_the_served_fit_reads(pair_server, tmp_path,
+                                                                          tok):
     """POST /start_profile ... /stop_profile, as `vllm bench serve --profile` brackets its run:
     the timeline loads, has the front end's ops (one `stream` per chunk sent), and fits."""
     from stepgap.calibrate.serve_fit import load_served_run
     from stepgap.common.formats import load_timeline
-    run = tmp_path / "run"
-    server = Server("--model", str(PAIR / "target"), "--draft", str(PAIR / "eagle3"), "-k", "2",
-                    "--max-model-len", "256", "--executor", "process", "--max-num-seqs", "4",
-                    "--num-gpu-blocks-override", "128", "--timeline", f"{run}.server.jsonl",
-                    "--result-json", f"{run}.server.json")
-    try:
-        stream(server.url, {"prompt": "warm", "max_tokens": 4})   # outside the window
-        assert post(server.url + "/start_profile", timeout=30).status_code == 200
-        chunks = 0
-        for r in heldout(6):
-            events = stream(server.url, {"prompt": tok.decode(r["prompt_token_ids"]),
-                                         "max_tokens": 12, "ignore_eos": True})
-            chunks += sum(1 for e in events if e != "[DONE]" and e["choices"])
-        assert post(server.url + "/stop_profile", timeout=30).status_code == 200
-    finally:
-        server.stop()
+    stream(pair_server.url, {"prompt": "warm", "max_tokens": 4})   # outside the window
+    assert post(pair_server.url + "/start_profile", timeout=30).status_code == 200
+    chunks = 0
+    for r in heldout(6):
+        events = stream(pair_server.url, {"prompt": tok.decode(r["prompt_token_ids"]),
+                                          "max_tokens": 12, "ignore_eos": True})
+        chunks += sum(1 for e in events if e != "[DONE]" and e["choices"])
+    assert post(pair_server.url + "/stop_profile", timeout=30).status_code == 200
+    run = tmp_path / "run"      # the window's files, where the served fit looks for them
+    for suffix in (".server.jsonl", ".server.json"):
+        shutil.copyfile(f"{pair_server.record}{suffix}", f"{run}{suffix}")
     spans = load_timeline(f"{run}.server.jsonl")
     ops = [(s.lane, s.op) for s in spans]
     assert ops.count(("cpu.frontend", "add_request")) == 6
@@ -501,7 +366,7 @@ def test_a_recorded_window_is_a_timeline_and_result_the_served_fit_reads(tmp_pat
     client = json.loads(Path(f"{run}.server.json").read_text())
     client["mean_ttft_ms"] += 2.0
     Path(f"{run}.vllm.json").write_text(json.dumps(client))
-    assert load_served_run(Path(f"{run}.server.json"))["k"] == 2
+    assert load_served_run(Path(f"{run}.server.json"))["k"] == K
     out = tmp_path / "served.json"
     assert main(["calibrate-served", str(ROOT / "traces/measured/cpu/profile.json"),
                  str(tmp_path), "--out", str(out)]) == 0
@@ -563,31 +428,23 @@ def test_request_fields_are_coerced_and_refused_as_vllms_request_models_do(endpo
 # Start-up and bad clients
 
 
-@pytest.fixture(scope="module")
-def plain_server():
-    """The trained target, served with no --max-model-len."""
-    server = Server("--model", str(PAIR / "target"), "--num-gpu-blocks-override", "64")
-    yield server
-    assert server.stop()
-
-
-def test_max_model_len_defaults_to_the_models_own_context(plain_server):
-    (card,) = get(plain_server.url + "/v1/models").json()["data"]
+def test_max_model_len_defaults_to_the_models_own_context(pair_server):
+    (card,) = get(pair_server.url + "/v1/models").json()["data"]
     assert card["max_model_len"] == 256   # the target's max_position_embeddings, as vLLM
     # max_tokens null: what the context leaves, as vLLM (with 2048 it was always refused)
-    r = post(plain_server.url + "/v1/completions",
+    r = post(pair_server.url + "/v1/completions",
              json={"prompt": [5] * 250, "max_tokens": None, "ignore_eos": True})
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 6
 
 
-def test_a_half_sent_body_is_dropped_without_a_traceback(plain_server):
-    with socket.create_connection(("127.0.0.1", plain_server.port)) as s:
+def test_a_half_sent_body_is_dropped_without_a_traceback(pair_server):
+    with socket.create_connection(("127.0.0.1", pair_server.port)) as s:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
                   b"\r\nContent-Length: 100\r\n\r\n{\"prompt\": [1, 2")
-    r = post(plain_server.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2})
+    r = post(pair_server.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2})
     assert r.json()["usage"]["completion_tokens"] == 2   # the server serves on
-    assert "Traceback" not in plain_server.text() and "Exception" not in plain_server.text()
+    assert "Traceback" not in pair_server.text() and "Exception" not in pair_server.text()
 
 
 def test_a_port_in_use_is_found_before_the_engine_is_built():

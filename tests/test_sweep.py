@@ -2,6 +2,7 @@
 
 import csv
 import json
+import time
 
 import pytest
 
@@ -247,9 +248,74 @@ def test_a_missing_cluster_engine_says_what_to_install(tmp_path, monkeypatch, ad
 
 def test_an_unreachable_cluster_is_a_clear_error(tmp_path, monkeypatch):
     pytest.importorskip("distributed")
-    monkeypatch.setattr(sweep_runners, "CONNECT_TIMEOUT", "1s")
+    monkeypatch.setattr(sweep_runners, "CONNECT_S", 1.0)
     with pytest.raises(UserError, match="--cluster tcp://127.0.0.1:9: cannot connect"):
         run_sweep(tiny_grid("k=0"), tmp_path, cluster="tcp://127.0.0.1:9")
+
+
+@pytest.fixture
+def quick_cluster_limits(monkeypatch):
+    """The cluster's timeouts at a second or two, so that a failing cluster fails fast here."""
+    monkeypatch.setattr(sweep_runners, "CONNECT_S", 1.0)
+    monkeypatch.setattr(sweep_runners, "WORKERS_S", 2.0)
+    monkeypatch.setattr(sweep_runners, "POLL_S", 0.1)
+
+
+@pytest.mark.parametrize("peer", ["silent", "http"])
+def test_a_port_that_is_no_dask_scheduler_fails_in_bounded_time(tmp_path, quick_cluster_limits,
+                                                                 peer):
+    """A port that accepts and never speaks, or speaks HTTP, used to hang the sweep past 150 s:
+    distributed's own connect timeout does not cover the wait for the scheduler's answer."""
+    pytest.importorskip("distributed")
+    import http.server
+    import socket
+    import threading
+    if peer == "http":
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                                 http.server.SimpleHTTPRequestHandler)
+        server.daemon_threads = True   # (each waits for a request line that never comes)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        port, close = server.server_address[1], server.shutdown
+    else:
+        listener = socket.create_server(("127.0.0.1", 0))
+        port, close = listener.getsockname()[1], listener.close
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(UserError, match=rf"--cluster tcp://127.0.0.1:{port}: cannot "
+                                            "connect"):
+            run_sweep(tiny_grid("k=0"), tmp_path, cluster=f"tcp://127.0.0.1:{port}")
+        assert time.monotonic() - t0 < 60
+    finally:
+        close()
+
+
+def test_a_scheduler_without_workers_ends_the_sweep_and_keeps_the_cells(tmp_path,
+                                                                       quick_cluster_limits):
+    distributed = pytest.importorskip("distributed")
+    run_sweep(tiny_grid("k=0"), tmp_path, jobs=1)   # one cell done before
+    with distributed.LocalCluster(n_workers=0, dashboard_address=None) as cluster:
+        with pytest.raises(UserError, match=r"no worker for 2 s .* the cells finished before "
+                                            "it are stored"):
+            run_sweep(tiny_grid("k=0,1"), tmp_path, cluster=cluster.scheduler_address)
+    assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 1
+    assert run_sweep(tiny_grid("k=0,1"), tmp_path, jobs=1).skipped == 1   # and it resumes
+
+
+def test_a_killed_scheduler_ends_the_sweep_in_one_line(tmp_path, quick_cluster_limits):
+    distributed = pytest.importorskip("distributed")
+    import threading
+    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                       dashboard_address=None)
+    grid = tiny_grid("k=0..7", sets=["num_prompts=400"])
+    timer = threading.Timer(2.0, cluster.close)
+    timer.start()
+    try:
+        with pytest.raises(UserError, match="--cluster tcp://.*: (the cluster failed|cannot "
+                                            "connect|the scheduler has had no worker)"):
+            run_sweep(grid, tmp_path, cluster=cluster.scheduler_address)
+    finally:
+        timer.join()
+        cluster.close()
 
 
 def test_grid_without_axes_is_refused():
@@ -363,3 +429,23 @@ def test_a_grid_file_takes_the_speculative_config_as_a_table(tmp_path):
     cell, = build_grid(grid_file=f).cells()
     assert (cell.settings["mode"], cell.settings["k"], cell.settings["method"]) == \
         ("async", 3, "eagle3")
+
+
+def test_data_parallel_size_is_an_axis(tmp_path):
+    """A MoE target at DP 1 and 2 with expert parallelism (issue 40): each row is the simulator's
+    cell, the DP 2 one run by two engine cores."""
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.loop import simulate
+    sets = ["model=qwen3-30b-a3b", "gpu=h100", "enable_expert_parallel=true", "num_prompts=6",
+            "output_len=24", "workload=mtbench", "k=2"]
+    run_sweep(build_grid(["data_parallel_size=1,2"], sets=sets), tmp_path)
+    rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
+    assert [r["data_parallel_size"] for r in rows] == ["1", "2"]
+    for r in rows:
+        dp = int(r["data_parallel_size"])
+        res = simulate(SimConfig(model="qwen3-30b-a3b", gpu="h100", enable_expert_parallel=True,
+                                 num_prompts=6, output_len=24, workload="mtbench", k=2,
+                                 data_parallel_size=dp))[0]
+        assert float(r["mean_tpot_ms"]) == pytest.approx(res["mean_tpot_ms"], rel=1e-12)
+        assert (res["config"]["resolved"].get("data_parallel") is not None) == (dp == 2)
+    assert rows[0]["mean_tpot_ms"] != rows[1]["mean_tpot_ms"]

@@ -154,6 +154,11 @@ def pair_run(dtype, reqs, k, mode="sync", executor=None, num_blocks=160, max_num
                      max_concurrency=max_concurrency)
 
 
+# The tests of the pair's engine runs share its executors and its greedy references (computed
+# once per process, a few seconds each): they run on one pytest-xdist worker.
+PAIR_RUNS = pytest.mark.xdist_group("train-pair-runs")
+
+
 def heldout_prefixes(n: int = 6, output_len: int = 40):
     """The first n held-out prompts, each asked for output_len tokens."""
     return [replace(r, output_len=output_len) for r in load_heldout(PAIR, n)]
@@ -202,6 +207,7 @@ def test_the_committed_head_loads_in_the_engine_with_its_draft_vocabulary():
     assert t2d.sum() == dcfg.draft_vocab_size and t2d[ids].all()
 
 
+@PAIR_RUNS
 @pytest.mark.parametrize("k", [1, 4, 5])
 def test_spec_decode_on_the_pair_is_lossless_with_acceptances_at_every_position(k):
     reqs = heldout_prefixes()
@@ -212,6 +218,7 @@ def test_spec_decode_on_the_pair_is_lossless_with_acceptances_at_every_position(
     assert spec["acceptance_rate"] < 1.0
 
 
+@PAIR_RUNS
 def test_spec_decode_on_the_pair_is_lossless_under_preemption():
     reqs = heldout_prefixes()
     out = pair_run("float64", reqs, 3, num_blocks=24)
@@ -219,12 +226,14 @@ def test_spec_decode_on_the_pair_is_lossless_under_preemption():
     assert_target_greedy(out, reqs)
 
 
+@PAIR_RUNS
 def test_spec_decode_on_the_pair_is_lossless_with_chunked_prefill():
     reqs = heldout_prefixes()
     out = pair_run("float64", reqs, 4, max_num_batched_tokens=24)
     assert_target_greedy(out, reqs)
 
 
+@PAIR_RUNS
 @pytest.mark.parametrize("concurrency", [1, 4])
 @pytest.mark.parametrize("mode", ["async", "zero-bubble"])
 def test_overlapped_modes_on_the_pair_emit_the_targets_greedy_tokens(mode, concurrency):
@@ -234,6 +243,7 @@ def test_overlapped_modes_on_the_pair_emit_the_targets_greedy_tokens(mode, concu
     assert all(rate > 0 for rate in out.result["spec_decode"]["acceptance_rate_per_pos"])
 
 
+@PAIR_RUNS
 def test_the_process_executor_on_the_pair_emits_the_targets_greedy_tokens():
     reqs = heldout_prefixes()
     with pair_args("float64", executor="process", max_k=4, num_threads=1).make_executor() as ex:
@@ -241,6 +251,7 @@ def test_the_process_executor_on_the_pair_emits_the_targets_greedy_tokens():
     assert_target_greedy(out, reqs)
 
 
+@PAIR_RUNS
 def test_acceptance_length_on_heldout_code_at_k4_is_at_least_2_5():
     out = pair_run("float32", load_heldout(PAIR, 12), 4, max_num_seqs=8)
     assert out.result["spec_decode"]["acceptance_length"] >= 2.5

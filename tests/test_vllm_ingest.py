@@ -145,9 +145,10 @@ def test_ingest_and_plot_from_the_command_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("content, message", [
     (b"hello", "not valid JSON"),   # a file named a trace is read as one, never as hooks
-    (gzip.compress(b"[1, 2]"), "no traceEvents"),
+    (gzip.compress(b"[1, 2]", mtime=0), "no traceEvents"),
     (gzip.compress(json.dumps({"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 1,
-                                                "dur": 1}]}).encode()), "not a vLLM profile"),
+                                                "dur": 1}]}).encode(), mtime=0),
+     "not a vLLM profile"),
     (b"\x1f\x8b\x08garbage", "not a gzip file"),
 ])
 def test_a_file_that_is_not_a_vllm_profile_fails_with_one_clear_message(tmp_path, content,

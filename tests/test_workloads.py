@@ -1,6 +1,7 @@
 """Built-in workloads and the load generator."""
 
 import math
+import re
 
 import pytest
 
@@ -333,3 +334,38 @@ def test_a_dataset_stepgap_does_not_sample_is_one_line_saying_what_to_give(name,
     with pytest.raises(UserError, match=message) as e:
         dataset_spec(name, path)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("spec", ["multi-turn:sessions=5:turns=4",
+                                  "generated-shared-prefix:num_groups=4:prompts_per_group=3:"
+                                  "system_prompt_len=40:question_len=8"])
+def test_num_prompts_builds_only_the_first_requests_with_the_same_tokens(spec):
+    whole = load_workload(spec)
+    for n in (1, 3, 5, 7, len(whole)):
+        assert load_workload(spec, num_prompts=n) == whole[:n]
+
+
+@pytest.mark.parametrize("spec, num_prompts, words", [
+    ("multi-turn:sessions=1000000:turns=1000000", None, "sessions x turns = 1,000,000,000,000"),
+    ("generated-shared-prefix:num_groups=1000000:prompts_per_group=1000000", None,
+     "num_groups x prompts_per_group"),
+    ("multi-turn:sessions=1000:turns=1000:first_len=1000000", 2000, "tokens, more than"),
+    ("prefix_repetition:prefix_len=1000000:suffix_len=1000000", 100000, "tokens, more than"),
+])
+def test_a_workload_whose_size_is_a_product_is_refused_before_it_is_built(spec, num_prompts,
+                                                                          words):
+    with pytest.raises(UserError, match=re.escape(words)):
+        load_workload(spec, num_prompts=num_prompts)
+
+
+def test_the_generated_shared_prefix_defaults_fit_the_default_max_model_len():
+    from stepgap.sim.config import SimConfig
+    reqs = load_workload("generated-shared-prefix", num_prompts=2)
+    assert max(r.prompt_len + r.output_len for r in reqs) <= SimConfig().max_model_len
+
+
+@pytest.mark.parametrize("rate, n", [(1e-20, 80), (1e-300, 2), (79e-6, 80)])
+def test_a_rate_whose_last_arrival_passes_a_million_seconds_is_refused(rate, n):
+    with pytest.raises(UserError, match=r"--request-rate .*after 1e\+06 s"):
+        arrival_times(n, rate)
+    assert arrival_times(n, n / 1e6)[-1] == pytest.approx(1e6)

@@ -1,0 +1,169 @@
+"""How fast `stepgap advise` answers the default question, and the simulator against another
+checkout on the same work: a benchmark for one quiet machine, not a test.
+
+Each measurement runs in a fresh child process, importing stepgap from the checkout it times
+(a folder of links, so that a checkout that is not installed is timed as it is); the rounds
+alternate the checkouts, so that the machine's drift falls on both:
+
+- `advise`: the default question, as a user types it (Llama-3.1-8B + EAGLE-3 on one H100,
+  k 0-8, sync, async and zero-bubble, concurrency 1, 2, 4, 8, 16 and 32, with bands, --jobs 2):
+  the wall time of `python -m stepgap advise ...`, imports included (this checkout only: the
+  command is new);
+- `cells`: every simulation that answer runs, simulated by each checkout in turn over two
+  processes (the sweep machinery's local runner): wall time and the children's CPU time; their
+  ratio is the simulator's speed on this question;
+- `sharegpt-h100`: the preset's 10,000 ShareGPT-like requests at concurrency 64 (k 4, async,
+  H100): CPU time of Sim.run, each checkout.
+
+Usage (the baseline: today's main, f9c02e3):
+    mkdir -p /tmp/base && git archive f9c02e3 | tar -x -C /tmp/base
+    python bench/advise_speed.py --baseline /tmp/base --rounds 3
+    python bench/advise_speed.py --rounds 1            # this checkout alone
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("common", "sim", "engine", "training", "calibrate")
+QUESTION = ["advise", "--model", "llama-3.1-8b", "--gpu", "h100", "--speculative-config",
+            '{"method": "eagle3", "model": "llama-3.1-8b-eagle3", "num_speculative_tokens": 3}',
+            "--max-concurrency", "1", "2", "4", "8", "16", "32", "--jobs", "2", "--quiet"]
+
+
+def shim(root: Path, into: Path) -> Path:
+    """A folder whose `stepgap` package is the checkout at `root` (links to its folders), put
+    first on PYTHONPATH: the checkout's code whatever the venv installed."""
+    pkg = into / "stepgap"
+    pkg.mkdir(parents=True)
+    for f in (root / "stepgap").glob("*.py"):
+        (pkg / f.name).symlink_to(f)
+    for name in PACKAGES:
+        (pkg / name).symlink_to(root / name)
+    return into
+
+
+def child(path: Path, *args: str) -> dict:
+    """Run this script as a child with stepgap from `path` (a shim); its last JSON line."""
+    env = {**os.environ, "PYTHONPATH": str(path)}
+    r = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True,
+                       text=True, cwd=ROOT)
+    if r.returncode:
+        raise SystemExit(f"child {args[0]} failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# -- the children ------------------------------------------------------------------------------
+
+
+def child_advise(out: str) -> None:
+    """The default question through the command line, in this process; its wall time and the
+    settings of every simulation it ran (written to `out`)."""
+    import resource
+
+    t0 = time.perf_counter()
+    from stepgap.cli import main
+    from stepgap.sim import advise as mod
+    captured = {}
+    real = mod.advise
+
+    def keep(*a, **kw):   # the same call, its cells kept for the `cells` measurement
+        captured["advice"] = real(*a, **kw)
+        return captured["advice"]
+    mod.advise = keep
+    rc = main(QUESTION)
+    wall = time.perf_counter() - t0
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    Path(out).write_text(json.dumps(captured["advice"].cells))
+    print(json.dumps({"rc": rc, "wall_s": wall, "sims": captured["advice"].sims,
+                      "cpu_s": ru.ru_utime + ru.ru_stime + me.ru_utime + me.ru_stime}))
+
+
+def child_cells(path: str) -> None:
+    """Simulate every cell of `path` over two processes."""
+    import resource
+
+    from stepgap.sim.sweep_runners import run_local
+    cells = json.loads(Path(path).read_text())
+    t0 = time.perf_counter()
+    n = sum(1 for _ in run_local(cells, 2))
+    wall = time.perf_counter() - t0
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(json.dumps({"cells": n, "wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime}))
+
+
+def child_share() -> None:
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.loop import Sim, build_workload
+    from stepgap.sim.presets import get_preset
+    cfg = SimConfig(**get_preset("sharegpt-h100").settings)
+    sim = Sim(cfg, build_workload(cfg))
+    c0 = time.process_time()
+    sim.run()
+    print(json.dumps({"steps": sim.num_steps, "cpu_s": time.process_time() - c0}))
+
+
+# -- the parent --------------------------------------------------------------------------------
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1].startswith("--child-"):
+        which, rest = sys.argv[1], sys.argv[2:]
+        {"--child-advise": child_advise, "--child-cells": child_cells,
+         "--child-share": child_share}[which](*rest)
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                    help="another checkout (e.g. git archive f9c02e3), timed in the same rounds")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="advise-speed-"))
+    this = shim(ROOT, tmp / "this")
+    base = shim(args.baseline.resolve(), tmp / "base") if args.baseline else None
+    cells = tmp / "cells.json"
+    rows = {k: [] for k in ("advise", "cells", "cells_base", "share", "share_base")}
+    for r in range(args.rounds):
+        order = [("this", this), ("base", base)] if r % 2 == 0 else [("base", base),
+                                                                   ("this", this)]
+        for who, path in order:
+            if path is None:
+                continue
+            if who == "this":
+                a = child(path, "--child-advise", str(cells))
+                rows["advise"].append(a)
+                print(f"round {r + 1}: advise {a['wall_s']:.2f} s wall ({a['sims']} "
+                      f"simulations, {a['cpu_s']:.1f} s CPU)", flush=True)
+            suffix = "" if who == "this" else "_base"
+            c = child(path, "--child-cells", str(cells))
+            s = child(path, "--child-share")
+            rows["cells" + suffix].append(c)
+            rows["share" + suffix].append(s)
+            print(f"round {r + 1}: {who}: the question's {c['cells']} cells {c['wall_s']:.2f} s "
+                  f"wall, {c['cpu_s']:.1f} s CPU; sharegpt-h100 {s['cpu_s']:.2f} s CPU "
+                  f"({s['steps']} steps)", flush=True)
+    med = lambda key, f: statistics.median(x[f] for x in rows[key])  # noqa: E731
+    print(f"\nmedians of {args.rounds} rounds (load average now {os.getloadavg()[0]:.2f}):")
+    print(f"  advise, the default question: {med('advise', 'wall_s'):.2f} s wall")
+    print(f"  its cells, this checkout: {med('cells', 'wall_s'):.2f} s wall, "
+          f"{med('cells', 'cpu_s'):.1f} s CPU")
+    print(f"  sharegpt-h100, this checkout: {med('share', 'cpu_s'):.2f} s CPU")
+    if base is not None:
+        for key, f in (("cells", "wall_s"), ("cells", "cpu_s"), ("share", "cpu_s")):
+            ratios = [b[f] / t[f] for t, b in zip(rows[key], rows[key + "_base"])]
+            print(f"  {key} {f}: baseline / this = {statistics.median(ratios):.2f}x "
+                  f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,393 @@
+"""`stepgap advise`: does `--async-scheduling` pay, and which `num_speculative_tokens`?
+
+One answer per load point, every number with its band, after what the answer rests on.
+
+The question is a vLLM setup (SimConfig settings: model, drafter, GPU or measured tables or a
+profile, scheduler, workload) and the loads to judge. The simulator runs every k of the range
+in sync, async and zero-bubble at every load (the nominal grid, checked and run by the sweep
+machinery: sim/sweep_grid.py, sim/sweep_runners.py), and takes each mode's best k by mean
+TPOT. Then it reruns the cells the answer reads with each uncertain input at the ends of its
+range (sim/bands.py): around each mode's best k (k-1..k+1, further where the best moves to
+the edge of that window) and at k = 0, so that the best k, its TPOT, the speedup over k = 0
+and what async and zero-bubble save each get a band, and the inputs that dominate it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+
+from stepgap.common.errors import UserError
+from stepgap.sim.bands import Band, BandInput, band_inputs, combine, int_band
+
+MODES = ("sync", "async", "zero-bubble")
+METRIC = "mean_tpot_ms"
+DEFAULT_MAX_K = 8
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32)
+EDGE_ROUNDS = 4    # how far a moved best k is followed past its window, per input end
+
+
+@dataclass
+class ModeAnswer:
+    best_k: Band
+    tpot_ms: Band       # mean TPOT at the best k
+    speedup: Band       # over k = 0 in the same mode
+    grid: dict          # k -> nominal mean TPOT
+
+    def to_dict(self) -> dict:
+        return {"best_k": self.best_k.to_dict(), "mean_tpot_ms": self.tpot_ms.to_dict(),
+                "speedup_over_k0": self.speedup.to_dict(),
+                "mean_tpot_ms_by_k": {str(k): round(v, 4) if math.isfinite(v) else None
+                                      for k, v in self.grid.items()}}
+
+
+@dataclass
+class LoadAnswer:
+    load: dict                  # max_concurrency and/or request_rate
+    modes: dict                 # mode -> ModeAnswer
+    async_saving: Band          # of sync's mean TPOT, each at its best k
+    zero_bubble_saving: Band    # of async's mean TPOT, each at its best k
+    warnings: list = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return load_label(self.load)
+
+    def to_dict(self) -> dict:
+        return {"load": self.load, **{m.replace("-", "_"): a.to_dict()
+                                      for m, a in self.modes.items()},
+                "async_saving": self.async_saving.to_dict(),
+                "zero_bubble_saving": self.zero_bubble_saving.to_dict(),
+                "warnings": self.warnings}
+
+
+@dataclass
+class Advice:
+    base: dict                  # the setup's SimConfig settings
+    ks: list
+    inputs: list                # BandInput
+    rests_on: dict
+    answers: list               # LoadAnswer, in load order
+    notes: list = field(default_factory=list)
+    sims: int = 0               # simulations run
+    seconds: float = 0.0
+    cells: list = field(default_factory=list)   # the settings of every simulation run
+
+    def to_dict(self) -> dict:
+        """The document `--result-json` writes (docs/sim.md, "stepgap advise": its schema)."""
+        from stepgap.common.fileio import jsonable
+        return {"format": FORMAT, "setup": jsonable(self.base), "ks": self.ks,
+                "modes": list(MODES), "metric": METRIC, "rests_on": self.rests_on,
+                "band_inputs": [i.to_dict() for i in self.inputs],
+                "loads": [a.to_dict() for a in self.answers], "notes": self.notes,
+                "simulations": self.sims}
+
+
+FORMAT = "stepgap-advise/1"
+
+
+def load_label(load: dict) -> str:
+    parts = []
+    if load.get("request_rate") is not None:
+        r = load["request_rate"]
+        parts.append("rate inf" if r == math.inf else f"rate {r:g}/s")
+    if load.get("max_concurrency") is not None:
+        parts.append(f"conc {load['max_concurrency']}")
+    return ", ".join(parts) or "unlimited"
+
+
+def loads_of(concurrency: list | None, rates: list | None) -> list[dict]:
+    """The load points: every concurrency at every rate (either list may be absent)."""
+    cs = concurrency if concurrency is not None else [None]
+    rs = rates if rates is not None else [None]
+    if not cs or not rs:
+        raise UserError("--max-concurrency / --request-rate: the load list is empty; give at "
+                        "least one load point (e.g. --max-concurrency 1,2,4,8,16,32)")
+    return [{k: v for k, v in (("max_concurrency", c), ("request_rate", r)) if v is not None}
+            for r in rs for c in cs]
+
+
+def depths(settings: dict, max_k: int) -> list[int]:
+    """k = 0..max_k, as the drafter allows (MTP: up to its layers, then multiples of them)."""
+    from stepgap.common.model_presets import load_model_config
+    if settings.get("method") == "mtp":
+        n = load_model_config(settings.get("model", "llama-3.1-8b")).num_mtp_layers or 1
+        return [k for k in range(max_k + 1) if k <= n or k % n == 0]
+    return list(range(max_k + 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Running cells
+
+
+class Cells:
+    """Simulated cells by their settings, each run once (sim/sweep_runners.py's local runner)."""
+
+    def __init__(self, jobs: int = 1, progress=None):
+        self.jobs, self.done, self.progress = jobs, {}, progress
+
+    @staticmethod
+    def key(settings: dict) -> str:
+        return json.dumps(settings, sort_keys=True, default=str)
+
+    def run(self, cells: list[dict]) -> None:
+        from stepgap.sim.sweep_runners import run_local
+        todo = list({self.key(s): s for s in cells if self.key(s) not in self.done}.items())
+        for i, metrics in run_local([s for _, s in todo], self.jobs):
+            self.done[todo[i][0]] = metrics
+            if self.progress is not None:
+                self.progress()
+
+    def tpot(self, settings: dict) -> float:
+        """The cell's mean TPOT; inf where it has none, or was not simulated."""
+        v = self.done.get(self.key(settings), {}).get(METRIC)
+        return v if v is not None and math.isfinite(v) else math.inf
+
+
+def zero_bubble_ks(cells: Cells, base: dict, load: dict, ks: list[int]) -> list[int]:
+    """The ks where zero-bubble could beat async at its best k: zero-bubble differs from async
+    only in not waiting for the accepted counts (and a device fixup), so it can save at most the
+    time async left the device idle, a share f of its run; a k where async's TPOT x (1 - 2f) is
+    still above async's best is not simulated (twice the bound, for safety). Async's best k is
+    always simulated, to say what zero-bubble adds there."""
+    runs = {k: cells.done[cells.key(cell(base, load, "async", k))] for k in ks}
+    best = min(r[METRIC] for r in runs.values())
+    keep = []
+    for k, r in runs.items():
+        idle = r["mean_step_gap_us"] * r["num_steps"] / (r["duration"] * 1e6) \
+            if r.get("mean_step_gap_us") and r.get("duration") else 0.0
+        if r[METRIC] == best or r[METRIC] * (1 - 2 * idle) <= best:
+            keep.append(k)
+    return keep
+
+
+def cell(base: dict, load: dict, mode: str, k: int) -> dict:
+    return {**base, **load, "mode": mode, "k": k}
+
+
+def best_of(tpots: dict) -> int:
+    """The k with the smallest mean TPOT (the smaller k on a tie)."""
+    return min(sorted(tpots), key=lambda k: tpots[k])
+
+
+# ---------------------------------------------------------------------------------------------
+# The answer
+
+
+def advise(base: dict, loads: list[dict], ks: list[int], band: bool = True, jobs: int = 1,
+           progress=None) -> Advice:
+    """Answer the question for every load (module docstring)."""
+    from stepgap.sim.sweep import cell_notes
+    from stepgap.sim.sweep_grid import Grid
+
+    t0 = time.perf_counter()
+    base = {k: v for k, v in base.items() if k not in ("detailed", "timeline")}
+    if not loads:
+        raise UserError("the load list is empty; give --max-concurrency or --request-rate")
+    axes = {"mode": list(MODES), "k": ks}
+    for name in ("request_rate", "max_concurrency"):
+        values = list(dict.fromkeys(ld[name] for ld in loads if name in ld))
+        if values:
+            axes[name] = values
+    grid = Grid(axes, {k: v for k, v in base.items() if k not in axes})
+    checked = grid.cells()   # every cell built, resolved and its workload checked first
+    inputs = band_inputs(base, max(ks)) if band else []
+    cells = Cells(jobs, progress)
+    cells.run([c.settings for c in checked if c.settings["mode"] != "zero-bubble"])
+    cells.run([cell(base, load, "zero-bubble", k) for load in loads
+               for k in zero_bubble_ks(cells, base, load, ks)])
+    found = search(cells, base, loads, ks, inputs)
+    answers = [answer(cells, base, load, ks, inputs, f) for load, f in zip(loads, found)]
+    advice = Advice(base, ks, inputs, rests_on(base, ks, inputs), answers, cell_notes(checked))
+    advice.sims, advice.seconds = len(cells.done), time.perf_counter() - t0
+    advice.cells = [json.loads(key) for key in cells.done]
+    return advice
+
+
+def answer(cells: Cells, base: dict, load: dict, ks: list[int], inputs: list[BandInput],
+           found: dict) -> LoadAnswer:
+    """One load's answer from the nominal grid and `found` (`search`: each input end's best k
+    per mode, its TPOT and the TPOT at k = 0)."""
+    grids = {m: {k: cells.tpot(cell(base, load, m, k)) for k in ks} for m in MODES}
+    best = {m: best_of(grids[m]) for m in MODES}
+    ends = [(inp, end) for inp in inputs for end in ("low", "high")]
+
+    def at(w, m):
+        return found[(w[0].name, w[1], m)]
+    modes = {}
+    for m in MODES:
+        k0, tp = grids[m].get(0, math.nan), grids[m][best[m]]
+        zb = m == "zero-bubble"   # searched at its nominal best k only (`search`)
+        modes[m] = ModeAnswer(
+            int_band(best[m], [] if zb else [at(w, m)[0] for w in ends]),
+            combine(tp, per_input(inputs, lambda w: at(w, m)[1])),
+            Band(k0 / tp, k0 / tp, k0 / tp) if zb else
+            combine(k0 / tp, per_input(inputs, lambda w: at(w, m)[2] / at(w, m)[1])),
+            grids[m])
+
+    def saving(a, b):   # what mode b saves of mode a's TPOT, each at its best k
+        return combine(1 - grids[b][best[b]] / grids[a][best[a]],
+                       per_input(inputs, lambda w: 1 - at(w, b)[1] / at(w, a)[1]))
+    ans = LoadAnswer(load, modes, saving("sync", "async"), saving("async", "zero-bubble"))
+    ans.warnings = warnings(ans, ks, inputs)
+    return ans
+
+
+def per_input(inputs: list[BandInput], value) -> dict:
+    """input name -> (value at its low end, at its high end)."""
+    return {inp.name: (value((inp, "low")), value((inp, "high"))) for inp in inputs}
+
+
+def search(cells: Cells, base: dict, loads: list[dict], ks: list[int],
+           inputs: list[BandInput]) -> list[dict]:
+    """For each load: (input, end, mode) -> (best k, its mean TPOT, mean TPOT at k = 0) with
+    that input at that end, found from the nominal best k: its neighbours and k = 0 first, then
+    on, a step a round, while the best sits at the edge of what was tried. Every round's cells
+    run together."""
+    searches = []   # (load index, input, end, mode, the ks tried)
+    for li, load in enumerate(loads):
+        for m in MODES:
+            k_best = best_of({k: cells.tpot(cell(base, load, m, k)) for k in ks})
+            # zero-bubble answers one question (does it add anything over async at their best
+            # k?): its nominal best k only
+            window = {k_best} if m == "zero-bubble" else \
+                {k for k in (k_best - 1, k_best, k_best + 1, 0) if k in ks}
+            searches += [(li, inp, end, m, set(window)) for inp in inputs
+                         for end in ("low", "high")]
+
+    def settings(li, inp, end, m, k):
+        return inp.settings(cell(base, loads[li], m, k), end)
+
+    def tpot(li, inp, end, m, k):
+        if not inp.applies(k):   # the input changes nothing here: the nominal cell
+            return cells.tpot(cell(base, loads[li], m, k))
+        return cells.tpot(settings(li, inp, end, m, k))
+    new = [(s, sorted(s[4])) for s in searches]
+    for _ in range(EDGE_ROUNDS + 1):
+        cells.run([settings(li, inp, end, m, k) for (li, inp, end, m, _), add in new
+                   for k in add if inp.applies(k)])
+        new = []
+        for s in searches:
+            li, inp, end, m, tried = s
+            if m == "zero-bubble":
+                continue
+            b = best_of({k: tpot(li, inp, end, m, k) for k in tried})
+            step = [k for k in (b - 1, b + 1) if k in ks and k not in tried]
+            if step:
+                tried.update(step)
+                new.append((s, step))
+        if not new:
+            break
+    out = [{} for _ in loads]
+    for li, inp, end, m, tried in searches:
+        found = {k: tpot(li, inp, end, m, k) for k in tried}
+        b = best_of(found)
+        out[li][(inp.name, end, m)] = (b, found[b], found.get(0, math.nan))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# What it rests on, and what to watch
+
+
+def rests_on(base: dict, ks: list[int], inputs: list[BandInput]) -> dict:
+    """The sources of the answer: the device costs, the acceptance, the CPU costs, the seed."""
+    from stepgap.sim.config import SimConfig, acceptance_profile, resolve, roofline_of
+    cfg = SimConfig(**{**base, "k": max(ks)})
+    r = resolve(cfg)
+    hw, measured = r.hw, r.measured
+    sources = getattr(r.device_costs, "sources", None)
+    if cfg.device_profile:
+        device = (f"measured operator tables {cfg.device_profile}; the roofline of {hw.name} "
+                  "for " + ", ".join(sorted(op for op, s in (sources or {}).items()
+                                            if "roofline" in s)) + " (docs/sim.md)")
+    elif measured is not None and measured.fits:
+        device = f"the device op fits of the profile {measured.path}"
+    else:
+        level = measured.roofline_level if measured is not None else None
+        device = (f"the roofline of the {hw.name} catalog entry: {hw.flops / 1e12:g} TFLOP/s "
+                  f"x {hw.flop_eff:g}, {hw.mem_bw / 1e9:g} GB/s x {hw.bw_eff:g}, "
+                  f"{hw.kernel_us:g} us a kernel" + (
+                      f", x {level:.4g} (the device level calibrated in {measured.path})"
+                      if level is not None else "; no measured table or profile"))
+    moe = getattr(roofline_of(r.device_costs), "moe", None)
+    if moe is not None:   # a MoE target's blocks from moe.csv, or under data/expert parallelism
+        device += f"; {moe.source()}"
+    prof, note = acceptance_profile(cfg, r.target)
+    depth = len(prof.rates)
+    name, source = prof.name, prof.source
+    if measured is not None and cfg.acceptance_rates is not None \
+            and tuple(cfg.acceptance_rates) == measured.acceptance()[0]:
+        about = measured.about.get("acceptance")
+        name = f"measured ({measured.path})"
+        source = about.get("source", "the profile") if isinstance(about, dict) else \
+            "the profile's acceptance_by_k (vLLM's /metrics)"
+    acc = {"profile": name, "source": source, "rates": list(prof.rates),
+           "spread": prof.spread, "measured_depth": depth,
+           "extrapolated_positions": [k for k in range(depth + 1, max(ks) + 1)],
+           "borrowed": note}
+    if measured is not None and measured.cpu is not None:
+        cal = measured.about.get("calibration") if isinstance(measured.about, dict) else None
+        cpu = f"the profile {measured.path}" + (f" ({cal['what']})" if isinstance(cal, dict)
+                                                and "what" in cal else "") + (
+            f", x {cfg.cpu_scale:g}" if cfg.cpu_scale != 1 else "")
+    else:
+        from stepgap.sim.bands import CPU_SEED, CPU_SEED_SOURCE
+        why = f": {CPU_SEED_SOURCE}" if cfg.cpu_scale == CPU_SEED else ""
+        cpu = f"stepgap's defaults x {cfg.cpu_scale:g}{why}; not calibrated on this host"
+    from stepgap.sim.loop import build_workload
+    reqs = build_workload(cfg)
+    p, o = [r.prompt_len for r in reqs], [r.output_len for r in reqs]
+    workload = (f"{cfg.workload}: {len(reqs)} prompts of {min(p)}-{max(p)} tokens (mean "
+                f"{sum(p) / len(p):.0f}), " + (f"{o[0]} output tokens each" if min(o) == max(o)
+                                               else f"outputs of {min(o)}-{max(o)} tokens"))
+    return {"device": device, "acceptance": acc, "cpu": cpu, "seed": cfg.seed,
+            "workload": workload, "gpu": hw.name, "model": r.target.name,
+            "draft": r.draft.name if r.draft is not None else None, "method": cfg.method,
+            "tensor_parallel_size": cfg.tensor_parallel_size,
+            "data_parallel_size": cfg.data_parallel_size,
+            "expert_parallel": moe is not None and moe.plan.expert_parallel}
+
+
+ADVICE = {"cpu": "pin the host with one sync run (stepgap calibrate BENCH.json --gpu ...)",
+          "split": "a second sync run at another k or concurrency tells the host from the "
+                   "device (stepgap calibrate)",
+          "device": "price the device from measured tables (--device-profile) or calibrate on "
+                    "a sync run (stepgap calibrate)",
+          "acceptance": "measure the acceptance (vLLM's /metrics: stepgap ingest vllm-metrics)",
+          "profile": "calibrate on more runs"}
+
+
+def warnings(ans: LoadAnswer, ks: list[int], inputs: list[BandInput]) -> list[str]:
+    """The best k at the edge of the range or past the measured acceptance, and a band wider
+    than the effect it bounds."""
+    out = []
+    acc = next((i for i in inputs if i.name == "acceptance" and i.min_k > 1), None)
+    for m in ("sync", "async"):
+        a = ans.modes[m]
+        k = int(a.best_k.value)
+        if k == max(ks) and max(ks) > 0:
+            out.append(f"{m}: the best k={k} is the deepest tried; a deeper one may be better "
+                       "(--max-k)")
+        if acc is not None and a.best_k.high >= acc.min_k:
+            out.append(f"{m}: the best k ({_krange(a.best_k)}) reaches past the acceptance "
+                       f"measured ({acc.min_k - 1} positions): positions from {acc.min_k} on "
+                       "are extrapolated")
+    for what, b in (("async saves", ans.async_saving),
+                    ("zero-bubble saves", ans.zero_bubble_saving)):
+        if b.high - b.low > abs(b.value) and b.high - b.low > 0.005:
+            top = b.dominant[0] if b.dominant else "cpu"
+            out.append(f"{what} {_pct(b.low)} to {_pct(b.high)} %, a band wider than the "
+                       f"saving ({_pct(b.value)} %), most of it from {top}: "
+                       f"{ADVICE.get(top, 'measure it')}")
+    return out
+
+
+def _krange(b: Band) -> str:
+    return f"k={int(b.low)}" if b.low == b.high else f"k={int(b.low)}-{int(b.high)}"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"

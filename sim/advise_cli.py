@@ -1,0 +1,250 @@
+"""`stepgap advise`: the options of a `vllm serve` line, a GPU and the loads to judge in; the
+best k in sync and async, what async and zero-bubble save and the speedup over k = 0 out, per
+load, each with its band and after what it rests on (sim/advise.py)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+DESCRIPTION = """\
+Answer the question stepgap exists for: on this GPU, model and load, does vLLM's
+--async-scheduling pay, and which num_speculative_tokens? For every load point (each
+--max-concurrency, each --request-rate, or every pair of them) the simulator runs k = 0 up to
+--max-k in sync, async and zero-bubble scheduling and prints:
+
+  - the best k in sync and in async (by mean TPOT), and the mean TPOT there;
+  - the speedup of each mode's best k over k = 0;
+  - what async at its best k saves against sync at its best k;
+  - whether zero-bubble (vLLM #29957) adds anything over async.
+
+Every number has its band: the simulator reruns the cells the answer reads with each uncertain
+input at the ends of its documented range (the host's CPU costs; the device where the roofline
+prices it; the acceptance where it is borrowed or extrapolated) and names the inputs that
+dominate each band (docs/sim.md, "Bands"). Before the table it prints what the answer rests
+on: the device costs (measured tables, a profile, or the roofline with its efficiencies), the
+acceptance (profile, source, measured depth, extrapolated positions), the CPU costs (the
+defaults x a factor, or your calibration) and the seed. It warns when a best k sits at the edge
+of the range or past the measured acceptance, and when a band is wider than the effect it bounds.
+
+The setup takes `stepgap simulate`'s options, spelled as `vllm serve` spells them, so a vLLM
+command line pastes. Without --profile the CPU costs are stepgap's defaults x 2.42 (the seed's
+L20 host), as said in the output; `stepgap calibrate` on one sync run of yours pins them."""
+
+EPILOG = """\
+examples:
+  # Llama-3.1-8B + EAGLE-3 on one H100, concurrency 1 to 32 (the defaults: k 0-8, six loads)
+  stepgap advise --model llama-3.1-8b --gpu h100 --speculative-config \\
+      '{"method": "eagle3", "model": "llama-3.1-8b-eagle3", "num_speculative_tokens": 3}' \\
+      --max-concurrency 1 2 4 8 16 32 --plot advise.png --result-json advise.json
+  # request rates instead of concurrencies (every pair when both are given)
+  stepgap advise --model llama-3.1-8b --gpu h200 --trace sharegpt --num-prompts 500 \\
+      --request-rate 2,4,8,16 --max-concurrency 64
+  # priced from a GPU's measured operator tables instead of the roofline
+  stepgap advise --gpu rtx4090 --model llama-3.1-8b --device-profile \\
+      traces/peers/llmservingsim/profiler/perf/RTX4090/meta-llama/Llama-3.1-8B/bf16 \\
+      --max-concurrency 1,8,64
+  # a MoE model on two GPUs as two data-parallel engine cores with expert parallelism
+  stepgap advise --model qwen3-30b-a3b --gpu h100 -dp 2 -ep --max-concurrency 4,16,64
+  # pinned by your own GPU run: calibrate on one sync bench file, then advise with it
+  stepgap calibrate sync-k4-c1.json --gpu l20 --model llama-3.1-8b \\
+      --draft llama-3.1-8b-eagle3 -k 4 --max-concurrency 1 --out my-l20.json
+  stepgap advise --profile my-l20.json --model llama-3.1-8b --draft llama-3.1-8b-eagle3 \\
+      --max-concurrency 1 4 16
+
+--result-json writes every number, band, input and warning (docs/sim.md, "stepgap advise",
+has the schema); --plot one figure: the best k and the async saving, with their bands,
+against the load. Bad input (an empty load list, an unknown GPU, a model that is not one)
+ends in one line, exit status 2, before any simulation.
+"""
+
+
+def register(sub) -> None:
+    from stepgap.common.options import add_load_args, at_most, positive_int
+    from stepgap.common.limits import MAX_K
+    from stepgap.sim.advise import DEFAULT_MAX_K
+    from stepgap.sim.setup_args import add_setup_args
+    p = sub.add_parser("advise", help="async on? which k? per load, with bands and what the "
+                       "answer rests on", description=DESCRIPTION, epilog=EPILOG,
+                       allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_setup_args(p)
+    add_load_args(p, many=True)
+    g = p.add_argument_group("the question")
+    g.add_argument("--max-k", type=at_most(positive_int, MAX_K), default=DEFAULT_MAX_K,
+                   metavar="K", help=f"try k = 0..K (default {DEFAULT_MAX_K}; MTP: the depths "
+                                     "its layers allow)")
+    g.add_argument("--no-band", dest="band", action="store_false",
+                   help="the nominal answer only, without bands (faster)")
+    g.add_argument("--jobs", "-j", type=positive_int, default=os.cpu_count() or 1, metavar="N",
+                   help=f"local worker processes (default: all {os.cpu_count()} cores)")
+    o = p.add_argument_group("output")
+    o.add_argument("--result-json", metavar="PATH", help="write the whole answer as JSON")
+    o.add_argument("--plot", metavar="FIGURE", help="draw the best k and the async saving, "
+                   "with their bands, against the load (PNG, SVG or PDF)")
+    o.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    p.set_defaults(func=run, vllm_options=True, timeline=None, detailed=None,
+                   metric_percentiles=None, percentile_metrics=None, result_dir=None,
+                   result_filename=None, save_result=False, timeseries_interval_s=None)
+
+
+def question(args) -> tuple[dict, list[dict], list[int], list[str]]:
+    """(the setup's settings, the load points, the ks, notes on the defaults it chose)."""
+    from stepgap.common.options import load_list, positive_int, rate_arg
+    from stepgap.sim.advise import DEFAULT_CONCURRENCY, depths, loads_of
+    from stepgap.sim.bands import CPU_SEED, CPU_SEED_SOURCE
+    from stepgap.sim.setup_args import config_from_args
+    from stepgap.sim.config import resolve, SimConfig
+    from stepgap.sim.presets import get_preset
+
+    conc = load_list("--max-concurrency", args.max_concurrency, positive_int)
+    rates = load_list("--request-rate", args.request_rate, rate_arg)
+    args.max_concurrency = args.request_rate = None
+    notes = []
+    preset = get_preset(args.preset).settings if args.preset else {}
+    if conc is None and rates is None:
+        conc = [preset["max_concurrency"]] if preset.get("max_concurrency") else \
+            list(DEFAULT_CONCURRENCY)
+        notes.append(f"no --max-concurrency or --request-rate: judging concurrency "
+                     f"{', '.join(map(str, conc))}")
+    base = config_from_args(args).to_dict()
+    for key in ("timeline", "detailed"):
+        base.pop(key, None)
+    if not base.get("profile") and args.cpu_scale is None and "cpu_scale" not in preset:
+        base["cpu_scale"] = CPU_SEED
+        notes.append(f"CPU costs: stepgap's defaults x {CPU_SEED:g}, {CPU_SEED_SOURCE} "
+                     "(--cpu-scale to change them; stepgap calibrate measures yours)")
+    ks = depths(base, args.max_k)
+    resolve(SimConfig(**{**base, "k": max(ks)}))   # an unknown GPU or model: one line, now
+    return base, loads_of(conc, rates), ks, notes
+
+
+def run(args) -> int:
+    from stepgap.common.fileio import check_distinct, check_writable, write_json
+    from stepgap.common.options import note
+    from stepgap.sim.advise import advise
+
+    check_distinct([("--result-json", args.result_json), ("--plot", args.plot)])
+    for option, path in (("--result-json", args.result_json), ("--plot", args.plot)):
+        if path:
+            check_writable(path, option)
+    fmt = None
+    if args.plot:
+        from stepgap.common.timeline_plots import figure_format
+        fmt = figure_format(args.plot, "--plot")
+    base, loads, ks, notes = question(args)
+    for line in notes:
+        note(args, line)
+    bar = None
+    if not args.quiet and sys.stderr.isatty():
+        from tqdm import tqdm
+        bar = tqdm(unit="sim", desc="advise", dynamic_ncols=True, leave=False)
+    try:
+        advice = advise(base, loads, ks, band=args.band, jobs=args.jobs,
+                        progress=bar.update if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    for line in advice.notes:   # the cells' own (fp8, a dataset's estimate, a profile's device)
+        note(args, line)
+    advice.notes = notes + advice.notes
+    figure = None
+    if args.plot:
+        from stepgap.common.timeline_plots import render
+        from stepgap.sim.plots import advise_figure
+        figure = render(advise_figure(advice), fmt)
+    if not args.quiet:
+        print(format_advice(advice))
+        sys.stdout.flush()
+    if args.result_json:
+        write_json(args.result_json, advice.to_dict())
+    if figure is not None:
+        from stepgap.common.fileio import write_bytes
+        write_bytes(args.plot, figure)
+    if not args.quiet:
+        for option, path in (("result", args.result_json), ("figure", args.plot)):
+            if path:
+                print(f"{option}: {path}")
+        note(args, f"{advice.sims} simulations in {advice.seconds:.1f} s")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The answer, as printed
+
+
+def _b(b, fmt: str, scale: float = 1.0, unit: str = "") -> str:
+    """value [low, high] (the value alone where the band rounds to it)"""
+    v, lo, hi = (x * scale for x in (b.value, b.low, b.high))
+    if f"{lo:{fmt}}" == f"{hi:{fmt}}":
+        return f"{v:{fmt}}{unit}"
+    return f"{v:{fmt}}{unit} [{lo:{fmt}}, {hi:{fmt}}]"
+
+
+def _k(b) -> str:
+    k, lo, hi = int(b.value), int(b.low), int(b.high)
+    return f"{k}" if lo == hi else f"{k} [{lo}-{hi}]"
+
+
+def table(head: list[list[str]], rows: list[list[str]]) -> list[str]:
+    """Columns as wide as their widest cell, two spaces apart; `head`: its lines of titles."""
+    widths = [max(len(r[i]) for r in head + rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in head + rows]
+
+
+def format_advice(advice) -> str:
+    r = advice.rests_on
+    acc = r["acceptance"]
+    draft = f" + {r['draft']} ({r['method']})" if r.get("draft") else \
+        (f" ({r['method']})" if r.get("method") not in ("eagle3", None) else "")
+    tp = f" x {r['tensor_parallel_size']} (TP)" if r["tensor_parallel_size"] > 1 else ""
+    dp = r.get("data_parallel_size", 1)
+    tp += (f" x {dp} (DP)" if dp > 1 else "") + \
+        (", expert parallel" if r.get("expert_parallel") else "")
+    lines = [f"stepgap advise: {r['model']}{draft} on {r['gpu']}{tp}; {r['workload']}; "
+             f"k {advice.ks[0]}-{advice.ks[-1]}, sync, async and zero-bubble, best k by "
+             "mean TPOT",
+             "", "What the answer rests on:",
+             f"  device      {r['device']}",
+             f"  acceptance  {acc['profile']}: {acc['source']}; measured to position "
+             f"{acc['measured_depth']}" + (
+                 f"; positions {_span(acc['extrapolated_positions'])} extrapolated (the last "
+                 "conditional rate repeats)" if acc["extrapolated_positions"] else "")
+             + (f"; BORROWED: {acc['borrowed']}" if acc.get("borrowed") else ""),
+             f"  CPU costs   {r['cpu']}",
+             f"  seed        {r['seed']} (the workload's prompts and the acceptance draws)"]
+    if advice.inputs:
+        lines += ["", "Bands: each input at the ends of its range (docs/sim.md, 'Bands'):"]
+        for i in advice.inputs:
+            lines.append(f"  {i.name:<11} {i.low:.3g} .. {i.high:.3g} {i.unit} (nominal "
+                         f"{i.nominal:.3g}){' from k=' + str(i.min_k) if i.min_k > 1 else ''}"
+                         f": {i.source}")
+    else:
+        lines += ["", "Bands: not computed (--no-band)"]
+    lines += [""] + table(
+        [["", "best k", "", "mean TPOT ms, at the best k", "", "speedup over k=0", ""],
+         ["load", "sync", "async", "sync", "async", "sync", "async"]],
+        [[a.label, _k(a.modes["sync"].best_k), _k(a.modes["async"].best_k),
+          _b(a.modes["sync"].tpot_ms, ".2f"), _b(a.modes["async"].tpot_ms, ".2f"),
+          _b(a.modes["sync"].speedup, ".2f", unit="x"),
+          _b(a.modes["async"].speedup, ".2f", unit="x")] for a in advice.answers])
+    rows = []
+    for a in advice.answers:
+        zb = a.zero_bubble_saving
+        rows.append([a.label, _b(a.async_saving, ".1f", 100, " %"),
+                     ", ".join(a.async_saving.dominant) or "-", _b(zb, ".1f", 100, " %"),
+                     "no" if zb.high < 0.005 else "yes" if zb.low > 0.005 else "maybe"])
+    lines += [""] + table(
+        [["", "async saves (each mode", "", "zero-bubble adds over", ""],
+         ["load", "at its best k), % of sync", "dominated by", "async, % of its TPOT",
+          "does it pay?"]], rows)
+    warned = [(a.label, w_) for a in advice.answers for w_ in a.warnings]
+    if warned:
+        lines += ["", "Warnings:"] + [f"  {label}: {text}" for label, text in warned]
+    lines += ["", f"({advice.sims} simulations; a band sums, on each side, what each input "
+                  "moves the number at the ends of its range)"]
+    return "\n".join(lines)
+
+
+def _span(ks: list[int]) -> str:
+    return str(ks[0]) if len(ks) == 1 else f"{ks[0]}-{ks[-1]}"

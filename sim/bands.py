@@ -1,0 +1,343 @@
+"""Bands: how sure a prediction is, computed by the simulator from the ranges of its inputs.
+
+A prediction rests on inputs nobody measured for the user's setup: the host's CPU costs, the
+device's efficiency where the roofline prices an op, the acceptance where it is borrowed from
+another model or extrapolated past the depth measured. Each gets a documented range with its
+source (`BandInput`; docs/sim.md, "Bands"). A quantity's band is computed, not pasted: the
+quantity is simulated at the nominal inputs, then at each input's low and high end with the
+others nominal; each input's swing is what its ends move the quantity, and the band adds, on
+each side, every swing that pushes that way (the worst case of independent inputs, to first
+order). The inputs whose swings make most of the band are named as dominating it.
+
+A measured profile narrows the inputs it measured: a profile of `stepgap calibrate` on bench
+files (calibrate/bench_fit.py) replaces the CPU and device inputs by its own `split` (what the
+measured runs still allow of the host's CPU against the device), a profile with fitted device
+ops by the spread of its own residuals; measured tables by their error on real runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from stepgap.common.acceptance import PUBLISHED, AcceptanceProfile
+
+# The host's CPU costs, as a factor on stepgap's defaults (sim/cpu_costs.py), from the hosts
+# there is evidence for: the lowest and the highest whose CPU side was measured on its own (a gap
+# in a trace, what async hides, a fit that separates the forwards), not by subtracting stepgap's
+# roofline, which would mix this input with the `device` one (bench/cpu_evidence.py; docs/sim.md,
+# "Bands", has every host found and why each is or is not an end).
+CPU_LOW = 1.0
+CPU_LOW_SOURCE = ("vLLM #10634: V1 on a GPU, Llama-2-7B, 5-6 ms between two decode steps at 256 "
+                  "requests, 1.0-1.2 x the defaults' 5.0 ms there (bench/cpu_evidence.py)")
+CPU_SEED = 2.42
+CPU_SEED_SOURCE = ("the seed's L20 host: fitted on vLLM #25872's sync mean ITL "
+                   "(bench/seed_calibration.py)")
+CPU_HIGH = 3.1
+CPU_HIGH_SOURCE = ("SpecDecode-Bench's H100 fit of vLLM with Llama-3.1-8B: 1.21 ms per step "
+                   "besides the forwards (arXiv:2601.11580), 3.1 x the defaults' 0.39 ms "
+                   "(bench/cpu_evidence.py)")
+# The roofline's device times against real GPUs where no table prices an op: with the L20's
+# efficiencies, +9.2 % mean TPOT on the RTX 4090, -11.8 % on the RTX PRO 6000 (docs/sim.md,
+# "Measured operator tables"): the true device time is the roofline's x 1/1.092 .. 1/0.882.
+DEVICE_LOW, DEVICE_HIGH = 1 / 1.092, 1 / 0.882
+DEVICE_SOURCE = ("the roofline against real vLLM runs on the RTX 4090 (+9.2 % mean TPOT) and "
+                 "the RTX PRO 6000 (-11.8 %), docs/sim.md")
+TABLES_LOW, TABLES_HIGH = 0.99, 1.01
+TABLES_SOURCE = ("measured operator tables against real vLLM runs on the same GPUs: mean TPOT "
+                 "within 1 % (docs/sim.md)")
+PROFILE_BOUND = 0.05
+PROFILE_SOURCE = "the validation bound of a measured profile, mean ITL within 5 % (docs/validation.md)"
+# Acceptance past a profile's measured depth: each further position's conditional rate x r per
+# position, r from 0.83 (the steepest fall between two published positions: Qwen3-8B's third
+# against its second) to 1 (the last rate repeats, stepgap's rule; #26191's rose by up to 4 %).
+EXTRAPOLATED_LOW = 0.83
+EXTRAPOLATED_SOURCE = ("the published profiles' conditional rates: a position's is 0.83 to "
+                       "1.04 x the one before (common/acceptance.py)")
+# A profile borrowed from another model or method: every conditional rate shifted on the logit
+# scale by up to the largest difference between two published EAGLE-3 profiles at one position
+# (Qwen3-8B's third against #26191's Llama-3.1-8B third: 1.12).
+BORROWED_SHIFT = 1.1
+BORROWED_SOURCE = ("the published EAGLE-3 profiles' conditional rates differ by up to 1.1 on "
+                   "the logit scale at one position (common/acceptance.py)")
+# Synthetic profiles (what-ifs, not measurements): no band of their own.
+SYNTHETIC = ("none", "full")
+DOMINANT_SHARE = 0.2   # an input dominates a band when its swing is this share of the largest
+
+
+@dataclass(frozen=True)
+class BandInput:
+    """One uncertain input: its range (`low`..`high` around `nominal`, in `unit`), its source,
+    and the settings of a run at each end. `min_k`: the input changes runs with k >= min_k
+    only (an extrapolated acceptance, past the depth measured)."""
+
+    name: str
+    what: str
+    nominal: float
+    low: float
+    high: float
+    unit: str
+    source: str
+    at_low: dict
+    at_high: dict
+    min_k: int = 0
+
+    def applies(self, k: int) -> bool:
+        return k >= self.min_k
+
+    def settings(self, base: dict, end: str) -> dict:
+        """The settings of `base` with this input at its `end` ('low' or 'high')."""
+        over = self.at_low if end == "low" else self.at_high
+        out = dict(base)
+        for key, v in over.items():
+            if key == "speed":   # device time x v (`speed` scales the CPU too: taken back)
+                out["cpu_scale"] = out.get("cpu_scale", 1.0) / v
+                out["speed"] = out.get("speed", 1.0) * v
+            elif key == "cpu_factor":
+                out["cpu_scale"] = out.get("cpu_scale", 1.0) * v
+            else:
+                out[key] = v
+        return out
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "what": self.what, "nominal": self.nominal, "low": self.low,
+                "high": self.high, "unit": self.unit, "source": self.source,
+                **({"from_k": self.min_k} if self.min_k else {})}
+
+
+@dataclass(frozen=True)
+class Band:
+    """A quantity, its band and what dominates it (`swings`: input -> (at its low end, at its
+    high end), each the change of the quantity)."""
+
+    value: float
+    low: float
+    high: float
+    swings: dict = field(default_factory=dict)
+
+    @property
+    def dominant(self) -> list[str]:
+        """The inputs whose swing is at least DOMINANT_SHARE of the largest, largest first."""
+        size = {n: max(abs(a), abs(b)) for n, (a, b) in self.swings.items()}
+        top = max(size.values(), default=0.0)
+        if not top:
+            return []
+        return sorted((n for n, s in size.items() if s >= DOMINANT_SHARE * top),
+                      key=lambda n: -size[n])
+
+    def to_dict(self, digits: int = 4) -> dict:
+        def r(x):
+            return None if x is None or not math.isfinite(x) else round(x, digits)
+        return {"value": r(self.value), "low": r(self.low), "high": r(self.high),
+                "dominant": self.dominant,
+                "swings": {n: [r(a), r(b)] for n, (a, b) in self.swings.items()}}
+
+
+def combine(value: float, ends: dict[str, tuple[float, float]]) -> Band:
+    """The band of a quantity whose value is `value` at the nominal inputs and `ends[name]` =
+    (value with that input at its low end, at its high end): each side adds the swings that
+    push that way."""
+    swings = {n: (lo - value, hi - value) for n, (lo, hi) in ends.items()}
+    down = sum(min(0.0, a, b) for a, b in swings.values())
+    up = sum(max(0.0, a, b) for a, b in swings.values())
+    return Band(value, value + down, value + up, swings)
+
+
+def int_band(value: int, values: list[int]) -> Band:
+    """A discrete quantity (a best k): its range over the inputs' ends, not a sum of swings."""
+    return Band(value, min([value, *values]), max([value, *values]))
+
+
+# ---------------------------------------------------------------------------------------------
+# The inputs of a run
+
+
+def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
+    """The uncertain inputs of runs of `settings` (SimConfig fields) up to depth `max_k`: the
+    host's CPU and the device (or what a measured profile or tables leave of them), and the
+    acceptance where it is borrowed or extrapolated."""
+    from stepgap.sim.config import SimConfig, acceptance_profile, resolve
+    from stepgap.sim.tables import TableCosts
+
+    cfg = SimConfig(**settings)
+    r = resolve(cfg)
+    measured, inputs = r.measured, []
+    split = (measured.notes.get("bands") or {}).get("split") if measured is not None else None
+    if isinstance(split, dict):
+        inputs.append(split_input(split))
+    elif measured is not None and (measured.fits or measured.cpu is not None):
+        inputs.append(profile_input(measured))
+    else:
+        inputs.append(cpu_input(cfg.cpu_scale))
+    if measured is None or not measured.fits:
+        if any(isinstance(c, TableCosts) for c in (r.device_costs,
+                                                    getattr(r.device_costs, "fallback", None))):
+            inputs.append(BandInput("device", "the device ops the measured tables price",
+                                    1.0, TABLES_LOW, TABLES_HIGH, "x device time",
+                                    TABLES_SOURCE, {"speed": TABLES_LOW},
+                                    {"speed": TABLES_HIGH}))
+        elif not isinstance(split, dict):
+            inputs.append(BandInput(
+                "device", f"the roofline's device op times ({r.hw.name}: bw_eff "
+                f"{r.hw.bw_eff:g}, flop_eff {r.hw.flop_eff:g}, {r.hw.kernel_us:g} us a kernel)",
+                1.0, DEVICE_LOW, DEVICE_HIGH, "x device time", DEVICE_SOURCE,
+                {"speed": DEVICE_LOW}, {"speed": DEVICE_HIGH}))
+    prof, note = acceptance_profile(cfg, r.target)
+    acc = acceptance_input(cfg, prof, note is not None, max_k if max_k is not None else cfg.k)
+    if acc is not None:
+        inputs.append(acc)
+    return inputs
+
+
+def cpu_input(nominal: float) -> BandInput:
+    lo, hi = min(CPU_LOW, nominal), max(CPU_HIGH, nominal)
+    return BandInput("cpu", "the host's CPU costs, x stepgap's defaults", nominal, lo, hi,
+                     "x defaults", f"low: {CPU_LOW_SOURCE}; {CPU_SEED:g}: {CPU_SEED_SOURCE}; "
+                     f"high: {CPU_HIGH_SOURCE}",
+                     {"cpu_factor": lo / nominal if nominal else 1.0},
+                     {"cpu_factor": hi / nominal if nominal else 1.0})
+
+
+def split_input(split: dict) -> BandInput:
+    """What a bench-file calibration left open: the host's CPU against the device, along the
+    measured runs (`stepgap calibrate`; each end a CPU factor and a device factor, relative to
+    the profile's fitted values)."""
+    lo, hi = split["low"], split["high"]
+    return BandInput("split", "host CPU against device, as far as the measured runs allow "
+                     "(the profile's calibration)", 1.0, lo["cpu"], hi["cpu"], "x fitted CPU",
+                     split.get("source", "the profile's calibration"),
+                     {"cpu_factor": lo["cpu"], "speed": lo["device"]},
+                     {"cpu_factor": hi["cpu"], "speed": hi["device"]})
+
+
+def profile_input(measured) -> BandInput:
+    """A profile with measured device fits or CPU costs: its own residuals' spread on mean
+    ITL, as a level on the whole step, else the validation bound."""
+    errors = [r.get("mean_itl_ms") for r in measured.notes.get("residuals") or []
+              if isinstance(r, dict) and isinstance(r.get("mean_itl_ms"), (int, float))]
+    if errors:
+        lo, hi = 1 / (1 + max(max(errors), 0.0)), 1 / (1 + min(min(errors), 0.0))
+        source = (f"its own runs re-simulated: mean ITL {100 * min(errors):+.1f} to "
+                  f"{100 * max(errors):+.1f} % (the profile's residuals)")
+    else:
+        lo, hi, source = 1 - PROFILE_BOUND, 1 + PROFILE_BOUND, PROFILE_SOURCE
+    return BandInput("profile", f"the measured profile's level ({measured.path})", 1.0, lo, hi,
+                     "x step time", source, {"speed": lo, "cpu_factor": lo},
+                     {"speed": hi, "cpu_factor": hi})
+
+
+def acceptance_input(cfg, prof: AcceptanceProfile, borrowed: bool, max_k: int
+                     ) -> BandInput | None:
+    """Borrowed (the published profile of another model or method stands in, or a named one
+    that is not this model's): every conditional rate shifted on the logit scale; else
+    extrapolated past its depth (k > the rates measured): the later positions' rates."""
+    if max_k < 1 or prof.name in SYNTHETIC:
+        return None
+    model = cfg.model
+    own = PUBLISHED.get((model, cfg.method))
+    if cfg.acceptance_rates is None and (borrowed or (own is not None and prof.name != own)
+                                         or (own is None and prof.name in _named())):
+        rates = lambda d: shifted(prof, d, max(max_k, len(prof.rates)))  # noqa: E731
+        return BandInput("acceptance", f"acceptance borrowed from {prof.name} ({prof.source})",
+                         0.0, -BORROWED_SHIFT, BORROWED_SHIFT, "logit shift", BORROWED_SOURCE,
+                         {"acceptance_rates": rates(-BORROWED_SHIFT),
+                          "acceptance_spread": prof.spread},
+                         {"acceptance_rates": rates(BORROWED_SHIFT),
+                          "acceptance_spread": prof.spread}, 1)
+    depth = len(prof.rates)
+    if max_k <= depth:
+        return None
+    return BandInput("acceptance", f"acceptance past position {depth} of {prof.name}, "
+                     "extrapolated", 1.0, EXTRAPOLATED_LOW, 1.0, "x conditional rate per "
+                     "position", EXTRAPOLATED_SOURCE,
+                     {"acceptance_rates": extrapolated(prof, EXTRAPOLATED_LOW, max_k),
+                      "acceptance_spread": prof.spread},
+                     {}, depth + 1)   # the high end is stepgap's rule: the nominal run
+
+
+def _named() -> set[str]:
+    from stepgap.common.acceptance import PROFILES
+    return set(PROFILES)
+
+
+def extrapolated(prof: AcceptanceProfile, r: float, k: int) -> tuple[float, ...]:
+    """The profile's rates to depth k, each position past its depth at the conditional rate of
+    the one before x r."""
+    rates, cond = list(prof.rates), prof.conditional(len(prof.rates))[-1]
+    while len(rates) < k:
+        cond *= r
+        rates.append(rates[-1] * cond)
+    return tuple(rates)
+
+
+def shifted(prof: AcceptanceProfile, d: float, k: int) -> tuple[float, ...]:
+    """The profile's rates to depth k with every conditional rate shifted by d on the logit
+    scale."""
+    rates, prev = [], 1.0
+    for c in prof.conditional(k):
+        c = 0.0 if c <= 0 else 1.0 if c >= 1 else 1 / (1 + math.exp(-(math.log(c / (1 - c)) + d)))
+        prev *= c
+        rates.append(prev)
+    return tuple(rates)
+
+
+# ---------------------------------------------------------------------------------------------
+# The bands of one run
+
+
+BAND_METRICS = ("mean_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "mean_e2el_ms",
+                "output_throughput")
+
+
+def run_bands(settings: dict, requests=None, metrics=BAND_METRICS, profile=None):
+    """One run and its bands: (the run result at the nominal inputs, the inputs, metric ->
+    Band, the run's spans); the same requests at every input end."""
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.loop import build_workload, simulate
+
+    cfg = SimConfig(**settings)
+    reqs = requests if requests is not None else build_workload(cfg)
+    res, spans = simulate(cfg, reqs, profile=profile)
+    inputs = [i for i in band_inputs(settings) if i.applies(cfg.k)]
+    ends = {}
+    for inp in inputs:
+        ends[inp.name] = tuple(
+            simulate(SimConfig(**{**inp.settings(settings, end), "timeline": False,
+                                  "detailed": False}), reqs, profile=profile)[0]
+            for end in ("low", "high"))
+    bands = {m: combine(res[m], {n: (lo[m], hi[m]) for n, (lo, hi) in ends.items()})
+             for m in metrics if res.get(m) is not None}
+    return res, inputs, bands, spans
+
+
+def bands_doc(inputs: list[BandInput], bands: dict) -> dict:
+    """A run result's `bands`: the inputs with their ranges and sources, each metric's band."""
+    return {"inputs": [i.to_dict() for i in inputs],
+            "metrics": {m: b.to_dict() for m, b in bands.items()}}
+
+
+def format_bands(inputs: list[BandInput], bands: dict) -> str:
+    """The bands as `stepgap simulate --band` prints them, after the run's summary."""
+    lines = [f"{' Bands (each input at the ends of its range) ':-^72}"]
+    for m, b in bands.items():
+        lines.append(f"{m:<22}{b.value:>10.2f}   {b.low:.2f} .. {b.high:.2f}   "
+                     f"{', '.join(b.dominant) or '-'}")
+    lines.append("inputs:")
+    for i in inputs:
+        lines.append(f"  {i.name:<11}{i.low:.3g} .. {i.high:.3g} {i.unit} (nominal "
+                     f"{i.nominal:.3g}): {i.what}; {i.source}")
+    return "\n".join(lines)
+
+
+def difference_band(a: dict, b: dict, metric: str = "mean_itl_ms") -> tuple[Band, list]:
+    """The band of metric(run a) - metric(run b), each input end moving both runs together
+    (what async saves over sync: a the sync run, b the async one), and the inputs."""
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.loop import simulate
+
+    def value(sa, sb):
+        return simulate(SimConfig(**sa))[0][metric] - simulate(SimConfig(**sb))[0][metric]
+    inputs = [i for i in band_inputs(a) if i.applies(a.get("k", 0))]
+    return combine(value(a, b), {i.name: tuple(value(i.settings(a, end), i.settings(b, end))
+                                               for end in ("low", "high"))
+                                 for i in inputs}), inputs

@@ -1,0 +1,429 @@
+"""stepgap advise, the bands it rests on (sim/bands.py), calibration on bench files alone
+(calibrate/bench_fit.py) and a profile that runs where it was measured.
+
+Small workloads throughout (a few MT-bench prompts, short outputs): what is checked is behaviour
+and invariants, not the numbers of the default question (README and docs/sim.md have those,
+with their commands)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from stepgap.cli import main
+from stepgap.common.errors import UserError
+from stepgap.sim.bands import Band, band_inputs, combine, int_band
+from stepgap.sim.config import SimConfig, profile_defaults
+from stepgap.sim.loop import simulate
+from stepgap.sim.profile import load_profile
+
+# a setup small enough for tests: 6 MT-bench prompts of 48 output tokens
+SMALL = dict(gpu="h100", model="llama-3.1-8b", draft="llama-3.1-8b-eagle3", workload="mtbench",
+             num_prompts=6, output_len=48)
+
+
+# -- bands --------------------------------------------------------------------------------------
+
+
+def test_a_band_adds_each_inputs_swing_on_its_side():
+    b = combine(10.0, {"cpu": (8.0, 13.0), "device": (11.0, 9.0), "acceptance": (10.0, 10.0)})
+    assert (b.low, b.high) == (7.0, 14.0)   # 10 - 2 - 1, 10 + 3 + 1
+    assert b.dominant == ["cpu", "device"]   # acceptance moved nothing
+
+
+def test_a_best_k_band_is_the_range_of_the_best_k_not_a_sum():
+    b = int_band(5, [4, 6, 5, 7])
+    assert (b.value, b.low, b.high) == (5, 4, 7)
+
+
+def test_the_default_setup_bands_the_host_the_device_and_the_extrapolated_acceptance():
+    inputs = {i.name: i for i in band_inputs(dict(SMALL, cpu_scale=2.42), max_k=8)}
+    assert set(inputs) == {"cpu", "device", "acceptance"}
+    assert (inputs["cpu"].low, inputs["cpu"].nominal, inputs["cpu"].high) == (1.0, 2.42, 3.1)
+    assert inputs["device"].low < 1 < inputs["device"].high
+    # mtbench measured 7 positions: the band moves runs with k >= 8 only
+    assert inputs["acceptance"].min_k == 8 and not inputs["acceptance"].applies(7)
+    assert "acceptance" not in {i.name for i in band_inputs(dict(SMALL), max_k=7)}
+
+
+def test_an_input_end_at_the_nominal_value_is_the_nominal_run():
+    cpu = next(i for i in band_inputs(dict(SMALL, cpu_scale=1.0)) if i.name == "cpu")
+    base = dict(SMALL, cpu_scale=1.0)
+    assert cpu.settings(base, "low") == base
+
+
+def test_a_borrowed_acceptance_gets_a_band_from_k_1():
+    inputs = {i.name: i for i in band_inputs(dict(model="qwen3-30b-a3b", k=3), max_k=4)}
+    acc = inputs["acceptance"]
+    assert acc.min_k == 1 and "borrowed" in acc.what
+    low = SimConfig(**acc.settings(dict(model="qwen3-30b-a3b", k=3), "low")).acceptance_rates
+    high = SimConfig(**acc.settings(dict(model="qwen3-30b-a3b", k=3), "high")).acceptance_rates
+    assert all(lo < hi for lo, hi in zip(low, high))
+
+
+def test_measured_tables_band_the_device_by_their_error_only():
+    bundle = "traces/peers/llmservingsim/profiler/perf/RTX4090/meta-llama/Llama-3.1-8B/bf16"
+    device = next(i for i in band_inputs(dict(gpu="rtx4090", device_profile=bundle))
+                  if i.name == "device")
+    assert (device.low, device.high) == (0.99, 1.01)
+
+
+def test_simulate_band_puts_every_metric_inside_its_band(tmp_path):
+    out = tmp_path / "r.json"
+    assert main(["simulate", "--gpu", "h100", "--model", "llama-3.1-8b", "-k", "3",
+                 "--num-prompts", "4", "--output-len", "32", "--band", "--quiet",
+                 "--result-json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    names = {i["name"] for i in res["bands"]["inputs"]}
+    assert names == {"cpu", "device"}
+    for m, b in res["bands"]["metrics"].items():
+        assert b["low"] <= b["value"] <= b["high"], m
+        assert b["value"] == pytest.approx(res[m], rel=1e-3)
+    assert res["bands"]["metrics"]["mean_tpot_ms"]["dominant"]
+
+
+def test_sweep_band_adds_each_cells_band_and_what_dominates_it(tmp_path):
+    assert main(["sweep", "--set", "num_prompts=3", "--set", "output_len=24",
+                 "--grid", "mode=sync,async", "--grid", "k=0,2", "--band", "--jobs", "1",
+                 "--out", str(tmp_path), "--quiet"]) == 0
+    rows = json.loads((tmp_path / "sweep.json").read_text())["rows"]
+    for r in rows:
+        assert r["mean_tpot_ms_low"] <= r["mean_tpot_ms"] <= r["mean_tpot_ms_high"]
+        assert r["band_dominant"].startswith("mean_tpot_ms: ")
+    header = (tmp_path / "sweep.csv").read_text().splitlines()[0].split(",")
+    assert "mean_itl_ms_high" in header and "band_dominant" in header
+
+
+# -- advise -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def advice():
+    from stepgap.sim.advise import advise, loads_of
+    base = SimConfig(**SMALL, cpu_scale=2.42).to_dict()
+    return advise(base, loads_of([1, 4], None), [0, 1, 2], jobs=1)
+
+
+def test_each_modes_best_k_is_the_smallest_mean_tpot_of_its_grid(advice):
+    for a in advice.answers:
+        for mode, m in a.modes.items():
+            best = int(m.best_k.value)
+            assert all(m.grid[best] <= v for v in m.grid.values()), (a.label, mode)
+
+
+def test_the_grid_is_what_the_simulator_gives_for_the_same_cell(advice):
+    cfg = SimConfig(**{**SMALL, "cpu_scale": 2.42, "mode": "async", "k": 2,
+                       "max_concurrency": 4})
+    assert advice.answers[1].modes["async"].grid[2] == simulate(cfg)[0]["mean_tpot_ms"]
+
+
+def test_every_number_lies_inside_its_band(advice):
+    for a in advice.answers:
+        bands = [a.async_saving, a.zero_bubble_saving]
+        for m in a.modes.values():
+            bands += [m.best_k, m.tpot_ms, m.speedup]
+        for b in bands:
+            assert b.low <= b.value <= b.high
+
+
+def test_the_async_saving_is_each_mode_at_its_own_best_k(advice):
+    a = advice.answers[0]
+    s, y = a.modes["sync"], a.modes["async"]
+    assert a.async_saving.value == pytest.approx(
+        1 - y.grid[int(y.best_k.value)] / s.grid[int(s.best_k.value)])
+
+
+def test_a_best_k_at_the_top_of_the_range_is_warned_about(advice):
+    edge = [w for a in advice.answers for w in a.warnings if "deepest tried" in w]
+    top = [a for a in advice.answers for m in ("sync", "async")
+           if a.modes[m].best_k.value == 2]
+    assert bool(edge) == bool(top)
+
+
+def test_the_result_json_holds_the_answer_and_what_it_rests_on(advice):
+    doc = advice.to_dict()
+    assert doc["format"] == "stepgap-advise/1"
+    assert {"device", "acceptance", "cpu", "seed"} <= set(doc["rests_on"])
+    assert doc["rests_on"]["acceptance"]["measured_depth"] == 7
+    load = doc["loads"][0]
+    assert {"sync", "async", "zero_bubble", "async_saving", "zero_bubble_saving",
+            "warnings"} <= set(load)
+    assert {"value", "low", "high", "dominant"} <= set(load["async_saving"])
+    assert {i["name"] for i in doc["band_inputs"]} == {"cpu", "device"}
+
+
+def test_advise_prints_what_it_rests_on_and_writes_its_figure(tmp_path, capsys):
+    out, fig = tmp_path / "a.json", tmp_path / "a.png"
+    assert main(["advise", "--model", "llama-3.1-8b", "--gpu", "h100", "--num-prompts", "3",
+                 "--output-len", "24", "--max-concurrency", "1,2", "--max-k", "2", "--jobs", "1",
+                 "--no-band", "--result-json", str(out), "--plot", str(fig)]) == 0
+    text = capsys.readouterr().out
+    for line in ("What the answer rests on:", "device      the roofline of the h100",
+                 "CPU costs   stepgap's defaults x 2.42", "seed        0"):
+        assert line in text
+    assert fig.read_bytes()[:4] == b"\x89PNG"
+    assert [ld["load"] for ld in json.loads(out.read_text())["loads"]] == \
+        [{"max_concurrency": 1}, {"max_concurrency": 2}]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--max-concurrency", ","], "--max-concurrency: the load list is empty"),
+    (["--max-concurrency", "0"], "--max-concurrency '0'"),
+    (["--request-rate", "x"], "--request-rate 'x'"),
+    (["--gpu", "nope", "--max-concurrency", "1"], "unknown device 'nope'"),
+])
+def test_bad_input_to_advise_is_one_line_and_status_2(args, says, capsys):
+    assert main(["advise", "--num-prompts", "2", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0]
+
+
+# -- calibrate on bench files -------------------------------------------------------------------
+
+
+def bench_file(path, res: dict, conc: int, model_id="meta-llama/Llama-3.1-8B-Instruct",
+               **metadata) -> str:
+    """A `vllm bench serve --save-result` file holding a run result's numbers."""
+    doc = {"date": "20260101-000000", "backend": "vllm", "model_id": model_id,
+           "num_prompts": res["completed"], "completed": res["completed"], "request_rate": "inf",
+           "burstiness": 1.0, "max_concurrency": conc, "duration": res["duration"],
+           **{m: res[m] for m in ("mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms",
+                                  "mean_ttft_ms")}, **metadata}
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+CAL = ["--gpu", "h100", "--model", "llama-3.1-8b", "--draft", "llama-3.1-8b-eagle3",
+       "--trace", "mtbench", "--output-len", "48"]
+
+
+def truth(tmp_path, conc: int, k: int = 3, name="run.json", **kw) -> str:
+    """A 'measured' run: the simulator at a known CPU factor 2.0 and device level 1.05."""
+    cfg = SimConfig(**{**SMALL, "k": k, "max_concurrency": conc, "cpu_scale": 2.0 / 1.05,
+                       "speed": 1.05})
+    return bench_file(tmp_path / name, simulate(cfg)[0], conc, num_speculative_tokens=str(k),
+                      **kw)
+
+
+def test_one_cell_fits_the_cpu_and_keeps_the_split_as_the_band(tmp_path):
+    run = truth(tmp_path, 1)
+    prof = tmp_path / "p.json"
+    assert main(["calibrate", run, *CAL, "-k", "3", "--out", str(prof)]) == 0
+    p = load_profile(prof)
+    assert p.roofline_level == 1.0   # one cell: the catalog's level, the CPU fitted to it
+    split = p.notes["bands"]["split"]
+    assert split["low"]["cpu"] < 1 < split["high"]["cpu"]
+    assert any("split" in u for u in p.undetermined)
+    res = p.notes["residuals"][0]
+    assert abs(res["mean_itl_ms"]) < 2e-3 and abs(res["mean_tpot_ms"]) < 5e-3
+
+
+def test_two_cells_tell_the_host_from_the_device(tmp_path):
+    runs = [truth(tmp_path, 1, 3, "c1.json"), truth(tmp_path, 4, 0, "c4.json")]
+    prof = tmp_path / "p.json"
+    assert main(["calibrate", *runs, *CAL, "--out", str(prof)]) == 0
+    p = load_profile(prof)
+    assert p.roofline_level == pytest.approx(1.05, rel=0.02)
+    assert p.about["calibration"]["cpu_scale"] == pytest.approx(2.0, rel=0.05)
+    split = p.notes["bands"]["split"]
+    # within the CPU range of sim/bands.py, 1.0 to 3.1 of the defaults: x 0.5 to 1.55 of 2.0
+    assert 0.5 - 1e-9 <= split["low"]["cpu"] < 1 < split["high"]["cpu"] <= 1.55 + 1e-9
+
+
+@pytest.mark.parametrize("args, extra, says", [
+    (["--model", "llama-3.2-1b", "-k", "3"], {}, "'meta-llama/Llama-3.1-8B-Instruct', but --model is "
+                                       "'llama-3.2-1b'"),
+    (["-k", "2"], {"num_speculative_tokens": "3"}, "'num_speculative_tokens': 3, but "
+                                                   "--num-speculative-tokens is 2"),
+    (["-k", "3", "--max-concurrency", "4"], {}, "'max_concurrency': 1, but --max-concurrency is 4"),
+    (["-k", "3", "--gpu", "nope"], {}, "unknown device 'nope'"),
+])
+def test_a_bench_file_that_disagrees_with_the_command_line_is_refused(tmp_path, capsys, args,
+                                                                     extra, says):
+    res = {"completed": 4, "duration": 1.0, "mean_tpot_ms": 3.0, "p99_tpot_ms": 4.0,
+           "mean_itl_ms": 9.0, "p99_itl_ms": 9.5, "mean_ttft_ms": 20.0}
+    run = bench_file(tmp_path / "b.json", res, 1, **extra)
+    cal = [a for a in CAL if a not in ("--model", "llama-3.1-8b")] + \
+        ([] if "--model" in args else ["--model", "llama-3.1-8b"])
+    if "--gpu" in args:
+        cal = [a for a in cal if a not in ("--gpu", "h100")]
+    assert main(["calibrate", run, *cal, *args, "--out", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_a_bench_files_model_id_and_the_command_lines_model_resolve_alike():
+    from stepgap.calibrate.bench_fit import model_name
+    # an id and the preset it stands for are one model (common/model_presets.py MODEL_IDS)
+    assert model_name("meta-llama/Llama-3.1-8B-Instruct") == model_name("llama-3.1-8b")
+    assert model_name("Qwen/Qwen3-32B") == model_name("qwen3-32b")
+    assert model_name("openai/gpt-oss-20b") == model_name("gpt-oss-20b")
+    # an id stepgap does not know: by its name (a local folder of the same model, say)
+    assert model_name("meta-llama/Meta-Llama-3.1-8B-Instruct") == model_name("llama-3.1-8b")
+    assert model_name("Qwen/Qwen3-8B") != model_name("qwen3-32b")
+    assert model_name("meta-llama/Llama-3.2-1B-Instruct") != model_name("llama-3.1-8b")
+
+
+# -- a profile knows where it was measured ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def l20_profile(tmp_path_factory):
+    """A bench-file profile of an L20 run with a measured acceptance."""
+    tmp = tmp_path_factory.mktemp("l20")
+    cfg = SimConfig(**{**SMALL, "gpu": "l20", "k": 2, "max_concurrency": 1, "cpu_scale": 2.0})
+    res = simulate(cfg)[0]
+    run = bench_file(tmp / "run.json", res, 1,
+                     spec_decode_per_position_acceptance_rates=[0.8, 0.6])
+    prof = tmp / "p.json"
+    assert main(["calibrate", run, *[a if a != "h100" else "l20" for a in CAL], "-k", "2",
+                 "--out", str(prof)]) == 0
+    return str(prof)
+
+
+def test_a_profile_runs_the_device_and_acceptance_it_was_measured_with(l20_profile, tmp_path):
+    out = tmp_path / "r.json"
+    assert main(["simulate", "--profile", l20_profile, "--model", "llama-3.1-8b", "-k", "3",
+                 "--num-prompts", "3", "--output-len", "24", "--quiet",
+                 "--result-json", str(out)]) == 0
+    cfg = json.loads(out.read_text())["config"]
+    assert cfg["gpu"] == "l20" and cfg["resolved"]["device"] == "cuda"
+    assert cfg["acceptance_rates"] == [0.8, 0.6]
+    assert not any("measured on" in n for n in cfg["resolved"]["notes"])
+
+
+def test_another_device_with_a_profile_is_a_choice_the_result_states(l20_profile, tmp_path):
+    out = tmp_path / "r.json"
+    assert main(["simulate", "--profile", l20_profile, "--gpu", "h100", "--acceptance",
+                 "mtbench", "--model", "llama-3.1-8b", "-k", "3", "--num-prompts", "3",
+                 "--output-len", "24", "--quiet", "--result-json", str(out)]) == 0
+    notes = json.loads(out.read_text())["config"]["resolved"]["notes"]
+    assert any("measured on l20" in n and "--gpu h100" in n for n in notes)
+
+
+def test_profile_defaults_fill_only_what_was_not_given(l20_profile):
+    settings, notes = profile_defaults({"profile": l20_profile, "acceptance": "mtbench"},
+                                       {"acceptance"})
+    assert settings["gpu"] == "l20" and "acceptance_rates" not in settings
+    assert notes and "measured its acceptance" in notes[0]
+
+
+def test_a_profile_keeps_its_level_and_acceptance_when_read_and_written(l20_profile, tmp_path):
+    from stepgap.sim.profile import save_profile
+    p = load_profile(l20_profile)
+    save_profile(tmp_path / "again.json", p)
+    assert (tmp_path / "again.json").read_text() == open(l20_profile).read()
+    assert p.acceptance() == ((0.8, 0.6), 0.0)
+
+
+def test_a_profile_with_a_bad_level_is_refused(l20_profile, tmp_path):
+    doc = json.loads(open(l20_profile).read())
+    doc["roofline_level"] = -1
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(UserError, match="roofline_level"):
+        load_profile(bad)
+
+
+def test_the_seed_bench_files_hold_the_prs_numbers():
+    from stepgap.common.vllm_bench import read_bench
+    from stepgap.sim.presets import get_preset
+    measured = get_preset("seed-l20").measured
+    for mode in ("sync", "async"):
+        doc = read_bench(f"traces/seed/vllm-pr25872-{mode}.json")
+        assert {m: doc[m] for m in measured[mode]} == measured[mode]
+        assert doc["max_concurrency"] == 1 and doc["num_prompts"] == 80
+        assert not math.isnan(doc["duration"])
+
+
+def test_combine_of_no_inputs_is_the_value():
+    assert combine(3.0, {}) == Band(3.0, 3.0, 3.0, {})
+
+
+def test_zero_bubble_is_simulated_wherever_it_could_beat_async(advice):
+    """The ks zero-bubble skips could not have beaten async's best: the full grid agrees."""
+    from stepgap.sim.advise import MODES
+    for a in advice.answers:
+        zb = a.modes["zero-bubble"].grid
+        full = {k: simulate(SimConfig(**{**SMALL, "cpu_scale": 2.42, "mode": "zero-bubble",
+                                         "k": k, **a.load}))[0]["mean_tpot_ms"]
+                for k in zb}
+        assert min(full, key=full.get) == int(a.modes["zero-bubble"].best_k.value)
+        assert all(zb[k] == full[k] for k in zb if math.isfinite(zb[k]))
+    assert "zero-bubble" in MODES
+
+
+# -- data and expert parallelism (issue 40) ----------------------------------------------------
+
+# a small MoE setup: Qwen3-30B-A3B on H100s with expert parallelism, 8 MT-bench prompts
+MOE = dict(gpu="h100", model="qwen3-30b-a3b", workload="mtbench", num_prompts=8, output_len=32,
+           cpu_scale=2.42, enable_expert_parallel=True)
+
+
+@pytest.fixture(scope="module")
+def moe_advice():
+    """advise at data_parallel_size 1 and 2 (nominal answers: the bands' machinery is the
+    dense setup's, checked above)."""
+    from stepgap.sim.advise import advise, loads_of
+    return {dp: advise(SimConfig(**MOE, data_parallel_size=dp).to_dict(), loads_of([8], None),
+                       [0, 1, 2], band=False, jobs=1) for dp in (1, 2)}
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_advise_runs_every_cell_at_its_data_parallel_size(moe_advice, dp):
+    """Every cell advise ran is the setup's DP size; its grid is what the simulator gives for
+    the same cell, a DP 2 one routing the requests over both engine cores."""
+    advice = moe_advice[dp]
+    assert {c.get("data_parallel_size", 1) for c in advice.cells} == {dp}
+    res = simulate(SimConfig(**MOE, data_parallel_size=dp, mode="async", k=2,
+                             max_concurrency=8))[0]
+    assert advice.answers[0].modes["async"].grid[2] == res["mean_tpot_ms"]
+    ranks = res["config"]["resolved"].get("data_parallel")
+    if dp == 1:
+        assert ranks is None
+    else:
+        assert ranks["size"] == 2 and sum(ranks["requests"]) == 8 and min(ranks["requests"]) > 0
+        assert ranks["lockstep"]   # a MoE target's ranks meet at every forward
+
+
+def test_advise_says_the_data_and_expert_parallelism_it_rests_on(moe_advice):
+    one, two = moe_advice[1].rests_on, moe_advice[2].rests_on
+    assert (one["data_parallel_size"], one["expert_parallel"]) == (1, False)   # EP on one GPU
+    assert (two["data_parallel_size"], two["expert_parallel"]) == (2, True)
+    assert "expert-parallel over 2 GPUs" in two["device"]
+    assert "expert-parallel" not in one["device"]
+    # two engine cores answer otherwise than one: the grids differ at every k
+    g1, g2 = (moe_advice[dp].answers[0].modes["async"].grid for dp in (1, 2))
+    assert all(g1[k] != g2[k] for k in g1)
+
+
+def test_advise_takes_vllms_data_and_expert_parallel_options(tmp_path, capsys):
+    out = tmp_path / "a.json"
+    assert main(["advise", "--model", "qwen3-30b-a3b", "--gpu", "h100", "-dp", "2", "-ep",
+                 "--trace", "mtbench", "--num-prompts", "4", "--output-len", "16",
+                 "--max-concurrency", "4", "--max-k", "1", "--jobs", "1", "--no-band",
+                 "--result-json", str(out)]) == 0
+    assert "qwen3-30b-a3b + qwen3-30b-a3b-eagle3 (eagle3) on h100 x 2 (DP), expert parallel" \
+        in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert doc["setup"]["data_parallel_size"] == 2 and doc["setup"]["enable_expert_parallel"]
+
+
+def test_a_profiles_level_prices_a_moe_target_under_data_parallelism(l20_profile):
+    """A bench-file profile (CPU costs and a device level, no fits) serves a DP group as it
+    serves TP: its level over the roofline, the MoE blocks' expert parallelism under it."""
+    base = dict(MOE, profile=l20_profile, k=2, data_parallel_size=2)
+    ep = simulate(SimConfig(**base))[0]
+    no = simulate(SimConfig(**{**base, "enable_expert_parallel": False}))[0]
+    src = ep["config"]["resolved"]["device_costs"]
+    assert src["target_forward"].startswith("roofline x ")
+    assert "expert-parallel over 2 GPUs" in src["moe"]
+    assert "expert-parallel" not in no["config"]["resolved"]["device_costs"]["moe"]
+    assert ep["mean_tpot_ms"] != no["mean_tpot_ms"]
+    fitted = "traces/measured/cpu/profile.json"   # device op fits: one device's, refused
+    assert load_profile(fitted).fits
+    with pytest.raises(UserError, match="--data-parallel-size > 1"):
+        simulate(SimConfig(**{**base, "profile": fitted}))
