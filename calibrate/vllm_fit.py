@@ -612,7 +612,9 @@ Inputs (files or folders, sorted by their content): `vllm bench serve --save-res
 --save-detailed` files (the runs: their TTFT, ITL and per-request lengths); the runs' timelines,
 torch-profiler traces (*.pt.trace.json.gz, each matched to the run that prefilled its prompt
 tokens) or bench/vllm/stepgap_hooks span files (*.jsonl, cut by each run's window); and /metrics
-scrapes named RUN.before.txt / RUN.after.txt (the acceptance each run saw). Only sync runs are
+scrapes named RUN.before.txt / RUN.after.txt (the acceptance each run saw). Each file is read
+once; in a folder, valid JSON that is no bench file and a .jsonl that is no span file are
+skipped with a note, and a .json that does not parse is an error. Only sync runs are
 fitted (a run's mode comes from a `--metadata mode=...` of the bench, else from its timeline).
 A run at one concurrency cannot tell a per-request cost from a fixed one: what the inputs leave
 undetermined is printed and kept in the profile's `undetermined`.

@@ -210,14 +210,13 @@ def _bad(meta_path, field: str, expected: str, value) -> UserError:
     return UserError(f"{where(meta_path, field=field)}: expected {expected}, got {shown(value)}")
 
 
+# What meta.json must hold where it holds anything: objects, switches, memory fractions
 SECTIONS = ("engine_kwargs", "kv_cache", "resolved_config", "resolved_config.model_config",
             "resolved_config.cache_config", "resolved_config.scheduler_config",
             "resolved_config.compilation_config")
 FLAGS = ("kv_cache.enable_prefix_caching", "resolved_config.cache_config.enable_prefix_caching",
          "resolved_config.scheduler_config.async_scheduling",
          "resolved_config.scheduler_config.scheduler_reserve_full_isl")
-
-
 UTILIZATION = ("kv_cache.gpu_memory_utilization",
                "resolved_config.cache_config.gpu_memory_utilization")
 
