@@ -21,17 +21,16 @@ from stepgap.sim.roofline import RooflineCosts
 from stepgap.sim.profile import Noise, Profile, load_profile
 from stepgap.sim.profile_costs import ProfileCosts
 from stepgap.sim.tables import (TableCosts, bundle_meta, find_bundle, find_variant,
-                                load_tables, refuse_another_model)
+                                load_tables, read_meta, refuse_another_model)
 from stepgap.sim.expert_parallel import MoeCosts, MoeParallel
 from stepgap.sim.moe_tables import check_moe_bundle, moe_only, moe_parts
 from stepgap.sim.hardware import Hardware, MeasuredLink
 from stepgap.sim.hardware_file import (collectives_beside, load_collectives, load_gpu,
                                        with_link)
 from stepgap.common.errors import UserError, where
-from stepgap.common.fileio import read_yaml
 from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES, OLD_DEVICES
 from stepgap.common.limits import (MAX_K, MAX_MS, MAX_PROMPTS, MAX_SCALE, MAX_SKEW, MAX_SPREAD,
-                                   MAX_US, MIN_BURSTINESS, MIN_SPEED, is_finite, is_int,
+                                   MAX_TP, MAX_US, MIN_BURSTINESS, MIN_SPEED, is_finite, is_int,
                                    is_number)
 from stepgap.common.drafters import SPEC_METHODS, default_draft_model, load_drafter
 from stepgap.common.model_heads import EagleHeadConfig
@@ -142,9 +141,9 @@ class SimConfig:
         if self.mode not in MODES:
             raise _bad("mode", f"must be one of {', '.join(MODES)}", self.mode)
         tp = self.tensor_parallel_size
-        if not is_int(tp) or not 1 <= tp <= 8:
-            raise _bad("tensor_parallel_size", "must be an integer from 1 to 8 (the GPUs of one "
-                       "node; multi-node parallelism is not modelled)", tp)
+        if not is_int(tp) or not 1 <= tp <= MAX_TP:
+            raise _bad("tensor_parallel_size", f"must be an integer from 1 to {MAX_TP} (the "
+                       "GPUs of one node; multi-node parallelism is not modelled)", tp)
         if self.executor is None:
             self.executor = "process" if tp > 1 else "inline"
         if self.executor not in EXECUTORS:
@@ -487,7 +486,7 @@ def collectives(cfg: SimConfig, hw: Hardware, notes: list[str], moe: bool) -> Ha
                                 "interconnect model prices them)")
     elif cfg.device_profile is not None:
         root = find_bundle(cfg.device_profile)
-        label = read_yaml(root / "meta.yaml", "LLMServingSim's meta.yaml").get("hardware")
+        label = read_meta(root).get("hardware")
         found = collectives_beside(root, str(label)) if label else None
         measured = load_collectives(found) if found else None
         if measured is None:

@@ -55,13 +55,13 @@ points. A request whose context exceeds the tables' KV grid is refused before th
 from __future__ import annotations
 
 import bisect
-import csv
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stepgap.common.errors import UserError, where
-from stepgap.common.fileio import read_text, read_yaml
+from stepgap.common.errors import UserError, shown, where
+from stepgap.common.fileio import csv_rows, read_yaml
+from stepgap.common.limits import MAX_SKEW_ALPHA, MAX_TABLE_COUNT, MAX_TP, is_finite, is_int
 from stepgap.sim.hardware import MeasuredLink
 
 DENSE_LAYERS = ("embedding", "layernorm", "qkv_proj", "rotary_emb", "o_proj", "gate_up_proj",
@@ -188,43 +188,100 @@ class SkewFit:
 
 
 AXES = ("n", "skew_rate", "kv_big", "kp")
+SKEW_COLUMNS = ("pc", "n_label", "skew_rate_label", "kv_big_label", "kp_label", "alpha")
+
+
+def _yaml_number(v, path: Path, field: str, lo: float, hi: float) -> float:
+    """A number of meta.yaml from lo to hi; a string that reads as one is named as YAML's
+    reading (PyYAML takes 1e9 and 1.0e9 for strings: a float needs a point and a signed
+    exponent)."""
+    if is_finite(v) and lo <= v <= hi:
+        return float(v)
+    what = "a number" if math.isinf(hi) else f"a number from {lo:g} to {hi:g}"
+    hint = ""
+    if isinstance(v, str):
+        try:
+            float(v)
+            hint = (f" (YAML reads {v} as a string: a number needs a point and a sign in its "
+                    "exponent, 1.0e+9)")
+        except ValueError:
+            pass
+    raise UserError(f"{where(path, field=field)}: expected {what}, got {shown(v)}{hint}")
+
+
+def _bins(axes: dict, a: str, path: Path) -> tuple[list[float], list[str]]:
+    """One bucket axis: its bins, numbers rising, one more than its labels, which are names."""
+    field = "skew_fit.bucket_axes"
+    bins, labels = axes.get(f"{a}_bins"), axes.get(f"{a}_labels")
+    if not (isinstance(bins, list) and isinstance(labels, list)
+            and len(bins) == len(labels) + 1):
+        raise UserError(f"{where(path, field=field)}: {a}_bins must be a list one longer than "
+                        f"{a}_labels")
+    nums = [_yaml_number(b, path, f"{field}.{a}_bins[{i}]", -math.inf, math.inf)
+            for i, b in enumerate(bins)]
+    if any(y <= x for x, y in zip(nums, nums[1:])):
+        raise UserError(f"{where(path, field=f'{field}.{a}_bins')}: expected bin edges that "
+                        f"rise, got {shown(bins)}")
+    if not all(isinstance(label, str) for label in labels):
+        raise UserError(f"{where(path, field=f'{field}.{a}_labels')}: expected a list of names "
+                        f"(the {a}_label values of skew_fit.csv), got {shown(labels)}")
+    return nums, labels
 
 
 def _skew(meta: dict, root: Path, tp: int, meta_path: Path) -> SkewFit | None:
-    """The bundle's skew fit at this TP, or None where it measured none."""
+    """The bundle's skew fit at this TP, or None where it measured none. Every field read is
+    checked (naming it): the alphas finite and within MAX_SKEW_ALPHA either way, the bins
+    rising numbers, the labels names."""
     block = meta.get("skew_fit")
-    if not isinstance(block, dict) or not block.get("enabled"):
+    if block is None:
         return None
-    per_tp = block.get("per_tp") or {}
-    entry = per_tp.get(tp) or per_tp.get(str(tp)) if isinstance(per_tp, dict) else None
+
+    def bad(field: str, expected: str, v) -> UserError:
+        return UserError(f"{where(meta_path, field='skew_fit' + field)}: expected {expected}, "
+                         f"got {shown(v)}")
+    if not isinstance(block, dict):
+        raise bad("", "a mapping (enabled, bucket_axes, per_tp)", block)
+    if not isinstance(block.get("enabled", False), bool):
+        raise bad(".enabled", "true or false", block["enabled"])
+    per_tp = block.get("per_tp")
+    if per_tp is not None and not isinstance(per_tp, dict):
+        raise bad(".per_tp", "a mapping of tensor-parallel size to its fit", per_tp)
+    if not block.get("enabled") or not per_tp:
+        return None
+    entry = per_tp.get(tp, per_tp.get(str(tp)))
+    if entry is None:
+        return None
+    at = f".per_tp.{tp}"
     if not isinstance(entry, dict):
-        return None
-    src = where(meta_path, field=f"skew_fit.per_tp.{tp}")
-    alpha = entry.get("alpha_default")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) \
-            or not math.isfinite(alpha):
-        raise UserError(f"{src}.alpha_default: expected a number, got {alpha!r}")
+        raise bad(at, "a mapping (alpha_default, bucket_table)", entry)
+    alpha = _yaml_number(entry.get("alpha_default"), meta_path,
+                         f"skew_fit{at}.alpha_default", -MAX_SKEW_ALPHA, MAX_SKEW_ALPHA)
     axes = entry.get("bucket_axes") or block.get("bucket_axes") or {}
+    name = entry.get("bucket_table")
+    if name is not None and not isinstance(name, str):
+        raise bad(f"{at}.bucket_table", "a file name", name)
+    table = root / (name or f"tp{tp}/skew_fit.csv")
+    if not table.is_file():   # the pooled alpha alone (a bundle copied without its buckets)
+        return SkewFit(alpha, {}, {})
+    if not isinstance(axes, dict):
+        raise bad(".bucket_axes", "a mapping of bins and labels", axes)
+    checked = {}
+    for a in AXES:
+        checked[f"{a}_bins"], checked[f"{a}_labels"] = _bins(axes, a, meta_path)
     alphas = {}
-    table = root / str(entry.get("bucket_table") or f"tp{tp}/skew_fit.csv")
-    if table.is_file():
-        for a in AXES:
-            bins, labels = axes.get(f"{a}_bins"), axes.get(f"{a}_labels")
-            if not (isinstance(bins, list) and isinstance(labels, list)
-                    and len(bins) == len(labels) + 1):
-                raise UserError(f"{where(meta_path, field='skew_fit.bucket_axes')}: {a}_bins "
-                                f"must be one longer than {a}_labels")
-        cols = ("pc", "n_label", "skew_rate_label", "kv_big_label", "kp_label", "alpha")
-        for n, row in _read_csv(table, cols):
-            key = "|".join((f"pc={int(_number(table, n, row, 'pc', integer=True))}",
-                            row["n_label"], row["skew_rate_label"], row["kv_big_label"],
-                            row["kp_label"]))
-            try:
-                alphas[key] = float(row["alpha"])
-            except ValueError:
-                raise UserError(f"{where(table, n, 'alpha')}: expected a number, got "
-                                f"{row['alpha']!r}") from None
-    return SkewFit(float(alpha), axes, alphas)
+    for n, row in _read_csv(table, SKEW_COLUMNS):
+        key = "|".join((f"pc={int(_number(table, n, row, 'pc', integer=True))}",
+                        row["n_label"], row["skew_rate_label"], row["kv_big_label"],
+                        row["kp_label"]))
+        try:
+            x = float(row["alpha"])
+        except ValueError:
+            x = math.nan
+        if not (math.isfinite(x) and abs(x) <= MAX_SKEW_ALPHA):
+            raise UserError(f"{where(table, n, 'alpha')}: expected a number from "
+                            f"{-MAX_SKEW_ALPHA:g} to {MAX_SKEW_ALPHA:g}, got {row['alpha']!r}")
+        alphas[key] = x
+    return SkewFit(alpha, checked, alphas)
 
 
 # -------------------------------------------------------------------------------------------
@@ -281,17 +338,16 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict]]:
     if not path.is_file():
         raise UserError(f"{path}: table not found (a perf bundle's tp<N>/ holds dense.csv, "
                         "attention.csv and per_sequence.csv)")
-    lines = read_text(path).splitlines()
-    rows = list(csv.reader(lines))
+    rows = list(csv_rows(path))
     if not rows:
         raise UserError(f"{path}: empty table (expected a header: {','.join(columns)})")
-    header = [h.strip() for h in rows[0]]
+    header = [h.strip() for h in rows[0][1]]
     missing = [c for c in columns if c not in header]
     if missing:
         raise UserError(f"{where(path, 1)}: header lacks {', '.join(missing)} (expected "
                         f"{','.join(columns)})")
     out = []
-    for n, row in enumerate(rows[1:], start=2):
+    for n, row in rows[1:]:
         if not row or all(not c.strip() for c in row):
             continue
         if len(row) != len(header):
@@ -310,8 +366,8 @@ def _number(path: Path, n: int, row: dict, key: str, integer: bool = False) -> f
     except ValueError:
         raise UserError(f"{where(path, n, key)}: expected a number, got {v!r}") from None
     if not math.isfinite(x) or x < 0 or (key == "time_us" and x > MAX_TIME_US) \
-            or (integer and not x.is_integer()):
-        what = "a whole count >= 0" if integer else \
+            or (integer and (not x.is_integer() or x > MAX_TABLE_COUNT)):
+        what = f"a whole count from 0 to {MAX_TABLE_COUNT}" if integer else \
             f"microseconds from 0 to {MAX_TIME_US:g}" if key == "time_us" else "a number >= 0"
         raise UserError(f"{where(path, n, key)}: expected {what}, got {v!r}")
     return x
@@ -369,6 +425,46 @@ def find_bundle(path) -> Path:
     return p
 
 
+# The per-rank shapes stepgap reads from meta.yaml's engine_effective.hf_overrides.
+SHAPE_KEYS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "intermediate_size", "vocab_size", "head_dim", "hidden_size")
+NAME_KEYS = ("gpu", "hardware", "model", "variant", "architecture", "vllm_version",
+             "cuda_version")
+
+
+def read_meta(root: Path) -> dict:
+    """A bundle's meta.yaml, every field stepgap reads of the type it must be, or one line
+    naming the field: names scalars; `engine_effective` and its `hf_overrides` mappings, the
+    shapes integers >= 1; `tp_degrees` a list of sizes from 1 to MAX_TP (a string, a mapping
+    or `[a, 1]` is refused, not read as something else). The skew fit is checked where it is
+    read (`_skew`)."""
+    path = root / "meta.yaml"
+    meta = read_yaml(path, "LLMServingSim's meta.yaml")
+
+    def bad(field: str, expected: str, v) -> UserError:
+        return UserError(f"{where(path, field=field)}: expected {expected}, got {shown(v)}")
+    for key in NAME_KEYS:
+        v = meta.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (str, int, float))):
+            raise bad(key, "a name", v)
+    eff = meta.get("engine_effective")
+    if eff is not None and not isinstance(eff, dict):
+        raise bad("engine_effective", "a mapping of the engine's settings", eff)
+    shapes = (eff or {}).get("hf_overrides")
+    if shapes is not None and not isinstance(shapes, dict):
+        raise bad("engine_effective.hf_overrides", "a mapping of the model's per-rank shapes",
+                  shapes)
+    for key in SHAPE_KEYS:
+        v = (shapes or {}).get(key)
+        if v is not None and not (is_int(v) and v >= 1):
+            raise bad(f"engine_effective.hf_overrides.{key}", "an integer >= 1", v)
+    degrees = meta.get("tp_degrees")
+    if degrees is not None and not (isinstance(degrees, list) and degrees and all(
+            is_int(d) and 1 <= d <= MAX_TP for d in degrees)):
+        raise bad("tp_degrees", f"a list of tensor-parallel sizes from 1 to {MAX_TP}", degrees)
+    return meta
+
+
 # LLMServingSim's variant folders are named by the weights' dtype, short, and `-kv<dtype>` for a
 # KV cache of another (bf16, bf16-kvfp8, fp8, fp8-kvfp8: its ProfileArgs.effective_variant).
 SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "fp8": "fp8"}
@@ -380,7 +476,7 @@ def find_variant(path, fp8_weights: bool, fp8_kv: bool, weights: str, why: str) 
     that name (`weights`: the weights' dtype when not fp8); none there is one line naming what
     is. A bundle that names no fp8 is taken for the weights' own dtype."""
     root = find_bundle(path)
-    meta = read_yaml(root / "meta.yaml", "LLMServingSim's meta.yaml")
+    meta = read_meta(root)
     have = str(meta.get("variant") or root.name)
     weight, _, kv = have.partition("-kv")
     if (weight == "fp8", kv.startswith("fp8")) == (fp8_weights, fp8_kv):
@@ -397,20 +493,14 @@ def find_variant(path, fp8_weights: bool, fp8_kv: bool, weights: str, why: str) 
 
 def bundle_meta(root: Path) -> BundleMeta:
     """What a bundle's meta.yaml says of the model it measured (`root`: its variant folder)."""
-    meta_path = root / "meta.yaml"
-    meta = read_yaml(meta_path, "LLMServingSim's meta.yaml")
+    meta = read_meta(root)   # (every field read, of its type)
     have = tuple(sorted(int(d.name[2:]) for d in root.iterdir()
                         if d.is_dir() and d.name.startswith("tp") and d.name[2:].isdigit()))
-    eff = meta.get("engine_effective") or {}
-    shapes = eff.get("hf_overrides") or {}
-    if not isinstance(shapes, dict):
-        raise UserError(f"{where(meta_path, field='engine_effective.hf_overrides')}: expected "
-                        "a mapping of the model's per-rank shapes")
+    shapes = (meta.get("engine_effective") or {}).get("hf_overrides") or {}
     arch = str(meta.get("architecture") or "llama")
     degrees = meta.get("tp_degrees") or have
     return BundleMeta(str(root), str(meta.get("model", "?")), FAMILY_OF.get(arch, arch), arch,
-                      shapes, max(degrees) if isinstance(degrees, (list, tuple)) and degrees
-                      else 1, have, meta)
+                      shapes, max(degrees) if degrees else 1, have, meta)
 
 
 def load_tables(path, tp: int = 1) -> OpTables:

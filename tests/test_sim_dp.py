@@ -155,9 +155,16 @@ def test_a_peer_runs_meta_json_gives_its_data_and_expert_parallelism(tmp_path):
     settings, notes = peer_settings(meta, 40960)
     assert settings["data_parallel_size"] == 2 and settings["enable_expert_parallel"] is True
     assert "--data-parallel-size 2, --enable-expert-parallel" in notes[0]
-    meta.write_text(json.dumps({"engine_kwargs": {"enable_expert_parallel": "yes"}}))
-    with pytest.raises(UserError, match=r"field 'engine_kwargs.enable_expert_parallel': "
-                                        r"expected true or false"):
+    for field, value, expected in (
+            ("enable_expert_parallel", "yes", "true or false"),
+            ("data_parallel_size", 0, "an integer from 1 to 8"),
+            ("data_parallel_size", 16, "an integer from 1 to 8")):
+        meta.write_text(json.dumps({"engine_kwargs": {field: value}}))
+        with pytest.raises(UserError, match=rf"field 'engine_kwargs.{field}': "
+                                            rf"expected {expected}"):
+            peer_settings(meta, 40960)
+    meta.write_text(json.dumps({"resolved_config": {"parallel_config": [2]}}))
+    with pytest.raises(UserError, match=r"field 'resolved_config.parallel_config': expected"):
         peer_settings(meta, 40960)
     meta.write_text(json.dumps({"resolved_config": {"parallel_config": {
         "data_parallel_size": 2, "enable_expert_parallel": True}}}))
