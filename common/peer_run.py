@@ -213,10 +213,12 @@ def _bad(meta_path, field: str, expected: str, value) -> UserError:
 # What meta.json must hold where it holds anything: objects, switches, memory fractions
 SECTIONS = ("engine_kwargs", "kv_cache", "resolved_config", "resolved_config.model_config",
             "resolved_config.cache_config", "resolved_config.scheduler_config",
-            "resolved_config.compilation_config")
+            "resolved_config.compilation_config", "resolved_config.parallel_config")
+EXPERT_PARALLEL = ("engine_kwargs.enable_expert_parallel",
+                   "resolved_config.parallel_config.enable_expert_parallel")
 FLAGS = ("kv_cache.enable_prefix_caching", "resolved_config.cache_config.enable_prefix_caching",
          "resolved_config.scheduler_config.async_scheduling",
-         "resolved_config.scheduler_config.scheduler_reserve_full_isl")
+         "resolved_config.scheduler_config.scheduler_reserve_full_isl", *EXPERT_PARALLEL)
 UTILIZATION = ("kv_cache.gpu_memory_utilization",
                "resolved_config.cache_config.gpu_memory_utilization")
 
@@ -254,7 +256,7 @@ def peer_settings(meta_path, context: int) -> tuple[dict, list[str]]:
     benchmarks), so that they all simulate the same settings."""
     meta_path = Path(meta_path)
     doc = read_json_object(meta_path, "a vLLM run's meta.json")
-    kw = check_meta(doc, meta_path)
+    check_meta(doc, meta_path)
     settings, notes, mapped = {}, [], []
 
     def take(field: str, option: str, at: str, value, hi: int | None = None) -> None:
@@ -306,9 +308,13 @@ def peer_settings(meta_path, context: int) -> tuple[dict, list[str]]:
     if full is not None:
         settings["scheduler_reserve_full_isl"] = bool(full)
         mapped.append(f"--{'' if full else 'no-'}scheduler-reserve-full-isl")
-    if kw.get("data_parallel_size") not in (None, 1):
-        raise UserError(f"{where(meta_path, field='engine_kwargs.data_parallel_size')}: "
-                        f"{kw.get('data_parallel_size')} (data parallelism is not modelled)")
+    at, dp = _first(doc, "engine_kwargs.data_parallel_size",
+                    "resolved_config.parallel_config.data_parallel_size")
+    if dp != 1:   # (1, vLLM's default, needs no option)
+        take("data_parallel_size", "--data-parallel-size", at, dp, hi=MAX_TP)
+    if _first(doc, *EXPERT_PARALLEL)[1]:   # (a switch: check_meta held it to true or false)
+        settings["enable_expert_parallel"] = True
+        mapped.append("--enable-expert-parallel")
     prefix = cache.get("enable_prefix_caching",
                        _get(resolved, "cache_config", "enable_prefix_caching"))
     if prefix is None:

@@ -11,7 +11,8 @@ The tables are LLMServingSim's perf bundle (`profiler/perf/<GPU>/<model>/<varian
 - `attention.csv` (prefill_chunk, kv_prefill, n_decode, kv_decode, time_us): one layer's
   attention kernel for one prefill chunk of `prefill_chunk` tokens after `kv_prefill` tokens of
   history, beside `n_decode` one-token decodes of `kv_decode` history each;
-- `per_sequence.csv` (layer, sequences, time_us): lm_head and the sampler by rows.
+- `per_sequence.csv` (layer, sequences, time_us): lm_head and the sampler by rows;
+- for a MoE model, `moe.csv` and `mtp.csv` (sim/moe_tables.py).
 
 Times are CUDA kernel time per module (vLLM's layerwise profiler, `enforce_eager`), so a step
 is the sum of its kernels, run back to back as a CUDA graph runs them.
@@ -19,7 +20,8 @@ is the sum of its kernels, run back to back as a CUDA graph runs them.
 How a step is priced (docs/sim.md, "Measured operator tables", states and tests each rule):
 
 - target forward = embedding + L x (2 layernorm + qkv_proj + rotary_emb + attention + o_proj
-  + gate_up_proj + act_fn + down_proj) + final_layernorm, every dense layer at the step's tokens,
+  + gate_up_proj + act_fn + down_proj; Qwen3's qk_norm after qkv_proj; a Qwen3-MoE layer's MLP
+  its MoE block, `moe` below) + final_layernorm, every dense layer at the step's tokens,
   + lm_head at the step's logit rows (one per request, vLLM V1 takes logits at every request's
   last scheduled position, plus one per draft token verified); with tensor parallelism, the
   tables' `tp<N>`, an all-reduce per layer's attention and MLP and one after the embedding, and
@@ -64,15 +66,21 @@ from stepgap.sim.hardware import MeasuredLink
 
 DENSE_LAYERS = ("embedding", "layernorm", "qkv_proj", "rotary_emb", "o_proj", "gate_up_proj",
                 "act_fn", "down_proj", "final_layernorm")
+MLP_LAYERS = ("gate_up_proj", "act_fn", "down_proj")
 # The kernels of one decoder layer (attention apart), in the order a family's layer runs them,
 # as LLMServingSim's architecture catalogs (profiler/models/<family>.yaml) name them: Qwen3
-# adds its per-head q/k RMSNorm (`qk_norm`) after qkv_proj.
+# adds its per-head q/k RMSNorm (`qk_norm`) after qkv_proj; a Qwen3-MoE layer is Qwen3's up to
+# its MLP, which is the MoE block, priced from the bundle's moe.csv (sim/moe_tables.py).
 FAMILY_LAYERS = {
     "llama": ("layernorm", "layernorm", "qkv_proj", "rotary_emb", "o_proj", "gate_up_proj",
               "act_fn", "down_proj"),
     "qwen3": ("layernorm", "layernorm", "qkv_proj", "qk_norm", "rotary_emb", "o_proj",
               "gate_up_proj", "act_fn", "down_proj"),
+    "qwen3_moe": ("layernorm", "layernorm", "qkv_proj", "qk_norm", "rotary_emb", "o_proj"),
 }
+# LLMServingSim's architectures that are a stepgap family under another name: DeepSeek-V3.2 is
+# V3's layers (MLA, the MoE block, the MTP module) with a sparse-attention indexer beside MLA.
+FAMILY_OF = {"deepseek_v32": "deepseek_v3"}
 VOCAB_PADDING = 64   # vLLM pads a vocabulary-parallel embedding to a multiple of 64, then splits
 PER_SEQUENCE = ("lm_head", "sampler")
 ATTENTION_COLUMNS = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us")
@@ -280,6 +288,22 @@ def _skew(meta: dict, root: Path, tp: int, meta_path: Path) -> SkewFit | None:
 # The bundle
 
 
+@dataclass(frozen=True, slots=True)
+class BundleMeta:
+    """What a bundle's meta.yaml says of the model it measured: its family (`architecture`,
+    read through FAMILY_OF), its Hugging Face id, its per-rank shapes (hf_overrides) at the TP
+    degree they were written for (the largest measured), and the tp<N>/ folders it has."""
+
+    path: str
+    model: str
+    family: str
+    architecture: str      # as meta.yaml spells it
+    shapes: dict
+    shapes_tp: int
+    tp_folders: tuple[int, ...]
+    meta: dict
+
+
 @dataclass(slots=True)
 class OpTables:
     """One GPU's tables for one model, dtype and tensor-parallel degree."""
@@ -467,13 +491,24 @@ def find_variant(path, fp8_weights: bool, fp8_kv: bool, weights: str, why: str) 
                     "that variant, or drop --device-profile for the roofline")
 
 
+def bundle_meta(root: Path) -> BundleMeta:
+    """What a bundle's meta.yaml says of the model it measured (`root`: its variant folder)."""
+    meta = read_meta(root)   # (every field read, of its type)
+    have = tuple(sorted(int(d.name[2:]) for d in root.iterdir()
+                        if d.is_dir() and d.name.startswith("tp") and d.name[2:].isdigit()))
+    shapes = (meta.get("engine_effective") or {}).get("hf_overrides") or {}
+    arch = str(meta.get("architecture") or "llama")
+    degrees = meta.get("tp_degrees") or have
+    return BundleMeta(str(root), str(meta.get("model", "?")), FAMILY_OF.get(arch, arch), arch,
+                      shapes, max(degrees) if degrees else 1, have, meta)
+
+
 def load_tables(path, tp: int = 1) -> OpTables:
     """Read a perf bundle's tables at one tensor-parallel degree."""
     root = find_bundle(path)
     meta_path = root / "meta.yaml"
-    meta = read_meta(root)
-    have = sorted(int(d.name[2:]) for d in root.iterdir()
-                  if d.is_dir() and d.name.startswith("tp") and d.name[2:].isdigit())
+    bm = bundle_meta(root)
+    meta, have = bm.meta, bm.tp_folders
     if tp not in have:
         listed = meta.get("tp_degrees")
         said = f"; meta.yaml's tp_degrees lists {listed}, but the folder is missing" \
@@ -482,19 +517,16 @@ def load_tables(path, tp: int = 1) -> OpTables:
                         f"size {', '.join(map(str, have)) or 'none'}{said}); "
                         f"--tensor-parallel-size {tp} needs tables measured at {tp}")
     folder = root / f"tp{tp}"
-    shapes = (meta.get("engine_effective") or {}).get("hf_overrides") or {}
-    family = str(meta.get("architecture") or "llama")
+    family = bm.family
     if family not in FAMILY_LAYERS:
-        raise UserError(f"{where(meta_path, field='architecture')}: {family!r}: stepgap prices "
-                        f"the layers of {', '.join(FAMILY_LAYERS)} from tables (a MoE bundle's "
-                        "moe.csv is not read); drop --device-profile to price it from the "
-                        "roofline")
-    degrees = meta.get("tp_degrees") or have
+        raise UserError(f"{where(meta_path, field='architecture')}: {bm.architecture!r}: "
+                        f"stepgap prices the layers of {', '.join(FAMILY_LAYERS)} from tables "
+                        "(of another MoE family, moe.csv and mtp.csv alone); drop "
+                        "--device-profile to price it from the roofline")
     return OpTables(
         str(root), str(meta.get("gpu", "?")), str(meta.get("hardware", root.parts[-4]
                                                          if len(root.parts) > 3 else "?")),
-        str(meta.get("model", "?")), tp, shapes,
-        max(degrees) if isinstance(degrees, list) and degrees else 1,
+        bm.model, tp, bm.shapes, bm.shapes_tp,
         _tables_1d(folder / "dense.csv", "tokens",
                    ("embedding", *dict.fromkeys(FAMILY_LAYERS[family]), "final_layernorm"),
                    f"a {family} layer"),
@@ -513,14 +545,17 @@ def per_rank(c, tp: int) -> dict[str, int]:
             "head_dim": c.head_dim, "hidden_size": c.hidden_size}
 
 
-def shape_mismatch(tables: OpTables, c, hidden: int, family: bool = True) -> str | None:
+def shape_mismatch(tables: OpTables | BundleMeta, c, hidden: int,
+                   family: bool = True) -> str | None:
     """None where a model (or a drafter's decoder layer) has the shapes the tables were
     measured at, else which do not match, field by field: its family against meta.yaml's
     `architecture` (not for an EAGLE head, whose one layer is priced kernel by kernel), its
     width against the target's `hidden`, and its shapes per rank at the tables' TP degree
     against meta.yaml's hf_overrides (heads, KV heads, MLP width, vocabulary; head_dim and
     hidden_size where the overrides give them: Qwen3's head_dim is not hidden / heads, so each
-    field is taken as it is)."""
+    field is taken as it is). A MoE bundle's expert counts in hf_overrides are the profiler's
+    own (it shrinks the experts to one rank's share to measure moe.csv), so they are not
+    compared. `tables`: the tables, or a bundle's meta.yaml alone (sim/moe_tables.py)."""
     r, s, out = tables.shapes_tp, tables.shapes, []
     kind = getattr(c, "model_type", "llama")
     if family and kind != tables.family:
@@ -540,6 +575,14 @@ def shape_mismatch(tables: OpTables, c, hidden: int, family: bool = True) -> str
     return "; ".join(out) or None
 
 
+def refuse_another_model(tables: OpTables | BundleMeta, target) -> None:
+    """One line naming each field where the tables were measured for another model."""
+    why = shape_mismatch(tables, target, target.hidden_size)
+    if why is not None:
+        raise UserError(f"{Path(tables.path) / 'meta.yaml'}: tables of {tables.model}, not "
+                        f"of --model {target.name}: {why}")
+
+
 # -------------------------------------------------------------------------------------------
 # As DeviceCosts
 
@@ -550,20 +593,29 @@ class TableCosts:
 
     def __init__(self, tables: OpTables, target, draft, k: int, fallback, method: str = "eagle3",
                  tp: int = 1):
-        why = shape_mismatch(tables, target, target.hidden_size)
-        if why is not None:
-            raise UserError(f"{Path(tables.path) / 'meta.yaml'}: tables of {tables.model}, not "
-                            f"of --model {target.name}: {why}")
+        refuse_another_model(tables, target)
         self.tables, self.t, self.d, self.k, self.fallback = tables, target, draft, k, fallback
         self.method, self.tp = method, tp
         dense, seq = tables.dense, tables.per_sequence
         self._layer = [dense[n] for n in FAMILY_LAYERS[tables.family]]
+        # a MoE target: the layers above are each layer's attention side; the dense layers'
+        # MLP (DeepSeek's first layers) from the MLP rows, the MoE blocks from `moe`
+        self._mlp = [dense[n] for n in MLP_LAYERS if n in dense] \
+            if target.is_moe and target.num_moe_layers < target.num_layers else []
+        if len(self._mlp) < len(MLP_LAYERS) and target.is_moe \
+                and target.num_moe_layers < target.num_layers:
+            raise UserError(f"{tables.path}/tp{tp}/dense.csv: no rows for "
+                            f"{', '.join(MLP_LAYERS)} (--model {target.name}'s "
+                            f"{target.num_layers - target.num_moe_layers} dense layers need "
+                            "them)")
+        self.moe = None   # a MoE target's blocks (sim/expert_parallel.py MoeCosts)
         self.embedding, self.final_norm = dense["embedding"], dense["final_layernorm"]
         self.lm_head, self.sampler = seq["lm_head"], seq["sampler"]
         self.attn = tables.attention
         self._dense: dict[int, float] = {}
         self._draft_dense: dict[tuple[bool, int, int], float] = {}
         self.draft_tables = draft is not None and method in ("eagle3", "draft_model") \
+            and all(n in dense for n in MLP_LAYERS) \
             and shape_mismatch(tables, draft, target.hidden_size,
                                family=method == "draft_model") is None
         at = f"tables ({tables.describe()})"
@@ -589,11 +641,14 @@ class TableCosts:
     # -- pieces -----------------------------------------------------------------------------
 
     def dense(self, m: int) -> float:
-        """The target's dense kernels over m tokens: embedding, its layers, final norm."""
+        """The target's dense kernels over m tokens: embedding, its layers, final norm (a MoE
+        target: every layer's attention side, its dense layers' MLP; the MoE blocks apart)."""
         t = self._dense.get(m)
         if t is None:
             t = self.embedding(m) + self.t.num_layers * sum(f(m) for f in self._layer) \
                 + self.final_norm(m)
+            if self._mlp:
+                t += (self.t.num_layers - self.t.num_moe_layers) * sum(f(m) for f in self._mlp)
             self._dense[m] = t
         return t
 
@@ -628,9 +683,12 @@ class TableCosts:
 
     def target_forward(self, b) -> float:
         rows = b.num_reqs + b.num_drafts
-        return self.dense(b.num_tokens) + self.t.num_layers * self.attention(
+        t = self.dense(b.num_tokens) + self.t.num_layers * self.attention(
             b.prefills, b.num_decode, b.decode_kv, b.decode_kv_min, b.decode_kv_max) \
             + self.lm_head(rows) + self._collectives(b.num_tokens, rows, self.t)
+        if self.moe is not None:   # its MoE blocks, and their dispatch and combine under DP
+            t += self.moe.forward(b.num_tokens, b.moe_rows or b.num_tokens)
+        return t
 
     def rejection_sample(self, b) -> float:
         return self.sampler(b.num_reqs + b.num_drafts)
