@@ -14,7 +14,6 @@ stepgap's formats (docs/design.md §8; docs/vllm.md says how each mapping was re
 from __future__ import annotations
 
 import argparse
-import gzip
 import math
 import re
 import statistics
@@ -25,7 +24,7 @@ from functools import cached_property
 from pathlib import Path
 
 from stepgap.common.errors import UserError, where
-from stepgap.common.fileio import decode_text, parse_json, read_bytes
+from stepgap.common.fileio import decode_text, gunzip, parse_json, read_bytes
 from stepgap.common.formats import LANES, Span
 from stepgap.common.options import MAX_K
 
@@ -84,11 +83,8 @@ def read_trace(path, data: bytes | None = None) -> Source:
     where already read)."""
     path = Path(path)
     data = read_bytes(path) if data is None else data
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError):
-            raise UserError(f"{path}: not a gzip file that opens") from None
+    if data[:2] == b"\x1f\x8b":   # decompressed a piece at a time, capped (a gzip bomb)
+        data = gunzip(data, path)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:

@@ -25,6 +25,7 @@ was fitted, on which runs, and the residual of every run re-simulated.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -36,6 +37,7 @@ from stepgap.calibrate.fit import MIN_POINTS, fit_cpu, fit_determined, fit_jitte
 from stepgap.calibrate.samples import cpu_samples, device_points, steps_of
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_text
+from stepgap.common.options import positive_int
 from stepgap.sim.profile import CpuFit, Fit, Profile, save_profile
 
 # A device fit's columns (sim/profile.py FEATURES), as what is not determined names them.
@@ -69,28 +71,40 @@ def bench_window(doc: dict) -> tuple[float, float]:
     return (end - float(doc["duration"]) - 2.0) * 1e6, (end + 1.0) * 1e6
 
 
-def classify(paths) -> dict[str, list[Path]]:
-    """Inputs by kind: bench files, traces, hook span files, scrapes (folders are walked). A
-    JSON file found in a folder that is not a bench file (by its keys) is skipped (`skipped`,
-    with why); a bench file with a bad field is refused where it is read (`load_runs`), and one
-    named on the command line must be one."""
-    from stepgap.common.fileio import read_json
+def classify(paths) -> dict[str, list]:
+    """Inputs by kind: bench files, torch-profiler traces, hook span files (read: Sources),
+    scrapes; folders are walked, and each file is taken once (one given twice, or inside a
+    folder also given, is refused, naming both). In a folder, a JSON file that holds no bench
+    file (by its keys) and a .jsonl whose first line is no stepgap_hooks span are skipped
+    (`skipped`, with why); a .json that is not valid JSON is refused (a broken bench file, for
+    all calibrate can tell), as is a bench file with a bad field (`load_runs`) and whatever is
+    named on the command line and is not what its name says."""
+    from stepgap.calibrate.vllm import HOOK_LINE, read_hooks
+    from stepgap.common.fileio import check_file, read_bytes, read_json
     from stepgap.common.vllm_bench import BENCH_KEYS, is_bench
     out = defaultdict(list)
-    files = []
+    files, given = [], {}
     for p in map(Path, paths):
-        if p.is_dir():
-            files += [(q, True) for q in sorted(p.rglob("*")) if q.is_file()]
-        elif p.is_file():
-            files.append((p, False))
-        else:
-            raise UserError(f"{p}: not found")
+        found = [(q, True) for q in sorted(p.rglob("*")) if q.is_file()] if p.is_dir() else \
+            [(check_file(p, "input"), False)]
+        for q, walked in found:
+            key = os.path.realpath(q)
+            if key in given:
+                raise UserError(f"{q}: given twice (from {given[key]} and from {p}); give each "
+                                "input once")
+            given[key] = p
+            files.append((q, walked))
     for f, walked in files:
         n = f.name
         if n.endswith((".pt.trace.json", ".pt.trace.json.gz")):
             out["traces"].append(f)
         elif n.endswith(".jsonl"):
-            out["hooks"].append(f)
+            data = read_bytes(f)
+            if walked and not HOOK_LINE.match(data[:256]):
+                out["skipped"].append(f"{f}: skipped, not a stepgap_hooks span file (its first "
+                                      "line is no span)")
+                continue
+            out["hooks"].append(read_hooks(f, data))
         elif n.endswith(".txt") and (".before." in n or ".after." in n or "metrics" in n):
             out["scrapes"].append(f)
         elif n.endswith(".json"):
@@ -98,11 +112,14 @@ def classify(paths) -> dict[str, list[Path]]:
             # bench file with a bad field is refused, as one named explicitly is
             if walked:
                 try:
-                    doc, why = read_json(f), f"it lacks one of {', '.join(BENCH_KEYS)}"
+                    doc = read_json(f)
                 except UserError as e:
-                    doc, why = None, str(e)
+                    raise UserError(f"{e}; calibrate reads each .json of a folder as a `vllm "
+                                    "bench serve` file, or skips one that is valid JSON of "
+                                    "other keys: mend it or move it") from None
                 if not is_bench(doc):
-                    out["skipped"].append(f"{f}: skipped, not a `vllm bench serve` file ({why})")
+                    out["skipped"].append(f"{f}: skipped, not a `vllm bench serve` file (it "
+                                          f"lacks one of {', '.join(BENCH_KEYS)})")
                     continue
             out["bench"].append(f)
     return out
@@ -114,19 +131,20 @@ def load_runs(paths) -> tuple[list[Run], list[str]]:
     fall in its window, else the hook spans inside it). Every bench file must come from the
     same model and client settings."""
     from stepgap.calibrate.vllm import acceptance_from_scrapes, read_source, vllm_timeline
-    from stepgap.common.vllm_bench import read_bench
+    from stepgap.common.vllm_bench import bench_k, read_bench
     kinds = classify(paths)
     if not kinds["bench"]:
-        raise UserError("no `vllm bench serve --save-result` file among the inputs: calibrate "
-                        "fits the simulator to measured runs (see `stepgap calibrate --help`)")
+        skipped = kinds["skipped"][:3] + ([f"{len(kinds['skipped']) - 3} more skipped"]
+                                          if kinds["skipped"][3:] else [])
+        said = f" ({'; '.join(skipped)})" if skipped else ""
+        raise UserError(f"no `vllm bench serve --save-result` file among the inputs{said}: "
+                        "calibrate fits the simulator to measured runs (see `stepgap calibrate "
+                        "--help`)")
     runs = []
     for path in kinds["bench"]:
         doc = read_bench(path)
-        spec = doc.get("spec_decode_per_position_acceptance_rates")
-        k = int(doc.get("num_speculative_tokens", len(spec) if spec else 0))
-        mode = doc.get("mode")
-        runs.append(Run(path.stem, path, doc, k, mode, doc.get("max_concurrency"),
-                        bench_window(doc)))
+        runs.append(Run(path.stem, path, doc, bench_k(doc), doc.get("mode"),
+                        doc.get("max_concurrency"), bench_window(doc)))
     first = runs[0]
     for r in runs[1:]:
         for key in ("model_id", "tokenizer_id", "backend", "burstiness", "request_rate"):
@@ -594,7 +612,9 @@ Inputs (files or folders, sorted by their content): `vllm bench serve --save-res
 --save-detailed` files (the runs: their TTFT, ITL and per-request lengths); the runs' timelines,
 torch-profiler traces (*.pt.trace.json.gz, each matched to the run that prefilled its prompt
 tokens) or bench/vllm/stepgap_hooks span files (*.jsonl, cut by each run's window); and /metrics
-scrapes named RUN.before.txt / RUN.after.txt (the acceptance each run saw). Only sync runs are
+scrapes named RUN.before.txt / RUN.after.txt (the acceptance each run saw). Each file is read
+once; in a folder, valid JSON that is no bench file and a .jsonl that is no span file are
+skipped with a note, and a .json that does not parse is an error. Only sync runs are
 fitted (a run's mode comes from a `--metadata mode=...` of the bench, else from its timeline).
 A run at one concurrency cannot tell a per-request cost from a fixed one: what the inputs leave
 undetermined is printed and kept in the profile's `undetermined`.
@@ -611,9 +631,11 @@ def register(sub) -> None:
                    help="the target's config (the runs are re-simulated to fit the client's "
                         "latency and the device level)")
     c.add_argument("--draft", metavar="DIR|CONFIG", help="the EAGLE-3 head's config")
-    c.add_argument("--max-num-seqs", type=int, default=None)
-    c.add_argument("--max-model-len", type=int, default=None)
-    c.add_argument("--block-size", type=int, default=None,
+    c.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N",
+                   help="the server's --max-num-seqs (the runs are re-simulated with it)")
+    c.add_argument("--max-model-len", type=positive_int, default=None, metavar="N",
+                   help="the server's --max-model-len")
+    c.add_argument("--block-size", type=positive_int, default=None, metavar="N",
                    help="the server's KV block size (vLLM's CPU default is 128)")
     c.add_argument("--out", required=True, metavar="PROFILE.json")
     c.set_defaults(func=cmd_calibrate)
@@ -633,7 +655,8 @@ def cmd_calibrate(args) -> int:
     meta = {"model": {"target": args.model, "draft": args.draft},
             "scheduler": {k: v for k, v in (("max_num_seqs", args.max_num_seqs),
                                              ("max_model_len", args.max_model_len),
-                                             ("block_size", args.block_size)) if v}}
+                                             ("block_size", args.block_size))
+                          if v is not None}}
     profile = calibrate_runs(runs, meta)
     save_profile(args.out, profile)
     cal = profile.about["calibration"]

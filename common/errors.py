@@ -16,3 +16,13 @@ def where(path, lineno=None, field=None) -> str:
     if field is not None:
         out += f": field '{field}'"
     return out
+
+
+def shown(value) -> str:
+    """A value as an error message shows it: its repr, cut short at every level (reprlib), so
+    that a long list, or a YAML alias that expands exponentially, is never written out whole."""
+    import reprlib
+    r = reprlib.Repr()
+    r.maxstring, r.maxother, r.maxlevel = 60, 60, 2
+    r.maxlist = r.maxtuple = r.maxdict = r.maxset = 4
+    return r.repr(value)

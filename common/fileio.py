@@ -11,6 +11,7 @@ found before a measurement, not after it. Errors name the path (docs/robustness.
 
 from __future__ import annotations
 
+import csv
 import errno
 import gzip
 import io
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Iterator
 
 from stepgap.common.errors import UserError
-from stepgap.common.limits import MAX_DECOMPRESSED_BYTES
+from stepgap.common.limits import MAX_CSV_FIELD, MAX_DECOMPRESSED_BYTES, MAX_YAML_DEPTH
 
 try:
     import tomllib
@@ -178,19 +179,46 @@ def read_toml(path) -> dict:
 
 def read_yaml(path, what: str) -> dict:
     """A YAML file whose top level is a mapping (`what` says whose format, for the error):
-    LLMServingSim's meta.yaml and hardware.yaml, a GPU file."""
+    LLMServingSim's meta.yaml and hardware.yaml, a GPU file. Its nesting is counted on PyYAML's
+    event stream (which keeps its own stack) before the document is built (which recurses):
+    past MAX_YAML_DEPTH it is refused, naming the line."""
     import yaml
+    text = read_text(path)
     try:
-        doc = yaml.safe_load(read_text(path))
+        depth = 0
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_YAML_DEPTH:
+                    raise UserError(f"{path}:{event.start_mark.line + 1}: not valid YAML "
+                                    f"(nested more than {MAX_YAML_DEPTH} deep)")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+        doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
         raise UserError(f"{path}{line}: not valid YAML ({getattr(e, 'problem', e)})") from None
     except RecursionError:
         raise UserError(f"{path}: not valid YAML (nested too deeply)") from None
+    except ValueError:   # an integer longer than Python converts, as in JSON
+        raise UserError(_long_integer(text, path, None).replace("JSON", "YAML")) from None
     if not isinstance(doc, dict):
         raise UserError(f"{path}: expected a mapping ({what})")
     return doc
+
+
+def csv_rows(path) -> Iterator[tuple[int, list[str]]]:
+    """(line number, fields) of each line of a CSV file (a perf bundle's tables, a peer run's
+    timeseries.csv); a field longer than MAX_CSV_FIELD, or any line the csv module cannot
+    split, is one line naming the file and line."""
+    csv.field_size_limit(MAX_CSV_FIELD)   # the module's default: held here, in one place
+    reader = csv.reader(read_text(path).splitlines())
+    try:
+        for row in reader:
+            yield reader.line_num, row
+    except csv.Error as e:
+        raise UserError(f"{path}:{reader.line_num}: not valid CSV ({e})") from None
 
 
 # -------------------------------------------------------------------------------------------

@@ -212,13 +212,21 @@ def load_timeline(path) -> list[Span]:
 
 
 def chrome_trace(spans: Iterable[Span], process_name: str = "stepgap") -> dict:
-    """Chrome-trace / Perfetto JSON: one thread per lane, one complete ("X") event per span."""
+    """Chrome-trace / Perfetto JSON: one thread per lane, one complete ("X") event per span;
+    a data-parallel run's ranks (spans with args.dp) each a process of their own."""
+    spans = list(spans)
     tid = {lane: i + 1 for i, lane in enumerate(LANES)}
-    events = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": process_name}}]
-    events += [{"ph": "M", "name": "thread_name", "pid": 1, "tid": t, "args": {"name": lane}}
-               for lane, t in tid.items()]
+    ranks = sorted({s.args["dp"] for s in spans if s.args and "dp" in s.args})
+    procs = {None: (1, process_name)} if not ranks else \
+        {r: (1 + r, f"{process_name} DP rank {r}") for r in ranks}
+    events = []
+    for pid, name in procs.values():
+        events += [{"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}}]
+        events += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": t,
+                    "args": {"name": lane}} for lane, t in tid.items()]
     for s in spans:
-        events.append({"name": s.op, "cat": s.lane, "ph": "X", "pid": 1, "tid": tid[s.lane],
+        pid = procs[s.args.get("dp") if ranks and s.args else None][0]
+        events.append({"name": s.op, "cat": s.lane, "ph": "X", "pid": pid, "tid": tid[s.lane],
                        "ts": round(s.start_us, 3), "dur": round(s.end_us - s.start_us, 3),
                        "args": {"step": s.step, **(s.args or {})}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}

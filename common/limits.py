@@ -35,6 +35,31 @@ MAX_WORKLOAD_TOKENS = 50_000_000
 # input read so far (a vLLM torch-profiler trace of a CPU benchmark run, 13 MB), and what a
 # 4 GB machine can still hold while it reads it. A gzip bomb (3 GB of zeros in 3 MB) stops there.
 MAX_DECOMPRESSED_BYTES = 1 << 30
+# How deeply a YAML file (LLMServingSim's meta.yaml and hardware.yaml, a GPU file) may nest its
+# mappings and lists: theirs nest 4 deep; PyYAML builds a document recursively, and 20,000
+# levels overflowed its stack (common/fileio.py read_yaml counts them before it builds).
+MAX_YAML_DEPTH = 100
+# The longest field of a CSV file (a perf bundle's tables, a peer run's timeseries.csv): Python's
+# csv module's own limit (csv.field_size_limit), named here so that a field past it is one line
+# naming the file and line (common/fileio.py csv_rows), not the module's exception.
+MAX_CSV_FIELD = 131_072
+# GPUs of one node running one model replica (--tensor-parallel-size, a perf bundle's
+# tp_degrees): multi-node parallelism is not modelled.
+MAX_TP = 8
+# A count on a measured table's grid (tokens, sequences, a prefill chunk, decodes, a KV history:
+# sim/tables.py): 2^24, 16.8 M, past the longest context any served model has (10 M tokens); a
+# kv_decode of 1e300 made every request fit the tables' KV grid.
+MAX_TABLE_COUNT = 1 << 24
+# A skew fit's alpha (sim/tables.py SkewFit: the share of the gap between the attention at the
+# decodes' mean history and at their longest that a mix of unequal histories adds). The
+# committed fits' bucket alphas run from -14.0 to 4.3 (buckets of one sample), their pooled
+# alpha_default from 0.054 to 0.065; past 100 either way it is a broken fit, not a measurement
+# (an alpha of -1e9 made the attention of decodes of unequal histories negative, with exit 0).
+MAX_SKEW_ALPHA = 100.0
+# A timestamp of vLLM's monotonic clock in a peer run's requests (seconds since the machine
+# started; epoch seconds are 1.8e9): at 1e10 a float's step is 1.9 us already, and a
+# last_token_ts of 1e308 is a broken recorder, not a run (common/peer_run.py).
+MAX_TIMESTAMP_S = 1e10
 
 
 def is_int(v) -> bool:

@@ -21,13 +21,15 @@ def kv_bytes_per_token(target: ModelConfig, draft, tp: int = 1, method: str | No
     return per
 
 
-def weight_bytes(target: ModelConfig, draft, tp: int = 1, method: str | None = "eagle3") -> float:
-    """Weight bytes one GPU holds: the target's and the drafter's."""
-    w = target.weight_bytes_per_rank(tp)
+def weight_bytes(target: ModelConfig, draft, tp: int = 1, method: str | None = "eagle3",
+                 moe_shards: int | None = None) -> float:
+    """Weight bytes one GPU holds: the target's and the drafter's (`moe_shards`: the GPUs a
+    MoE target's routed experts are spread over, data parallelism's dp x tp; None: tp)."""
+    w = target.weight_bytes_per_rank(tp, moe_shards)
     if draft is not None:
         w += draft.weight_bytes_per_rank(tp)
     elif method == "mtp":
-        w += target.mtp_bytes_per_rank(tp)
+        w += target.mtp_bytes_per_rank(tp, moe_shards)
     return w
 
 

@@ -85,6 +85,10 @@ HF_PRESETS = {
         "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
                                 "activation_scheme": "dynamic", "weight_block_size": [128, 128]}},
 }
+# Qwen3-30B-A3B-Instruct-2507: Qwen3-30B-A3B's layers with a 256K context (its config.json, as
+# LLMServingSim's configs/model/Qwen/ copies it: rope_theta 1e7, max_position_embeddings 262144)
+HF_PRESETS["qwen3-30b-a3b-instruct-2507"] = {**HF_PRESETS["qwen3-30b-a3b"], "rope_theta": 10000000,
+                                             "max_position_embeddings": 262144}
 MODEL_PRESETS.update({name: ModelConfig.from_hf_dict(d, f"preset {name}", name)
                       for name, d in HF_PRESETS.items()})
 # The yuhuili/EAGLE3-LLaMA3.1-Instruct-8B head: one 4096-wide layer, draft vocab 32000,
@@ -116,6 +120,7 @@ MODEL_IDS = {
     "meta-llama/Llama-3.3-70B-Instruct": "llama-3.3-70b",
     "Qwen/Qwen3-0.6B": "qwen3-0.6b", "Qwen/Qwen3-1.7B": "qwen3-1.7b", "Qwen/Qwen3-8B": "qwen3-8b",
     "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen/Qwen3-32B": "qwen3-32b",
+    "Qwen/Qwen3-30B-A3B-Instruct-2507": "qwen3-30b-a3b-instruct-2507",
     "openai/gpt-oss-20b": "gpt-oss-20b",
     "deepseek-ai/DeepSeek-V3": "deepseek-v3",
 }

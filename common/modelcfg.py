@@ -225,10 +225,12 @@ class ModelConfig:
         check_shards(f"{what} {self.name!r}", tp, self.num_heads,
                      None if self.is_mla else self.num_kv_heads, widths)
 
-    def weight_bytes_per_rank(self, tp: int = 1) -> float:
+    def weight_bytes_per_rank(self, tp: int = 1, moe_shards: int | None = None) -> float:
         """Bytes of weights one of tp GPUs holds: embedding and lm_head split over the
         vocabulary, attention and MLP widths split (column- or row-parallel), norms, the router
-        and MLA's down-projections replicated; KV projections replicated past num_kv_heads."""
+        and MLA's down-projections replicated; KV projections replicated past num_kv_heads.
+        `moe_shards`: the GPUs the routed experts are spread over (data parallelism spreads
+        them over dp x tp, by count or by width); None: tp."""
         h, w = self.hidden_size, self.weight_bytes
         emb = BF16 * self.vocab_size * h / tp
         total = emb + (0 if self.tie_word_embeddings else emb) + BF16 * h
@@ -236,7 +238,7 @@ class ModelConfig:
         total += dense * (self.attn_bytes(tp) + w * 3 * h * self.intermediate_size / tp
                           + BF16 * 2 * h)
         if self.is_moe:
-            total += self.num_moe_layers * (self.attn_bytes(tp) + self.moe_bytes(tp)
+            total += self.num_moe_layers * (self.attn_bytes(tp) + self.moe_bytes(tp, moe_shards)
                                             + BF16 * 2 * h)
         return total
 
@@ -256,21 +258,23 @@ class ModelConfig:
         return (h * self.q_lora_rank + self.q_lora_rank + h * (self.kv_lora_rank
                 + self.qk_rope_head_dim) + self.kv_lora_rank)
 
-    def moe_bytes(self, tp: int = 1) -> float:
-        """One MoE layer's MLP on one rank: every expert's width split over the ranks."""
+    def moe_bytes(self, tp: int = 1, shards: int | None = None) -> float:
+        """One MoE layer's MLP on one rank: the routed experts spread over `shards` GPUs (None:
+        the tp ranks, each expert's width split), the router replicated, the shared experts
+        split over tp."""
         h = self.hidden_size
         return (self.expert_weight_bytes * self.num_experts * 3 * h * self.moe_intermediate_size
-                / tp + BF16 * h * self.num_experts
+                / (shards or tp) + BF16 * h * self.num_experts
                 + self.weight_bytes * 3 * h * self.shared_expert_intermediate_size / tp)
 
-    def mtp_bytes_per_rank(self, tp: int = 1) -> float:
+    def mtp_bytes_per_rank(self, tp: int = 1, moe_shards: int | None = None) -> float:
         """The MTP module on one rank (`mtp_params`): its layers split as the model's, eh_proj
         replicated, its embedding and head split over the vocabulary."""
         if not self.num_mtp_layers:
             return 0.0
         h = self.hidden_size
         if self.is_moe:
-            layer = self.attn_bytes(tp) + self.moe_bytes(tp) + BF16 * 2 * h
+            layer = self.attn_bytes(tp) + self.moe_bytes(tp, moe_shards) + BF16 * 2 * h
         else:
             layer = self.attn_bytes(tp) + self.weight_bytes * 3 * h * self.intermediate_size \
                 / tp + BF16 * 2 * h

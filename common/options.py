@@ -13,7 +13,8 @@ that was given from one that was not. Help texts say the default they are given.
   `--device`;
 - scheduler and cache: `--max-num-seqs`, `--max-num-batched-tokens`, `--max-model-len`,
   `--block-size`, `--num-gpu-blocks-override`, `--gpu-memory-utilization`,
-  `--tensor-parallel-size` (the simulator 1-8, the engine 1: `check_tensor_parallel`);
+  `--tensor-parallel-size` (the simulator 1-8, the engine 1: `check_tensor_parallel`),
+  `--data-parallel-size` and `--enable-expert-parallel` (the simulator; the engine 1, off);
 - load, as `vllm bench serve`: `--num-prompts`, `--request-rate`, `--burstiness`,
   `--max-concurrency`, `--seed`, the trace (`--dataset-path`);
 - results: `--save-result`, `--result-dir`, `--result-filename`, `--save-detailed`,
@@ -191,7 +192,8 @@ def _d(defaults, name: str) -> str:
     return "" if v in (None, "") else f" (default {v})"
 
 
-def add_model_args(p, defaults=None, draft_help: str = "", tp_help: str = ""):
+def add_model_args(p, defaults=None, draft_help: str = "", tp_help: str = "",
+                   dp_help: str = ""):
     g = p.add_argument_group("model and speculative decoding (as `vllm serve`)")
     g.add_argument("--model", "--target", dest="model", metavar="ID|DIR|PRESET",
                    help="the target, as `vllm serve MODEL` (also the word after the command): "
@@ -219,6 +221,12 @@ def add_model_args(p, defaults=None, draft_help: str = "", tp_help: str = ""):
                         + (draft_help or _d(defaults, "draft")))
     g.add_argument("--tensor-parallel-size", "-tp", type=positive_int, metavar="N",
                    help=tp_help or "GPUs per model replica (the engine runs 1)")
+    g.add_argument("--data-parallel-size", "-dp", type=positive_int, metavar="N",
+                   help=dp_help or "engine cores, each its own replica (the engine runs 1)")
+    g.add_argument("--enable-expert-parallel", "-ep", action=argparse.BooleanOptionalAction,
+                   default=None,
+                   help="MoE layers spread over the data x tensor parallel GPUs by expert, "
+                        "not by width (vLLM's expert parallelism; default off)")
     return g
 
 
@@ -554,6 +562,10 @@ def check_tensor_parallel(args, supported: tuple[int, ...] = (1,), who: str = "s
     if tp is not None and tp not in supported:
         raise UserError(f"--tensor-parallel-size {tp}: {who} models "
                         f"{', '.join(map(str, supported))}")
+    dp = getattr(args, "data_parallel_size", None)
+    if dp not in (None, 1):
+        raise UserError(f"--data-parallel-size {dp}: {who} runs one engine core (the "
+                        "simulator models data parallelism: stepgap simulate)")
 
 
 def result_path(args, backend: str, model: str) -> Path | None:

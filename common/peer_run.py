@@ -16,15 +16,16 @@ bench recorder writes `vllm/requests.jsonl`, `vllm/meta.json` and `vllm/timeseri
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import math
+import re
 from pathlib import Path
 
-from stepgap.common.errors import UserError, where
-from stepgap.common.fileio import json_lines, read_json_object, read_text
+from stepgap.common.errors import UserError, shown, where
+from stepgap.common.fileio import csv_rows, json_lines, read_json_object, read_text
 from stepgap.common.formats import (MAX_ARRIVAL_S, TIMESERIES, RequestTiming, TraceRequest,
                                     compute_metrics)
+from stepgap.common.limits import MAX_TIMESTAMP_S, MAX_TP, is_finite, is_int
 
 STAMPS = ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
 KEYS = ("request_id", "input_toks", "output_toks", *STAMPS)
@@ -46,9 +47,9 @@ def _stamp(obj: dict, key: str, path, lineno) -> float:
     if v is None:
         raise UserError(f"{where(path, lineno, key)}: missing (every request needs "
                         f"{', '.join(STAMPS)}; a request vLLM never finished has none)")
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise UserError(f"{where(path, lineno, key)}: expected a timestamp in seconds >= 0, "
-                        f"got {v!r}")
+    if not (is_finite(v) and 0 <= v <= MAX_TIMESTAMP_S):
+        raise UserError(f"{where(path, lineno, key)}: expected a timestamp in seconds from 0 to "
+                        f"{MAX_TIMESTAMP_S:g} (vLLM's monotonic clock), got {shown(v)}")
     return float(v)
 
 
@@ -58,7 +59,7 @@ def load_peer_requests(path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: requests file not found")
-    out, seen = [], {}
+    out, seen, lines = [], {}, []
     for lineno, obj in json_lines(path):
         if not isinstance(obj, dict):
             raise UserError(f"{where(path, lineno)}: expected a JSON object (a request), got "
@@ -87,12 +88,16 @@ def load_peer_requests(path) -> list[dict]:
                                 f"{t[a]:.6f}")
         out.append({"request_id": str(rid), "input_toks": obj["input_toks"],
                     "output_toks": obj["output_toks"], **t})
+        lines.append(lineno)
     if not out:
         raise UserError(f"{path}: the run holds no requests")
     t0 = min(r["queued_ts"] for r in out)
-    if max(r["queued_ts"] for r in out) - t0 > MAX_ARRIVAL_S:
-        raise UserError(f"{path}: the requests' queued_ts span more than {MAX_ARRIVAL_S:g} s "
-                        "(not one run's monotonic clock)")
+    for lineno, r in zip(lines, out):   # one run: every stamp within MAX_ARRIVAL_S of its start
+        key = next((k for k in STAMPS if r[k] - t0 > MAX_ARRIVAL_S), None)
+        if key is not None:
+            raise UserError(f"{where(path, lineno, key)}: {r[key]:g} s is more than "
+                            f"{MAX_ARRIVAL_S:g} s after the first queued_ts, {t0:g} (not one "
+                            "run's monotonic clock)")
     return out
 
 
@@ -128,7 +133,8 @@ def dataset_token_ids(path, requests: list[dict]) -> dict[str, list[int]]:
     out = {}
     for r in requests:
         rid = r["request_id"]
-        i = int(rid.rsplit("-", 1)[1]) if rid.rsplit("-", 1)[-1].isdigit() else -1
+        tail = rid.rsplit("-", 1)[-1]   # ASCII digits (str.isdigit takes "²", int() not)
+        i = int(tail) if "-" in rid and re.fullmatch(r"[0-9]{1,18}", tail) else -1
         if not 0 <= i < len(rows) or not isinstance(rows[i], dict):
             raise UserError(f"{path}: no line for request {rid!r} (the runner names line i "
                             "bench-i)")
@@ -189,6 +195,59 @@ def _get(d: dict, *keys):
     return d
 
 
+def _first(doc: dict, *paths: str) -> tuple[str, object]:
+    """(path, value) of the first dotted path of meta.json that holds a value (not null); the
+    first path and None where none does. A 0 is a value: it is refused where read, never
+    passed over for a default."""
+    for path in paths:
+        v = _get(doc, *path.split("."))
+        if v is not None:
+            return path, v
+    return paths[0], None
+
+
+def _bad(meta_path, field: str, expected: str, value) -> UserError:
+    return UserError(f"{where(meta_path, field=field)}: expected {expected}, got {shown(value)}")
+
+
+# What meta.json must hold where it holds anything: objects, switches, memory fractions
+SECTIONS = ("engine_kwargs", "kv_cache", "resolved_config", "resolved_config.model_config",
+            "resolved_config.cache_config", "resolved_config.scheduler_config",
+            "resolved_config.compilation_config", "resolved_config.parallel_config")
+EXPERT_PARALLEL = ("engine_kwargs.enable_expert_parallel",
+                   "resolved_config.parallel_config.enable_expert_parallel")
+FLAGS = ("kv_cache.enable_prefix_caching", "resolved_config.cache_config.enable_prefix_caching",
+         "resolved_config.scheduler_config.async_scheduling",
+         "resolved_config.scheduler_config.scheduler_reserve_full_isl", *EXPERT_PARALLEL)
+UTILIZATION = ("kv_cache.gpu_memory_utilization",
+               "resolved_config.cache_config.gpu_memory_utilization")
+
+
+def check_meta(doc: dict, meta_path) -> dict:
+    """Every object of meta.json that `peer_settings` reads an object (or null), every switch
+    true, false or null (`"false"` would read as true), the memory utilization a fraction
+    (`true` would read as 1.0), the CUDA graphs' capture sizes a list of integers; errors name
+    the meta.json field. Returns engine_kwargs."""
+    for path in SECTIONS:
+        v = _get(doc, *path.split("."))
+        if v is not None and not isinstance(v, dict):
+            raise _bad(meta_path, path, "an object", v)
+    for path in FLAGS:
+        v = _get(doc, *path.split("."))
+        if v is not None and not isinstance(v, bool):
+            raise _bad(meta_path, path, "true or false", v)
+    for path in UTILIZATION:
+        v = _get(doc, *path.split("."))
+        if v is not None and not (is_finite(v) and 0 < v <= 1):
+            raise _bad(meta_path, path, "a fraction of the GPU's memory, in (0, 1]", v)
+    path = "resolved_config.compilation_config.cudagraph_capture_sizes"
+    sizes = _get(doc, *path.split("."))
+    if sizes is not None and not (isinstance(sizes, list)
+                                  and all(is_int(x) and x >= 1 for x in sizes)):
+        raise _bad(meta_path, path, "a list of batch sizes (integers >= 1)", sizes)
+    return doc.get("engine_kwargs") or {}
+
+
 def peer_settings(meta_path, context: int) -> tuple[dict, list[str]]:
     """SimConfig settings from a run's meta.json, and one note per setting mapped or not
     modelled. Settings the file does not record keep vLLM's defaults (said so): a null
@@ -197,44 +256,46 @@ def peer_settings(meta_path, context: int) -> tuple[dict, list[str]]:
     benchmarks), so that they all simulate the same settings."""
     meta_path = Path(meta_path)
     doc = read_json_object(meta_path, "a vLLM run's meta.json")
-    kw = doc.get("engine_kwargs") or {}
-    if not isinstance(kw, dict):
-        raise UserError(f"{where(meta_path, field='engine_kwargs')}: expected an object")
-    resolved = doc.get("resolved_config") or {}
-    cache = doc.get("kv_cache") or {}
+    check_meta(doc, meta_path)
     settings, notes, mapped = {}, [], []
 
-    def take(field: str, option: str, value) -> None:
+    def take(field: str, option: str, at: str, value, hi: int | None = None) -> None:
         if value is None:
             return
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UserError(f"{where(meta_path, field=option.lstrip('-').replace('-', '_'))}: "
-                            f"expected an integer >= 1, got {value!r}")
+        if not (is_int(value) and value >= 1 and (hi is None or value <= hi)):
+            raise _bad(meta_path, at, "an integer >= 1" if hi is None else
+                       f"an integer from 1 to {hi}", value)
         settings[field] = value
         mapped.append(f"{option} {value}")
 
-    take("max_num_seqs", "--max-num-seqs", kw.get("max_num_seqs"))
-    take("max_num_batched_tokens", "--max-num-batched-tokens", kw.get("max_num_batched_tokens"))
-    length = kw.get("max_model_len") or _get(resolved, "model_config", "max_model_len")
+    take("max_num_seqs", "--max-num-seqs", *_first(doc, "engine_kwargs.max_num_seqs"))
+    take("max_num_batched_tokens", "--max-num-batched-tokens",
+         *_first(doc, "engine_kwargs.max_num_batched_tokens"))
+    at, length = _first(doc, "engine_kwargs.max_model_len",
+                        "resolved_config.model_config.max_model_len")
     if length is None:
         notes.append(f"meta.json's max_model_len is null: vLLM's default, the model's context "
                      f"(max_position_embeddings), so --max-model-len {context}")
         length = context
-    take("max_model_len", "--max-model-len", length)
-    take("tensor_parallel_size", "--tensor-parallel-size", kw.get("tensor_parallel_size"))
-    take("block_size", "--block-size", cache.get("block_size")
-         or _get(resolved, "cache_config", "block_size"))
-    blocks = cache.get("num_gpu_blocks") or _get(resolved, "cache_config", "num_gpu_blocks")
+    take("max_model_len", "--max-model-len", at, length)
+    take("tensor_parallel_size", "--tensor-parallel-size",
+         *_first(doc, "engine_kwargs.tensor_parallel_size"), hi=MAX_TP)
+    take("block_size", "--block-size", *_first(doc, "kv_cache.block_size",
+                                               "resolved_config.cache_config.block_size"))
+    at, blocks = _first(doc, "kv_cache.num_gpu_blocks",
+                        "resolved_config.cache_config.num_gpu_blocks")
     if blocks is not None:
-        take("num_gpu_blocks_override", "--num-gpu-blocks-override", blocks)
+        take("num_gpu_blocks_override", "--num-gpu-blocks-override", at, blocks)
     else:
-        util = cache.get("gpu_memory_utilization") \
-            or _get(resolved, "cache_config", "gpu_memory_utilization")
+        _, util = _first(doc, "kv_cache.gpu_memory_utilization",
+                          "resolved_config.cache_config.gpu_memory_utilization")
         if util is not None:
             settings["gpu_memory_utilization"] = float(util)
             mapped.append(f"--gpu-memory-utilization {util}")
         notes.append("meta.json does not record the KV cache vLLM resolved: sized from the "
                      "--gpu's memory (--gpu-memory-utilization), not from the run")
+    resolved = doc.get("resolved_config") or {}
+    cache = doc.get("kv_cache") or {}
     asched = _get(resolved, "scheduler_config", "async_scheduling")
     if asched is None:
         notes.append(f"meta.json does not record async_scheduling: vLLM "
@@ -247,9 +308,13 @@ def peer_settings(meta_path, context: int) -> tuple[dict, list[str]]:
     if full is not None:
         settings["scheduler_reserve_full_isl"] = bool(full)
         mapped.append(f"--{'' if full else 'no-'}scheduler-reserve-full-isl")
-    if kw.get("data_parallel_size") not in (None, 1):
-        raise UserError(f"{where(meta_path, field='engine_kwargs.data_parallel_size')}: "
-                        f"{kw.get('data_parallel_size')} (data parallelism is not modelled)")
+    at, dp = _first(doc, "engine_kwargs.data_parallel_size",
+                    "resolved_config.parallel_config.data_parallel_size")
+    if dp != 1:   # (1, vLLM's default, needs no option)
+        take("data_parallel_size", "--data-parallel-size", at, dp, hi=MAX_TP)
+    if _first(doc, *EXPERT_PARALLEL)[1]:   # (a switch: check_meta held it to true or false)
+        settings["enable_expert_parallel"] = True
+        mapped.append("--enable-expert-parallel")
     prefix = cache.get("enable_prefix_caching",
                        _get(resolved, "cache_config", "enable_prefix_caching"))
     if prefix is None:
@@ -272,11 +337,11 @@ def load_timeseries(path) -> dict[str, list[float]]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: timeseries not found")
-    rows = list(csv.reader(read_text(path).splitlines()))
-    if not rows or [c.strip() for c in rows[0]][:len(TIMESERIES)] != list(TIMESERIES):
+    rows = list(csv_rows(path))
+    if not rows or [c.strip() for c in rows[0][1]][:len(TIMESERIES)] != list(TIMESERIES):
         raise UserError(f"{where(path, 1)}: expected the header {','.join(TIMESERIES)}")
     out = {k: [] for k in TIMESERIES}
-    for n, row in enumerate(rows[1:], start=2):
+    for n, row in rows[1:]:
         if not row:
             continue
         for key, cell in zip(TIMESERIES, row):

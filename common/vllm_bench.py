@@ -12,12 +12,14 @@ so that it pools and compares like any result), `bench_requests` into the trace 
 from __future__ import annotations
 
 import math
+import re
 import time
 from pathlib import Path
 
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json
 from stepgap.common.formats import MODES, RequestTiming, TraceRequest, run_result
+from stepgap.common.limits import MAX_K, is_int
 
 BENCH_KEYS = ("date", "backend", "model_id", "num_prompts", "completed", "duration",
               "mean_tpot_ms")
@@ -81,9 +83,11 @@ def check_bench(doc: dict, path) -> dict:
     conc = doc.get("max_concurrency")
     if conc is not None and not (_count(conc) and conc >= 1):
         bad("max_concurrency", "null or an integer >= 1")
-    k = doc.get("num_speculative_tokens")   # --metadata num_speculative_tokens=K: a string
-    if k is not None and not str(k).isdigit():
-        bad("num_speculative_tokens", "an integer >= 0")
+    if bench_k(doc) is None:   # the depth given, else the rates' count, past MAX_K
+        if doc.get("num_speculative_tokens") is not None:
+            bad("num_speculative_tokens", f"an integer from 0 to {MAX_K}")
+        bad("spec_decode_per_position_acceptance_rates", f"at most {MAX_K} positions (one per "
+            "draft token)")
     if doc.get("mode") is not None and doc["mode"] not in MODES:
         bad("mode", f"one of {', '.join(MODES)}")
     if doc.get("spec_decode_num_drafts") is not None:
@@ -102,6 +106,19 @@ def check_bench(doc: dict, path) -> dict:
     if any(key in doc for key in DETAIL_KEYS):
         _check_details(doc, path, n)
     return doc
+
+
+def bench_k(doc: dict) -> int | None:
+    """The run's speculation depth: its `--metadata num_speculative_tokens=K` (a string of
+    ASCII digits, or an integer), else the per-position rates' count, else 0; None where it is
+    no depth from 0 to MAX_K ("²" is a digit to str.isdigit, 5,000 digits one int() refuses)."""
+    k = doc.get("num_speculative_tokens")
+    if k is None:
+        rates = doc.get("spec_decode_per_position_acceptance_rates")
+        k = len(rates) if isinstance(rates, list) else 0
+    elif isinstance(k, str) and re.fullmatch(r"[0-9]{1,4}", k):
+        k = int(k)
+    return k if is_int(k) and 0 <= k <= MAX_K else None
 
 
 def _check_details(doc: dict, path, n: int) -> None:

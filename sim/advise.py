@@ -294,7 +294,7 @@ def search(cells: Cells, base: dict, loads: list[dict], ks: list[int],
 
 def rests_on(base: dict, ks: list[int], inputs: list[BandInput]) -> dict:
     """The sources of the answer: the device costs, the acceptance, the CPU costs, the seed."""
-    from stepgap.sim.config import SimConfig, acceptance_profile, resolve
+    from stepgap.sim.config import SimConfig, acceptance_profile, resolve, roofline_of
     cfg = SimConfig(**{**base, "k": max(ks)})
     r = resolve(cfg)
     hw, measured = r.hw, r.measured
@@ -312,6 +312,9 @@ def rests_on(base: dict, ks: list[int], inputs: list[BandInput]) -> dict:
                   f"{hw.kernel_us:g} us a kernel" + (
                       f", x {level:.4g} (the device level calibrated in {measured.path})"
                       if level is not None else "; no measured table or profile"))
+    moe = getattr(roofline_of(r.device_costs), "moe", None)
+    if moe is not None:   # a MoE target's blocks from moe.csv, or under data/expert parallelism
+        device += f"; {moe.source()}"
     prof, note = acceptance_profile(cfg, r.target)
     depth = len(prof.rates)
     name, source = prof.name, prof.source
@@ -343,7 +346,9 @@ def rests_on(base: dict, ks: list[int], inputs: list[BandInput]) -> dict:
     return {"device": device, "acceptance": acc, "cpu": cpu, "seed": cfg.seed,
             "workload": workload, "gpu": hw.name, "model": r.target.name,
             "draft": r.draft.name if r.draft is not None else None, "method": cfg.method,
-            "tensor_parallel_size": cfg.tensor_parallel_size}
+            "tensor_parallel_size": cfg.tensor_parallel_size,
+            "data_parallel_size": cfg.data_parallel_size,
+            "expert_parallel": moe is not None and moe.plan.expert_parallel}
 
 
 ADVICE = {"cpu": "pin the host with one sync run (stepgap calibrate BENCH.json --gpu ...)",

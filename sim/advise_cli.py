@@ -45,6 +45,8 @@ examples:
   stepgap advise --gpu rtx4090 --model llama-3.1-8b --device-profile \\
       traces/peers/llmservingsim/profiler/perf/RTX4090/meta-llama/Llama-3.1-8B/bf16 \\
       --max-concurrency 1,8,64
+  # a MoE model on two GPUs as two data-parallel engine cores with expert parallelism
+  stepgap advise --model qwen3-30b-a3b --gpu h100 -dp 2 -ep --max-concurrency 4,16,64
   # pinned by your own GPU run: calibrate on one sync bench file, then advise with it
   stepgap calibrate sync-k4-c1.json --gpu l20 --model llama-3.1-8b \\
       --draft llama-3.1-8b-eagle3 -k 4 --max-concurrency 1 --out my-l20.json
@@ -196,6 +198,9 @@ def format_advice(advice) -> str:
     draft = f" + {r['draft']} ({r['method']})" if r.get("draft") else \
         (f" ({r['method']})" if r.get("method") not in ("eagle3", None) else "")
     tp = f" x {r['tensor_parallel_size']} (TP)" if r["tensor_parallel_size"] > 1 else ""
+    dp = r.get("data_parallel_size", 1)
+    tp += (f" x {dp} (DP)" if dp > 1 else "") + \
+        (", expert parallel" if r.get("expert_parallel") else "")
     lines = [f"stepgap advise: {r['model']}{draft} on {r['gpu']}{tp}; {r['workload']}; "
              f"k {advice.ks[0]}-{advice.ks[-1]}, sync, async and zero-bubble, best k by "
              "mean TPOT",

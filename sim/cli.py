@@ -19,11 +19,12 @@ from stepgap.sim.setup_args import add_setup_args, config_from_args
 DESCRIPTION = """\
 Simulate a serving run of an LLM engine's step loop (engine core, worker, device) in sync,
 async or zero-bubble scheduling, with speculative decoding of k draft tokens (EAGLE-3, EAGLE,
-MTP, a draft model, n-gram on the CPU or the GPU), on one GPU or a tensor-parallel group of up
-to 8, and print what `vllm bench serve` would report (TTFT, TPOT, ITL, E2EL), the acceptance
-and the step gaps. Targets: the presets by name or Hugging Face id (MODEL, as `vllm serve
-MODEL`, or --model), or any Hugging Face config.json of the families llama, qwen3,
-qwen3_moe, gpt_oss and deepseek_v3.
+MTP, a draft model, n-gram on the CPU or the GPU), on one GPU, a tensor-parallel group of up
+to 8, or data-parallel engine cores with expert parallelism (MoE blocks and MTP modules from
+measured tables where given), and print what `vllm bench serve` would report (TTFT, TPOT,
+ITL, E2EL), the acceptance and the step gaps. Targets: the presets by name or Hugging Face id
+(MODEL, as `vllm serve MODEL`, or --model), or any Hugging Face config.json of the families
+llama, qwen3, qwen3_moe, gpt_oss and deepseek_v3.
 
 A preset sets every option at once; options given on the command line override it.
 
@@ -58,6 +59,11 @@ examples:
   stepgap simulate --model qwen3-30b-a3b --mode async --speculative-config \\
       '{"method": "draft_model", "model": "qwen3-0.6b", "num_speculative_tokens": 3}' \\
       --moe-routing-skew 0.5 --max-concurrency 32
+  # Qwen3-30B-A3B on two RTX PRO 6000s as two data-parallel engine cores with expert
+  # parallelism, its MoE blocks from measured tables (LLMServingSim's bundle with moe.csv)
+  stepgap simulate --model Qwen/Qwen3-30B-A3B-Instruct-2507 --gpu rtxpro6000 \\
+      --data-parallel-size 2 --enable-expert-parallel --device-profile BUNDLE \\
+      --trace RUN/vllm/requests.jsonl
   # DeepSeek-V3 drafting with its own MTP layer on 8 H200s; n-gram proposals (vLLM: sync)
   stepgap simulate --model deepseek-v3 -tp 8 --gpu h200 --spec-method mtp -k 1 --mode async
   stepgap simulate --spec-method ngram -k 3 --mode async     # says it runs in sync, and why

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 from stepgap.common.acceptance import AcceptanceProfile, default_profile, get_profile
 from stepgap.sim.costs import DeviceCosts, LevelCosts
@@ -19,15 +20,17 @@ from stepgap.sim.cpu_costs import CPU_COSTS, CpuCosts, OpCost
 from stepgap.sim.roofline import RooflineCosts
 from stepgap.sim.profile import Noise, Profile, load_profile
 from stepgap.sim.profile_costs import ProfileCosts
-from stepgap.sim.tables import TableCosts, find_bundle, find_variant, load_tables
+from stepgap.sim.tables import (TableCosts, bundle_meta, find_bundle, find_variant,
+                                load_tables, read_meta, refuse_another_model)
+from stepgap.sim.expert_parallel import MoeCosts, MoeParallel
+from stepgap.sim.moe_tables import check_moe_bundle, moe_only, moe_parts
 from stepgap.sim.hardware import Hardware, MeasuredLink
 from stepgap.sim.hardware_file import (collectives_beside, load_collectives, load_gpu,
                                        with_link)
 from stepgap.common.errors import UserError, where
-from stepgap.common.fileio import read_yaml
 from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES, OLD_DEVICES
 from stepgap.common.limits import (MAX_K, MAX_MS, MAX_PROMPTS, MAX_SCALE, MAX_SKEW, MAX_SPREAD,
-                                   MAX_US, MIN_BURSTINESS, MIN_SPEED, is_finite, is_int,
+                                   MAX_TP, MAX_US, MIN_BURSTINESS, MIN_SPEED, is_finite, is_int,
                                    is_number)
 from stepgap.common.drafters import SPEC_METHODS, default_draft_model, load_drafter
 from stepgap.common.model_heads import EagleHeadConfig
@@ -84,6 +87,8 @@ class SimConfig:
     device: str | None = None          # cuda: runs asynchronously to the CPU; cpu: the worker's
                                        # own cores. None: from the --gpu entry's kind
     tensor_parallel_size: int = 1      # GPUs of one node running one model replica
+    data_parallel_size: int = 1        # engine cores, each its own replica (sim/data_parallel.py)
+    enable_expert_parallel: bool = False   # MoE experts split over the dp x tp GPUs by count
     moe_routing_skew: float = 0.0      # Zipf exponent of the experts' popularity (0: uniform)
     all_reduce_latency_us: float | None = None   # None: the --gpu's interconnect's
     topology: str | None = None
@@ -136,13 +141,18 @@ class SimConfig:
         if self.mode not in MODES:
             raise _bad("mode", f"must be one of {', '.join(MODES)}", self.mode)
         tp = self.tensor_parallel_size
-        if not is_int(tp) or not 1 <= tp <= 8:
-            raise _bad("tensor_parallel_size", "must be an integer from 1 to 8 (the GPUs of one "
-                       "node; multi-node parallelism is not modelled)", tp)
+        if not is_int(tp) or not 1 <= tp <= MAX_TP:
+            raise _bad("tensor_parallel_size", f"must be an integer from 1 to {MAX_TP} (the "
+                       "GPUs of one node; multi-node parallelism is not modelled)", tp)
         if self.executor is None:
             self.executor = "process" if tp > 1 else "inline"
         if self.executor not in EXECUTORS:
             raise _bad("executor", f"must be one of {', '.join(EXECUTORS)}", self.executor)
+        dp = self.data_parallel_size
+        if not is_int(dp) or not 1 <= dp <= 8 or dp * tp > 8:
+            raise _bad("data_parallel_size", "must be an integer from 1 to 8, with data x tensor "
+                       "parallel GPUs at most 8 (one node; multi-node parallelism is not "
+                       "modelled)", dp)
         if tp > 1 and self.executor == "inline":
             raise _bad("executor", "tensor parallelism runs vLLM's multiprocess executor, one "
                        "worker process per GPU (--executor process, or leave it unset)",
@@ -160,7 +170,7 @@ class SimConfig:
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise _bad(name, "must be a name or a path", getattr(self, name))
         for name in ("jitter", "replay", "detailed", "timeline", "scheduler_reserve_full_isl",
-                     "enable_prefix_caching"):
+                     "enable_prefix_caching", "enable_expert_parallel"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, "must be true or false", getattr(self, name))
         _ints(self, ("k",), 0, MAX_K)
@@ -245,7 +255,8 @@ class SimConfig:
 
 
 # Fields written into a result only where they differ from their default (SimConfig.to_dict).
-OPTIONAL_FIELDS = {"quantization": None, "kv_cache_dtype": "auto"}
+OPTIONAL_FIELDS = {"quantization": None, "kv_cache_dtype": "auto", "data_parallel_size": 1,
+                   "enable_expert_parallel": False}
 # vLLM's --quantization and --kv-cache-dtype values the simulator models, and the element size
 # of a KV cache of each (auto: the model's bf16).
 QUANTIZATIONS = ("fp8",)
@@ -343,7 +354,7 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
     hw = load_gpu(cfg.gpu)
     target, notes = quantized(load_model_config(cfg.model), cfg, hw)
     tp = cfg.tensor_parallel_size
-    hw = collectives(cfg, hw, notes)
+    hw = collectives(cfg, hw, notes, target.is_moe)
     if cfg.all_reduce_latency_us is not None and hw.interconnect is not None:
         if isinstance(hw.interconnect, MeasuredLink):
             raise UserError(f"--all-reduce-latency-us: the collectives are measured "
@@ -378,6 +389,7 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
         notes += elsewhere_notes(cfg, measured, hw.name, device)
     costs = device_costs_of(cfg, target, draft, hw, measured)   # (its checks, whatever is used)
     notes += table_notes(cfg, costs, hw, measured)
+    notes += parallel_notes(cfg, target, costs)
     if device_costs is not None:
         costs = device_costs
     engine = cfg.topology or (measured.engine if measured else None) or "stepgap"
@@ -385,6 +397,10 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
         raise UserError(f"{measured.path or 'the profile'}: topology.engine {engine!r} "
                         f"(expected one of {', '.join(TOPOLOGIES)})")
     topo = Topology.of(engine, cfg.executor, device, tp)
+    if cfg.data_parallel_size > 1 and (engine != "stepgap" or not topo.device_async):
+        raise _bad("data_parallel_size", "data parallelism is modelled for GPU engine cores "
+                   "(--device cuda) behind stepgap's in-process client (--topology stepgap)",
+                   cfg.data_parallel_size)
     from stepgap.common.workloads import workload_notes
     notes += workload_notes(cfg.workload, cfg.model)
     prof, note = acceptance_profile(cfg, target)
@@ -448,41 +464,54 @@ def elsewhere_notes(cfg: SimConfig, measured: Profile, gpu: str, device: str) ->
             f"{' and '.join(what)} on another device, as asked"]
 
 
-def collectives(cfg: SimConfig, hw: Hardware, notes: list[str]) -> Hardware:
-    """The collectives of a tensor-parallel run: measured where a hardware.yaml gives them
-    (`--gpu FILE.yaml`, or the one LLMServingSim keeps beside the --device-profile tables,
-    profiler/perf/<GPU>/hardware.yaml), else the --gpu's interconnect model; said in the
-    notes when measured."""
+def collectives(cfg: SimConfig, hw: Hardware, notes: list[str], moe: bool) -> Hardware:
+    """The collectives of a run over several GPUs, tensor parallelism's (all-reduces, the
+    logits' all-gather over the tp GPUs) and a MoE target's under data parallelism (`moe`: its
+    dispatch and combine over the dp ranks, sim/expert_parallel.py): measured where a
+    hardware.yaml gives them (`--gpu FILE.yaml`, or the one LLMServingSim keeps beside the
+    --device-profile tables, profiler/perf/<GPU>/hardware.yaml) over as many GPUs as each group
+    has, else the --gpu's interconnect model; said in the notes when measured."""
     tp, link = cfg.tensor_parallel_size, hw.interconnect
-    if tp == 1:
+    dp = cfg.data_parallel_size if moe else 1
+    groups = {n: opt for n, opt in ((dp, "--data-parallel-size"),
+                                    (tp, "--tensor-parallel-size")) if n > 1}
+    if not groups:
         return hw
     if isinstance(link, MeasuredLink):
-        if link.npus != tp:
-            raise UserError(f"{where(cfg.gpu, field='measured.interconnect.npus')}: the "
-                            f"collectives were measured over {link.npus} GPUs; "
-                            f"--tensor-parallel-size {tp} needs them measured over {tp} (or a "
-                            "catalog --gpu, whose interconnect model prices them)")
+        for n, opt in groups.items():
+            if link.npus != n:
+                raise UserError(f"{where(cfg.gpu, field='measured.interconnect.npus')}: the "
+                                f"collectives were measured over {link.npus} GPUs; {opt} {n} "
+                                f"needs them measured over {n} (or a catalog --gpu, whose "
+                                "interconnect model prices them)")
     elif cfg.device_profile is not None:
         root = find_bundle(cfg.device_profile)
-        label = read_yaml(root / "meta.yaml", "LLMServingSim's meta.yaml").get("hardware")
+        label = read_meta(root).get("hardware")
         found = collectives_beside(root, str(label)) if label else None
         measured = load_collectives(found) if found else None
         if measured is None:
             return hw
-        if measured.npus != tp:
+        if any(measured.npus != n for n in groups):
             notes.append(f"{found} measured its collectives over {measured.npus} GPUs, not "
-                         f"{tp}: the --gpu's interconnect model ({link.name}) prices them")
+                         f"{' and '.join(map(str, groups))}: the --gpu's interconnect model "
+                         f"({link.name}) prices them")
             return hw
         hw = with_link(hw, measured)
     else:
         return hw
     link = hw.interconnect
-    notes.append(f"collectives: {link.source}; each all-reduce takes vLLM's path (its custom "
-                 f"one-shot kernel under 8 MiB where the GPUs have peer access, priced as the "
-                 f"measured all_gather of the same bytes; NCCL's measured all_reduce above)"
-                 if link.p2p else
-                 f"collectives: {link.source}; each all-reduce is NCCL's (no peer access, so "
-                 "no custom all-reduce)")
+    said = [f"collectives: {link.source}"]
+    if tp > 1:
+        said.append("each all-reduce takes vLLM's path (its custom one-shot kernel under 8 MiB "
+                    "where the GPUs have peer access, priced as the measured all_gather of the "
+                    "same bytes; NCCL's measured all_reduce above)" if link.p2p else
+                    "each all-reduce is NCCL's (no peer access, so no custom all-reduce)")
+    if dp > 1:
+        said.append("the MoE layers' dispatch and combine over the DP ranks as the measured "
+                    "all_gather and " + ("reduce_scatter" if "reduce_scatter" in link.sizes
+                                         else "all_gather of the same bytes (no reduce_scatter "
+                                              "samples)"))
+    notes.append("; ".join(said))
     return hw
 
 
@@ -520,11 +549,14 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
         target, draft, hw, cfg.k, tp=cfg.tensor_parallel_size, method=cfg.method,
         routing_skew=cfg.moe_routing_skew, max_model_len=cfg.max_model_len,
         kv_bytes=KV_CACHE_DTYPES[cfg.kv_cache_dtype])
+    bundle = None   # the --device-profile variant folder the run reads
     if measured is not None:
-        if measured.fits and (cfg.tensor_parallel_size > 1 or (cfg.k and cfg.method != "eagle3")):
+        if measured.fits and (cfg.tensor_parallel_size > 1 or cfg.data_parallel_size > 1
+                              or (cfg.k and cfg.method != "eagle3")):
             raise UserError(f"--profile {cfg.profile or measured.path}: a measured profile "
                             "times one device running EAGLE-3 drafts; --tensor-parallel-size "
-                            "> 1 and other methods use the roofline (drop --profile)")
+                            "or --data-parallel-size > 1 and other methods use the roofline "
+                            "(drop --profile)")
         if measured.fits and (cfg.quantization or
                               cfg.kv_cache_dtype not in ("auto", target.torch_dtype)):
             raise UserError(f"--profile {cfg.profile or measured.path}: a measured profile "
@@ -549,9 +581,115 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
             f"--kv-cache-dtype {cfg.kv_cache_dtype}" if fp8_kv else None) if x)
         bundle = find_variant(cfg.device_profile, target.quantization == "fp8", fp8_kv,
                               target.torch_dtype, why)
-        costs = TableCosts(load_tables(bundle, cfg.tensor_parallel_size), target,
-                           draft, cfg.k, roofline, cfg.method, cfg.tensor_parallel_size)
+        refuse_another_model(bundle_meta(bundle), target)   # (before reading its tables)
+        only = moe_only(bundle, cfg.tensor_parallel_size, target)
+        if only is None:
+            costs = TableCosts(load_tables(bundle, cfg.tensor_parallel_size), target,
+                               draft, cfg.k, roofline, cfg.method, cfg.tensor_parallel_size)
+        else:   # a MoE target's MoE and MTP tables alone: the roofline prices the rest
+            about = check_moe_bundle(bundle, target)
+            costs = roofline   # (a profile's level over it, where it has one)
+            costs.path = str(bundle)
+            sources = getattr(costs, "sources", None) or {}
+            under = sources.get("target_forward", "roofline")
+            costs.sources = {**sources,
+                             "target_forward": f"{under} (the bundle, {about}: {only})"}
+    attach_moe(cfg, target, hw, costs, bundle)
     return costs
+
+
+def attach_moe(cfg: SimConfig, target: ModelConfig, hw: Hardware, costs,
+               bundle: Path | None) -> None:
+    """A MoE target's blocks from the bundle's moe.csv (`bundle`: the --device-profile variant
+    folder the run reads), or under data or expert parallelism (sim/expert_parallel.py),
+    priced by one MoeCosts that the tables and their roofline share; its dispatch and combine
+    over `hw.interconnect`, measured where `collectives` found them. A run with neither keeps
+    the roofline's own MoE layers, as before."""
+    dp, tp = cfg.data_parallel_size, cfg.tensor_parallel_size
+    plan = MoeParallel(dp, tp, cfg.enable_expert_parallel and dp * tp > 1)   # vLLM's use_ep
+    roofline = roofline_of(costs)
+    if not target.is_moe or roofline is None:
+        return
+    table = mtp = None
+    if bundle is not None:
+        table, mtp = moe_parts(bundle, tp, plan.moe_tp, cfg.k > 0 and cfg.method == "mtp")
+    if not isinstance(costs, TableCosts) and table is None and mtp is None and plan.dp == 1 \
+            and not plan.expert_parallel:
+        return
+    if plan.dp > 1 and hw.interconnect is None:
+        raise UserError(f"--data-parallel-size {plan.dp}: --gpu {hw.name} has no interconnect "
+                        "in the catalog to gather the MoE layers' tokens over")
+    moe = MoeCosts(target, roofline, plan, hw.interconnect, table, mtp)
+    roofline.moe = moe
+    if isinstance(costs, TableCosts):
+        costs.moe = moe
+    sources = getattr(costs, "sources", None)
+    if sources is None:
+        costs.sources = sources = {}
+    sources["moe"] = moe.source()
+    if mtp is not None:
+        sources["draft_forward"] = (f"MTP module's own kernels from tables ({bundle}/mtp.csv), "
+                                    "its decoder layer as the target's, the rest the roofline")
+
+
+def roofline_of(costs) -> RooflineCosts | None:
+    """The roofline under a run's device costs: itself, the fallback of a profile's fits or of
+    measured tables, the roofline a profile's level scales (None: another source)."""
+    while not isinstance(costs, RooflineCosts):
+        costs = getattr(costs, "fallback", None) or getattr(costs, "costs", None)
+        if costs is None:
+            return None
+    return costs
+
+
+def parallel_notes(cfg: SimConfig, target: ModelConfig, costs) -> list[str]:
+    """What a run under data or expert parallelism, or with MoE tables, should be told."""
+    notes = []
+    dp = cfg.data_parallel_size
+    if cfg.enable_expert_parallel and not target.is_moe:
+        notes.append(f"--enable-expert-parallel: {target.name} has no experts; it changes "
+                     "nothing")
+    elif cfg.enable_expert_parallel and dp * cfg.tensor_parallel_size == 1:
+        notes.append("--enable-expert-parallel on one GPU: no other GPU to hold experts; it "
+                     "changes nothing (vLLM: expert parallelism needs data x tensor parallel "
+                     "> 1)")
+    if dp > 1:
+        notes.append(f"data parallel {dp}: {dp} engine cores, each its own scheduler, KV cache "
+                     "and GPU(s), requests routed as vLLM's DP front end routes them "
+                     "(docs/sim.md, 'Data and expert parallelism')"
+                     + ("; a MoE target: every rank runs each forward in lockstep, a dummy "
+                        "batch where it has none" if target.is_moe else
+                        "; a dense target: the ranks run independently, as vLLM runs them"))
+    roofline = roofline_of(costs)
+    moe = roofline.moe if roofline is not None else None
+    if moe is None:
+        return notes
+    plan = moe.plan
+    notes.append(moe.source())
+    if moe.grid is not None:
+        measured = ", ".join(map(str, moe.table.grids))
+        if moe.ep != plan.ep:
+            notes.append(f"moe.csv has no ep {plan.ep} grid (measured: ep {measured}): the "
+                         f"nearest, ep {moe.ep}, prices the MoE blocks")
+        bw, tok, active = moe.fastest_read()
+        if bw > moe.roof.hw.mem_bw:   # the datasheet peak
+            notes.append(f"moe.csv's ep {moe.ep} grid reads {active:g} experts' weights at "
+                         f"{tok:g} tokens at {bw / 1e12:.1f} TB/s, past --gpu "
+                         f"{moe.roof.hw.name}'s peak {moe.roof.hw.mem_bw / 1e12:.2f} TB/s: "
+                         "the table "
+                         "likely understates the block (LLMServingSim's output-bundle docs: "
+                         "a stack of dense and MoE layers measured before its normalization "
+                         "fix understates it; remeasure with slice --group moe --force)")
+        rows = cfg.max_num_batched_tokens * (dp if dp > 1 else 1)
+        if rows > moe.grid.max_tokens:
+            notes.append(f"moe.csv's ep {moe.ep} grid ends at {moe.grid.max_tokens:g} tokens; "
+                         f"a MoE block over more (up to {rows}: --max-num-batched-tokens"
+                         + (f" x DP {dp}" if dp > 1 else "") + ") grows from its last time as "
+                         "the roofline grows (the result counts them)")
+    elif cfg.device_profile is not None:
+        notes.append(f"--device-profile has no moe.csv for MoE layers split {plan.moe_tp} ways "
+                     f"by width (tp{plan.moe_tp}/): the roofline prices the MoE blocks")
+    return notes
 
 
 def table_notes(cfg: SimConfig, costs: DeviceCosts, hw: Hardware,
@@ -612,7 +750,8 @@ def scheduler_config(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
     blocks = cfg.num_gpu_blocks_override
     tp, method = cfg.tensor_parallel_size, cfg.method if cfg.k else None
     if blocks is None:
-        weights = weight_bytes(target, draft, tp, method)
+        weights = weight_bytes(target, draft, tp, method,
+                               tp * cfg.data_parallel_size if target.is_moe else None)
         blocks = kv_cache_blocks(hw.mem_bytes, cfg.gpu_memory_utilization, weights,
                                  RESERVED_BYTES, cfg.block_size,
                                  kv_bytes_per_token(target, draft, tp, method,

@@ -33,6 +33,11 @@ class Batch:
     decode_kv_min: int = 0
     decode_kv_max: int = 0
     prefills: list = field(default_factory=list)
+    # Data parallelism of a MoE target: the rows every rank's MoE blocks see, gathered from the
+    # DP ranks (sim/data_parallel.py), in the forward and in the draft passes after the first;
+    # 0: the step's own tokens (num_tokens, num_sampling).
+    moe_rows: int = 0
+    draft_moe_rows: int = 0
 
 
 class DeviceCosts(Protocol):

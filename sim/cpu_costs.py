@@ -44,7 +44,12 @@ VLLM_TERMS = ("rpc_mid", "rpc_drafts", "process_outputs", "add_request")
 # prepare_inputs; `async_output` the output thread (WorkerAsyncOutputCopy, serialising each
 # step's output while the main thread goes on) on the worker's core and GIL, after the step.
 VLLM_ASYNC_TERMS = ("async_schedule", "async_prepare", "async_output")
-CPU_COSTS = CPU_OPS + CPU_TERMS + CPU_EXTRA_OPS + VLLM_TERMS + VLLM_ASYNC_TERMS
+# Data parallelism of a MoE target (sim/data_parallel.py): `dp_sync`, the ranks' all-reduce of
+# their token counts before each forward (vLLM's coordinate_batch_across_dp), from the last
+# rank's arrival to their release. None: data_parallel.py's estimate (DP_SYNC_US); left out of
+# to_dict while None, so that a run without data parallelism writes what it wrote before.
+DP_TERMS = ("dp_sync",)
+CPU_COSTS = CPU_OPS + CPU_TERMS + CPU_EXTRA_OPS + VLLM_TERMS + VLLM_ASYNC_TERMS + DP_TERMS
 LATENCIES = ("launch_latency_us", "wake_us", "ipc_us", "client_latency_us")
 
 
@@ -94,6 +99,7 @@ class CpuCosts:
     async_schedule: OpCost | None = None
     async_prepare: OpCost | None = None
     async_output: OpCost | None = None
+    dp_sync: OpCost | None = None   # DP_TERMS
 
     def __post_init__(self):
         for f in LATENCIES:
@@ -114,7 +120,7 @@ class CpuCosts:
                         result_latency=mul(self.result_latency),
                         worker_turnaround=mul(self.worker_turnaround),
                         **{op: mul(getattr(self, op))
-                           for op in CPU_EXTRA_OPS + VLLM_TERMS + VLLM_ASYNC_TERMS},
+                           for op in CPU_EXTRA_OPS + VLLM_TERMS + VLLM_ASYNC_TERMS + DP_TERMS},
                         **{lat: getattr(self, lat) * s for lat in LATENCIES})
 
     def with_ops(self, overrides: dict[str, OpCost]) -> CpuCosts:
@@ -125,7 +131,7 @@ class CpuCosts:
 
     def to_dict(self) -> dict:
         d = {op: [c.a, c.b, c.c] if (c := getattr(self, op)) is not None else None
-             for op in CPU_COSTS}
+             for op in CPU_COSTS if op not in DP_TERMS or getattr(self, op) is not None}
         d.update({lat: getattr(self, lat) for lat in LATENCIES})
         return d
 

@@ -45,8 +45,8 @@ class Interconnect:
     An all-reduce of B bytes over N GPUs is the one vLLM issues (`all_reduce_path`): its
     one-shot kernel, every GPU reading the N-1 others' buffers, latency + (N-1)·B / bw; its
     two-shot kernel (reduce-scatter, then all-gather), 2·latency + 2·(N-1)/N·B / bw; or NCCL's
-    ring, latency + 2·(N-1)/N·B / bw. An all-gather of B bytes in all costs
-    latency + (N-1)/N·B / bw. `latency_us` is a small message's time in a CUDA graph, and
+    ring, latency + 2·(N-1)/N·B / bw. An all-gather of B bytes in all, and a reduce-scatter of
+    B bytes on each GPU, cost latency + (N-1)/N·B / bw. `latency_us` is a small message's time in a CUDA graph, and
     dominates at decode (16 KiB per token of a 70B model); `bw` is what one GPU moves in one
     direction, after protocol overhead. `fully_connected`: NVLink between every pair (vLLM's
     custom all-reduce at 4 to 8 GPUs); `p2p`: the GPUs can read each other's memory (over PCIe:
@@ -76,6 +76,11 @@ class Interconnect:
 
     def all_gather_us(self, nbytes: float, n: int) -> float:
         return 0.0 if n <= 1 else self.latency_us + (n - 1) / n * nbytes / (self.bw / 1e6)
+
+    def reduce_scatter_us(self, nbytes: float, n: int) -> float:
+        """A ring reduce-scatter of B bytes on each GPU moves what a ring all-gather of B bytes
+        in all moves."""
+        return self.all_gather_us(nbytes, n)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +122,14 @@ class MeasuredLink:
 
     def all_gather_us(self, nbytes: float, n: int) -> float:
         return 0.0 if n <= 1 else self.at("all_gather", nbytes / n)
+
+    def reduce_scatter_us(self, nbytes: float, n: int) -> float:
+        """B bytes on each GPU reduced, 1/n of them to each: the measured reduce_scatter of
+        that output, else (none measured) the all_gather that moves the same bytes."""
+        if n <= 1:
+            return 0.0
+        return self.at("reduce_scatter" if "reduce_scatter" in self.sizes else "all_gather",
+                       nbytes / n)
 
 
 # docs/sim.md has the measurements behind these numbers.

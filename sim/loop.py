@@ -57,6 +57,7 @@ import simpy
 from stepgap.common.acceptance import Acceptance
 from stepgap.sim.config import CPU_PROPOSERS, SimConfig, resolve
 from stepgap.sim.costs import Batch, DeviceCosts
+from stepgap.sim.data_parallel import DP_SYNC_US, Lockstep, Router, dummy_batch
 from stepgap.sim.jitter import Jitter
 from stepgap.sim.profile import Profile
 from stepgap.common.errors import UserError
@@ -76,6 +77,7 @@ class Step:
     t_done: float = 0.0       # last device op done: sampled and draft ids on the host
     t_output: float = 0.0     # the engine can read the output
     ready: simpy.Event | None = None  # process topology: t_output is known
+    dummy: bool = False       # data parallelism: vLLM's dummy batch of an idle rank
 
 
 def batch_of(out: SchedulerOutput) -> Batch:
@@ -150,7 +152,28 @@ class Device:
         last at `t_last`, so the step cannot end earlier (a CPU-bound launch starves the GPU).
         `pause`: the lane idles that long after the target forward (vLLM's worker between its
         execute_model and sample_tokens RPCs, on a synchronous device)."""
-        c, b = self.costs, step.batch
+        ops, durs, sample, nverify = self.step_ops(step.batch, pause)
+        verify = sum(durs[:nverify])
+        if self.jitter is not None:   # the machine's noise scales the device ops, not the pause
+            f = self.jitter.factor(max(self.free, t_first))
+            durs = [d * f if op else d for op, d in zip(ops, durs)]
+            verify = (verify - pause) * f + pause
+            sample *= f
+        dur = sum(durs)
+        start = max(self.free, t_first, t_last - dur)
+        step.t_accepted = start + verify
+        step.t_done = self.free = start + dur
+        if self.last_end is not None:
+            self.gaps.append(max(0.0, start - self.last_end))
+        self.last_end = step.t_done
+        if self.spans is not None:
+            self.record(step.out.step, start, ops, durs, sample)
+
+    def step_ops(self, b: Batch, pause: float = 0.0) -> tuple[list, list, float, int]:
+        """The step's device ops in lane order and their times (a `pause` is None), the
+        sampler's share of a k = 0 forward's entry, and how many ops come before the accepted
+        counts are known (target forward and rejection sampling)."""
+        c = self.costs
         ops, durs = [], []   # the ops' names and times, in lane order
         if self.fixup and b.num_drafts:
             ops.append("fixup")
@@ -172,7 +195,7 @@ class Device:
         if self.k and b.num_sampling:
             ops.append("rejection_sample")
             durs.append(c.rejection_sample(b))
-        verify = sum(durs)
+        nverify = len(durs)
         passes = self.draft_passes(b)
         if passes:
             ops += ["draft_forward"] * passes
@@ -180,26 +203,17 @@ class Device:
             durs += many(b, passes) if many else [c.draft_forward(b, i) for i in range(passes)]
         ops.append("d2h")
         durs.append(c.d2h(b))
-        if self.jitter is not None:   # the machine's noise scales the device ops, not the pause
-            f = self.jitter.factor(max(self.free, t_first))
-            durs = [d * f if op else d for op, d in zip(ops, durs)]
-            verify = (verify - pause) * f + pause
-            sample *= f
-        dur = sum(durs)
-        start = max(self.free, t_first, t_last - dur)
-        step.t_accepted = start + verify
-        step.t_done = self.free = start + dur
-        if self.last_end is not None:
-            self.gaps.append(max(0.0, start - self.last_end))
-        self.last_end = step.t_done
-        if self.spans is not None:
-            self.record(step.out.step, start, ops, durs, sample)
+        return ops, durs, sample, nverify
 
-    def record(self, n: int, t: float, ops: list, durs: list, sample: float = 0.0) -> None:
-        """One span per op of step n, from `t` on (the args only now: no timeline, no spans);
-        `sample`: the sampler's share of a k = 0 forward's entry."""
+    def record(self, n: int, t: float, ops: list, durs: list, sample: float = 0.0,
+               starts: list | None = None) -> None:
+        """One span per op of step n, from `t` on, back to back, or each from its `starts`
+        (data parallelism's lockstep; the args only now: no timeline, no spans); `sample`: the
+        sampler's share of a k = 0 forward's entry."""
         i = 0
-        for op, d in zip(ops, durs):
+        for j, (op, d) in enumerate(zip(ops, durs)):
+            if starts is not None:
+                t = starts[j]
             if op is None:
                 self.spans.append(Span(WORKER, "wait", n, t, t + d, {"on": "sample_tokens RPC"}))
             elif op == "target_forward+rejection_sample":
@@ -239,10 +253,21 @@ class Sim:
                 check(tr.request_id, tr.prompt_len + tr.output_len)
         self.requests = requests
         self.env = Clock()
+        self.acc = Acceptance(r.profile, cfg.k, requests, cfg.seed, cfg.replay)
+        self.out_latency = cfg.output_latency_ms * 1e3
+        self.gen = LoadGenerator(requests, cfg.max_concurrency)
+        self.timings: dict[str, RequestTiming] = {}
+        self.slot_free: simpy.Event | None = None    # the client waits on it
+        self._init_engine()
+
+    def _init_engine(self) -> None:
+        """The engine core's, its worker's and its device's state (one DP rank's:
+        sim/data_parallel.py builds one per rank on the run's clock)."""
+        cfg, r = self.cfg, self.r
+        self.lockstep = None   # data parallelism of a MoE target: the ranks' forwards meet
         self.sched = Scheduler(r.scheduler)
         self.caching = r.scheduler.enable_prefix_caching
         self.cpu = r.cpu
-        self.acc = Acceptance(r.profile, cfg.k, requests, cfg.seed, cfg.replay)
         self.spans: list[Span] | None = [] if cfg.timeline else None
         topo = r.topology
         self.async_ = r.scheduler.async_scheduling
@@ -259,15 +284,11 @@ class Sim:
         elif cfg.speed != 1.0:
             jitter = Jitter([], 1.0, 0.0, cfg.speed, cfg.seed)
         self.device = Device(r.device_costs, cfg.k, r.fixup, self.spans, jitter, cfg.method)
-        self.out_latency = cfg.output_latency_ms * 1e3
-        self.gen = LoadGenerator(requests, cfg.max_concurrency)
-        self.timings: dict[str, RequestTiming] = {}
         self.inbox: deque[TraceRequest] = deque()
         self.accepted_hist = [0] * (cfg.k + 1)   # decode steps by accepted count
         self.num_draft_tokens = 0
         self.prev: Step | None = None        # the worker's last launched step
         self.wake: simpy.Event | None = None         # the engine idles on it
-        self.slot_free: simpy.Event | None = None    # the client waits on it
         self.to_worker = simpy.Store(self.env)
         # the API server (vLLM's topology, a served stepgap engine) shares the engine core's CPU
         self.host = simpy.Resource(self.env, 1) if self.api_server else None
@@ -299,14 +320,19 @@ class Sim:
     def run(self) -> tuple[dict, list[Span]]:
         env = self.env
         client = env.process(self.client())
+        self.start_engine()
+        env.run(until=client)
+        spans = sorted(self.spans, key=lambda s: s.start_us) if self.spans else []
+        return self.result(env.now / 1e6), spans
+
+    def start_engine(self) -> None:
+        """The engine core's processes: its loop, its worker's, its API server's."""
+        env = self.env
         env.process(self.engine())
         if not self.inline:
             env.process(self.worker())
         if self.api_server:
             env.process(self.frontend())
-        env.run(until=client)
-        spans = sorted(self.spans, key=lambda s: s.start_us) if self.spans else []
-        return self.result(env.now / 1e6), spans
 
     # -- the client -------------------------------------------------------------------------
 
@@ -327,12 +353,17 @@ class Sim:
         sent = self.gen.pop_due(now_s + 1e-9)
         for tr in sent:
             self.timings[tr.request_id] = RequestTiming(tr.request_id, tr.prompt_len, now_s)
-            if self.api_server:   # the API server takes it in first
-                self.env.process(self.admit(tr))
-            else:
-                self.inbox.append(tr)
+            self.take(tr)
         if sent and not self.api_server:
             self.wake_engine()
+
+    def take(self, tr: TraceRequest) -> None:
+        """A sent request reaches the engine core (through the API server where there is
+        one); data parallelism routes it to a rank (sim/data_parallel.py)."""
+        if self.api_server:   # the API server takes it in first
+            self.env.process(self.admit(tr))
+        else:
+            self.inbox.append(tr)
 
     def wake_engine(self) -> None:
         if self.wake is not None and not self.wake.triggered:
@@ -384,6 +415,9 @@ class Sim:
             if not queue:
                 if sched.has_unfinished():
                     raise RuntimeError("simulator stalled: requests wait but nothing is in flight")
+                if self.lockstep is not None and self.lockstep.running:
+                    yield from self.dummy_forward()   # another rank has work: meet it
+                    continue
                 self.wake = env.event()
                 yield self.wake
                 continue
@@ -392,6 +426,21 @@ class Sim:
             step = queue.popleft()
             yield from self.await_output(step)
             yield from self.update(step)
+            if not launched and self.lockstep is not None and self.lockstep.running:
+                yield from self.dummy_forward()   # as vLLM's busy loop: no forward this turn
+
+    def dummy_forward(self):
+        """vLLM's execute_dummy_batch: a rank of a data-parallel MoE group with nothing to run
+        this turn runs a one-token forward, so that its experts' collectives meet the other
+        ranks' (sim/data_parallel.py). It takes a step number as an empty schedule would."""
+        out, batch = dummy_batch(self.sched)
+        step = Step(out, batch, dummy=True)
+        if self.inline:
+            yield from self.execute(step)
+        else:   # the executor's call returns once the worker has launched it
+            step.ready = self.env.event()
+            self.to_worker.put((step, self.env.now + self.cpu.ipc_us))
+            yield step.ready
 
     def await_output(self, step: Step):
         env = self.env
@@ -425,11 +474,7 @@ class Sim:
         self.num_draft_tokens += drafts
         emitted = self.sched.update_from_output(out, sampled)
         if self.samples is not None:
-            s = self.sched
-            self.samples.append((self.env.now / 1e6, len(s.running), len(s.waiting),
-                                 100.0 * (1 - s.num_free_blocks / s.cfg.num_blocks),
-                                 sum(c for c, _ in step.batch.prefills),
-                                 sum(len(new) for _, new, _ in emitted)))
+            self.sample(step, emitted)
         cpu = self.cpu
         cost = cpu.update_from_output(out.num_reqs, out.num_batched_tokens)
         if self.host is None:
@@ -453,6 +498,14 @@ class Sim:
                     self.env.timeout(self.out_latency).callbacks.append(self._complete)
                 else:
                     self._complete()
+
+    def sample(self, step: Step, emitted) -> None:
+        """The series' point after a step: running, waiting, KV use, tokens in and out."""
+        s = self.sched
+        self.samples.append((self.env.now / 1e6, len(s.running), len(s.waiting),
+                             100.0 * (1 - s.num_free_blocks / s.cfg.num_blocks),
+                             sum(c for c, _ in step.batch.prefills),
+                             sum(len(new) for _, new, _ in emitted)))
 
     # -- the API server (vLLM's topology) ---------------------------------------------------
 
@@ -496,6 +549,9 @@ class Sim:
             if self.tp > 1:   # the executor's message reaches every rank
                 yield self.busy(WORKER, "broadcast", step.out.step, cpu.broadcast(n, tokens))
             yield from self.execute(step)
+            if step.dummy:   # no output: the engine core waits for the launch only
+                step.ready.succeed()
+                continue
             if self.computes_ahead:  # it computed the step itself: it sends the result and
                 # turns to the next message, which keeps its thread busy (no span: no op)
                 t_host = step.t_done
@@ -527,7 +583,8 @@ class Sim:
         """prepare_inputs and launch one step, on the worker's thread."""
         env, cpu, out = self.env, self.cpu, step.out
         prev = self.prev
-        if self.wait_accepted and prev is not None and prev.batch.num_drafts:
+        if self.wait_accepted and prev is not None and prev.batch.num_drafts \
+                and not step.dummy:
             t = prev.t_accepted + cpu.wake_us
             if t > env.now:
                 yield self.busy(WORKER, "wait", out.step, t - env.now,
@@ -543,14 +600,18 @@ class Sim:
         dur = cpu.launch(out.num_reqs, out.num_batched_tokens)
         if self.device_async:
             lat = cpu.launch_latency_us
-            self.device.place(step, env.now + lat, env.now + dur + lat)
+            if self.lockstep is None:
+                self.device.place(step, env.now + lat, env.now + dur + lat)
+            else:   # a data-parallel MoE group: the ranks meet, then launch together
+                yield from self.lockstep.meet(self, step, dur, lat)
             yield self.busy(WORKER, "launch", out.step, dur)
         else:  # the device is this thread: launch packs the inputs, then runs the ops itself
             pause = cpu.rpc_mid(out.num_reqs, out.num_batched_tokens) * self.rpc_share \
                 if self.api_server and cpu.rpc_mid is not None else 0.0
             self.device.place(step, env.now + dur, env.now + dur, pause)
             yield self.busy(WORKER, "launch", out.step, step.t_done - env.now)
-        self.prev = step
+        if not step.dummy:
+            self.prev = step
 
     # -- the result -------------------------------------------------------------------------
 
@@ -558,6 +619,7 @@ class Sim:
         cfg, r = self.cfg, self.r
         timings = [self.timings[tr.request_id] for tr in self.requests]
         config = cfg.to_dict()
+        steps, preemptions, cached, gaps = self.engine_totals()
         if config["request_rate"] is None:
             config["request_rate"] = ("inf" if all(tr.arrival_s == 0 for tr in self.requests)
                                       else "trace")
@@ -567,27 +629,36 @@ class Sim:
             "target": r.target.name, "draft": r.draft.name if r.draft else None,
             "num_kv_blocks": r.scheduler.num_blocks,
             "acceptance_rates": list(r.profile.rates), "acceptance_spread": r.profile.spread,
-            "cpu_costs_us": r.cpu.to_dict(), "num_steps": self.num_steps,
-            "num_preemptions": self.sched.num_preemptions,
+            "cpu_costs_us": r.cpu.to_dict(), "num_steps": steps,
+            "num_preemptions": preemptions,
         }
         if self.caching:   # vLLM's prefix-cache counters (tokens)
-            config["resolved"]["prefix_cache"] = self.sched.prefix_cache_counts()
-        if self.device.jitter is not None and r.measured is not None and r.measured.jitter:
+            config["resolved"]["prefix_cache"] = cached
+        if r.measured is not None and r.measured.jitter and self.device.jitter is not None:
             j = r.measured.jitter
             config["resolved"]["jitter"] = {"bin_ms": j.bin_ms, "sigma_step": j.sigma_step,
                                             "trace_bins": len(j.trace),
                                             "offset": self.device.jitter.offset}
-        sources = getattr(self.device.costs, "sources", None)
+        sources = getattr(r.device_costs, "sources", None)
         if sources is not None:   # a measured profile or tables: which ops each priced
-            config["resolved"]["device_costs"] = {"profile": getattr(self.device.costs, "path",
+            config["resolved"]["device_costs"] = {"profile": getattr(r.device_costs, "path",
                                                                      None), **sources}
+            moe = getattr(r.device_costs, "moe", None)
+            if moe is not None and moe.grid is not None:   # how much moe.csv covered
+                config["resolved"]["device_costs"]["moe_coverage"] = moe.coverage()
         res = run_result(timings, duration_s, backend="stepgap-sim", config=config,
-                         gaps_us=self.device.gaps, spec=self.spec_stats() if cfg.k else None,
+                         gaps_us=gaps, spec=self.spec_stats() if cfg.k else None,
                          detailed=cfg.detailed, percentiles=cfg.metric_percentiles,
                          percentile_metrics=cfg.percentile_metrics)
         if self.samples is not None:
             res["timeseries"] = timeseries(self.samples, cfg.timeseries_interval_s)
         return res
+
+    def engine_totals(self) -> tuple[int, int, dict | None, list[float]]:
+        """What the result counts of the engine: its steps, preemptions, prefix-cache counters
+        (None with caching off) and the device's step gaps (data parallelism sums its ranks')."""
+        return (self.num_steps, self.sched.num_preemptions,
+                self.sched.prefix_cache_counts() if self.caching else None, self.device.gaps)
 
     def spec_stats(self) -> SpecStats:
         """The acceptance counters of vLLM's SpecDecodingStats, from the histogram."""
@@ -597,6 +668,119 @@ class Sim:
         spec.num_accepted_tokens = sum(n * c for n, c in enumerate(hist))
         spec.accepted_per_pos = [sum(hist[i + 1:]) for i in range(self.cfg.k)]
         return spec
+
+
+
+# -------------------------------------------------------------------------------------------
+# Data parallelism (sim/data_parallel.py): the engine cores and the run
+
+
+class DPRank(Sim):
+    """One engine core of a data-parallel group: sim/loop.py's step loop on the group's clock,
+    its requests routed to it, its finished ones reported to the group's client."""
+
+    def __init__(self, group: DPSim, index: int):
+        self.group, self.index = group, index
+        self.cfg, self.r, self.env, self.requests = group.cfg, group.r, group.env, group.requests
+        self.acc, self.gen, self.timings = group.acc, group.gen, group.timings
+        self.out_latency, self.slot_free = group.out_latency, None
+        self._init_engine()
+        self.lockstep = group.lockstep
+        self.dummies = 0
+
+    def unfinished(self) -> bool:
+        return self.sched.has_unfinished() or bool(self.inbox)
+
+    def dummy_forward(self):
+        self.dummies += 1
+        yield from super().dummy_forward()
+
+    def update(self, step: Step):
+        yield from super().update(step)
+        self.group.router.report(self.index, len(self.sched.waiting), len(self.sched.running))
+
+    def sample(self, step: Step, emitted) -> None:
+        self.group.sample_group(step, emitted)
+
+    def _complete(self, _=None) -> None:
+        self.group._complete()
+
+
+class DPSim(Sim):
+    """A data-parallel run: the benchmark client and vLLM's DP front end before N `DPRank`s
+    (module docstring). `run()` returns the run result and the ranks' spans."""
+
+    def _init_engine(self) -> None:
+        cfg, r = self.cfg, self.r
+        n = cfg.data_parallel_size
+        self.api_server, self.spans = False, None
+        self.caching = r.scheduler.enable_prefix_caching
+        self.samples: list[tuple] | None = [] if cfg.timeseries_interval_s else None
+        self.router = Router(self.env, n)
+        moe_drafter = cfg.k > 0 and (cfg.method == "mtp" or (
+            r.draft is not None and getattr(r.draft, "is_moe", False)))
+        sync = r.cpu.dp_sync
+        sync = sync(0, 0) if sync is not None else DP_SYNC_US * cfg.cpu_scale * cfg.speed
+        self.lockstep = Lockstep(self, sync, moe_drafter) if r.target.is_moe else None
+        self.ranks = [DPRank(self, i) for i in range(n)]
+
+    def take(self, tr) -> None:
+        rank = self.ranks[self.router.choose()]
+        rank.inbox.append(tr)
+        if self.lockstep is not None and not self.lockstep.running:
+            self.lockstep.start_wave()
+        else:
+            rank.wake_engine()
+
+    def wake_engine(self) -> None:
+        """(`take` wakes the rank a request goes to.)"""
+
+    def start_engine(self) -> None:
+        for rank in self.ranks:
+            rank.start_engine()
+
+    def sample_group(self, step: Step, emitted) -> None:
+        """The series' point after a rank's step: the group's running and waiting requests,
+        its ranks' mean KV use, the step's tokens in and out."""
+        ranks = [r.sched for r in self.ranks]
+        kv = sum(1 - s.num_free_blocks / s.cfg.num_blocks for s in ranks) / len(ranks)
+        self.samples.append((self.env.now / 1e6, sum(len(s.running) for s in ranks),
+                             sum(len(s.waiting) for s in ranks), 100.0 * kv,
+                             sum(c for c, _ in step.batch.prefills),
+                             sum(len(new) for _, new, _ in emitted)))
+
+    def run(self) -> tuple[dict, list[Span]]:
+        res, _ = super().run()
+        spans = []
+        for rank in self.ranks:
+            for s in rank.spans or ():
+                spans.append(s._replace(args={**(s.args or {}), "dp": rank.index}))
+        return res, sorted(spans, key=lambda s: s.start_us)
+
+    def engine_totals(self):
+        ranks = self.ranks
+        cached = None
+        if self.caching:
+            counts = [r.sched.prefix_cache_counts() for r in ranks]
+            cached = {k: sum(c[k] for c in counts) for k in counts[0]}
+        return (sum(r.num_steps for r in ranks), sum(r.sched.num_preemptions for r in ranks),
+                cached, [g for r in ranks for g in r.device.gaps])
+
+    def spec_stats(self):
+        self.accepted_hist = [sum(h) for h in zip(*(r.accepted_hist for r in self.ranks))]
+        self.num_draft_tokens = sum(r.num_draft_tokens for r in self.ranks)
+        return super().spec_stats()
+
+    def result(self, duration_s: float) -> dict:
+        res = super().result(duration_s)
+        ranks = self.ranks
+        res["config"]["resolved"]["data_parallel"] = {
+            "size": len(ranks), "lockstep": self.lockstep is not None,
+            "dp_sync_us": self.lockstep.dp_sync if self.lockstep is not None else None,
+            "requests": list(self.router.sent), "steps": [r.num_steps for r in ranks],
+            "dummy_forwards": [r.dummies for r in ranks],
+            "num_preemptions": [r.sched.num_preemptions for r in ranks]}
+        return res
 
 
 def check_requests(requests: list[TraceRequest], sched: SchedulerConfig,
@@ -635,4 +819,6 @@ def simulate(cfg: SimConfig, requests: list[TraceRequest] | None = None,
     `cfg.profile`'s file (the fits re-simulate the runs with the profile they are making).
     """
     reqs = requests if requests is not None else build_workload(cfg)
+    if cfg.data_parallel_size > 1:   # N engine cores behind vLLM's DP front end
+        return DPSim(cfg, reqs, device_costs, profile).run()
     return Sim(cfg, reqs, device_costs, profile).run()

@@ -15,6 +15,7 @@ from stepgap.common.errors import UserError
 from stepgap.common.modelcfg import ModelConfig
 from stepgap.sim.costs import Batch
 from stepgap.sim.hardware import Hardware
+from stepgap.sim.moe_tables import mtp_wrapper
 
 BF16 = 2  # bytes per weight, activation and KV element
 
@@ -81,6 +82,10 @@ class RooflineCosts:
     of the hidden states after the vocabulary-parallel embedding, after every attention and
     every MLP (or MoE), and an all-gather of the logits. A MoE layer reads the experts its tokens
     touch (`expected_experts`). `method` says what the draft passes are (docs/sim.md).
+
+    `moe` (sim/expert_parallel.py `MoeCosts`, set by the run's resolution) prices the target's
+    MoE blocks where measured tables or data and expert parallelism say more than this: None
+    leaves every MoE layer to the roofline below, as before it existed.
     """
 
     def __init__(self, target: ModelConfig, draft, hw: Hardware, k: int, tp: int = 1,
@@ -101,8 +106,10 @@ class RooflineCosts:
         self._draft: dict[tuple, float] = {}
         self._sampled: dict[tuple[int, int], float] = {}     # k = 0: the dense part + sampling
         self._attn: tuple[Batch | None, float] = (None, 0.0)   # the last forward's attention
-        # a dense GQA target without windowed layers: its attention summed in one expression,
-        # term for term as `_attention` sums it (the simulator's hot path)
+        self.moe = None   # MoeCosts: the target's MoE blocks from tables or under DP/EP
+        # a GQA target without windowed layers: its attention summed in one expression, term
+        # for term as `_attention` sums it (the simulator's hot path; MoE blocks change nothing
+        # of the attention, so a GQA MoE target takes it too)
         t = target
         self._plain = None if t.is_mla or t.num_sliding_layers else \
             (t.num_layers, *self._heads(t), t.head_dim)
@@ -166,8 +173,9 @@ class RooflineCosts:
                 + self._layer_elementwise(m, c.hidden_size, heads, kv, c.head_dim, inter,
                                           TARGET_LAYER_ELEMENTWISE))
 
-    def _layer(self, c: ModelConfig, m: int, moe: bool) -> float:
-        """Any layer's projections, MLP or MoE and elementwise kernels (no attention kernel)."""
+    def _layer(self, c: ModelConfig, m: int, moe: bool, rows: int = 0) -> float:
+        """Any layer's projections, MLP or MoE and elementwise kernels (no attention kernel);
+        `rows`: the tokens a MoE block sees, gathered from every DP rank (0: its own m)."""
         if not (moe or c.is_mla):
             return self._dense_layer(c, m)
         h, w, tp = c.hidden_size, c.weight_bytes, self.tp
@@ -188,31 +196,42 @@ class RooflineCosts:
             proj = (self.gemm(m, h, q_width + 2 * kv_width, w) + self.gemm(m, q_width, h, w))
             kernels = TARGET_LAYER_ELEMENTWISE
         if moe:
-            mlp, act = self._moe(c, m)
+            mlp, act = self._moe(c, m, rows)
         else:
             inter = c.intermediate_size // tp
             mlp, act = self.gemm(m, h, 2 * inter, w) + self.gemm(m, inter, h, w), inter
         return proj + mlp + self._elementwise(m, h, q_width, kv_width, act, kernels)
 
-    def _moe(self, c: ModelConfig, m: int) -> tuple[float, int]:
-        """A MoE MLP over m tokens on one rank, and the width of its activations: the router,
-        the routed experts' two grouped GEMMs over the experts touched (each expert's width
-        split over the ranks), routing kernels, and the shared experts."""
+    def _moe(self, c: ModelConfig, m: int, rows: int = 0) -> tuple[float, int]:
+        """A MoE MLP over m tokens on one rank, and the width of its activations; the target's
+        from `self.moe` where it is set, else `moe_block`."""
+        act = c.num_experts_per_tok * (c.moe_intermediate_size // self.tp) \
+            + c.shared_expert_intermediate_size // self.tp
+        if self.moe is not None and c is self.t:
+            return self.moe.block(m, rows or m), act
+        return self.moe_block(c, m), act
+
+    def moe_block(self, c: ModelConfig, m: int, rows: int = 0, ep: int = 1,
+                  moe_tp: int = 0) -> float:
+        """A MoE MLP on one rank: the router, the routed experts' two grouped GEMMs over the
+        experts touched, routing kernels, and the shared experts. By default over the rank's m
+        tokens, each expert's width split over the TP ranks; under data or expert parallelism
+        (sim/expert_parallel.py) the routed experts see `rows` tokens gathered from every DP
+        rank, the rank holds 1/ep of the experts, each split `moe_tp` ways along its width."""
         h, tp, k = c.hidden_size, self.tp, c.num_experts_per_tok
-        inter = c.moe_intermediate_size // tp
-        touched = expected_experts(c.num_experts, k, m, self.skew)
+        rows = rows or m
+        inter = c.moe_intermediate_size // (moe_tp or tp)
+        touched = expected_experts(c.num_experts, k, rows, self.skew) / ep
         ew = c.expert_weight_bytes
-        flops = 2.0 * m * k * 3 * h * inter
-        nbytes = ew * touched * 3 * h * inter + BF16 * m * k * (2 * h + 3 * inter)
+        flops = 2.0 * rows * k * 3 * h * inter / ep
+        nbytes = ew * touched * 3 * h * inter + BF16 * rows * k * (2 * h + 3 * inter) / ep
         peak = self.fp8 if ew == 1 else self.flops
         experts = max(flops / peak, nbytes / self.bw) + 2 * self.hw.kernel_us
         t = self.gemm(m, h, c.num_experts) + experts + MOE_ROUTING_KERNELS * self.hw.kernel_us
-        act = k * inter
         if c.shared_expert_intermediate_size:
             si = c.shared_expert_intermediate_size // tp
             t += self.gemm(m, h, 2 * si, c.weight_bytes) + self.gemm(m, si, h, c.weight_bytes)
-            act += si
-        return t, act
+        return t
 
     def _attention(self, c: ModelConfig, b_tokens: int, reqs: int, pairs: float,
                    kv_tokens: int, layers: int, sliding: int = 0) -> float:
@@ -232,13 +251,16 @@ class RooflineCosts:
                                   kv, c.head_dim)
         return (layers - sliding) * full + sliding * windowed
 
-    def _forward(self, c: ModelConfig, m: int, logits: int) -> float:
+    def _forward(self, c: ModelConfig, m: int, logits: int, rows: int = 0) -> float:
         """A whole model's forward on one rank, attention kernels aside: its layers, embedding
-        and final norm, lm_head at `logits` positions, and the collectives."""
+        and final norm, lm_head at `logits` positions, and the collectives (`rows`: the
+        tokens its MoE blocks see, gathered from every DP rank; 0: its own m)."""
         dense = c.num_layers - c.num_moe_layers
         t = dense * self._layer(c, m, False)
         if c.is_moe:
-            t += c.num_moe_layers * self._layer(c, m, True)
+            t += c.num_moe_layers * self._layer(c, m, True, rows)
+            if self.moe is not None and c is self.t:   # expert parallelism's dispatch/combine
+                t += c.num_moe_layers * self.moe.exchange(rows or m)
         # (summed in this order so that one GPU's dense model keeps its exact old times)
         t = (t + self.streaming(BF16 * 3 * m * c.hidden_size, TARGET_EXTRA)
              + (self.gemm(logits, c.hidden_size, _ceil(c.vocab_size, self.tp))
@@ -250,18 +272,19 @@ class RooflineCosts:
 
     # -- ops ------------------------------------------------------------------------------
 
-    def _target_dense(self, m: int, logits: int) -> float:
-        key = (m, logits)
+    def _target_dense(self, m: int, logits: int, rows: int = 0) -> float:
+        key = (m, logits, rows) if rows else (m, logits)
         t = self._target.get(key)
         if t is None:
-            t = self._target[key] = self._forward(self.t, m, logits)
+            t = self._target[key] = self._forward(self.t, m, logits, rows)
         return t
 
     def _target_attention(self, b: Batch) -> float:
         if self._plain is not None:
             layers, heads, kvh, hd = self._plain
             return layers * (max(4.0 * b.attn_pairs * heads * hd / self.flops,
-                                 2 * BF16 * b.kv_tokens * kvh * hd / self.bw) + self.hw.kernel_us)
+                                 2 * self.kv_bytes * b.kv_tokens * kvh * hd / self.bw)
+                             + self.hw.kernel_us)
         c = self.t
         return self._attention(c, b.num_tokens, b.num_reqs, b.attn_pairs, b.kv_tokens,
                                c.num_layers, c.num_sliding_layers)
@@ -270,7 +293,7 @@ class RooflineCosts:
         attn = self._target_attention(b)
         if not self.k:
             self._attn = (b, attn)   # the sampler's share needs it (rejection_sample)
-        return self._target_dense(b.num_tokens, b.num_logits) + attn
+        return self._target_dense(b.num_tokens, b.num_logits, b.moe_rows) + attn
 
     def rejection_sample(self, b: Batch) -> float:
         """Greedy verification: argmax over the fp32 logits, then a few tiny kernels. At k = 0,
@@ -290,16 +313,16 @@ class RooflineCosts:
             attn = self._target_attention(b)
         return (sampled + attn) - (self._target[key] + attn)
 
-    def _draft_dense(self, first: bool, m: int, sampling: int) -> float:
+    def _draft_dense(self, first: bool, m: int, sampling: int, rows: int = 0) -> float:
         """One draft pass's token-count-dependent part, per method."""
-        key = (first, m, sampling)
+        key = (first, m, sampling, rows) if rows else (first, m, sampling)
         t = self._draft.get(key)
         if t is None:
-            t = self._draft_pass(first, m, sampling)
+            t = self._draft_pass(first, m, sampling, rows)
             self._draft[key] = t
         return t
 
-    def _draft_pass(self, first: bool, m: int, sampling: int) -> float:
+    def _draft_pass(self, first: bool, m: int, sampling: int, rows: int = 0) -> float:
         kernels = DRAFT_FIRST_BOOKKEEPING if first else DRAFT_NEXT_BOOKKEEPING
         tp = self.tp
         if self.method == "draft_model":
@@ -309,10 +332,18 @@ class RooflineCosts:
         if self.method == "mtp":   # eh_proj over [embedding ‖ hidden], the target's own layer
             c = self.t
             h = c.hidden_size
-            t = (self.gemm(m, 2 * h, h) + self._layer(c, m, c.is_moe)
-                 + self.streaming(BF16 * 5 * m * h, MTP_EXTRA_KERNELS)
-                 + self.gemm(sampling, h, _ceil(c.vocab_size, tp))
-                 + self.streaming(4 * sampling * c.vocab_size, kernels))
+            mtp = self.moe.mtp if self.moe is not None else None
+            if mtp is None:
+                t = (self.gemm(m, 2 * h, h) + self._layer(c, m, c.is_moe, rows)
+                     + self.streaming(BF16 * 5 * m * h, MTP_EXTRA_KERNELS)
+                     + self.gemm(sampling, h, _ceil(c.vocab_size, tp))
+                     + self.streaming(4 * sampling * c.vocab_size, kernels))
+            else:   # its own kernels measured (mtp.csv): embedding, norms, eh_proj, glue
+                t = (mtp_wrapper(mtp, m) + self._layer(c, m, c.is_moe, rows)
+                     + self.gemm(sampling, h, _ceil(c.vocab_size, tp))
+                     + self.streaming(4 * sampling * c.vocab_size, kernels))
+            if c.is_moe and self.moe is not None:   # its MoE block's dispatch/combine
+                t += self.moe.exchange(rows or m)
             if tp > 1:
                 t += 3 * self.all_reduce(m, h) + self.gather_logits(sampling, c.vocab_size)
             return t
@@ -340,9 +371,9 @@ class RooflineCosts:
             nbytes = 4 * b.num_reqs * self.max_model_len * (NGRAM_N + 2)
             return self.streaming(nbytes, NGRAM_GPU_KERNELS)
         if i == 0:
-            m, pairs, kv = b.num_tokens, b.attn_pairs, b.kv_tokens
+            m, pairs, kv, rows = b.num_tokens, b.attn_pairs, b.kv_tokens, b.moe_rows
         else:
-            m, kv = b.num_sampling, b.kv_tokens + i * b.num_sampling
+            m, kv, rows = b.num_sampling, b.kv_tokens + i * b.num_sampling, b.draft_moe_rows
             pairs = float(kv)
         c = self.d if self.method in ("draft_model", "eagle", "eagle3") else self.t
         layers = c.num_layers if self.method == "draft_model" else 1
@@ -352,16 +383,18 @@ class RooflineCosts:
             attn = self.attention(pairs, kv, heads, kvh, c.head_dim)
         else:
             attn = self._attention(c, m, b.num_reqs, pairs, kv, layers, sliding)
-        return self._draft_dense(i == 0, m, b.num_sampling) + attn
+        return self._draft_dense(i == 0, m, b.num_sampling, rows) + attn
 
     def draft_forwards(self, b: Batch, n: int) -> list[float]:
         """Passes 0..n-1 of draft_forward, in one call (the device lane asks for all of a
         step's passes at once): an EAGLE head's passes computed here as draft_forward computes
-        them, term for term, so the times are the same floats; other drafters pass by pass."""
-        if self.method not in ("eagle", "eagle3"):
+        them, term for term, so the times are the same floats; other drafters, and the passes
+        of a data-parallel MoE group's step (`draft_moe_rows`), pass by pass."""
+        if self.method not in ("eagle", "eagle3") or b.draft_moe_rows:
             return [self.draft_forward(b, i) for i in range(n)]
         heads, kvh = self._heads(self.d)
         hd, flops, bw, kernel = self.d.head_dim, self.flops, self.bw, self.hw.kernel_us
+        kv_bytes = self.kv_bytes
         out = [self.draft_forward(b, 0)] if n else []
         sampling = b.num_sampling
         if n > 1:
@@ -369,7 +402,7 @@ class RooflineCosts:
             for i in range(1, n):
                 kv = b.kv_tokens + i * sampling
                 out.append(dense + (max(4.0 * float(kv) * heads * hd / flops,
-                                        2 * BF16 * kv * kvh * hd / bw) + kernel))
+                                        2 * kv_bytes * kv * kvh * hd / bw) + kernel))
         return out
 
     def d2h(self, b: Batch) -> float:

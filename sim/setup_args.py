@@ -47,7 +47,11 @@ def add_setup_args(p) -> None:
                                     "target; for draft_model a model preset or folder, e.g. "
                                     f"qwen3-0.6b; head presets: {', '.join(DRAFT_PRESETS)})",
                    tp_help="GPUs of one node running the model (vLLM's tensor parallelism, "
-                           "1 to 8; above 1 the multiprocess executor, --executor process)")
+                           "1 to 8; above 1 the multiprocess executor, --executor process)",
+                   dp_help="engine cores behind vLLM's DP front end, each with its own "
+                           "scheduler, KV cache and --tensor-parallel-size GPUs (data x "
+                           "tensor parallel at most 8, one node); a MoE target's ranks run in "
+                           "lockstep (docs/sim.md, 'Data and expert parallelism'). Default 1")
     add_engine_args(p, D, device_help="cuda: the device runs launched ops while the CPU goes on; "
                                       "cpu: device ops run on the worker's thread. Default: from "
                                       "--gpu (cpu for --gpu cpu, else cuda)")
@@ -151,7 +155,7 @@ FIELDS = ("mode", "gpu", "model", "method", "moe_routing_skew", "all_reduce_late
           "acceptance", "acceptance_rates", "acceptance_spread", "replay", "max_num_seqs",
           "max_num_batched_tokens", "max_model_len", "block_size", "num_gpu_blocks_override",
           "gpu_memory_utilization", "quantization", "kv_cache_dtype", "tensor_parallel_size",
-          "cpu_scale", "launch_latency_us",
+          "data_parallel_size", "enable_expert_parallel", "cpu_scale", "launch_latency_us",
           "wake_us", "ipc_us", "output_latency_ms", "num_prompts", "output_len",
           "shared_fraction", "request_rate", "max_concurrency", "detailed",
           "metric_percentiles", "percentile_metrics")

@@ -11,7 +11,8 @@ The tables are LLMServingSim's perf bundle (`profiler/perf/<GPU>/<model>/<varian
 - `attention.csv` (prefill_chunk, kv_prefill, n_decode, kv_decode, time_us): one layer's
   attention kernel for one prefill chunk of `prefill_chunk` tokens after `kv_prefill` tokens of
   history, beside `n_decode` one-token decodes of `kv_decode` history each;
-- `per_sequence.csv` (layer, sequences, time_us): lm_head and the sampler by rows.
+- `per_sequence.csv` (layer, sequences, time_us): lm_head and the sampler by rows;
+- for a MoE model, `moe.csv` and `mtp.csv` (sim/moe_tables.py).
 
 Times are CUDA kernel time per module (vLLM's layerwise profiler, `enforce_eager`), so a step
 is the sum of its kernels, run back to back as a CUDA graph runs them.
@@ -19,7 +20,8 @@ is the sum of its kernels, run back to back as a CUDA graph runs them.
 How a step is priced (docs/sim.md, "Measured operator tables", states and tests each rule):
 
 - target forward = embedding + L x (2 layernorm + qkv_proj + rotary_emb + attention + o_proj
-  + gate_up_proj + act_fn + down_proj) + final_layernorm, every dense layer at the step's tokens,
+  + gate_up_proj + act_fn + down_proj; Qwen3's qk_norm after qkv_proj; a Qwen3-MoE layer's MLP
+  its MoE block, `moe` below) + final_layernorm, every dense layer at the step's tokens,
   + lm_head at the step's logit rows (one per request, vLLM V1 takes logits at every request's
   last scheduled position, plus one per draft token verified); with tensor parallelism, the
   tables' `tp<N>`, an all-reduce per layer's attention and MLP and one after the embedding, and
@@ -53,26 +55,32 @@ points. A request whose context exceeds the tables' KV grid is refused before th
 from __future__ import annotations
 
 import bisect
-import csv
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stepgap.common.errors import UserError, where
-from stepgap.common.fileio import read_text, read_yaml
+from stepgap.common.errors import UserError, shown, where
+from stepgap.common.fileio import csv_rows, read_yaml
+from stepgap.common.limits import MAX_SKEW_ALPHA, MAX_TABLE_COUNT, MAX_TP, is_finite, is_int
 from stepgap.sim.hardware import MeasuredLink
 
 DENSE_LAYERS = ("embedding", "layernorm", "qkv_proj", "rotary_emb", "o_proj", "gate_up_proj",
                 "act_fn", "down_proj", "final_layernorm")
+MLP_LAYERS = ("gate_up_proj", "act_fn", "down_proj")
 # The kernels of one decoder layer (attention apart), in the order a family's layer runs them,
 # as LLMServingSim's architecture catalogs (profiler/models/<family>.yaml) name them: Qwen3
-# adds its per-head q/k RMSNorm (`qk_norm`) after qkv_proj.
+# adds its per-head q/k RMSNorm (`qk_norm`) after qkv_proj; a Qwen3-MoE layer is Qwen3's up to
+# its MLP, which is the MoE block, priced from the bundle's moe.csv (sim/moe_tables.py).
 FAMILY_LAYERS = {
     "llama": ("layernorm", "layernorm", "qkv_proj", "rotary_emb", "o_proj", "gate_up_proj",
               "act_fn", "down_proj"),
     "qwen3": ("layernorm", "layernorm", "qkv_proj", "qk_norm", "rotary_emb", "o_proj",
               "gate_up_proj", "act_fn", "down_proj"),
+    "qwen3_moe": ("layernorm", "layernorm", "qkv_proj", "qk_norm", "rotary_emb", "o_proj"),
 }
+# LLMServingSim's architectures that are a stepgap family under another name: DeepSeek-V3.2 is
+# V3's layers (MLA, the MoE block, the MTP module) with a sparse-attention indexer beside MLA.
+FAMILY_OF = {"deepseek_v32": "deepseek_v3"}
 VOCAB_PADDING = 64   # vLLM pads a vocabulary-parallel embedding to a multiple of 64, then splits
 PER_SEQUENCE = ("lm_head", "sampler")
 ATTENTION_COLUMNS = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us")
@@ -180,47 +188,120 @@ class SkewFit:
 
 
 AXES = ("n", "skew_rate", "kv_big", "kp")
+SKEW_COLUMNS = ("pc", "n_label", "skew_rate_label", "kv_big_label", "kp_label", "alpha")
+
+
+def _yaml_number(v, path: Path, field: str, lo: float, hi: float) -> float:
+    """A number of meta.yaml from lo to hi; a string that reads as one is named as YAML's
+    reading (PyYAML takes 1e9 and 1.0e9 for strings: a float needs a point and a signed
+    exponent)."""
+    if is_finite(v) and lo <= v <= hi:
+        return float(v)
+    what = "a number" if math.isinf(hi) else f"a number from {lo:g} to {hi:g}"
+    hint = ""
+    if isinstance(v, str):
+        try:
+            float(v)
+            hint = (f" (YAML reads {v} as a string: a number needs a point and a sign in its "
+                    "exponent, 1.0e+9)")
+        except ValueError:
+            pass
+    raise UserError(f"{where(path, field=field)}: expected {what}, got {shown(v)}{hint}")
+
+
+def _bins(axes: dict, a: str, path: Path) -> tuple[list[float], list[str]]:
+    """One bucket axis: its bins, numbers rising, one more than its labels, which are names."""
+    field = "skew_fit.bucket_axes"
+    bins, labels = axes.get(f"{a}_bins"), axes.get(f"{a}_labels")
+    if not (isinstance(bins, list) and isinstance(labels, list)
+            and len(bins) == len(labels) + 1):
+        raise UserError(f"{where(path, field=field)}: {a}_bins must be a list one longer than "
+                        f"{a}_labels")
+    nums = [_yaml_number(b, path, f"{field}.{a}_bins[{i}]", -math.inf, math.inf)
+            for i, b in enumerate(bins)]
+    if any(y <= x for x, y in zip(nums, nums[1:])):
+        raise UserError(f"{where(path, field=f'{field}.{a}_bins')}: expected bin edges that "
+                        f"rise, got {shown(bins)}")
+    if not all(isinstance(label, str) for label in labels):
+        raise UserError(f"{where(path, field=f'{field}.{a}_labels')}: expected a list of names "
+                        f"(the {a}_label values of skew_fit.csv), got {shown(labels)}")
+    return nums, labels
 
 
 def _skew(meta: dict, root: Path, tp: int, meta_path: Path) -> SkewFit | None:
-    """The bundle's skew fit at this TP, or None where it measured none."""
+    """The bundle's skew fit at this TP, or None where it measured none. Every field read is
+    checked (naming it): the alphas finite and within MAX_SKEW_ALPHA either way, the bins
+    rising numbers, the labels names."""
     block = meta.get("skew_fit")
-    if not isinstance(block, dict) or not block.get("enabled"):
+    if block is None:
         return None
-    per_tp = block.get("per_tp") or {}
-    entry = per_tp.get(tp) or per_tp.get(str(tp)) if isinstance(per_tp, dict) else None
+
+    def bad(field: str, expected: str, v) -> UserError:
+        return UserError(f"{where(meta_path, field='skew_fit' + field)}: expected {expected}, "
+                         f"got {shown(v)}")
+    if not isinstance(block, dict):
+        raise bad("", "a mapping (enabled, bucket_axes, per_tp)", block)
+    if not isinstance(block.get("enabled", False), bool):
+        raise bad(".enabled", "true or false", block["enabled"])
+    per_tp = block.get("per_tp")
+    if per_tp is not None and not isinstance(per_tp, dict):
+        raise bad(".per_tp", "a mapping of tensor-parallel size to its fit", per_tp)
+    if not block.get("enabled") or not per_tp:
+        return None
+    entry = per_tp.get(tp, per_tp.get(str(tp)))
+    if entry is None:
+        return None
+    at = f".per_tp.{tp}"
     if not isinstance(entry, dict):
-        return None
-    src = where(meta_path, field=f"skew_fit.per_tp.{tp}")
-    alpha = entry.get("alpha_default")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) \
-            or not math.isfinite(alpha):
-        raise UserError(f"{src}.alpha_default: expected a number, got {alpha!r}")
+        raise bad(at, "a mapping (alpha_default, bucket_table)", entry)
+    alpha = _yaml_number(entry.get("alpha_default"), meta_path,
+                         f"skew_fit{at}.alpha_default", -MAX_SKEW_ALPHA, MAX_SKEW_ALPHA)
     axes = entry.get("bucket_axes") or block.get("bucket_axes") or {}
+    name = entry.get("bucket_table")
+    if name is not None and not isinstance(name, str):
+        raise bad(f"{at}.bucket_table", "a file name", name)
+    table = root / (name or f"tp{tp}/skew_fit.csv")
+    if not table.is_file():   # the pooled alpha alone (a bundle copied without its buckets)
+        return SkewFit(alpha, {}, {})
+    if not isinstance(axes, dict):
+        raise bad(".bucket_axes", "a mapping of bins and labels", axes)
+    checked = {}
+    for a in AXES:
+        checked[f"{a}_bins"], checked[f"{a}_labels"] = _bins(axes, a, meta_path)
     alphas = {}
-    table = root / str(entry.get("bucket_table") or f"tp{tp}/skew_fit.csv")
-    if table.is_file():
-        for a in AXES:
-            bins, labels = axes.get(f"{a}_bins"), axes.get(f"{a}_labels")
-            if not (isinstance(bins, list) and isinstance(labels, list)
-                    and len(bins) == len(labels) + 1):
-                raise UserError(f"{where(meta_path, field='skew_fit.bucket_axes')}: {a}_bins "
-                                f"must be one longer than {a}_labels")
-        cols = ("pc", "n_label", "skew_rate_label", "kv_big_label", "kp_label", "alpha")
-        for n, row in _read_csv(table, cols):
-            key = "|".join((f"pc={int(_number(table, n, row, 'pc', integer=True))}",
-                            row["n_label"], row["skew_rate_label"], row["kv_big_label"],
-                            row["kp_label"]))
-            try:
-                alphas[key] = float(row["alpha"])
-            except ValueError:
-                raise UserError(f"{where(table, n, 'alpha')}: expected a number, got "
-                                f"{row['alpha']!r}") from None
-    return SkewFit(float(alpha), axes, alphas)
+    for n, row in _read_csv(table, SKEW_COLUMNS):
+        key = "|".join((f"pc={int(_number(table, n, row, 'pc', integer=True))}",
+                        row["n_label"], row["skew_rate_label"], row["kv_big_label"],
+                        row["kp_label"]))
+        try:
+            x = float(row["alpha"])
+        except ValueError:
+            x = math.nan
+        if not (math.isfinite(x) and abs(x) <= MAX_SKEW_ALPHA):
+            raise UserError(f"{where(table, n, 'alpha')}: expected a number from "
+                            f"{-MAX_SKEW_ALPHA:g} to {MAX_SKEW_ALPHA:g}, got {row['alpha']!r}")
+        alphas[key] = x
+    return SkewFit(alpha, checked, alphas)
 
 
 # -------------------------------------------------------------------------------------------
 # The bundle
+
+
+@dataclass(frozen=True, slots=True)
+class BundleMeta:
+    """What a bundle's meta.yaml says of the model it measured: its family (`architecture`,
+    read through FAMILY_OF), its Hugging Face id, its per-rank shapes (hf_overrides) at the TP
+    degree they were written for (the largest measured), and the tp<N>/ folders it has."""
+
+    path: str
+    model: str
+    family: str
+    architecture: str      # as meta.yaml spells it
+    shapes: dict
+    shapes_tp: int
+    tp_folders: tuple[int, ...]
+    meta: dict
 
 
 @dataclass(slots=True)
@@ -257,17 +338,16 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict]]:
     if not path.is_file():
         raise UserError(f"{path}: table not found (a perf bundle's tp<N>/ holds dense.csv, "
                         "attention.csv and per_sequence.csv)")
-    lines = read_text(path).splitlines()
-    rows = list(csv.reader(lines))
+    rows = list(csv_rows(path))
     if not rows:
         raise UserError(f"{path}: empty table (expected a header: {','.join(columns)})")
-    header = [h.strip() for h in rows[0]]
+    header = [h.strip() for h in rows[0][1]]
     missing = [c for c in columns if c not in header]
     if missing:
         raise UserError(f"{where(path, 1)}: header lacks {', '.join(missing)} (expected "
                         f"{','.join(columns)})")
     out = []
-    for n, row in enumerate(rows[1:], start=2):
+    for n, row in rows[1:]:
         if not row or all(not c.strip() for c in row):
             continue
         if len(row) != len(header):
@@ -286,8 +366,8 @@ def _number(path: Path, n: int, row: dict, key: str, integer: bool = False) -> f
     except ValueError:
         raise UserError(f"{where(path, n, key)}: expected a number, got {v!r}") from None
     if not math.isfinite(x) or x < 0 or (key == "time_us" and x > MAX_TIME_US) \
-            or (integer and not x.is_integer()):
-        what = "a whole count >= 0" if integer else \
+            or (integer and (not x.is_integer() or x > MAX_TABLE_COUNT)):
+        what = f"a whole count from 0 to {MAX_TABLE_COUNT}" if integer else \
             f"microseconds from 0 to {MAX_TIME_US:g}" if key == "time_us" else "a number >= 0"
         raise UserError(f"{where(path, n, key)}: expected {what}, got {v!r}")
     return x
@@ -345,6 +425,46 @@ def find_bundle(path) -> Path:
     return p
 
 
+# The per-rank shapes stepgap reads from meta.yaml's engine_effective.hf_overrides.
+SHAPE_KEYS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "intermediate_size", "vocab_size", "head_dim", "hidden_size")
+NAME_KEYS = ("gpu", "hardware", "model", "variant", "architecture", "vllm_version",
+             "cuda_version")
+
+
+def read_meta(root: Path) -> dict:
+    """A bundle's meta.yaml, every field stepgap reads of the type it must be, or one line
+    naming the field: names scalars; `engine_effective` and its `hf_overrides` mappings, the
+    shapes integers >= 1; `tp_degrees` a list of sizes from 1 to MAX_TP (a string, a mapping
+    or `[a, 1]` is refused, not read as something else). The skew fit is checked where it is
+    read (`_skew`)."""
+    path = root / "meta.yaml"
+    meta = read_yaml(path, "LLMServingSim's meta.yaml")
+
+    def bad(field: str, expected: str, v) -> UserError:
+        return UserError(f"{where(path, field=field)}: expected {expected}, got {shown(v)}")
+    for key in NAME_KEYS:
+        v = meta.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (str, int, float))):
+            raise bad(key, "a name", v)
+    eff = meta.get("engine_effective")
+    if eff is not None and not isinstance(eff, dict):
+        raise bad("engine_effective", "a mapping of the engine's settings", eff)
+    shapes = (eff or {}).get("hf_overrides")
+    if shapes is not None and not isinstance(shapes, dict):
+        raise bad("engine_effective.hf_overrides", "a mapping of the model's per-rank shapes",
+                  shapes)
+    for key in SHAPE_KEYS:
+        v = (shapes or {}).get(key)
+        if v is not None and not (is_int(v) and v >= 1):
+            raise bad(f"engine_effective.hf_overrides.{key}", "an integer >= 1", v)
+    degrees = meta.get("tp_degrees")
+    if degrees is not None and not (isinstance(degrees, list) and degrees and all(
+            is_int(d) and 1 <= d <= MAX_TP for d in degrees)):
+        raise bad("tp_degrees", f"a list of tensor-parallel sizes from 1 to {MAX_TP}", degrees)
+    return meta
+
+
 # LLMServingSim's variant folders are named by the weights' dtype, short, and `-kv<dtype>` for a
 # KV cache of another (bf16, bf16-kvfp8, fp8, fp8-kvfp8: its ProfileArgs.effective_variant).
 SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "fp8": "fp8"}
@@ -356,7 +476,7 @@ def find_variant(path, fp8_weights: bool, fp8_kv: bool, weights: str, why: str) 
     that name (`weights`: the weights' dtype when not fp8); none there is one line naming what
     is. A bundle that names no fp8 is taken for the weights' own dtype."""
     root = find_bundle(path)
-    meta = read_yaml(root / "meta.yaml", "LLMServingSim's meta.yaml")
+    meta = read_meta(root)
     have = str(meta.get("variant") or root.name)
     weight, _, kv = have.partition("-kv")
     if (weight == "fp8", kv.startswith("fp8")) == (fp8_weights, fp8_kv):
@@ -371,13 +491,24 @@ def find_variant(path, fp8_weights: bool, fp8_kv: bool, weights: str, why: str) 
                     "that variant, or drop --device-profile for the roofline")
 
 
+def bundle_meta(root: Path) -> BundleMeta:
+    """What a bundle's meta.yaml says of the model it measured (`root`: its variant folder)."""
+    meta = read_meta(root)   # (every field read, of its type)
+    have = tuple(sorted(int(d.name[2:]) for d in root.iterdir()
+                        if d.is_dir() and d.name.startswith("tp") and d.name[2:].isdigit()))
+    shapes = (meta.get("engine_effective") or {}).get("hf_overrides") or {}
+    arch = str(meta.get("architecture") or "llama")
+    degrees = meta.get("tp_degrees") or have
+    return BundleMeta(str(root), str(meta.get("model", "?")), FAMILY_OF.get(arch, arch), arch,
+                      shapes, max(degrees) if degrees else 1, have, meta)
+
+
 def load_tables(path, tp: int = 1) -> OpTables:
     """Read a perf bundle's tables at one tensor-parallel degree."""
     root = find_bundle(path)
     meta_path = root / "meta.yaml"
-    meta = read_yaml(meta_path, "LLMServingSim's meta.yaml")
-    have = sorted(int(d.name[2:]) for d in root.iterdir()
-                  if d.is_dir() and d.name.startswith("tp") and d.name[2:].isdigit())
+    bm = bundle_meta(root)
+    meta, have = bm.meta, bm.tp_folders
     if tp not in have:
         listed = meta.get("tp_degrees")
         said = f"; meta.yaml's tp_degrees lists {listed}, but the folder is missing" \
@@ -386,23 +517,16 @@ def load_tables(path, tp: int = 1) -> OpTables:
                         f"size {', '.join(map(str, have)) or 'none'}{said}); "
                         f"--tensor-parallel-size {tp} needs tables measured at {tp}")
     folder = root / f"tp{tp}"
-    eff = meta.get("engine_effective") or {}
-    shapes = eff.get("hf_overrides") or {}
-    if not isinstance(shapes, dict):
-        raise UserError(f"{where(meta_path, field='engine_effective.hf_overrides')}: expected "
-                        "a mapping of the model's per-rank shapes")
-    family = str(meta.get("architecture") or "llama")
+    family = bm.family
     if family not in FAMILY_LAYERS:
-        raise UserError(f"{where(meta_path, field='architecture')}: {family!r}: stepgap prices "
-                        f"the layers of {', '.join(FAMILY_LAYERS)} from tables (a MoE bundle's "
-                        "moe.csv is not read); drop --device-profile to price it from the "
-                        "roofline")
-    degrees = meta.get("tp_degrees") or have
+        raise UserError(f"{where(meta_path, field='architecture')}: {bm.architecture!r}: "
+                        f"stepgap prices the layers of {', '.join(FAMILY_LAYERS)} from tables "
+                        "(of another MoE family, moe.csv and mtp.csv alone); drop "
+                        "--device-profile to price it from the roofline")
     return OpTables(
         str(root), str(meta.get("gpu", "?")), str(meta.get("hardware", root.parts[-4]
                                                          if len(root.parts) > 3 else "?")),
-        str(meta.get("model", "?")), tp, shapes,
-        max(degrees) if isinstance(degrees, list) and degrees else 1,
+        bm.model, tp, bm.shapes, bm.shapes_tp,
         _tables_1d(folder / "dense.csv", "tokens",
                    ("embedding", *dict.fromkeys(FAMILY_LAYERS[family]), "final_layernorm"),
                    f"a {family} layer"),
@@ -421,14 +545,17 @@ def per_rank(c, tp: int) -> dict[str, int]:
             "head_dim": c.head_dim, "hidden_size": c.hidden_size}
 
 
-def shape_mismatch(tables: OpTables, c, hidden: int, family: bool = True) -> str | None:
+def shape_mismatch(tables: OpTables | BundleMeta, c, hidden: int,
+                   family: bool = True) -> str | None:
     """None where a model (or a drafter's decoder layer) has the shapes the tables were
     measured at, else which do not match, field by field: its family against meta.yaml's
     `architecture` (not for an EAGLE head, whose one layer is priced kernel by kernel), its
     width against the target's `hidden`, and its shapes per rank at the tables' TP degree
     against meta.yaml's hf_overrides (heads, KV heads, MLP width, vocabulary; head_dim and
     hidden_size where the overrides give them: Qwen3's head_dim is not hidden / heads, so each
-    field is taken as it is)."""
+    field is taken as it is). A MoE bundle's expert counts in hf_overrides are the profiler's
+    own (it shrinks the experts to one rank's share to measure moe.csv), so they are not
+    compared. `tables`: the tables, or a bundle's meta.yaml alone (sim/moe_tables.py)."""
     r, s, out = tables.shapes_tp, tables.shapes, []
     kind = getattr(c, "model_type", "llama")
     if family and kind != tables.family:
@@ -448,6 +575,14 @@ def shape_mismatch(tables: OpTables, c, hidden: int, family: bool = True) -> str
     return "; ".join(out) or None
 
 
+def refuse_another_model(tables: OpTables | BundleMeta, target) -> None:
+    """One line naming each field where the tables were measured for another model."""
+    why = shape_mismatch(tables, target, target.hidden_size)
+    if why is not None:
+        raise UserError(f"{Path(tables.path) / 'meta.yaml'}: tables of {tables.model}, not "
+                        f"of --model {target.name}: {why}")
+
+
 # -------------------------------------------------------------------------------------------
 # As DeviceCosts
 
@@ -458,20 +593,29 @@ class TableCosts:
 
     def __init__(self, tables: OpTables, target, draft, k: int, fallback, method: str = "eagle3",
                  tp: int = 1):
-        why = shape_mismatch(tables, target, target.hidden_size)
-        if why is not None:
-            raise UserError(f"{Path(tables.path) / 'meta.yaml'}: tables of {tables.model}, not "
-                            f"of --model {target.name}: {why}")
+        refuse_another_model(tables, target)
         self.tables, self.t, self.d, self.k, self.fallback = tables, target, draft, k, fallback
         self.method, self.tp = method, tp
         dense, seq = tables.dense, tables.per_sequence
         self._layer = [dense[n] for n in FAMILY_LAYERS[tables.family]]
+        # a MoE target: the layers above are each layer's attention side; the dense layers'
+        # MLP (DeepSeek's first layers) from the MLP rows, the MoE blocks from `moe`
+        self._mlp = [dense[n] for n in MLP_LAYERS if n in dense] \
+            if target.is_moe and target.num_moe_layers < target.num_layers else []
+        if len(self._mlp) < len(MLP_LAYERS) and target.is_moe \
+                and target.num_moe_layers < target.num_layers:
+            raise UserError(f"{tables.path}/tp{tp}/dense.csv: no rows for "
+                            f"{', '.join(MLP_LAYERS)} (--model {target.name}'s "
+                            f"{target.num_layers - target.num_moe_layers} dense layers need "
+                            "them)")
+        self.moe = None   # a MoE target's blocks (sim/expert_parallel.py MoeCosts)
         self.embedding, self.final_norm = dense["embedding"], dense["final_layernorm"]
         self.lm_head, self.sampler = seq["lm_head"], seq["sampler"]
         self.attn = tables.attention
         self._dense: dict[int, float] = {}
         self._draft_dense: dict[tuple[bool, int, int], float] = {}
         self.draft_tables = draft is not None and method in ("eagle3", "draft_model") \
+            and all(n in dense for n in MLP_LAYERS) \
             and shape_mismatch(tables, draft, target.hidden_size,
                                family=method == "draft_model") is None
         at = f"tables ({tables.describe()})"
@@ -497,11 +641,14 @@ class TableCosts:
     # -- pieces -----------------------------------------------------------------------------
 
     def dense(self, m: int) -> float:
-        """The target's dense kernels over m tokens: embedding, its layers, final norm."""
+        """The target's dense kernels over m tokens: embedding, its layers, final norm (a MoE
+        target: every layer's attention side, its dense layers' MLP; the MoE blocks apart)."""
         t = self._dense.get(m)
         if t is None:
             t = self.embedding(m) + self.t.num_layers * sum(f(m) for f in self._layer) \
                 + self.final_norm(m)
+            if self._mlp:
+                t += (self.t.num_layers - self.t.num_moe_layers) * sum(f(m) for f in self._mlp)
             self._dense[m] = t
         return t
 
@@ -536,9 +683,12 @@ class TableCosts:
 
     def target_forward(self, b) -> float:
         rows = b.num_reqs + b.num_drafts
-        return self.dense(b.num_tokens) + self.t.num_layers * self.attention(
+        t = self.dense(b.num_tokens) + self.t.num_layers * self.attention(
             b.prefills, b.num_decode, b.decode_kv, b.decode_kv_min, b.decode_kv_max) \
             + self.lm_head(rows) + self._collectives(b.num_tokens, rows, self.t)
+        if self.moe is not None:   # its MoE blocks, and their dispatch and combine under DP
+            t += self.moe.forward(b.num_tokens, b.moe_rows or b.num_tokens)
+        return t
 
     def rejection_sample(self, b) -> float:
         return self.sampler(b.num_reqs + b.num_drafts)

@@ -354,3 +354,76 @@ def test_zero_bubble_is_simulated_wherever_it_could_beat_async(advice):
         assert min(full, key=full.get) == int(a.modes["zero-bubble"].best_k.value)
         assert all(zb[k] == full[k] for k in zb if math.isfinite(zb[k]))
     assert "zero-bubble" in MODES
+
+
+# -- data and expert parallelism (issue 40) ----------------------------------------------------
+
+# a small MoE setup: Qwen3-30B-A3B on H100s with expert parallelism, 8 MT-bench prompts
+MOE = dict(gpu="h100", model="qwen3-30b-a3b", workload="mtbench", num_prompts=8, output_len=32,
+           cpu_scale=2.42, enable_expert_parallel=True)
+
+
+@pytest.fixture(scope="module")
+def moe_advice():
+    """advise at data_parallel_size 1 and 2 (nominal answers: the bands' machinery is the
+    dense setup's, checked above)."""
+    from stepgap.sim.advise import advise, loads_of
+    return {dp: advise(SimConfig(**MOE, data_parallel_size=dp).to_dict(), loads_of([8], None),
+                       [0, 1, 2], band=False, jobs=1) for dp in (1, 2)}
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_advise_runs_every_cell_at_its_data_parallel_size(moe_advice, dp):
+    """Every cell advise ran is the setup's DP size; its grid is what the simulator gives for
+    the same cell, a DP 2 one routing the requests over both engine cores."""
+    advice = moe_advice[dp]
+    assert {c.get("data_parallel_size", 1) for c in advice.cells} == {dp}
+    res = simulate(SimConfig(**MOE, data_parallel_size=dp, mode="async", k=2,
+                             max_concurrency=8))[0]
+    assert advice.answers[0].modes["async"].grid[2] == res["mean_tpot_ms"]
+    ranks = res["config"]["resolved"].get("data_parallel")
+    if dp == 1:
+        assert ranks is None
+    else:
+        assert ranks["size"] == 2 and sum(ranks["requests"]) == 8 and min(ranks["requests"]) > 0
+        assert ranks["lockstep"]   # a MoE target's ranks meet at every forward
+
+
+def test_advise_says_the_data_and_expert_parallelism_it_rests_on(moe_advice):
+    one, two = moe_advice[1].rests_on, moe_advice[2].rests_on
+    assert (one["data_parallel_size"], one["expert_parallel"]) == (1, False)   # EP on one GPU
+    assert (two["data_parallel_size"], two["expert_parallel"]) == (2, True)
+    assert "expert-parallel over 2 GPUs" in two["device"]
+    assert "expert-parallel" not in one["device"]
+    # two engine cores answer otherwise than one: the grids differ at every k
+    g1, g2 = (moe_advice[dp].answers[0].modes["async"].grid for dp in (1, 2))
+    assert all(g1[k] != g2[k] for k in g1)
+
+
+def test_advise_takes_vllms_data_and_expert_parallel_options(tmp_path, capsys):
+    out = tmp_path / "a.json"
+    assert main(["advise", "--model", "qwen3-30b-a3b", "--gpu", "h100", "-dp", "2", "-ep",
+                 "--trace", "mtbench", "--num-prompts", "4", "--output-len", "16",
+                 "--max-concurrency", "4", "--max-k", "1", "--jobs", "1", "--no-band",
+                 "--result-json", str(out)]) == 0
+    assert "qwen3-30b-a3b + qwen3-30b-a3b-eagle3 (eagle3) on h100 x 2 (DP), expert parallel" \
+        in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert doc["setup"]["data_parallel_size"] == 2 and doc["setup"]["enable_expert_parallel"]
+
+
+def test_a_profiles_level_prices_a_moe_target_under_data_parallelism(l20_profile):
+    """A bench-file profile (CPU costs and a device level, no fits) serves a DP group as it
+    serves TP: its level over the roofline, the MoE blocks' expert parallelism under it."""
+    base = dict(MOE, profile=l20_profile, k=2, data_parallel_size=2)
+    ep = simulate(SimConfig(**base))[0]
+    no = simulate(SimConfig(**{**base, "enable_expert_parallel": False}))[0]
+    src = ep["config"]["resolved"]["device_costs"]
+    assert src["target_forward"].startswith("roofline x ")
+    assert "expert-parallel over 2 GPUs" in src["moe"]
+    assert "expert-parallel" not in no["config"]["resolved"]["device_costs"]["moe"]
+    assert ep["mean_tpot_ms"] != no["mean_tpot_ms"]
+    fitted = "traces/measured/cpu/profile.json"   # device op fits: one device's, refused
+    assert load_profile(fitted).fits
+    with pytest.raises(UserError, match="--data-parallel-size > 1"):
+        simulate(SimConfig(**{**base, "profile": fitted}))

@@ -1332,9 +1332,168 @@ def round3(rng: random.Random, d: Path, base: Base) -> Case:
     return Case(f"{how}: {argv[0]}", argv, (f"{fifo}: a FIFO",))
 
 
+# Round 3, second phase: a GPU's measured tables (--device-profile), a peer's vLLM run (its
+# meta.json and requests) and calibrate's inputs, each of the wrong type or out of range
+
+SKEW_ENTRY = "  per_tp:\n    1: {alpha_default: 0.1, bucket_table: tp1/skew_fit.csv}\n"
+BAD_META_YAML = [   # (text of tests/test_tables.py's SKEW_META, what replaces it, the field)
+    ("engine_effective:\n  enforce_eager: true\n  hf_overrides:",
+     "engine_effective: [eager]\nhf_overrides:", "engine_effective"),
+    ("engine_effective:\n  enforce_eager: true\n  hf_overrides:",
+     "engine_effective: eager\nhf_overrides:", "engine_effective"),
+    ("tp_degrees: [1]", "tp_degrees: [a, 1]", "tp_degrees"),
+    ("tp_degrees: [1]", "tp_degrees: [1000000000000]", "tp_degrees"),
+    ("tp_degrees: [1]", "tp_degrees: '1'", "tp_degrees"),
+    ("tp_degrees: [1]", "tp_degrees: {1: 1}", "tp_degrees"),
+    ("num_attention_heads: 32", "num_attention_heads: '32'",
+     "engine_effective.hf_overrides.num_attention_heads"),
+    ("vocab_size: 128256", "vocab_size: [128256]", "engine_effective.hf_overrides.vocab_size"),
+    ("gpu: Test GPU", "gpu: {name: x}", "gpu"),
+    ("kv_big_bins: [0, 1.0e+9]", "kv_big_bins: [0, 1.0e9]", "skew_fit.bucket_axes.kv_big_bins[1]"),
+    ("kv_big_bins: [0, 1.0e+9]", "kv_big_bins: [0, 1e9]", "skew_fit.bucket_axes.kv_big_bins[1]"),
+    ("n_bins: [0, 2, 1000000]", "n_bins: [0, x, 1000000]", "skew_fit.bucket_axes.n_bins[1]"),
+    ("n_labels: [n<=2, n>2]", "n_labels: [n<=2, 2]", "skew_fit.bucket_axes.n_labels"),
+    (SKEW_ENTRY, "  per_tp: [{alpha_default: 0.1}]\n", "skew_fit.per_tp"),
+    (SKEW_ENTRY, "  per_tp:\n    1: [0.1]\n", "skew_fit.per_tp.1"),
+    ("alpha_default: 0.1", "alpha_default: -1e6", "skew_fit.per_tp.1.alpha_default"),
+    ("alpha_default: 0.1", "alpha_default: -1.0e+6", "skew_fit.per_tp.1.alpha_default"),
+    ("alpha_default: 0.1", "alpha_default: .nan", "skew_fit.per_tp.1.alpha_default"),
+    ("alpha_default: 0.1", "alpha_default: .inf", "skew_fit.per_tp.1.alpha_default"),
+    ("alpha_default: 0.1", "alpha_default: '0.1'", "skew_fit.per_tp.1.alpha_default"),
+    ("enabled: true", "enabled: 'yes'", "skew_fit.enabled"),
+]
+BAD_PEER_META = [   # (a field of the RTX 4090 run's meta.json, its bad value)
+    ("kv_cache", [1]), ("kv_cache", "abc"), ("engine_kwargs", 5),
+    ("resolved_config.cache_config", [16]),
+    ("kv_cache.gpu_memory_utilization", "abc"), ("kv_cache.gpu_memory_utilization", [0.9]),
+    ("kv_cache.gpu_memory_utilization", True), ("kv_cache.gpu_memory_utilization", 0),
+    ("resolved_config.cache_config.gpu_memory_utilization", 1.5),
+    ("resolved_config.compilation_config.cudagraph_capture_sizes", {"1": 1}),
+    ("resolved_config.compilation_config.cudagraph_capture_sizes", 512),
+    ("resolved_config.compilation_config.cudagraph_capture_sizes", [1, "2"]),
+    ("kv_cache.block_size", 0), ("kv_cache.num_gpu_blocks", 0),
+    ("engine_kwargs.max_num_seqs", "256"), ("engine_kwargs.tensor_parallel_size", 64),
+    ("resolved_config.scheduler_config.async_scheduling", "false"),
+    ("kv_cache.enable_prefix_caching", 0),
+]
+
+
+def round3_files(rng: random.Random, d: Path, base: Base) -> Case:
+    """Round 3's second phase: a perf bundle, a peer run and calibrate's inputs of the wrong
+    types, each one line naming the file, line and field (or the option), exit 2, before any
+    work, nothing written, every input as it was."""
+    from tests.test_tables import REQ, SKEW_META, meta_with, skew_bundle, write_requests
+    out = d / "out"
+    how = rng.choice(["meta.yaml", "table", "peer meta.json", "peer requests", "bench depth",
+                      "calibrate inputs"])
+    if how in ("meta.yaml", "table"):
+        b = skew_bundle(d / "bf16")
+        meta, skew = b / "meta.yaml", b / "tp1" / "skew_fit.csv"
+        argv = ["simulate", "--gpu", "h100", "--device-profile", str(b), "--num-prompts", "2",
+                "--quiet", "--result-json", str(out / "r.json")]
+        inputs = (meta, skew, *sorted((b / "tp1").glob("*.csv")))
+        if how == "meta.yaml":
+            old, new, field_ = rng.choice(BAD_META_YAML + [("", "", "deep")])
+            if field_ == "deep":
+                n = rng.choice([101, 20_000])
+                meta.write_text("a: " + "[" * n + "]" * n + "\n")
+                return Case(f"{how}: nested", argv, (f"{meta}:1: not valid YAML (nested",),
+                            inputs=inputs)
+            meta.write_text(SKEW_META.replace(old, new))
+            return Case(f"{how}: {new.strip()}", argv, (f"{meta}: field '{field_}'",),
+                        inputs=inputs)
+        name = rng.choice(["dense.csv", "attention.csv", "per_sequence.csv", "skew_fit.csv"])
+        path = b / "tp1" / name
+        lines = path.read_text().splitlines()
+        what = rng.choice(["long field", "count", "alpha"] if name == "skew_fit.csv" else
+                          ["long field", "count"])
+        if what == "long field":   # past the csv module's 131,072
+            row = lines[1].rsplit(",", 1)[0] + "," + "1" * rng.choice([131_073, 400_000])
+            names = (f"{path}:2: not valid CSV",)
+        elif what == "count":   # a grid point past MAX_TABLE_COUNT
+            big = rng.choice(["1e300", "1e8", "16777217"])
+            cells = lines[1].split(",")
+            cells[rng.randrange(len(cells) - 1) if name == "attention.csv" else
+                  0 if name == "skew_fit.csv" else 1] = big
+            row = ",".join(cells)
+            names = (f"{path}:2: field '",)
+        else:
+            row = lines[1].rsplit(",", 1)[0] + "," + rng.choice(["nan", "-1e9", "inf", "1e3"])
+            names = (f"{path}:2: field 'alpha'",)
+        path.write_text("\n".join([lines[0], row, *lines[2:]]) + "\n")
+        return Case(f"{how}: {name} {what}", argv, names, inputs=inputs)
+    if how.startswith("peer"):
+        run = d / "vllm"
+        run.mkdir(parents=True)
+        reqs = write_requests(run / "requests.jsonl", [REQ, {**REQ, "request_id": "bench-1"}])
+        meta = run / "meta.json"
+        sim = ["simulate", "--trace", str(reqs), "--quiet", "--result-json", str(out / "r.json")]
+        if how == "peer meta.json":
+            path, value = rng.choice(BAD_PEER_META)
+            meta.write_text(json.dumps(meta_with(path, value)))
+            return Case(f"{how}: {path} {value!r}", sim, (f"{meta}: field '{path}'",),
+                        inputs=(meta, reqs))
+        meta.write_text(json.dumps({**meta_with("dataset_path", "ds.jsonl"),
+                                    "dataset_hash": None}))
+        dataset = write_lines(d / "ds.jsonl", [{"input_tok_ids": list(range(100))}] * 2)
+        key, value = rng.choice([("last_token_ts", 1e308), ("last_token_ts", 5e6),
+                                 ("queued_ts", 1e11), ("last_token_ts", float("nan")),
+                                 ("request_id", "bench-²"), ("request_id", "bench-" + "9" * 5000),
+                                 ("request_id", "7")])
+        write_requests(reqs, [REQ, {**REQ, "request_id": "bench-1", key: value}])
+        if key == "request_id":
+            return Case(f"{how}: {value[:12]!r}", sim, (f"{dataset}: no line for request",),
+                        inputs=(meta, reqs, dataset))
+        argv = rng.choice([sim, ["compare", str(reqs), str(base.result)]])
+        return Case(f"{how}: {key} {value:g} ({argv[0]})", argv, (f"{reqs}:2: field '{key}'",),
+                    inputs=(reqs,))
+    if how == "bench depth":
+        bench = write_json(d / "bench.json", {**bench_doc(), "num_speculative_tokens": rng.choice(
+            ["²", "٣", "9" * 5000, "65", "-1", 2.5, True, 1000])})
+        argv = rng.choice([["calibrate", str(bench), "--model", str(base.target), "--out",
+                            str(out / "p.json")],
+                           ["ingest", "vllm-bench", str(bench), "--out", str(out / "r.json")],
+                           ["simulate", *sim_args(base, out)[2:], "--trace", str(bench)]])
+        return Case(f"{how}: {argv[0]}", argv, (f"{bench}: field 'num_speculative_tokens'",),
+                    inputs=(bench,))
+    runs = d / "runs"
+    shutil.copytree(VLLM_DATA, runs)
+    cal = lambda *paths: ["calibrate", *map(str, paths), "--model", str(base.target),  # noqa
+                          "--out", str(out / "p.json")]
+    what = rng.choice(["option 0", "broken json", "no bench", "stray jsonl", "twice",
+                       "trace bomb"])
+    if what == "option 0":
+        option = rng.choice(["--max-num-seqs", "--block-size", "--max-model-len"])
+        return Case(f"calibrate {option} 0", cal(runs) + [option, rng.choice(["0", "-4"])],
+                    (option,))
+    if what == "broken json":   # not skipped: it may be a broken bench file
+        broken = runs / rng.choice(["bench.json", "other.json"])
+        broken.write_text(rng.choice(['{"date": ', "{not json}", "\ufeff\ufeff{}", ""]))
+        return Case(f"calibrate {what}", cal(runs), (f"{broken}:1: not valid JSON",),
+                    inputs=(broken,))
+    if what == "no bench":   # the file skipped is named in the one line
+        doc = bench_doc()
+        del doc[rng.choice(["date", "duration", "mean_tpot_ms"])]
+        write_json(runs / "bench.json", doc)
+        return Case(f"calibrate {what}", cal(runs), (f"{runs / 'bench.json'}: skipped",))
+    if what == "stray jsonl":   # named on the command line, a .jsonl must be hook spans
+        stray = write_lines(d / "stray.jsonl", trace_lines())
+        return Case(f"calibrate {what}", cal(runs / "bench.json", stray),
+                    (f"{stray}:1: field 'lane'",), inputs=(stray,))
+    if what == "twice":
+        argv = rng.choice([cal(runs, runs), cal(runs, runs / "bench.json"),
+                           cal(runs / "hooks", runs)])
+        return Case(f"calibrate {what}", argv, ("given twice",))
+    bomb_path = bomb(runs / "worker.pt.trace.json.gz", json.dumps(vllm_trace_doc()).encode())
+    argv = rng.choice([cal(runs), ["ingest", "vllm-profile", str(bomb_path), "--out",
+                                   str(out / "tl.jsonl")]])
+    return Case(f"{what}: {argv[0]}", argv, (f"{bomb_path}: decompresses to more than",),
+                small_gzip_limit, (bomb_path,))
+
+
 GENERATORS = (broken_file, broken_file, mistyped_field, mistyped_field, mistyped_field,
               bad_option, too_large, bad_output, small_ones, same_or_empty_path, stdout_fault,
-              round3)
+              round3, round3_files)
 
 
 # -------------------------------------------------------------------------------------------

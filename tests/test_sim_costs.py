@@ -151,25 +151,39 @@ def test_config_errors_name_the_option(kw, needle):
     assert needle in str(e.value)
 
 
-@pytest.mark.parametrize("model, method, draft", [
-    ("llama-3.1-8b", "eagle3", "llama-3.1-8b-eagle3"), ("llama-3.1-8b", "eagle", None),
-    ("qwen3-8b", "draft_model", "qwen3-0.6b"), ("deepseek-v3", "mtp", None)])
-def test_all_draft_passes_at_once_are_the_passes_one_by_one(model, method, draft):
-    """The device lane asks for a step's passes in one call: the same floats, bit for bit."""
+@pytest.mark.parametrize("model, method, draft, kv", [
+    ("llama-3.1-8b", "eagle3", "llama-3.1-8b-eagle3", "auto"),
+    ("llama-3.1-8b", "eagle3", "llama-3.1-8b-eagle3", "fp8"),
+    ("llama-3.1-8b", "eagle", None, "auto"),
+    ("qwen3-8b", "draft_model", "qwen3-0.6b", "auto"), ("deepseek-v3", "mtp", None, "auto"),
+    ("qwen3-30b-a3b", "eagle3", None, "auto")])
+def test_all_draft_passes_at_once_are_the_passes_one_by_one(model, method, draft, kv):
+    """The device lane asks for a step's passes in one call: the same floats, bit for bit,
+    an fp8 KV cache's reads too; a data-parallel MoE group's step (its gathered rows set)
+    takes the passes one by one."""
     from stepgap.sim.config import resolve
     k = 1 if method == "mtp" else 5
-    r = resolve(SimConfig(model=model, method=method, draft=draft, k=k,
+    r = resolve(SimConfig(model=model, method=method, draft=draft, k=k, kv_cache_dtype=kv,
                           tensor_parallel_size=8 if model == "deepseek-v3" else 1,
                           gpu="h200"))
     costs = r.device_costs
-    for b in (Batch(6, 1, 1, 6, 5, 307, 1860.0, 6, 20, 1, 301, 301, 301),
-              Batch(300, 40, 37, 222, 185, 9000, 47000.5, 64, 30, 37, 8000, 20, 600)):
-        assert costs.draft_forwards(b, k) == [costs.draft_forward(b, i) for i in range(k)]
+    for rows in (0, 96):
+        for b in (Batch(6, 1, 1, 6, 5, 307, 1860.0, 6, 20, 1, 301, 301, 301),
+                  Batch(300, 40, 37, 222, 185, 9000, 47000.5, 64, 30, 37, 8000, 20, 600)):
+            b.moe_rows, b.draft_moe_rows = rows and 4 * b.num_tokens, rows
+            assert costs.draft_forwards(b, k) == [costs.draft_forward(b, i) for i in range(k)]
 
 
-def test_a_dense_targets_attention_in_one_expression_is_the_general_sum():
-    c = RooflineCosts(load_model_config("llama-3.1-8b"), None, get_hardware("l20"), 0)
-    for b in (Batch(1, 1, 1, 1, 0, 230, 230.0), Batch(512, 9, 9, 9, 0, 4000, 90000.5)):
+@pytest.mark.parametrize("model, kv_bytes", [("llama-3.1-8b", 2), ("llama-3.1-8b", 1),
+                                             ("qwen3-30b-a3b", 2)])
+def test_a_gqa_targets_attention_in_one_expression_is_the_general_sum(model, kv_bytes):
+    """The hot path's attention of a target without MLA or windowed layers (a MoE one too):
+    the general sum, bit for bit, at the KV cache's element size (--kv-cache-dtype fp8: 1)."""
+    c = RooflineCosts(load_model_config(model), None, get_hardware("l20"), 0,
+                      kv_bytes=kv_bytes)
+    assert c._plain is not None
+    for b in (Batch(1, 1, 1, 1, 0, 230, 230.0), Batch(512, 9, 9, 9, 0, 4000, 90000.5),
+              Batch(512, 9, 9, 9, 0, 40000, 90000.5)):
         general = c._attention(c.t, b.num_tokens, b.num_reqs, b.attn_pairs, b.kv_tokens,
                                c.t.num_layers, c.t.num_sliding_layers)
         assert c._target_attention(b) == general

@@ -445,3 +445,23 @@ def test_a_grid_file_takes_the_speculative_config_as_a_table(tmp_path):
     cell, = build_grid(grid_file=f).cells()
     assert (cell.settings["mode"], cell.settings["k"], cell.settings["method"]) == \
         ("async", 3, "eagle3")
+
+
+def test_data_parallel_size_is_an_axis(tmp_path):
+    """A MoE target at DP 1 and 2 with expert parallelism (issue 40): each row is the simulator's
+    cell, the DP 2 one run by two engine cores."""
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.loop import simulate
+    sets = ["model=qwen3-30b-a3b", "gpu=h100", "enable_expert_parallel=true", "num_prompts=6",
+            "output_len=24", "workload=mtbench", "k=2"]
+    run_sweep(build_grid(["data_parallel_size=1,2"], sets=sets), tmp_path)
+    rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
+    assert [r["data_parallel_size"] for r in rows] == ["1", "2"]
+    for r in rows:
+        dp = int(r["data_parallel_size"])
+        res = simulate(SimConfig(model="qwen3-30b-a3b", gpu="h100", enable_expert_parallel=True,
+                                 num_prompts=6, output_len=24, workload="mtbench", k=2,
+                                 data_parallel_size=dp))[0]
+        assert float(r["mean_tpot_ms"]) == pytest.approx(res["mean_tpot_ms"], rel=1e-12)
+        assert (res["config"]["resolved"].get("data_parallel") is not None) == (dp == 2)
+    assert rows[0]["mean_tpot_ms"] != rows[1]["mean_tpot_ms"]

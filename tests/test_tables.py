@@ -7,6 +7,7 @@ out by hand from the rule, not taken from the code."""
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -237,6 +238,133 @@ def test_tables_of_another_model_are_refused_naming_the_field(bundle):
         resolve(SimConfig(gpu="h100", model="llama-3.2-1b", device_profile=str(bundle)))
 
 
+# -- a bundle of the wrong types, and skew fits out of range (issue 38): one line naming the
+# file, the line or the field, where they were tracebacks or silently another reading
+
+# A skew fit of four bucket axes, its bins as LLMServingSim writes them (1.0e+9: a float to YAML)
+SKEW_META = META + """\
+skew_fit:
+  enabled: true
+  bucket_axes:
+    n_bins: [0, 2, 1000000]
+    n_labels: [n<=2, n>2]
+    skew_rate_bins: [-0.01, 0.5, 1.01]
+    skew_rate_labels: [low, high]
+    kv_big_bins: [0, 1.0e+9]
+    kv_big_labels: [any]
+    kp_bins: [-1, 0, 1000000000]
+    kp_labels: [kp=0, kp>0]
+  per_tp:
+    1: {alpha_default: 0.1, bucket_table: tp1/skew_fit.csv}
+"""
+SKEW_CSV = "pc,n_label,skew_rate_label,kv_big_label,kp_label,alpha\n0,n>2,low,any,kp=0,{}\n"
+
+
+def skew_bundle(root: Path, meta: str = SKEW_META, alpha: str = "0.5") -> Path:
+    b = write_bundle(root, meta=meta)
+    (b / "tp1" / "skew_fit.csv").write_text(SKEW_CSV.format(alpha))
+    return b
+
+
+def test_a_bucket_of_the_skew_fit_gives_its_own_alpha(tmp_path):
+    c = costs_of(skew_bundle(tmp_path / "b"), k=1)
+    # 10 decodes from 1000 to 4000 of history, mean 2500: skew rate 0.5 ('low'), 10 decodes
+    # ('n>2'), longest 4000 ('any'), no prefill ('kp=0'): the bucket's alpha 0.5, not 0.1
+    mean, top = 5 + 10 * 2500 / 1000, 5 + 10 * 4000 / 1000
+    assert c.attention([], 10, 10 * 2500, 1000, 4000) == pytest.approx(mean + 0.5 * (top - mean))
+
+
+def edit_meta(old: str, new: str, meta: str = META):
+    def edit(b: Path) -> None:
+        assert old in meta
+        (b / "meta.yaml").write_text(meta.replace(old, new))
+    return edit
+
+
+def edit_file(name: str, text: str):
+    return lambda b: (b / "tp1" / name).write_text(text)
+
+
+EFFECTIVE = "engine_effective:\n  enforce_eager: true\n  hf_overrides:"
+DENSE_HEAD = "layer,tokens,time_us\n"
+
+
+@pytest.mark.parametrize("edit, message", [
+    (edit_meta(EFFECTIVE, "engine_effective: [eager]\nhf_overrides:"),
+     r"meta.yaml: field 'engine_effective': expected a mapping of the engine's settings, got "
+     r"\['eager'\]$"),
+    (edit_meta(EFFECTIVE, "engine_effective: eager\nhf_overrides:"),
+     r"meta.yaml: field 'engine_effective': expected a mapping .*, got 'eager'$"),
+    (edit_meta("tp_degrees: [1]", "tp_degrees: [a, 1]"),
+     r"meta.yaml: field 'tp_degrees': expected a list of tensor-parallel sizes from 1 to 8, got "
+     r"\['a', 1\]$"),
+    (edit_meta("tp_degrees: [1]", "tp_degrees: [1000000000000]"), r"field 'tp_degrees'"),
+    (edit_meta("tp_degrees: [1]", "tp_degrees: '1'"), r"field 'tp_degrees': .*, got '1'$"),
+    (edit_meta("tp_degrees: [1]", "tp_degrees: {1: 1}"), r"field 'tp_degrees': .*, got \{1: 1\}$"),
+    (edit_meta("num_attention_heads: 32", "num_attention_heads: '32'"),
+     r"field 'engine_effective.hf_overrides.num_attention_heads': expected an integer >= 1, "
+     r"got '32'$"),
+    (edit_meta("model: meta-llama/Llama-3.1-8B", "model: [a, b]"), r"field 'model': expected a "
+                                                                    r"name"),
+    (edit_meta("gpu: Test GPU", "l0: &l0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" for i in range(1, 10))
+        + "gpu: *l9"),   # an alias of 10^10 strings: refused without being written out
+     r"meta.yaml: field 'gpu': expected a name, got \[\[\[...\], \[...\], \[...\], \[...\], "
+     r"...\], .*\]$"),
+    (lambda b: (b / "meta.yaml").write_text("a: " + "[" * 20000 + "]" * 20000 + "\n"),
+     r"meta.yaml:1: not valid YAML \(nested more than 100 deep\)$"),
+    (lambda b: (b / "meta.yaml").write_text(META + "x: " + "9" * 5000 + "\n"),
+     r"meta.yaml:\d+: not valid YAML \(an integer of 5000 digits"),
+    (edit_file("dense.csv", DENSE_HEAD + "qkv_proj,1," + "1" * 200_000 + "\n"),
+     r"tp1/dense.csv:2: not valid CSV \(field larger than field limit \(131072\)\)$"),
+    (edit_file("attention.csv", "prefill_chunk,kv_prefill,n_decode,kv_decode,time_us\n"
+               "0,0,1,1e300,7\n"),
+     r"attention.csv:2: field 'kv_decode': expected a whole count from 0 to 16777216, got "
+     r"'1e300'$"),
+    (edit_meta("1.0e+9", "1.0e9", SKEW_META),
+     r"field 'skew_fit.bucket_axes.kv_big_bins\[1\]': expected a number, got '1.0e9' \(YAML "
+     r"reads 1.0e9 as a string: a number needs a point and a sign in its exponent"),
+    (edit_meta("[0, 2, 1000000]", "[0, 2, 1]", SKEW_META),
+     r"field 'skew_fit.bucket_axes.n_bins': expected bin edges that rise"),
+    (edit_meta("[low, high]", "[low, 5]", SKEW_META),
+     r"field 'skew_fit.bucket_axes.skew_rate_labels': expected a list of names"),
+    (edit_meta("  per_tp:\n    1: {alpha_default: 0.1, bucket_table: tp1/skew_fit.csv}\n",
+               "  per_tp: [{alpha_default: 0.1}]\n", SKEW_META),
+     r"field 'skew_fit.per_tp': expected a mapping of tensor-parallel size to its fit"),
+    (edit_meta("alpha_default: 0.1", "alpha_default: -1e6", SKEW_META),
+     r"field 'skew_fit.per_tp.1.alpha_default': expected a number from -100 to 100, got "
+     r"'-1e6' \(YAML reads -1e6 as a string"),
+    (edit_meta("alpha_default: 0.1", "alpha_default: -1.0e+6", SKEW_META),
+     r"field 'skew_fit.per_tp.1.alpha_default': expected a number from -100 to 100, got "
+     r"-1000000.0$"),
+    (edit_meta("alpha_default: 0.1", "alpha_default: .nan", SKEW_META),
+     r"field 'skew_fit.per_tp.1.alpha_default': expected a number from -100 to 100, got nan$"),
+    (edit_meta("enabled: true", "enabled: 'no'", SKEW_META), r"field 'skew_fit.enabled'"),
+])
+def test_a_bundle_of_the_wrong_types_is_one_line_naming_the_field(tmp_path, edit, message):
+    b = skew_bundle(tmp_path / "bf16")
+    edit(b)
+    with pytest.raises(UserError, match=message) as e:
+        costs_of(b, k=1)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("alpha", ["nan", "-1e9", "inf", "-inf", "x", "100.5"])
+def test_a_bucket_alpha_out_of_range_is_refused_naming_its_line(tmp_path, alpha):
+    b = skew_bundle(tmp_path / "bf16", alpha=alpha)
+    with pytest.raises(UserError, match=rf"tp1/skew_fit.csv:2: field 'alpha': expected a number "
+                                        rf"from -100 to 100, got '{alpha}'$"):
+        costs_of(b, k=1)
+
+
+def test_the_committed_bundles_alphas_are_within_the_limit():
+    """The limit's reason: every alpha LLMServingSim fitted (-14.0 to 4.3) is read."""
+    qwen = PEERS / "profiler/perf/RTXPRO6000/Qwen/Qwen3-32B/bf16"
+    skew = load_tables(qwen, tp=2).skew
+    assert len(skew.alphas) == 3979 and min(skew.alphas.values()) == -14.0104
+    assert max(skew.alphas.values()) == 4.256 and skew.alpha_default == 0.0649
+
+
 # Qwen3-32B's per-rank shapes at TP 2, as its profiler wrote them: 64 heads of 128 over a width
 # of 5120, so hidden != heads x head_dim.
 QWEN_META = META.replace("model: meta-llama/Llama-3.1-8B", "architecture: qwen3\nmodel: "
@@ -340,7 +468,8 @@ def test_a_peer_run_is_measured_as_vllm_defines_its_metrics(tmp_path):
 
 @pytest.mark.parametrize("change, message", [
     ({"first_token_ts": None}, r":1: field 'first_token_ts': missing"),
-    ({"queued_ts": -1.0}, r":1: field 'queued_ts': expected a timestamp in seconds >= 0"),
+    ({"queued_ts": -1.0}, r":1: field 'queued_ts': expected a timestamp in seconds from 0 to "
+                            r"1e\+10 \(vLLM's monotonic clock\), got -1.0"),
     ({"last_token_ts": 10.9}, r":1: field 'last_token_ts': .* is before first_token_ts"),
     ({"output_toks": 0}, r":1: field 'output_toks': expected an integer >= 1"),
 ])
@@ -356,6 +485,110 @@ def test_a_broken_requests_file_on_the_command_line_writes_nothing(tmp_path):
     p = run_cli("simulate", "--trace", str(path), "--result-json", str(out))
     assert p.returncode == 2 and "Traceback" not in p.stderr and not out.exists()
     assert "field 'queued_ts'" in p.stderr
+
+
+def test_a_request_past_one_runs_clock_names_its_line_and_field(tmp_path):
+    rows = [REQ, {**REQ, "request_id": "bench-1", "last_token_ts": 1e308}]
+    with pytest.raises(UserError, match=r"requests.jsonl:2: field 'last_token_ts': expected a "
+                                        r"timestamp in seconds from 0 to 1e\+10"):
+        load_peer_requests(write_requests(tmp_path / "requests.jsonl", rows))
+    rows[1]["last_token_ts"] = 5e6   # a number of the clock, but 58 days after the first request
+    with pytest.raises(UserError, match=r"requests.jsonl:2: field 'last_token_ts': 5e\+06 s is "
+                                        r"more than 1e\+06 s after the first queued_ts, 10"):
+        load_peer_requests(write_requests(tmp_path / "requests.jsonl", rows))
+
+
+@pytest.mark.parametrize("rid", ["bench-²", "bench-" + "9" * 5000, "bench-x", "7"])
+def test_a_request_id_that_names_no_dataset_line_says_so(tmp_path, rid):
+    from stepgap.common.peer_run import dataset_token_ids
+    dataset = tmp_path / "ds.jsonl"
+    dataset.write_text(json.dumps({"input_tok_ids": list(range(100))}) + "\n")
+    with pytest.raises(UserError, match=r"ds.jsonl: no line for request .* \(the runner names "
+                                        r"line i bench-i\)"):
+        dataset_token_ids(dataset, [{"request_id": rid, "input_toks": 100}])
+    assert dataset_token_ids(dataset, [{"request_id": "bench-0", "input_toks": 100}]) == \
+        {"bench-0": list(range(100))}
+
+
+def meta_with(path: str, value) -> dict:
+    """The 4090 run's meta.json with one field (dotted path) set to `value`."""
+    doc = json.loads((RUN_4090 / "meta.json").read_text())
+    *parents, key = path.split(".")
+    d = doc
+    for p in parents:
+        d = d.setdefault(p, {})
+    d[key] = value
+    return doc
+
+
+@pytest.mark.parametrize("path, value, expected", [
+    ("kv_cache", [1], "an object"),
+    ("kv_cache", "abc", "an object"),
+    ("resolved_config.cache_config", 5, "an object"),
+    ("kv_cache.block_size", 0, "an integer >= 1"),   # was replaced by the resolved config's
+    ("resolved_config.cache_config.block_size", 0, None),   # kv_cache's 16 is read first
+    ("engine_kwargs.max_num_seqs", "8", "an integer >= 1"),
+    ("engine_kwargs.tensor_parallel_size", 16, "an integer from 1 to 8"),
+    ("kv_cache.num_gpu_blocks", 0, "an integer >= 1"),
+    ("resolved_config.scheduler_config.async_scheduling", "false", "true or false"),
+    ("kv_cache.enable_prefix_caching", 1, "true or false"),
+    ("resolved_config.compilation_config.cudagraph_capture_sizes", {"a": 1},
+     "a list of batch sizes"),
+    ("resolved_config.compilation_config.cudagraph_capture_sizes", 5, "a list of batch sizes"),
+])
+def test_a_meta_json_of_the_wrong_types_names_its_own_field(tmp_path, path, value, expected):
+    meta = tmp_path / "meta.json"
+    meta.write_text(json.dumps(meta_with(path, value)))
+    if expected is None:
+        assert peer_settings(meta, context=131072)[0]["block_size"] == 16
+        return
+    with pytest.raises(UserError, match=rf"meta.json: field '{path}': expected {expected}") as e:
+        peer_settings(meta, context=131072)
+    assert "--" not in str(e.value)
+
+
+@pytest.mark.parametrize("util", ["abc", [0.9], True, 0, 1.5, float("nan")])
+def test_gpu_memory_utilization_is_a_fraction_named_as_meta_jsons(tmp_path, util):
+    meta = tmp_path / "meta.json"   # (`true` was read as 1.0)
+    meta.write_text(json.dumps(meta_with("kv_cache.gpu_memory_utilization", util)))
+    with pytest.raises(UserError, match=r"meta.json: field 'kv_cache.gpu_memory_utilization': "
+                                        r"expected a fraction of the GPU's memory, in \(0, 1\], "
+                                        rf"got {re.escape(repr(util))}$"):
+        peer_settings(meta, context=131072)
+
+
+def test_a_cache_without_blocks_is_sized_from_the_first_utilization_recorded(tmp_path):
+    doc = meta_with("kv_cache.gpu_memory_utilization", None)
+    doc["kv_cache"]["num_gpu_blocks"] = doc["resolved_config"]["cache_config"]["num_gpu_blocks"] \
+        = None
+    doc["resolved_config"]["cache_config"]["gpu_memory_utilization"] = 0.8
+    meta = tmp_path / "meta.json"
+    meta.write_text(json.dumps(doc))
+    assert peer_settings(meta, context=131072)[0]["gpu_memory_utilization"] == 0.8
+
+
+def test_a_timeseries_field_past_the_csv_limit_names_its_line(tmp_path):
+    from stepgap.common.peer_run import load_timeseries
+    path = tmp_path / "timeseries.csv"
+    path.write_text("t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct\n"
+                    "1,0,0,1,0," + "5" * 200_000 + "\n")
+    with pytest.raises(UserError, match=r"timeseries.csv:2: not valid CSV \(field larger"):
+        load_timeseries(path)
+
+
+def test_a_broken_meta_json_on_the_command_line_is_one_line_and_writes_nothing(tmp_path):
+    run = tmp_path / "vllm"
+    run.mkdir()
+    write_requests(run / "requests.jsonl", [REQ])
+    (run / "meta.json").write_text(json.dumps(meta_with("kv_cache.gpu_memory_utilization",
+                                                        "abc")))
+    out = tmp_path / "r.json"
+    p = run_cli("simulate", "--trace", str(run / "requests.jsonl"), "--result-json", str(out))
+    assert p.returncode == 2 and "Traceback" not in p.stderr and not out.exists()
+    assert p.stderr.strip().count("\n") == 0, p.stderr
+    assert p.stderr.strip().endswith("meta.json: field 'kv_cache.gpu_memory_utilization': "
+                                     "expected a fraction of the GPU's memory, in (0, 1], got "
+                                     "'abc'")
 
 
 def test_a_runs_settings_map_to_vllm_spelled_options():

@@ -169,6 +169,63 @@ def test_a_folder_given_skips_other_json_files_with_a_note(tmp_path):
         load_runs([folder / "notes.json"])
 
 
+def test_a_folder_skips_a_stray_jsonl_with_a_note_and_keeps_its_timeline(tmp_path):
+    folder = tmp_path / "runs"
+    shutil.copytree(DATA, folder)
+    (folder / "trace.jsonl").write_text('{"request_id": "a", "arrival_s": 0}\n')
+    runs, notes = load_runs([folder])
+    assert runs[0].spans and runs[0].notes == []   # it was "no timeline in its window"
+    assert any("trace.jsonl: skipped, not a stepgap_hooks span file" in n for n in notes)
+    with pytest.raises(UserError, match=r"trace.jsonl:1: field 'lane': unknown lane None"):
+        load_runs([folder / "bench.json", folder / "trace.jsonl"])   # named, it must be one
+
+
+def test_an_input_given_twice_is_named(tmp_path):
+    with pytest.raises(UserError, match=r"trace.json.gz: given twice \(from .*vllm and from "
+                                        r".*vllm\); give each input once"):
+        load_runs([DATA, DATA])
+    with pytest.raises(UserError, match=r"given twice"):
+        load_runs([DATA, DATA / "bench.json"])
+
+
+def test_a_broken_json_in_a_folder_is_named_not_skipped(tmp_path):
+    folder = tmp_path / "runs"
+    shutil.copytree(DATA, folder)
+    (folder / "bench.json").write_text('{"date": "20261201-103126", ')
+    with pytest.raises(UserError, match=r"runs/bench.json:1: not valid JSON .*; calibrate reads "
+                                        r"each .json of a folder as a `vllm bench serve` file"):
+        load_runs([folder])
+    (folder / "bench.json").write_text('{"date": "20261201-103126"}')   # a key short
+    with pytest.raises(UserError, match=r"no `vllm bench serve --save-result` file among the "
+                                        r"inputs \(.*runs/bench.json: skipped, not a `vllm "
+                                        r"bench serve` file \(it lacks one of"):
+        load_runs([folder])
+
+
+def test_a_bench_depth_past_64_names_the_bench_file_not_an_option(tmp_path, capsys):
+    folder = tmp_path / "runs"
+    shutil.copytree(DATA, folder)
+    doc = json.loads((DATA / "bench.json").read_text())
+    (folder / "bench.json").write_text(json.dumps({**doc, "num_speculative_tokens": "65"}))
+    out = tmp_path / "p.json"
+    assert main(["calibrate", str(folder), "--model", str(PAIR / "target"), "--out",
+                 str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "bench.json: field 'num_speculative_tokens': expected an integer from 0 to 64, got " \
+           "'65'" in err and "--num-speculative-tokens" not in err and not out.exists()
+
+
+@pytest.mark.parametrize("option", ["--max-num-seqs", "--block-size", "--max-model-len"])
+def test_calibrates_scheduler_options_refuse_0_rather_than_take_the_default(tmp_path, option,
+                                                                          capsys):
+    out = tmp_path / "p.json"
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", str(DATA), "--model", str(PAIR / "target"), option, "0", "--out",
+              str(out)])
+    assert e.value.code == 2 and not out.exists()
+    assert f"argument {option}: must be >= 1, got 0" in capsys.readouterr().err
+
+
 def test_the_async_terms_estimated_from_sync_fits_follow_the_code_structure():
     from stepgap.calibrate.vllm_fit import estimate_async
     from stepgap.sim.profile import Fit

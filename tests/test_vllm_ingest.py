@@ -160,6 +160,16 @@ def test_a_file_that_is_not_a_vllm_profile_fails_with_one_clear_message(tmp_path
     assert str(bad) in str(e.value)
 
 
+def test_a_gzip_bomb_of_a_trace_stops_at_the_limit(tmp_path):
+    from unittest import mock
+    bomb = tmp_path / "rank0.pt.trace.json.gz"   # 4 MiB of spaces after a valid trace
+    bomb.write_bytes(gzip.compress(json.dumps(trace_doc()).encode() + b" " * (4 << 20)))
+    with mock.patch("stepgap.common.fileio.MAX_DECOMPRESSED_BYTES", 1 << 20), \
+            pytest.raises(UserError, match=rf"{re.escape(str(bomb))}: decompresses to more "
+                                           r"than 1 MiB \(a gzip bomb\?\)"):
+        read_source(bomb)
+
+
 def test_a_hook_line_that_is_not_a_span_names_its_line(tmp_path):
     f = tmp_path / "1.jsonl"
     lines = HOOKS[0].read_text().splitlines()
@@ -248,6 +258,16 @@ def test_a_bench_file_without_details_says_what_to_add(tmp_path):
         bench_requests(read_bench(f), f)
     f.write_text(json.dumps({"date": "x"}))
     with pytest.raises(UserError, match="not a `vllm bench serve"):
+        read_bench(f)
+
+
+@pytest.mark.parametrize("k", ["²", "9" * 5000, "65", 65, "-1", 2.0, True, "2 "])
+def test_a_bench_files_depth_is_an_integer_from_0_to_64_named_as_its_field(tmp_path, k):
+    f = tmp_path / "b.json"   # `--metadata num_speculative_tokens=K` writes a string
+    f.write_text(json.dumps({**json.loads((DATA / "bench.json").read_text()),
+                             "num_speculative_tokens": k}))
+    with pytest.raises(UserError, match=r"b.json: field 'num_speculative_tokens': expected an "
+                                        r"integer from 0 to 64, got "):
         read_bench(f)
 
 
