@@ -448,7 +448,7 @@ def test_a_grid_file_takes_the_speculative_config_as_a_table(tmp_path):
 
 
 def test_data_parallel_size_is_an_axis(tmp_path):
-    """A MoE target at DP 1 and 2 with expert parallelism (issue 40): each row is the simulator's
+    """A MoE target at DP 1 and 2 with expert parallelism: each row is the simulator's
     cell, the DP 2 one run by two engine cores."""
     from stepgap.sim.config import SimConfig
     from stepgap.sim.loop import simulate
