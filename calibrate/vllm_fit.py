@@ -24,7 +24,6 @@ was fitted, on which runs, and the residual of every run re-simulated.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -37,7 +36,7 @@ from stepgap.calibrate.fit import MIN_POINTS, fit_cpu, fit_determined, fit_jitte
 from stepgap.calibrate.samples import cpu_samples, device_points, steps_of
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_text
-from stepgap.common.options import positive_int
+from stepgap.common.options import add_command, positive_int
 from stepgap.sim.profile import CpuFit, Fit, Profile, save_profile
 
 # A device fit's columns (sim/profile.py FEATURES), as what is not determined names them.
@@ -622,10 +621,9 @@ undetermined is printed and kept in the profile's `undetermined`.
 
 
 def register(sub) -> None:
-    c = sub.add_parser("calibrate", help="fit the simulator to your vLLM runs, to predict the "
-                       "rest", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
-                       epilog=CALIBRATE_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    c = add_command(sub, "calibrate", help="fit the simulator to your vLLM runs, to predict the "
+                    "rest", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+                    epilog=CALIBRATE_EPILOG)
     c.add_argument("measured", nargs="+", metavar="MEASURED")
     c.add_argument("--model", required=True, metavar="DIR|CONFIG",
                    help="the target's config (the runs are re-simulated to fit the client's "

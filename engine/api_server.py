@@ -604,59 +604,57 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
         finally:
             engine.release(batch)
 
-    @app.post("/v1/completions")
-    async def completions(raw: Request):
+    async def serve_request(raw: Request, kind, chat: bool, prompt_ids):
+        """Both endpoints: the body read, parsed and checked, its prompts' ids
+        (`prompt_ids(req, body)`: ids, max_tokens, the field they came from) handed to the
+        engine, and the answer streamed or whole."""
         arrival = time.perf_counter_ns()
         try:
             body = await _body(raw)
             if body is None:
                 return Response(status_code=499)   # the client closed the request half-sent
-            req = parse(CompletionRequest, body)
+            req = parse(kind, body)
             check_model(req.model)
             check_sampling(req, sampling)
-            engine.check_alive()
-            ids = await engine.tokenize(completion_prompts(req))
-            batch = engine.submit(ids, req.max_tokens, req.ignore_eos, arrival)
+            ids, max_tokens, field_name = await prompt_ids(req, body)
+            batch = engine.submit(ids, max_tokens, req.ignore_eos, arrival, field_name)
         except APIError as e:
             return error(e)
-        shapes = Shapes(False, new_id("cmpl"), model_name, bool(req.return_token_ids))
+        shapes = Shapes(chat, new_id("chatcmpl" if chat else "cmpl"), model_name,
+                        bool(req.return_token_ids))
         return await answer(raw, batch, shapes, bool(req.stream),
                             bool(req.stream_options and req.stream_options.include_usage))
 
+    async def completion_ids(req: CompletionRequest, body: bytes):
+        engine.check_alive()
+        return await engine.tokenize(completion_prompts(req)), req.max_tokens, "prompt"
+
+    async def chat_ids(req: ChatCompletionRequest, body: bytes):
+        if engine.tok is None or not engine.tok.chat_template:
+            raise APIError("this model has no chat template (its tokenizer_config.json "
+                           "has no chat_template, and there is no chat_template.jinja): "
+                           "use /v1/completions with a prompt", "messages")
+        messages = [{"role": m.role, "content": message_text(m.content,
+                                                             f"messages.{i}.content")}
+                    for i, m in enumerate(req.messages)]
+        engine.check_alive()
+        limit = engine.tok.max_chars(engine.cfg.max_model_len)
+        render = functools.partial(engine.tok.render_chat, messages,
+                                   req.add_generation_prompt, limit)
+        try:
+            text = await asyncio.to_thread(render) if len(body) > INLINE_CHARS else render()
+        except ValueError as e:
+            raise APIError(f"messages: {e}", "messages") from None
+        ids = await engine.tokenize([text], "messages", add_special_tokens=False)
+        return ids, req.max_completion_tokens or req.max_tokens, "messages"
+
+    @app.post("/v1/completions")
+    async def completions(raw: Request):
+        return await serve_request(raw, CompletionRequest, False, completion_ids)
+
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request):
-        arrival = time.perf_counter_ns()
-        try:
-            body = await _body(raw)
-            if body is None:
-                return Response(status_code=499)   # the client closed the request half-sent
-            req = parse(ChatCompletionRequest, body)
-            check_model(req.model)
-            check_sampling(req, sampling)
-            if engine.tok is None or not engine.tok.chat_template:
-                raise APIError("this model has no chat template (its tokenizer_config.json "
-                               "has no chat_template, and there is no chat_template.jinja): "
-                               "use /v1/completions with a prompt", "messages")
-            messages = [{"role": m.role, "content": message_text(m.content,
-                                                                 f"messages.{i}.content")}
-                        for i, m in enumerate(req.messages)]
-            engine.check_alive()
-            limit = engine.tok.max_chars(engine.cfg.max_model_len)
-            render = functools.partial(engine.tok.render_chat, messages,
-                                       req.add_generation_prompt, limit)
-            try:
-                text = await asyncio.to_thread(render) if len(body) > INLINE_CHARS \
-                    else render()
-            except ValueError as e:
-                raise APIError(f"messages: {e}", "messages") from None
-            max_tokens = req.max_completion_tokens or req.max_tokens
-            ids = await engine.tokenize([text], "messages", add_special_tokens=False)
-            batch = engine.submit(ids, max_tokens, req.ignore_eos, arrival, "messages")
-        except APIError as e:
-            return error(e)
-        shapes = Shapes(True, new_id("chatcmpl"), model_name, bool(req.return_token_ids))
-        return await answer(raw, batch, shapes, bool(req.stream),
-                            bool(req.stream_options and req.stream_options.include_usage))
+        return await serve_request(raw, ChatCompletionRequest, True, chat_ids)
 
     @app.get("/v1/models")
     async def models():
