@@ -584,8 +584,10 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
         refuse_another_model(bundle_meta(bundle), target)   # (before reading its tables)
         only = moe_only(bundle, cfg.tensor_parallel_size, target)
         if only is None:
+            # the tables price the device; a profile's level was of another device's roofline
             costs = TableCosts(load_tables(bundle, cfg.tensor_parallel_size), target,
-                               draft, cfg.k, roofline, cfg.method, cfg.tensor_parallel_size)
+                               draft, cfg.k, roofline_of(roofline), cfg.method,
+                               cfg.tensor_parallel_size)
         else:   # a MoE target's MoE and MTP tables alone: the roofline prices the rest
             about = check_moe_bundle(bundle, target)
             costs = roofline   # (a profile's level over it, where it has one)

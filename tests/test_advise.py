@@ -19,6 +19,8 @@ from stepgap.sim.config import SimConfig, profile_defaults
 from stepgap.sim.loop import simulate
 from stepgap.sim.profile import load_profile
 
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
 # a setup small enough for tests: 6 MT-bench prompts of 48 output tokens
 SMALL = dict(gpu="h100", model="llama-3.1-8b", draft="llama-3.1-8b-eagle3", workload="mtbench",
              num_prompts=6, output_len=48)
@@ -302,6 +304,22 @@ def test_another_device_with_a_profile_is_a_choice_the_result_states(l20_profile
                  "--output-len", "24", "--quiet", "--result-json", str(out)]) == 0
     notes = json.loads(out.read_text())["config"]["resolved"]["notes"]
     assert any("measured on l20" in n and "--gpu h100" in n for n in notes)
+
+
+def test_measured_tables_price_the_device_under_a_profiles_level(l20_profile):
+    """--device-profile with a bench-file profile: the tables price the device ops (over the
+    plain roofline, not the level of the profile's own device), the profile the CPU."""
+    from stepgap.sim.config import resolve
+    bundle = (ROOT / "traces/peers/llmservingsim/profiler/perf/RTX4090/meta-llama/"
+              "Llama-3.1-8B/bf16")
+    cfg = SimConfig(**{**SMALL, "gpu": "rtx4090", "k": 2, "max_concurrency": 1,
+                       "profile": l20_profile, "device_profile": str(bundle)})
+    res = simulate(cfg)[0]
+    assert res["completed"] == SMALL["num_prompts"]
+    assert any("gives the CPU costs only" in n for n in resolve(cfg).notes)
+    plain = simulate(SimConfig(**{**SMALL, "gpu": "rtx4090", "k": 2, "max_concurrency": 1,
+                                  "device_profile": str(bundle)}))[0]
+    assert res["mean_tpot_ms"] != plain["mean_tpot_ms"]   # the profile's CPU costs count
 
 
 def test_profile_defaults_fill_only_what_was_not_given(l20_profile):

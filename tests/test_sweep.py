@@ -317,21 +317,44 @@ def test_a_scheduler_without_workers_ends_the_sweep_and_keeps_the_cells(tmp_path
     assert run_sweep(tiny_grid("k=0,1"), tmp_path, jobs=1).skipped == 1   # and it resumes
 
 
-def test_a_killed_scheduler_ends_the_sweep_in_one_line(tmp_path, quick_cluster_limits):
+def cell_behind_a_gate(settings: dict) -> dict:
+    """A cell that, but for k = 0, waits for the gate file named in $STEPGAP_TEST_GATE (a test
+    decides when, not the machine's speed), then runs as any cell does."""
+    import os
+    from pathlib import Path
+    gate = Path(os.environ["STEPGAP_TEST_GATE"])
+    deadline = time.monotonic() + 120
+    while settings["k"] and not gate.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return sweep_runners.run_cell(settings)
+
+
+def test_a_killed_scheduler_ends_the_sweep_in_one_line(tmp_path, quick_cluster_limits,
+                                                       monkeypatch):
+    """The scheduler is closed when the first cell is stored, while the others wait behind a
+    gate: the sweep ends in one line, the stored cell kept."""
     distributed = pytest.importorskip("distributed")
-    import threading
-    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+    from stepgap.sim import sweep_store
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("STEPGAP_TEST_GATE", str(gate))
+    monkeypatch.setattr(sweep_runners, "run_cell", cell_behind_a_gate)
+    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=8, processes=True,
                                        dashboard_address=None)
-    grid = tiny_grid("k=0..7", sets=["num_prompts=400"])
-    timer = threading.Timer(2.0, cluster.close)
-    timer.start()
+    add = sweep_store.CellStore.add
+
+    def add_then_kill(store, cell, metrics):
+        add(store, cell, metrics)
+        cluster.close()
+
+    monkeypatch.setattr(sweep_store.CellStore, "add", add_then_kill)
     try:
         with pytest.raises(UserError, match="--cluster tcp://.*: (the cluster failed|cannot "
                                             "connect|the scheduler has had no worker)"):
-            run_sweep(grid, tmp_path, cluster=cluster.scheduler_address)
+            run_sweep(tiny_grid("k=0..7"), tmp_path / "out", cluster=cluster.scheduler_address)
     finally:
-        timer.join()
+        gate.touch()
         cluster.close()
+    assert len((tmp_path / "out" / "cells.jsonl").read_text().splitlines()) == 1
 
 
 def test_grid_without_axes_is_refused():
