@@ -59,4 +59,4 @@ vidur:
 	    $(if $(VIDUR_PROFILES),--vidur-profiles $(VIDUR_PROFILES))
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1,4 +1,4 @@
-"""What the MoE and MTP tables, data parallelism and expert parallelism change (issue 40).
+"""What the MoE and MTP tables, data parallelism and expert parallelism change.
 
     python bench/moe_whatif.py                      # 21 runs, one markdown table
 

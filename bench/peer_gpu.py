@@ -1,4 +1,4 @@
-"""Real vLLM runs on GPUs, predicted from the same GPUs' measured operator tables (issues 22, 35).
+"""Real vLLM runs on GPUs, predicted from the same GPUs' measured operator tables.
 
     python bench/peer_gpu.py                          # judge traces/peers/llmservingsim, print
     python bench/peer_gpu.py --write                  # ... and rewrite its report and figures

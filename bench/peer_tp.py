@@ -1,4 +1,4 @@
-"""What tensor parallelism over PCIe costs in a real vLLM run, read from the run itself (issue 35).
+"""What tensor parallelism over PCIe costs in a real vLLM run, read from the run itself.
 
     python bench/peer_tp.py          # the Qwen3-32B TP 2 run on two RTX PRO 6000s
 

@@ -1,4 +1,4 @@
-"""What the GPUs' own tables change for the question stepgap exists for (issues 22 and 35).
+"""What the GPUs' own tables change for the question stepgap exists for.
 
     python bench/peer_whatif.py --out out/peer-whatif        # 6 sweeps of 98 cells
 

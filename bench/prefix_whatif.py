@@ -1,5 +1,5 @@
 """What a shared prefix changes: TTFT and the async saving against the shared fraction of the
-prompt (issue 27), as a `stepgap sweep` over its `shared_fraction` axis.
+prompt, as a `stepgap sweep` over its `shared_fraction` axis.
 
     python bench/prefix_whatif.py      # draws docs/img/prefix_whatif.png (about 5 s)
 

@@ -3,7 +3,7 @@
 alone, then its async row predicted by `stepgap simulate --profile`, with the band of what async
 saves; and that band without the calibration, from stepgap's own ranges (sim/bands.py).
 
-Targets (issue 34): calibrated on the sync row, the async mean TPOT within 2 %, the ITL saving
+Targets: calibrated on the sync row, the async mean TPOT within 2 %, the ITL saving
 within 25 % of the measured 0.97 ms and its band narrower than +-30 % of the saving;
 uncalibrated, the band of the saving contains 0.97 ms. It also shows what else the sync row
 could tell (its P99 ITL, its TPOT against its ITL) at the two ends of what one cell leaves open,

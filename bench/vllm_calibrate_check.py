@@ -1,7 +1,7 @@
 """`stepgap calibrate` on the shared profiled vLLM run, judged on every sync cell of the shared
 vLLM measurement (../shared/vllm-cpu: vLLM 0.32 serving the trained pair on a 2-core CPU).
 
-The inputs are issue 36's command line: the profiled run (profiles/sync-k2-c1: its bench file
+The inputs are a vLLM user's command line: the profiled run (profiles/sync-k2-c1: its bench file
 and the worker's torch-profiler trace) and the sync runs at k = 0 and 2 (results/sync-k0-*,
 sync-k2-*). The profile is then used on every sync cell (k 0, 2, 4 x concurrency 1, 4; three
 repeats each), each repeat re-simulated with its own prompts and acceptance (its bench file's);

@@ -26,7 +26,6 @@ hides nothing).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -35,7 +34,7 @@ from stepgap.calibrate.pair import PAIR, ROOT, load_heldout, pair_paths
 from stepgap.common.errors import UserError
 from stepgap.common.formats import MODES
 from stepgap.common.limits import MAX_K
-from stepgap.common.options import at_most, positive_int
+from stepgap.common.options import add_command, at_most, positive_int
 from stepgap.sim.profile import Profile
 
 PROFILE = ROOT / "traces" / "measured" / "cpu" / "profile.json"
@@ -55,12 +54,12 @@ The pair (checkpoints/pystdlib) was trained by `stepgap train`; docs/training.md
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "demo", help="the engine on the trained pair, next to the simulator's prediction",
+    p = add_command(
+        sub, "demo", help="the engine on the trained pair, next to the simulator's prediction",
         description="Run the reference engine on the committed trained target + EAGLE-3 head "
                     "over held-out Python code, print its measured acceptance, TPOT and ITL, "
                     "and the simulator's prediction for the same trace and acceptance.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG)
     p.add_argument("--pair", default=str(PAIR), metavar="DIR",
                    help="folder with target/, eagle3/ and heldout.jsonl (default: the committed "
                         "checkpoints/pystdlib)")

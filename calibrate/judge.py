@@ -29,10 +29,12 @@ from stepgap.sim.jitter import run_levels
 from stepgap.sim.loop import simulate
 from stepgap.sim.profile import load_profile
 
-# The issue's bounds: |simulated - measured| / measured.
+# The bounds every folder is held to, fixed (docs/validation.md): |simulated - measured| /
+# measured.
 BOUNDS = (("mean_tpot_ms", "mean TPOT", 0.05), ("mean_itl_ms", "mean ITL", 0.05),
           ("p99_tpot_ms", "P99 TPOT", 0.10))
-# A folder judged by the "prefix" rules (a shared-prefix trace, issue 27) holds TTFT too.
+# A folder judged by the "prefix" rules (a shared-prefix trace) holds TTFT too: prefix caching
+# is what moves it.
 TTFT_BOUND = ("mean_ttft_ms", "mean TTFT", 0.05)
 # Student's t, two-sided 95 %, by degrees of freedom (beyond the table: 1.96)
 T95 = {2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
@@ -234,7 +236,8 @@ class KnownMiss:
     reason: str
 
 
-# A known miss cannot drift (issue 23): its committed error is the error now, within DRIFT
+# A known miss cannot drift, so that a rerun cannot make a regression the new normal: its
+# committed error is the error now, within DRIFT
 # either way (a change that moves the simulator on that cell, better or worse, fails until the
 # file is updated by hand), and its cap lies at most CAP_SLACK x |error| + DRIFT out.
 DRIFT = 0.01
@@ -355,12 +358,13 @@ def sign_flipped(row: dict) -> bool:
     return half is not None and abs(m) > half and m * s < 0
 
 
-# Which alternatives a folder's bounds admit, and what more it is held to (rules_for; the issue
-# that set them): the engine's (issue 5): the bounds alone; vLLM's (issue 13): P99 TPOT within
-# 10 % *or* inside the measured cell's own 95 % interval, and a saving within 25 % (right sign)
-# *or* inside its measured interval; the engine's on a trace whose runs hit the prefix cache
-# (issue 27): the engine's bounds, mean TTFT within 5 % too, and every run's prefix-cache
-# queries and hits exactly the engine's (no known miss can excuse a count).
+# Which alternatives a folder's bounds admit, and what more it is held to (rules_for;
+# docs/history.md says when each was set): the engine's: the bounds alone; vLLM's: P99 TPOT
+# within 10 % *or* inside the measured cell's own 95 % interval, and a saving within 25 % (right
+# sign) *or* inside its measured interval (a real server's cells vary more from run to run than
+# a bound can absorb); the engine's on a trace whose runs hit the prefix cache: the engine's
+# bounds, mean TTFT within 5 % too, and every run's prefix-cache queries and hits exactly the
+# engine's (no known miss can excuse a count).
 RULES = {"engine": {"p99_interval": False, "saving_interval": False, "prefix": False},
          "vllm": {"p99_interval": True, "saving_interval": True, "prefix": False},
          "prefix": {"p99_interval": False, "saving_interval": False, "prefix": True}}

@@ -55,7 +55,7 @@ def calibration_trace(pair, num_prompts: int, seed: int = 1) -> list[TraceReques
 
 def shared_prefix_trace(pair=PAIR, groups: int = 6, per_group: int = 7, prefix_len: int = 64,
                         suffix_len: int = 48, output_len: int = 64) -> list[TraceRequest]:
-    """Held-out prompts that share prefixes (issue 27): `groups` prefixes, each the first
+    """Held-out prompts that share prefixes, for prefix caching: `groups` prefixes, each the first
     prefix_len tokens of one held-out prompt, each followed by the first suffix_len tokens of
     `per_group` other held-out prompts; the groups interleaved (the first prompt of every group,
     then the second, ...), so that each group's later prompts find its prefix cached. Real text

@@ -1,4 +1,4 @@
-"""Peers' real GPU runs, judged (DESIGN.md §9): a vLLM run on a GPU, re-simulated from the
+"""Peers' real GPU runs, judged (docs/design.md §9): a vLLM run on a GPU, re-simulated from the
 same GPU's measured operator tables, and held to fixed bounds like the committed CPU folders.
 
 A peer folder (`traces/peers/<peer>/`) keeps the peer's files as they publish them, under
@@ -26,7 +26,8 @@ from stepgap.sim.hardware import is_gpu_file
 from stepgap.sim.loop import simulate
 
 MANIFEST = "peers.json"
-# Issue 22's targets, fixed here: |simulated - measured| / measured.
+# Fixed targets, not fitted to the runs (docs/history.md says when they were set):
+# |simulated - measured| / measured.
 PEER_BOUNDS = (("mean_tpot_ms", "mean TPOT", 0.01), ("p99_tpot_ms", "P99 TPOT", 0.03),
                ("mean_ttft_ms", "mean TTFT", 0.03), ("p99_ttft_ms", "P99 TTFT", 0.05),
                ("mean_e2el_ms", "mean E2EL", 0.02), ("running_peak", "running peak", 0.05))

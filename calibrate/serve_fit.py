@@ -32,6 +32,7 @@ from stepgap.calibrate.samples import cpu_samples
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json_object
 from stepgap.common.formats import load_result, load_timeline
+from stepgap.common.options import add_command
 from stepgap.sim.profile import CpuFit, Profile, save_profile
 
 ENGINE_TERMS = ("schedule", "update_from_output", "result_latency", "ipc_us")
@@ -152,10 +153,8 @@ another level.
 
 
 def register(sub) -> None:
-    import argparse
-    p = sub.add_parser("calibrate-served", help="fit the HTTP path of `stepgap serve` runs on "
-                       "top of an engine profile", description=DESCRIPTION, epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "calibrate-served", help="fit the HTTP path of `stepgap serve` runs on "
+                    "top of an engine profile", description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("profile", metavar="ENGINE_PROFILE.json",
                    help="the engine's own costs (`stepgap profile`)")
     p.add_argument("runs", nargs="+", metavar="RUN.server.json|DIR",

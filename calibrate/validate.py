@@ -16,7 +16,6 @@ config.json: what traces/measured/<device>/ commits and tests/test_fidelity.py r
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 
 from stepgap.common.errors import UserError
 from stepgap.common.formats import MODES
-from stepgap.common.options import MAX_K, at_most, positive_int
+from stepgap.common.options import MAX_K, add_command, at_most, positive_int
 
 # Past these a plan is a typo, not a measurement: it would run for days (every repeat runs every
 # cell) or cut prompts until the memory is gone. Checked as the options are parsed, before
@@ -68,6 +67,18 @@ def add_grid_args(p, what: str) -> None:
                    help=f"speculation depths k {what} (default 0,2,4)")
     g.add_argument("--concurrency", default="1,4", metavar="LIST",
                    help=f"max-concurrency values {what} (default 1,4)")
+
+
+def add_calibration_args(g, prompts: int, per_run: int, per_run_note: str = "") -> None:
+    """The calibration runs' trace, prompts in all and prompts per run (profile, validate)."""
+    g.add_argument("--calibration-trace", default=None, metavar="FILE",
+                   help="calibration trace (default: cut from the corpus's training files)")
+    g.add_argument("--calibration-prompts", type=at_most(positive_int, MAX_CALIBRATION_PROMPTS),
+                   default=prompts, metavar="N", help=f"calibration prompts in all (default "
+                                                      f"{prompts}, at most "
+                                                      f"{MAX_CALIBRATION_PROMPTS})")
+    g.add_argument("--calibration-slice", type=positive_int, default=per_run, metavar="N",
+                   help=f"calibration prompts per run (default {per_run}){per_run_note}")
 
 
 def int_list(text: str, name: str, lo: int = 0, hi: int | None = None) -> list[int]:
@@ -150,13 +161,13 @@ def plan_from_args(args, judged: bool = True):
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "validate", help="run the engine and the simulator on the same traces, cell by cell",
+    p = add_command(
+        sub, "validate", help="run the engine and the simulator on the same traces, cell by cell",
         description="Calibrate the simulator on this machine (or take --profile), run the "
                     "engine over a grid of modes x k x max-concurrency on the judged trace, "
                     "re-simulate every run with the engine's accepted counts, and write a "
                     "report of the errors (report.md, tpot.png, timeline.png).",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG)
     add_grid_args(p, "of the grid")
     g = p.add_argument_group("traces and repeats")
     g.add_argument("--trace", default=None, metavar="FILE",
@@ -169,14 +180,8 @@ def register(sub) -> None:
     g.add_argument("--slice", type=positive_int, default=8, metavar="N",
                    help="judged prompts per run: run r takes the r-th N of the trace, "
                         "wrapping (default 8)")
-    g.add_argument("--calibration-trace", default=None, metavar="FILE",
-                   help="calibration trace (default: cut from the corpus's training files)")
-    g.add_argument("--calibration-prompts", type=at_most(positive_int, MAX_CALIBRATION_PROMPTS),
-                   default=48, metavar="N", help="calibration prompts in all (default 48, at "
-                                                 f"most {MAX_CALIBRATION_PROMPTS})")
-    g.add_argument("--calibration-slice", type=positive_int, default=8, metavar="N",
-                   help="calibration prompts per run (default 8); every (k, concurrency) group "
-                        "runs one calibration run per repeat, before its judged runs")
+    add_calibration_args(g, 48, 8, "; every (k, concurrency) group runs one calibration run "
+                                   "per repeat, before its judged runs")
     g.add_argument("--profile", default=None, metavar="PROFILE.json",
                    help="use this profile instead of calibrating (no grid, no calibration runs)")
     g.add_argument("--no-grid", action="store_true",

@@ -1,7 +1,7 @@
 """vLLM as the measured side: its profiler traces, its metrics and its benchmark files, read into
 stepgap's formats (docs/design.md §8; docs/vllm.md says how each mapping was read off vLLM 0.32).
 
-- `ingest_profile`: the torch-profiler traces a vLLM server writes (the worker's, and the API
+- `vllm_timeline`: the torch-profiler traces a vLLM server writes (the worker's, and the API
   server's) become a stepgap timeline on docs/design.md's lanes and ops (`SCOPES`), step by step;
   the spans of bench/vllm/stepgap_hooks.py (vLLM's engine core and API server, which its
   profiler does not trace) join them on the same clock. What maps to no op keeps vLLM's name
@@ -13,7 +13,6 @@ stepgap's formats (docs/design.md §8; docs/vllm.md says how each mapping was re
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import statistics
@@ -26,7 +25,7 @@ from pathlib import Path
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import decode_text, gunzip, parse_json, read_bytes
 from stepgap.common.formats import LANES, Span
-from stepgap.common.options import MAX_K
+from stepgap.common.options import MAX_K, add_command
 
 # vLLM 0.32's annotations (VLLM_CUSTOM_SCOPES_FOR_PROFILING=1; vllm/v1/worker/gpu_model_runner.py
 # record_function scopes, vllm/v1/worker/gpu_worker.py annotate_profile) -> (lane, op). Several
@@ -289,7 +288,7 @@ def step_spans(src: Source, n: int, step: dict, kernels: dict) -> list[Span]:
     return spans
 
 
-def ingest_profile(paths, window: tuple[float, float] | None = None) -> list[Span]:
+def vllm_timeline(paths, window: tuple[float, float] | None = None) -> list[Span]:
     """A vLLM server's traces and stepgap_hooks span files as one timeline, microseconds from
     its first worker step (`paths` may hold Sources already read). The worker's steps come from
     its torch-profiler trace where one is given, else from its hook spans; `window` (epoch
@@ -495,18 +494,17 @@ the workflow (docs/vllm.md shows it end to end on the committed data):
 
 
 def register(sub) -> None:
-    p = sub.add_parser("ingest", help="read vLLM's profiler traces, metrics and bench files",
-                       description="Read what a vLLM server and `vllm bench serve` write into "
-                       "stepgap's formats.", epilog=INGEST_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "ingest", help="read vLLM's profiler traces, metrics and bench files",
+                    description="Read what a vLLM server and `vllm bench serve` write into "
+                    "stepgap's formats.", epilog=INGEST_EPILOG)
     psub = p.add_subparsers(dest="what", metavar="WHAT")
     p.set_defaults(func=lambda args: p.print_help() or 2)
-    q = psub.add_parser("vllm-profile", help="torch-profiler traces -> a stepgap timeline",
-                        description="A vLLM server's torch-profiler traces (the worker's "
-                        "rank0.*.pt.trace.json.gz and the API server's) as a stepgap timeline "
-                        "on docs/design.md's lanes and ops (docs/vllm.md has the mapping); "
-                        "stepgap_hooks span files add the engine core's and the API server's "
-                        "spans.", formatter_class=argparse.RawDescriptionHelpFormatter)
+    q = add_command(psub, "vllm-profile", help="torch-profiler traces -> a stepgap timeline",
+                    description="A vLLM server's torch-profiler traces (the worker's "
+                    "rank0.*.pt.trace.json.gz and the API server's) as a stepgap timeline "
+                    "on docs/design.md's lanes and ops (docs/vllm.md has the mapping); "
+                    "stepgap_hooks span files add the engine core's and the API server's "
+                    "spans.")
     q.add_argument("traces", nargs="+", metavar="TRACE")
     q.add_argument("--out", required=True, metavar="TIMELINE.jsonl")
     q.add_argument("--chrome", metavar="JSON", help="also a Chrome-trace/Perfetto file")
@@ -539,7 +537,7 @@ def cmd_ingest_profile(args) -> int:
     check_writable(args.out, "--out")
     if args.chrome:
         check_writable(args.chrome, "--chrome")
-    spans = ingest_profile(args.traces)
+    spans = vllm_timeline(args.traces)
     gaps = step_gaps(spans)
     steps = len({s.step for s in spans})
     med = statistics.median(gaps) if gaps else 0.0

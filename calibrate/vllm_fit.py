@@ -24,7 +24,6 @@ was fitted, on which runs, and the residual of every run re-simulated.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -37,7 +36,7 @@ from stepgap.calibrate.fit import MIN_POINTS, fit_cpu, fit_determined, fit_jitte
 from stepgap.calibrate.samples import cpu_samples, device_points, steps_of
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_text
-from stepgap.common.options import positive_int
+from stepgap.common.options import add_command, positive_int
 from stepgap.sim.profile import CpuFit, Fit, Profile, save_profile
 
 # A device fit's columns (sim/profile.py FEATURES), as what is not determined names them.
@@ -130,7 +129,7 @@ def load_runs(paths) -> tuple[list[Run], list[str]]:
     with its scrapes (NAME.before.txt, NAME.after.txt) and its timeline (the traces whose steps
     fall in its window, else the hook spans inside it). Every bench file must come from the
     same model and client settings."""
-    from stepgap.calibrate.vllm import acceptance_from_scrapes, ingest_profile, read_source
+    from stepgap.calibrate.vllm import acceptance_from_scrapes, read_source, vllm_timeline
     from stepgap.common.vllm_bench import bench_k, read_bench
     kinds = classify(paths)
     if not kinds["bench"]:
@@ -174,7 +173,7 @@ def load_runs(paths) -> tuple[list[Run], list[str]]:
         window = (min(t.events[0]["ts"] for t in mine),
                   max(t.events[-1]["ts"] for t in mine)) if mine else r.window
         try:
-            r.spans = ingest_profile(mine + kinds["hooks"], window)
+            r.spans = vllm_timeline(mine + kinds["hooks"], window)
             r.profiled = bool(mine)
         except UserError as e:
             r.notes.append(f"no timeline in its window ({e})")
@@ -622,10 +621,9 @@ undetermined is printed and kept in the profile's `undetermined`.
 
 
 def register(sub) -> None:
-    c = sub.add_parser("calibrate", help="fit the simulator to your vLLM runs, to predict the "
-                       "rest", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
-                       epilog=CALIBRATE_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    c = add_command(sub, "calibrate", help="fit the simulator to your vLLM runs, to predict the "
+                    "rest", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+                    epilog=CALIBRATE_EPILOG)
     c.add_argument("measured", nargs="+", metavar="MEASURED")
     c.add_argument("--model", required=True, metavar="DIR|CONFIG",
                    help="the target's config (the runs are re-simulated to fit the client's "

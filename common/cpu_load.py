@@ -1,5 +1,5 @@
 """What else used the CPU during a measurement: per process from /proc, and the machine's busy
-time (Linux). A timing measurement runs alone; these record how alone it was (issue 23).
+time (Linux). A timing measurement runs alone; these record how alone it was.
 
 On this project's 2-core VMs the load average misleads (idle vLLM servers' threads push it to
 30+ while their processes use about 1 % of a core), so a run records CPU time, not load.

@@ -30,7 +30,7 @@ for each speculation method); named presets are common/model_presets.py's.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from stepgap.common.errors import UserError, where
 from stepgap.common.model_families import (FAMILIES, FAMILY_COUNTS, QUANTIZATIONS, llama_fields,
@@ -350,8 +350,3 @@ class ModelConfig:
                        tie_word_embeddings=bool_field(d, "tie_word_embeddings", source),
                        torch_dtype=dtype, bos_token_id=d.get("bos_token_id"),
                        eos_token_id=d.get("eos_token_id"), **fields)
-
-
-def config_dict(cfg) -> dict:
-    """A plain dict of a config, for run results."""
-    return asdict(cfg)

@@ -48,6 +48,14 @@ SPEC_KEYS = ("method", "model", "num_speculative_tokens")
 # Values
 
 
+def add_command(sub, name: str, help: str, description: str, epilog: str | None = None,
+                **kw) -> argparse.ArgumentParser:
+    """A command's parser: its line in `stepgap --help`, its description, and its examples
+    (the epilog), printed as written."""
+    kw.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+    return sub.add_parser(name, help=help, description=description, epilog=epilog, **kw)
+
+
 def _parse(text: str, kind: type):
     try:
         return kind(text)

@@ -1,4 +1,4 @@
-"""A peer's real vLLM serving run, read as it is published (DESIGN.md §9): LLMServingSim's
+"""A peer's real vLLM serving run, read as it is published (docs/design.md §9): LLMServingSim's
 bench recorder writes `vllm/requests.jsonl`, `vllm/meta.json` and `vllm/timeseries.csv`.
 
 - `requests.jsonl`: one request per line, `input_toks`, `output_toks`, `arrival_time` (epoch

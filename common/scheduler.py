@@ -71,10 +71,6 @@ class Request:
     def num_tokens(self) -> int:
         return self.num_prompt_tokens + len(self.output_token_ids)
 
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
-
     def token_ids(self) -> list[int]:
         """Prompt and output tokens: what a recompute after preemption runs over."""
         return (self.prompt_token_ids or []) + self.output_token_ids

@@ -222,7 +222,6 @@ FLOAT_PARAMS = ("range_ratio",)
 TEXT_PARAMS = ("tokenizer", "path")
 TOKEN_WORKLOADS = ("prefix_repetition", "generated-shared-prefix", "multi-turn",
                    "random")   # the built-ins with token ids (vocab_size matters)
-MODEL_WORKLOADS = ("random", "sharegpt")   # the built-ins that read the model (its tokenizer)
 ZERO_OK = ("prefix_len", "suffix_len", "question_len", "user_len", "input_len",
            "shuffle")   # the parameters that may be 0
 # The workloads a shared fraction applies to: (the shared prefix's length, the rest's). A fraction

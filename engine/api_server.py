@@ -43,9 +43,12 @@ from starlette.requests import ClientDisconnect
 
 from stepgap.common.cpu_load import cpu_state
 from stepgap.common.errors import UserError
-from stepgap.common.formats import (RequestTiming, Span, SpecStats, run_result, save_chrome_trace,
+from stepgap.common.formats import (RequestTiming, Span, run_result, save_chrome_trace,
                             save_result, save_timeline, step_gaps)
 from stepgap.common.limits import MAX_BODY_BYTES, MAX_HTTP_HEAD_BYTES, MAX_URL_BYTES
+from stepgap.engine.core_messages import (Abort, AddRequest, Bye, DumpSpans, Failed, FromCore,
+                                          Idle, Ready, Rejected, Shutdown, SpansDump,
+                                          SpecCounts, StepOutputs)
 from stepgap.engine.core_proc import engine_core_main
 from stepgap.engine.metrics import CONTENT_TYPE, Metrics
 from stepgap.engine.protocol import (SSE_DONE, APIError, ChatCompletionRequest, CompletionRequest,
@@ -116,7 +119,7 @@ class EngineClient:
         self.stopping = False
         self.saved = False      # a window was written (a /stop_profile)
         self.info: dict = {}
-        self.spec = (0, 0, 0, (0,) * self.cfg.k)   # the engine's cumulative counts
+        self.spec = SpecCounts(accepted_per_pos=(0,) * self.cfg.k)   # the engine's, cumulative
         self._dumps: dict[int, asyncio.Future] = {}
         self._next_dump = 0
         self.heard = time.monotonic()       # the engine core's last message
@@ -150,14 +153,13 @@ class EngineClient:
             if time.monotonic() > deadline:
                 raise UserError(f"the engine core sent nothing for {START_TIMEOUT_S:.0f} s")
         try:
-            kind, *payload = self.conn_out.recv()
+            msg = self.conn_out.recv()
         except EOFError:
             raise UserError("the engine core exited while starting") from None
-        if kind != "ready":
-            if kind == "user_error":
-                raise UserError(payload[0])
-            raise UserError(payload[0] if payload else f"the engine core sent {kind!r}")
-        self.info = payload[0]
+        if not isinstance(msg, Ready):
+            raise UserError(msg.message if isinstance(msg, Failed) else
+                            f"the engine core sent {type(msg).__name__} while starting")
+        self.info = msg.info
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Read the engine's messages from the event loop, as they come; watch the engine."""
@@ -212,7 +214,7 @@ class EngineClient:
                 pass
         if proc.is_alive():
             try:
-                self.conn_in.send(("shutdown",))
+                self.conn_in.send(Shutdown())
             except (OSError, BrokenPipeError):
                 pass
             proc.join(STOP_TIMEOUT_S)
@@ -303,7 +305,7 @@ class EngineClient:
                       last_s=timing.send_s, eos=eos)
             batch.subs.append(sub)
             self.subs[rid] = sub
-            self._send(("add", rid, ids, n, eos))
+            self._send(AddRequest(rid, ids, n, eos))
         if self.record:
             self.spans.append(Span("cpu.frontend", "add_request", -1,
                                    (arrival_ns - self.t0_ns) / 1e3, self._now_us(),
@@ -316,7 +318,7 @@ class EngineClient:
             if not sub.finished:
                 sub.finished, sub.reason = True, "abort"
                 if self.subs.pop(sub.rid, None) is not None and not self.dead:
-                    self._send(("abort", sub.rid))
+                    self._send(Abort(sub.rid))
                 self.metrics.on_finish("abort", sub.prompt_len, sub.num_tokens, 0.0, 0.0)
                 self.num_aborted += 1
 
@@ -363,30 +365,30 @@ class EngineClient:
             self._on_dead(f"the engine core (pid {self.info.get('engine_pid')}) exited"
                           + (f" with code {code}" if code is not None else ""))
 
-    def _on_message(self, msg) -> None:
-        kind = msg[0]
-        if kind == "step":
-            self._on_step(*msg[1:])
-        elif kind == "idle":
-            self.spec = msg[1][4]
-            self.metrics.on_step(msg[1], None)
-        elif kind == "rejected":
-            sub = self.subs.get(msg[1])
-            if sub is not None:
-                self.fail(sub, APIError(msg[2]))
-        elif kind == "spans":
-            fut = self._dumps.pop(msg[1], None)
-            if fut is not None and not fut.done():
-                fut.set_result(msg[2])
-        elif kind in ("dead", "user_error"):
-            self._on_dead(msg[1])
-        elif kind == "bye":
-            pass
+    def _on_message(self, msg: FromCore) -> None:
+        match msg:
+            case StepOutputs():
+                self._on_step(msg)
+            case Idle(stats):
+                self.spec = stats.spec
+                self.metrics.on_step(stats, None)
+            case Rejected(rid, message):
+                sub = self.subs.get(rid)
+                if sub is not None:
+                    self.fail(sub, APIError(message))
+            case SpansDump(token, spans):
+                fut = self._dumps.pop(token, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(spans)
+            case Failed(message):
+                self._on_dead(message)
+            case Bye():
+                pass
 
-    def _on_step(self, step: int, outs, gap_us, stats) -> None:
+    def _on_step(self, out: StepOutputs) -> None:
         """One step's chunks: detokenize each and hand it to its request (process_outputs)."""
-        t0 = self._now_us()
-        for rid, new, finished in outs:
+        t0, step = self._now_us(), out.step
+        for rid, new, finished in out.chunks:
             sub = self.subs.get(rid)
             if sub is None:
                 continue   # aborted while the step ran
@@ -398,11 +400,11 @@ class EngineClient:
                 reason = "stop" if sub.eos is not None and new and new[-1] == sub.eos \
                     else "length"
             sub.batch.queue.put_nowait((sub, text, new, reason, step))
-        self.spec = stats[4]
-        self.metrics.on_step(stats, gap_us)
-        if outs and self.record:
+        self.spec = out.stats.spec
+        self.metrics.on_step(out.stats, out.gap_us)
+        if out.chunks and self.record:
             self.spans.append(Span("cpu.frontend", "process_outputs", step, t0, self._now_us(),
-                                   {"reqs": len(outs)}))
+                                   {"reqs": len(out.chunks)}))
 
     def _on_dead(self, message: str) -> None:
         if self.dead:
@@ -447,7 +449,7 @@ class EngineClient:
         token, self._next_dump = self._next_dump, self._next_dump + 1
         fut = self.loop.create_future()
         self._dumps[token] = fut
-        self._send(("dump", token))
+        self._send(DumpSpans(token))
         try:
             return await asyncio.wait_for(fut, 5.0)
         except asyncio.TimeoutError:
@@ -492,13 +494,7 @@ class EngineClient:
     def window_result(self, spans: list[Span], config: dict) -> dict:
         timings = sorted(self.timings, key=lambda t: t.send_s)
         first = timings[0].send_s if timings else 0.0
-        spec = None
-        if self.cfg.k:
-            spec = SpecStats(self.cfg.k)
-            now, then = self.spec, self.spec_at_t0
-            spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens = \
-                (a - b for a, b in zip(now[:3], then[:3]))
-            spec.accepted_per_pos = [a - b for a, b in zip(now[3], then[3])]
+        spec = self.spec.since(self.spec_at_t0, self.cfg.k) if self.cfg.k else None
         res = run_result(timings, max(self.last_done - first, 0.0), backend="stepgap-serve",
                          config={**config, "aborted": self.num_aborted},
                          gaps_us=step_gaps(spans), spec=spec, detailed=True)
@@ -608,59 +604,57 @@ def build_app(engine: EngineClient, model_name: str, sampling, *, timeline=None,
         finally:
             engine.release(batch)
 
-    @app.post("/v1/completions")
-    async def completions(raw: Request):
+    async def serve_request(raw: Request, kind, chat: bool, prompt_ids):
+        """Both endpoints: the body read, parsed and checked, its prompts' ids
+        (`prompt_ids(req, body)`: ids, max_tokens, the field they came from) handed to the
+        engine, and the answer streamed or whole."""
         arrival = time.perf_counter_ns()
         try:
             body = await _body(raw)
             if body is None:
                 return Response(status_code=499)   # the client closed the request half-sent
-            req = parse(CompletionRequest, body)
+            req = parse(kind, body)
             check_model(req.model)
             check_sampling(req, sampling)
-            engine.check_alive()
-            ids = await engine.tokenize(completion_prompts(req))
-            batch = engine.submit(ids, req.max_tokens, req.ignore_eos, arrival)
+            ids, max_tokens, field_name = await prompt_ids(req, body)
+            batch = engine.submit(ids, max_tokens, req.ignore_eos, arrival, field_name)
         except APIError as e:
             return error(e)
-        shapes = Shapes(False, new_id("cmpl"), model_name, bool(req.return_token_ids))
+        shapes = Shapes(chat, new_id("chatcmpl" if chat else "cmpl"), model_name,
+                        bool(req.return_token_ids))
         return await answer(raw, batch, shapes, bool(req.stream),
                             bool(req.stream_options and req.stream_options.include_usage))
 
+    async def completion_ids(req: CompletionRequest, body: bytes):
+        engine.check_alive()
+        return await engine.tokenize(completion_prompts(req)), req.max_tokens, "prompt"
+
+    async def chat_ids(req: ChatCompletionRequest, body: bytes):
+        if engine.tok is None or not engine.tok.chat_template:
+            raise APIError("this model has no chat template (its tokenizer_config.json "
+                           "has no chat_template, and there is no chat_template.jinja): "
+                           "use /v1/completions with a prompt", "messages")
+        messages = [{"role": m.role, "content": message_text(m.content,
+                                                             f"messages.{i}.content")}
+                    for i, m in enumerate(req.messages)]
+        engine.check_alive()
+        limit = engine.tok.max_chars(engine.cfg.max_model_len)
+        render = functools.partial(engine.tok.render_chat, messages,
+                                   req.add_generation_prompt, limit)
+        try:
+            text = await asyncio.to_thread(render) if len(body) > INLINE_CHARS else render()
+        except ValueError as e:
+            raise APIError(f"messages: {e}", "messages") from None
+        ids = await engine.tokenize([text], "messages", add_special_tokens=False)
+        return ids, req.max_completion_tokens or req.max_tokens, "messages"
+
+    @app.post("/v1/completions")
+    async def completions(raw: Request):
+        return await serve_request(raw, CompletionRequest, False, completion_ids)
+
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request):
-        arrival = time.perf_counter_ns()
-        try:
-            body = await _body(raw)
-            if body is None:
-                return Response(status_code=499)   # the client closed the request half-sent
-            req = parse(ChatCompletionRequest, body)
-            check_model(req.model)
-            check_sampling(req, sampling)
-            if engine.tok is None or not engine.tok.chat_template:
-                raise APIError("this model has no chat template (its tokenizer_config.json "
-                               "has no chat_template, and there is no chat_template.jinja): "
-                               "use /v1/completions with a prompt", "messages")
-            messages = [{"role": m.role, "content": message_text(m.content,
-                                                                 f"messages.{i}.content")}
-                        for i, m in enumerate(req.messages)]
-            engine.check_alive()
-            limit = engine.tok.max_chars(engine.cfg.max_model_len)
-            render = functools.partial(engine.tok.render_chat, messages,
-                                       req.add_generation_prompt, limit)
-            try:
-                text = await asyncio.to_thread(render) if len(body) > INLINE_CHARS \
-                    else render()
-            except ValueError as e:
-                raise APIError(f"messages: {e}", "messages") from None
-            max_tokens = req.max_completion_tokens or req.max_tokens
-            ids = await engine.tokenize([text], "messages", add_special_tokens=False)
-            batch = engine.submit(ids, max_tokens, req.ignore_eos, arrival, "messages")
-        except APIError as e:
-            return error(e)
-        shapes = Shapes(True, new_id("chatcmpl"), model_name, bool(req.return_token_ids))
-        return await answer(raw, batch, shapes, bool(req.stream),
-                            bool(req.stream_options and req.stream_options.include_usage))
+        return await serve_request(raw, ChatCompletionRequest, True, chat_ids)
 
     @app.get("/v1/models")
     async def models():

@@ -7,11 +7,10 @@ EngineArgs that every engine user builds from). `register` adds the engine's com
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from stepgap.common.errors import UserError
-from stepgap.common.options import add_load_args, add_result_args
+from stepgap.common.options import add_command, add_load_args, add_result_args
 from stepgap.engine.options import add_run_args, engine_args_from
 
 RUN_EPILOG = """\
@@ -42,13 +41,12 @@ def register(sub) -> None:
 
 
 def register_run(sub) -> None:
-    p = sub.add_parser(
-        "run", help="run a trace through the real torch engine and measure it",
+    p = add_command(
+        sub, "run", help="run a trace through the real torch engine and measure it",
         description="Run a workload through the reference engine (a Llama target, an EAGLE-3 "
                     "head, a paged KV cache, the shared vLLM V1 scheduler) and measure what "
                     "`vllm bench serve` measures, plus the step timeline and its gaps.",
-        epilog=RUN_EPILOG, allow_abbrev=False,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=RUN_EPILOG, allow_abbrev=False)
     add_run_args(p)
     add_load_args(p)
     add_result_args(p, timeline_help="write the spans as JSON lines")

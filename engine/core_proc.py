@@ -3,15 +3,9 @@
 `stepgap serve` runs three processes, as `vllm serve` does: the HTTP front end
 (engine/api_server.py), this engine core (the scheduler and the step loop), and, with
 `--executor process`, the worker; with `--executor inline` the worker runs here. The front end
-and the engine core talk over two pipes, one message each way per event:
-
-- in:  ("add", request_id, prompt_ids, max_tokens, eos_token_id), ("abort", request_id),
-       ("dump", token) (the spans recorded so far, then forget them), ("shutdown",);
-- out: ("ready", info), ("step", step, [(request_id, new_ids, finished)], gap_us, stats) after
-       every step, ("idle", stats) when it runs out of work, ("rejected", request_id,
-       message), ("spans", token, spans),
-       ("dead", message) when the engine fails (a dead worker), ("user_error", message) when it
-       cannot start.
+and the engine core talk over two pipes, one message each way per event, each a class of
+engine/core_messages.py: `AddRequest`, `Abort`, `DumpSpans` and `Shutdown` in; `Ready`,
+`StepOutputs` after every step, `Idle`, `Rejected`, `SpansDump`, `Failed` and `Bye` out.
 
 The step loop is engine/loop.py's `step_loop`, unchanged: `ServedClient` stands where the
 benchmark client stands. Between steps it hands the requests and aborts that came to the
@@ -32,6 +26,9 @@ import traceback
 
 from stepgap.common.errors import UserError
 from stepgap.common.formats import TraceRequest
+from stepgap.engine.core_messages import (Abort, AddRequest, Bye, Chunk, DumpSpans,
+                                          EngineStats, Failed, Idle, Ready, Rejected,
+                                          Shutdown, SpansDump, SpecCounts, StepOutputs, ToCore)
 from stepgap.engine.executor import exit_now
 from stepgap.engine.loop import EngineCore, step_loop
 from stepgap.engine.worker import RunConfig
@@ -66,55 +63,52 @@ class ServedClient:
         if self.shutdown:   # told to stop by the messages of this very iteration
             return
         self.idled = True
-        self.out.send(("idle", self.stats()))
+        self.out.send(Idle(self.stats()))
         while True:
             try:
                 msg = self.inbox.get(timeout=IDLE_POLL_S)
             except queue.Empty:
                 if os.getppid() != self.parent_pid:
-                    msg = ("shutdown",)   # the front end is gone
+                    msg = Shutdown()   # the front end is gone
                 else:
                     continue
             self.handle(msg)
             return
 
-    def handle(self, msg) -> None:
-        kind = msg[0]
+    def handle(self, msg: ToCore) -> None:
         core = self.core
-        if kind == "add":
-            _, rid, ids, max_tokens, eos = msg
-            try:
-                core.add(TraceRequest(rid, 0.0, len(ids), max_tokens, ids), eos)
-            except UserError as e:
-                self.out.send(("rejected", rid, str(e)))
-        elif kind == "abort":
-            core.sched.abort_request(msg[1])
-            core.accepted.pop(msg[1], None)
-        elif kind == "dump":
-            spans = core.spans + core.host.take()
-            core.spans, self.seen = [], 0
-            self.out.send(("spans", msg[1], spans))
-        elif kind == "shutdown":
-            for rid in list(core.sched.requests):
+        match msg:
+            case AddRequest(rid, ids, max_tokens, eos):
+                try:
+                    core.add(TraceRequest(rid, 0.0, len(ids), max_tokens, ids), eos)
+                except UserError as e:
+                    self.out.send(Rejected(rid, str(e)))
+            case Abort(rid):
                 core.sched.abort_request(rid)
-            self.shutdown = True
+                core.accepted.pop(rid, None)
+            case DumpSpans(token):
+                spans = core.spans + core.host.take()
+                core.spans, self.seen = [], 0
+                self.out.send(SpansDump(token, spans))
+            case Shutdown():
+                for rid in list(core.sched.requests):
+                    core.sched.abort_request(rid)
+                self.shutdown = True
 
     def receive(self, core: EngineCore, emitted, step: int) -> None:
         """One step's chunks, to the front end, with the scheduler's state after it."""
-        outs = []
+        chunks = []
         for req, new, finished in emitted:
-            outs.append((req.request_id, new, finished))
+            chunks.append(Chunk(req.request_id, new, finished))
             if finished:
                 core.accepted.pop(req.request_id, None)
-        self.out.send(("step", step, outs, self.step_gap(core), self.stats()))
+        self.out.send(StepOutputs(step, chunks, self.step_gap(core), self.stats()))
 
-    def stats(self) -> tuple:
-        """(running, waiting, free KV blocks, preemptions, cumulative acceptance counts,
-        cumulative prefix-cache queries and hits in tokens)."""
-        s, spec = self.core.sched, self.core.spec
-        return (len(s.running), len(s.waiting), s.num_free_blocks, s.num_preemptions,
-                (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens,
-                 tuple(spec.accepted_per_pos)), (s.prefix_cache_queries, s.prefix_cache_hits))
+    def stats(self) -> EngineStats:
+        s = self.core.sched
+        return EngineStats(len(s.running), len(s.waiting), s.num_free_blocks, s.num_preemptions,
+                           SpecCounts.of(self.core.spec), s.prefix_cache_queries,
+                           s.prefix_cache_hits)
 
     def step_gap(self, core: EngineCore) -> float | None:
         """The device idle time before the step just collected (µs, docs/design.md §2), or None
@@ -143,7 +137,7 @@ def _read_pipe(conn, inbox: queue.SimpleQueue) -> None:
         while True:
             inbox.put(conn.recv())
     except (EOFError, OSError):
-        inbox.put(("shutdown",))
+        inbox.put(Shutdown())
 
 
 def engine_core_main(conn_in, conn_out, engine_args, record: bool, parent_pid: int) -> None:
@@ -167,10 +161,10 @@ def _engine_core(conn_in, conn_out, engine_args, record: bool, parent_pid: int) 
         setup = engine_args.create_engine_config()
         executor = setup.make_executor()
     except UserError as e:
-        _tell(conn_out, ("user_error", str(e)))
+        _tell(conn_out, Failed(str(e)))
         return
     except BaseException:
-        _tell(conn_out, ("dead", f"the engine failed to start:\n{traceback.format_exc()}"))
+        _tell(conn_out, Failed(f"the engine failed to start:\n{traceback.format_exc()}"))
         return
     with executor:
         try:
@@ -178,9 +172,9 @@ def _engine_core(conn_in, conn_out, engine_args, record: bool, parent_pid: int) 
         except (BrokenPipeError, ConnectionResetError):   # the front end is gone (SIGKILL,
             pass                                          # the OOM killer): stop quietly
         except UserError as e:
-            _tell(conn_out, ("user_error", str(e)))
+            _tell(conn_out, Failed(str(e)))
         except Exception as e:   # a dead worker (WorkerDied), an engine bug
-            _tell(conn_out, ("dead", f"{type(e).__name__}: {e}"))
+            _tell(conn_out, Failed(f"{type(e).__name__}: {e}"))
 
 
 def serve(executor, setup, conn_in, conn_out, record: bool, parent_pid: int) -> None:
@@ -198,6 +192,6 @@ def serve(executor, setup, conn_in, conn_out, record: bool, parent_pid: int) -> 
     # core freezes it: a full collection over it stalls the step loop (docs/engine.md, Traps).
     gc.collect()
     gc.freeze()
-    conn_out.send(("ready", info))
+    conn_out.send(Ready(info))
     step_loop(core, client)
-    conn_out.send(("bye",))
+    conn_out.send(Bye())

@@ -24,6 +24,7 @@ The attention metadata travels in a small `Context`, set once per forward (as na
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -66,6 +67,16 @@ def set_context(ctx: Context | None) -> None:
 
 def get_context() -> Context | None:
     return _CONTEXT
+
+
+@contextmanager
+def attention_context(ctx: Context):
+    """The forwards in the block attend with `ctx`; none after it, whatever happens inside."""
+    set_context(ctx)
+    try:
+        yield ctx
+    finally:
+        set_context(None)
 
 
 def make_context(positions: torch.Tensor, block_tables: torch.Tensor, pad_idx: torch.Tensor,
@@ -164,9 +175,3 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size()
-
-
-def kv_cache_bytes_per_block(num_layers: int, num_kv_heads: int, head_dim: int,
-                             dtype: torch.dtype, block_size: int = BLOCK_SIZE) -> int:
-    return num_layers * 2 * block_size * num_kv_heads * head_dim * \
-        torch.empty((), dtype=dtype).element_size()

@@ -26,6 +26,8 @@ from __future__ import annotations
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                generate_latest)
 
+from stepgap.engine.core_messages import EngineStats, SpecCounts
+
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -108,27 +110,29 @@ class Metrics:
         self.step_gap = histogram("stepgap:step_gap_seconds",
                                   "Device idle time before each engine step (docs/design.md §2), "
                                   "between steps with no wait for work.", STEP_GAP_BUCKETS)
-        self._last_spec = (0, 0, 0, (0,) * k)
+        self._last_spec = SpecCounts(accepted_per_pos=(0,) * k)
         self._last_preemptions = 0
 
-    def on_step(self, stats, gap_us: float | None) -> None:
+    def on_step(self, stats: EngineStats, gap_us: float | None) -> None:
         """The engine's state after a step: gauges, and the counters' growth."""
-        running, waiting, free, preemptions, spec, prefix = stats
+        spec, preemptions = stats.spec, stats.preemptions
+        prefix = (stats.prefix_cache_queries, stats.prefix_cache_hits)
         for c, new, old in zip((self.prefix_queries, self.prefix_hits), prefix,
                                self._last_prefix):
             if new > old:
                 c.inc(new - old)
         self._last_prefix = prefix
-        self.running.set(running)
-        self.waiting.set(waiting)
-        self.kv_usage.set(1.0 - free / self.num_blocks)
+        self.running.set(stats.running)
+        self.waiting.set(stats.waiting)
+        self.kv_usage.set(1.0 - stats.free_blocks / self.num_blocks)
         if preemptions > self._last_preemptions:
             self.preemptions.inc(preemptions - self._last_preemptions)
             self._last_preemptions = preemptions
-        if self.spec is not None and spec[0] > self._last_spec[0]:
+        if self.spec is not None and spec.num_drafts > self._last_spec.num_drafts:
             for c, new, old in zip(self.spec, spec[:3], self._last_spec[:3]):
                 c.inc(new - old)
-            for c, new, old in zip(self.spec_per_pos, spec[3], self._last_spec[3]):
+            for c, new, old in zip(self.spec_per_pos, spec.accepted_per_pos,
+                                   self._last_spec.accepted_per_pos):
                 if new > old:
                     c.inc(new - old)
             self._last_spec = spec

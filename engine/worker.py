@@ -22,7 +22,7 @@ never waits, prepares as if every draft were accepted, and lets the device fix i
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 import numpy as np
@@ -31,8 +31,9 @@ import torch
 from stepgap.common.errors import UserError
 from stepgap.common.formats import MODES, Span
 from stepgap.engine.checkpoint import load_draft, load_target
-from stepgap.engine.graphs import DecodeGraphs, capture_decode_graphs
-from stepgap.engine.kv_cache import BLOCK_SIZE, KVCache, make_context, set_context
+from stepgap.engine.drafter import Eagle3Drafter
+from stepgap.engine.graphs import DecodeGraphs, GraphPlan, capture
+from stepgap.engine.kv_cache import BLOCK_SIZE, KVCache, attention_context, make_context
 from stepgap.engine.sampler import SamplingConfig, rejection_sample
 from stepgap.engine.timing import DeviceTimer, HostSpans
 
@@ -135,6 +136,41 @@ class ReqState:
 
 
 @dataclass(slots=True)
+class StepInputs:
+    """One step's flattened inputs over N tokens in B rows: numpy arrays on the host, then
+    views of one device buffer after their one H2D copy (`to_device`)."""
+
+    ids: np.ndarray          # [N] token ids (those patched on the device: 0 here)
+    pos: np.ndarray          # [N] positions
+    rows: np.ndarray         # [N] the row of each token
+    unpad: np.ndarray        # [N] each token's slot in the padded [B, Q] grid
+    pad: np.ndarray          # [B, Q] the token of each grid slot (a row's last, past its end)
+    tables: np.ndarray       # [B, W] block tables, padded with the scratch block
+    verify: np.ndarray       # [B, 1 + k] the flat index of each token a row verifies
+    num_spec: np.ndarray     # [B] drafts each row verifies
+    samples: np.ndarray      # [B] 1 where the row samples
+    fallback: np.ndarray     # [B] a row that does not sample: its next prompt token
+    forced: np.ndarray       # [B] the forced accepted count (synthetic acceptance)
+    patch_dst: np.ndarray    # [P] input ids that come from the previous step's outputs ...
+    patch_row: np.ndarray    # [P] ... its row there
+    patch_col: np.ndarray    # [P] ... and column (0: its sampled token, 1..k: its drafts)
+    fix_row: np.ndarray      # [F] rows whose positions the zero-bubble fixup corrects ...
+    fix_prev: np.ndarray     # [F] ... and their row in the previous step
+
+    def to_device(self, device: torch.device) -> "StepInputs":
+        """One H2D copy of every array, packed; the same fields as device views."""
+        arrays = [getattr(self, f.name) for f in fields(self)]
+        packed = torch.from_numpy(np.concatenate([a.ravel() for a in arrays]))
+        if device.type == "cuda":
+            packed = packed.pin_memory().to(device, non_blocking=True)
+        views, off = [], 0
+        for a in arrays:
+            views.append(packed[off:off + a.size].view(a.shape))
+            off += a.size
+        return StepInputs(*views)
+
+
+@dataclass(slots=True)
 class PreparedBatch:
     """One step's flattened inputs on the host, before their one H2D copy."""
 
@@ -146,7 +182,7 @@ class PreparedBatch:
     shape: dict               # what the device ops work on, for their spans (sim/costs.py Batch)
     num_patched: int          # input ids that come from the previous step's device outputs
     num_fixed: int            # rows whose positions the zero-bubble fixup corrects
-    arrays: dict              # name -> np.ndarray
+    inputs: StepInputs
 
 
 @dataclass(slots=True, eq=False)
@@ -229,8 +265,10 @@ class Worker:
         for i, attn in enumerate(layers):
             attn.k_cache, attn.v_cache = self.kv.layer(i)
         self.scratch = self.kv.scratch_block
+        self.drafter = Eagle3Drafter(self.draft, self.target_cfg.hidden_size, self._context) \
+            if self.draft else None
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
-        self.graphs: dict[str, DecodeGraphs] = {}
+        self.target_graphs: DecodeGraphs | None = None
         self.graphs_k: int | None = None   # the k the graphs were captured for
         self.graph_pool = None
         self.graph_error: str | None = None
@@ -264,14 +302,44 @@ class Worker:
         if ((self.cuda and self.spec.cuda_graphs) or self.spec.emulate_graphs) \
                 and self.graphs_k != run.k:
             try:
-                self.graphs, self.graphs_k = capture_decode_graphs(self, run.k), run.k
+                self._capture_graphs(run.k)
             except Exception as e:  # run eagerly rather than not at all; say so
-                set_context(None)
-                self.graphs, self.graphs_k = {}, None
+                self._drop_graphs()
                 self.graph_error = f"{type(e).__name__}: {e}"
                 warnings.warn(f"CUDA graph capture failed, running eagerly: {self.graph_error}")
         self.host = HostSpans("cpu.worker")
         self.timer = DeviceTimer(self.device)
+
+    @torch.inference_mode()
+    def _capture_graphs(self, k: int) -> None:
+        """The decode forwards' graphs at depth k over every (batch, window) bucket: the
+        target's (1 + k tokens per row) here, the drafter's passes in the drafter. On the CPU
+        they are emulated (the padded path, run eagerly)."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            if self.graph_pool is None:
+                self.graph_pool = torch.cuda.graph_pool_handle()
+        spec = self.spec
+        plan = GraphPlan.of(self.device, self.dtype, self.scratch, self.kv.block_size,
+                            spec.max_num_seqs, spec.max_model_len + spec.max_k, self.graph_pool)
+        self.target_graphs = capture(plan, self._target_pass, 1 + k)
+        if self.drafter:
+            self.drafter.capture(k, plan)
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        self.graphs_k = k
+
+    def _drop_graphs(self) -> None:
+        self.target_graphs, self.graphs_k = None, None
+        if self.drafter:
+            self.drafter.capture(0, None)
+
+    def _target_pass(self, ids, pos, _hidden=None) -> tuple[torch.Tensor, ...]:
+        """The target over a uniform batch, as its graphs capture it: logits of every token
+        (all are verified) and, with drafts, the aux hidden states."""
+        hidden, aux = self.target(ids, pos, return_aux=self.k > 0)
+        logits = self.target.compute_logits(hidden)
+        return (logits, aux) if aux is not None else (logits,)
 
     # -- execute --------------------------------------------------------------------------------
 
@@ -373,119 +441,66 @@ class Worker:
         # What the device ops work on, for their spans (the simulator's Batch, sim/costs.py).
         shape = {"q": qmax, "kv": kv, "sampling": int(samples.sum()),
                  "drafts": int(num_spec.sum())}
+        inputs = StepInputs(ids, pos, rows, unpad, pad, tables, verify, num_spec, samples,
+                            fallback, forced, *(np.asarray(a, np.int64) for a in (
+                                patch_dst, patch_row, patch_col, fix_row, fix_prev)))
         return PreparedBatch(b, n_tok, qmax, width, uniform, shape, len(patch_dst), len(fix_row),
-                             {"ids": ids, "pos": pos, "rows": rows, "unpad": unpad, "pad": pad,
-                           "tables": tables, "verify": verify, "num_spec": num_spec,
-                           "samples": samples, "fallback": fallback, "forced": forced,
-                           "patch_dst": np.asarray(patch_dst, np.int64),
-                           "patch_row": np.asarray(patch_row, np.int64),
-                           "patch_col": np.asarray(patch_col, np.int64),
-                           "fix_row": np.asarray(fix_row, np.int64),
-                              "fix_prev": np.asarray(fix_prev, np.int64)})
-
-    def _to_device(self, arrays: dict) -> dict:
-        """One H2D copy of every input array, packed; returns device views by name."""
-        flat = np.concatenate([a.ravel() for a in arrays.values()])
-        t = torch.from_numpy(flat)
-        if self.cuda:
-            t = t.pin_memory().to(self.device, non_blocking=True)
-        out, off = {}, 0
-        for name, a in arrays.items():
-            out[name] = t[off:off + a.size].view(a.shape)
-            off += a.size
-        return out
+                             inputs)
 
     def _launch(self, batch: PreparedBatch, h: StepHandle, prev: StepHandle | None) -> None:
         k, step, rec = self.k, h.step, h.records
         b, n, width = batch.num_reqs, batch.num_tokens, batch.width
-        d = self._to_device(batch.arrays)
-        ids, pos, samples = d["ids"], d["pos"], d["samples"].bool()
+        d = batch.inputs.to_device(self.device)
+        ids, pos, samples = d.ids, d.pos, d.samples.bool()
         if batch.num_patched:
             prev_table = prev.next_token.unsqueeze(1) if prev.drafts is None else \
                 torch.cat([prev.next_token.unsqueeze(1), prev.drafts], dim=1)
-            ids = ids.index_put((d["patch_dst"],), prev_table[d["patch_row"], d["patch_col"]])
+            ids = ids.index_put((d.patch_dst,), prev_table[d.patch_row, d.patch_col])
         if batch.num_fixed:
             with self.timer.op(rec, "fixup", step, reqs=batch.num_fixed):
                 rejected = prev.num_spec - prev.num_accepted
                 adj = torch.zeros(b, dtype=torch.long, device=self.device)
-                adj[d["fix_row"]] = rejected[d["fix_prev"]]
-                pos = pos - adj[d["rows"]]
-        graphs = batch.uniform and "target" in self.graphs
-        key = self.graphs["target"].bucket(b, width) if graphs else None
+                adj[d.fix_row] = rejected[d.fix_prev]
+                pos = pos - adj[d.rows]
+        g = self.target_graphs
+        key = g.bucket(b, width) if batch.uniform and g is not None else None
         shape = batch.shape
+        ctx = None
         with self.timer.op(rec, "target_forward", step, tokens=n, reqs=b, blocks=width,
                            graph=key is not None, **shape):
             if key is not None:
-                outs = self.graphs["target"].run(
-                    key, {"ids": ids, "pos": pos, "block_tables": d["tables"]}, b)
+                outs = g.run(key, ids, pos, d.tables)
                 logits, aux = outs[0].view(b, k + 1, -1), (outs[1] if k else None)
-                ctx = None
             else:
-                ctx = self._context(pos, d["tables"], d["pad"], d["unpad"])
-                set_context(ctx)
-                hidden, aux = self.target(ids, pos, return_aux=k > 0)
-                set_context(None)
-                logits = self.target.compute_logits(hidden[d["verify"].flatten()])
+                ctx = self._context(pos, d.tables, d.pad, d.unpad)
+                with attention_context(ctx):
+                    hidden, aux = self.target(ids, pos, return_aux=k > 0)
+                logits = self.target.compute_logits(hidden[d.verify.flatten()])
                 logits = logits.view(b, k + 1, -1)
         with self.timer.op(rec, "rejection_sample", step, reqs=b, tokens=n, **shape):
-            drafts_in = ids[d["verify"][:, 1:]]
-            forced = d["forced"] if self.run.sampling.forced else None
-            tokens, num_accepted = rejection_sample(logits, drafts_in, d["num_spec"],
+            drafts_in = ids[d.verify[:, 1:]]
+            forced = d.forced if self.run.sampling.forced else None
+            tokens, num_accepted = rejection_sample(logits, drafts_in, d.num_spec,
                                                     self.run.sampling, self.gen, forced)
             next_token = tokens.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
-            next_token = torch.where(samples, next_token, d["fallback"])
+            next_token = torch.where(samples, next_token, d.fallback)
         h.next_token, h.num_accepted, h.num_spec, h.tokens = next_token, num_accepted, \
-            d["num_spec"], tokens
+            d.num_spec, tokens
         h.acc_host = self._d2h_accepted(h)
         if k:
-            h.drafts = self._propose(batch, d, ids, pos, aux, ctx, num_accepted, next_token,
-                                     samples, h)
-        self._d2h_outputs(h)
+            first = {"tokens": n, "reqs": b, "blocks": width}
+            later = {"tokens": b, "reqs": b, "blocks": width}
 
-    def _propose(self, batch, d, ids, pos, aux, ctx, num_accepted, next_token, samples, h):
-        """EAGLE-3 drafting in the padded-batch form: a first pass over every scheduled slot
-        (rejected ones as padding), then k - 1 one-token passes from each row's last accepted
-        position."""
-        k, step, rec, b, width = self.k, h.step, h.records, batch.num_reqs, batch.width
-        last = d["verify"][:, 0] + num_accepted  # flat index of each row's last accepted token
-        drafts = torch.empty(b, k, dtype=torch.long, device=self.device)
-        key = self.graphs["draft_first"].bucket(b, width) \
-            if batch.uniform and "draft_first" in self.graphs else None
-        with self.timer.op(rec, "draft_forward", step, i=0, tokens=batch.num_tokens, reqs=b,
-                           blocks=width, graph=key is not None, **batch.shape):
-            draft_ids = ids.roll(-1).index_put((last,), next_token)
-            if key is not None:
-                (pre,) = self.graphs["draft_first"].run(
-                    key, {"ids": draft_ids, "pos": pos, "block_tables": d["tables"],
-                          "aux": aux}, b)
-            else:
-                if ctx is None:
-                    ctx = self._context(pos, d["tables"], d["pad"], d["unpad"])
-                set_context(ctx)
-                pre = self.draft(draft_ids, pos, self.draft.combine(aux))
-                set_context(None)
-            x = pre[last]
-            tok = self.draft.propose(x)
-        drafts[:, 0] = tok
-        p = pos[last]
-        rows = torch.arange(b, device=self.device)
-        for i in range(1, k):
-            key = self.graphs["draft_step"].bucket(b, width) \
-                if batch.uniform and "draft_step" in self.graphs else None
-            with self.timer.op(rec, "draft_forward", step, i=i, tokens=b, reqs=b,
-                               blocks=width, graph=key is not None, q=1):
-                if key is not None:
-                    (x,) = self.graphs["draft_step"].run(
-                        key, {"ids": tok, "pos": p + i, "block_tables": d["tables"],
-                              "hidden": x}, b)
-                else:
-                    set_context(self._context(p + i, d["tables"], rows.view(b, 1), rows,
-                                              write_mask=samples))
-                    x = self.draft(tok, p + i, x)
-                    set_context(None)
-                tok = self.draft.propose(x)
-            drafts[:, i] = tok
-        return drafts
+            def timed(i: int, graph: bool):
+                return self.timer.op(rec, "draft_forward", step, i=i, **(first if i == 0 else
+                                     later), graph=graph, **(shape if i == 0 else {"q": 1}))
+
+            h.drafts = self.drafter.propose(
+                k, ids, pos, d.tables, d.verify[:, 0] + num_accepted, next_token, aux, samples,
+                batch.uniform,
+                lambda: ctx if ctx is not None else self._context(pos, d.tables, d.pad, d.unpad),
+                timed)
+        self._d2h_outputs(h)
 
     def _context(self, pos, tables, pad, unpad, write_mask=None):
         return make_context(pos, tables, pad, unpad, self.scratch, self.dtype, write_mask,

@@ -4,7 +4,6 @@ load, each with its band and after what it rests on (sim/advise.py)."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -61,13 +60,13 @@ ends in one line, exit status 2, before any simulation.
 
 
 def register(sub) -> None:
-    from stepgap.common.options import add_load_args, at_most, positive_int
+    from stepgap.common.options import add_command, add_load_args, at_most, positive_int
     from stepgap.common.limits import MAX_K
     from stepgap.sim.advise import DEFAULT_MAX_K
     from stepgap.sim.setup_args import add_setup_args
-    p = sub.add_parser("advise", help="async on? which k? per load, with bands and what the "
-                       "answer rests on", description=DESCRIPTION, epilog=EPILOG,
-                       allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "advise", help="async on? which k? per load, with bands and what the "
+                    "answer rests on", description=DESCRIPTION, epilog=EPILOG,
+                    allow_abbrev=False)
     add_setup_args(p)
     add_load_args(p, many=True)
     g = p.add_argument_group("the question")

@@ -6,12 +6,12 @@ gives the option; the effective defaults are SimConfig's, shown in the help.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import textwrap
 from pathlib import Path
 
-from stepgap.common.options import add_load_args, add_result_args, at_most, positive_float
+from stepgap.common.options import (add_command, add_load_args, add_result_args, at_most,
+                                    positive_float)
 from stepgap.sim.config import SimConfig
 from stepgap.sim.presets import PRESETS
 from stepgap.sim.setup_args import add_setup_args, config_from_args
@@ -97,9 +97,8 @@ def register(sub) -> None:
 
 
 def register_simulate(sub) -> None:
-    p = sub.add_parser("simulate", help="predict a serving run with the SimPy step-loop model",
-                       description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "simulate", help="predict a serving run with the SimPy step-loop model",
+                    description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False)
     add_setup_args(p)
     add_load_args(p)
     add_result_args(p, timeline_help="write the timeline as JSON lines to PATH and a "

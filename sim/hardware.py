@@ -259,7 +259,8 @@ CATALOG: dict[str, Hardware] = {h.name: h for h in (
              source="NVIDIA RTX PRO 6000 Blackwell Server Edition datasheet: 1792 GB/s GDDR7, "
                     "96 GB, 4000 AI TOPS (fp4, sparse): 1000 TFLOP/s dense fp8, 500 dense bf16",
              device_names=("NVIDIA RTX PRO 6000 Blackwell Server Edition",)),
-    # GPUs people serve on (issue 36): datasheet peaks, dense (NVIDIA prints the sparse rate
+    # GPUs people serve on, so that their command lines name a modelled GPU: datasheet peaks,
+    # dense (NVIDIA prints the sparse rate
     # first; half of it is the dense one); the efficiencies of the catalog's own entries of the
     # same kind of memory (GDDR: the L20's, HBM: the H100's).
     Hardware("l40s", "gpu", flops=362.05e12, mem_bw=864 * GB, flop_eff=0.70, bw_eff=0.80,

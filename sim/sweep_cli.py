@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from stepgap.common.limits import MAX_MS
-from stepgap.common.options import at_most, positive_float, positive_int
+from stepgap.common.options import add_command, at_most, positive_float, positive_int
 from stepgap.sim.sweep_table import X_AXES
 
 SWEEP_DESCRIPTION = """\
@@ -93,9 +93,8 @@ Time runs from each panel's window start, in ms; gap labels are in µs or ms.
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sweep", help="run the simulator over a grid of what-ifs (table, plots)",
-                       description=SWEEP_DESCRIPTION, epilog=SWEEP_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "sweep", help="run the simulator over a grid of what-ifs (table, plots)",
+                    description=SWEEP_DESCRIPTION, epilog=SWEEP_EPILOG)
     g = p.add_argument_group("grid")
     g.add_argument("--preset", help="base scenario: a `stepgap simulate` preset (seed-l20, "
                                     "sharegpt-h100); default: SimConfig's defaults")
@@ -140,12 +139,11 @@ def register(sub) -> None:
     psub = p.add_subparsers(dest="what", metavar="WHAT")
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
-    q = psub.add_parser("sweep", help="heatmaps, speedup over k=0, async saving, best k",
-                        description="Figures of a sweep written by `stepgap sweep`: the metric "
-                        "and its speedup over k=0\nacross k x concurrency (one panel per mode), "
-                        "the saving of async over sync, and\nthe best k per concurrency.",
-                        epilog=PLOT_SWEEP_EPILOG,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    q = add_command(psub, "sweep", help="heatmaps, speedup over k=0, async saving, best k",
+                    description="Figures of a sweep written by `stepgap sweep`: the metric "
+                    "and its speedup over k=0\nacross k x concurrency (one panel per mode), "
+                    "the saving of async over sync, and\nthe best k per concurrency.",
+                    epilog=PLOT_SWEEP_EPILOG)
     q.add_argument("sweep", metavar="DIR", help="the sweep's output folder (or its sweep.json)")
     q.add_argument("--metric", default="mean_tpot_ms",
                    help="a column of the table (default mean_tpot_ms; e.g. p99_tpot_ms, "
@@ -158,12 +156,11 @@ def register(sub) -> None:
     q.add_argument("--quiet", action="store_true", help="print nothing but errors")
     q.set_defaults(func=plot_sweep_cmd)
 
-    q = psub.add_parser("timeline", help="Gantt chart of the lanes over a window of steps",
-                        description="A Gantt chart of the lanes (cpu.engine, cpu.worker, device) "
-                        "of one or more timelines\n(JSON lines, docs/design.md §2, simulated or "
-                        "measured), step gaps shaded and labelled with their\nlength.",
-                        epilog=TIMELINE_EPILOG,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    q = add_command(psub, "timeline", help="Gantt chart of the lanes over a window of steps",
+                    description="A Gantt chart of the lanes (cpu.engine, cpu.worker, device) "
+                    "of one or more timelines\n(JSON lines, docs/design.md §2, simulated or "
+                    "measured), step gaps shaded and labelled with their\nlength.",
+                    epilog=TIMELINE_EPILOG)
     q.add_argument("timelines", nargs="+", metavar="TIMELINE", help="[COLUMN/]ROW=PATH")
     w = q.add_argument_group("window")
     w.add_argument("--steps", type=_steps, metavar="A:B",

@@ -18,12 +18,15 @@ STORE_VERSION = "1"          # part of every cell's hash: bump when a metric's m
 # module of the project they import, directly or not (`model_sources`, read from the source as
 # tests/test_layout.py reads it). A result kept from another version of any of them is stale.
 MODEL_ROOTS = ("stepgap.sim.loop", "stepgap.sim.presets")
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]   # the folder that installs as `stepgap.`
+# The `stepgap` package's folder, as loaded (not resolved): stepgap.sim.loop is its sim/loop.py,
+# through the symlink stepgap/sim -> ../sim in a checkout, a copied file in a wheel.
+PACKAGE_ROOT = Path(__file__).parents[1]
 
 
 def module_path(name: str, root: Path = PACKAGE_ROOT) -> Path | None:
-    """The file of project module `name` (stepgap.sim.loop: sim/loop.py), or None when `name`
-    is no module of the project (a class, a function, another package)."""
+    """The file of project module `name` (stepgap.sim.loop: `root`/sim/loop.py), found as Python
+    finds it, or None when `name` is no module of the project (a class, a function, another
+    package, `stepgap` itself)."""
     parts = name.split(".")
     if parts[0] != "stepgap" or len(parts) < 2:
         return None
@@ -48,22 +51,30 @@ def model_sources(roots: tuple[str, ...] = MODEL_ROOTS, root: Path = PACKAGE_ROO
             continue
         seen[name] = path
         todo.append(name.rpartition(".")[0])   # its package's __init__ runs first
-        for node in ast.walk(ast.parse(path.read_bytes())):
-            if isinstance(node, ast.Import):
-                todo += [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                todo += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        todo += imports_of(path)
     return tuple(sorted({str(p.relative_to(root)) for p in seen.values()}))
 
 
+def imports_of(path: Path) -> list[str]:
+    """Every name `path` imports (inside functions too), absolute imports only; `from a import b`
+    gives both `a` and `a.b`, since b may be a module."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_bytes())):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return out
+
+
 @functools.cache
-def model_digest(roots: tuple[str, ...] = MODEL_ROOTS) -> str:
+def model_digest(roots: tuple[str, ...] = MODEL_ROOTS, root: Path = PACKAGE_ROOT) -> str:
     """A hash of the project's code that `roots` import (`model_sources`): the simulator's,
     by default (the tests key their tiny checkpoints by training/tiny.py's)."""
     h = hashlib.sha256()
-    for name in model_sources(roots):
+    for name in model_sources(roots, root):
         h.update(name.encode() + b"\0")
-        h.update((PACKAGE_ROOT / name).read_bytes())
+        h.update((root / name).read_bytes())
     return h.hexdigest()[:16]
 
 

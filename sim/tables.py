@@ -1,4 +1,4 @@
-"""Measured operator tables as device costs (DESIGN.md §9): a GPU's own kernel times, read as a
+"""Measured operator tables as device costs (docs/design.md §9): a GPU's own kernel times, read as a
 peer published them, priced for each step's real mix of prefill chunks, decodes and verifies.
 
 The tables are LLMServingSim's perf bundle (`profiler/perf/<GPU>/<model>/<variant>/`): a

@@ -3,17 +3,17 @@ core's comparison (common/compare.py), which belongs to neither half."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from stepgap.common.compare import (cmp_to_json, compare, format_compare, load_any,
                                     mismatches)
 from stepgap.common.fileio import dumps_json
+from stepgap.common.options import add_command
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "compare", help="errors of one run result against another (simulated vs measured)",
+    p = add_command(
+        sub, "compare", help="errors of one run result against another (simulated vs measured)",
         description="Print the error of a simulated run result against a measured one: mean, "
                     "median, P99 (and every percentile both carry) of TPOT, ITL, TTFT and "
                     "E2EL, and the step-gap distributions. Either file may be a stepgap result "
@@ -22,8 +22,7 @@ def register(sub) -> None:
                     "(vllm/requests.jsonl: TTFT = first token - queued, TPOT, E2EL; no ITL).",
         epilog="example:\n  stepgap run ... --detailed --result-json measured.json\n"
                "  stepgap simulate ... --detailed --result-json simulated.json\n"
-               "  stepgap compare measured.json simulated.json",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+               "  stepgap compare measured.json simulated.json")
     p.add_argument("measured", metavar="MEASURED", help="run result taken as the truth")
     p.add_argument("simulated", metavar="SIMULATED", help="run result judged against it")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")

@@ -374,7 +374,7 @@ def test_zero_bubble_is_simulated_wherever_it_could_beat_async(advice):
     assert "zero-bubble" in MODES
 
 
-# -- data and expert parallelism (issue 40) ----------------------------------------------------
+# -- data and expert parallelism ---------------------------------------------------------------
 
 # a small MoE setup: Qwen3-30B-A3B on H100s with expert parallelism, 8 MT-bench prompts
 MOE = dict(gpu="h100", model="qwen3-30b-a3b", workload="mtbench", num_prompts=8, output_len=32,

@@ -170,3 +170,16 @@ def test_graph_path_emits_the_same_tokens(graph_executor, mode, k):
     replayed = [s for s in out.spans if s.op in ("target_forward", "draft_forward")
                 and s.args.get("graph")]
     assert replayed and all(s.args["reqs"] <= 3 for s in replayed)
+
+
+@pytest.mark.parametrize("mode", ["sync", "zero-bubble"])
+def test_the_drafters_graphs_draft_what_its_eager_passes_draft(graph_executor, mode):
+    """The drafter runs one function per pass, replayed from its graphs or eagerly with the
+    batch's own metadata: on the same steps both propose drafts that are accepted alike at
+    every position."""
+    graphed = run(graph_executor, REQS, mode=mode, k=3, max_num_seqs=3)
+    eager = run(inline_executor(), REQS, mode=mode, k=3, max_num_seqs=3)
+    assert any(s.op == "draft_forward" and s.args["i"] == 2 and s.args.get("graph")
+               for s in graphed.spans)
+    assert graphed.result["spec_decode"] == eager.result["spec_decode"]
+    assert graphed.result["spec_decode"]["num_accepted_tokens"] > 0

@@ -180,7 +180,7 @@ def test_a_closed_stdout_is_no_traceback(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Round 3 (issue 38): the first seconds of a command, closed streams, gzip bombs
+# Round 3 (docs/robustness.md): the first seconds of a command, closed streams, gzip bombs
 
 
 # `python -c` this: the command, signalled by itself in the middle of building its parser, once

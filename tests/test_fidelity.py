@@ -9,11 +9,11 @@ size, and a saving keeps the sign it was measured with.
 
 Which rule set a folder is judged by is fixed here (FOLDER_RULES), not by the command that
 built it:
-- "engine" (stepgap's own engine, issue 5): the bounds alone;
-- "vllm" (the real vLLM, issues 13 and 23): P99 TPOT within 10 % *or* inside the measured
+- "engine" (stepgap's own engine): the bounds alone;
+- "vllm" (the real vLLM): P99 TPOT within 10 % *or* inside the measured
   cell's own 95 % interval, and a saving within 25 % with its sign *or* inside its measured
   interval.
-- "prefix" (stepgap's engine on a shared-prefix trace with prefix caching, issue 27): the
+- "prefix" (stepgap's engine on a shared-prefix trace with prefix caching): the
   engine's bounds, mean TTFT within 5 % too, and every run's prefix-cache queries and hits
   exactly the engine's (a count has no known miss).
 
@@ -29,7 +29,7 @@ alone, the async path's terms estimated from them) against its known_misses_sync
 
 Each folder under traces/peers/ holds a peer's real GPU runs as it published them (with its
 licence and source commit) and the same GPUs' operator tables; each run is re-simulated from
-its tables and held to calibrate/peers.py's PEER_BOUNDS (issue 22's targets: mean TPOT 1 %,
+its tables and held to calibrate/peers.py's PEER_BOUNDS (fixed targets: mean TPOT 1 %,
 P99 TPOT 3 %, mean TTFT 3 %, P99 TTFT 5 %, mean E2EL 2 %, the running-requests peak 5 %).
 """
 
@@ -259,7 +259,7 @@ def test_the_tp2_run_priced_with_the_later_measurement_breaks_its_bounds(peer_ju
     assert peer_failures(run.name, errs, {}) and errs["mean_tpot_ms"] < -0.10
 
 
-# -- prefix caching against the real vLLM (issue 27) --------------------------------------------
+# -- prefix caching against the real vLLM ------------------------------------------------------
 
 PREFIX_HITS = ROOT / "traces" / "measured" / "prefix-cpu" / "vllm_prefix_hits.json"
 
@@ -286,7 +286,7 @@ def test_the_simulator_finds_exactly_the_prefix_hits_vllm_counted():
     assert doc["vllm"]["hits"] > 0
 
 
-# -- the engine against the simulator on a shared-prefix trace (issue 27) ----------------------
+# -- the engine against the simulator on a shared-prefix trace ---------------------------------
 
 PREFIX = ROOT / "traces" / "measured" / "prefix-cpu"
 

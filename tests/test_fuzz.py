@@ -1120,7 +1120,7 @@ def small_ones(rng: random.Random, d: Path, base: Base) -> Case:
 
 
 # -------------------------------------------------------------------------------------------
-# Round 3 (issue 38): gzip bombs, workloads whose size is a product, tiny rates, outputs that
+# Round 3 (docs/robustness.md): gzip bombs, workloads whose size is a product, tiny rates, outputs that
 # name an input or a link that loops, a full sweep store, and the small ones
 
 

@@ -1,15 +1,22 @@
 """The layout is the architecture (docs/design.md, "Layout"): each folder one concern, the two
 halves independent, the layers importing only downwards, everything under the `stepgap.`
-namespace, and the map in the docs true to the tree. Imports are read from the source (every
-`import`, inside functions too)."""
+namespace through the symlinks in stepgap/, every import resolvable from a plain checkout, and
+the map in the docs true to the tree. Imports are read from the source (every `import`, inside
+functions too), by the reader the sweep's cache key uses (sim/sweep_keys.py)."""
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from stepgap.sim.sweep_keys import imports_of, module_path
+
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "stepgap"   # stepgap/sim -> ../sim, ...: the one map from a name to its file
 # Each layer may import the ones listed for it, and nothing else of the project.
 LAYERS = {
     "common": set(),
@@ -22,31 +29,21 @@ LAYERS = {
 
 
 def modules() -> dict[str, Path]:
-    """Every module by its installed name: the folders install under `stepgap.`
-    (pyproject.toml's package-dir), the command line is `stepgap` itself."""
+    """Every module by its installed name, as Python finds it: stepgap/ and, through its
+    symlinks, each layer's folder (stepgap.sim.loop is stepgap/sim/loop.py, i.e. sim/loop.py)."""
     out = {}
-    for pkg in LAYERS:
-        for f in sorted((ROOT / pkg).rglob("*.py")):
-            parts = f.relative_to(ROOT).with_suffix("").parts
-            name = ".".join(parts if pkg == "stepgap" else ("stepgap", *parts))
-            out[name.removesuffix(".__init__")] = f
+    for folder, _, files in os.walk(PACKAGE, followlinks=True):
+        for f in sorted(files):
+            if f.endswith(".py"):
+                path = Path(folder, f)
+                parts = ("stepgap", *path.relative_to(PACKAGE).with_suffix("").parts)
+                out[".".join(parts).removesuffix(".__init__")] = path.resolve()
     return out
 
 
 def layer_of(name: str) -> str:
     parts = name.split(".")
     return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "stepgap"
-
-
-def imports_of(path: Path) -> set[str]:
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
-            out |= {f"{node.module}.{a.name}" for a in node.names}
-    return out
 
 
 MODULES = modules()
@@ -104,3 +101,63 @@ def test_the_layout_map_in_the_docs_names_every_module_and_nothing_else():
     on_disk = {str(p.relative_to(ROOT)) for p in MODULES.values() if p.name != "__init__.py"}
     assert named == on_disk, {"missing from the map": sorted(on_disk - named),
                               "not in the tree": sorted(named - on_disk)}
+
+
+def test_each_layer_is_a_relative_symlink_in_the_package():
+    """stepgap/X -> ../X for each layer, and src/stepgap -> ../stepgap (what an editable
+    install puts on sys.path): relative, so a copy of the checkout keeps working."""
+    links = {p.name: os.readlink(p) for p in PACKAGE.iterdir() if p.is_symlink()}
+    assert links == {layer: f"../{layer}" for layer in LAYERS if layer != "stepgap"}
+    assert os.readlink(ROOT / "src" / "stepgap") == "../stepgap"
+    assert sorted(p.name for p in (ROOT / "src").iterdir() if not p.name.endswith(".egg-info")) \
+        == ["stepgap"]   # so that an editable install makes no other name importable
+
+
+def test_every_stepgap_import_in_the_tree_leads_to_a_file():
+    """What a static tool does from a plain checkout: the module of each `import stepgap.x` and
+    `from stepgap.x import y` anywhere (the project, its tests, its benchmarks) is a file under
+    stepgap/, found by following the folders and their symlinks."""
+    def is_module(name):
+        return name == "stepgap" or module_path(name, PACKAGE) is not None
+
+    files = list(MODULES.values()) + sorted((ROOT / "tests").rglob("*.py")) \
+        + sorted((ROOT / "bench").rglob("*.py"))
+    unresolved = set()
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_bytes())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            unresolved |= {(str(f.relative_to(ROOT)), n) for n in names
+                           if n.split(".")[0] == "stepgap" and not is_module(n)}
+    assert not unresolved, sorted(unresolved)
+
+
+def probe(code: str, cwd: Path, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, **env})
+
+
+def test_the_install_puts_stepgap_and_no_generic_name_on_the_path(tmp_path):
+    """Away from the checkout, the environment finds this checkout's stepgap and none of the
+    layers' bare names (`import common` finds nothing: src/ holds only the link to stepgap/)."""
+    code = ("import importlib.util as u, stepgap\nprint(stepgap.__file__)\n"
+            "print([n for n in ('common', 'sim', 'engine', 'training', 'calibrate', 'tests', "
+            "'bench') if u.find_spec(n)])")
+    out = probe(code, tmp_path)
+    assert out.returncode == 0, out.stderr
+    path, bare = out.stdout.splitlines()
+    assert (Path(path).resolve(), bare) == (PACKAGE / "__init__.py", "[]")
+
+
+def test_another_checkouts_install_fails_the_import_in_one_line(tmp_path):
+    """An environment whose stepgap was installed from elsewhere (here a dist-info that comes
+    first on the path and names another folder) refuses this checkout's code, naming both."""
+    info = tmp_path / "stepgap-0.1.0.dist-info"
+    info.mkdir()
+    (info / "direct_url.json").write_text(
+        '{"dir_info": {"editable": true}, "url": "file:///elsewhere/checkout"}')
+    out = probe("import stepgap.sim", ROOT, PYTHONPATH=str(tmp_path))
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 1 and last == (
+        f"ImportError: stepgap is loaded from {PACKAGE} but this environment installed it "
+        "from /elsewhere/checkout/stepgap: use the .venv of the checkout you run (make install)")

@@ -186,6 +186,22 @@ def test_the_cache_key_follows_imports_inside_functions_too(tmp_path):
         "sim/__init__.py", "sim/costs.py", "sim/loop.py", "sim/roofline.py")
 
 
+def test_a_changed_simulator_file_changes_the_digest_through_the_symlinked_layout(tmp_path):
+    """The digest reads the files the package's symlinks lead to (stepgap/sim -> ../sim), as an
+    import does: a byte changed in sim/costs.py is a new digest, so every cell runs again."""
+    (tmp_path / "sim").mkdir()
+    (tmp_path / "sim" / "__init__.py").write_text("")
+    (tmp_path / "sim" / "loop.py").write_text("from stepgap.sim.costs import Batch\n")
+    (tmp_path / "sim" / "costs.py").write_text("SCALE = 1.0\n")
+    (tmp_path / "stepgap").mkdir()
+    (tmp_path / "stepgap" / "sim").symlink_to("../sim")
+    package = tmp_path / "stepgap"
+    before = sweep_keys.model_digest(("stepgap.sim.loop",), package)
+    (tmp_path / "sim" / "costs.py").write_text("SCALE = 1.1\n")
+    sweep_keys.model_digest.cache_clear()
+    assert sweep_keys.model_digest(("stepgap.sim.loop",), package) != before
+
+
 def test_a_changed_trace_file_reruns_its_cells(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"request_id": "a", "arrival_s": 0, "prompt_len": 8, "output_len": 16}\n')
@@ -386,7 +402,7 @@ def test_a_range_whose_rounding_repeats_a_value_keeps_it_once():
 
 
 def test_the_shared_fraction_is_a_sweep_axis_and_an_x_axis_of_its_figures(tmp_path, capsys):
-    """Issue 27: a sweep over the shared fraction of the prompt. The more of each prompt is
+    """A sweep over the shared fraction of the prompt. The more of each prompt is
     shared, the more of it the prefix cache finds, and the less TTFT prefill costs."""
     out = tmp_path / "s"
     assert main(["sweep", "--set", "workload=prefix_repetition:num_prefixes=4:prefix_len=0:"
@@ -455,7 +471,7 @@ def test_a_grid_file_takes_the_speculative_config_as_a_table(tmp_path):
 
 
 def test_data_parallel_size_is_an_axis(tmp_path):
-    """A MoE target at DP 1 and 2 with expert parallelism (issue 40): each row is the simulator's
+    """A MoE target at DP 1 and 2 with expert parallelism: each row is the simulator's
     cell, the DP 2 one run by two engine cores."""
     from stepgap.sim.config import SimConfig
     from stepgap.sim.loop import simulate

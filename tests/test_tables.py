@@ -238,8 +238,8 @@ def test_tables_of_another_model_are_refused_naming_the_field(bundle):
         resolve(SimConfig(gpu="h100", model="llama-3.2-1b", device_profile=str(bundle)))
 
 
-# -- a bundle of the wrong types, and skew fits out of range (issue 38): one line naming the
-# file, the line or the field, where they were tracebacks or silently another reading
+# -- a bundle of the wrong types, and skew fits out of range (docs/robustness.md): one line
+# naming the file, the line or the field, where they were tracebacks or silently another reading
 
 # A skew fit of four bucket axes, its bins as LLMServingSim writes them (1.0e+9: a float to YAML)
 SKEW_META = META + """\

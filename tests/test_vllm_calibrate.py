@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepgap.calibrate.vllm import ingest_profile
+from stepgap.calibrate.vllm import vllm_timeline
 from stepgap.calibrate.fit import determined, fit_determined
 from stepgap.calibrate.vllm_fit import Run, calibrate_runs, load_runs
 from stepgap.sim.profile import save_profile
@@ -48,7 +48,7 @@ def test_a_fit_leaves_what_is_not_determined_at_zero_and_says_so():
 @pytest.fixture(scope="module")
 def fixture_run():
     doc = json.loads((DATA / "bench.json").read_text())
-    spans = ingest_profile(HOOKS)
+    spans = vllm_timeline(HOOKS)
     return Run("bench", DATA / "bench.json", doc, 2, "sync", 4, (0.0, 1e30), spans=spans)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stepgap.calibrate.vllm import SCOPES, acceptance_from_scrapes, ingest_profile, read_source
+from stepgap.calibrate.vllm import SCOPES, acceptance_from_scrapes, read_source, vllm_timeline
 from stepgap.common.errors import UserError
 from stepgap.common.formats import LANES, OPS, load_timeline, step_gaps
 from stepgap.common.vllm_bench import bench_requests, bench_result, bursty_share, read_bench
@@ -44,7 +44,7 @@ def trace_doc() -> dict:
 
 
 def test_a_worker_trace_becomes_a_timeline_of_designs_lanes_and_ops():
-    spans = ingest_profile([WORKER, API])
+    spans = vllm_timeline([WORKER, API])
     steps = by_step(spans)
     assert len(steps) == 8
     for s in spans:
@@ -76,7 +76,7 @@ def test_a_scope_with_no_op_keeps_its_vllm_name(tmp_path):
     fwd = next(e for e in doc["traceEvents"] if e.get("name") == "gpu_model_runner: forward")
     odd = {**copy.deepcopy(fwd), "name": "gpu_model_runner: something new", "dur": 5}
     doc["traceEvents"].append(odd)
-    spans = ingest_profile([write_trace(tmp_path / "rank0.x.pt.trace.json.gz", doc)])
+    spans = vllm_timeline([write_trace(tmp_path / "rank0.x.pt.trace.json.gz", doc)])
     kept = [s for s in spans if s.op == "unmapped"]
     assert [s.args["vllm"] for s in kept] == ["gpu_model_runner: something new"]
     assert kept[0].lane == "cpu.worker"
@@ -103,7 +103,7 @@ def test_on_a_gpu_trace_the_device_ops_are_their_kernels(tmp_path):
                 kernels[name, n] = (t + a + 300, 30)
                 x(f"kernel_{name}", t + a + 300, 30, "kernel", correlation=c)
     doc = {"traceEvents": ev, "vllm_version": "0.32.0"}
-    spans = ingest_profile([write_trace(tmp_path / "rank0.gpu.pt.trace.json.gz", doc)])
+    spans = vllm_timeline([write_trace(tmp_path / "rank0.gpu.pt.trace.json.gz", doc)])
     fwd = [s for s in spans if s.op == "target_forward"]
     assert [(s.start_us, s.end_us - s.start_us) for s in fwd] == \
         [(kernels["forward", n][0], 30) for n in range(3)]   # from the first step (at 0)
@@ -111,7 +111,7 @@ def test_on_a_gpu_trace_the_device_ops_are_their_kernels(tmp_path):
 
 
 def test_hook_spans_join_the_worker_steps_in_vllm_order():
-    spans = ingest_profile(HOOKS)
+    spans = vllm_timeline(HOOKS)
     steps = by_step(spans)
     joined = 0
     for n, st in steps.items():
@@ -137,7 +137,7 @@ def test_ingest_and_plot_from_the_command_line(tmp_path, capsys):
     assert main(["ingest", "vllm-profile", str(WORKER), str(API), *map(str, HOOKS[:0]),
                  "--out", str(out), "--chrome", str(tmp_path / "tl.json")]) == 0
     assert "8 steps" in capsys.readouterr().out
-    assert load_timeline(out) == ingest_profile([WORKER, API])
+    assert load_timeline(out) == vllm_timeline([WORKER, API])
     png = tmp_path / "tl.png"
     assert main(["plot", "timeline", f"vllm={out}", "--out", str(png)]) == 0
     assert png.stat().st_size > 10_000
@@ -156,7 +156,7 @@ def test_a_file_that_is_not_a_vllm_profile_fails_with_one_clear_message(tmp_path
     bad = tmp_path / "bad.pt.trace.json.gz"
     bad.write_bytes(content)
     with pytest.raises(UserError, match=message) as e:
-        ingest_profile([bad])
+        vllm_timeline([bad])
     assert str(bad) in str(e.value)
 
 

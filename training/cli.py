@@ -3,10 +3,9 @@ stdlib) and `stepgap make-tiny` (tiny random checkpoints, the head distilled).""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from stepgap.common.options import nonneg_int, positive_int
+from stepgap.common.options import add_command, nonneg_int, positive_int
 
 EPILOG = """\
 examples:
@@ -22,12 +21,12 @@ has the recipe.
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "train", help="train a small Llama target and its EAGLE-3 head on the Python stdlib",
+    p = add_command(
+        sub, "train", help="train a small Llama target and its EAGLE-3 head on the Python stdlib",
         description="Train a byte-level BPE tokenizer, a small Llama target and its EAGLE-3 "
                     "head (training-time test, soft cross-entropy over the draft vocabulary) on "
                     "the Python standard library's source, offline and deterministically.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG)
     p.add_argument("out", metavar="OUT", help="output folder")
     p.add_argument("--preset", default="pystdlib", choices=("pystdlib", "smoke"),
                    help="sizes and steps (default pystdlib: the committed pair)")
@@ -44,16 +43,15 @@ def register(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_train)
 
-    t = sub.add_parser(
-        "make-tiny", help="write a tiny random Llama target and a matching EAGLE-3 head",
+    t = add_command(
+        sub, "make-tiny", help="write a tiny random Llama target and a matching EAGLE-3 head",
         description="Write OUT/target (a Hugging Face Llama folder), OUT/eagle3-yuhuili and "
                     "OUT/eagle3-speculators (the same head in both layouts). The head is "
                     "distilled from the target for --train-steps steps, so that drafts are "
                     "accepted; 0 leaves it random.",
         epilog="example:\n  stepgap make-tiny out/tiny && stepgap run --model out/tiny/target "
                "--draft out/tiny/eagle3-yuhuili --num-speculative-tokens 3 --num-prompts 4 "
-               "--output-len 32",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+               "--output-len 32")
     t.add_argument("out", metavar="OUT", help="output folder")
     t.add_argument("--train-steps", type=nonneg_int, default=200,
                    help="distillation steps for the head (default 200, a few seconds; 0: random)")

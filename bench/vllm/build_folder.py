@@ -40,7 +40,7 @@ from stepgap.calibrate.samples import device_points  # noqa: E402
 from stepgap.calibrate.fit import add_device, device_vs_profile  # noqa: E402
 from stepgap.calibrate.harness import cell_name, machine_info  # noqa: E402
 from stepgap.calibrate.judge import SYNC_ONLY_PROFILE  # noqa: E402
-from stepgap.calibrate.vllm import acceptance_from_scrapes, ingest_profile, read_source  # noqa: E402
+from stepgap.calibrate.vllm import acceptance_from_scrapes, read_source, vllm_timeline  # noqa: E402
 from stepgap.calibrate.vllm_fit import Run, calibrate_runs  # noqa: E402
 from stepgap.common.fileio import write_json  # noqa: E402
 from stepgap.common.formats import gap_summary, save_timeline, step_gaps  # noqa: E402
@@ -78,7 +78,7 @@ def run_of(src: Path, r: dict, hooks: bool = True) -> Run:
         sources = [h for h in hook_sources(src / "hooks" / f"{r['mode']}-k{r['k']}")
                    if h.events and h.events[0]["ts"] <= run.window[1]
                    and h.events[-1]["ts"] >= run.window[0]]
-        run.spans = ingest_profile(sources, run.window)
+        run.spans = vllm_timeline(sources, run.window)
     return run
 
 
@@ -246,7 +246,7 @@ def profiled_figure(src: Path, out: Path, plan: dict, k: int = 2, conc: int = 1)
         t0, t1 = p["window_s"]
         traces = [src / t for t in p["traces"] if t.endswith(".gz")]
         hooks = hook_sources(src / "hooks" / f"{p['mode']}-k{k}")
-        measured = ingest_profile([*traces, *hooks], (t0 * 1e6, t1 * 1e6))
+        measured = vllm_timeline([*traces, *hooks], (t0 * 1e6, t1 * 1e6))
         _, simulated = simulate(sim_config(setup, run, timeline=True, jitter=False),
                                 requests_of(run))
         name = cell_name(p["mode"], k, conc)

@@ -52,7 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from stepgap.calibrate.gpu import Log  # noqa: E402
+from stepgap.calibrate.validate_gpu import Log  # noqa: E402
 from stepgap.common.cpu_load import OtherCpu, cpu_seconds  # noqa: E402
 from stepgap.common.fileio import write_json  # noqa: E402
 from stepgap.common.vllm_bench import BURSTY_MAX, bursty_share  # noqa: E402

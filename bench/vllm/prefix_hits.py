@@ -1,4 +1,4 @@
-"""The real vLLM's prefix-cache hits on the shared-prefix trace, beside stepgap's (issue 27).
+"""The real vLLM's prefix-cache hits on the shared-prefix trace, beside stepgap's.
 
     make vllm
     python bench/vllm/prefix_hits.py --out traces/measured/prefix-cpu/vllm_prefix_hits.json

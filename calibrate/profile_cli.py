@@ -8,13 +8,12 @@ step is cut into terms).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from stepgap.calibrate.validate import (MAX_CALIBRATION_PROMPTS, MAX_REPEATS, add_grid_args,
+from stepgap.calibrate.validate import (MAX_REPEATS, add_calibration_args, add_grid_args,
                                        plan_from_args)
-from stepgap.common.options import at_most, positive_int
+from stepgap.common.options import add_command, at_most, positive_int
 
 EPILOG = """\
 examples:
@@ -29,22 +28,16 @@ held-out prompts that `stepgap validate` judges on are never used here. A run ta
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "profile", help="measure device op and CPU costs on this machine, for the simulator",
+    p = add_command(
+        sub, "profile", help="measure device op and CPU costs on this machine, for the simulator",
         description="Measure the engine's device op costs (a microbenchmark grid and in-situ "
                     "calibration runs) and its CPU costs (fitted from the calibration runs' "
                     "timelines) on this machine, and write them as a profile JSON for "
                     "`stepgap simulate --profile`.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG)
     add_grid_args(p, "to calibrate on")
     g = p.add_argument_group("calibration")
-    g.add_argument("--calibration-trace", default=None, metavar="FILE",
-                   help="trace to calibrate on (default: cut from the corpus's training files)")
-    g.add_argument("--calibration-prompts", type=at_most(positive_int, MAX_CALIBRATION_PROMPTS),
-                   default=16, metavar="N",
-                   help=f"calibration prompts (default 16, at most {MAX_CALIBRATION_PROMPTS})")
-    g.add_argument("--calibration-slice", type=positive_int, default=16, metavar="N",
-                   help="prompts per calibration run (default 16)")
+    add_calibration_args(g, 16, 16)
     g.add_argument("--repeats", type=at_most(positive_int, MAX_REPEATS), default=1, metavar="R",
                    help=f"calibration runs of every cell (default 1, at most {MAX_REPEATS})")
     g.add_argument("--no-grid", action="store_true", help="skip the microbenchmark grid")

@@ -26,7 +26,6 @@ Cells that would overrun --budget-s are skipped and listed. Needs torch and nump
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import platform
@@ -41,7 +40,7 @@ from stepgap.calibrate.validate import MAX_CALIBRATION_PROMPTS, MAX_REPEATS
 from stepgap.common.errors import UserError
 from stepgap.common.fileio import check_writable, write_bytes, write_json
 from stepgap.common.formats import MODES
-from stepgap.common.options import at_most, positive_float, positive_int
+from stepgap.common.options import add_command, at_most, positive_float, positive_int
 
 GPU_CONCURRENCY = "1,8,32"
 
@@ -212,11 +211,10 @@ def gpu_plan(args, cuda: bool):
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "validate-gpu", help="the engine at Llama-3.1-8B scale on a CUDA GPU, against the "
+    p = add_command(
+        sub, "validate-gpu", help="the engine at Llama-3.1-8B scale on a CUDA GPU, against the "
                              "simulator (stepgap validate's GPU twin)",
-        description=__doc__.split("\n\n")[1], epilog="\n\n".join(__doc__.split("\n\n")[2:]),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__.split("\n\n")[1], epilog="\n\n".join(__doc__.split("\n\n")[2:]))
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output folder (default out/gpu-validate, or out/cpu-validate on a CPU)")
     p.add_argument("--device", default=None, choices=("cuda", "cpu"),
