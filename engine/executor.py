@@ -10,10 +10,10 @@
 Both offer configure / execute / collect / close. The process executor sends one compact message
 per step (token ids only for fresh requests) and gets back the sampled ids and the worker's
 spans. Over its pipe every message is an object of its own kind: to the worker a `RunConfig`, a
-`StepMsg` or `Close`; from it `Ready`, `Configured`, a `StepResult` or `Failed`. Shutdown is robust: a dead worker is detected while waiting (WorkerDied, with its exit
-code), a stuck one by the watchdog (`Watchdog`: stopped, or no CPU used, for stall_timeout_s
-while a step is due), the worker exits when the engine goes away, and close() always reaps the
-process.
+`StepMsg` or `Close`; from it `Ready`, `Configured`, a `StepResult` or `Failed`. Shutdown is
+robust: a dead worker is detected while waiting (WorkerDied, with its exit code), a stuck one by
+the watchdog (`Watchdog`: stopped, or no CPU used, for stall_timeout_s while a step is due), the
+worker exits when the engine goes away, and close() always reaps the process.
 """
 
 from __future__ import annotations
