@@ -102,6 +102,16 @@ class SchedulerOutput:
 
 
 @dataclass(slots=True)
+class EngineCoreOutput:
+    """One request's chunk of a step's output, as `update_from_output` emits it (vLLM's
+    EngineCoreOutput): its new tokens, and whether the request finished with them."""
+
+    request: Request
+    new_token_ids: list[int]
+    finished: bool
+
+
+@dataclass(slots=True)
 class SchedulerConfig:
     num_blocks: int
     block_size: int = BLOCK_SIZE
@@ -457,11 +467,11 @@ class Scheduler:
     # -- update -----------------------------------------------------------------------------
 
     def update_from_output(self, out: SchedulerOutput,
-                           sampled: dict[str, list[int]]) -> list[tuple[Request, list[int], bool]]:
+                           sampled: dict[str, list[int]]) -> list[EngineCoreOutput]:
         """Apply one step's sampled tokens (1 + accepted per sampling request).
 
-        Returns the chunks to stream, as (request, new token ids, finished). Tokens of a request
-        that finished before this step's output arrived are discarded.
+        Returns the chunks to stream, one per request that sampled. Tokens of a request that
+        finished before this step's output arrived are discarded.
         """
         async_ = self.cfg.async_scheduling
         emitted = []
@@ -490,7 +500,7 @@ class Scheduler:
                 self._finish(req)
             elif not async_ and req.status == RUNNING:
                 req.num_spec_tokens = self.k  # the worker drafted k tokens after sampling
-            emitted.append((req, new, done))
+            emitted.append(EngineCoreOutput(req, new, done))
         return emitted
 
     def _finish(self, req: Request) -> None:

@@ -26,6 +26,7 @@ import traceback
 
 from stepgap.common.errors import UserError
 from stepgap.common.formats import TraceRequest
+from stepgap.common.scheduler import EngineCoreOutput
 from stepgap.engine.core_messages import (Abort, AddRequest, Bye, Chunk, DumpSpans,
                                           EngineStats, Failed, Idle, Ready, Rejected,
                                           Shutdown, SpansDump, SpecCounts, StepOutputs, ToCore)
@@ -95,13 +96,13 @@ class ServedClient:
                     core.sched.abort_request(rid)
                 self.shutdown = True
 
-    def receive(self, core: EngineCore, emitted, step: int) -> None:
+    def receive(self, core: EngineCore, emitted: list[EngineCoreOutput], step: int) -> None:
         """One step's chunks, to the front end, with the scheduler's state after it."""
         chunks = []
-        for req, new, finished in emitted:
-            chunks.append(Chunk(req.request_id, new, finished))
-            if finished:
-                core.accepted.pop(req.request_id, None)
+        for o in emitted:
+            chunks.append(Chunk(o.request.request_id, o.new_token_ids, o.finished))
+            if o.finished:
+                core.accepted.pop(o.request.request_id, None)
         self.out.send(StepOutputs(step, chunks, self.step_gap(core), self.stats()))
 
     def stats(self) -> EngineStats:

@@ -9,10 +9,11 @@
 
 Both offer configure / execute / collect / close. The process executor sends one compact message
 per step (token ids only for fresh requests) and gets back the sampled ids and the worker's
-spans. Shutdown is robust: a dead worker is detected while waiting (WorkerDied, with its exit
-code), a stuck one by the watchdog (`Watchdog`: stopped, or no CPU used, for stall_timeout_s
-while a step is due), the worker exits when the engine goes away, and close() always reaps the
-process.
+spans. Over its pipe every message is an object of its own kind: to the worker a `RunConfig`, a
+`StepMsg` or `Close`; from it `Ready`, `Configured`, a `StepResult` or `Failed`. Shutdown is
+robust: a dead worker is detected while waiting (WorkerDied, with its exit code), a stuck one by
+the watchdog (`Watchdog`: stopped, or no CPU used, for stall_timeout_s while a step is due), the
+worker exits when the engine goes away, and close() always reaps the process.
 """
 
 from __future__ import annotations
@@ -23,12 +24,37 @@ import signal
 import time
 import traceback
 from collections import deque
+from dataclasses import dataclass
 
 from stepgap.common.cpu_load import cpu_state
 from stepgap.common.errors import UserError
 from stepgap.common.formats import EXECUTORS
 from stepgap.engine.worker import RunConfig, StepMsg, StepResult, Worker, WorkerSpec
 
+
+@dataclass(slots=True)
+class Close:
+    """To the worker process: exit."""
+
+
+@dataclass(slots=True)
+class Ready:
+    """From the worker process, once built: what it built (`Worker.info`)."""
+
+    info: dict
+
+
+@dataclass(slots=True)
+class Configured:
+    """From the worker process: the run's configuration is in place (CUDA graphs captured)."""
+
+
+@dataclass(slots=True)
+class Failed:
+    """From the worker process: bad input (`user`: a UserError's one line), or a traceback."""
+
+    text: str
+    user: bool
 
 
 class WorkerDied(RuntimeError):
@@ -105,33 +131,33 @@ def _worker_main(conn, spec: WorkerSpec, parent_pid: int, cpus: set[int] | None 
         os.sched_setaffinity(0, cpus)
     try:
         worker = Worker(spec)
-        conn.send(("ready", worker.info()))
+        conn.send(Ready(worker.info()))
         pending = deque()
         while True:
             if pending and pending[0].ready():
-                conn.send(("result", worker.collect(pending.popleft())))
+                conn.send(worker.collect(pending.popleft()))
                 continue
             if not conn.poll(0 if pending else 1.0):
                 if os.getppid() != parent_pid:
                     return  # the engine is gone
                 continue
-            kind, payload = conn.recv()
-            if kind == "step":
-                pending.append(worker.execute(payload))
-            elif kind == "configure":
-                try:
-                    worker.configure(payload)
-                    conn.send(("configured", None))
-                except UserError as e:
-                    conn.send(("user_error", str(e)))
-            elif kind == "close":
-                return
+            match conn.recv():
+                case StepMsg() as msg:
+                    pending.append(worker.execute(msg))
+                case RunConfig() as run:
+                    try:
+                        worker.configure(run)
+                        conn.send(Configured())
+                    except UserError as e:
+                        conn.send(Failed(str(e), user=True))
+                case Close():
+                    return
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return
     except UserError as e:
-        _try_send(conn, ("user_error", str(e)))
+        _try_send(conn, Failed(str(e), user=True))
     except BaseException:
-        _try_send(conn, ("error", traceback.format_exc()))
+        _try_send(conn, Failed(traceback.format_exc(), user=False))
 
 
 def _worker_process(*args) -> None:
@@ -195,7 +221,7 @@ class ProcessExecutor:
         self.stall_timeout_s = stall_timeout_s
         self.in_flight = 0
         try:
-            self._info = self._recv("ready", start_timeout_s)
+            self._info = self._recv(Ready, start_timeout_s).info
         except BaseException:
             self.close()
             raise
@@ -220,7 +246,7 @@ class ProcessExecutor:
             f"exited with code {code}" if code is not None else "stopped answering"
         return f"the worker process (pid {self.proc.pid}) {how}"
 
-    def _recv(self, want: str, timeout_s: float, watch: bool = False):
+    def _recv(self, want: type, timeout_s: float, watch: bool = False):
         deadline = time.monotonic() + timeout_s
         dog = None   # made at the first wait, so that a step's result that is ready costs none
         while not self.conn.poll(0.05):
@@ -235,28 +261,29 @@ class ProcessExecutor:
                 if stuck:
                     raise WorkerDied(stuck)
         try:
-            kind, payload = self.conn.recv()
+            msg = self.conn.recv()
         except (EOFError, OSError):
             raise WorkerDied(self._death()) from None
-        if kind == "user_error":
-            raise UserError(payload)
-        if kind == "error":
-            raise WorkerDied(f"the worker process failed:\n{payload}")
-        if kind != want:
-            raise WorkerDied(f"the worker process sent {kind!r} where {want!r} was expected")
-        return payload
+        if isinstance(msg, Failed) and msg.user:
+            raise UserError(msg.text)
+        if isinstance(msg, Failed):
+            raise WorkerDied(f"the worker process failed:\n{msg.text}")
+        if not isinstance(msg, want):
+            raise WorkerDied(f"the worker process sent {type(msg).__name__} where "
+                             f"{want.__name__} was expected")
+        return msg
 
     def configure(self, run: RunConfig) -> None:
-        self._send(("configure", run))
-        self._recv("configured", max(self.step_timeout_s, CONFIGURE_TIMEOUT_S))
+        self._send(run)
+        self._recv(Configured, max(self.step_timeout_s, CONFIGURE_TIMEOUT_S))
 
     def execute(self, msg: StepMsg):
-        self._send(("step", msg))
+        self._send(msg)
         self.in_flight += 1
         return msg.step
 
     def collect(self, step: int) -> StepResult:
-        res = self._recv("result", self.step_timeout_s, watch=True)
+        res = self._recv(StepResult, self.step_timeout_s, watch=True)
         self.in_flight -= 1
         if res.step != step:
             raise WorkerDied(f"the worker answered step {res.step} where step {step} was due")
@@ -271,7 +298,7 @@ class ProcessExecutor:
             self.proc.kill()
         if self.proc.is_alive():
             try:
-                self.conn.send(("close", None))
+                self.conn.send(Close())
             except (OSError, BrokenPipeError):
                 pass
             self.proc.join(5.0)

@@ -30,7 +30,8 @@ from stepgap.common.acceptance import Acceptance, check_replay
 from stepgap.common.errors import UserError
 from stepgap.common.formats import (METRICS, PERCENTILES, RequestTiming, Span, SpecStats, TraceRequest,
                             run_result, step_gaps)
-from stepgap.common.scheduler import FINISHED, Request, Scheduler, SchedulerConfig, SchedulerOutput
+from stepgap.common.scheduler import (FINISHED, EngineCoreOutput, Request, Scheduler,
+                                      SchedulerConfig, SchedulerOutput)
 from stepgap.common.workloads import LoadGenerator
 from stepgap.engine.kv_cache import BLOCK_SIZE
 from stepgap.engine.sampler import SamplingConfig
@@ -130,14 +131,15 @@ class Client:
             self.timings[r.request_id] = RequestTiming(r.request_id, r.prompt_len, sent)
             core.add(r)
 
-    def receive(self, core: "EngineCore", emitted, step: int) -> None:
+    def receive(self, core: "EngineCore", emitted: list[EngineCoreOutput], step: int) -> None:
         """One step's chunks; the next requests go out the moment slots free up."""
         now = self.clock()
         freed = 0
-        for req, new, finished in emitted:
-            self.timings[req.request_id].add_chunk(now, len(new))
-            self.outputs[req.request_id] += new
-            if finished:
+        for o in emitted:
+            rid = o.request.request_id
+            self.timings[rid].add_chunk(now, len(o.new_token_ids))
+            self.outputs[rid] += o.new_token_ids
+            if o.finished:
                 self.gen.complete()
                 self.last_done = now
                 freed += 1

@@ -490,10 +490,10 @@ class Sim:
                                 {"on": "take_draft_token_ids"})
             return
         t, timings = (self.env.now + self.out_latency) / 1e6, self.timings
-        for req, new, done in emitted:
-            timings[req.request_id].add_chunk(t, len(new))
-            if done:
-                acc.finished(req.request_id)
+        for o in emitted:
+            timings[o.request.request_id].add_chunk(t, len(o.new_token_ids))
+            if o.finished:
+                acc.finished(o.request.request_id)
                 if self.out_latency:
                     self.env.timeout(self.out_latency).callbacks.append(self._complete)
                 else:
@@ -505,7 +505,7 @@ class Sim:
         self.samples.append((self.env.now / 1e6, len(s.running), len(s.waiting),
                              100.0 * (1 - s.num_free_blocks / s.cfg.num_blocks),
                              sum(c for c, _ in step.batch.prefills),
-                             sum(len(new) for _, new, _ in emitted)))
+                             sum(len(o.new_token_ids) for o in emitted)))
 
     # -- the API server (vLLM's topology) ---------------------------------------------------
 
@@ -525,15 +525,15 @@ class Sim:
         while True:
             n, emitted = yield self.to_frontend.get()
             if cpu.process_outputs is not None:
-                tokens = sum(len(new) for _, new, _ in emitted)
+                tokens = sum(len(o.new_token_ids) for o in emitted)
                 yield from self.on_host(FRONTEND, "process_outputs", n,
                                         cpu.process_outputs(len(emitted), tokens))
             lat = cpu.client_latency_us
             t = (env.now + lat) / 1e6
-            for req, new, done in emitted:
-                self.timings[req.request_id].add_chunk(t, len(new))
-                if done:
-                    self.acc.finished(req.request_id)
+            for o in emitted:
+                self.timings[o.request.request_id].add_chunk(t, len(o.new_token_ids))
+                if o.finished:
+                    self.acc.finished(o.request.request_id)
                     env.timeout(lat).callbacks.append(self._complete)
 
     # -- the worker -------------------------------------------------------------------------
@@ -747,7 +747,7 @@ class DPSim(Sim):
         self.samples.append((self.env.now / 1e6, sum(len(s.running) for s in ranks),
                              sum(len(s.waiting) for s in ranks), 100.0 * kv,
                              sum(c for c, _ in step.batch.prefills),
-                             sum(len(new) for _, new, _ in emitted)))
+                             sum(len(o.new_token_ids) for o in emitted)))
 
     def run(self) -> tuple[dict, list[Span]]:
         res, _ = super().run()

@@ -42,9 +42,9 @@ def drive(cfg, reqs, accept, max_steps=100_000, aborts=None, eos=None):
         else:
             ready = (out, sampled) if out is not None else None
         if ready is not None:
-            for req, new, done in s.update_from_output(*ready):
-                chunks[req.request_id].append(len(new))
-                assert done == (req.request_id not in s.requests)
+            for o in s.update_from_output(*ready):
+                chunks[o.request.request_id].append(len(o.new_token_ids))
+                assert o.finished == (o.request.request_id not in s.requests)
     else:
         raise AssertionError("did not finish")
     return s, chunks, outputs
