@@ -34,6 +34,11 @@ from stepgap.common.errors import UserError, where
 
 NOISE = 0.01   # a GPU bench's mean ITL from run to run, unless repeats of a cell measure it
 MAX_ITER = 30
+# The prompts a bench file without per-request lists is simulated with (its workload is the
+# command line's, drawn again): the fit simulates each run dozens of times. At concurrency 1,
+# k=4 on l20, calibrate took 10.2 s on a run of 80 prompts and 64.0 s on one of 500 (about
+# 0.13 s a prompt, on this 2-core VM while another job ran), and ran past 200 s on 1,000,000.
+MAX_FIT_PROMPTS = 250
 
 
 @dataclass
@@ -237,6 +242,9 @@ def load_bench_runs(paths, args, base: dict) -> list[BenchRun]:
         if doc.get("mean_itl_ms") is None or not doc["mean_itl_ms"] > 0:
             raise UserError(f"{where(path, field='mean_itl_ms')}: missing or 0; calibrate fits "
                             "the runs' mean ITL")
+        if not doc["mean_tpot_ms"] > 0:
+            raise UserError(f"{where(path, field='mean_tpot_ms')}: 0; calibrate fits the runs' "
+                            "tokens per step as their mean ITL over their mean TPOT")
         if is_bursty(doc):
             skipped.append(f"{path}: its client read the stream in bursts: left out")
             continue
@@ -246,8 +254,13 @@ def load_bench_runs(paths, args, base: dict) -> list[BenchRun]:
             reqs = apply_request_rate(bench_requests(doc, path), rate,
                                       doc.get("burstiness") or 1.0, 0)
         else:   # no per-request lists: the workload the command line names, as many prompts
-            cfg = SimConfig(**settings(base, k, num_prompts=doc["num_prompts"],
-                                       request_rate=rate, max_concurrency=conc))
+            n = min(doc["num_prompts"], MAX_FIT_PROMPTS)
+            if n < doc["num_prompts"]:
+                skipped.append(f"{path}: no per-request lists (--save-detailed), so its "
+                               f"workload is the command line's: simulated with {n:,} of its "
+                               f"{doc['num_prompts']:,} prompts, each fit step a simulation")
+            cfg = SimConfig(**settings(base, k, num_prompts=n, request_rate=rate,
+                                       max_concurrency=conc))
             reqs = build_workload(cfg)
         runs.append(BenchRun(path, doc, k, conc, mode, reqs, tuple(rates) if rates else None))
     for line in skipped:

@@ -204,9 +204,12 @@ def sharegpt_file(path: str, num_prompts: int = 1000, output_len: int | None = N
     tok, _ = find_tokenizer(model, tokenizer)
 
     def count(text: str) -> int:
-        if tok is not None:
+        if tok is None:
+            return max(1, round(len(text) / CHARS_PER_TOKEN))
+        try:
             return len(tok.encode(text).ids)
-        return max(1, round(len(text) / CHARS_PER_TOKEN))
+        except TypeError:   # a lone surrogate (JSON's "\ud800"), which no UTF-8 text holds
+            return len(tok.encode(text.encode("utf-8", "replace").decode()).ids)
 
     out = []
     for prompt, completion in pairs:

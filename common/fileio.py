@@ -11,6 +11,7 @@ found before a measurement, not after it. Errors name the path (docs/robustness.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import gzip
@@ -27,7 +28,8 @@ from pathlib import Path
 from typing import Iterator
 
 from stepgap.common.errors import UserError
-from stepgap.common.limits import MAX_CSV_FIELD, MAX_DECOMPRESSED_BYTES, MAX_YAML_DEPTH
+from stepgap.common.limits import (MAX_CSV_FIELD, MAX_DECOMPRESSED_BYTES, MAX_YAML_DEPTH,
+                                   MAX_YAML_NODES)
 
 try:
     import tomllib
@@ -73,12 +75,45 @@ def check_file(path, what: str = "file") -> Path:
     return Path(path)
 
 
+# The files this command has read (device, inode), for `write_bytes` to refuse to write over
+# one: an input it found rather than was given (a peer run's meta.json beside its requests, a
+# bundle's hardware.yaml) is not on the command line for `check_not_input` to see. Kept while
+# a command of the command line runs (`reading_inputs`, in stepgap/cli.py main), else None.
+READ: set[tuple[int, int]] | None = None
+
+
+@contextlib.contextmanager
+def reading_inputs():
+    """Count the files read in this block as inputs that no output may replace (READ)."""
+    global READ
+    READ = set()
+    try:
+        yield
+    finally:
+        READ = None
+
+
+def mark_input(path) -> None:
+    """Count `path` among the command's inputs (READ) without reading it: a file of an input it
+    was given, which it does not need this time (a peer run's timeseries.csv, a bundle's
+    hardware.yaml at TP 1), but which an output must not replace."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if READ is not None:
+        READ.add((st.st_dev, st.st_ino))
+
+
 def read_bytes(path) -> bytes:
     path = Path(path)
     why = not_a_file(path)
     if why:
         raise UserError(f"{path}: {why}")
     try:
+        if READ is not None:
+            st = path.stat()
+            READ.add((st.st_dev, st.st_ino))
         return path.read_bytes()
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror})") from None
@@ -179,21 +214,14 @@ def read_toml(path) -> dict:
 
 def read_yaml(path, what: str) -> dict:
     """A YAML file whose top level is a mapping (`what` says whose format, for the error):
-    LLMServingSim's meta.yaml and hardware.yaml, a GPU file. Its nesting is counted on PyYAML's
-    event stream (which keeps its own stack) before the document is built (which recurses):
-    past MAX_YAML_DEPTH it is refused, naming the line."""
+    LLMServingSim's meta.yaml and hardware.yaml, a GPU file. Its nesting and its size with
+    every alias expanded are counted on PyYAML's event stream (which keeps its own stack) before
+    the document is built (which recurses): past MAX_YAML_DEPTH or MAX_YAML_NODES it is refused,
+    naming the line."""
     import yaml
     text = read_text(path)
     try:
-        depth = 0
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
-            if isinstance(event, yaml.CollectionStartEvent):
-                depth += 1
-                if depth > MAX_YAML_DEPTH:
-                    raise UserError(f"{path}:{event.start_mark.line + 1}: not valid YAML "
-                                    f"(nested more than {MAX_YAML_DEPTH} deep)")
-            elif isinstance(event, yaml.CollectionEndEvent):
-                depth -= 1
+        _yaml_size(path, yaml.parse(text, Loader=yaml.SafeLoader), yaml)
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -206,6 +234,36 @@ def read_yaml(path, what: str) -> dict:
     if not isinstance(doc, dict):
         raise UserError(f"{path}: expected a mapping ({what})")
     return doc
+
+
+def _yaml_size(path, events, yaml) -> None:
+    """Refuse a YAML event stream nested past MAX_YAML_DEPTH, or holding more than
+    MAX_YAML_NODES values once its aliases are expanded (each alias counts as its anchor's
+    node, whole)."""
+    sizes: dict[str, int] = {}    # anchor: its node's values, expanded
+    open_: list[list] = []        # the collections open: [anchor, values so far]
+    for event in events:
+        if isinstance(event, yaml.CollectionStartEvent):
+            open_.append([event.anchor, 1])
+            if len(open_) > MAX_YAML_DEPTH:
+                raise UserError(f"{path}:{event.start_mark.line + 1}: not valid YAML "
+                                f"(nested more than {MAX_YAML_DEPTH} deep)")
+            continue
+        if isinstance(event, yaml.CollectionEndEvent):
+            anchor, n = open_.pop()
+        elif isinstance(event, yaml.ScalarEvent):
+            anchor, n = event.anchor, 1
+        elif isinstance(event, yaml.AliasEvent):
+            anchor, n = None, sizes.get(event.anchor, 1)
+        else:
+            continue
+        if anchor is not None:
+            sizes[anchor] = n
+        if open_:
+            open_[-1][1] += n
+            if open_[-1][1] > MAX_YAML_NODES:
+                raise UserError(f"{path}:{event.start_mark.line + 1}: refused: its aliases "
+                                f"expand to more than {MAX_YAML_NODES:,} values")
 
 
 def csv_rows(path) -> Iterator[tuple[int, list[str]]]:
@@ -285,8 +343,16 @@ def check_not_input(outputs, inputs) -> None:
     a `--result-json` linking to it, `serve --result-json` naming the model's config.json.
     `outputs` and `inputs`: (option, path) pairs, None paths skipped. Only an output that exists
     can be an input; one inside an input folder (a checkpoint, a measured folder) is refused
-    too, as the command may read it. Links and hard links are seen through."""
+    too, as the command may read it. An output folder (its path ends in `/`) may not be an
+    input folder. Links and hard links are seen through."""
     for option, out in outputs:
+        if out is not None and str(out).endswith("/") and os.path.isdir(out):
+            for source, src in inputs:
+                if src is not None and os.path.isdir(src) and os.path.samefile(out, src):
+                    raise UserError(f"{option} {str(out).rstrip('/')}: the input {source} {src}, "
+                                    "whose files the outputs would overwrite; give the output "
+                                    "another folder")
+            continue
         if out is None or not os.path.isfile(out):
             continue
         for source, src in inputs:
@@ -314,6 +380,9 @@ def write_bytes(path, data: bytes) -> None:
     if path.exists() and not stat.S_ISREG(path.stat().st_mode):
         what = "a folder" if path.is_dir() else "not a regular file"
         raise UserError(f"{path}: cannot write ({what})")
+    if READ and path.exists() and (path.stat().st_dev, path.stat().st_ino) in READ:
+        raise UserError(f"{path}: an input this command read (found beside one it was given), "
+                        "which the output would overwrite; give the output another path")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -39,6 +39,17 @@ MAX_DECOMPRESSED_BYTES = 1 << 30
 # mappings and lists: theirs nest 4 deep; PyYAML builds a document recursively, and 20,000
 # levels overflowed its stack (common/fileio.py read_yaml counts them before it builds).
 MAX_YAML_DEPTH = 100
+# How many values a YAML file may hold once its aliases are expanded: PyYAML writes aliases
+# (`&id001` ... `*id001`) in LLMServingSim's hardware.yaml, and a "billion laughs" file of nine
+# aliases of ten expands to 10^9 (building it is cheap, but printing or walking it ran past a
+# minute). The largest committed one (RTXPRO6000's hardware.yaml) holds 3,307; 1 M is the
+# limit (common/fileio.py read_yaml counts them on the event stream).
+MAX_YAML_NODES = 1_000_000
+# The cells of one sweep grid: each is validated before any runs (0.3 ms a cell, 10,000 cells in
+# 3 s for `stepgap sweep --preset seed-l20 --grid max_num_seqs=1..100 --grid
+# max_concurrency=1..100 --dry-run`), then simulated (0.1-1 s a cell). 100,000 cells is half a
+# minute of checks and hours of simulation; two axes of 10,000 (1e8 cells) ran past 90 s unchecked.
+MAX_GRID_CELLS = 100_000
 # The longest field of a CSV file (a perf bundle's tables, a peer run's timeseries.csv): Python's
 # csv module's own limit (csv.field_size_limit), named here so that a field past it is one line
 # naming the file and line (common/fileio.py csv_rows), not the module's exception.

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 from stepgap.common.errors import UserError, shown, where
-from stepgap.common.fileio import csv_rows, json_lines, read_json_object, read_text
+from stepgap.common.fileio import csv_rows, json_lines, mark_input, read_json_object, read_text
 from stepgap.common.formats import (MAX_ARRIVAL_S, TIMESERIES, RequestTiming, TraceRequest,
                                     compute_metrics)
 from stepgap.common.limits import MAX_TIMESTAMP_S, MAX_TP, is_finite, is_int
@@ -59,6 +59,8 @@ def load_peer_requests(path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: requests file not found")
+    for name in ("meta.json", "timeseries.csv"):   # the run's other files: no output over them
+        mark_input(path.with_name(name))
     out, seen, lines = [], {}, []
     for lineno, obj in json_lines(path):
         if not isinstance(obj, dict):

@@ -19,11 +19,14 @@ from pathlib import Path
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json
 from stepgap.common.formats import MODES, RequestTiming, TraceRequest, run_result
-from stepgap.common.limits import MAX_K, is_int
+from stepgap.common.limits import MAX_K, MAX_PROMPTS, is_int
 
 BENCH_KEYS = ("date", "backend", "model_id", "num_prompts", "completed", "duration",
               "mean_tpot_ms")
 DETAIL_KEYS = ("input_lens", "output_lens", "ttfts", "itls")
+# The times of a request that the file sums up (mean_ttft_ms, std_itl_ms, p99_tpot_ms, ...): no
+# one of them can be longer than the whole run.
+METRIC = re.compile(r"(mean|median|std|p[0-9.]+)_(ttft|tpot|itl|e2el)_ms")
 
 
 def read_bench(path) -> dict:
@@ -65,15 +68,17 @@ def check_bench(doc: dict, path) -> dict:
     except ValueError:
         bad("date", "the time vLLM writes, YYYYmmdd-HHMMSS")
     n = doc["num_prompts"]
-    if not _count(n) or n < 1:
-        bad("num_prompts", "an integer >= 1")
+    if not _count(n) or not 1 <= n <= MAX_PROMPTS:
+        bad("num_prompts", f"an integer from 1 to {MAX_PROMPTS:,}")
     if not _count(doc["completed"]) or doc["completed"] > n:
         bad("completed", f"an integer from 0 to num_prompts ({n})")
     if not _number(doc["duration"]) or doc["duration"] <= 0:
         bad("duration", "seconds > 0")
-    for key in ("mean_tpot_ms", "failed"):
-        if key in doc and (not _number(doc[key]) or doc[key] < 0):
-            bad(key, "a finite number >= 0")
+    if "failed" in doc and (not _number(doc["failed"]) or doc["failed"] < 0):
+        bad("failed", "a finite number >= 0")
+    for key in [k for k in doc if METRIC.fullmatch(k)]:   # mean_tpot_ms, p99_itl_ms, ...
+        if not _number(doc[key]) or not 0 <= doc[key] <= 1000 * doc["duration"] * 1.01:
+            bad(key, f"milliseconds from 0 to the run's duration ({doc['duration']:g} s)")
     rate = doc.get("request_rate", "inf")
     if rate != "inf" and not (_number(rate) and rate > 0):
         bad("request_rate", '"inf" or requests per second > 0')

@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,17 +48,51 @@ def _token_text(v) -> str | None:
     return v.get("content") if isinstance(v, dict) else v
 
 
+# What one render of a chat template may cost: its running time (a template of two nested
+# loops of 99,999, each within jinja2's sandbox range limit, ran for minutes and held the
+# server), and the size of what a `*` or `**` makes (a string times 10^10, 7 ** 10^7), which one
+# Python operation builds before any time check can run.
+RENDER_S = 5.0
+MAX_OPERAND = 10_000_000   # characters or items of a product
+MAX_DIGITS = 4300          # digits of a power: no more can be printed (sys.get_int_max_str_digits)
+
+
+def _bounded_env():
+    """transformers' sandboxed environment, whose `*` and `**` refuse a result past
+    MAX_OPERAND items or MAX_DIGITS digits before they build it."""
+    import math
+
+    from jinja2.exceptions import SecurityError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Bounded(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**"})
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int) \
+                            and len(seq) * n > MAX_OPERAND:
+                        raise SecurityError(f"a product of {len(seq) * n:,} items")
+            elif isinstance(left, int) and isinstance(right, int) and abs(left) > 1 \
+                    and right * math.log10(abs(left)) > MAX_DIGITS:
+                raise SecurityError(f"a power of {right * math.log10(abs(left)):,.0f} digits")
+            return super().call_binop(context, operator, left, right)
+
+    return Bounded(trim_blocks=True, lstrip_blocks=True)
+
+
 def compile_template(template: str, source: str):
     """The chat template compiled once, as transformers' apply_chat_template compiles it (a
-    sandboxed jinja2 environment, trim_blocks and lstrip_blocks, `raise_exception`); one that
-    does not compile is refused at start-up, naming where it came from."""
+    sandboxed jinja2 environment, trim_blocks and lstrip_blocks, `raise_exception`; here `*`
+    and `**` bounded, `_bounded_env`); one that does not compile is refused at start-up, naming
+    where it came from."""
     from jinja2.exceptions import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
         raise TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = _bounded_env()
     env.globals["raise_exception"] = raise_exception
     try:
         return env.from_string(template)
@@ -132,6 +168,15 @@ class ServedTokenizer:
         raise_exception, 1/0, a range the sandbox refuses, recursion) is a ValueError saying
         so: the request's fault or the template's, never the server's."""
         out, n = [], 0
+        deadline = time.monotonic() + RENDER_S
+
+        def clock(frame, event, arg):   # every line the template runs: past RENDER_S, stop
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"it ran past {RENDER_S:g} s")
+            return clock
+
+        traced = sys.gettrace()   # (a coverage tool's, under the tests)
+        sys.settrace(clock)
         try:
             for piece in self.template.generate(
                     messages=messages, add_generation_prompt=add_generation_prompt,
@@ -146,6 +191,8 @@ class ServedTokenizer:
                 raise
             raise ValueError(f"the chat template failed: {type(e).__name__}: "
                              f"{str(e)[:200]}") from None
+        finally:
+            sys.settrace(traced)
         return "".join(out)
 
 

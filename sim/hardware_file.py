@@ -25,7 +25,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from stepgap.common.errors import UserError, where
+from stepgap.common.errors import UserError, shown, where
 from stepgap.common.fileio import read_yaml
 from stepgap.sim.hardware import (CATALOG, GB, GIB, INTERCONNECTS, Hardware, Interconnect,
                                   MeasuredLink, catalog_entry, get_hardware, is_gpu_file)
@@ -41,23 +41,46 @@ FIELDS = {"bf16_tflops": ("flops", 1e12), "fp8_tflops": ("fp8_flops", 1e12),
 REQUIRED = {"flops": "bf16_tflops", "mem_bw": "memory_bw_gbps", "mem_bytes": "memory_gb"}
 # A GPU the catalog does not know takes the catalog's GPU defaults for what it does not give.
 DEFAULTS = {"flop_eff": 0.70, "bw_eff": 0.80, "kernel_us": 2.0, "d2h_us": 15.0}
+# What each number may be (low, high; low itself only where zero is allowed below): wide
+# enough for any device from a laptop CPU to ten B200s (2,250 dense bf16 TFLOP/s, 192 GB,
+# 8 TB/s each), narrow enough that a typo of 1e-300 or 1e308 is refused before it makes
+# every time infinite or every KV cache NaN.
+RANGES = {"bf16_tflops": (1e-3, 1e5), "fp8_tflops": (0.0, 1e5), "memory_gb": (1e-3, 1e5),
+          "memory_total_gib": (1e-3, 1e5), "memory_bw_gbps": (1e-3, 1e6),
+          "flop_eff": (0.0, 1.0), "bw_eff": (0.0, 1.0), "kernel_us": (0.0, 1e6),
+          "d2h_us": (0.0, 1e6), "bw_gbps": (1e-3, 1e6), "latency_us": (0.0, 1e6),
+          "bytes": (0.0, 2.0 ** 50), "us": (0.0, 1e9), "us_graphed": (0.0, 1e9),
+          "npus": (1.0, 1024.0)}
 
 
-def _number(path, field: str, v, low: float = 0.0, zero: bool = False,
-            integer: bool = False) -> float:
-    """A finite number above `low` (at `low` too where `zero`), naming the file and field."""
+def _number(path, field: str, v, zero: bool = False, integer: bool = False) -> float:
+    """A finite number in RANGES[its last dotted part] (or above 0), at the low end too only
+    where `zero`; the error names the file and field."""
+    low, high = RANGES.get(field.rpartition(".")[2], (0.0, math.inf))
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-            or v < low or (v == low and not zero) or (integer and v != int(v)):
+            or v < low or (v == low and not zero) or v > high \
+            or (integer and v != int(v)):
         what = "an integer" if integer else "a number"
+        upto = f" and <= {high:g}" if math.isfinite(high) else ""
         raise UserError(f"{where(path, field=field)}: expected {what} {'>=' if zero else '>'} "
-                        f"{low:g}, got {v!r}")
+                        f"{low:g}{upto}, got {shown(v)}")
     return float(v)
+
+
+def _text(path, doc: dict, key: str, at: str = "") -> str | None:
+    """A name the file gives (YAML may read `4090` as a number), or None where it gives none."""
+    v = doc.get(key)
+    if v is None or v == "":
+        return None
+    if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+        raise UserError(f"{where(path, field=at + key)}: expected a name, got {shown(v)}")
+    return str(v)
 
 
 def _mapping(path, doc: dict, key: str, at: str = "") -> dict:
     v = doc.get(key) or {}
     if not isinstance(v, dict):
-        raise UserError(f"{where(path, field=at + key)}: expected a mapping, got {v!r}")
+        raise UserError(f"{where(path, field=at + key)}: expected a mapping, got {shown(v)}")
     return v
 
 
@@ -75,7 +98,7 @@ def load_collectives(path, fully_connected: bool = False, p2p: bool = True,
     if block.get("npus") is None:
         raise UserError(f"{where(path, field=base + '.npus')}: missing (the number of GPUs the "
                         "collectives were measured over)")
-    npus = int(_number(path, f"{base}.npus", block["npus"], 1, integer=True))
+    npus = int(_number(path, f"{base}.npus", block["npus"], integer=True))
     samples = block.get("samples")
     if not isinstance(samples, list) or not samples:
         raise UserError(f"{where(path, field=base + '.samples')}: missing (a list of "
@@ -84,23 +107,26 @@ def load_collectives(path, fully_connected: bool = False, p2p: bool = True,
     for i, s in enumerate(samples):
         at = f"{base}.samples[{i}]"
         if not isinstance(s, dict):
-            raise UserError(f"{where(path, field=at)}: expected a mapping, got {s!r}")
+            raise UserError(f"{where(path, field=at)}: expected a mapping, got {shown(s)}")
         c = s.get("collective")
         if c not in COLLECTIVES:
             raise UserError(f"{where(path, field=at + '.collective')}: expected one of "
-                            f"{', '.join(COLLECTIVES)}, got {c!r}")
+                            f"{', '.join(COLLECTIVES)}, got {shown(c)}")
         size = _number(path, f"{at}.bytes", s.get("bytes"), integer=True)
-        key = "us_graphed" if s.get("us_graphed") is not None else "us"
+        times = {key: _number(path, f"{at}.{key}", s[key])
+                 for key in ("us_graphed", "us") if s.get(key) is not None}
+        if not times:
+            raise UserError(f"{where(path, field=at + '.us')}: missing (the time, in us)")
         if size in points[c]:
             raise UserError(f"{where(path, field=at + '.bytes')}: {c} at {size:g} bytes twice")
-        points[c][size] = _number(path, f"{at}.{key}", s.get(key))
+        points[c][size] = times.get("us_graphed", times.get("us"))
     for c in NEEDED:
         if not points[c]:
             raise UserError(f"{where(path, field=base + '.samples')}: no {c} samples "
                             "(tensor parallelism all-reduces the hidden states and all-gathers "
                             "the logits)")
     measured = {c: p for c, p in points.items() if p}
-    label = doc.get("hardware") or path.parent.name
+    label = _text(path, doc, "hardware") or path.parent.name
     return MeasuredLink(
         f"measured ({path})", npus,
         {c: tuple(sorted(p)) for c, p in measured.items()},
@@ -113,17 +139,17 @@ def load_collectives(path, fully_connected: bool = False, p2p: bool = True,
 def _interconnect(path, v) -> Interconnect:
     if isinstance(v, str):
         if v not in INTERCONNECTS:
-            raise UserError(f"{where(path, field='interconnect')}: unknown {v!r} (known: "
+            raise UserError(f"{where(path, field='interconnect')}: unknown {shown(v)} (known: "
                             f"{', '.join(INTERCONNECTS)}, or a mapping of bw_gbps, "
                             "latency_us, fully_connected, p2p)")
         return INTERCONNECTS[v]
     if not isinstance(v, dict):
         raise UserError(f"{where(path, field='interconnect')}: expected a name or a mapping, "
-                        f"got {v!r}")
+                        f"got {shown(v)}")
     for key in ("fully_connected", "p2p"):
         if not isinstance(v.get(key, False), bool):
             raise UserError(f"{where(path, field='interconnect.' + key)}: expected true or "
-                            f"false, got {v[key]!r}")
+                            f"false, got {shown(v[key])}")
     return Interconnect(
         f"{path}'s interconnect", _number(path, "interconnect.bw_gbps", v.get("bw_gbps")) * GB,
         _number(path, "interconnect.latency_us", v.get("latency_us"), zero=True),
@@ -140,7 +166,8 @@ def load_gpu_file(path) -> Hardware:
                         f"{', '.join(CATALOG)})")
     doc = read_yaml(path, WHAT)
     spec = _mapping(path, doc, "spec")
-    base_name = doc.get("base") or catalog_entry(str(spec.get("gpu_name") or ""))
+    gpu_name = _text(path, spec, "gpu_name", "spec.")
+    base_name = _text(path, doc, "base") or catalog_entry(gpu_name or "")
     if base_name is not None and base_name not in CATALOG:
         raise UserError(f"{where(path, field='base')}: unknown catalog entry {base_name!r} "
                         f"(known: {', '.join(CATALOG)})")
@@ -163,8 +190,8 @@ def load_gpu_file(path) -> Hardware:
             taken.append(f"{key} {doc[key]}")
     for field, key in REQUIRED.items():
         if field not in values:
-            why = f"spec.gpu_name {spec['gpu_name']!r} is not in the catalog" \
-                if spec.get("gpu_name") else "the file names no catalog entry (base)"
+            why = f"spec.gpu_name {gpu_name!r} is not in the catalog" \
+                if gpu_name else "the file names no catalog entry (base)"
             raise UserError(f"{where(path, field=key)}: missing ({why}: give {key}, or base: a "
                             "catalog entry to start from)")
     if doc.get("interconnect") is not None:
@@ -174,12 +201,12 @@ def load_gpu_file(path) -> Hardware:
                             model.p2p if model is not None else True, doc)
     if link is not None:
         values["interconnect"] = link
-    values["name"] = str(doc.get("name") or doc.get("hardware") or path.stem)
-    values["source"] = str(doc.get("source") or "") or (
+    values["name"] = _text(path, doc, "name") or _text(path, doc, "hardware") or path.stem
+    values["source"] = _text(path, doc, "source") or (
         f"{path}" + (f": {', '.join(taken)}" if taken else "")
         + (f"; the rest from the catalog's {base_name} ({base.source})" if base is not None
            else "; efficiencies and per-kernel costs: the catalog's GPU defaults"))
-    values["device_names"] = (str(spec["gpu_name"]),) if spec.get("gpu_name") else ()
+    values["device_names"] = (gpu_name,) if gpu_name else ()
     return Hardware(**values)
 
 

@@ -14,6 +14,7 @@ written to OUT/sweep.csv and OUT/sweep.json.
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,7 @@ def run_sweep(grid: Grid, out, jobs: int = 1, cluster: str | None = None, fresh:
         for c in cells:
             c.key = hashlib.sha256(f"{c.key}:band".encode()).hexdigest()[:16]
     out = Path(out)
+    made = not out.exists()   # a folder this run made is removed again if no cell reaches it
     try:
         out.mkdir(parents=True, exist_ok=True)
         store = CellStore(out / "cells.jsonl", fresh)
@@ -67,15 +69,22 @@ def run_sweep(grid: Grid, out, jobs: int = 1, cluster: str | None = None, fresh:
     settings = [c.settings for c in todo]
     fn = run_band_cell if band else run_cell
     runner = run_cluster(settings, cluster, fn) if cluster else run_local(settings, jobs, fn)
+    stored = 0
     try:
-        with tqdm(total=len(cells), initial=len(cells) - len(todo), disable=not progress,
-                  unit="cell", desc="sweep", dynamic_ncols=True) as bar:
-            for j, metrics in runner:
-                store.add(todo[j], metrics)
-                bar.update()
-    finally:
-        runner.close()   # an interrupted sweep stops its workers here
-        store.close()
+        try:
+            with tqdm(total=len(cells), initial=len(cells) - len(todo), disable=not progress,
+                      unit="cell", desc="sweep", dynamic_ncols=True) as bar:
+                for j, metrics in runner:
+                    store.add(todo[j], metrics)
+                    stored += 1
+                    bar.update()
+        finally:
+            runner.close()   # an interrupted sweep stops its workers here
+            store.close()
+    except BaseException:   # a cluster that never answered, a first cell's bad input
+        if made and not stored:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     table = SweepTable(grid.preset, grid.base, grid.axes,
                        [{**c.values, **store.done[c.key], "cell": c.key} for c in cells],
                        str(out / "sweep.json"))

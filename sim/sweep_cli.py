@@ -196,7 +196,7 @@ def _steps(text: str) -> tuple[int, int]:
 
 def run_sweep_cmd(args) -> int:
     from stepgap.common.errors import UserError
-    from stepgap.common.fileio import check_writable
+    from stepgap.common.fileio import check_not_input, check_writable
     from stepgap.sim.sweep import cell_notes, run_sweep
     from stepgap.sim.sweep_grid import build_grid, format_cell
     from stepgap.sim.sweep_store import CellStore
@@ -212,6 +212,10 @@ def run_sweep_cmd(args) -> int:
         check_metric(args.metric)
     if not args.dry_run:
         check_writable(args.out, "--out", folder=True)
+        if args.plot:
+            check_writable(Path(args.out) / "plots", "--plot", folder=True)
+        for name in ("sweep.json", "sweep.csv", "cells.jsonl"):   # what the sweep writes there
+            check_not_input([("--out", Path(args.out) / name)], getattr(args, "input_paths", ()))
     if args.dry_run:
         cells = grid.cells()
         for line in cell_notes(cells):

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from stepgap.common.errors import UserError
 from stepgap.common.fileio import check_file, read_json, read_toml
+from stepgap.common.limits import MAX_GRID_CELLS
 from stepgap.common.options import WORKLOAD_FLAGS
 from stepgap.sim.config import ALIASES, SimConfig, profile_defaults, resolve
 from stepgap.sim.sweep_keys import cell_key
@@ -277,6 +278,12 @@ class Grid:
         preset = dict(get_preset(self.preset).settings) if self.preset else {}
         explicit = [k for k, v in self.base.items() if k not in preset or preset[k] != v] \
             + list(self.axes)
+        count = math.prod(len(v) for v in self.axes.values())
+        if count > MAX_GRID_CELLS:
+            sizes = " x ".join(f"{len(v)} {k}" for k, v in self.axes.items())
+            raise UserError(f"--grid, --grid-file: {count:,} cells ({sizes}), more than one sweep runs "
+                            f"({MAX_GRID_CELLS:,}); give fewer values, or split the grid into "
+                            "sweeps of their own")
         cells, workloads = [], {}
         for combo in itertools.product(*self.axes.values()):
             values = dict(zip(self.axes, combo))

@@ -172,6 +172,10 @@ def _dask_connect(address: str):
     import threading
 
     from distributed import Client
+    from distributed.comm import parse_address, parse_host_port
+    scheme, location = parse_address(address)   # ValueError: no host:port in it ("word")
+    if scheme != "inproc":
+        parse_host_port(location)
     made: dict = {}
 
     def connect() -> None:

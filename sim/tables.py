@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stepgap.common.errors import UserError, shown, where
-from stepgap.common.fileio import csv_rows, read_yaml
+from stepgap.common.fileio import csv_rows, mark_input, read_yaml
 from stepgap.common.limits import MAX_SKEW_ALPHA, MAX_TABLE_COUNT, MAX_TP, is_finite, is_int
 from stepgap.sim.hardware import MeasuredLink
 
@@ -518,6 +518,10 @@ def load_tables(path, tp: int = 1) -> OpTables:
                         f"--tensor-parallel-size {tp} needs tables measured at {tp}")
     folder = root / f"tp{tp}"
     family = bm.family
+    for parent in root.parents:   # the GPU's hardware.yaml, read or not: no output over it
+        mark_input(parent / "hardware.yaml")
+        if parent.name == "perf":
+            break
     if family not in FAMILY_LAYERS:
         raise UserError(f"{where(meta_path, field='architecture')}: {bm.architecture!r}: "
                         f"stepgap prices the layers of {', '.join(FAMILY_LAYERS)} from tables "

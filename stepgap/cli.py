@@ -10,6 +10,7 @@ checks that --help, simulate, sweep, plot and compare never import torch).
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import signal
@@ -21,7 +22,7 @@ import sys
 # on a shared machine"). The user's own setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from stepgap.common.errors import UserError
+from stepgap.common.errors import UserError, shown
 from stepgap import __version__
 
 COMMAND_MODULES = [   # each package registers its own commands (its cli.py)
@@ -103,19 +104,31 @@ def path_options(command, args):
         yield action, name, value if isinstance(value, list) else [value]
 
 
-def empty_path(parser, args):
-    """(the command's parser, the option) of the first file, folder or name given as '': an
-    empty path is no path, and `if path:` would silently drop the output it asks for."""
+NAME_MAX = 255   # the longest file name (one part of a path) Linux's file systems hold, bytes
+
+
+def bad_path(parser, args):
+    """(the command's parser, the option, why) of the first file, folder or name given as ''
+    (no path: `if path:` would silently drop the output it asks for), or with a part longer
+    than a file name can be (the first stat of it raised OSError ENAMETOOLONG)."""
     command = _subcommand(parser, args)
-    for _, name, values in path_options(command, args):
+    for action, name, values in path_options(command, args):
         if "" in values:
-            return command, name
+            return command, name, "an empty path ('') names no file or folder"
+        if action.metavar in ("N", "RPS", "NAME"):   # lists of numbers, names that stay names
+            continue
+        for v in values:
+            longest = max((len(part.encode("utf-8", "replace")) for part in str(v).split("/")),
+                          default=0)
+            if longest > NAME_MAX:
+                return command, name, (f"a name of {longest:,} bytes in the path, where a file "
+                                       f"name holds at most {NAME_MAX}")
     return None
 
 
 # Options whose value is a file the command writes (besides `--out FILE`), and those whose value
 # is a folder it writes into or a name; every other path option or argument is one it reads.
-FILE_OUTPUTS = ("result_json", "timeline", "chrome_trace", "chrome", "trace_out")
+FILE_OUTPUTS = ("result_json", "timeline", "chrome_trace", "chrome", "trace_out", "plot")
 FOLDER_METAVARS = ("DIR", "OUT")
 NOT_INPUTS = ("out", "result_dir", "result_filename", "served_model_name")
 
@@ -131,6 +144,8 @@ def command_paths(parser, args) -> tuple[list, list]:
             if action.dest in FILE_OUTPUTS or action.dest == "out" \
                     and action.metavar not in FOLDER_METAVARS:
                 outputs.append((name, v))
+            elif action.dest in ("out", "result_dir"):   # a folder it writes into
+                outputs.append((name, v.rstrip("/") + "/"))
             elif action.dest not in NOT_INPUTS:
                 path = v if os.path.exists(v) or "=" not in v else v.partition("=")[2]
                 inputs.append((name, path))
@@ -224,8 +239,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 2
         name = f"stepgap {args.command}"
-        check_command_line(parser, args, extra)
-        code = args.func(args) or 0
+        from stepgap.common.fileio import reading_inputs
+        with reading_inputs():
+            check_command_line(parser, args, extra)
+            code = args.func(args) or 0
         sys.stdout.flush()
         return code
     except UserError as e:
@@ -236,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _stdout_gone()
         return 141
+    except OSError as e:   # a name too long that reached a stat (a path built from an input)
+        if e.errno != errno.ENAMETOOLONG:
+            raise
+        say(f"{name}: error: {shown(e.filename)}: a file name longer than this system holds")
+        return 2
     except KeyboardInterrupt as e:
         how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
         say(f"{name}: {how}")
@@ -250,9 +272,9 @@ def main(argv: list[str] | None = None) -> int:
 def check_command_line(parser, args, extra: list[str]) -> None:
     """What the parser cannot see alone, before the command runs: an empty path, leftover words
     (a pasted vLLM option is named and ignored), an output naming one of the inputs."""
-    empty = empty_path(parser, args)
-    if empty:
-        empty[0].error(f"argument {empty[1]}: an empty path ('') names no file or folder")
+    bad = bad_path(parser, args)
+    if bad:
+        bad[0].error(f"argument {bad[1]}: {bad[2]}")
     if extra:
         command = parser.commands[args.command]
         if not getattr(args, "vllm_options", False):

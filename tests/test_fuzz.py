@@ -1245,7 +1245,8 @@ def round3(rng: random.Random, d: Path, base: Base) -> Case:
         which = rng.choice(["--timeline = --trace", "--result-json links to --trace",
                             "calibrate --out = its bench", "ingest --out = its bench",
                             "plot --chrome = its timeline", "run --timeline = --trace",
-                            "serve --result-json = config.json", "simulate into --model"])
+                            "serve --result-json = config.json", "simulate into --model",
+                            "advise --plot = --trace"])
         argv, inputs = {
             "--timeline = --trace": (["simulate", "--trace", str(trace), "--timeline",
                                       str(trace), "--quiet"], (trace,)),
@@ -1264,6 +1265,8 @@ def round3(rng: random.Random, d: Path, base: Base) -> Case:
                                                    "--result-json",
                                                    str(target / "config.json")],
                                                   (target / "config.json",)),
+            "advise --plot = --trace": (["advise", "--trace", str(trace), "--plot",
+                                         str(trace), "--quiet"], (trace,)),
             "simulate into --model": (["simulate", "--model", str(target), "--trace",
                                        str(trace), "--timeline", str(target / "config.json"),
                                        "--quiet"], (target / "config.json",)),

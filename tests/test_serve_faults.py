@@ -273,6 +273,27 @@ def test_a_chat_template_that_does_not_compile_is_named_at_start(tmp_path, templ
     assert str(e.value).startswith(f"{target / 'tokenizer_config.json'}: field 'chat_template'")
 
 
+@pytest.mark.parametrize("template, words", [
+    ("{{ 7 ** 10000000 }}", "SecurityError: a power of 8,450,980 digits"),  # jinja2 folded it
+    ("{{ 'x' * 10000000000 }}", "SecurityError: a product of 10,000,000,000 items"),
+    ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}",
+     "TimeoutError: it ran past 0.5 s"),   # each range within the sandbox's; it ran minutes
+])
+def test_a_chat_template_too_costly_to_render_fails_its_request_not_the_server(
+        tmp_path, monkeypatch, template, words):
+    import stepgap.engine.tokenizer as tokenizer
+    monkeypatch.setattr(tokenizer, "RENDER_S", 0.5)
+    target = pair_copy(tmp_path, None)
+    cfg = json.loads((target / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = template + "{{ messages[0]['content'] }}"
+    (target / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = ServedTokenizer.load(target)
+    with pytest.raises(ValueError, match=f"the chat template failed: {words}"):
+        tok.render_chat([{"role": "user", "content": "hi"}])
+    tok.template = tokenizer.compile_template("{{ messages[0]['content'] }}", "x")
+    assert tok.render_chat([{"role": "user", "content": "hi"}]) == "hi"   # tracing is off
+
+
 def test_a_declared_body_too_large_is_answered_though_the_client_stops_sending(trap_server):
     """100 MB announced, a little sent, then the client waits: it gets the 413 (the server
     drops what comes while it comes), not a wait for the rest nor a reset."""

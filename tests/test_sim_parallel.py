@@ -372,6 +372,39 @@ def test_a_gpu_file_of_stepgaps_fields_describes_a_gpu_the_catalog_lacks(tmp_pat
         load_gpu(str(hw_file(tmp_path, "memory_gb: 32\nmemory_bw_gbps: 1000\n", "mine.yaml")))
 
 
+MINE = "name: mygpu\nbf16_tflops: 100\nmemory_gb: 32\nmemory_bw_gbps: 1000\n"
+
+
+@pytest.mark.parametrize("edit, field", [
+    # a typo of 1e-300 made every time infinite, one of 1e308 every KV cache NaN (exit 0)
+    (lambda t: t.replace("bf16_tflops: 100", "bf16_tflops: 1.0e-300"), "bf16_tflops"),
+    (lambda t: t.replace("memory_gb: 32", "memory_gb: 1.0e+308"), "memory_gb"),
+    (lambda t: t.replace("memory_bw_gbps: 1000", "memory_bw_gbps: 1.0e+308"), "memory_bw_gbps"),
+    (lambda t: t + "flop_eff: 2.0\n", "flop_eff"),
+    (lambda t: t + "d2h_us: 1.0e+12\n", "d2h_us"),
+    (lambda t: t + "interconnect: {bw_gbps: 100, latency_us: 1.0e+308}\n",
+     "interconnect.latency_us"),
+    (lambda t: t + "base: [h100]\n", "base"),
+    (lambda t: t.replace("name: mygpu", "name: {a: 1}"), "name"),
+])
+def test_a_gpu_file_number_past_any_device_or_a_name_not_a_name_is_refused(tmp_path, edit,
+                                                                           field):
+    path = hw_file(tmp_path, edit(MINE), "mine.yaml")
+    with pytest.raises(UserError, match=re.escape(f"{path}: field '{field}': expected")):
+        load_gpu(str(path))
+
+
+def test_a_yaml_whose_aliases_expand_past_the_limit_is_refused_at_once(tmp_path):
+    from stepgap.common.limits import MAX_YAML_NODES
+    laughs = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{b}: &{b} [{', '.join(['*' + a] * 10)}]\n" for a, b in zip("abcdefgh", "bcdefghi"))
+    path = hw_file(tmp_path, laughs + "name: *i\n", "laughs.yaml")   # 10^9 values
+    with pytest.raises(UserError, match=f"expand to more than {MAX_YAML_NODES:,} values"):
+        load_gpu(str(path))
+    # LLMServingSim's own file holds aliases (PyYAML writes them) and is read as it is
+    assert "&id001" in HW_1B2CC02.read_text() and load_collectives(HW_1B2CC02).npus == 2
+
+
 def test_tables_at_tp2_take_the_hardware_yaml_kept_beside_them(tmp_path):
     perf = tmp_path / "profiler/perf/TESTGPU"
     bundle = perf / "meta-llama/Llama-3.1-8B/bf16"

@@ -269,6 +269,21 @@ def test_an_unreachable_cluster_is_a_clear_error(tmp_path, monkeypatch):
         run_sweep(tiny_grid("k=0"), tmp_path, cluster="tcp://127.0.0.1:9")
 
 
+def test_an_address_that_is_no_address_fails_at_once_and_leaves_no_folder(tmp_path):
+    pytest.importorskip("distributed")   # "word": Dask's Client raised, then its __del__
+    out = tmp_path / "sw"                # printed a TimeoutError traceback 20 s later
+    with pytest.raises(UserError, match="--cluster word: cannot connect .*missing port"):
+        run_sweep(tiny_grid("k=0"), out, cluster="word")
+    assert not out.exists()   # the folder the sweep made, with no cell in it, is gone
+
+
+def test_a_grid_of_more_cells_than_a_sweep_runs_is_refused_before_any_is_built():
+    grid = tiny_grid("max_num_seqs=1..10000", "max_concurrency=1..10000")
+    with pytest.raises(UserError, match=r"100,000,000 cells \(10000 max_num_seqs x 10000 "
+                                        r"max_concurrency\), more than one sweep runs"):
+        grid.cells()   # (it validated them one by one, past 90 s)
+
+
 @pytest.fixture
 def quick_cluster_limits(monkeypatch):
     """The cluster's timeouts at a second or two, so that a failing cluster fails fast here."""

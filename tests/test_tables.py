@@ -308,9 +308,8 @@ DENSE_HEAD = "layer,tokens,time_us\n"
                                                                     r"name"),
     (edit_meta("gpu: Test GPU", "l0: &l0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
         f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" for i in range(1, 10))
-        + "gpu: *l9"),   # an alias of 10^10 strings: refused without being written out
-     r"meta.yaml: field 'gpu': expected a name, got \[\[\[...\], \[...\], \[...\], \[...\], "
-     r"...\], .*\]$"),
+        + "gpu: *l9"),   # an alias of 10^10 strings: refused before the document is built
+     r"meta.yaml:\d+: refused: its aliases expand to more than 1,000,000 values$"),
     (lambda b: (b / "meta.yaml").write_text("a: " + "[" * 20000 + "]" * 20000 + "\n"),
      r"meta.yaml:1: not valid YAML \(nested more than 100 deep\)$"),
     (lambda b: (b / "meta.yaml").write_text(META + "x: " + "9" * 5000 + "\n"),
@@ -658,3 +657,18 @@ def test_compare_takes_a_peer_run_as_the_measured_side(tmp_path):
     assert abs(float(row.split()[-1])) < 1.0   # percent
     assert next(line for line in p.stdout.splitlines()
                 if line.startswith("Mean ITL")).split()[3] == "-"
+
+
+def test_an_output_over_an_input_the_command_found_beside_its_trace_is_refused(tmp_path,
+                                                                               capsys):
+    """`--trace requests.jsonl` reads the run's meta.json beside it: a --result-json naming that
+    file was written over it (exit 0, the run's settings gone)."""
+    import shutil
+    from stepgap.cli import main
+    run = tmp_path / "run"
+    shutil.copytree(RUN_4090, run)
+    before = (run / "meta.json").read_bytes()
+    assert main(["simulate", "--trace", str(run / "requests.jsonl"), "--gpu", "rtx4090",
+                 "--num-prompts", "2", "--result-json", str(run / "meta.json"), "--quiet"]) == 2
+    assert "meta.json: an input this command read" in capsys.readouterr().err
+    assert (run / "meta.json").read_bytes() == before

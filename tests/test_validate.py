@@ -171,3 +171,14 @@ def test_a_tiny_validation_end_to_end(tmp_path, capsys):
     assert main(["validate", "--from-measured", str(out), "--out", str(again), "--quiet"]) == 0
     table = lambda text: [ln for ln in text.splitlines() if ln.startswith("| ")]  # noqa: E731
     assert table((again / "report.md").read_text()) == table(report)
+
+
+def test_validate_into_the_measured_folder_it_reads_is_refused(tmp_path, capsys):
+    import shutil
+    from stepgap.cli import main
+    m = tmp_path / "m"   # its report.md and simulated/ were written over, exit 0
+    shutil.copytree(Path(__file__).resolve().parents[1] / "traces/measured/cpu", m)
+    before = {p: p.read_bytes() for p in m.rglob("*") if p.is_file()}
+    assert main(["validate", "--from-measured", str(m), "--out", str(m)]) == 2
+    assert f"--out {m}: the input --from-measured {m}, whose files" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in m.rglob("*") if p.is_file()} == before

@@ -271,6 +271,29 @@ def test_a_bench_files_depth_is_an_integer_from_0_to_64_named_as_its_field(tmp_p
         read_bench(f)
 
 
+@pytest.mark.parametrize("key, v", [("mean_itl_ms", "x"), ("p99_tpot_ms", float("nan")),
+                                    ("p99_itl_ms", 1e308), ("mean_ttft_ms", -1.0),
+                                    ("median_e2el_ms", None)])
+def test_a_bench_files_times_are_milliseconds_within_its_run_named_as_their_field(tmp_path, key,
+                                                                                   v):
+    f = tmp_path / "b.json"   # a string made calibrate raise TypeError; 1e308 passed, exit 0
+    f.write_text(json.dumps({**json.loads((DATA / "bench.json").read_text()), key: v}))
+    with pytest.raises(UserError, match=rf"b.json: field '{key}': expected milliseconds from 0 "
+                                        r"to the run's duration"):
+        read_bench(f)
+
+
+def test_calibrate_refuses_a_bench_file_of_zero_tpot_naming_the_field(tmp_path, capsys):
+    from stepgap.cli import main
+    f = tmp_path / "b.json"   # calibrate reads tokens per step as ITL / TPOT: ZeroDivisionError
+    f.write_text(json.dumps({**json.loads((DATA / "bench.json").read_text()),
+                             "mean_tpot_ms": 0.0, "mean_itl_ms": 3.0,
+                             "model_id": "meta-llama/Llama-3.1-8B-Instruct"}))
+    assert main(["calibrate", str(f), "--gpu", "l20", "--model", "llama-3.1-8b", "--draft",
+                 "llama-3.1-8b-eagle3", "--out", str(tmp_path / "p.json")]) == 2
+    assert "b.json: field 'mean_tpot_ms': 0; calibrate fits" in capsys.readouterr().err
+
+
 def test_bench_files_of_different_models_are_refused(tmp_path):
     from stepgap.calibrate.vllm_fit import load_runs
     doc = json.loads((DATA / "bench.json").read_text())

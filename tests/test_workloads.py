@@ -296,6 +296,15 @@ def test_sharegpt_lengths_come_from_the_models_tokenizer(tmp_path):
     assert len(reqs) == 6   # oversampled to --num-prompts from the ones kept
 
 
+def test_sharegpt_counts_a_lone_surrogate_as_utf8_would_hold_it(tmp_path):
+    path = tmp_path / "s.json"   # JSON may escape half a pair; the tokenizer raised TypeError
+    path.write_text('[{"conversations": [{"from": "human", "value": "\\ud800 def f(x): '
+                    'return x"}, {"from": "gpt", "value": "It returns x, as it is."}]}]')
+    reqs = load_workload(f"sharegpt:shuffle=0:path={path}", num_prompts=2,
+                         model=str(PAIR / "target"))
+    assert len(reqs) == 2 and reqs[0].prompt_len >= 4
+
+
 def test_sharegpt_shuffles_with_pythons_random_as_vllm_does(tmp_path):
     import random
     path, data = sharegpt(tmp_path)
