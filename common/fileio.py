@@ -79,7 +79,10 @@ def check_file(path, what: str = "file") -> Path:
 # one: an input it found rather than was given (a peer run's meta.json beside its requests, a
 # bundle's hardware.yaml) is not on the command line for `check_not_input` to see. Kept while
 # a command of the command line runs (`reading_inputs`, in stepgap/cli.py main), else None.
+# A file the command wrote itself (WRITTEN) stays its own to write again (`train` writes a
+# config.json, reads it back, and writes it again).
 READ: set[tuple[int, int]] | None = None
+WRITTEN: set[tuple[int, int]] = set()
 
 
 @contextlib.contextmanager
@@ -87,10 +90,12 @@ def reading_inputs():
     """Count the files read in this block as inputs that no output may replace (READ)."""
     global READ
     READ = set()
+    WRITTEN.clear()
     try:
         yield
     finally:
         READ = None
+        WRITTEN.clear()
 
 
 def mark_input(path) -> None:
@@ -380,7 +385,7 @@ def write_bytes(path, data: bytes) -> None:
     if path.exists() and not stat.S_ISREG(path.stat().st_mode):
         what = "a folder" if path.is_dir() else "not a regular file"
         raise UserError(f"{path}: cannot write ({what})")
-    if READ and path.exists() and (path.stat().st_dev, path.stat().st_ino) in READ:
+    if READ and path.exists() and (path.stat().st_dev, path.stat().st_ino) in READ - WRITTEN:
         raise UserError(f"{path}: an input this command read (found beside one it was given), "
                         "which the output would overwrite; give the output another path")
     try:
@@ -393,6 +398,9 @@ def write_bytes(path, data: bytes) -> None:
             os.fchmod(f.fileno(), 0o666 & ~_UMASK)
             f.write(data)
         os.replace(tmp, path)
+        if READ is not None:
+            st = os.stat(path)
+            WRITTEN.add((st.st_dev, st.st_ino))
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
         raise UserError(f"{path}: cannot write ({e.strerror})") from None
