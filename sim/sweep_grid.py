@@ -281,9 +281,9 @@ class Grid:
         count = math.prod(len(v) for v in self.axes.values())
         if count > MAX_GRID_CELLS:
             sizes = " x ".join(f"{len(v)} {k}" for k, v in self.axes.items())
-            raise UserError(f"--grid, --grid-file: {count:,} cells ({sizes}), more than one sweep runs "
-                            f"({MAX_GRID_CELLS:,}); give fewer values, or split the grid into "
-                            "sweeps of their own")
+            raise UserError(f"--grid, --grid-file: {count:,} cells ({sizes}), more than one "
+                            f"sweep runs ({MAX_GRID_CELLS:,}); give fewer values, or split the "
+                            "grid into sweeps of their own")
         cells, workloads = [], {}
         for combo in itertools.product(*self.axes.values()):
             values = dict(zip(self.axes, combo))
