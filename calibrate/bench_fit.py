@@ -198,7 +198,8 @@ def model_name(text: str) -> str:
 def load_bench_runs(paths, args, base: dict) -> list[BenchRun]:
     """Every bench file among `paths`, checked against the command line (model, k,
     concurrency, mode): a disagreement is refused, naming both values."""
-    from stepgap.common.vllm_bench import (DETAIL_KEYS, bench_requests, is_bursty, read_bench)
+    from stepgap.common.vllm_bench import (DETAIL_KEYS, bench_k, bench_requests, is_bursty,
+                                           read_bench)
     from stepgap.common.workloads import apply_request_rate
     from stepgap.sim.config import SimConfig
     from stepgap.sim.loop import build_workload
@@ -218,8 +219,8 @@ def load_bench_runs(paths, args, base: dict) -> list[BenchRun]:
             raise UserError(f"{where(path, field='model_id')}: {doc['model_id']!r}, but --model "
                             f"is {base['model']!r}: calibrate fits the runs of the model given")
         rates = doc.get("spec_decode_per_position_acceptance_rates")
-        file_k = doc.get("num_speculative_tokens")
-        file_k = int(file_k) if file_k is not None else (len(rates) if rates else None)
+        file_k = bench_k(doc) if doc.get("num_speculative_tokens") is not None or rates \
+            else None   # (bench_k reads a file without either as k = 0)
         k = base["_k"]
         if k is not None and file_k is not None and k != file_k:
             raise UserError(f"{where(path, field='num_speculative_tokens')}: {file_k}, but "

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from stepgap.common.acceptance import FILE_FORMAT
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import decode_text, gunzip, parse_json, read_bytes
 from stepgap.common.formats import LANES, Span
@@ -464,7 +465,7 @@ def acceptance_from_scrapes(after: str, before: str | None = None, source="scrap
     if over:
         raise UserError(f"{source}: position {over[0][0]} accepted {over[0][1]:.2f} tokens per "
                         "draft (at most 1): the counters are not of one server's run")
-    return {"format": "stepgap-acceptance/1", "k": len(pos), "rates": rates,
+    return {"format": FILE_FORMAT, "k": len(pos), "rates": rates,
             "num_drafts": int(d["num_drafts"]), "num_draft_tokens": int(d["num_draft_tokens"]),
             "num_accepted_tokens": int(d["num_accepted_tokens"]),
             "acceptance_length": 1 + d["num_accepted_tokens"] / d["num_drafts"],

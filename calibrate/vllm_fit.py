@@ -34,6 +34,7 @@ from pathlib import Path
 
 from stepgap.calibrate.fit import MIN_POINTS, fit_cpu, fit_determined, fit_jitter, step_series
 from stepgap.calibrate.samples import cpu_samples, device_points, steps_of
+from stepgap.common.acceptance import FILE_FORMAT
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_text
 from stepgap.common.options import add_command, positive_int
@@ -194,7 +195,7 @@ def bench_acceptance(doc: dict, path) -> dict | None:
     rates = doc.get("spec_decode_per_position_acceptance_rates")
     if not rates or not doc.get("spec_decode_num_drafts"):
         return None
-    return {"format": "stepgap-acceptance/1", "k": len(rates), "rates": rates,
+    return {"format": FILE_FORMAT, "k": len(rates), "rates": rates,
             "num_drafts": doc["spec_decode_num_drafts"],
             "num_draft_tokens": doc["spec_decode_draft_tokens"],
             "num_accepted_tokens": doc["spec_decode_accepted_tokens"],

@@ -98,16 +98,17 @@ def reading_inputs():
         WRITTEN.clear()
 
 
+def _inode(path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
 def mark_input(path) -> None:
     """Count `path` among the command's inputs (READ) without reading it: a file of an input it
     was given, which it does not need this time (a peer run's timeseries.csv, a bundle's
     hardware.yaml at TP 1), but which an output must not replace."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return
-    if READ is not None:
-        READ.add((st.st_dev, st.st_ino))
+    if READ is not None and os.path.exists(path):
+        READ.add(_inode(path))
 
 
 def read_bytes(path) -> bytes:
@@ -117,8 +118,7 @@ def read_bytes(path) -> bytes:
         raise UserError(f"{path}: {why}")
     try:
         if READ is not None:
-            st = path.stat()
-            READ.add((st.st_dev, st.st_ino))
+            READ.add(_inode(path))
         return path.read_bytes()
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror})") from None
@@ -385,7 +385,7 @@ def write_bytes(path, data: bytes) -> None:
     if path.exists() and not stat.S_ISREG(path.stat().st_mode):
         what = "a folder" if path.is_dir() else "not a regular file"
         raise UserError(f"{path}: cannot write ({what})")
-    if READ and path.exists() and (path.stat().st_dev, path.stat().st_ino) in READ - WRITTEN:
+    if READ and path.exists() and _inode(path) in READ - WRITTEN:
         raise UserError(f"{path}: an input this command read (found beside one it was given), "
                         "which the output would overwrite; give the output another path")
     try:
@@ -399,8 +399,7 @@ def write_bytes(path, data: bytes) -> None:
             f.write(data)
         os.replace(tmp, path)
         if READ is not None:
-            st = os.stat(path)
-            WRITTEN.add((st.st_dev, st.st_ino))
+            WRITTEN.add(_inode(path))
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
         raise UserError(f"{path}: cannot write ({e.strerror})") from None

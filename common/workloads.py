@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stepgap.common.datasets import DEFAULT_VOCAB
 from stepgap.common.errors import UserError
 from stepgap.common.formats import TraceRequest, load_trace
 from stepgap.common.limits import (MAX_ARRIVAL_S, MAX_PROMPTS, MAX_WORKLOAD_TOKENS,
@@ -80,7 +81,6 @@ def sharegpt_like(num_prompts: int = 1000, output_len: int | None = None,
 
 # Workloads that share prefixes (prefix caching, docs/sim.md "Workloads"): random token ids
 # below `vocab_size` (the target's vocabulary, passed by whoever runs the trace), seeded.
-DEFAULT_VOCAB = 32000
 
 
 def _tokens(rng, n: int, vocab_size: int) -> list[int]:

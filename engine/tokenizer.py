@@ -57,6 +57,10 @@ MAX_OPERAND = 10_000_000   # characters or items of a product
 MAX_DIGITS = 4300          # digits of a power: no more can be printed (sys.get_int_max_str_digits)
 
 
+class RenderTooLong(ValueError):
+    """A chat template's output past the characters the context holds."""
+
+
 def _bounded_env():
     """transformers' sandboxed environment, whose `*` and `**` refuse a result past
     MAX_OPERAND items or MAX_DIGITS digits before they build it."""
@@ -184,11 +188,11 @@ class ServedTokenizer:
                 out.append(piece)
                 n += len(piece)
                 if max_chars is not None and n > max_chars:
-                    raise ValueError(f"the chat template's output passes {max_chars} "
-                                     "characters, more than the context holds")
+                    raise RenderTooLong(f"the chat template's output passes {max_chars} "
+                                        "characters, more than the context holds")
+        except RenderTooLong:
+            raise
         except Exception as e:   # jinja2's TemplateError, or anything the template raised
-            if isinstance(e, ValueError) and str(e).startswith("the chat template's output"):
-                raise
             raise ValueError(f"the chat template failed: {type(e).__name__}: "
                              f"{str(e)[:200]}") from None
         finally:

@@ -260,9 +260,9 @@ CATALOG: dict[str, Hardware] = {h.name: h for h in (
                     "96 GB, 4000 AI TOPS (fp4, sparse): 1000 TFLOP/s dense fp8, 500 dense bf16",
              device_names=("NVIDIA RTX PRO 6000 Blackwell Server Edition",)),
     # GPUs people serve on, so that their command lines name a modelled GPU: datasheet peaks,
-    # dense (NVIDIA prints the sparse rate
-    # first; half of it is the dense one); the efficiencies of the catalog's own entries of the
-    # same kind of memory (GDDR: the L20's, HBM: the H100's).
+    # dense (NVIDIA prints the sparse rate first; half of it is the dense one); the
+    # efficiencies of the catalog's own entries of the same kind of memory (GDDR: the L20's,
+    # HBM: the H100's).
     Hardware("l40s", "gpu", flops=362.05e12, mem_bw=864 * GB, flop_eff=0.70, bw_eff=0.80,
              kernel_us=2.0, d2h_us=15.0, mem_bytes=48 * GB, fp8_flops=733e12,
              interconnect=INTERCONNECTS["pcie4"],
