@@ -170,8 +170,7 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
     else:
         inputs.append(cpu_input(cfg.cpu_scale))
     if measured is None or not measured.fits:
-        if any(isinstance(c, TableCosts) for c in (r.device_costs,
-                                                    getattr(r.device_costs, "fallback", None))):
+        if isinstance(r.device_costs, TableCosts):   # (always the outer costs: config.py)
             inputs.append(BandInput("device", "the device ops the measured tables price",
                                     1.0, TABLES_LOW, TABLES_HIGH, "x device time",
                                     TABLES_SOURCE, {"speed": TABLES_LOW},

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from stepgap.common.errors import UserError, shown, where
 from stepgap.common.fileio import read_yaml
+from stepgap.common.limits import is_finite
 from stepgap.sim.hardware import (CATALOG, GB, GIB, INTERCONNECTS, Hardware, Interconnect,
                                   MeasuredLink, catalog_entry, get_hardware, is_gpu_file)
 
@@ -57,8 +58,7 @@ def _number(path, field: str, v, zero: bool = False, integer: bool = False) -> f
     """A finite number in RANGES[its last dotted part] (or above 0), at the low end too only
     where `zero`; the error names the file and field."""
     low, high = RANGES.get(field.rpartition(".")[2], (0.0, math.inf))
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-            or v < low or (v == low and not zero) or v > high \
+    if not is_finite(v) or v < low or (v == low and not zero) or v > high \
             or (integer and v != int(v)):
         what = "an integer" if integer else "a number"
         upto = f" and <= {high:g}" if math.isfinite(high) else ""

@@ -143,6 +143,7 @@ class Device:
                  jitter: Jitter | None = None, method: str = "eagle3"):
         self.costs, self.k, self.fixup, self.spans = costs, k, fixup, spans
         self.jitter, self.method = jitter, method
+        self.draft_forwards = getattr(costs, "draft_forwards", None)   # all passes in one call
         self.free = 0.0
         self.last_end: float | None = None
         self.gaps: list[float] = []
@@ -199,7 +200,7 @@ class Device:
         passes = self.draft_passes(b)
         if passes:
             ops += ["draft_forward"] * passes
-            many = getattr(c, "draft_forwards", None)   # all of them in one call
+            many = self.draft_forwards
             durs += many(b, passes) if many else [c.draft_forward(b, i) for i in range(passes)]
         ops.append("d2h")
         durs.append(c.d2h(b))
@@ -309,10 +310,7 @@ class Sim:
 
     def on_host(self, lane: str, op: str, step: int, dur: float, args: dict | None = None):
         """`busy`, on the core the engine core shares with the API server (vLLM's topology):
-        it waits for the core first."""
-        if self.host is None:
-            yield self.busy(lane, op, step, dur, args)
-            return
+        it waits for the core first. Only where there is an API server (and so `host`)."""
         with self.host.request() as core:
             yield core
             yield self.busy(lane, op, step, dur, args)
