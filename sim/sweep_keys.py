@@ -89,13 +89,18 @@ def cell_key(cfg: SimConfig) -> str:
         path = path / "config.json" if path.is_dir() else path
         if path.is_file():
             h.update(read_bytes(path))
-    if cfg.device_profile:   # the tables it prices from: meta.yaml and every tp<N> table
-        root = Path(cfg.device_profile)
-        for path in sorted([*root.glob("meta.yaml"), *root.glob("tp*/*.csv")]):
-            h.update(str(path.relative_to(root)).encode())
-            h.update(read_bytes(path))
-        for path in root.resolve().parents:   # the GPU's hardware.yaml, where one is kept
-            if (path / "hardware.yaml").is_file():
-                h.update(read_bytes(path / "hardware.yaml"))
-                break
+    if cfg.device_profile:   # the tables it may price from, found as sim/config.py finds them
+        from stepgap.sim.hardware_file import collectives_beside
+        from stepgap.sim.tables import find_bundle, read_meta
+        root = find_bundle(cfg.device_profile)
+        # every variant beside it (find_variant takes a sibling for fp8 weights or KV cache):
+        # its meta.yaml and every tp<N> table
+        for variant in sorted(d for d in root.parent.iterdir() if (d / "meta.yaml").is_file()):
+            for path in sorted([variant / "meta.yaml", *variant.glob("tp*/*.csv")]):
+                h.update(str(path.relative_to(root.parent)).encode())
+                h.update(read_bytes(path))
+        label = read_meta(root).get("hardware")   # the GPU's hardware.yaml, as collectives()
+        found = collectives_beside(root, str(label)) if label else None
+        if found is not None:
+            h.update(read_bytes(found))
     return h.hexdigest()[:16]

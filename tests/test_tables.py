@@ -672,3 +672,19 @@ def test_an_output_over_an_input_the_command_found_beside_its_trace_is_refused(t
                  "--num-prompts", "2", "--result-json", str(run / "meta.json"), "--quiet"]) == 2
     assert "meta.json: an input this command read" in capsys.readouterr().err
     assert (run / "meta.json").read_bytes() == before
+
+
+def test_a_sweep_cells_key_follows_every_file_its_tables_may_come_from(tmp_path):
+    """A stored cell is run again when a file that may price it changes: a variant beside the
+    one given (find_variant takes it for fp8), and the hardware.yaml of meta.yaml's GPU (the
+    key hashed the nearest one of any parent, and no sibling)."""
+    from stepgap.sim.sweep_keys import cell_key
+    perf = tmp_path / "perf" / "TESTGPU"
+    cfg = SimConfig(gpu="h100", device_profile=str(write_bundle(perf / "m" / "bf16")))
+    key = cell_key(cfg)
+    assert cell_key(cfg) == key
+    write_bundle(perf / "m" / "fp8")
+    assert cell_key(cfg) != key
+    key = cell_key(cfg)
+    (perf / "hardware.yaml").write_text("hardware: TESTGPU\n")
+    assert cell_key(cfg) != key
