@@ -145,20 +145,10 @@ def cmd_bench(args) -> int:
 
 def setup_of(args) -> dict:
     """The SimConfig settings the runs had, from the command line."""
-    spec = args.speculative_config or {}
-    method = spec.get("method", "eagle3")
-    draft = args.draft or spec.get("model")
-    if args.draft and spec.get("model") and args.draft != spec["model"]:
-        raise UserError(f"--draft {args.draft} and --speculative-config's model {spec['model']} "
-                        "differ; give one")
-    k = args.k
-    if spec.get("num_speculative_tokens") is not None:
-        if k is not None and k != spec["num_speculative_tokens"]:
-            raise UserError(f"--num-speculative-tokens {k} and --speculative-config's "
-                            f"num_speculative_tokens {spec['num_speculative_tokens']} differ; "
-                            "give one")
-        k = spec["num_speculative_tokens"]
-    base = {"gpu": args.gpu or "h100", "model": args.model, "method": method, "jitter": False}
+    from stepgap.common.options import speculative_from_args
+    method, draft, k = speculative_from_args(args)
+    base = {"gpu": args.gpu or "h100", "model": args.model, "method": method or "eagle3",
+            "jitter": False}
     for key, v in (("draft", draft), ("device_profile", args.device_profile),
                    ("max_num_seqs", args.max_num_seqs), ("max_model_len", args.max_model_len),
                    ("block_size", args.block_size), ("output_len", args.output_len),
