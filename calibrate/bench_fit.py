@@ -371,15 +371,22 @@ def repeats_noise(runs: list[BenchRun]) -> float | None:
     return max(spreads) if spreads and max(spreads) > 0 else None
 
 
+def _jacobian(fit: Fitter, x, r):
+    """d(the runs' mean ITL errors) / d(log s, log e) at x, where they are r: forward
+    differences of 0.02."""
+    import numpy as np
+    h = 0.02
+    return np.column_stack([(np.array(fit.itl_error(*np.exp(x + h * d))) - r) / h
+                            for d in np.eye(2)])
+
+
 def fit_two(fit: Fitter, s: float, e: float) -> tuple[float, float]:
     """(s, e) minimising the squared log errors of the runs' mean ITL (Gauss-Newton)."""
     import numpy as np
     x = np.log([s, e])
     for _ in range(12):
         r = np.array(fit.itl_error(*np.exp(x)))
-        h = 0.02
-        jac = np.column_stack([(np.array(fit.itl_error(*np.exp(x + h * d))) - r) / h
-                               for d in np.eye(2)])
+        jac = _jacobian(fit, x, r)
         step, *_ = np.linalg.lstsq(jac, -r, rcond=None)
         x = x + np.clip(step, -0.7, 0.7)
         if np.max(np.abs(step)) < 1e-4:
@@ -394,10 +401,7 @@ def split_two(fit: Fitter, s: float, e: float, noise: float, cpu: tuple, device:
     along its direction of most CPU change, as far as the ranges of sim/bands.py allow."""
     import numpy as np
     x = np.log([s, e])
-    r = np.array(fit.itl_error(s, e))
-    h = 0.02
-    jac = np.column_stack([(np.array(fit.itl_error(*np.exp(x + h * d))) - r) / h
-                           for d in np.eye(2)])
+    jac = _jacobian(fit, x, np.array(fit.itl_error(s, e)))
     cov = noise ** 2 * np.linalg.pinv(jac.T @ jac)
     d = 1.96 * cov[:, 0] / math.sqrt(max(cov[0, 0], 1e-30))
     box = np.log([cpu, device])   # [[cpu lo, hi], [device lo, hi]]
