@@ -195,11 +195,9 @@ def bench_acceptance(doc: dict, path) -> dict | None:
     rates = doc.get("spec_decode_per_position_acceptance_rates")
     if not rates or not doc.get("spec_decode_num_drafts"):
         return None
-    return {"format": FILE_FORMAT, "k": len(rates), "rates": rates,
-            "num_drafts": doc["spec_decode_num_drafts"],
-            "num_draft_tokens": doc["spec_decode_draft_tokens"],
-            "num_accepted_tokens": doc["spec_decode_accepted_tokens"],
-            "acceptance_length": doc["spec_decode_acceptance_length"],
+    from stepgap.common.vllm_bench import spec_counts
+    counts = spec_counts(doc)
+    return {"format": FILE_FORMAT, "k": counts.pop("k"), "rates": rates, **counts,
             "source": f"{path}: spec_decode_per_position_acceptance_rates"}
 
 

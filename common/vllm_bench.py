@@ -226,16 +226,22 @@ def bench_result(doc: dict, path, chunk_tokens: list[list[int]] | None = None,
                      detailed=True, percentiles=(50, 99))
     if doc.get("spec_decode_num_drafts"):
         res["spec_decode"] = {
-            "k": len(doc.get("spec_decode_per_position_acceptance_rates") or []),
-            "num_drafts": doc["spec_decode_num_drafts"],
-            "num_draft_tokens": doc["spec_decode_draft_tokens"],
-            "num_accepted_tokens": doc["spec_decode_accepted_tokens"],
-            "acceptance_length": doc["spec_decode_acceptance_length"],
+            **spec_counts(doc),
             "acceptance_rate": doc["spec_decode_acceptance_rate"] / 100,
             "acceptance_rate_per_pos": doc["spec_decode_per_position_acceptance_rates"]}
     if all(r.accepted is not None for r in reqs):
         res["accepted"] = [r.accepted for r in reqs]
     return res
+
+
+def spec_counts(doc: dict) -> dict:
+    """The spec-decode counters a bench file holds (vLLM 0.32 writes those it scraped around the
+    run, spec_decode_*), under the names stepgap's acceptance files and results give them."""
+    return {"k": len(doc.get("spec_decode_per_position_acceptance_rates") or []),
+            "num_drafts": doc["spec_decode_num_drafts"],
+            "num_draft_tokens": doc["spec_decode_draft_tokens"],
+            "num_accepted_tokens": doc["spec_decode_accepted_tokens"],
+            "acceptance_length": doc["spec_decode_acceptance_length"]}
 
 
 BURSTY_ITL_MS = 0.05   # no vLLM step streams a chunk this soon after the last
