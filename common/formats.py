@@ -433,7 +433,8 @@ REQUIRED_RESULT_KEYS = ("completed", "duration", "mean_tpot_ms", "mean_itl_ms", 
 RESULT_SECTIONS = {"step_gaps": dict, "spec_decode": dict, "config": dict, "timeseries": dict}
 
 
-def _is_metric(key: str) -> bool:
+def is_metric(key: str) -> bool:
+    """A key of `vllm bench serve`'s numbers (counts, duration, latencies, throughputs)."""
     return key in ("completed", "failed", "duration", "total_input_tokens",
                    "total_output_tokens") or key.endswith(("_ms", "_throughput")) \
         or key == "request_throughput"
@@ -452,9 +453,9 @@ def check_result(res, path) -> dict:
     for key, v in res.items():
         if v is None and key not in REQUIRED_RESULT_KEYS:
             continue   # vLLM writes null for a metric it did not take (goodput)
-        if _is_metric(key) and v in NONFINITE:
+        if is_metric(key) and v in NONFINITE:
             res[key] = float(v)   # as save_result wrote it
-        elif _is_metric(key) and not is_number(v):
+        elif is_metric(key) and not is_number(v):
             raise UserError(f"{where(path, field=key)}: expected a number, got {v!r}")
     for key, kind in RESULT_SECTIONS.items():
         if res.get(key) is not None and not isinstance(res[key], kind):
