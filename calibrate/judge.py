@@ -24,6 +24,7 @@ from stepgap.calibrate.measured import MeasuredCell, Setup, load_measured, reque
 from stepgap.common.compare import compare, pool_results
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_toml
+from stepgap.common.run_record import RunRecord
 from stepgap.sim.config import SimConfig
 from stepgap.sim.jitter import run_levels
 from stepgap.sim.loop import simulate
@@ -46,10 +47,11 @@ SAVING_BOUND = 0.25   # of the measured saving of async / zero-bubble over sync 
 SYNC_ONLY_PROFILE = "profile-sync-only.json"
 
 
-def sim_config(setup: Setup, run: dict, timeline: bool = False, **overrides) -> SimConfig:
+def sim_config(setup: Setup, run: RunRecord, timeline: bool = False,
+               **overrides) -> SimConfig:
     """The simulator's configuration of one measured run: the folder's topology and costs, the
     run's mode, k, concurrency and scheduler limits."""
-    c = run.get("config", {})
+    c = run.config
     s = dict(setup.settings)
     folder = {key: s.pop(key, None) for key in ("max_num_seqs", "max_model_len",
                                                  "num_gpu_blocks_override")}
@@ -60,8 +62,9 @@ def sim_config(setup: Setup, run: dict, timeline: bool = False, **overrides) -> 
               or folder["num_gpu_blocks_override"]}
     # a run measured before prefix caching existed (its config says neither) ran without it
     settings = {**s, **limits, "mode": c.get("mode", "sync"), "k": c.get("k", 0),
-                "enable_prefix_caching": c.get("enable_prefix_caching", "prefix_cache" in c),
-                "max_concurrency": run.get("max_concurrency"), "replay": True,
+                "enable_prefix_caching": c.get("enable_prefix_caching",
+                                               run.prefix_cache is not None),
+                "max_concurrency": run.max_concurrency, "replay": True,
                 "detailed": True, "timeline": timeline, **overrides}
     return SimConfig(**settings)
 
@@ -89,7 +92,7 @@ def resimulate(setup: Setup, cell: MeasuredCell, timeline: bool = False,
         cfg = sim_config(setup, run, timeline and n == 0,
                          **{"speed": levels[n] * device_scale, "seed": n, **overrides})
         res, sp = simulate(cfg, requests_of(run, setup.prompts))
-        results.append(res)
+        results.append(RunRecord.of(res))
         if n == 0 and timeline:
             spans = sp
     return pool_results(results), spans, results
@@ -102,8 +105,8 @@ def resimulate(setup: Setup, cell: MeasuredCell, timeline: bool = False,
 @dataclass
 class Verdict:
     cell: MeasuredCell
-    measured: dict        # pooled
-    simulated: dict       # pooled
+    measured: RunRecord   # pooled
+    simulated: RunRecord  # pooled
     errors: dict          # metric -> relative error
     passed: dict          # metric -> bool
     comparison: dict      # common.compare.compare(measured, simulated)
@@ -120,19 +123,18 @@ def bounds_of(rules: str) -> tuple:
     return BOUNDS + ((TTFT_BOUND,) if RULES[rules]["prefix"] else ())
 
 
-def judge_cell(cell: MeasuredCell, simulated: dict, bounds: tuple = BOUNDS,
-               runs: list[dict] | None = None) -> Verdict:
+def judge_cell(cell: MeasuredCell, simulated: RunRecord, bounds: tuple = BOUNDS,
+               runs: list[RunRecord] | None = None) -> Verdict:
     """A cell's pooled errors against `bounds`; with its simulated `runs`, each run's
     prefix-cache counts beside the measured run's."""
     measured = pool_results(cell.runs)
     errors, passed = {}, {}
     for key, _, bound in bounds:
-        e = (simulated[key] - measured[key]) / measured[key]
+        e = (simulated.metrics[key] - measured.metrics[key]) / measured.metrics[key]
         errors[key], passed[key] = e, abs(e) <= bound
     caches = None
     if runs is not None:
-        caches = [(prefix_counts(m.get("config", {}).get("prefix_cache")),
-                   prefix_counts(r["config"].get("resolved", {}).get("prefix_cache")))
+        caches = [(prefix_counts(m.prefix_cache), prefix_counts(r.prefix_cache))
                   for m, r in zip(cell.runs, runs)]
     return Verdict(cell, measured, simulated, errors, passed, compare(measured, simulated),
                    p99_interval(cell.runs), caches)
@@ -143,14 +145,13 @@ def prefix_counts(pc: dict | None) -> dict | None:
     return None if pc is None else {"queries": pc["queries"], "hits": pc["hits"]}
 
 
-def p99_interval(runs: list[dict], n: int = 2000, seed: int = 0) -> tuple | None:
+def p99_interval(runs: list[RunRecord], n: int = 2000, seed: int = 0) -> tuple | None:
     """The 95 % interval of a cell's pooled P99 TPOT (ms): a bootstrap over its requests."""
     import numpy as np
-    from stepgap.common.compare import timings_of
     tpots = []
     for i, r in enumerate(runs):
         try:
-            ts = timings_of(r, f"#{i}")
+            ts = r.timings(f"#{i}")
         except UserError:
             return None
         tpots += [(t.chunk_s[-1] - t.chunk_s[0]) / (t.output_len - 1) * 1e3 for t in ts
@@ -163,12 +164,12 @@ def p99_interval(runs: list[dict], n: int = 2000, seed: int = 0) -> tuple | None
     return float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))
 
 
-def paired_half_width(base_runs: list[dict], runs: list[dict]) -> float | None:
+def paired_half_width(base_runs: list[RunRecord], runs: list[RunRecord]) -> float | None:
     """Half-width (ms) of the 95 % interval of a measured saving: the spread of the per-run
     differences in mean ITL between runs of the two modes on the same slice (they ran back to
     back), over the square root of their number. None with fewer than 3 pairs."""
     def by_slice(rs):
-        return {r.get("config", {}).get("slice", i): r["mean_itl_ms"] for i, r in enumerate(rs)}
+        return {r.config.get("slice", i): r.metrics["mean_itl_ms"] for i, r in enumerate(rs)}
     a, b = by_slice(base_runs), by_slice(runs)
     d = [a[i] - b[i] for i in sorted(a.keys() & b.keys())]
     if len(d) < 3:
@@ -187,12 +188,12 @@ def savings(verdicts: list[Verdict]) -> list[dict]:
         base = by.get(("sync", k, conc))
         if mode == "sync" or base is None:
             continue
-        m = base.measured["mean_itl_ms"] - v.measured["mean_itl_ms"]
-        s = base.simulated["mean_itl_ms"] - v.simulated["mean_itl_ms"]
+        m = base.measured.metrics["mean_itl_ms"] - v.measured.metrics["mean_itl_ms"]
+        s = base.simulated.metrics["mean_itl_ms"] - v.simulated.metrics["mean_itl_ms"]
         err = (s - m) / abs(m) if m else math.inf
         half = paired_half_width(base.cell.runs, v.cell.runs)
         rows.append({"mode": mode, "k": k, "conc": conc, "measured_ms": m, "simulated_ms": s,
-                     "measured_pct": 100 * m / base.measured["mean_itl_ms"],
+                     "measured_pct": 100 * m / base.measured.metrics["mean_itl_ms"],
                      "half_width_ms": half,
                      "within_noise": half is not None and abs(s - m) <= half,
                      "error": err, "passed": abs(err) <= SAVING_BOUND})
@@ -397,7 +398,7 @@ def bound_failures(verdicts: list[Verdict], rows: list[dict],
     """Every bound the judged folder breaks, one line each ([] when all hold)."""
     rule = RULES[rules]
     out = []
-    p99 = {v.cell.name: (v.simulated["p99_tpot_ms"], v.p99_interval) for v in verdicts}
+    p99 = {v.cell.name: (v.simulated.metrics["p99_tpot_ms"], v.p99_interval) for v in verdicts}
     noise = {saving_cell(r): r.get("within_noise") for r in rows}
 
     def check(cell: str, key: str, label: str, e: float, bound: float) -> None:

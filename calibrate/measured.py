@@ -29,7 +29,9 @@ from pathlib import Path
 from stepgap.common.cpu_load import summary as cpu_summary
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json, read_json_object, write_json
-from stepgap.common.formats import TraceRequest, load_trace, save_timeline, save_trace
+from stepgap.common.formats import (TraceRequest, check_result, load_trace, save_timeline,
+                                    save_trace)
+from stepgap.common.run_record import RunRecord
 from stepgap.calibrate.fit import device_vs_profile
 from stepgap.calibrate.harness import Measured, Plan, cell_name, machine_info
 from stepgap.sim.profile import save_profile
@@ -44,7 +46,7 @@ class MeasuredCell:
     mode: str
     k: int
     conc: int | None
-    runs: list[dict]                      # the measured results of its repeats
+    runs: list[RunRecord]                 # the measured results of its repeats
     info: dict = field(default_factory=dict)   # diagnostics recorded when it ran
 
     @property
@@ -79,8 +81,7 @@ def load_measured(folder) -> tuple[Setup, list[MeasuredCell]]:
     cells = [MeasuredCell(c["mode"], c["k"], c.get("max_concurrency"),
                           load_runs(folder / c["runs"]), c.get("info") or {})
              for c in man["cells"]]
-    hits = any((r.get("config", {}).get("prefix_cache") or {}).get("hits", 0) > 0
-               for c in cells for r in c.runs)
+    hits = any((r.prefix_cache or {}).get("hits", 0) > 0 for c in cells for r in c.runs)
     return Setup(folder, settings, man, judged_prompts(folder), hits), cells
 
 
@@ -119,31 +120,30 @@ def read_manifest(folder: Path) -> dict:
     return man
 
 
-def load_runs(path: Path) -> list[dict]:
+def load_runs(path: Path) -> list[RunRecord]:
     """A cell's runs: a gzip-compressed JSON list of run results."""
-    from stepgap.common.formats import check_result
     if not path.is_file():
         raise UserError(f"{path}: not found (a cell's runs)")
     runs = read_json(path)
     if not isinstance(runs, list):
         raise UserError(f"{path}: expected a list of run results")
-    for n, r in enumerate(runs):
-        check_result(r, f"{path} (run {n})")
-    return runs
+    return [RunRecord.of(check_result(r, f"{path} (run {n})"), f"{path} (run {n})")
+            for n, r in enumerate(runs)]
 
 
-def requests_of(result: dict, prompts: dict | None = None) -> list[TraceRequest]:
+def requests_of(result: RunRecord, prompts: dict | None = None) -> list[TraceRequest]:
     """A judged run's trace, rebuilt from its detailed result, with the engine's accepted counts
     (all requests arrive at 0, as the held-out trace) and, from `prompts` (Setup.prompts), each
     prompt's token ids where the folder has them."""
-    for key in ("request_ids", "input_lens", "output_lens"):
-        if key not in result:
+    got = result.requests
+    for key, have in (("request_ids", got and got.ids), ("input_lens", got),
+                      ("output_lens", got and got.output_lens)):
+        if not have:
             raise UserError(f"a measured result lacks {key!r}: it must be saved with --detailed")
     prompts = prompts or {}
-    accepted = result.get("accepted") or [None] * len(result["request_ids"])
+    accepted = got.accepted or [None] * len(got.ids)
     out = []
-    for rid, plen, olen, acc in zip(result["request_ids"], result["input_lens"],
-                                    result["output_lens"], accepted):
+    for rid, plen, olen, acc in zip(got.ids, got.input_lens, got.output_lens, accepted):
         ids = prompts.get(str(rid))
         if ids is not None and len(ids) != plen:
             raise UserError(f"{JUDGED_FILE}: request {rid!r} has {len(ids)} prompt tokens, but "

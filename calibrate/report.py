@@ -44,22 +44,25 @@ def report_table(verdicts: list[Verdict], rules: str = "engine") -> str:
     lines = [head, "|" + "---|" * (14 if interval else 13)]
     for v in verdicts:
         c, m, s, e = v.cell, v.measured, v.simulated, v.errors
-        gm, gs = m.get("step_gaps", {}), s.get("step_gaps", {})
+        gm, gs = m.step_gaps, s.step_gaps
         ks = v.comparison["ks"]
         dev = c.info.get("device_vs_profile")
         iv, passed = v.p99_interval, dict(v.passed)
         cols = ""
         if interval:
             cols = "- | " if iv is None else f"{iv[0]:.3f}–{iv[1]:.3f} | "
-            if iv is not None and iv[0] <= s["p99_tpot_ms"] <= iv[1]:
+            if iv is not None and iv[0] <= s.metrics["p99_tpot_ms"] <= iv[1]:
                 passed["p99_tpot_ms"] = True
         mark = _mark(True) if all(passed.values()) else \
             ", ".join(n for k, n, _ in bounds_of(rules) if not passed[k]) + " MISS"
         lines.append(
             f"| {c.mode} | {c.k} | {c.conc} "
-            f"| {m['mean_tpot_ms']:.3f} / {s['mean_tpot_ms']:.3f} | {_pct(e['mean_tpot_ms'])} "
-            f"| {m['mean_itl_ms']:.3f} / {s['mean_itl_ms']:.3f} | {_pct(e['mean_itl_ms'])} "
-            f"| {m['p99_tpot_ms']:.3f} / {s['p99_tpot_ms']:.3f} | {_pct(e['p99_tpot_ms'])} "
+            f"| {m.metrics['mean_tpot_ms']:.3f} / {s.metrics['mean_tpot_ms']:.3f} "
+            f"| {_pct(e['mean_tpot_ms'])} "
+            f"| {m.metrics['mean_itl_ms']:.3f} / {s.metrics['mean_itl_ms']:.3f} "
+            f"| {_pct(e['mean_itl_ms'])} "
+            f"| {m.metrics['p99_tpot_ms']:.3f} / {s.metrics['p99_tpot_ms']:.3f} "
+            f"| {_pct(e['p99_tpot_ms'])} "
             f"| {cols}{gm.get('median_us', 0):.0f} / {gs.get('median_us', 0):.0f} "
             f"| {'-' if ks is None else f'{ks:.2f}'} | {_pct(dev)} | {mark} |")
     return "\n".join(lines)
@@ -86,7 +89,8 @@ def summary_counts(verdicts: list[Verdict], saving_rows: list[dict],
              for k, name, b in bounds_of(rules)]
     if RULES[rules]["p99_interval"]:
         inside = sum(v.p99_interval is not None
-                     and v.p99_interval[0] <= v.simulated["p99_tpot_ms"] <= v.p99_interval[1]
+                     and v.p99_interval[0] <= v.simulated.metrics["p99_tpot_ms"]
+                     <= v.p99_interval[1]
                      for v in verdicts)
         parts.append(f"{inside}/{n} simulated P99 TPOT inside the measured 95 % interval")
     if saving_rows:
@@ -110,10 +114,9 @@ def write_report(folder: Path, command: str | None = None, quiet: bool = False) 
     setup, verdicts, spans = judge_folder(folder, tl_cells)
     rows = savings(verdicts)
     for v in verdicts:
-        sim = {k: x for k, x in v.simulated.items() if k not in (
+        sim = {k: x for k, x in v.simulated.to_json().items() if k not in (
             "request_ids", "input_lens", "output_lens", "ttfts", "itls", "chunk_tokens")}
-        sim["step_gaps"] = {k: x for k, x in sim.get("step_gaps", {}).items()
-                            if k != "values_us"}
+        sim["step_gaps"] = {k: x for k, x in v.simulated.step_gaps.items() if k != "values_us"}
         save_result(folder / "simulated" / f"{v.cell.name}.json", sim)
     points = [{"mode": v.cell.mode, "k": v.cell.k, "conc": v.cell.conc,
                "measured": v.measured, "simulated": v.simulated} for v in verdicts]
@@ -222,7 +225,8 @@ def prefix_section(verdicts: list[Verdict], rules: str) -> list[str]:
         sim = (pcs[0][1] or {}) if pcs else {}
         equal = sum(a is not None and a == b for a, b in pcs)
         lines.append(f"| {v.cell.mode} | {v.cell.k} | {v.cell.conc} | "
-                     f"{v.measured['mean_ttft_ms']:.3f} / {v.simulated['mean_ttft_ms']:.3f} | "
+                     f"{v.measured.metrics['mean_ttft_ms']:.3f} / "
+                     f"{v.simulated.metrics['mean_ttft_ms']:.3f} | "
                      f"{_pct(v.errors['mean_ttft_ms'])} | {m.get('hits')} / {m.get('queries')} "
                      f"| {sim.get('hits')} / {sim.get('queries')} | {equal}/{len(pcs)} |")
     return lines + ["", "(hits / queries: the first run's; every run must match its own.)", ""]
@@ -272,8 +276,8 @@ def merged_chunks(verdicts: list[Verdict]) -> list[str]:
     capture's chunk sizes stand in for them): each cell's runs' requests whose chunks matched."""
     rows = []
     for v in verdicts:
-        got = [r["config"].get("chunks_as_captured") for r in v.cell.runs]
-        n = [len(r.get("ttfts") or []) for r in v.cell.runs]
+        got = [r.config.get("chunks_as_captured") for r in v.cell.runs]
+        n = [len(r.requests.ttfts) if r.requests else 0 for r in v.cell.runs]
         if any(g is not None and g < m for g, m in zip(got, n)):
             rows.append(f"| {v.cell.name} | " + ", ".join(f"{g}/{m}" for g, m in zip(got, n))
                         + " |")
@@ -316,7 +320,7 @@ MODE_MARKERS = {"sync": "o", "async": "s", "zero-bubble": "^"}
 
 def sim_vs_measured_figure(points: list[dict], title: str | None = None) -> Figure:
     """Simulated against measured, one point per cell: mean TPOT (with the ±5 % band) and
-    P99 TPOT (±10 %). `points`: {mode, k, conc, measured: result, simulated: result}."""
+    P99 TPOT (±10 %). `points`: {mode, k, conc, measured, simulated} (RunRecords)."""
     import numpy as np
     from matplotlib.figure import Figure
 
@@ -324,8 +328,8 @@ def sim_vs_measured_figure(points: list[dict], title: str | None = None) -> Figu
     fig = Figure(figsize=(11, 4.8), dpi=DPI, layout="constrained")
     panels = (("mean_tpot_ms", "mean TPOT (ms)", 0.05), ("p99_tpot_ms", "P99 TPOT (ms)", 0.10))
     for ax, (key, name, bound) in zip(fig.subplots(1, 2), panels):
-        xs = [p["measured"][key] for p in points]
-        ys = [p["simulated"][key] for p in points]
+        xs = [p["measured"].metrics[key] for p in points]
+        ys = [p["simulated"].metrics[key] for p in points]
         lo, hi = min(xs + ys) * 0.9, max(xs + ys) * 1.1
         line = np.array([lo, hi])
         ax.fill_between(line, line * (1 - bound), line * (1 + bound), color="grey", alpha=0.15,
@@ -335,11 +339,13 @@ def sim_vs_measured_figure(points: list[dict], title: str | None = None) -> Figu
             pts = [p for p in points if p["mode"] == mode]
             if not pts:
                 continue
-            ax.scatter([p["measured"][key] for p in pts], [p["simulated"][key] for p in pts],
+            ax.scatter([p["measured"].metrics[key] for p in pts],
+                       [p["simulated"].metrics[key] for p in pts],
                        marker=MODE_MARKERS[mode], s=42, color=f"C{i}", label=mode, zorder=3,
                        edgecolors="white", linewidths=0.5)
             for p in pts:
-                ax.annotate(f"k{p['k']}c{p['conc']}", (p["measured"][key], p["simulated"][key]),
+                ax.annotate(f"k{p['k']}c{p['conc']}",
+                            (p["measured"].metrics[key], p["simulated"].metrics[key]),
                             textcoords="offset points", xytext=(4, -9), fontsize=6.5,
                             color="#555555")
         ax.set_xlim(lo, hi)

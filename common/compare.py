@@ -1,13 +1,13 @@
 """How far one run result is from another (`stepgap compare`, stepgap/compare.py).
 
-Both files are run results of the shared schema (`common.formats`): the engine's, the
-simulator's, or one saved by `vllm bench serve --save-result` (same keys; no step gaps). The
+Both sides are run records (`common.run_record.RunRecord`): the engine's, the simulator's,
+one saved by `vllm bench serve --save-result` (no step gaps) or a peer's vLLM run. The
 table has the mean, median and P99 of TPOT, ITL, TTFT and E2EL, each simulated against measured
 with the error in % of measured, and the step-gap distributions: median, P90 and mean, and the
 Kolmogorov-Smirnov distance between the two when both results carry every gap (`values_us`,
 written with `--detailed`).
 
-`pool_results` makes one result out of repeated runs of one configuration, as if they were one
+`pool_results` makes one record out of repeated runs of one configuration, as if they were one
 longer benchmark: every request of every run counts once.
 """
 
@@ -17,9 +17,8 @@ import math
 
 import numpy as np
 
-from stepgap.common.errors import UserError
-from stepgap.common.formats import (METRICS, RequestTiming, SpecStats, compute_metrics,
-                            gap_summary, load_result)
+from stepgap.common.formats import METRICS, SpecStats, compute_metrics, gap_summary
+from stepgap.common.run_record import RunRecord
 
 STATS = ("mean", "median", "p99")
 GAP_STATS = (("median", "median_us"), ("P90", "p90_us"), ("mean", "mean_us"))
@@ -33,13 +32,6 @@ def rel_err(sim: float | None, meas: float | None) -> float | None:
     return (sim - meas) / meas
 
 
-def load_any(path) -> dict:
-    """A run result of stepgap or `vllm bench serve`, or a peer's vLLM run (its
-    requests.jsonl: common/peer_run.py) as one."""
-    from stepgap.common.peer_run import is_peer_requests, peer_result
-    return peer_result(path) if is_peer_requests(path) else load_result(path)
-
-
 def ks_distance(a: list[float], b: list[float]) -> float:
     """The two-sample Kolmogorov-Smirnov statistic: the largest gap between the two CDFs."""
     a, b = np.sort(np.asarray(a, float)), np.sort(np.asarray(b, float))
@@ -49,27 +41,27 @@ def ks_distance(a: list[float], b: list[float]) -> float:
     return float(np.max(np.abs(fa - fb)))
 
 
-def percentiles_in(*results: dict) -> list[str]:
-    """The percentile stats ('p90', 'p99', ...) every result carries for some metric, in order
-    (p99 always: a result without it shows '-')."""
-    have = [{k.split("_", 1)[0] for k in r if k.startswith("p") and k.endswith("_ms")
-             and k.split("_", 1)[0][1:].replace(".", "", 1).isdigit()} for r in results]
+def percentiles_in(*records: RunRecord) -> list[str]:
+    """The percentile stats ('p90', 'p99', ...) every record carries for some metric, in order
+    (p99 always: a record without it shows '-')."""
+    have = [{k.split("_", 1)[0] for k in r.metrics if k.startswith("p") and k.endswith("_ms")
+             and k.split("_", 1)[0][1:].replace(".", "", 1).isdigit()} for r in records]
     common = set.intersection(*have) | {"p99"}
     return sorted(common - {"p50"}, key=lambda s: float(s[1:]))
 
 
-def compare(measured: dict, simulated: dict) -> dict:
+def compare(measured: RunRecord, simulated: RunRecord) -> dict:
     """{"rows": [(label, measured, simulated, error)], "gaps": [...], "ks": float | None}.
-    Rows: the mean, median and every percentile both results carry, of each metric."""
+    Rows: the mean, median and every percentile both records carry, of each metric."""
     rows = []
     stats = ["mean", "median", *percentiles_in(measured, simulated)]
     for m in METRICS:
         for stat in stats:
             key = f"{stat}_{m}_ms"
-            a, b = measured.get(key), simulated.get(key)
+            a, b = measured.metrics.get(key), simulated.metrics.get(key)
             label = stat.capitalize() if stat in STATS[:2] else stat.upper()
             rows.append((f"{label} {m.upper()} (ms)", a, b, rel_err(b, a)))
-    ga, gb = measured.get("step_gaps") or {}, simulated.get("step_gaps") or {}
+    ga, gb = measured.step_gaps, simulated.step_gaps
     gaps = []
     for label, key in GAP_STATS:
         a, b = ga.get(key), gb.get(key)
@@ -82,31 +74,30 @@ def compare(measured: dict, simulated: dict) -> dict:
 
 
 # What must match for two results to be of the same run: the trace (its size, its tokens) and
-# the configuration. Keys of the result, then of its config; a key either lacks is not compared
-# (a vLLM result has no config).
+# the configuration. A record's attributes, then its config's keys; a key either lacks is not
+# compared (a vLLM result has no config).
 SAME_TRACE = ("num_prompts", "total_input_tokens")
 SAME_CONFIG = ("max_concurrency", "request_rate", "burstiness")
 SAME_CONFIG_KEYS = ("mode", "k", "executor", "device", "block_size", "max_num_seqs",
                     "max_num_batched_tokens")
 
 
-def mismatches(a: dict, b: dict) -> list[str]:
+def mismatches(a: RunRecord, b: RunRecord) -> list[str]:
     """Why two results may not be comparable (they ran different traces or configs, or one
     finished no request), one line each; [] when nothing says so."""
     out = []
     for name, res in (("MEASURED", a), ("SIMULATED", b)):
-        if res.get("completed") == 0:
+        if res.metrics.get("completed") == 0:
             out.append(f"{name} completed no request: its metrics are zeros, not measurements")
 
     def differ(keys, get):
         return [f"{k} {get(a, k)!r} vs {get(b, k)!r}" for k in keys
                 if get(a, k) is not None and get(b, k) is not None and get(a, k) != get(b, k)]
 
-    trace = differ(SAME_TRACE, lambda r, k: r.get(k))
+    trace = differ(SAME_TRACE, lambda r, k: r.metrics.get(k, getattr(r, k, None)))
     if trace:
         out.append("the two results ran different traces (" + "; ".join(trace) + ")")
-    config = differ(SAME_CONFIG, lambda r, k: r.get(k)) + \
-        differ(SAME_CONFIG_KEYS, lambda r, k: (r.get("config") or {}).get(k))
+    config = differ(SAME_CONFIG, getattr) + differ(SAME_CONFIG_KEYS, lambda r, k: r.config.get(k))
     if config:
         out.append("the two results ran different configurations (" + "; ".join(config) + ")")
     return out
@@ -146,43 +137,22 @@ def cmp_to_json(cmp: dict) -> dict:
 # Repeated runs as one
 
 
-def timings_of(result: dict, tag: str = "") -> list[RequestTiming]:
-    """The client's view of each request, rebuilt from a detailed result's per-request lists."""
-    for key in ("ttfts", "itls", "input_lens"):
-        if key not in result:
-            raise UserError(f"result has no {key!r}: pooling needs detailed results "
-                            "(--detailed)")
-    ids = result.get("request_ids") or [str(i) for i in range(len(result["ttfts"]))]
-    chunks = result.get("chunk_tokens")
-    out = []
-    for n, (rid, ttft, itls, plen) in enumerate(zip(ids, result["ttfts"], result["itls"],
-                                                    result["input_lens"])):
-        t = RequestTiming(f"{rid}{tag}", plen, 0.0)
-        times = np.cumsum([ttft, *itls]).tolist()
-        tokens = chunks[n] if chunks else [1] * len(times)
-        if not chunks:   # no chunk sizes: the output length spread over the chunks
-            tokens[-1] += result["output_lens"][n] - len(times)
-        for tm, k in zip(times, tokens):
-            t.add_chunk(tm, k)
-        out.append(t)
-    return out
-
-
-def pool_results(results: list[dict]) -> dict:
-    """Repeated runs of one configuration as one result: requests and step gaps concatenated,
+def pool_results(results: list[RunRecord]) -> RunRecord:
+    """Repeated runs of one configuration as one record: requests and step gaps concatenated,
     durations added, acceptance counters summed; the config is the first run's."""
     if len(results) == 1:
         return results[0]
     timings, gaps = [], []
     for n, r in enumerate(results):
-        timings += timings_of(r, f"#{n}")
-        gaps += (r.get("step_gaps") or {}).get("values_us") or []
-    out = {k: results[0][k] for k in ("backend", "request_rate", "burstiness",
-                                      "max_concurrency") if k in results[0]}
-    out["num_prompts"] = sum(r.get("num_prompts", len(r["ttfts"])) for r in results)
-    out.update(compute_metrics(timings, sum(r["duration"] for r in results)))
+        timings += r.timings(f"#{n}")
+        gaps += r.step_gaps.get("values_us") or []
+    first = results[0].to_json()
+    out = {k: first[k] for k in ("backend", "request_rate", "burstiness", "max_concurrency")
+           if k in first}
+    out["num_prompts"] = sum(r.num_prompts or len(r.requests.ttfts) for r in results)
+    out.update(compute_metrics(timings, sum(r.metrics["duration"] for r in results)))
     out["step_gaps"] = gap_summary(gaps, detailed=True) if gaps else {"count": 0}
-    specs = [r["spec_decode"] for r in results if r.get("spec_decode")]
+    specs = [r.spec_decode for r in results if r.spec_decode]
     if specs:
         s = SpecStats(specs[0]["k"])
         s.num_drafts = sum(x["num_drafts"] for x in specs)
@@ -191,5 +161,5 @@ def pool_results(results: list[dict]) -> dict:
         s.accepted_per_pos = [round(sum(x["acceptance_rate_per_pos"][i] * x["num_drafts"]
                                         for x in specs)) for i in range(s.k)]
         out["spec_decode"] = s.to_dict()
-    out["config"] = {**results[0].get("config", {}), "pooled_runs": len(results)}
-    return out
+    out["config"] = {**(first.get("config") or {}), "pooled_runs": len(results)}
+    return RunRecord.of(out)

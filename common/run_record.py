@@ -36,7 +36,7 @@ from stepgap.common.formats import RequestTiming, check_result, is_metric, save_
 class Requests:
     """A detailed result's per-request lists, as `vllm bench serve --save-detailed` writes them:
     times in seconds, one entry per request (stepgap adds `chunk_tokens`, the tokens of each
-    streamed chunk)."""
+    streamed chunk, and `accepted`, the drafts accepted at each step)."""
 
     ids: list[str] | None
     input_lens: list[int]
@@ -44,6 +44,7 @@ class Requests:
     ttfts: list[float]
     itls: list[list[float]]
     chunk_tokens: list[list[int]] | None = None
+    accepted: list[list[int]] | None = None   # the engine's accepted drafts of each step
 
     def timings(self, tag: str = "") -> list[RequestTiming]:
         """The client's view of each request, rebuilt: its chunks at the times they came
@@ -73,7 +74,7 @@ def _requests(doc: dict) -> Requests | None:
     output_lens = doc.get("output_lens")
     return Requests(doc.get("request_ids"), doc["input_lens"],
                     output_lens if output_lens is not None else [], doc["ttfts"], doc["itls"],
-                    doc.get("chunk_tokens"))
+                    doc.get("chunk_tokens"), doc.get("accepted"))
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,23 @@ class RunRecord:
         save_result(path, self.doc)
 
     # -- what readers ask of a record ----------------------------------------------------------
+
+    @property
+    def num_prompts(self) -> int | None:
+        return self.doc.get("num_prompts")
+
+    @property
+    def request_rate(self):
+        """The load as `vllm bench serve` gave it: requests per second, "inf", or "trace"."""
+        return self.doc.get("request_rate")
+
+    @property
+    def burstiness(self) -> float | None:
+        return self.doc.get("burstiness")
+
+    @property
+    def max_concurrency(self) -> int | None:
+        return self.doc.get("max_concurrency")
 
     @property
     def mode(self) -> str | None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import sys
 
-from stepgap.common.compare import (cmp_to_json, compare, format_compare, load_any,
-                                    mismatches)
+from stepgap.common.compare import cmp_to_json, compare, format_compare, mismatches
 from stepgap.common.fileio import dumps_json
 from stepgap.common.options import add_command
+from stepgap.common.run_record import RunRecord
 
 
 def register(sub) -> None:
@@ -30,7 +30,7 @@ def register(sub) -> None:
 
 
 def cmd_compare(args) -> int:
-    measured, simulated = load_any(args.measured), load_any(args.simulated)
+    measured, simulated = RunRecord.load(args.measured), RunRecord.load(args.simulated)
     for line in mismatches(measured, simulated):
         print(f"stepgap compare: warning: {line}", file=sys.stderr)
     cmp = compare(measured, simulated)

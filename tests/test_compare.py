@@ -9,6 +9,7 @@ from stepgap.sim.loop import simulate
 from stepgap.cli import main
 from stepgap.common.compare import compare, ks_distance, pool_results
 from stepgap.common.formats import load_result, save_result
+from stepgap.common.run_record import RunRecord
 
 # The keys `vllm bench serve --save-result` writes (no step gaps, no config).
 VLLM_RESULT = {
@@ -32,7 +33,7 @@ def sim_result(**kw):
 
 
 def test_a_result_against_itself_has_no_error():
-    res = sim_result()
+    res = RunRecord.of(sim_result())
     cmp = compare(res, res)
     assert all(e == 0 for _, _, _, e in cmp["rows"] + cmp["gaps"])
     assert cmp["ks"] == 0.0
@@ -43,8 +44,8 @@ def test_a_result_against_itself_has_no_error():
 
 
 def test_error_is_relative_to_the_measured_value():
-    measured = dict(VLLM_RESULT)
-    simulated = dict(VLLM_RESULT, mean_tpot_ms=9.91 * 1.1, p99_itl_ms=28.52 * 0.95)
+    measured = RunRecord.of(dict(VLLM_RESULT))
+    simulated = RunRecord.of(dict(VLLM_RESULT, mean_tpot_ms=9.91 * 1.1, p99_itl_ms=28.52 * 0.95))
     rows = {label: e for label, _, _, e in compare(measured, simulated)["rows"]}
     assert rows["Mean TPOT (ms)"] == pytest.approx(0.10)
     assert rows["P99 ITL (ms)"] == pytest.approx(-0.05)
@@ -86,15 +87,18 @@ def test_gzip_results_round_trip(tmp_path):
 
 def test_pooled_runs_count_every_request_once():
     a, b = sim_result(seed=0), sim_result(seed=1)
-    pooled = pool_results([a, b])
-    assert pooled["completed"] == a["completed"] + b["completed"]
-    assert pooled["duration"] == pytest.approx(a["duration"] + b["duration"])
+    pooled = pool_results([RunRecord.of(a), RunRecord.of(b)])
+    assert pooled.metrics["completed"] == a["completed"] + b["completed"]
+    assert pooled.metrics["duration"] == pytest.approx(a["duration"] + b["duration"])
     # equal request counts: the pooled mean TPOT is the mean of the two
-    assert pooled["mean_tpot_ms"] == pytest.approx((a["mean_tpot_ms"] + b["mean_tpot_ms"]) / 2)
-    assert pooled["step_gaps"]["count"] == a["step_gaps"]["count"] + b["step_gaps"]["count"]
-    spec = pooled["spec_decode"]
+    assert pooled.metrics["mean_tpot_ms"] == pytest.approx((a["mean_tpot_ms"]
+                                                            + b["mean_tpot_ms"]) / 2)
+    assert pooled.step_gaps["count"] == a["step_gaps"]["count"] + b["step_gaps"]["count"]
+    spec = pooled.spec_decode
     assert spec["num_drafts"] == a["spec_decode"]["num_drafts"] + b["spec_decode"]["num_drafts"]
-    assert pool_results([a]) is a
+    assert pooled.config["pooled_runs"] == 2 and pooled.num_prompts == 12
+    one = RunRecord.of(a)
+    assert pool_results([one]) is one
 
 
 def test_compare_warns_when_the_results_ran_different_traces_or_configs(tmp_path, capsys):

@@ -27,9 +27,9 @@ def test_the_gpu_plan_runs_on_the_cpu_into_a_measured_folder(tmp_path):
     from stepgap.calibrate.measured import load_measured
     _, cells = load_measured(out)
     for c in cells:
-        assert c.runs[0]["completed"] == min(3, 2 * c.conc)
+        assert c.runs[0].metrics["completed"] == min(3, 2 * c.conc)
         if c.k:   # the synthetic MT-bench profile accepts drafts
-            assert c.runs[0]["spec_decode"]["num_accepted_tokens"] > 0
+            assert c.runs[0].spec_decode["num_accepted_tokens"] > 0
     assert "| zero-bubble | 4 | 32 |" in (out / "report.md").read_text()
     with tarfile.open(f"{out}.tar.gz") as tar:
         assert "m/manifest.json" in tar.getnames()
