@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from stepgap.common.run_record import RunRecord  # noqa: E402
 from stepgap.sim.config import SimConfig  # noqa: E402
 from stepgap.sim.loop import simulate  # noqa: E402
 
@@ -72,13 +73,14 @@ def scenarios(no_mtp: Path, unmeasured: Path) -> list[tuple[str, dict]]:
 
 
 def row(name: str, res: dict) -> str:
-    r = res["config"]["resolved"]
+    rec = RunRecord.of(res)
+    r, m = rec.resolved, rec.metrics
     cov = (r.get("device_costs") or {}).get("moe_coverage")
     past = f"{cov['past_grid']}/{cov['row_counts']}" if cov else "-"
     dp = r.get("data_parallel")
     dummies = sum(dp["dummy_forwards"]) if dp else 0
-    return (f"| {name} | {res['mean_tpot_ms']:.2f} | {res['mean_ttft_ms']:.1f} | "
-            f"{res['median_itl_ms']:.2f} | {res['output_throughput']:.0f} | {past} | "
+    return (f"| {name} | {m['mean_tpot_ms']:.2f} | {m['mean_ttft_ms']:.1f} | "
+            f"{m['median_itl_ms']:.2f} | {m['output_throughput']:.0f} | {past} | "
             f"{dummies} |")
 
 

@@ -173,7 +173,8 @@ def num(v) -> str:
 
 
 def table(run, judged: dict, roof: dict, peer: dict) -> list[str]:
-    m, s, r = judged["measured"], judged["simulated"], roof["simulated"]
+    m, s, r = (judged["measured"].metrics, judged["simulated"].metrics,
+               roof["simulated"].metrics)
     rows = ["| metric (ms) | vLLM measured | stepgap, tables | error | stepgap, roofline | "
             "error | LLMServingSim | error |", "|---|---|---|---|---|---|---|---|"]
     for key, label in METRICS:
@@ -184,10 +185,10 @@ def table(run, judged: dict, roof: dict, peer: dict) -> list[str]:
                         f"{pct(s.get(k), m.get(k))} | {num(r.get(k))} | "
                         f"{pct(r.get(k), m.get(k))} | {num(peer.get(k))} | "
                         f"{pct(peer.get(k), m.get(k))} |")
-    rows.append(f"| running requests, peak | {num(m.get('running_peak'))} | "
-                f"{num(s.get('running_peak'))} | {pct(s.get('running_peak'), m.get('running_peak'))}"
-                f" | {num(r.get('running_peak'))} | "
-                f"{pct(r.get('running_peak'), m.get('running_peak'))} | - | - |")
+    m, s, r = judged["running_peak"]["measured"], judged["running_peak"]["simulated"], \
+        roof["running_peak"]["simulated"]
+    rows.append(f"| running requests, peak | {num(m)} | {num(s)} | {pct(s, m)} | {num(r)} | "
+                f"{pct(r, m)} | - | - |")
     return rows
 
 
@@ -253,9 +254,9 @@ def main(argv=None) -> int:
                 f"{name} {100 * e[k]:+.1f} %" for k, name, _ in PEER_BOUNDS) + ".", ""]
         lines += ["Settings and what is not modelled:", ""]
         lines += [f"- {n}" for n in dict.fromkeys(judged["notes"])]
-        dc = judged["simulated"]["config"]["resolved"].get("device_costs", {})
+        dc = judged["simulated"].resolved.get("device_costs", {})
         lines += [f"- {op}: {src}" for op, src in dc.items() if op != "profile"]
-        pc = judged["simulated"]["config"]["resolved"].get("prefix_cache")
+        pc = judged["simulated"].prefix_cache
         if pc:
             lines.append(f"- prefix cache (simulated, tokens): {pc['hits']:,} of "
                          f"{pc['queries']:,} prompt tokens hit; after a preemption "

@@ -47,6 +47,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from typing import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +56,8 @@ sys.path.insert(0, str(ROOT))
 from stepgap.calibrate.harness import limits  # noqa: E402
 from stepgap.calibrate.judge import BOUNDS as JUDGE_BOUNDS  # noqa: E402
 from stepgap.common.fileio import write_json  # noqa: E402
-from stepgap.common.formats import load_result, load_trace, save_result  # noqa: E402
+from stepgap.common.formats import load_trace, save_result  # noqa: E402
+from stepgap.common.run_record import RunRecord  # noqa: E402
 
 PAIR = ROOT / "checkpoints" / "pystdlib"
 MODES = ("sync", "async")
@@ -185,7 +187,7 @@ def simulate(reqs, accepted: dict, lim: dict, mode: str, k: int, conc: int,
     return result
 
 
-def med(runs: list[dict], key: str) -> float:
+def med(runs: list[Mapping], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
@@ -275,9 +277,10 @@ def analyse(out: Path, profile: Path, reqs, lim: dict) -> tuple[list, dict]:
         c = cells.setdefault((u["mode"], k, u["conc"]), {
             "served": [], "server": [], "inproc": [], "errors": [],
             "accepted": json.loads((out / f"{run}.accepted.json").read_text())})
-        got = {"served": json.loads((out / f"{run}.vllm.json").read_text()),
-               "inproc": load_result(out / f"{run}.inproc.json")}
-        c["server"].append(load_result(out / f"{run}.server.json"))
+        # each run's metrics (RunRecord): the client's vLLM file, the in-process run, the server
+        got = {"served": RunRecord.load(out / f"{run}.vllm.json").metrics,
+               "inproc": RunRecord.load(out / f"{run}.inproc.json").metrics}
+        c["server"].append(RunRecord.load(out / f"{run}.server.json").metrics)
         level = {"served": run_level(load_timeline(out / f"{run}.server.jsonl"), k, base),
                  "inproc": 1.0 + (device_vs_profile(json.loads(
                      (out / f"{run}.inproc.device.json").read_text()), base, k) or 0.0)}

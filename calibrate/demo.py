@@ -35,6 +35,7 @@ from stepgap.common.errors import UserError
 from stepgap.common.formats import MODES
 from stepgap.common.limits import MAX_K
 from stepgap.common.options import add_command, at_most, positive_int
+from stepgap.common.run_record import RunRecord
 from stepgap.sim.profile import Profile
 
 PROFILE = ROOT / "traces" / "measured" / "cpu" / "profile.json"
@@ -156,22 +157,22 @@ ROWS = (("Acceptance length", "acceptance_length", "{:.2f}"),
         ("Mean step gap (us)", "step_gap", "{:.0f}"), ("Duration (s)", "duration", "{:.2f}"))
 
 
-def _value(res: dict, key: str):
+def _value(res: RunRecord, key: str):
     if key == "acceptance_length":
-        return (res.get("spec_decode") or {}).get(key)
+        return (res.spec_decode or {}).get(key)
     if key == "step_gap":
-        return (res.get("step_gaps") or {}).get("mean_us")
-    return res.get(key)
+        return res.step_gaps.get("mean_us")
+    return res.metrics.get(key)
 
 
-def side_by_side(engine: dict, sim: dict) -> str:
+def side_by_side(engine: RunRecord, sim: RunRecord) -> str:
     lines = [f"{'':28}{'engine (measured)':>20}{'sim (predicted)':>18}{'sim error':>12}"]
     for label, key, fmt in ROWS:
         e, s = _value(engine, key), _value(sim, key)
         err = f"{100 * (s - e) / e:+.1f} %" if e and s is not None else "-"
         lines.append(f"{label:28}{fmt.format(e) if e is not None else '-':>20}"
                      f"{fmt.format(s) if s is not None else '-':>18}{err:>12}")
-    per = (engine.get("spec_decode") or {}).get("acceptance_rate_per_pos")
+    per = (engine.spec_decode or {}).get("acceptance_rate_per_pos")
     if per:
         lines.append(f"{'Per-position acceptance (%)':28}  "
                      + ", ".join(f"{100 * r:.1f}" for r in per))
@@ -273,7 +274,7 @@ def run_demo(pair=PAIR, k: int = 4, num_prompts: int | None = None,
                  + ("\n  (measured on the machine of docs/validation.md, not this one)"
                     if Path(path).resolve() == PROFILE.resolve() else ""))
     out("")
-    out(side_by_side(engine, sim))
+    out(side_by_side(RunRecord.of(engine), RunRecord.of(sim)))
     out("")
     out("  sim: same trace, k, concurrency, mode, scheduler and topology (process worker, CPU")
     out("  device); the engine's accepted counts replayed;")

@@ -28,6 +28,7 @@ from pathlib import Path
 from stepgap.common.cpu_load import OtherCpu
 from stepgap.common.errors import UserError
 from stepgap.common.formats import MODES, TraceRequest
+from stepgap.common.run_record import RunRecord
 from stepgap.common.scheduler import cdiv
 from stepgap.engine.args import EngineArgs
 from stepgap.calibrate.fit import GridShape, add_device, build_profile, measure_grid
@@ -230,7 +231,8 @@ def run_plan(plan: Plan, progress: bool = True, log=None, desc: str | None = Non
                     keep_judged(out, plan, name, k, conc, run, load0)
                     took.append(time.monotonic() - t_unit)
                     if log is not None:
-                        r, g = run.result, run.result["step_gaps"]
+                        rec = RunRecord.of(run.result)
+                        r, g = rec.metrics, rec.step_gaps
                         log(f"{name:22} TPOT {r['mean_tpot_ms']:7.2f} ms  P99 "
                             f"{r['p99_tpot_ms']:7.2f}  ITL {r['mean_itl_ms']:7.2f}  gap p50 "
                             f"{g.get('median_us', 0):7.0f} us  p90 {g.get('p90_us', 0):7.0f}  "

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json_object, read_text
+from stepgap.common.run_record import RunRecord
 from stepgap.common.peer_run import (find_dataset, load_timeseries, peer_result,
                                      peer_settings)
 from stepgap.sim.config import SimConfig
@@ -92,6 +93,8 @@ def peer_config(run: PeerRun, tables: bool = True, **overrides) -> tuple[SimConf
 
 
 def errors(measured: dict, simulated: dict) -> dict[str, float]:
+    """(simulated - measured) / measured of each PEER_METRICS value given (NaN where either
+    side lacks it)."""
     out = {}
     for key in PEER_METRICS:
         a, b = measured.get(key), simulated.get(key)
@@ -100,19 +103,23 @@ def errors(measured: dict, simulated: dict) -> dict[str, float]:
 
 
 def judge_run(run: PeerRun, tables: bool = True, **overrides) -> dict:
-    """Simulate a peer run and hold it against the measurement: {"measured", "simulated",
+    """Simulate a peer run and hold it against the measurement: {"measured", "simulated" (both
+    RunRecords), "running_peak": {"measured" (None without timeseries.csv), "simulated"},
     "errors", "series": {"measured", "simulated"}, "notes", "config"}."""
     cfg, notes = peer_config(run, tables, **overrides)
-    sim, _ = simulate(cfg)
-    meas = peer_result(run.requests, PERCENTILES)
-    series = {"simulated": sim.pop("timeseries")}
+    res, _ = simulate(cfg)
+    sim = RunRecord.of(res)
+    meas = RunRecord.of(peer_result(run.requests, PERCENTILES), run.requests)
+    series = {"simulated": res["timeseries"]}
+    peak = {"measured": None, "simulated": max(series["simulated"]["running"])}
     ts = run.requests.with_name("timeseries.csv")
     if ts.is_file():
         series["measured"] = load_timeseries(ts)
-        meas["running_peak"] = max(series["measured"]["running"])
-    sim["running_peak"] = max(series["simulated"]["running"])
-    return {"measured": meas, "simulated": sim, "errors": errors(meas, sim), "series": series,
-            "notes": notes + list(sim["config"]["resolved"]["notes"]), "config": cfg}
+        peak["measured"] = max(series["measured"]["running"])
+    errs = errors({**meas.metrics, "running_peak": peak["measured"]},
+                  {**sim.metrics, "running_peak": peak["simulated"]})
+    return {"measured": meas, "simulated": sim, "running_peak": peak, "errors": errs,
+            "series": series, "notes": notes + sim.notes, "config": cfg}
 
 
 def peer_failures(name: str, errs: dict[str, float], misses: dict) -> list[str]:

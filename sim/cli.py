@@ -133,8 +133,9 @@ def chrome_path(path: str) -> Path:
 def run(args) -> int:
     from stepgap.sim.loop import simulate
     from stepgap.sim.presets import comparison_table, get_preset
-    from stepgap.common.formats import format_summary, save_chrome_trace, save_result, save_timeline
+    from stepgap.common.formats import format_summary, save_chrome_trace, save_timeline
     from stepgap.common.options import check_outputs, note, result_path
+    from stepgap.common.run_record import RunRecord
 
     cfg = config_from_args(args)
     out = result_path(args, "stepgap-sim", cfg.model)
@@ -145,7 +146,8 @@ def run(args) -> int:
         res["bands"] = bands_doc(inputs, bands)
     else:
         res, spans = simulate(cfg)
-    for line in res["config"]["resolved"]["notes"]:
+    rec = RunRecord.of(res)
+    for line in rec.notes:
         note(args, line)
     if not args.quiet:
         print(format_summary(res, title=f"Simulated Serving Result ({cfg.mode}, k={cfg.k})"))
@@ -153,12 +155,12 @@ def run(args) -> int:
             print(format_bands(inputs, bands))
         preset = get_preset(args.preset) if args.preset else None
         if preset and cfg.mode in preset.measured and same_scenario(cfg, preset.settings):
-            print(comparison_table(res, preset.measured[cfg.mode],
+            print(comparison_table(rec.metrics, preset.measured[cfg.mode],
                                    f"{preset.name} {cfg.mode}: vs measured"))
             print(f"measured: {preset.source}")
         sys.stdout.flush()   # a stdout that cannot take it fails here, before any file is written
     if out:
-        save_result(out, res)
+        rec.save(out)
     if args.timeline:
         save_timeline(args.timeline, spans)
         save_chrome_trace(chrome_path(args.timeline), spans, process_name="stepgap-sim")

@@ -7,6 +7,7 @@ the simulated ones.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from stepgap.common.errors import UserError
 
@@ -57,15 +58,16 @@ def get_preset(name: str) -> Preset:
             from None
 
 
-def comparison_table(res: dict, measured: dict, title: str) -> str:
-    """The seed's four columns: simulated, measured and the error of each."""
+def comparison_table(metrics: Mapping[str, float], measured: dict, title: str) -> str:
+    """The seed's four columns: simulated (a RunRecord's metrics), measured and the error of
+    each."""
     lines = [f"{' ' + title + ' ':-^50}",
              f"{'':<18}{'simulated':>11}{'measured':>11}{'error':>9}"]
     labels = {"mean_tpot_ms": "Mean TPOT (ms)", "p99_tpot_ms": "P99 TPOT (ms)",
               "mean_itl_ms": "Mean ITL (ms)", "p99_itl_ms": "P99 ITL (ms)"}
     for key in SEED_COLUMNS:
         if key in measured:
-            sim, meas = res[key], measured[key]
+            sim, meas = metrics[key], measured[key]
             lines.append(f"{labels[key]:<18}{sim:>11.2f}{meas:>11.2f}"
                          f"{100 * (sim - meas) / meas:>+8.1f}%")
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from stepgap.common.errors import UserError
+from stepgap.common.run_record import RunRecord
 from stepgap.sim.config import SimConfig
 from stepgap.sim.sweep_table import BANDED, RESULT_METRICS
 
@@ -46,18 +47,18 @@ def run_band_cell(settings: dict) -> dict:
 
 
 def metrics_of(res: dict) -> dict:
-    row = {m: res[m] for m in RESULT_METRICS}
-    gaps = res["step_gaps"]
+    """A simulated result's row of the sweep's table (sweep_table.COLUMNS)."""
+    rec = RunRecord.of(res)
+    row = {m: rec.metrics[m] for m in RESULT_METRICS}
     for stat in ("mean", "median", "p90", "p99"):
-        row[f"{stat}_step_gap_us"] = gaps.get(f"{stat}_us")
-    spec = res.get("spec_decode")
-    row["acceptance_length"] = spec["acceptance_length"] if spec else None
-    resolved = res["config"]["resolved"]
-    for key in ("num_steps", "num_preemptions", "num_kv_blocks"):
-        row[key] = resolved[key]
-    pc = resolved.get("prefix_cache")   # vLLM's counters: prompt tokens found / looked up
+        row[f"{stat}_step_gap_us"] = rec.step_gaps.get(f"{stat}_us")
+    row["acceptance_length"] = rec.spec_decode["acceptance_length"] if rec.spec_decode else None
+    row["num_steps"] = rec.resolved["num_steps"]
+    row["num_preemptions"] = rec.num_preemptions
+    row["num_kv_blocks"] = rec.resolved["num_kv_blocks"]
+    pc = rec.prefix_cache   # vLLM's counters: prompt tokens found / looked up
     row["prefix_cache_hit_rate"] = pc["hits"] / pc["queries"] if pc and pc["queries"] else None
-    row["simulated_mode"] = resolved.get("mode", res["config"]["mode"])
+    row["simulated_mode"] = rec.mode
     return row
 
 

@@ -234,7 +234,7 @@ def test_a_peer_folder_carries_its_licence_and_its_source(peer_judged):
 
 def test_every_peer_run_is_priced_from_its_own_tables(peer_judged):
     for name, j in peer_judged[2].items():
-        dc = j["simulated"]["config"]["resolved"]["device_costs"]
+        dc = j["simulated"].resolved["device_costs"]
         assert dc["target_forward"].startswith("tables"), name
 
 
@@ -245,7 +245,7 @@ def test_the_tp2_run_is_priced_from_the_pairs_measured_collectives(peer_judged):
     folder, _, judged = peer_judged
     j = judged[QWEN_TP2]
     assert j["config"].tensor_parallel_size == 2
-    dc = j["simulated"]["config"]["resolved"]["device_costs"]["target_forward"]
+    dc = j["simulated"].resolved["device_costs"]["target_forward"]
     assert "all-gather measured" in dc and "at-e08dc38" in dc
     assert any(n.startswith("collectives: ") and "vLLM's path" in n for n in j["notes"])
 
