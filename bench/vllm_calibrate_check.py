@@ -65,7 +65,7 @@ def main() -> int:
                                      draft=meta["model"]["draft"])
                 for m in METRICS:
                     meas[m].append(doc[m])
-                    sim[m].append(res[m])
+                    sim[m].append(res.metrics[m])
             row = f"sync-k{k}-c{c:<3} {'yes' if k in (0, 2) else 'no':<8} "
             for m in METRICS:
                 a, b = statistics.fmean(meas[m]), statistics.fmean(sim[m])

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stepgap.common.errors import UserError, where
+from stepgap.common.run_record import RunRecord
 
 NOISE = 0.01   # a GPU bench's mean ITL from run to run, unless repeats of a cell measure it
 MAX_ITER = 30
@@ -274,7 +275,7 @@ class Fitter:
         self.rates, self.spread = None, 0.0
         self.sims = 0
 
-    def results(self, s: float, e: float) -> list[dict]:
+    def results(self, s: float, e: float) -> list[RunRecord]:
         from stepgap.sim.config import SimConfig
         from stepgap.sim.loop import simulate
         out = []
@@ -283,13 +284,13 @@ class Fitter:
                 if self.rates is not None and r.k else {}
             cfg = SimConfig(**settings(self.base, r.k, mode=r.mode, max_concurrency=r.conc,
                                        cpu_scale=s / e, speed=e, **extra))
-            out.append(simulate(cfg, r.requests)[0])
+            out.append(RunRecord.of(simulate(cfg, r.requests)[0]))
             self.sims += 1
         return out
 
     def itl_error(self, s: float, e: float) -> list[float]:
         """log(simulated / measured mean ITL) of every run."""
-        return [math.log(res["mean_itl_ms"] / r.itl)
+        return [math.log(res.metrics["mean_itl_ms"] / r.itl)
                 for r, res in zip(self.runs, self.results(s, e))]
 
 
@@ -336,7 +337,7 @@ def fit_bench(runs: list[BenchRun], base: dict, noise: float):
                 fit.rates, fit.spread = shifted(prof, d, max(k_max, len(prof.rates))), prof.spread
                 res = fit.results(s, e)
                 return statistics.fmean(
-                    math.log((x["mean_itl_ms"] / x["mean_tpot_ms"])
+                    math.log((x.metrics["mean_itl_ms"] / x.metrics["mean_tpot_ms"])
                              / (r.itl / r.doc["mean_tpot_ms"]))
                     for r, x in zip(runs, res) if r.k)
             shift = solve(tokens_per_step, shift, shift + 0.1, -4.0, 4.0, 2e-4)
@@ -448,7 +449,7 @@ def make_profile(runs, base, fit: Fitter, s, e, prof, shift, how, split, undeter
     residuals = []
     for r, res in zip(runs, fit.results(s, e)):
         residuals.append({"run": r.path.name, "k": r.k, "conc": r.conc, "mode": r.mode,
-                          **{m: round((res[m] - r.doc[m]) / r.doc[m], 4)
+                          **{m: round((res.metrics[m] - r.doc[m]) / r.doc[m], 4)
                              for m in ("mean_tpot_ms", "mean_itl_ms", "p99_tpot_ms",
                                        "mean_ttft_ms") if r.doc.get(m)}})
     acc = None

@@ -38,6 +38,7 @@ from stepgap.common.acceptance import FILE_FORMAT
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_text
 from stepgap.common.options import add_command, positive_int
+from stepgap.common.run_record import RunRecord
 from stepgap.sim.profile import CpuFit, Fit, Profile, save_profile
 
 # A device fit's columns (sim/profile.py FEATURES), as what is not determined names them.
@@ -458,7 +459,7 @@ def calibrate_runs(runs: list[Run], meta: dict | None = None) -> Profile:
     return fit_levels(profile, sync)
 
 
-def resimulate_run(profile: Profile, run: Run, **settings) -> dict:
+def resimulate_run(profile: Profile, run: Run, **settings) -> RunRecord:
     """One measured run re-simulated with the profile (its own accepted counts where known)."""
     from stepgap.common.vllm_bench import bench_requests
     from stepgap.sim.config import SimConfig
@@ -470,7 +471,7 @@ def resimulate_run(profile: Profile, run: Run, **settings) -> dict:
                     acceptance_rates=tuple(run.acceptance["rates"]) if run.acceptance else None,
                     jitter=False, **settings)
     res, _ = simulate(cfg, reqs, profile=profile)
-    return res
+    return RunRecord.of(res)
 
 
 # The CPU terms a worker's torch-profiler trace times: the profiler's overhead inflates them as
@@ -547,8 +548,8 @@ def fit_levels(profile: Profile, runs: list[Run]) -> Profile:
     ttft, itl = [], []
     for r in steady:
         res = resimulate_run(profile, r, **kw)
-        ttft.append(r.doc["mean_ttft_ms"] - res["mean_ttft_ms"])
-        itl.append(r.doc["mean_itl_ms"] / res["mean_itl_ms"])
+        ttft.append(r.doc["mean_ttft_ms"] - res.metrics["mean_ttft_ms"])
+        itl.append(r.doc["mean_itl_ms"] / res.metrics["mean_itl_ms"])
     if not steady:
         undetermined.append("client_latency_us, level: no run with a steady client")
         notes["level"] = {"device_ops_scaled_by": 1.0, "why": "no run with a steady client"}
@@ -587,7 +588,7 @@ def fit_levels(profile: Profile, runs: list[Run]) -> Profile:
             "run": r.name, "k": r.k, "conc": r.conc,
             **({"profiled": True} if r.profiled else {}),
             **({"merged_chunks": True} if r not in steady else {}),
-            **{m: round((res[m] - r.doc[m]) / r.doc[m], 4)
+            **{m: round((res.metrics[m] - r.doc[m]) / r.doc[m], 4)
                for m in ("mean_tpot_ms", "mean_itl_ms", "mean_ttft_ms", "mean_e2el_ms",
                          "p99_tpot_ms")}})
     return profile
