@@ -5,7 +5,8 @@ Both halves import this module, and nothing else defines these formats:
 - workload traces (JSON lines, one request per line),
 - timeline spans (JSON lines, plus a Chrome-trace/Perfetto export) and step gaps,
 - run results (the keys of `vllm bench serve --save-result`, plus `step_gaps`, `spec_decode`,
-  `config`) and the metric computations behind them,
+  `config`) and the metric computations behind them, as written and checked (a result is read
+  as a `RunRecord`, common/run_record.py),
 - the printed summary in the layout of `vllm bench serve`.
 """
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from stepgap.common.errors import UserError, where
 from stepgap.common.limits import MAX_ARRIVAL_S, is_finite, is_int, is_number
-from stepgap.common.fileio import (NONFINITE, check_file, dumps_json, json_lines, read_json_object,
+from stepgap.common.fileio import (NONFINITE, check_file, dumps_json, json_lines,
                                    write_json, write_text)
 
 MODES = ("sync", "async", "zero-bubble")
@@ -471,22 +472,6 @@ def check_result(res, path) -> dict:
     if res["completed"] < 0:
         raise UserError(f"{where(path, field='completed')}: expected a count >= 0, got "
                         f"{res['completed']!r}")
-    return res
-
-
-def load_result(path) -> dict:
-    """Read a run result of stepgap (`.json`, or `.json.gz`), or one saved by `vllm bench serve
-    --save-result`.
-
-    Missing `step_gaps`, `spec_decode` and `config` are tolerated (vLLM does not write them).
-    """
-    path = Path(path)
-    check_file(path, "result file")
-    res = check_result(read_json_object(path, "a run result"), path)
-    if res.get("step_gaps") is None:
-        res["step_gaps"] = {"count": 0}
-    if res.get("config") is None:
-        res["config"] = {}
     return res
 
 

@@ -36,7 +36,8 @@ from stepgap.common.formats import RequestTiming, check_result, is_metric, save_
 class Requests:
     """A detailed result's per-request lists, as `vllm bench serve --save-detailed` writes them:
     times in seconds, one entry per request (stepgap adds `chunk_tokens`, the tokens of each
-    streamed chunk, and `accepted`, the drafts accepted at each step)."""
+    streamed chunk; the engine `accepted`, the drafts accepted at each step, and
+    `output_token_ids`)."""
 
     ids: list[str] | None
     input_lens: list[int]
@@ -45,6 +46,7 @@ class Requests:
     itls: list[list[float]]
     chunk_tokens: list[list[int]] | None = None
     accepted: list[list[int]] | None = None   # the engine's accepted drafts of each step
+    output_token_ids: list[list[int]] | None = None   # the engine's tokens
 
     def timings(self, tag: str = "") -> list[RequestTiming]:
         """The client's view of each request, rebuilt: its chunks at the times they came
@@ -74,7 +76,7 @@ def _requests(doc: dict) -> Requests | None:
     output_lens = doc.get("output_lens")
     return Requests(doc.get("request_ids"), doc["input_lens"],
                     output_lens if output_lens is not None else [], doc["ttfts"], doc["itls"],
-                    doc.get("chunk_tokens"), doc.get("accepted"))
+                    doc.get("chunk_tokens"), doc.get("accepted"), doc.get("output_token_ids"))
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from stepgap.sim.config import SimConfig
 from stepgap.sim.loop import simulate
 from stepgap.cli import main
 from stepgap.common.compare import compare, ks_distance, pool_results
-from stepgap.common.formats import load_result, save_result
+from stepgap.common.formats import save_result
 from stepgap.common.run_record import RunRecord
 
 # The keys `vllm bench serve --save-result` writes (no step gaps, no config).
@@ -80,7 +80,7 @@ def test_compare_names_a_file_that_is_not_a_result(tmp_path, capsys):
 def test_gzip_results_round_trip(tmp_path):
     res = sim_result()
     save_result(tmp_path / "r.json.gz", res)
-    assert load_result(tmp_path / "r.json.gz")["mean_tpot_ms"] == res["mean_tpot_ms"]
+    assert RunRecord.load(tmp_path / "r.json.gz").metrics["mean_tpot_ms"] == res["mean_tpot_ms"]
     save_result(tmp_path / "s.json.gz", res)   # no timestamp in the gzip header
     assert (tmp_path / "r.json.gz").read_bytes() == (tmp_path / "s.json.gz").read_bytes()
 

@@ -6,7 +6,8 @@ import pytest
 
 from tests.helpers import tiny_checkpoints
 from stepgap.cli import main
-from stepgap.common.formats import load_result, load_timeline, save_trace, TraceRequest
+from stepgap.common.formats import load_timeline, save_trace, TraceRequest
+from stepgap.common.run_record import RunRecord
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +47,13 @@ def test_run_writes_result_timeline_and_output_ids_in_trace_order(tmp_path, path
             "--timeline", str(tmp_path / "t.jsonl"), "--chrome-trace", str(tmp_path / "c.json")]
     assert main(args) == 0
     assert "Engine Benchmark Result" in capsys.readouterr().out
-    res = load_result(tmp_path / "r.json")
-    assert res["completed"] == 3 and res["max_concurrency"] == 2
-    assert res["request_ids"] == ["b", "a", "c"]
-    assert [len(ids) for ids in res["output_token_ids"]] == [9, 5, 11]
-    assert res["config"]["mode"] == "sync" and res["config"]["k"] == 3
-    assert res["spec_decode"]["k"] == 3 and len(res["accepted"]) == 3
+    res = RunRecord.load(tmp_path / "r.json")
+    assert res.backend == "stepgap-engine"
+    assert res.metrics["completed"] == 3 and res.max_concurrency == 2
+    assert res.requests.ids == ["b", "a", "c"]
+    assert [len(ids) for ids in res.requests.output_token_ids] == [9, 5, 11]
+    assert res.config["mode"] == "sync" and res.k == 3
+    assert res.spec_decode["k"] == 3 and len(res.requests.accepted) == 3
     spans = load_timeline(tmp_path / "t.jsonl")
     assert {s.lane for s in spans} == {"cpu.engine", "cpu.worker", "device"}
     assert json.loads((tmp_path / "c.json").read_text())["traceEvents"]
@@ -95,9 +97,9 @@ def test_run_with_the_process_executor_and_synthetic_acceptance(tmp_path, paths,
             "--result-json", str(tmp_path / "r.json"), "--quiet"]
     assert main(args) == 0
     assert capsys.readouterr().out == ""
-    res = load_result(tmp_path / "r.json")
-    assert res["config"]["executor"] == "process" and res["config"]["mode"] == "zero-bubble"
-    assert res["completed"] == 3 and res["spec_decode"]["num_accepted_tokens"] > 0
+    res = RunRecord.load(tmp_path / "r.json")
+    assert res.config["executor"] == "process" and res.mode == "zero-bubble"
+    assert res.metrics["completed"] == 3 and res.spec_decode["num_accepted_tokens"] > 0
 
 
 def test_random_weights_build_a_config_only_folder(tmp_path, paths, capsys):

@@ -1,12 +1,11 @@
 """The shared formats: traces, timelines, run results and the vllm bench serve metrics."""
 
-import json
-
 import pytest
 
 from stepgap.common.errors import UserError
+from stepgap.common.run_record import RunRecord
 from stepgap.common.formats import (RequestTiming, Span, SpecStats, chrome_trace, compute_metrics,
-                             format_summary, load_result, load_timeline, load_trace, run_result,
+                             format_summary, load_timeline, load_trace, run_result,
                              save_result, save_timeline, save_trace, step_gaps, TraceRequest)
 
 
@@ -108,24 +107,12 @@ def test_result_round_trip_and_summary(tmp_path):
     res = run_result(t, 0.2, backend="test", config={"mode": "sync"}, gaps_us=[1.0, 3.0],
                      spec=SpecStats(2), detailed=True)
     save_result(tmp_path / "r.json", res)
-    back = load_result(tmp_path / "r.json")
-    assert back["mean_tpot_ms"] == pytest.approx(res["mean_tpot_ms"])
-    assert back["step_gaps"]["values_us"] == [1.0, 3.0]
-    assert back["itls"] == [[pytest.approx(0.1)]]
-    text = format_summary(back)
+    back = RunRecord.load(tmp_path / "r.json")
+    assert back.metrics["mean_tpot_ms"] == pytest.approx(res["mean_tpot_ms"])
+    assert back.step_gaps["values_us"] == [1.0, 3.0]
+    assert back.requests.itls == [[pytest.approx(0.1)]]
+    text = format_summary(back.to_json())
     assert "Mean TPOT (ms):" in text and "P99 ITL (ms):" in text and "Median step gap" in text
 
 
-def test_vllm_bench_result_is_accepted(tmp_path):
-    vllm = {"date": "20250101-000000", "backend": "vllm", "completed": 80, "duration": 100.0,
-            "mean_ttft_ms": 20.0, "mean_tpot_ms": 9.91, "p99_tpot_ms": 14.94,
-            "mean_itl_ms": 28.14, "p99_itl_ms": 28.52, "itls": [[0.028]]}
-    (tmp_path / "v.json").write_text(json.dumps(vllm))
-    res = load_result(tmp_path / "v.json")
-    assert res["step_gaps"] == {"count": 0} and res["mean_tpot_ms"] == 9.91
-
-
-def test_result_missing_key_is_named(tmp_path):
-    (tmp_path / "bad.json").write_text('{"completed": 1}')
-    with pytest.raises(UserError, match=r"bad.json: field 'duration': missing"):
-        load_result(tmp_path / "bad.json")
+# A file `vllm bench serve` wrote, and one that is not a result: tests/test_run_record.py

@@ -1682,8 +1682,8 @@ def test_a_non_finite_metric_is_written_as_valid_json_and_read_back(literal, rea
     """vLLM writes NaN for a metric with no samples (Python's json writes it bare; no other JSON
     reader takes it), and 1e400 reads as infinity. Whatever stepgap writes is JSON: compare
     --json, every result and a sweep's store map a non-finite number to "nan", "inf" or "-inf"
-    (fileio.py dumps_json), which load_result and the store read back as the float."""
-    from stepgap.common.formats import load_result
+    (fileio.py dumps_json), which RunRecord.load and the store read back as the float."""
+    from stepgap.common.run_record import RunRecord
     rng = random.Random(literal)
     keys = rng.sample(sorted(k for k, v in result_doc().items()
                              if k.endswith("_ms") and isinstance(v, float)), 3)
@@ -1695,13 +1695,12 @@ def test_a_non_finite_metric_is_written_as_valid_json_and_read_back(literal, rea
     assert main(["compare", str(path), str(base.result), "--json"]) == 0
     rows = {r["metric"]: r for r in strict_json(capsys.readouterr().out)["metrics"]}
     assert any(r["measured"] == read for r in rows.values())
-    res = load_result(path)
     again = tmp_path / "again.json"
-    save_result(again, res)
+    RunRecord.load(path).save(again)
     doc = strict_json(again.read_text())
     for key in keys:
         assert doc[key] == read
-        assert str(load_result(again)[key]) == read
+        assert str(RunRecord.load(again).metrics[key]) == read
     # a sweep's store too (sim/sweep_store.py), line by line, read back by a resumed sweep
     from stepgap.sim.sweep_grid import GridCell
     from stepgap.sim.sweep_store import CellStore

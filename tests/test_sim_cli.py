@@ -5,7 +5,8 @@ import json
 import pytest
 
 from stepgap.cli import build_parser, main
-from stepgap.common.formats import load_result, load_timeline
+from stepgap.common.formats import load_timeline
+from stepgap.common.run_record import RunRecord
 
 
 def simulate_parser():
@@ -52,8 +53,8 @@ def test_result_json_and_timeline_files(tmp_path, capsys):
     assert main(["simulate", "--gpu", "h200", "-k", "2", "--mode", "async", "--trace",
                  "sharegpt", "--num-prompts", "5", "--detailed", "--result-json",
                  str(res_path), "--timeline", str(tl), "--quiet"]) == 0
-    res = load_result(res_path)
-    assert res["completed"] == 5 and res["config"]["mode"] == "async" and "itls" in res
+    res = RunRecord.load(res_path)
+    assert res.metrics["completed"] == 5 and res.config["mode"] == "async" and res.requests
     assert load_timeline(tl)
     chrome = json.loads((tmp_path / "run.chrome.json").read_text())
     assert any(e.get("name") == "draft_forward" for e in chrome["traceEvents"])
@@ -95,8 +96,8 @@ def test_model_from_a_config_json_with_a_derived_head(tmp_path, capsys):
     assert main(["simulate", "--model", str(tmp_path), "--draft", "eagle3", "-k", "2",
                  "--gpu", "a100", "--num-prompts", "3", "--result-json",
                  str(tmp_path / "r.json"), "--quiet"]) == 0
-    res = load_result(tmp_path / "r.json")
-    assert res["completed"] == 3 and res["config"]["resolved"]["draft"].endswith("-eagle3")
+    res = RunRecord.load(tmp_path / "r.json")
+    assert res.metrics["completed"] == 3 and res.resolved["draft"].endswith("-eagle3")
 
 
 def test_unwritable_output_is_a_clean_error(tmp_path, capsys):
@@ -122,7 +123,7 @@ def fp8_run(tmp_path, capsys, name, *extra):
     assert main(["simulate", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h100",
                  "--num-prompts", "4", "--max-concurrency", "1", "--output-len", "64", *extra,
                  "--result-json", str(path)]) == 0
-    return load_result(path), capsys.readouterr().err
+    return RunRecord.load(path).to_json(), capsys.readouterr().err
 
 
 def test_an_fp8_kv_cache_holds_twice_the_blocks(tmp_path, capsys):
@@ -182,4 +183,4 @@ def test_measured_tables_take_the_variant_of_the_kv_caches_dtype(tmp_path, capsy
     path = tmp_path / "r.json"
     assert main([*argv, "--device-profile", str(tmp_path / "bf16"), "--result-json",
                  str(path)]) == 0
-    assert load_result(path)["config"]["resolved"]["device_costs"]["profile"] == str(kv)
+    assert RunRecord.load(path).resolved["device_costs"]["profile"] == str(kv)
