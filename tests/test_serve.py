@@ -84,7 +84,7 @@ def test_greedy_text_and_acceptance_counters_equal_stepgap_runs(pair_server, tok
         assert "".join(c["text"] for c in chunks) == tok.decode(want)
     after = pair_server.metrics()
 
-    spec = run["spec_decode"]
+    spec = run.spec_decode
     grew = {k: after[k] - before.get(k, 0.0) for k in after if k.startswith("vllm:spec_decode")}
     assert grew["vllm:spec_decode_num_drafts_total"] == spec["num_drafts"] > 0
     assert grew["vllm:spec_decode_num_draft_tokens_total"] == spec["num_draft_tokens"]
