@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stepgap.common.formats import MODES  # noqa: E402
+from stepgap.common.run_record import RunRecord  # noqa: E402
 from stepgap.engine.args import EngineArgs  # noqa: E402
 from stepgap.engine.loop import run_trace  # noqa: E402
 from stepgap.engine.tiny import TINY_TARGET  # noqa: E402
@@ -79,12 +80,13 @@ def main() -> None:
                 cfg = setup.engine_config(mode)
                 out = run_trace(ex, reqs, cfg, vocab_size=BENCH_TARGET.vocab_size,
                                 max_concurrency=args.concurrency)
-                r = out.result
+                rec = RunRecord.of(out.result)
+                r, gaps = rec.metrics, rec.step_gaps
                 rows.setdefault(mode, []).append({
                     "tpot": r["mean_tpot_ms"], "p99_tpot": r["p99_tpot_ms"],
                     "itl": r["mean_itl_ms"], "p99_itl": r["p99_itl_ms"],
-                    "gap50": r["step_gaps"]["median_us"], "gap90": r["step_gaps"]["p90_us"],
-                    "al": r.get("spec_decode", {}).get("acceptance_length", 1.0),
+                    "gap50": gaps["median_us"], "gap90": gaps["p90_us"],
+                    "al": (rec.spec_decode or {}).get("acceptance_length", 1.0),
                     **step_costs(out.spans)})
     print(f"process executor, k={args.k}, max-concurrency {args.concurrency}, "
           f"{args.num_prompts} mtbench-like prompts, output {args.output_len}; medians of "

@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stepgap.sim.config import SimConfig, resolve  # noqa: E402
+from stepgap.common.run_record import RunRecord  # noqa: E402
 from stepgap.sim.roofline import RooflineCosts
 from stepgap.sim.loop import build_workload, simulate  # noqa: E402
 from stepgap.sim.presets import SEED_COLUMNS, get_preset  # noqa: E402
@@ -134,9 +135,9 @@ def main() -> int:
     error = 100 * (saving - measured_saving) / measured_saving
     print(f"\npredicted async saving in mean ITL: {saving:.2f} ms (measured "
           f"{measured_saving:.2f} ms, error {error:+.0f}%)")
-    gaps = results["sync"]["step_gaps"]
-    print(f"simulated sync step gap: mean {gaps['mean_us']:.0f} us; async: "
-          f"{results['async']['step_gaps']['mean_us']:.0f} us")
+    gaps = {mode: RunRecord.of(res).step_gaps for mode, res in results.items()}
+    print(f"simulated sync step gap: mean {gaps['sync']['mean_us']:.0f} us; async: "
+          f"{gaps['async']['mean_us']:.0f} us")
     if not args.quick:
         print("\nsensitivity of the prediction to the L20 device constants (cpu_scale refitted):")
         print("\n".join(sensitivity(spread)))
