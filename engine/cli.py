@@ -80,11 +80,11 @@ def cmd_run(args) -> int:
             info = ex.info()
             note(args, f"{len(requests)} requests, mode {ea.mode}, k {ea.k}, "
                        f"{cfg.num_blocks} KV blocks of {ea.block_size}")
-            config = {**config_summary(cfg), "executor": ea.executor, **info,
-                      "cuda_graphs": ea.cuda_graphs and ea.device == "cuda",
-                      "request_rate": args.request_rate if args.request_rate else "inf",
-                      "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
-                      "trace": args.trace or "mtbench", "seed": args.seed}
+            config = config_summary(
+                cfg, ea.executor, info, cuda_graphs=ea.cuda_graphs and ea.device == "cuda",
+                request_rate=args.request_rate if args.request_rate else "inf",
+                burstiness=args.burstiness, max_concurrency=args.max_concurrency,
+                trace=args.trace or "mtbench", seed=args.seed)
             out = run_trace(ex, requests, cfg, vocab_size=setup.vocab_size,
                             max_concurrency=args.max_concurrency, seed=args.seed,
                             detailed=bool(args.detailed), config=config,

@@ -314,7 +314,10 @@ def run_output(core: EngineCore, client: Client, requests: list[TraceRequest], c
                      cfg.num_blocks, core.discarded)
 
 
-def config_summary(cfg: EngineConfig) -> dict:
+def config_summary(cfg: EngineConfig, executor: str, info: dict, **extra) -> dict:
+    """A measured run's `config` block (`stepgap run`'s and `stepgap serve`'s alike): the
+    engine's config, where its worker ran (the executor, and `info`: its pids and pinning) and
+    what the command adds. run_output adds the run's counters (preemptions, prefix cache)."""
     d = asdict(cfg)
     d["sampling"] = asdict(cfg.sampling)
-    return d
+    return {**d, "executor": executor, **info, **extra}

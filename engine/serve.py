@@ -122,8 +122,8 @@ def cmd_serve(args) -> int:
         note(args, f"engine core pid {info['engine_pid']}, worker pid {info['worker_pid']}; "
                    f"serving {name!r} on http://{args.host}:{args.port}"
                    + ("" if tok else " (no tokenizer: prompts as token ids)"))
-        config = {**config_summary(cfg), "executor": ea.executor, **info,
-                  "served_model_name": name, "tokenizer": bool(tok)}
+        config = config_summary(cfg, ea.executor, info, served_model_name=name,
+                                tokenizer=bool(tok))
         app = build_app(engine, name, ea.sampling, timeline=args.timeline,
                         result_json=args.result_json, config=config)
         run_server(app, engine, sock, args.uvicorn_log_level)
