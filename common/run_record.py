@@ -104,6 +104,9 @@ class RunRecord:
       file does not say;
     - `requests`: the per-request lists (`Requests`) of a detailed result, or None;
     - `doc`: the document itself, written back unchanged by `to_json` and `save`.
+
+    The record is frozen and its sections are read-only views of the document (the lists in them
+    are the document's own: a reader that wants to change one copies it).
     """
 
     backend: str
@@ -124,14 +127,16 @@ class RunRecord:
         config = dict(doc.get("config") or {})
         resolved = config.pop("resolved", None) or {}
         cache = config.get("prefix_cache", resolved.get("prefix_cache"))
+        spec = doc.get("spec_decode")
         preempted = config.get("num_preemptions", resolved.get("num_preemptions"))
         return cls(backend=str(doc.get("backend", "")),
                    source=None if source is None else str(source),
                    metrics=MappingProxyType({k: v for k, v in doc.items() if is_metric(k)}),
                    step_gaps=MappingProxyType(doc.get("step_gaps") or {"count": 0}),
-                   spec_decode=doc.get("spec_decode") or None,
+                   spec_decode=MappingProxyType(spec) if spec else None,
                    config=MappingProxyType(config), resolved=MappingProxyType(resolved),
-                   prefix_cache=cache, num_preemptions=preempted, requests=_requests(doc),
+                   prefix_cache=None if cache is None else MappingProxyType(cache),
+                   num_preemptions=preempted, requests=_requests(doc),
                    doc=doc)
 
     @classmethod
