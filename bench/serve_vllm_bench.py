@@ -237,11 +237,11 @@ def measure(args, out: Path, modes, ks, lim: dict, datasets: dict, traces: dict)
                 acc: dict = {}   # its device ops, summed: the machine's level during it
                 add_device(acc, device_points(inproc.spans, k))
                 write_json(out / f"{run}.inproc.device.json", acc, indent=None)
-                if k and served["spec_decode_num_drafts"] != \
-                        inproc.result["spec_decode"]["num_drafts"]:
+                rec = RunRecord.of(inproc.result)
+                if k and served["spec_decode_num_drafts"] != rec.spec_decode["num_drafts"]:
                     raise SystemExit(f"{run}: served and in-process acceptance differ")
-                line += (f" in-process {inproc.result['mean_tpot_ms']:.3f} ms; TTFT "
-                         f"{served['mean_ttft_ms']:.2f} / {inproc.result['mean_ttft_ms']:.2f}")
+                line += (f" in-process {rec.metrics['mean_tpot_ms']:.3f} ms; TTFT "
+                         f"{served['mean_ttft_ms']:.2f} / {rec.metrics['mean_ttft_ms']:.2f}")
             print(line + " ms", flush=True)
             done.append({"run": run, "kind": kind, "mode": mode, "k": k, "conc": conc,
                          "rep": rep})

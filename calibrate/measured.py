@@ -205,6 +205,7 @@ def write_measured(plan: Plan, m: Measured, out: Path, command: str,
                     save_timeline(out / "timelines" / f"{name}.measured.jsonl",
                                   m.timelines[name])
     lim = plan.limits()
+    configs = [RunRecord.of(r).config for rs in m.runs.values() for r in rs]
     manifest = {
         "format": FORMAT, "device": plan.device_name, "machine": machine_info(),
         "worker": m.worker, "commit": git_commit(),
@@ -212,8 +213,7 @@ def write_measured(plan: Plan, m: Measured, out: Path, command: str,
         "wall_s": round(m.wall_s, 1),
         "load_avg_1m": {"min": min(m.loads), "max": max(m.loads),
                         "mean": round(sum(m.loads) / len(m.loads), 2)},
-        "other_cpu": cpu_summary([r["config"]["other_cpu"] for rs in m.runs.values()
-                                  for r in rs if r["config"].get("other_cpu")]),
+        "other_cpu": cpu_summary([c["other_cpu"] for c in configs if c.get("other_cpu")]),
         "traces": {"judged": plan.judged_name, "judged_prompts": len(plan.judged or []),
                    "calibration": plan.calibration_name or "(the profile's)",
                    "calibration_runs": m.calibration_runs},
