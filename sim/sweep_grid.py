@@ -244,7 +244,7 @@ def load_grid_file(path) -> tuple[str | None, dict, dict]:
 class GridCell:
     values: dict          # axis -> value
     settings: dict        # the whole SimConfig settings of the cell
-    key: str              # hash of the cell's config
+    key: str | None       # hash of the cell's config (None: not asked for)
     notes: tuple = ()     # what resolving the cell chose for the user (sim/config.py)
 
 
@@ -269,9 +269,10 @@ class Grid:
     def size(self) -> int:
         return math.prod(len(v) for v in self.axes.values())
 
-    def cells(self) -> list[GridCell]:
+    def cells(self, keyed: bool = True) -> list[GridCell]:
         """Every cell, validated: its SimConfig is built and resolved and its workload checked,
-        so that no run starts unless all can."""
+        so that no run starts unless all can. `keyed`: with its store key (`cell_key`, which
+        hashes the simulator's source once a process); advise keeps no store and skips it."""
         from stepgap.sim.loop import build_workload, check_requests
 
         from stepgap.sim.presets import get_preset
@@ -301,7 +302,7 @@ class Grid:
                 raise UserError(f"grid cell {format_cell(values)}: {e}") from None
             except (TypeError, ValueError) as e:   # a value of the wrong shape from a file
                 raise UserError(f"grid cell {format_cell(values)}: bad value ({e})") from None
-            cells.append(GridCell(values, settings, cell_key(cfg), r.notes))
+            cells.append(GridCell(values, settings, cell_key(cfg) if keyed else None, r.notes))
         return cells
 
 
