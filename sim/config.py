@@ -768,5 +768,5 @@ def scheduler_config(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
     return SchedulerConfig.for_run(mode or cfg.mode, cfg.k, blocks, cfg.block_size,
                                    cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    cfg.max_model_len, target.max_position_embeddings,
-                                   reserve_full_isl=cfg.scheduler_reserve_full_isl,
+                                   scheduler_reserve_full_isl=cfg.scheduler_reserve_full_isl,
                                    enable_prefix_caching=cfg.enable_prefix_caching)
