@@ -29,7 +29,8 @@ from stepgap.common.errors import UserError
 from stepgap.common.fileio import check_file, read_json, read_toml
 from stepgap.common.limits import MAX_GRID_CELLS
 from stepgap.common.options import WORKLOAD_FLAGS
-from stepgap.sim.config import ALIASES, SimConfig, profile_defaults, resolve
+from stepgap.common.run_spec import ALIASES
+from stepgap.sim.config import SimConfig, profile_defaults, resolve
 from stepgap.sim.sweep_keys import cell_key
 
 # vLLM's spellings a grid takes besides SimConfig's fields (vllm_settings makes them into the
