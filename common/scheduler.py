@@ -142,11 +142,11 @@ class SchedulerConfig:
                    enable_prefix_caching=enable_prefix_caching)
 
     def __post_init__(self):
-        for f in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
-                  "max_model_len"):
-            v = getattr(self, f)
-            if not is_int(v) or v < 1:
-                raise UserError(f"scheduler: {f} must be an integer >= 1, got {v!r}")
+        # (the limits come from a SimConfig or an EngineArgs, which checked them:
+        # common/run_spec.py; the cache's size and a run's k are the run's own)
+        if not is_int(self.num_blocks) or self.num_blocks < 1:
+            raise UserError(f"scheduler: num_blocks must be an integer >= 1, "
+                            f"got {self.num_blocks!r}")
         if not is_int(self.num_spec_tokens) or self.num_spec_tokens < 0:
             raise UserError(f"scheduler: k (num_spec_tokens) must be an integer >= 0, "
                             f"got {self.num_spec_tokens!r}")
