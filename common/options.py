@@ -321,20 +321,13 @@ def add_load_args(p, default_workload: str = "mtbench", many: bool = False):
                         "named in the run's notes)")
     add_option(g, "num_prompts")
     add_option(g, "output_len")
-    if many:
-        g.add_argument("--request-rate", nargs="+", action="extend", default=None,
-                       metavar="RPS", help="the request rates to judge (requests per second, or "
-                       "inf), e.g. 2 4 8 or 2,4,8; with --max-concurrency, every pair")
-    else:
-        add_option(g, "request_rate")
-    add_option(g, "burstiness")
-    if many:
-        g.add_argument("--max-concurrency", nargs="+", action="extend", default=None,
-                       metavar="N", help="the concurrencies to judge, e.g. 1 2 4 8 16 32 or "
-                       "1,2,4,8,16,32 (the benchmark client's semaphore)")
-    else:
-        add_option(g, "max_concurrency")
-    add_option(g, "seed")
+    for name in ("request_rate", "burstiness", "max_concurrency", "seed"):
+        if many and name in LOAD_LISTS:   # words, read by load_list
+            metavar, text = LOAD_LISTS[name]
+            add_option(g, name, help=text, nargs="+", action="extend", type=None,
+                       metavar=metavar)
+        else:
+            add_option(g, name)
     g.add_argument("--ignore-eos", action="store_true",
                    help="accepted for vLLM's sake: stepgap always generates each request's "
                         "output length")
@@ -349,6 +342,15 @@ def add_load_args(p, default_workload: str = "mtbench", many: bool = False):
                        default=None, metavar="R" if key == "range_ratio" else "N", help=what)
     add_option(g, "shared_fraction")
     return g
+
+
+# The load options that take lists of load points (stepgap advise): their metavar and help.
+LOAD_LISTS = {
+    "request_rate": ("RPS", "the request rates to judge (requests per second, or inf), e.g. "
+                            "2 4 8 or 2,4,8; with --max-concurrency, every pair"),
+    "max_concurrency": ("N", "the concurrencies to judge, e.g. 1 2 4 8 16 32 or 1,2,4,8,16,32 "
+                             "(the benchmark client's semaphore)"),
+}
 
 
 def load_list(option: str, words: list[str] | None, parse) -> list | None:
