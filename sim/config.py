@@ -156,7 +156,7 @@ class SimConfig(RunSpec):
         help="from update_from_output to the client receiving the chunk (default 0)")
 
     def __post_init__(self):
-        RunSpec.__post_init__(self)
+        super().__post_init__()
         for op, abc in self.cpu_costs.items():
             if op not in CPU_COSTS:
                 raise UserError(f"--cpu-cost: unknown op {op!r} (ops: {', '.join(CPU_COSTS)})")
