@@ -31,7 +31,7 @@ from stepgap.common.limits import MAX_K
 from stepgap.common.memory import RESERVED_BYTES, kv_bytes_per_token, kv_cache_blocks
 from stepgap.common.model_heads import EagleHeadConfig
 from stepgap.common.modelcfg import ModelConfig
-from stepgap.common.run_spec import (LoadSpec, ModelSpec, SchedulerSpec, TopologySpec, bad,
+from stepgap.common.run_spec import (LoadSpec, ModelSpec, SchedulerSpec, TopologySpec,
                                      check_fields, opt, same)
 from stepgap.common.scheduler import cdiv
 from stepgap.engine.sampling_params import SamplingConfig
@@ -87,10 +87,7 @@ class EngineArgs(TopologySpec, SchedulerSpec, ModelSpec):
             raise UserError(f"--data-parallel-size {self.data_parallel_size}: the engine (one "
                             "device) runs one engine core (the simulator models data "
                             "parallelism: stepgap simulate)")
-        if self.method != "eagle3":
-            raise bad("--speculative-config method", "the engine drafts with EAGLE-3 heads "
-                      "only (method eagle3); `stepgap simulate` models the others",
-                      self.method)
+        refuse_method(self.method)
         if self.k > 0 and not self.draft:
             raise UserError(f"--num-speculative-tokens {self.k} needs a draft head: give "
                             "--speculative-config's model (or --draft)")
@@ -165,6 +162,13 @@ class EngineArgs(TopologySpec, SchedulerSpec, ModelSpec):
         want = self.max_num_seqs * cdiv(self.max_model_len + self.k, self.block_size)
         return max(1, min(want, int(self.kv_cache_gib * 2 ** 30
                                     // (self.block_size * per_token))))
+
+
+def refuse_method(method: str | None, option: str = "--speculative-config method") -> None:
+    """The engine drafts with EAGLE-3 heads only; `option`: how the command line gave it."""
+    if method not in (None, "eagle3"):
+        raise UserError(f"{option} {method}: the engine drafts with EAGLE-3 heads only (method "
+                        "eagle3); `stepgap simulate` models the others")
 
 
 @dataclass(frozen=True, slots=True)

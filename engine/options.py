@@ -78,9 +78,11 @@ def engine_args_from(args):
     """The EngineArgs of a command line (run, serve): what it gives, else the defaults."""
     from stepgap.common.options import (executor_from_args, mode_from_args, settings_from_args,
                                         speculative_from_args)
-    from stepgap.engine.args import EngineArgs
+    from stepgap.engine.args import EngineArgs, refuse_method
     if not args.model:
         raise UserError("--model is required (a Llama folder, a preset, or tiny)")
+    given = "--spec-method" if getattr(args, "method", None) else "--speculative-config method"
     args.method, args.draft, args.k = speculative_from_args(args)
+    refuse_method(args.method, given)   # (EngineArgs would too, naming speculative_config)
     args.mode, args.executor = mode_from_args(args), executor_from_args(args)
     return EngineArgs(sampling=sampling_from_args(args), **settings_from_args(args, EngineArgs))
