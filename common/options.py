@@ -198,10 +198,11 @@ def speculative_config_arg(text: str) -> dict:
 
 
 def parser_of(o: Option):
-    """The argparse type of a setting's Option: its own, else its kind's within its limits (a
-    bound with a reason, `o.why`, is left to the setting's check, whose message gives it)."""
-    if o.parse is not None or o.kind in ("name", "choice", "bool"):
-        return o.parse
+    """The argparse type of a setting's Option: its kind's parser within its limits (a bound
+    with a reason, `o.why`, is left to the setting's check, whose message gives it); None for
+    names, choices and bools."""
+    if o.kind in ("name", "choice", "bool", "table"):
+        return None
     listed = {"rates": rates_arg, "percentiles": percentiles_arg, "metrics": metrics_arg,
               "fraction": fraction}
     if o.kind in listed:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cache
-from typing import Any
 
 from stepgap.common.drafters import SPEC_METHODS
 from stepgap.common.errors import UserError
@@ -59,7 +58,6 @@ class Option:
     refusal: str | None = None    # the whole complaint, where not the kind's
     action: str | None = None     # a bool's argparse action (store_true, store_false; else
                                   # --x/--no-x)
-    parse: Any = None             # the command line's parser, where not the kind's
     shown: bool = True            # the help ends in the command's default (" (default X)")
 
     @property
