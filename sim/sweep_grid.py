@@ -29,7 +29,8 @@ from stepgap.common.errors import UserError
 from stepgap.common.fileio import check_file, read_json, read_toml
 from stepgap.common.limits import MAX_GRID_CELLS
 from stepgap.common.options import WORKLOAD_FLAGS
-from stepgap.sim.config import ALIASES, SimConfig, profile_defaults, resolve
+from stepgap.common.run_spec import ALIASES
+from stepgap.sim.config import CONFIG_KEYS, SimConfig, profile_defaults, resolve
 from stepgap.sim.sweep_keys import cell_key
 
 # vLLM's spellings a grid takes besides SimConfig's fields (vllm_settings makes them into the
@@ -39,8 +40,7 @@ VLLM_KEYS = {"async_scheduling": "bool", "speculative_config": "dict", "dataset_
              "dataset_path": "str", "tokenizer": "str", "disable_shuffle": "bool",
              **{f.lstrip("-").replace("-", "_"): "float" if key == "range_ratio" else "int"
                 for f, key, _ in WORKLOAD_FLAGS}}
-GRID_KEYS = tuple(f.name for f in fields(SimConfig) if f.name not in ("detailed", "timeline")) \
-    + tuple(VLLM_KEYS)
+GRID_KEYS = tuple(k for k in CONFIG_KEYS if k not in ("detailed", "timeline")) + tuple(VLLM_KEYS)
 FIELD_TYPES = {**{f.name: str(f.type) for f in fields(SimConfig)},
                **{k: f"{t} | None" for k, t in VLLM_KEYS.items()}}
 MAX_VALUES = 10_000          # per range: a typo such as 0..1e9 should fail, not hang
