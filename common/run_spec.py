@@ -345,7 +345,6 @@ class RunSpec(OutputSpec, LoadSpec, TopologySpec, SchedulerSpec, ModelSpec):
         self.check_load()
 
 
-
 @cache
 def options_of(cls) -> dict[str, Option]:
     """Every setting of a class built of the groups that has an Option, by field name."""
