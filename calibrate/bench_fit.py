@@ -88,9 +88,7 @@ def extend(c) -> None:
     """The bench-file options of `stepgap calibrate` (calibrate/vllm_fit.py registers the
     command): with --gpu or --device-profile, calibrate takes bench files alone."""
     from stepgap.common.acceptance import PROFILES
-    from stepgap.common.options import (at_most, nonneg_int, positive_int,
-                                        speculative_config_arg)
-    from stepgap.common.limits import MAX_K
+    from stepgap.common.options import add_option, speculative_config_arg
     from stepgap.sim.hardware import CATALOG
     g = c.add_argument_group("a GPU run's bench files alone (no traces)")
     g.add_argument("--gpu", help=f"the GPU the runs were made on: {', '.join(CATALOG)}; "
@@ -98,23 +96,20 @@ def extend(c) -> None:
     g.add_argument("--device-profile", metavar="DIR",
                    help="the GPU's measured operator tables instead of its roofline (give --gpu "
                         "too, for its memory)")
-    g.add_argument("--num-speculative-tokens", "-k", dest="k", type=at_most(nonneg_int, MAX_K),
-                   metavar="K", help="the runs' k (default: the bench files' own, where they "
-                                     "say it)")
+    add_option(g, "k", help="the runs' k (default: the bench files' own, where they say it)")
     g.add_argument("--speculative-config", type=speculative_config_arg, metavar="JSON",
                    help="the runs' speculative config, as vllm serve took it")
-    g.add_argument("--max-concurrency", type=positive_int, default=None,
-                   help="the runs' --max-concurrency (default: the bench files')")
+    add_option(g, "max_concurrency", help="the runs' --max-concurrency (default: the bench "
+                                          "files')")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="the runs' scheduling (default: sync, unless a file's --metadata "
                         "mode=... says)")
     g.add_argument("--trace", "--dataset-path", dest="trace", metavar="NAME|FILE",
                    help="the workload of runs without --save-detailed (default mtbench: the "
                         "prompts of `--dataset-name hf --dataset-path philschmid/mt-bench`)")
-    g.add_argument("--output-len", type=positive_int, help="their output length (default: the "
-                                                           "workload's)")
-    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                   default=None, help="the server's prefix caching (default on, as vLLM)")
+    add_option(g, "output_len", help="their output length (default: the workload's)")
+    add_option(g, "enable_prefix_caching", help="the server's prefix caching (default on, as "
+                                                "vLLM)")
     g.add_argument("--acceptance", metavar="PROFILE",
                    help=f"the acceptance profile to fit the level of, where the files have no "
                         f"rates: {', '.join(PROFILES)} (default: the model's published one)")

@@ -32,9 +32,8 @@ from pathlib import Path
 
 from stepgap.calibrate.pair import PAIR, ROOT, load_heldout, pair_paths
 from stepgap.common.errors import UserError
-from stepgap.common.formats import MODES
 from stepgap.common.limits import MAX_K
-from stepgap.common.options import add_command, at_most, positive_int
+from stepgap.common.options import add_command, add_option, at_most, positive_int
 from stepgap.common.run_record import RunRecord
 from stepgap.sim.profile import Profile
 
@@ -66,12 +65,11 @@ def register(sub) -> None:
                         "checkpoints/pystdlib)")
     p.add_argument("--k", type=at_most(positive_int, MAX_K), default=4,
                    help="draft tokens per step (default 4)")
-    p.add_argument("--num-prompts", type=positive_int, default=None, metavar="N",
-                   help="the first N requests of the trace (default: all)")
-    p.add_argument("--max-concurrency", type=positive_int, default=1, metavar="N",
-                   help="requests in flight (default 1, as the seed run)")
-    p.add_argument("--mode", default="sync", choices=MODES,
-                   help="step scheduling, both halves (default sync)")
+    add_option(p, "num_prompts", metavar="N",
+               help="the first N requests of the trace (default: all)")
+    add_option(p, "max_concurrency", default=1, metavar="N",
+               help="requests in flight (default 1, as the seed run)")
+    add_option(p, "mode", default="sync", help="step scheduling, both halves (default sync)")
     p.add_argument("--profile", default=MEASURE, metavar="measure|committed|PATH",
                    help="the simulator's measured costs: measure (default) measures this machine "
                         "on the spot, in seconds, before the engine runs; committed takes "

@@ -70,7 +70,7 @@ class Setup:
 
 
 def load_measured(folder) -> tuple[Setup, list[MeasuredCell]]:
-    from stepgap.sim.config import settings_of
+    from stepgap.common.run_spec import settings_of
     folder = Path(folder)
     man = read_manifest(folder)
     settings = settings_of(dict(man["sim"]))

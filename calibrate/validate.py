@@ -23,7 +23,7 @@ from pathlib import Path
 
 from stepgap.common.errors import UserError
 from stepgap.common.formats import MODES
-from stepgap.common.options import MAX_K, add_command, at_most, positive_int
+from stepgap.common.options import MAX_K, add_command, add_option, at_most, positive_int
 
 # Past these a plan is a typo, not a measurement: it would run for days (every repeat runs every
 # cell) or cut prompts until the memory is gone. Checked as the options are parsed, before
@@ -172,8 +172,8 @@ def register(sub) -> None:
     g = p.add_argument_group("traces and repeats")
     g.add_argument("--trace", default=None, metavar="FILE",
                    help="judged trace (default: the pair's heldout.jsonl)")
-    g.add_argument("--num-prompts", type=positive_int, default=None, metavar="N",
-                   help="the first N requests of the judged trace (default: all, 48)")
+    add_option(g, "num_prompts", metavar="N",
+               help="the first N requests of the judged trace (default: all, 48)")
     g.add_argument("--repeats", type=at_most(positive_int, MAX_REPEATS), default=18,
                    metavar="R", help="runs of every cell, interleaved and pooled (default 18, "
                                      f"at most {MAX_REPEATS})")

@@ -40,7 +40,8 @@ from stepgap.calibrate.validate import MAX_CALIBRATION_PROMPTS, MAX_REPEATS
 from stepgap.common.errors import UserError
 from stepgap.common.fileio import check_writable, write_bytes, write_json
 from stepgap.common.formats import MODES
-from stepgap.common.options import add_command, at_most, positive_float, positive_int
+from stepgap.common.options import (add_command, add_option, at_most, positive_float,
+                                    positive_int)
 
 GPU_CONCURRENCY = "1,8,32"
 
@@ -217,8 +218,7 @@ def register(sub) -> None:
         description=__doc__.split("\n\n")[1], epilog="\n\n".join(__doc__.split("\n\n")[2:]))
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output folder (default out/gpu-validate, or out/cpu-validate on a CPU)")
-    p.add_argument("--device", default=None, choices=("cuda", "cpu"),
-                   help="default: cuda if torch sees one, else cpu")
+    add_option(p, "device", help="default: cuda if torch sees one, else cpu")
     p.add_argument("--budget-s", type=positive_float, default=330.0,
                    help="wall-clock budget of the plan; judged runs past it are skipped")
     p.add_argument("--modes", default=",".join(MODES))
@@ -229,8 +229,7 @@ def register(sub) -> None:
     p.add_argument("--prompts", type=at_most(positive_int, MAX_CALIBRATION_PROMPTS), default=None,
                    help="prompts in the judged and in the calibration trace (default 32; 4 on "
                         "a CPU); a run takes min(prompts, max(8, 2 x concurrency))")
-    p.add_argument("--output-len", type=positive_int, default=None,
-                   help="output tokens per request (default 128 on cuda, 8 on cpu)")
+    add_option(p, "output_len", help="output tokens per request (default 128 on cuda, 8 on cpu)")
     p.add_argument("--no-cuda-graphs", action="store_true")
     p.add_argument("--skip-selfcheck", action="store_true")
     p.add_argument("--tar", action="store_true", help="also pack the folder into DIR.tar.gz")

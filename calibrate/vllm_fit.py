@@ -37,7 +37,7 @@ from stepgap.calibrate.samples import cpu_samples, device_points, steps_of
 from stepgap.common.acceptance import FILE_FORMAT
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_text
-from stepgap.common.options import add_command, positive_int
+from stepgap.common.options import add_command, add_option
 from stepgap.common.run_record import RunRecord
 from stepgap.sim.profile import CpuFit, Fit, Profile, save_profile
 
@@ -629,12 +629,10 @@ def register(sub) -> None:
                    help="the target's config (the runs are re-simulated to fit the client's "
                         "latency and the device level)")
     c.add_argument("--draft", metavar="DIR|CONFIG", help="the EAGLE-3 head's config")
-    c.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N",
-                   help="the server's --max-num-seqs (the runs are re-simulated with it)")
-    c.add_argument("--max-model-len", type=positive_int, default=None, metavar="N",
-                   help="the server's --max-model-len")
-    c.add_argument("--block-size", type=positive_int, default=None, metavar="N",
-                   help="the server's KV block size (vLLM's CPU default is 128)")
+    add_option(c, "max_num_seqs", help="the server's --max-num-seqs (the runs are re-simulated "
+                                       "with it)")
+    add_option(c, "max_model_len", help="the server's --max-model-len")
+    add_option(c, "block_size", help="the server's KV block size (vLLM's CPU default is 128)")
     c.add_argument("--out", required=True, metavar="PROFILE.json")
     c.set_defaults(func=cmd_calibrate)
 

@@ -2,9 +2,11 @@
 `vllm bench serve` spell it, parsed in one place.
 
 `stepgap simulate` and `stepgap run` (and `stepgap serve`) take the same options with the same
-meaning, so that a user can paste a vLLM command line. Every option here defaults to None: each
-command fills in its own defaults (a preset's, SimConfig's, EngineArgs'), and can tell an option
-that was given from one that was not. Help texts say the default they are given.
+meaning, so that a user can paste a vLLM command line. A setting's option is built from its
+field's metadata (common/run_spec.py): `add_option` adds it, `settings_from_args` reads back
+what was given. Every option here defaults to None: each command fills in its own defaults (a
+preset's, SimConfig's, EngineArgs'), and can tell an option that was given from one that was
+not. Help texts say the default they are given.
 
 - model and speculation: `--model`, `--speculative-config JSON` (its method, model and
   num_speculative_tokens; vLLM's shortcuts `--spec-method`, `--spec-model`, `--spec-tokens`),
@@ -13,7 +15,7 @@ that was given from one that was not. Help texts say the default they are given.
   `--device`;
 - scheduler and cache: `--max-num-seqs`, `--max-num-batched-tokens`, `--max-model-len`,
   `--block-size`, `--num-gpu-blocks-override`, `--gpu-memory-utilization`,
-  `--tensor-parallel-size` (the simulator 1-8, the engine 1: `check_tensor_parallel`),
+  `--tensor-parallel-size` (the simulator 1-8, the engine 1),
   `--data-parallel-size` and `--enable-expert-parallel` (the simulator; the engine 1, off);
 - load, as `vllm bench serve`: `--num-prompts`, `--request-rate`, `--burstiness`,
   `--max-concurrency`, `--seed`, the trace (`--dataset-path`);
@@ -36,8 +38,9 @@ from pathlib import Path
 
 from stepgap.common.drafters import SPEC_METHODS
 from stepgap.common.errors import UserError
-from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES
-from stepgap.common.limits import MAX_K, MAX_PROMPTS, MIN_BURSTINESS, is_int
+from stepgap.common.formats import METRICS
+from stepgap.common.limits import MAX_K, is_int
+from stepgap.common.run_spec import Option, RunSpec, options_of
 
 # vLLM's --distributed-executor-backend: one process (the worker inline) or a worker process.
 EXECUTOR_BACKENDS = {"uni": "inline", "mp": "process"}
@@ -194,97 +197,101 @@ def speculative_config_arg(text: str) -> dict:
 # Option groups
 
 
-def _d(defaults, name: str) -> str:
-    """' (default X)' from a defaults object, or ''."""
-    v = getattr(defaults, name, None) if defaults is not None else None
-    return "" if v in (None, "") else f" (default {v})"
+def parser_of(o: Option):
+    """The argparse type of a setting's Option: its kind's parser within its limits (a bound
+    with a reason, `o.why`, is left to the setting's check, whose message gives it); None for
+    names, choices and bools."""
+    if o.kind in ("name", "choice", "bool", "table"):
+        return None
+    listed = {"rates": rates_arg, "percentiles": percentiles_arg, "metrics": metrics_arg,
+              "fraction": fraction}
+    if o.kind in listed:
+        return listed[o.kind]
+    if o.kind == "rate":
+        return at_least(rate_arg, o.lo) if o.lo > 0 else rate_arg
+    if o.kind == "int":
+        parse = positive_int if o.lo >= 1 else nonneg_int
+        parse = at_least(parse, o.lo) if o.lo > 1 else parse
+    else:
+        parse = positive_float if o.lo > 0 or o.gt else nonneg_float
+        parse = at_least(parse, o.lo) if o.lo > 0 else parse
+    return at_most(parse, o.hi) if o.hi is not None and not o.why else parse
 
 
-def add_model_args(p, defaults=None, draft_help: str = "", tp_help: str = "",
-                   dp_help: str = ""):
+def add_option(g, name: str, defaults=None, help: str | None = None, tail: str | None = None,
+               **kw) -> None:
+    """Add setting `name`'s option to the argparse group `g`, as its Option (common/run_spec.py)
+    spells, parses and explains it. `defaults`: the command's config (a RunSpec, SimConfig or
+    EngineArgs), whose value ends the help (" (default X)") unless the Option says otherwise
+    or `tail` ends it instead; `help` replaces the whole. It defaults to None, so that a command
+    can tell an option given from one not given; `kw` overrides what argparse is told."""
+    o = options_of(type(defaults) if defaults is not None else RunSpec)[name]
+    if help is None:
+        v = getattr(defaults, name, None) if o.shown else None
+        v = f"{v:g}" if isinstance(v, float) else v
+        help = o.help + (tail if tail is not None else "" if v in (None, "") else
+                         f" (default {v})")
+    args = {"dest": name, "help": help, "default": None}
+    if o.kind == "bool":
+        args["action"] = o.action or argparse.BooleanOptionalAction
+    elif o.kind == "choice":
+        args["choices"] = o.choices
+    elif parser_of(o) is not None:
+        args["type"] = parser_of(o)
+    if o.metavar:
+        args["metavar"] = o.metavar
+    g.add_argument(*o.flags, **{**args, **kw})
+
+
+def settings_from_args(args, cls) -> dict:
+    """The settings of `cls` (a class of common/run_spec.py's groups) that a parsed command
+    line gives: every option of its fields not left None, by field name."""
+    return {name: getattr(args, name) for name, o in options_of(cls).items()
+            if o.flags and getattr(args, name, None) is not None}
+
+
+def add_model_args(p, defaults=None, draft_help: str | None = None, tp_help: str | None = None,
+                   dp_help: str | None = None):
     g = p.add_argument_group("model and speculative decoding (as `vllm serve`)")
-    g.add_argument("--model", "--target", dest="model", metavar="ID|DIR|PRESET",
-                   help="the target, as `vllm serve MODEL` (also the word after the command): "
-                        "a Hugging Face id stepgap knows (meta-llama/Llama-3.1-8B-Instruct, "
-                        "Qwen/Qwen3-8B, ...: nothing is downloaded), a model folder, its "
-                        "config.json, or a preset" + _d(defaults, "model"))
+    add_option(g, "model", defaults)
     g.add_argument("--speculative-config", type=speculative_config_arg, metavar="JSON",
                    help='speculative decoding as vLLM takes it: {"method": METHOD, "model": '
                         'DIR|PRESET, "num_speculative_tokens": K}, METHOD one of '
                         f"{', '.join(SPEC_METHODS)}; other keys are ignored, with a note")
-    g.add_argument("--spec-method", dest="method", choices=SPEC_METHODS,
-                   help="vLLM's shortcut for speculative_config's method" +
-                        _d(defaults, "method"))
+    add_option(g, "method", defaults)
     g.add_argument("--spec-model", metavar="DIR|PRESET",
                    help="vLLM's shortcut for speculative_config's model (as --draft)")
     g.add_argument("--spec-tokens", type=at_most(nonneg_int, MAX_K), metavar="K",
                    help="vLLM's shortcut for num_speculative_tokens (as -k)")
-    g.add_argument("--num-speculative-tokens", "-k", "--k", "--num-spec-tokens",
-                   dest="k", type=at_most(nonneg_int, MAX_K), metavar="K",
-                   help="draft tokens per step, the same as speculative_config's "
-                        "num_speculative_tokens; 0 is plain decoding" + _d(defaults, "k"))
-    g.add_argument("--draft", metavar="ID|DIR|PRESET",
-                   help="the drafter, the same as speculative_config's model (a head's id: "
-                        "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B, RedHatAI's speculators, ...)"
-                        + (draft_help or _d(defaults, "draft")))
-    g.add_argument("--tensor-parallel-size", "-tp", type=positive_int, metavar="N",
-                   help=tp_help or "GPUs per model replica (the engine runs 1)")
-    g.add_argument("--data-parallel-size", "-dp", type=positive_int, metavar="N",
-                   help=dp_help or "engine cores, each its own replica (the engine runs 1)")
-    g.add_argument("--enable-expert-parallel", "-ep", action=argparse.BooleanOptionalAction,
-                   default=None,
-                   help="MoE layers spread over the data x tensor parallel GPUs by expert, "
-                        "not by width (vLLM's expert parallelism; default off)")
+    add_option(g, "k", defaults)
+    add_option(g, "draft", defaults, tail=draft_help)
+    add_option(g, "tensor_parallel_size", defaults, help=tp_help)
+    add_option(g, "data_parallel_size", defaults, help=dp_help)
+    add_option(g, "enable_expert_parallel", defaults)
     return g
 
 
-def add_engine_args(p, defaults=None, device_help: str = ""):
+def add_engine_args(p, defaults=None, device_help: str | None = None):
     g = p.add_argument_group("engine")
-    g.add_argument("--mode", choices=MODES,
-                   help="step scheduling (docs/design.md §1)" + _d(defaults, "mode"))
+    add_option(g, "mode", defaults)
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="vLLM's spelling: --async-scheduling is --mode async, "
                         "--no-async-scheduling is --mode sync")
-    g.add_argument("--executor", "--worker", dest="executor", choices=EXECUTORS,
-                   help="inline: the worker in the engine process (vLLM with one GPU); process: "
-                        "its own process (vLLM's multiprocess executor)"
-                        + _d(defaults, "executor"))
+    add_option(g, "executor", defaults)
     g.add_argument("--distributed-executor-backend", choices=tuple(EXECUTOR_BACKENDS),
                    help="vLLM's spelling: uni is --executor inline, mp is --executor process")
-    g.add_argument("--device", choices=DEVICES,
-                   help=device_help or "where the engine runs" + _d(defaults, "device"))
+    add_option(g, "device", defaults, help=device_help)
     return g
 
 
 def add_scheduler_args(p, defaults=None, blocks_help: str = ""):
     g = p.add_argument_group("scheduler and KV cache (as `vllm serve`)")
-    g.add_argument("--max-num-seqs", type=positive_int, metavar="N",
-                   help="most requests in one step" + _d(defaults, "max_num_seqs"))
-    g.add_argument("--max-num-batched-tokens", type=positive_int, metavar="N",
-                   help="token budget of one step; longer prompts are chunked"
-                        + _d(defaults, "max_num_batched_tokens"))
-    g.add_argument("--max-model-len", type=positive_int, metavar="N",
-                   help="longest prompt + output, in tokens" + _d(defaults, "max_model_len"))
-    g.add_argument("--block-size", type=positive_int, metavar="N",
-                   help="tokens per KV block" + _d(defaults, "block_size"))
-    g.add_argument("--num-gpu-blocks-override", "--num-kv-blocks", "--num-blocks",
-                   dest="num_gpu_blocks_override", type=positive_int, metavar="N",
-                   help="KV cache size in blocks" + (blocks_help or ""))
-    g.add_argument("--gpu-memory-utilization", type=fraction, metavar="FRAC",
-                   help="fraction of device memory for weights and the KV cache"
-                        + _d(defaults, "gpu_memory_utilization"))
-    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                   default=None,
-                   help="vLLM's automatic prefix caching: a request reuses the KV blocks of its "
-                        "longest cached prefix (full blocks hashed over its token ids; a trace "
-                        "without prompt_token_ids finds only a request's own blocks again, "
-                        "after a preemption); freed blocks stay cached until the pool hands "
-                        "them out again, least recently freed first (default: on, as vLLM)")
-    g.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction,
-                   default=None,
-                   help="vLLM's admission rule: take a waiting request in only when the KV "
-                        "blocks of its whole sequence are free, not just its first chunk's "
-                        "(default: on, as vLLM)")
+    for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
+        add_option(g, name, defaults)
+    add_option(g, "num_gpu_blocks_override", defaults, tail=blocks_help)
+    for name in ("gpu_memory_utilization", "enable_prefix_caching",
+                 "scheduler_reserve_full_isl"):
+        add_option(g, name, defaults)
     return g
 
 
@@ -313,32 +320,15 @@ def add_load_args(p, default_workload: str = "mtbench", many: bool = False):
                         "tokenizer.json, or an id in this machine's Hugging Face cache; "
                         "default: the model's, else an estimate of 4 characters a token, "
                         "named in the run's notes)")
-    g.add_argument("--num-prompts", type=at_most(positive_int, MAX_PROMPTS), default=None,
-                   help="number of requests (default: the workload's own: 80 for mtbench, "
-                        "1000 for vLLM's datasets as vLLM)")
-    g.add_argument("--output-len", type=positive_int, default=None,
-                   help="override every request's output length (tokens; ignore_eos)")
-    if many:
-        g.add_argument("--request-rate", nargs="+", action="extend", default=None,
-                       metavar="RPS", help="the request rates to judge (requests per second, or "
-                       "inf), e.g. 2 4 8 or 2,4,8; with --max-concurrency, every pair")
-    else:
-        g.add_argument("--request-rate", type=rate_arg, default=None, metavar="RPS",
-                       help="requests per second, or inf to send all at once; default: the "
-                            "trace's own arrival times (built-in workloads: inf)")
-    g.add_argument("--burstiness", type=at_least(rate_arg, MIN_BURSTINESS), default=None,
-                   help="gamma shape of inter-arrival times: 1 is Poisson, <1 burstier, "
-                        f">1 more uniform; at least {MIN_BURSTINESS:g} (default 1)")
-    if many:
-        g.add_argument("--max-concurrency", nargs="+", action="extend", default=None,
-                       metavar="N", help="the concurrencies to judge, e.g. 1 2 4 8 16 32 or "
-                       "1,2,4,8,16,32 (the benchmark client's semaphore)")
-    else:
-        g.add_argument("--max-concurrency", type=positive_int, default=None,
-                       help="most requests in flight at once, as the benchmark client's "
-                            "semaphore (default: unlimited)")
-    g.add_argument("--seed", type=nonneg_int, default=None, help="seed for workloads, arrivals "
-                   "and sampling (default 0, as vLLM: the same seed draws vLLM's random lengths)")
+    add_option(g, "num_prompts")
+    add_option(g, "output_len")
+    for name in ("request_rate", "burstiness", "max_concurrency", "seed"):
+        if many and name in LOAD_LISTS:   # words, read by load_list
+            metavar, text = LOAD_LISTS[name]
+            add_option(g, name, help=text, nargs="+", action="extend", type=None,
+                       metavar=metavar)
+        else:
+            add_option(g, name)
     g.add_argument("--ignore-eos", action="store_true",
                    help="accepted for vLLM's sake: stepgap always generates each request's "
                         "output length")
@@ -351,11 +341,17 @@ def add_load_args(p, default_workload: str = "mtbench", many: bool = False):
             nonneg_int if key in ZERO_OK else positive_int
         g.add_argument(flag, dest=flag.lstrip("-").replace("-", "_"), type=kind,
                        default=None, metavar="R" if key == "range_ratio" else "N", help=what)
-    g.add_argument("--shared-fraction", type=at_most(nonneg_float, 1.0), default=None, metavar="F",
-                   help="prefix_repetition or generated-shared-prefix: make the shared prefix "
-                        "this fraction (0 to 1) of each prompt, keeping the prompt's length "
-                        "(its prefix and suffix lengths' sum); a sweep axis as shared_fraction")
+    add_option(g, "shared_fraction")
     return g
+
+
+# The load options that take lists of load points (stepgap advise): their metavar and help.
+LOAD_LISTS = {
+    "request_rate": ("RPS", "the request rates to judge (requests per second, or inf), e.g. "
+                            "2 4 8 or 2,4,8; with --max-concurrency, every pair"),
+    "max_concurrency": ("N", "the concurrencies to judge, e.g. 1 2 4 8 16 32 or 1,2,4,8,16,32 "
+                             "(the benchmark client's semaphore)"),
+}
 
 
 def load_list(option: str, words: list[str] | None, parse) -> list | None:
@@ -492,14 +488,8 @@ def add_result_args(p, timeline_help: str = ""):
                         "vLLM names it when no filename is given")
     g.add_argument("--result-dir", metavar="DIR", help="folder of --save-result (default .)")
     g.add_argument("--result-filename", metavar="NAME", help="file name of --save-result")
-    g.add_argument("--save-detailed", "--detailed", dest="detailed", action="store_true",
-                   default=None,
-                   help="add the per-request lists (ttfts, itls, input_lens, output_lens) and "
-                        "every step gap to the result")
-    g.add_argument("--metric-percentiles", type=percentiles_arg, metavar="LIST",
-                   help="percentiles of each metric, e.g. 50,90,99 (default 99)")
-    g.add_argument("--percentile-metrics", type=metrics_arg, metavar="LIST",
-                   help=f"metrics that get percentiles (default {','.join(METRICS)})")
+    for name in ("detailed", "metric_percentiles", "percentile_metrics"):
+        add_option(g, name)
     g.add_argument("--timeline", metavar="PATH",
                    help=timeline_help or "write the step timeline as JSON lines to PATH and a "
                                          "Chrome-trace/Perfetto file beside it")
@@ -563,17 +553,6 @@ def executor_from_args(args) -> str | None:
         raise UserError(f"--executor {args.executor} and --distributed-executor-backend "
                         f"{backend} disagree; give one")
     return ex
-
-
-def check_tensor_parallel(args, supported: tuple[int, ...] = (1,), who: str = "stepgap") -> None:
-    tp = getattr(args, "tensor_parallel_size", None)
-    if tp is not None and tp not in supported:
-        raise UserError(f"--tensor-parallel-size {tp}: {who} models "
-                        f"{', '.join(map(str, supported))}")
-    dp = getattr(args, "data_parallel_size", None)
-    if dp not in (None, 1):
-        raise UserError(f"--data-parallel-size {dp}: {who} runs one engine core (the "
-                        "simulator models data parallelism: stepgap simulate)")
 
 
 def result_path(args, backend: str, model: str) -> Path | None:

@@ -123,13 +123,14 @@ class SchedulerConfig:
     max_position_embeddings: int | None = None   # the target's context (its config.json's)
     # vLLM's scheduler_reserve_full_isl (on by default): admit a waiting request only if the
     # KV blocks of its whole sequence are free, not just those of its first chunk
-    reserve_full_isl: bool = True
+    scheduler_reserve_full_isl: bool = True
     enable_prefix_caching: bool = True   # vLLM's default
 
     @classmethod
     def for_run(cls, mode: str, k: int, num_blocks: int, block_size: int, max_num_seqs: int,
                 max_num_batched_tokens: int, max_model_len: int,
-                max_position_embeddings: int | None = None, reserve_full_isl: bool = True,
+                max_position_embeddings: int | None = None,
+                scheduler_reserve_full_isl: bool = True,
                 enable_prefix_caching: bool = True) -> SchedulerConfig:
         """One run's scheduler, as both halves build it: async scheduling (placeholders, a
         step ahead) in the async modes, async and zero-bubble."""
@@ -137,15 +138,15 @@ class SchedulerConfig:
                    max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                    num_spec_tokens=k, async_scheduling=mode != "sync",
                    max_position_embeddings=max_position_embeddings,
-                   reserve_full_isl=reserve_full_isl,
+                   scheduler_reserve_full_isl=scheduler_reserve_full_isl,
                    enable_prefix_caching=enable_prefix_caching)
 
     def __post_init__(self):
-        for f in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
-                  "max_model_len"):
-            v = getattr(self, f)
-            if not is_int(v) or v < 1:
-                raise UserError(f"scheduler: {f} must be an integer >= 1, got {v!r}")
+        # (the limits come from a SimConfig or an EngineArgs, which checked them:
+        # common/run_spec.py; the cache's size and a run's k are the run's own)
+        if not is_int(self.num_blocks) or self.num_blocks < 1:
+            raise UserError(f"scheduler: num_blocks must be an integer >= 1, "
+                            f"got {self.num_blocks!r}")
         if not is_int(self.num_spec_tokens) or self.num_spec_tokens < 0:
             raise UserError(f"scheduler: k (num_spec_tokens) must be an integer >= 0, "
                             f"got {self.num_spec_tokens!r}")
@@ -430,8 +431,8 @@ class Scheduler:
             # cached blocks no request holds leave the free list when reused: they count
             taken = sum(1 for b in hit if b not in self.pool.refs) if hit else 0
             held = len(req.block_ids) + len(hit)
-            if cfg.reserve_full_isl and cdiv(req.num_tokens, cfg.block_size) - held + taken \
-                    > self.pool.num_free:
+            if cfg.scheduler_reserve_full_isl \
+                    and cdiv(req.num_tokens, cfg.block_size) - held + taken > self.pool.num_free:
                 break  # its whole sequence would not fit: do not start what must thrash
             if hit:
                 if cdiv(computed + num_new + lookahead, cfg.block_size) - held + taken \

@@ -13,25 +13,27 @@ parts of a run:
 
 (EngineArgs has the same three as shortcuts, each resolving the args anew.)
 
-Field names follow `vllm serve` (`docs/design.md`, "One vocabulary"); errors name the option.
+Its fields are a RunSpec's (common/run_spec.py), named as `vllm serve` names them, and the
+device's; each field's metadata gives its option, limits and help, for the check and for the
+command line (engine/options.py); errors name the option.
 This module imports no torch (the engine's modules are imported where a run needs them): the
 command line builds an EngineArgs for its options' defaults, and must start without torch.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from stepgap.common.errors import UserError
-from stepgap.common.formats import DEVICES, EXECUTORS, MODES
-from stepgap.common.limits import MAX_K, is_int
+from stepgap.common.limits import MAX_K
 from stepgap.common.memory import RESERVED_BYTES, kv_bytes_per_token, kv_cache_blocks
 from stepgap.common.model_heads import EagleHeadConfig
 from stepgap.common.modelcfg import ModelConfig
-from stepgap.common.scheduler import BLOCK_SIZE, cdiv
+from stepgap.common.run_spec import (LoadSpec, ModelSpec, SchedulerSpec, TopologySpec,
+                                     check_fields, opt, same)
+from stepgap.common.scheduler import cdiv
 from stepgap.engine.sampling_params import SamplingConfig
 
 if TYPE_CHECKING:   # engine/loop.py imports torch
@@ -40,61 +42,55 @@ if TYPE_CHECKING:   # engine/loop.py imports torch
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
 
-@dataclass(slots=True)
-class EngineArgs:
-    model: str                       # target: a Llama folder, a preset, or `tiny`
-    draft: str | None = None         # EAGLE-3 head: a folder, a preset, `eagle3`, `tiny-eagle3`
-    k: int = 0                       # --num-speculative-tokens
-    mode: str = "sync"
-    executor: str = "inline"
-    pin: bool = True                 # process executor: engine and worker on a core each
-    device: str = "cpu"
-    dtype: str | None = None         # default: bfloat16 on cuda, float32 on the cpu
-    block_size: int = BLOCK_SIZE
-    num_gpu_blocks_override: int | None = None
-    gpu_memory_utilization: float | None = None   # size the KV cache from device memory
-    kv_cache_gib: float = 4.0        # otherwise: room for every sequence, capped at this
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int = 2048
-    enable_prefix_caching: bool = True   # vLLM's automatic prefix caching (its default)
-    scheduler_reserve_full_isl: bool = True
-    max_k: int | None = None         # deepest k this worker serves (default: k, at least 1)
-    cuda_graphs: bool = True
-    emulate_graphs: bool = False     # tests: the graphs' padded path, run eagerly on the CPU
-    random_weights: bool = False
+@dataclass(frozen=True)
+class EngineArgs(TopologySpec, SchedulerSpec, ModelSpec):
+    """A run's model, scheduler and topology settings (common/run_spec.py; the load and the
+    outputs are each run's) plus the device's: the worker's dtype, weights, graphs and
+    threads, and the KV cache's cap. The engine runs one device, EAGLE-3 heads only."""
+
+    model: str = same(ModelSpec, "model", "")   # a Llama folder, a preset, or `tiny`
+    device: str = same(TopologySpec, "device", "cpu")
+    gpu_memory_utilization: float | None = same(   # None: size the KV cache by kv_cache_gib
+        SchedulerSpec, "gpu_memory_utilization", None)
+    dtype: str | None = opt(None, "--dtype", kind="choice", choices=tuple(DTYPE_BYTES),
+                            help="weights and KV cache (default: bfloat16 on cuda, float32 on "
+                                 "cpu)")
+    random_weights: bool = opt(
+        False, "--random-weights", kind="bool", action="store_true", shown=False,
+        help="build the target and draft from their config.json with random weights (for "
+             "timing; no safetensors read). Presets always are random")
+    cuda_graphs: bool = opt(
+        True, "--no-cuda-graphs", "--enforce-eager", kind="bool", action="store_false",
+        shown=False, help="on cuda, run decode steps eagerly instead of replaying CUDA graphs "
+                          "(vLLM's --enforce-eager)")
+    pin: bool = opt(
+        True, "--no-pin", kind="bool", action="store_false", shown=False,
+        help="with --executor process, do not pin the engine to one CPU and the worker to "
+             "another (pinned by default when there are two or more)")
+    kv_cache_gib: float = opt(4.0, "--kv-cache-gib", kind="float", gt=True, metavar="GIB",
+                              help="cap of the default KV cache size")
+    max_k: int | None = opt(None, kind="int", hi=MAX_K, label="max_k")   # deepest k this
+                                                 # worker serves (default: k, at least 1)
+    emulate_graphs: bool = opt(False, kind="bool", label="emulate_graphs")   # tests: the
+                                                 # graphs' padded path, run eagerly on the CPU
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    seed: int = 0
-    num_threads: int | None = None
+    seed: int = same(LoadSpec, "seed")
+    num_threads: int | None = opt(None, kind="int", lo=1, label="num_threads")
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise UserError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.executor not in EXECUTORS:
-            raise UserError(f"--executor must be one of {', '.join(EXECUTORS)}, "
-                            f"got {self.executor!r}")
-        if self.device not in DEVICES:
-            raise UserError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        if self.dtype is not None and self.dtype not in DTYPE_BYTES:
-            raise UserError(f"--dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
-        if not is_int(self.k) or not 0 <= self.k <= MAX_K:
-            raise UserError(f"--num-speculative-tokens must be an integer from 0 to {MAX_K}, "
-                            f"got {self.k!r}")
+        self.check_topology()
+        check_fields(self)
+        if self.tensor_parallel_size != 1:
+            raise UserError(f"--tensor-parallel-size {self.tensor_parallel_size}: the engine "
+                            "(one device) models 1")
+        if self.data_parallel_size != 1:
+            raise UserError(f"--data-parallel-size {self.data_parallel_size}: the engine (one "
+                            "device) runs one engine core (the simulator models data "
+                            "parallelism: stepgap simulate)")
+        refuse_method(self.method)
         if self.k > 0 and not self.draft:
             raise UserError(f"--num-speculative-tokens {self.k} needs a draft head: give "
                             "--speculative-config's model (or --draft)")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
-            v = getattr(self, name)
-            if not is_int(v) or v < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
-        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
-            raise UserError("--num-gpu-blocks-override must be >= 1, "
-                            f"got {self.num_gpu_blocks_override}")
-        u = self.gpu_memory_utilization
-        if u is not None and not 0 < u <= 1:
-            raise UserError(f"--gpu-memory-utilization must be in (0, 1], got {u}")
-        if not (math.isfinite(self.kv_cache_gib) and self.kv_cache_gib > 0):
-            raise UserError(f"--kv-cache-gib must be a finite number > 0, got {self.kv_cache_gib}")
         if self.max_k is not None and self.max_k < self.k:
             raise UserError(f"max_k {self.max_k} is below k {self.k}")
 
@@ -166,6 +162,13 @@ class EngineArgs:
         want = self.max_num_seqs * cdiv(self.max_model_len + self.k, self.block_size)
         return max(1, min(want, int(self.kv_cache_gib * 2 ** 30
                                     // (self.block_size * per_token))))
+
+
+def refuse_method(method: str | None, option: str = "--speculative-config method") -> None:
+    """The engine drafts with EAGLE-3 heads only; `option`: how the command line gave it."""
+    if method not in (None, "eagle3"):
+        raise UserError(f"{option} {method}: the engine drafts with EAGLE-3 heads only (method "
+                        "eagle3); `stepgap simulate` models the others")
 
 
 @dataclass(frozen=True, slots=True)

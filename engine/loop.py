@@ -59,7 +59,7 @@ class EngineConfig:
         return SchedulerConfig.for_run(self.mode, self.k, self.num_blocks, self.block_size,
                                        self.max_num_seqs, self.max_num_batched_tokens,
                                        self.max_model_len, self.max_position_embeddings,
-                                       reserve_full_isl=self.scheduler_reserve_full_isl,
+                                       scheduler_reserve_full_isl=self.scheduler_reserve_full_isl,
                                        enable_prefix_caching=self.enable_prefix_caching)
 
 

@@ -9,8 +9,9 @@ import argparse
 
 from stepgap.common.errors import UserError
 from stepgap.common.limits import MAX_SPREAD
-from stepgap.common.options import (add_engine_args, add_model_args, add_scheduler_args, at_most,
-                                    nonneg_float, nonneg_int, positive_float, rates_arg)
+from stepgap.common.options import (add_engine_args, add_model_args, add_option,
+                                    add_scheduler_args, at_most, nonneg_float, nonneg_int,
+                                    positive_float, rates_arg)
 
 ACCEPTANCE_HELP = (
     "accept drafts by an acceptance profile instead of by the target, while the models still "
@@ -37,23 +38,14 @@ def add_run_args(p) -> None:
     from stepgap.engine.args import EngineArgs
     d = EngineArgs(model="")
     g = add_model_args(p, d)
-    g.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "float64"),
-                   help="weights and KV cache (default: bfloat16 on cuda, float32 on cpu)")
-    g.add_argument("--random-weights", action="store_true", default=None,
-                   help="build the target and draft from their config.json with random weights "
-                        "(for timing; no safetensors read). Presets always are random")
+    add_option(g, "dtype", d)
+    add_option(g, "random_weights", d)
     g = add_engine_args(p, d)
-    g.add_argument("--no-cuda-graphs", "--enforce-eager", dest="cuda_graphs",
-                   action="store_false", default=None,
-                   help="on cuda, run decode steps eagerly instead of replaying CUDA graphs "
-                        "(vLLM's --enforce-eager)")
-    g.add_argument("--no-pin", dest="pin", action="store_false", default=None,
-                   help="with --executor process, do not pin the engine to one CPU and the "
-                        "worker to another (pinned by default when there are two or more)")
+    add_option(g, "cuda_graphs", d)
+    add_option(g, "pin", d)
     g = add_scheduler_args(p, d, blocks_help=" (default: room for --max-num-seqs requests of "
                                              "--max-model-len, capped by --kv-cache-gib)")
-    g.add_argument("--kv-cache-gib", type=positive_float, metavar="GIB",
-                   help=f"cap of the default KV cache size (default {d.kv_cache_gib:g})")
+    add_option(g, "kv_cache_gib", d)
     g = p.add_argument_group("sampling")
     g.add_argument("--temperature", type=nonneg_float, default=0.0,
                    help="0 is greedy, as `vllm bench serve` defaults (default 0)")
@@ -82,30 +74,15 @@ def sampling_from_args(args):
                           args.seed or 0)
 
 
-FIELDS = ("dtype", "random_weights", "cuda_graphs", "pin", "device", "block_size",
-          "num_gpu_blocks_override", "gpu_memory_utilization", "kv_cache_gib", "max_num_seqs",
-          "max_num_batched_tokens", "max_model_len", "enable_prefix_caching",
-          "scheduler_reserve_full_isl")
-
-
 def engine_args_from(args):
     """The EngineArgs of a command line (run, serve): what it gives, else the defaults."""
-    from stepgap.common.options import (check_tensor_parallel, executor_from_args, mode_from_args,
+    from stepgap.common.options import (executor_from_args, mode_from_args, settings_from_args,
                                         speculative_from_args)
-    from stepgap.engine.args import EngineArgs
+    from stepgap.engine.args import EngineArgs, refuse_method
     if not args.model:
         raise UserError("--model is required (a Llama folder, a preset, or tiny)")
-    check_tensor_parallel(args, who="the engine (one device)")
-    method, draft, k = speculative_from_args(args)
-    if method not in (None, "eagle3"):
-        given = "--spec-method" if getattr(args, "method", None) else \
-            "--speculative-config method"
-        raise UserError(f"{given} {method}: the engine drafts with EAGLE-3 heads only (method "
-                        "eagle3); `stepgap simulate` models the others")
-    settings = {name: getattr(args, name) for name in FIELDS
-                if getattr(args, name, None) is not None}
-    mode, executor = mode_from_args(args), executor_from_args(args)
-    settings.update({key: v for key, v in (("mode", mode), ("executor", executor),
-                                           ("draft", draft), ("k", k)) if v is not None})
-    return EngineArgs(model=args.model, seed=args.seed or 0, sampling=sampling_from_args(args),
-                      **settings)
+    given = "--spec-method" if getattr(args, "method", None) else "--speculative-config method"
+    args.method, args.draft, args.k = speculative_from_args(args)
+    refuse_method(args.method, given)   # (EngineArgs would too, naming speculative_config)
+    args.mode, args.executor = mode_from_args(args), executor_from_args(args)
+    return EngineArgs(sampling=sampling_from_args(args), **settings_from_args(args, EngineArgs))

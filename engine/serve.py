@@ -42,7 +42,7 @@ timeline and result, and stops every process within a few seconds.
 
 
 def register(sub) -> None:
-    from stepgap.common.options import add_command, nonneg_int
+    from stepgap.common.options import add_command, add_option
     from stepgap.engine.options import add_run_args
     p = add_command(
         sub, "serve", help="serve the engine over HTTP with the OpenAI API, as `vllm serve`",
@@ -64,7 +64,7 @@ def register(sub) -> None:
                    help="the model's name in the API (default: --model as given)")
     g.add_argument("--tokenizer", metavar="DIR",
                    help="the folder of tokenizer.json (default: the model's folder)")
-    g.add_argument("--seed", type=nonneg_int, help="seeds random sampling (default 0)")
+    add_option(g, "seed", help="seeds random sampling (default 0)")
     g.add_argument("--uvicorn-log-level", default="warning",
                    choices=("critical", "error", "warning", "info", "debug", "trace"),
                    help="default warning")

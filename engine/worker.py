@@ -61,15 +61,9 @@ class WorkerSpec:
     random_weights: bool = False  # build folders' configs with random weights (no tensors read)
 
     def __post_init__(self):
-        if self.device not in ("cpu", "cuda"):
-            raise UserError(f"--device must be cpu or cuda, got {self.device!r}")
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        # (its settings come from an EngineArgs, which checked them: engine/args.py)
         if self.device == "cuda" and not torch.cuda.is_available():
             raise UserError("--device cuda: no CUDA device is available to torch here")
-        for f in ("num_blocks", "max_model_len", "max_num_seqs", "block_size"):
-            if getattr(self, f) < 1:
-                raise UserError(f"worker: {f} must be >= 1, got {getattr(self, f)}")
 
     @property
     def torch_dtype(self) -> torch.dtype:

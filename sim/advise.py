@@ -134,7 +134,8 @@ class Cells:
 
     def run(self, cells: list[dict]) -> None:
         from stepgap.sim.sweep_runners import run_local
-        todo = list({self.key(s): s for s in cells if self.key(s) not in self.done}.items())
+        todo = sorted({self.key(s): s for s in cells if self.key(s) not in self.done}.items(),
+                      key=lambda item: longest_first(item[1]))
         for i, metrics in run_local([s for _, s in todo], self.jobs):
             self.done[todo[i][0]] = metrics
             if self.progress is not None:
@@ -144,6 +145,13 @@ class Cells:
         """The cell's mean TPOT; inf where it has none, or was not simulated."""
         v = self.done.get(self.key(settings), {}).get(METRIC)
         return v if v is not None and math.isfinite(v) else math.inf
+
+
+def longest_first(settings: dict) -> tuple:
+    """Cells in the order that keeps both processes busy to the end: the longest first (the
+    fewest requests at once, then the fewest drafts: the most steps), the short ones last."""
+    c = settings.get("max_concurrency")
+    return (c if c is not None else math.inf, settings.get("k", 0))
 
 
 def zero_bubble_ks(cells: Cells, base: dict, load: dict, ks: list[int]) -> list[int]:
@@ -192,7 +200,7 @@ def advise(base: dict, loads: list[dict], ks: list[int], band: bool = True, jobs
         if values:
             axes[name] = values
     grid = Grid(axes, {k: v for k, v in base.items() if k not in axes})
-    checked = grid.cells()   # every cell built, resolved and its workload checked first
+    checked = grid.cells(keyed=False)   # every cell built, resolved, its workload checked
     inputs = band_inputs(base, max(ks)) if band else []
     cells = Cells(jobs, progress)
     cells.run([c.settings for c in checked if c.settings["mode"] != "zero-bubble"])

@@ -10,8 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from stepgap.common.options import (add_command, add_load_args, add_result_args, at_most,
-                                    positive_float)
+from stepgap.common.options import add_command, add_load_args, add_option, add_result_args
 from stepgap.sim.config import SimConfig
 from stepgap.sim.presets import PRESETS
 from stepgap.sim.setup_args import add_setup_args, config_from_args
@@ -104,11 +103,7 @@ def register_simulate(sub) -> None:
     add_result_args(p, timeline_help="write the timeline as JSON lines to PATH and a "
                                      "Chrome-trace/Perfetto file beside it (PATH with "
                                      ".chrome.json)")
-    p.add_argument("--timeseries-interval", dest="timeseries_interval_s",
-                   type=at_most(positive_float, 3600), metavar="S",
-                   help="add to the result a timeseries of running and waiting requests, KV "
-                        "cache use and token throughput every S seconds, as vLLM's stat logger "
-                        "(and LLMServingSim's timeseries.csv) report them")
+    add_option(p, "timeseries_interval_s")
     p.add_argument("--band", action="store_true",
                    help="also run each uncertain input (the host's CPU, the device where the "
                         "roofline prices it, a borrowed or extrapolated acceptance) at the ends "

@@ -1,7 +1,9 @@
-"""A simulation's configuration: one flat dataclass, validated where it is built.
+"""A simulation's configuration: a run's settings (common/run_spec.py `RunSpec`) plus the
+simulator's own, one frozen dataclass, validated where it is built.
 
 `SimConfig` names everything a run needs by plain values (preset names, paths, numbers), so it
-serialises into the run result as it is. `resolve()` turns it into the objects the model runs
+serialises into the run result as it is; each field's metadata gives its option, limits and
+help, for the check and for the command line (sim/setup_args.py). `resolve()` turns it into the objects the model runs
 on: model shapes, the drafter, the hardware entry, the device and CPU cost models, the
 acceptance profile, the scheduler configuration and the mode the run really has (vLLM runs
 some speculation methods in sync only), with a note for each thing it chose. Every error names
@@ -10,11 +12,10 @@ the field (as its command-line option), and comes before any work.
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from stepgap.common.acceptance import AcceptanceProfile, default_profile, get_profile
+from stepgap.common.acceptance import PROFILES, AcceptanceProfile, default_profile, get_profile
 from stepgap.sim.costs import DeviceCosts, LevelCosts
 from stepgap.sim.cpu_costs import CPU_COSTS, CpuCosts, OpCost
 from stepgap.sim.roofline import RooflineCosts
@@ -24,25 +25,21 @@ from stepgap.sim.tables import (TableCosts, bundle_meta, find_bundle, find_varia
                                 load_tables, read_meta, refuse_another_model)
 from stepgap.sim.expert_parallel import MoeCosts, MoeParallel
 from stepgap.sim.moe_tables import check_moe_bundle, moe_only, moe_parts
-from stepgap.sim.hardware import Hardware, MeasuredLink
+from stepgap.sim.hardware import CATALOG, Hardware, MeasuredLink
 from stepgap.sim.hardware_file import (collectives_beside, load_collectives, load_gpu,
                                        with_link)
 from stepgap.common.errors import UserError, where
-from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES, OLD_DEVICES
-from stepgap.common.limits import (MAX_K, MAX_MS, MAX_PROMPTS, MAX_SCALE, MAX_SKEW, MAX_SPREAD,
-                                   MAX_TP, MAX_US, MIN_BURSTINESS, MIN_SPEED, is_finite, is_int,
-                                   is_number)
-from stepgap.common.drafters import SPEC_METHODS, default_draft_model, load_drafter
+from stepgap.common.limits import (MAX_MS, MAX_SCALE, MAX_SKEW, MAX_SPREAD, MAX_US, MIN_SPEED,
+                                   is_finite)
+from stepgap.common.drafters import default_draft_model, load_drafter
 from stepgap.common.model_heads import EagleHeadConfig
 from stepgap.common.model_presets import load_model_config
 from stepgap.common.modelcfg import ModelConfig
 from stepgap.common.memory import (RESERVED_BYTES, kv_bytes_per_token, kv_cache_blocks,
                                    weight_bytes)
+from stepgap.common.run_spec import RunSpec, bad, flag, opt
 from stepgap.common.scheduler import SchedulerConfig
 
-# Old spellings of fields and values, still read (grid files, folders written before).
-ALIASES = {"worker": "executor", "num_kv_blocks": "num_gpu_blocks_override",
-           "num_speculative_tokens": "k", "spec_method": "method", "tp": "tensor_parallel_size"}
 # Whose step loop is simulated: stepgap's engine (one message per step, an in-process client) or
 # vLLM's (execute_model and sample_tokens RPCs, take_draft_token_ids in sync, an API server
 # sharing the engine core's CPU; docs/vllm.md). None: the profile's, else stepgap.
@@ -50,188 +47,116 @@ TOPOLOGIES = ("stepgap", "vllm", "served")
 # Methods whose drafter proposes from the sampled tokens on the host: vLLM runs them with sync
 # scheduling only (vllm/config/vllm.py; docs/sim.md).
 CPU_PROPOSERS = ("ngram",)
+# vLLM's --quantization and --kv-cache-dtype values the simulator models, and the element size
+# of a KV cache of each (auto: the model's bf16).
+QUANTIZATIONS = ("fp8",)
+KV_CACHE_DTYPES = {"auto": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+_CPU = CpuCosts()
 
 
-def flag(name: str) -> str:
-    """The command-line option of a config field."""
-    return {"k": "--num-speculative-tokens", "workload": "--trace",
-            "method": "--speculative-config method",
-            "timeseries_interval_s": "--timeseries-interval"}.get(
-        name, "--" + name.replace("_", "-"))
+@dataclass(frozen=True)
+class SimConfig(RunSpec):
+    """A run's settings (common/run_spec.py) plus the simulator's own: the hardware, measured
+    costs and where the step loop runs, the acceptance, the weights' and cache's precision,
+    and the CPU costs."""
 
-
-def settings_of(d: dict) -> dict:
-    """SimConfig settings from a dict that may use old spellings."""
-    out = {ALIASES.get(k, k): v for k, v in d.items()}
-    if out.get("device") in OLD_DEVICES:
-        out["device"] = OLD_DEVICES[out["device"]]
-    return out
-
-
-def _bad(name: str, what: str, v) -> UserError:
-    return UserError(f"{flag(name)}: {what}, got {v!r}")
-
-
-@dataclass(slots=True)
-class SimConfig:
-    # scenario
-    mode: str = "sync"
-    k: int = 0
-    gpu: str = "h100"
-    model: str = "llama-3.1-8b"
-    method: str = "eagle3"            # speculative_config's method
-    draft: str | None = None          # speculative_config's model: an EAGLE head (None: shaped
-                                      # from the target), the draft model of draft_model
-    executor: str | None = None       # the worker in the engine process, or its own; None:
-                                      # vLLM's default, inline at TP 1, process (mp) above
-    device: str | None = None          # cuda: runs asynchronously to the CPU; cpu: the worker's
-                                       # own cores. None: from the --gpu entry's kind
-    tensor_parallel_size: int = 1      # GPUs of one node running one model replica
-    data_parallel_size: int = 1        # engine cores, each its own replica (sim/data_parallel.py)
-    enable_expert_parallel: bool = False   # MoE experts split over the dp x tp GPUs by count
-    moe_routing_skew: float = 0.0      # Zipf exponent of the experts' popularity (0: uniform)
-    all_reduce_latency_us: float | None = None   # None: the --gpu's interconnect's
-    topology: str | None = None
-    profile: str | None = None         # a measured profile (device ops, CPU costs) to use
-    device_profile: str | None = None  # measured operator tables of a GPU (sim/tables.py)
-    jitter: bool = True                # apply the profile's measured speed noise, if any
-    speed: float = 1.0                 # the machine's level: every device op and CPU cost x it
-    # acceptance
-    acceptance: str | None = None      # None: the published profile of this model and method
-    acceptance_rates: tuple[float, ...] | None = None
-    acceptance_spread: float | None = None   # None: the profile's
-    replay: bool = True                # use a trace's recorded `accepted` lists
-    # scheduler
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int = 2048
-    block_size: int = 16
-    num_gpu_blocks_override: int | None = None   # None: from device memory
-    gpu_memory_utilization: float = 0.9
-    quantization: str | None = None              # vLLM's --quantization: fp8 (the target's
-                                                 # linear layers); None: the checkpoint's own
-    kv_cache_dtype: str = "auto"                 # vLLM's --kv-cache-dtype: auto (the model's
-                                                 # dtype) or an fp8 one
-    scheduler_reserve_full_isl: bool = True      # vLLM's: admit only what fits whole
-    enable_prefix_caching: bool = True           # vLLM's automatic prefix caching
-    # CPU
-    cpu_scale: float = 1.0
-    cpu_costs: dict = field(default_factory=dict)   # op -> [a, b, c] microseconds
-    launch_latency_us: float | None = None
-    wake_us: float | None = None
-    ipc_us: float | None = None
-    output_latency_ms: float = 0.0
-    # workload and load, as `vllm bench serve`
-    workload: str = "mtbench"
-    num_prompts: int | None = None
-    output_len: int | None = None
-    shared_fraction: float | None = None   # the shared prefix's share of a prompt (workloads.py)
-    request_rate: float | None = None  # None: the trace's own arrival times
-    burstiness: float = 1.0
-    max_concurrency: int | None = None
-    seed: int = 0
-    # output
-    metric_percentiles: tuple[float, ...] = (99,)
-    percentile_metrics: tuple[str, ...] = METRICS
-    detailed: bool = False
-    timeline: bool = False
-    timeseries_interval_s: float | None = None   # running/waiting/KV every S s, as vLLM logs
+    # hardware and measured costs
+    gpu: str = opt("h100", "--gpu", metavar="NAME|FILE.yaml", shown=False, help=(
+        f"device from the catalog: {', '.join(CATALOG)} (default h100; cpu with --device cpu); "
+        "or a YAML file for your own: stepgap's fields (base, bf16_tflops, fp8_tflops, "
+        "memory_gb, memory_bw_gbps, flop_eff, bw_eff, kernel_us, d2h_us, interconnect) or "
+        "LLMServingSim's hardware.yaml as it is, whose measured collectives then price tensor "
+        "parallelism (docs/sim.md, 'The catalog')"))
+    profile: str | None = opt(None, "--profile", metavar="PROFILE.json", help=(
+        "a measured profile (`stepgap profile`, `stepgap calibrate`, or a measured folder's "
+        "profile.json): its device op fits replace the roofline wherever it covers the op, and "
+        "its CPU costs replace the defaults (explicit CPU options still win). The result's "
+        "config says which ops it covered"))
+    device_profile: str | None = opt(None, "--device-profile", metavar="DIR", help=(
+        "measured operator tables of a GPU (LLMServingSim's perf bundle: DIR/meta.yaml and "
+        "DIR/tp<N>/{dense,attention,per_sequence}.csv, e.g. "
+        "profiler/perf/RTX4090/meta-llama/Llama-3.1-8B/bf16): they price the target forward "
+        "over the step's real mix, the sampler and an EAGLE-3 head or draft model of the same "
+        "shapes; the roofline prices the rest, and the result's config says which op came from "
+        "where (docs/sim.md, 'Measured operator tables')"))
+    quantization: str | None = opt(
+        None, "--quantization", "-q", kind="choice", choices=QUANTIZATIONS,
+        refusal="is not modelled: stepgap models fp8 (or none: the checkpoint's own "
+                "quantization_config)",
+        help="vLLM's online quantization of the target: fp8 makes its linear layers 1 byte a "
+             "weight (weights' memory, the bytes a step reads) and runs their GEMMs at the "
+             "--gpu's fp8 peak; the embedding, lm_head and the drafter stay bf16. Default: the "
+             "checkpoint's own (quantization_config)")
+    kv_cache_dtype: str = opt(
+        "auto", "--kv-cache-dtype", kind="choice", choices=tuple(KV_CACHE_DTYPES), shown=False,
+        help="the KV cache's element: an fp8 one holds twice the tokens in the same memory and "
+             "halves attention's reads (default auto: the model's bf16). With --device-profile, "
+             "the bundle's variant of that dtype is used (e.g. bf16-kvfp8 beside bf16), or the "
+             "run is refused")
+    speed: float = opt(
+        1.0, "--speed", kind="float", lo=MIN_SPEED, hi=MAX_SCALE, metavar="X", shown=False,
+        help=f"the machine's level for this run: device ops and CPU costs take X times as long, "
+             f"{MIN_SPEED:g} to {MAX_SCALE:g} (default 1, the profile's mean)")
+    topology: str | None = opt(
+        None, "--topology", kind="choice", choices=TOPOLOGIES,
+        help="whose step loop: stepgap's engine, vLLM's (its RPCs, its API server sharing the "
+             "engine core's CPU; docs/vllm.md), or stepgap's engine behind `stepgap serve`'s "
+             "API server (docs/serve.md). Default: the profile's topology.engine, else stepgap")
+    moe_routing_skew: float = opt(
+        0.0, "--moe-routing-skew", kind="float", hi=MAX_SKEW, metavar="S", shown=False,
+        help="MoE targets: Zipf exponent of the experts' popularity (default 0: uniform "
+             "routing); skew means fewer distinct experts, so fewer expert weights read, per "
+             "step (docs/sim.md)")
+    all_reduce_latency_us: float | None = opt(
+        None, "--all-reduce-latency-us", kind="float", hi=MAX_US, metavar="US",
+        help="tensor parallelism: one small all-reduce's time, which dominates the collectives "
+             "at decode (default: the --gpu interconnect's; 6 on NVLink, 20 on PCIe; "
+             "docs/sim.md). Not with measured collectives (a hardware.yaml), which it would "
+             "contradict")
+    jitter: bool = opt(
+        True, "--no-jitter", kind="bool", action="store_false", label="--jitter", shown=False,
+        help="ignore the profile's measured speed noise (by default device ops vary from step "
+             "to step as measured; seeded by --seed)")
+    # acceptance (None: the published profile of this model and method)
+    acceptance: str | None = opt(
+        None, "--acceptance", metavar="PROFILE",
+        help=f"named per-position acceptance profile: {', '.join(PROFILES)} (default: the "
+             "published one of the model and method, else mtbench: vLLM #26191, Llama-3.1-8B "
+             "EAGLE-3 on MT-bench; docs/sim.md)")
+    acceptance_rates: tuple[float, ...] | None = opt(
+        None, "--acceptance-rates", kind="rates", metavar="R1,R2,...",
+        help="per-position acceptance rates as vLLM reports them (cumulative: the fraction of "
+             "drafts whose position i was accepted); overrides the profile")
+    acceptance_spread: float | None = opt(   # None: the profile's
+        None, "--acceptance-spread", kind="float", hi=MAX_SPREAD, metavar="SIGMA",
+        help="std of each request's logit shift of the rates; 0 makes every request alike "
+             "(default: the profile's; mtbench 0.50)")
+    replay: bool = opt(   # use a trace's recorded `accepted` lists
+        True, "--no-replay", kind="bool", action="store_false", label="--replay", shown=False,
+        help="ignore a trace's recorded `accepted` lists (default: replay them)")
+    # CPU (op cost = A + B*num_reqs + C*num_tokens microseconds)
+    cpu_scale: float = opt(
+        1.0, "--cpu-scale", kind="float", hi=MAX_SCALE, metavar="X", shown=False,
+        help="multiply every default CPU cost and latency (default 1; the seed-l20 preset's "
+             "value is fitted on its sync row)")
+    cpu_costs: dict = opt({}, kind="table", label="--cpu-cost",   # op -> [a, b, c]
+                          refusal="must be a table of OP = [A, B, C]")
+    launch_latency_us: float | None = opt(
+        None, "--launch-latency-us", kind="float", hi=MAX_US, metavar="US",
+        help=f"from a launch's start to its first kernel running (default "
+             f"{_CPU.launch_latency_us:g})")
+    wake_us: float | None = opt(
+        None, "--wake-us", kind="float", hi=MAX_US, metavar="US",
+        help=f"a blocking wait returning after its event (default {_CPU.wake_us:g})")
+    ipc_us: float | None = opt(
+        None, "--ipc-us", kind="float", hi=MAX_US, metavar="US",
+        help=f"one engine<->worker message, process topology (default {_CPU.ipc_us:g})")
+    output_latency_ms: float = opt(
+        0.0, "--output-latency-ms", kind="float", hi=MAX_MS, metavar="MS", shown=False,
+        help="from update_from_output to the client receiving the chunk (default 0)")
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise _bad("mode", f"must be one of {', '.join(MODES)}", self.mode)
-        tp = self.tensor_parallel_size
-        if not is_int(tp) or not 1 <= tp <= MAX_TP:
-            raise _bad("tensor_parallel_size", f"must be an integer from 1 to {MAX_TP} (the "
-                       "GPUs of one node; multi-node parallelism is not modelled)", tp)
-        if self.executor is None:
-            self.executor = "process" if tp > 1 else "inline"
-        if self.executor not in EXECUTORS:
-            raise _bad("executor", f"must be one of {', '.join(EXECUTORS)}", self.executor)
-        dp = self.data_parallel_size
-        if not is_int(dp) or not 1 <= dp <= 8 or dp * tp > 8:
-            raise _bad("data_parallel_size", "must be an integer from 1 to 8, with data x tensor "
-                       "parallel GPUs at most 8 (one node; multi-node parallelism is not "
-                       "modelled)", dp)
-        if tp > 1 and self.executor == "inline":
-            raise _bad("executor", "tensor parallelism runs vLLM's multiprocess executor, one "
-                       "worker process per GPU (--executor process, or leave it unset)",
-                       self.executor)
-        if self.method not in SPEC_METHODS:
-            raise _bad("method", f"must be one of {', '.join(SPEC_METHODS)}", self.method)
-        if self.device in OLD_DEVICES:
-            self.device = OLD_DEVICES[self.device]
-        if self.device is not None and self.device not in DEVICES:
-            raise _bad("device", f"must be one of {', '.join(DEVICES)}", self.device)
-        for name in ("gpu", "model", "workload"):
-            if not isinstance(getattr(self, name), str):
-                raise _bad(name, "must be a name or a path", getattr(self, name))
-        for name in ("draft", "acceptance", "profile", "device_profile"):   # None: resolve()
-            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
-                raise _bad(name, "must be a name or a path", getattr(self, name))
-        for name in ("jitter", "replay", "detailed", "timeline", "scheduler_reserve_full_isl",
-                     "enable_prefix_caching", "enable_expert_parallel"):
-            if not isinstance(getattr(self, name), bool):
-                raise _bad(name, "must be true or false", getattr(self, name))
-        _ints(self, ("k",), 0, MAX_K)
-        _ints(self, ("seed",), 0)
-        _ints(self, ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"), 1)
-        _ints(self, ("num_gpu_blocks_override", "output_len", "max_concurrency"), 1,
-              optional=True)
-        _ints(self, ("num_prompts",), 1, MAX_PROMPTS, optional=True)
-        if self.shared_fraction is not None:
-            from stepgap.common.workloads import shared_fraction_problem
-            why = shared_fraction_problem(self.workload, self.shared_fraction)
-            if why:
-                raise _bad("shared_fraction", why, self.shared_fraction)
-        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
-            raise _bad("quantization", "is not modelled: stepgap models fp8 (or none: the "
-                       "checkpoint's own quantization_config)", self.quantization)
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise _bad("kv_cache_dtype", f"must be one of {', '.join(KV_CACHE_DTYPES)}",
-                       self.kv_cache_dtype)
-        if self.topology is not None and self.topology not in TOPOLOGIES:
-            raise _bad("topology", f"must be one of {', '.join(TOPOLOGIES)}", self.topology)
-        if not (is_finite(self.gpu_memory_utilization) and 0 < self.gpu_memory_utilization <= 1):
-            raise _bad("gpu_memory_utilization", "must be in (0, 1]",
-                       self.gpu_memory_utilization)
-        _numbers(self, ("cpu_scale",), MAX_SCALE)
-        _numbers(self, ("moe_routing_skew",), MAX_SKEW)
-        if not (is_finite(self.speed) and MIN_SPEED <= self.speed <= MAX_SCALE):
-            raise _bad("speed", f"must be a number from {MIN_SPEED:g} to {MAX_SCALE:g}",
-                       self.speed)
-        _numbers(self, ("launch_latency_us", "wake_us", "ipc_us", "all_reduce_latency_us"),
-                 MAX_US, optional=True)
-        _numbers(self, ("acceptance_spread",), MAX_SPREAD, optional=True)
-        _numbers(self, ("output_latency_ms",), MAX_MS)
-        if self.timeseries_interval_s is not None and not (
-                is_finite(self.timeseries_interval_s) and 1e-3 <= self.timeseries_interval_s
-                <= 3600):
-            raise _bad("timeseries_interval_s", "must be seconds from 0.001 to 3600",
-                       self.timeseries_interval_s)
-        if self.request_rate is not None and not (_is_rate(self.request_rate)
-                                                  and self.request_rate > 0):
-            raise _bad("request_rate", "must be > 0 (or inf)", self.request_rate)
-        if not (_is_rate(self.burstiness) and self.burstiness >= MIN_BURSTINESS):
-            raise _bad("burstiness", f"must be >= {MIN_BURSTINESS:g} (or inf)", self.burstiness)
-        if self.request_rate is not None and self.num_prompts is not None:
-            from stepgap.common.workloads import last_arrival_problem
-            why = last_arrival_problem(self.num_prompts, self.request_rate)
-            if why:
-                raise _bad("request_rate", why, self.request_rate)
-        if self.acceptance_rates is not None:
-            self.acceptance_rates = _tuple(self, "acceptance_rates")
-        self.metric_percentiles = _tuple(self, "metric_percentiles")
-        if not self.metric_percentiles or not all(is_finite(p) and 0 < p < 100
-                                                  for p in self.metric_percentiles):
-            raise _bad("metric_percentiles", "must be percentiles in (0, 100)",
-                       self.metric_percentiles)
-        self.percentile_metrics = _tuple(self, "percentile_metrics")
-        if not set(self.percentile_metrics) <= set(METRICS):
-            raise _bad("percentile_metrics", f"must be some of {', '.join(METRICS)}",
-                       self.percentile_metrics)
-        if not isinstance(self.cpu_costs, dict):
-            raise _bad("cpu_costs", "must be a table of OP = [A, B, C]", self.cpu_costs)
+        super().__post_init__()
         for op, abc in self.cpu_costs.items():
             if op not in CPU_COSTS:
                 raise UserError(f"--cpu-cost: unknown op {op!r} (ops: {', '.join(CPU_COSTS)})")
@@ -241,58 +166,33 @@ class SimConfig:
                                 f"to {MAX_US:g} microseconds, got {abc!r}")
 
     def to_dict(self) -> dict:
-        """The config as results and a sweep's cell hashes record it; the fields that came
-        after those results (OPTIONAL_FIELDS) only where set, so that a run without them writes
-        what it wrote before, byte for byte."""
+        """The config as results and a sweep's cell hashes record it, its keys in
+        CONFIG_KEYS' order; the fields that came after those results (OPTIONAL_FIELDS) only
+        where set, so that a run without them writes what it wrote before, byte for byte."""
         d = asdict(self)
-        for key, default in OPTIONAL_FIELDS.items():
-            if d[key] == default:
-                del d[key]
+        d = {key: d[key] for key in CONFIG_KEYS
+             if key not in OPTIONAL_FIELDS or d[key] != OPTIONAL_FIELDS[key]}
         for key in ("acceptance_rates", "metric_percentiles", "percentile_metrics"):
             if d[key] is not None:
                 d[key] = list(d[key])
         return d
 
 
+# A result's config, its keys in the order results have always written them (SimConfig.to_dict).
+CONFIG_KEYS = (
+    "mode", "k", "gpu", "model", "method", "draft", "executor", "device", "tensor_parallel_size",
+    "data_parallel_size", "enable_expert_parallel", "moe_routing_skew", "all_reduce_latency_us",
+    "topology", "profile", "device_profile", "jitter", "speed", "acceptance", "acceptance_rates",
+    "acceptance_spread", "replay", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+    "block_size", "num_gpu_blocks_override", "gpu_memory_utilization", "quantization",
+    "kv_cache_dtype", "scheduler_reserve_full_isl", "enable_prefix_caching", "cpu_scale",
+    "cpu_costs", "launch_latency_us", "wake_us", "ipc_us", "output_latency_ms", "workload",
+    "num_prompts", "output_len", "shared_fraction", "request_rate", "burstiness",
+    "max_concurrency", "seed", "metric_percentiles", "percentile_metrics", "detailed",
+    "timeline", "timeseries_interval_s")
 # Fields written into a result only where they differ from their default (SimConfig.to_dict).
 OPTIONAL_FIELDS = {"quantization": None, "kv_cache_dtype": "auto", "data_parallel_size": 1,
                    "enable_expert_parallel": False}
-# vLLM's --quantization and --kv-cache-dtype values the simulator models, and the element size
-# of a KV cache of each (auto: the model's bf16).
-QUANTIZATIONS = ("fp8",)
-KV_CACHE_DTYPES = {"auto": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
-
-
-def _is_rate(v) -> bool:
-    """A number, inf allowed (a request rate, a burstiness), NaN not."""
-    return is_number(v) and not math.isnan(v)
-
-
-def _ints(cfg, names, lo: int, hi: int | None = None, optional: bool = False) -> None:
-    for name in names:
-        v = getattr(cfg, name)
-        if v is None and optional:
-            continue
-        if not is_int(v) or v < lo or (hi is not None and v > hi):
-            raise _bad(name, f"must be an integer from {lo} to {hi}" if hi is not None
-                       else f"must be an integer >= {lo}", v)
-
-
-def _numbers(cfg, names, hi: float, optional: bool = False) -> None:
-    """Finite numbers from 0 to `hi` (common/options.py's limits)."""
-    for name in names:
-        v = getattr(cfg, name)
-        if v is None and optional:
-            continue
-        if not (is_finite(v) and 0 <= v <= hi):
-            raise _bad(name, f"must be a number from 0 to {hi:g}", v)
-
-
-def _tuple(cfg, name: str) -> tuple:
-    v = getattr(cfg, name)
-    if isinstance(v, (str, dict)) or not hasattr(v, "__iter__"):
-        raise _bad(name, "must be a list", v)
-    return tuple(v)
 
 
 # -------------------------------------------------------------------------------------------
@@ -398,7 +298,7 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
                         f"(expected one of {', '.join(TOPOLOGIES)})")
     topo = Topology.of(engine, cfg.executor, device, tp)
     if cfg.data_parallel_size > 1 and (engine != "stepgap" or not topo.device_async):
-        raise _bad("data_parallel_size", "data parallelism is modelled for GPU engine cores "
+        raise bad("--data-parallel-size", "data parallelism is modelled for GPU engine cores "
                    "(--device cuda) behind stepgap's in-process client (--topology stepgap)",
                    cfg.data_parallel_size)
     from stepgap.common.workloads import workload_notes
@@ -441,7 +341,7 @@ def profile_defaults(settings: dict, given) -> tuple[dict, list[str]]:
         if chosen:
             rates = ", ".join(f"{r:.3g}" for r in where["acceptance_rates"])
             notes.append(f"--profile {settings['profile']} measured its acceptance (rates "
-                         f"{rates}); this run takes {flag(chosen[0])} instead, as asked")
+                         f"{rates}); this run takes {flag(chosen[0], SimConfig)} instead, as asked")
         else:
             out["acceptance_rates"] = where["acceptance_rates"]
             out["acceptance_spread"] = where["acceptance_spread"]
@@ -473,15 +373,15 @@ def collectives(cfg: SimConfig, hw: Hardware, notes: list[str], moe: bool) -> Ha
     has, else the --gpu's interconnect model; said in the notes when measured."""
     tp, link = cfg.tensor_parallel_size, hw.interconnect
     dp = cfg.data_parallel_size if moe else 1
-    groups = {n: opt for n, opt in ((dp, "--data-parallel-size"),
-                                    (tp, "--tensor-parallel-size")) if n > 1}
+    groups = {n: option for n, option in ((dp, "--data-parallel-size"),
+                                          (tp, "--tensor-parallel-size")) if n > 1}
     if not groups:
         return hw
     if isinstance(link, MeasuredLink):
-        for n, opt in groups.items():
+        for n, option in groups.items():
             if link.npus != n:
                 raise UserError(f"{where(cfg.gpu, field='measured.interconnect.npus')}: the "
-                                f"collectives were measured over {link.npus} GPUs; {opt} {n} "
+                                f"collectives were measured over {link.npus} GPUs; {option} {n} "
                                 f"needs them measured over {n} (or a catalog --gpu, whose "
                                 "interconnect model prices them)")
     elif cfg.device_profile is not None:
@@ -768,5 +668,5 @@ def scheduler_config(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
     return SchedulerConfig.for_run(mode or cfg.mode, cfg.k, blocks, cfg.block_size,
                                    cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    cfg.max_model_len, target.max_position_embeddings,
-                                   reserve_full_isl=cfg.scheduler_reserve_full_isl,
+                                   scheduler_reserve_full_isl=cfg.scheduler_reserve_full_isl,
                                    enable_prefix_caching=cfg.enable_prefix_caching)

@@ -27,6 +27,8 @@ class Jitter:
         self.offset = int(self.rng.integers(len(self.factors)))
         self.bin_us, self.sigma_step, self.level = max(bin_us, 1e-9), sigma_step, level
         self.norm = level * math.exp(-sigma_step ** 2 / 2)
+        # one factor whatever the time, and no draws: a run's --speed alone
+        self.constant = len(self.factors) == 1 and not sigma_step
 
     def factor(self, t_us: float) -> float:
         """The factor of a step that starts at `t_us`."""

@@ -144,6 +144,11 @@ class Device:
         self.costs, self.k, self.fixup, self.spans = costs, k, fixup, spans
         self.jitter, self.method = jitter, method
         self.draft_forwards = getattr(costs, "draft_forwards", None)   # all passes in one call
+        self.step_key = getattr(costs, "step_key", None)
+        # step_key -> `times`' answer: a step's times looked up, not computed again, where the
+        # noise is none or one constant factor (--speed alone), so that they are the same floats
+        self.known: dict = {}
+        self.steady = jitter is None or jitter.constant
         self.free = 0.0
         self.last_end: float | None = None
         self.gaps: list[float] = []
@@ -153,14 +158,15 @@ class Device:
         last at `t_last`, so the step cannot end earlier (a CPU-bound launch starves the GPU).
         `pause`: the lane idles that long after the target forward (vLLM's worker between its
         execute_model and sample_tokens RPCs, on a synchronous device)."""
-        ops, durs, sample, nverify = self.step_ops(step.batch, pause)
-        verify = sum(durs[:nverify])
-        if self.jitter is not None:   # the machine's noise scales the device ops, not the pause
-            f = self.jitter.factor(max(self.free, t_first))
-            durs = [d * f if op else d for op, d in zip(ops, durs)]
-            verify = (verify - pause) * f + pause
-            sample *= f
-        dur = sum(durs)
+        key = self.step_key(step.batch) if self.step_key is not None else None
+        if key is not None and pause:
+            key += (pause,)
+        known = self.known.get(key) if key is not None else None
+        if known is None:
+            known = self.times(step.batch, pause, t_first)
+            if key is not None and self.steady:
+                self.known[key] = known
+        ops, durs, sample, verify, dur = known   # (read only)
         start = max(self.free, t_first, t_last - dur)
         step.t_accepted = start + verify
         step.t_done = self.free = start + dur
@@ -169,6 +175,18 @@ class Device:
         self.last_end = step.t_done
         if self.spans is not None:
             self.record(step.out.step, start, ops, durs, sample)
+
+    def times(self, b: Batch, pause: float, t_first: float) -> tuple:
+        """The step's ops, their times, the sampler's share (`step_ops`), the time until the
+        accepted counts are known and the whole step's, the noise's factor applied."""
+        ops, durs, sample, nverify = self.step_ops(b, pause)
+        verify = sum(durs[:nverify])
+        if self.jitter is not None:   # the machine's noise scales the device ops, not the pause
+            f = self.jitter.factor(max(self.free, t_first))
+            durs = [d * f if op else d for op, d in zip(ops, durs)]
+            verify = (verify - pause) * f + pause
+            sample *= f
+        return ops, durs, sample, verify, sum(durs)
 
     def step_ops(self, b: Batch, pause: float = 0.0) -> tuple[list, list, float, int]:
         """The step's device ops in lane order and their times (a `pause` is None), the

@@ -113,6 +113,8 @@ class RooflineCosts:
         t = target
         self._plain = None if t.is_mla or t.num_sliding_layers else \
             (t.num_layers, *self._heads(t), t.head_dim)
+        self._keyed = self._plain is not None and not t.is_moe and \
+            (not k or method in ("eagle", "eagle3"))   # step_key
 
     # -- kernels --------------------------------------------------------------------------
 
@@ -271,6 +273,16 @@ class RooflineCosts:
         return t
 
     # -- ops ------------------------------------------------------------------------------
+
+    def step_key(self, b: Batch) -> tuple | None:
+        """What a step's op times depend on, where that is a few of the batch's numbers: a GQA
+        target without MoE blocks or windowed layers, and an EAGLE head or no drafter.
+        Two batches with the same key have the same times, so the device lane looks a step's
+        times up by it (sim/loop.py `Device.place`); None: compute them every step."""
+        if not self._keyed or self.moe is not None:
+            return None
+        return (b.num_tokens, b.num_sampling, b.num_logits, b.num_drafts, b.kv_tokens,
+                b.attn_pairs)
 
     def _target_dense(self, m: int, logits: int, rows: int = 0) -> float:
         key = (m, logits, rows) if rows else (m, logits)

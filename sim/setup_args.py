@@ -7,16 +7,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from stepgap.common.acceptance import PROFILES
 from stepgap.common.model_presets import DRAFT_PRESETS
-from stepgap.common.limits import MAX_MS, MAX_SCALE, MAX_SKEW, MAX_SPREAD, MAX_US, MIN_SPEED
-from stepgap.common.options import (add_engine_args, add_model_args, add_scheduler_args,
-                                    at_least, at_most, executor_from_args, mode_from_args,
-                                    nonneg_float, positive_float,
-                                    rates_arg, speculative_from_args, workload_spec)
-from stepgap.sim.config import KV_CACHE_DTYPES, QUANTIZATIONS, TOPOLOGIES, SimConfig
+from stepgap.common.limits import MAX_US
+from stepgap.common.options import (add_engine_args, add_model_args, add_option,
+                                    add_scheduler_args, executor_from_args, mode_from_args,
+                                    settings_from_args, speculative_from_args, workload_spec)
+from stepgap.sim.config import SimConfig
 from stepgap.sim.cpu_costs import CPU_COSTS, CPU_OPS, CpuCosts
-from stepgap.sim.hardware import CATALOG
 from stepgap.sim.presets import PRESETS
 
 D = SimConfig()
@@ -56,109 +53,25 @@ def add_setup_args(p) -> None:
                                       "cpu: device ops run on the worker's thread. Default: from "
                                       "--gpu (cpu for --gpu cpu, else cuda)")
     g = p.add_argument_group("hardware and measured costs")
-    g.add_argument("--gpu", metavar="NAME|FILE.yaml",
-                   help=f"device from the catalog: {', '.join(CATALOG)} (default {D.gpu}; cpu "
-                        "with --device cpu); or a YAML file for your own: stepgap's fields "
-                        "(base, bf16_tflops, fp8_tflops, memory_gb, memory_bw_gbps, flop_eff, "
-                        "bw_eff, kernel_us, d2h_us, interconnect) or LLMServingSim's "
-                        "hardware.yaml as it is, whose measured collectives then price tensor "
-                        "parallelism (docs/sim.md, 'The catalog')")
-    g.add_argument("--profile", metavar="PROFILE.json",
-                   help="a measured profile (`stepgap profile`, `stepgap calibrate`, or a "
-                        "measured folder's profile.json): its device op fits replace the "
-                        "roofline wherever it covers the op, and its CPU costs replace the "
-                        "defaults (explicit CPU options still win). The result's config says "
-                        "which ops it covered")
-    g.add_argument("--device-profile", metavar="DIR",
-                   help="measured operator tables of a GPU (LLMServingSim's perf bundle: "
-                        "DIR/meta.yaml and DIR/tp<N>/{dense,attention,per_sequence}.csv, e.g. "
-                        "profiler/perf/RTX4090/meta-llama/Llama-3.1-8B/bf16): they price the "
-                        "target forward over the step's real mix, the sampler and an EAGLE-3 "
-                        "head or draft model of the same shapes; the roofline prices the rest, "
-                        "and the result's config says which op came from where (docs/sim.md, "
-                        "'Measured operator tables')")
-    g.add_argument("--quantization", "-q", choices=QUANTIZATIONS,
-                   help="vLLM's online quantization of the target: fp8 makes its linear layers "
-                        "1 byte a weight (weights' memory, the bytes a step reads) and runs "
-                        "their GEMMs at the --gpu's fp8 peak; the embedding, lm_head and the "
-                        "drafter stay bf16. Default: the checkpoint's own (quantization_config)")
-    g.add_argument("--kv-cache-dtype", choices=tuple(KV_CACHE_DTYPES),
-                   help="the KV cache's element: an fp8 one holds twice the tokens in the same "
-                        "memory and halves attention's reads (default auto: the model's bf16). "
-                        "With --device-profile, the bundle's variant of that dtype is used "
-                        "(e.g. bf16-kvfp8 beside bf16), or the run is refused")
-    g.add_argument("--speed", type=at_least(at_most(positive_float, MAX_SCALE), MIN_SPEED),
-                   metavar="X",
-                   help="the machine's level for this run: device ops and CPU costs take X "
-                        f"times as long, {MIN_SPEED:g} to {MAX_SCALE:g} (default 1, the "
-                        "profile's mean)")
-    g.add_argument("--topology", choices=TOPOLOGIES,
-                   help="whose step loop: stepgap's engine, vLLM's (its RPCs, its API "
-                        "server sharing the engine core's CPU; docs/vllm.md), or stepgap's "
-                        "engine behind `stepgap serve`'s API server (docs/serve.md). Default: "
-                        "the profile's topology.engine, else stepgap")
-    g.add_argument("--moe-routing-skew", type=at_most(nonneg_float, MAX_SKEW), metavar="S",
-                   help="MoE targets: Zipf exponent of the experts' popularity (default 0: "
-                        "uniform routing); skew means fewer distinct experts, so fewer expert "
-                        "weights read, per step (docs/sim.md)")
-    g.add_argument("--all-reduce-latency-us", type=at_most(nonneg_float, MAX_US), metavar="US",
-                   help="tensor parallelism: one small all-reduce's time, which dominates the "
-                        "collectives at decode (default: the --gpu interconnect's; 6 on "
-                        "NVLink, 20 on PCIe; docs/sim.md). Not with measured collectives (a "
-                        "hardware.yaml), which it would contradict")
-    g.add_argument("--no-jitter", dest="jitter", action="store_false", default=None,
-                   help="ignore the profile's measured speed noise (by default device ops "
-                        "vary from step to step as measured; seeded by --seed)")
-
+    for name in ("gpu", "profile", "device_profile", "quantization", "kv_cache_dtype", "speed",
+                 "topology", "moe_routing_skew", "all_reduce_latency_us", "jitter"):
+        add_option(g, name, D)
     g = p.add_argument_group("acceptance")
-    g.add_argument("--acceptance", metavar="PROFILE",
-                   help=f"named per-position acceptance profile: {', '.join(PROFILES)} "
-                        "(default: the published one of the model and method, else mtbench: "
-                        "vLLM #26191, Llama-3.1-8B EAGLE-3 on MT-bench; docs/sim.md)")
-    g.add_argument("--acceptance-rates", type=rates_arg, metavar="R1,R2,...",
-                   help="per-position acceptance rates as vLLM reports them (cumulative: the "
-                        "fraction of drafts whose position i was accepted); overrides the profile")
-    g.add_argument("--acceptance-spread", type=at_most(nonneg_float, MAX_SPREAD),
-                   metavar="SIGMA",
-                   help="std of each request's logit shift of the rates; 0 makes every request "
-                        "alike (default: the profile's; mtbench 0.50)")
-    g.add_argument("--no-replay", dest="replay", action="store_false", default=None,
-                   help="ignore a trace's recorded `accepted` lists (default: replay them)")
-
+    for name in ("acceptance", "acceptance_rates", "acceptance_spread", "replay"):
+        add_option(g, name, D)
     add_scheduler_args(p, D, blocks_help=" (default: what device memory holds after the "
                                          "weights)")
 
     g = p.add_argument_group("CPU costs (microseconds; op cost = A + B*num_reqs + C*num_tokens)")
-    g.add_argument("--cpu-scale", type=at_most(nonneg_float, MAX_SCALE), metavar="X",
-                   help="multiply every default CPU cost and latency (default 1; the seed-l20 "
-                        "preset's value is fitted on its sync row)")
+    add_option(g, "cpu_scale", D)
     g.add_argument("--cpu-cost", action="append", type=cost_arg, metavar="OP=A[,B[,C]]",
                    help="set one op's cost, repeatable; ops and defaults: " + "; ".join(
                        f"{op} {getattr(CPU, op).a:g},{getattr(CPU, op).b:g},"
                        f"{getattr(CPU, op).c:g}" for op in CPU_OPS)
                    + "; and, for a process worker on a synchronous device, result_latency "
                      "(default: wake + ipc) and worker_turnaround (default 0)")
-    g.add_argument("--launch-latency-us", type=at_most(nonneg_float, MAX_US), metavar="US",
-                   help="from a launch's start to its first kernel running "
-                        f"(default {CPU.launch_latency_us:g})")
-    g.add_argument("--wake-us", type=at_most(nonneg_float, MAX_US), metavar="US",
-                   help=f"a blocking wait returning after its event (default {CPU.wake_us:g})")
-    g.add_argument("--ipc-us", type=at_most(nonneg_float, MAX_US), metavar="US",
-                   help=f"one engine<->worker message, process topology (default {CPU.ipc_us:g})")
-    g.add_argument("--output-latency-ms", type=at_most(nonneg_float, MAX_MS), metavar="MS",
-                   help="from update_from_output to the client receiving the chunk (default 0)")
-
-
-FIELDS = ("mode", "gpu", "model", "method", "moe_routing_skew", "all_reduce_latency_us",
-          "executor", "device", "profile", "device_profile", "topology", "jitter", "speed",
-          "enable_prefix_caching", "scheduler_reserve_full_isl", "timeseries_interval_s",
-          "acceptance", "acceptance_rates", "acceptance_spread", "replay", "max_num_seqs",
-          "max_num_batched_tokens", "max_model_len", "block_size", "num_gpu_blocks_override",
-          "gpu_memory_utilization", "quantization", "kv_cache_dtype", "tensor_parallel_size",
-          "data_parallel_size", "enable_expert_parallel", "cpu_scale", "launch_latency_us",
-          "wake_us", "ipc_us", "output_latency_ms", "num_prompts", "output_len",
-          "shared_fraction", "request_rate", "max_concurrency", "detailed",
-          "metric_percentiles", "percentile_metrics")
+    for name in ("launch_latency_us", "wake_us", "ipc_us", "output_latency_ms"):
+        add_option(g, name, D)
 
 
 def config_from_args(args) -> SimConfig:
@@ -171,18 +84,10 @@ def config_from_args(args) -> SimConfig:
     settings.update(run_settings(args, args.model or settings.get("model") or D.model))
     args.mode = mode_from_args(args)
     args.executor = executor_from_args(args)
-    method, draft, k = speculative_from_args(args)
-    args.method = method
-    if draft is not None:
-        settings["draft"] = draft
-    if k is not None:
-        settings["k"] = k
+    args.method, args.draft, args.k = speculative_from_args(args)
     if args.device == "cpu" and args.gpu is None:
         settings["gpu"] = "cpu"
-    for name in FIELDS:
-        v = getattr(args, name, None)
-        if v is not None:
-            settings[name] = v
+    settings.update(settings_from_args(args, SimConfig))
     spec = workload_spec(args)
     if spec is not None:
         settings["workload"] = spec
@@ -190,9 +95,6 @@ def config_from_args(args) -> SimConfig:
             settings["output_len"] = args.output_len
     if args.cpu_cost:
         settings["cpu_costs"] = {**settings.get("cpu_costs", {}), **dict(args.cpu_cost)}
-    for name in ("burstiness", "seed"):
-        if getattr(args, name) is not None:
-            settings[name] = getattr(args, name)
     settings["timeline"] = args.timeline is not None
     given = {name for name in ("gpu", "device", "executor", "acceptance", "acceptance_rates",
                                "acceptance_spread") if getattr(args, name, None) is not None}

@@ -29,7 +29,8 @@ from stepgap.common.errors import UserError
 from stepgap.common.fileio import check_file, read_json, read_toml
 from stepgap.common.limits import MAX_GRID_CELLS
 from stepgap.common.options import WORKLOAD_FLAGS
-from stepgap.sim.config import ALIASES, SimConfig, profile_defaults, resolve
+from stepgap.common.run_spec import ALIASES
+from stepgap.sim.config import CONFIG_KEYS, SimConfig, profile_defaults, resolve
 from stepgap.sim.sweep_keys import cell_key
 
 # vLLM's spellings a grid takes besides SimConfig's fields (vllm_settings makes them into the
@@ -39,8 +40,7 @@ VLLM_KEYS = {"async_scheduling": "bool", "speculative_config": "dict", "dataset_
              "dataset_path": "str", "tokenizer": "str", "disable_shuffle": "bool",
              **{f.lstrip("-").replace("-", "_"): "float" if key == "range_ratio" else "int"
                 for f, key, _ in WORKLOAD_FLAGS}}
-GRID_KEYS = tuple(f.name for f in fields(SimConfig) if f.name not in ("detailed", "timeline")) \
-    + tuple(VLLM_KEYS)
+GRID_KEYS = tuple(k for k in CONFIG_KEYS if k not in ("detailed", "timeline")) + tuple(VLLM_KEYS)
 FIELD_TYPES = {**{f.name: str(f.type) for f in fields(SimConfig)},
                **{k: f"{t} | None" for k, t in VLLM_KEYS.items()}}
 MAX_VALUES = 10_000          # per range: a typo such as 0..1e9 should fail, not hang
@@ -244,7 +244,7 @@ def load_grid_file(path) -> tuple[str | None, dict, dict]:
 class GridCell:
     values: dict          # axis -> value
     settings: dict        # the whole SimConfig settings of the cell
-    key: str              # hash of the cell's config
+    key: str | None       # hash of the cell's config (None: not asked for)
     notes: tuple = ()     # what resolving the cell chose for the user (sim/config.py)
 
 
@@ -269,9 +269,10 @@ class Grid:
     def size(self) -> int:
         return math.prod(len(v) for v in self.axes.values())
 
-    def cells(self) -> list[GridCell]:
+    def cells(self, keyed: bool = True) -> list[GridCell]:
         """Every cell, validated: its SimConfig is built and resolved and its workload checked,
-        so that no run starts unless all can."""
+        so that no run starts unless all can. `keyed`: with its store key (`cell_key`, which
+        hashes the simulator's source once a process); advise keeps no store and skips it."""
         from stepgap.sim.loop import build_workload, check_requests
 
         from stepgap.sim.presets import get_preset
@@ -301,7 +302,7 @@ class Grid:
                 raise UserError(f"grid cell {format_cell(values)}: {e}") from None
             except (TypeError, ValueError) as e:   # a value of the wrong shape from a file
                 raise UserError(f"grid cell {format_cell(values)}: bad value ({e})") from None
-            cells.append(GridCell(values, settings, cell_key(cfg), r.notes))
+            cells.append(GridCell(values, settings, cell_key(cfg) if keyed else None, r.notes))
         return cells
 
 

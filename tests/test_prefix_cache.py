@@ -100,7 +100,7 @@ def test_a_request_whose_whole_sequence_cannot_fit_waits_though_its_first_chunk_
     def admitted(reserve):
         s = Scheduler(SchedulerConfig(num_blocks=20, block_size=BS, max_num_seqs=4,
                                       max_num_batched_tokens=64, max_model_len=1024,
-                                      reserve_full_isl=reserve))
+                                      scheduler_reserve_full_isl=reserve))
         s.add_request(Request("small", 150, 100))   # holds 10 blocks after its prefill
         for _ in range(3):
             finish(s, s.schedule())

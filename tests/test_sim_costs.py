@@ -187,3 +187,44 @@ def test_a_gqa_targets_attention_in_one_expression_is_the_general_sum(model, kv_
         general = c._attention(c.t, b.num_tokens, b.num_reqs, b.attn_pairs, b.kv_tokens,
                                c.t.num_layers, c.t.num_sliding_layers)
         assert c._target_attention(b) == general
+
+
+@pytest.mark.parametrize("k", [0, 4])
+def test_batches_with_one_step_key_have_the_same_times(k):
+    """The device lane looks a step's times up by `step_key`: batches that differ only where
+    the key does not look (requests, the longest chunk, block tables, the mix) have the same
+    op times, bit for bit, computed afresh."""
+    from stepgap.sim.loop import Device
+    costs = RooflineCosts(TARGET, HEAD if k else None, get_hardware("h100"), k)
+    a = Batch(2 + 2 * k, 2, 2, 2 + 2 * k, 2 * k, 700, 1400.5, 1 + k, 30, 2, 690, 300, 390)
+    b = Batch(2 + 2 * k, 1, 2, 2 + 2 * k, 2 * k, 700, 1400.5, 2 + 2 * k, 9, 1, 5, 5, 5,
+              [(1, 0)])
+    assert costs.step_key(a) == costs.step_key(b) is not None
+    assert Device(costs, k, False, None).step_ops(a) == \
+        Device(RooflineCosts(TARGET, HEAD if k else None, get_hardware("h100"), k), k, False,
+               None).step_ops(b)
+
+
+@pytest.mark.parametrize("model, method, draft", [
+    ("qwen3-30b-a3b", "eagle3", None), ("qwen3-8b", "draft_model", "qwen3-0.6b"),
+    ("gpt-oss-20b", "eagle3", None)])
+def test_no_step_key_where_times_read_more_of_the_batch(model, method, draft):
+    """A MoE target, a draft model's own forward, windowed layers: times computed every step."""
+    from stepgap.sim.config import resolve
+    r = resolve(SimConfig(model=model, method=method, draft=draft, k=3, gpu="h200"))
+    assert r.device_costs.step_key(decode(4, 100)) is None
+
+
+@pytest.mark.parametrize("kw", [dict(mode="async", k=4), dict(mode="sync", k=0),
+                                dict(mode="zero-bubble", k=3, speed=1.1),
+                                dict(mode="async", k=2, max_concurrency=8)])
+def test_looked_up_step_times_give_the_computed_run(kw, monkeypatch):
+    """A run whose device lane looks its steps' times up is the run that computes every one,
+    result for result (a constant --speed factor too)."""
+    from stepgap.sim.loop import simulate
+    cfg = {"model": "llama-3.1-8b", "draft": "llama-3.1-8b-eagle3", "gpu": "h100",
+           "num_prompts": 12, "max_concurrency": 1, "detailed": True, **kw}
+    looked_up, _ = simulate(SimConfig(**cfg))
+    monkeypatch.setattr(RooflineCosts, "step_key", lambda self, b: None)
+    computed, _ = simulate(SimConfig(**cfg))
+    assert looked_up == computed

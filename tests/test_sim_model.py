@@ -1,5 +1,7 @@
 """The simulator's step loop, pinned by closed-form cases with constant costs."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -222,7 +224,7 @@ def test_same_seed_same_bytes(tmp_path):
     for name in ("a", "b"):
         save_result(tmp_path / f"{name}.json", simulate(c)[0])
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
-    c.seed = 1
+    c = replace(c, seed=1)   # (a SimConfig is frozen)
     save_result(tmp_path / "c.json", simulate(c)[0])
     assert (tmp_path / "c.json").read_bytes() != (tmp_path / "a.json").read_bytes()
 
