@@ -190,16 +190,9 @@ def load_bench_runs(paths, args, base: dict) -> list[BenchRun]:
     from stepgap.sim.config import SimConfig
     from stepgap.sim.loop import build_workload
 
-    files = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            files += sorted(q for q in p.rglob("*.json") if q.is_file())
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise UserError(f"{p}: not found")
+    from stepgap.common.fileio import input_files
     runs, skipped = [], []
-    for path in files:
+    for path, _ in input_files(paths, "*.json", "bench file"):
         doc = read_bench(path)
         if model_name(doc["model_id"]) != model_name(base["model"]):
             raise UserError(f"{where(path, field='model_id')}: {doc['model_id']!r}, but --model "

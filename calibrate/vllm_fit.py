@@ -24,7 +24,6 @@ was fitted, on which runs, and the residual of every run re-simulated.
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -81,21 +80,10 @@ def classify(paths) -> dict[str, list]:
     all calibrate can tell), as is a bench file with a bad field (`load_runs`) and whatever is
     named on the command line and is not what its name says."""
     from stepgap.calibrate.vllm import HOOK_LINE, read_hooks
-    from stepgap.common.fileio import check_file, read_bytes, read_json
+    from stepgap.common.fileio import input_files, read_bytes, read_json
     from stepgap.common.vllm_bench import BENCH_KEYS, is_bench
     out = defaultdict(list)
-    files, given = [], {}
-    for p in map(Path, paths):
-        found = [(q, True) for q in sorted(p.rglob("*")) if q.is_file()] if p.is_dir() else \
-            [(check_file(p, "input"), False)]
-        for q, walked in found:
-            key = os.path.realpath(q)
-            if key in given:
-                raise UserError(f"{q}: given twice (from {given[key]} and from {p}); give each "
-                                "input once")
-            given[key] = p
-            files.append((q, walked))
-    for f, walked in files:
+    for f, walked in input_files(paths):
         n = f.name
         if n.endswith((".pt.trace.json", ".pt.trace.json.gz")):
             out["traces"].append(f)

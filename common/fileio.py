@@ -75,6 +75,25 @@ def check_file(path, what: str = "file") -> Path:
     return Path(path)
 
 
+def input_files(paths, pattern: str = "*", what: str = "input") -> list[tuple[Path, bool]]:
+    """The files a command takes from `paths`: each file given, checked (`check_file`), and the
+    files matching `pattern` in each folder given, walked in sorted order; with, for each,
+    whether it was found in a folder. A file given twice, or given and inside a folder also
+    given, is refused naming both, so that no input counts twice."""
+    out, given = [], {}
+    for p in map(Path, paths):
+        found = [(q, True) for q in sorted(p.rglob(pattern)) if q.is_file()] if p.is_dir() \
+            else [(check_file(p, what), False)]
+        for q, walked in found:
+            key = os.path.realpath(q)
+            if key in given:
+                raise UserError(f"{q}: given twice (from {given[key]} and from {p}); give each "
+                                f"{what} once")
+            given[key] = p
+            out.append((q, walked))
+    return out
+
+
 # The files this command has read (device, inode), for `write_bytes` to refuse to write over
 # one: an input it found rather than was given (a peer run's meta.json beside its requests, a
 # bundle's hardware.yaml) is not on the command line for `check_not_input` to see. Kept while

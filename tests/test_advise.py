@@ -8,6 +8,7 @@ with their commands)."""
 from __future__ import annotations
 
 import json
+import os
 import math
 
 import pytest
@@ -255,6 +256,25 @@ def test_a_bench_file_that_disagrees_with_the_command_line_is_refused(tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0], err
     assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("how", ["twice", "in its folder", "fifo"])
+def test_a_bench_input_given_twice_or_no_file_is_refused_naming_it(tmp_path, capsys, how):
+    """Each bench file counts once (a run given twice would weigh twice in the fit), and a
+    FIFO is named for what it is, not read (a read would block)."""
+    res = {"completed": 4, "duration": 1.0, "mean_tpot_ms": 3.0, "p99_tpot_ms": 4.0,
+           "mean_itl_ms": 9.0, "p99_itl_ms": 9.5, "mean_ttft_ms": 20.0}
+    run = bench_file(tmp_path / "b.json", res, 1, num_speculative_tokens="3")
+    inputs = {"twice": [run, run], "in its folder": [run, str(tmp_path)]}.get(how)
+    if how == "fifo":
+        os.mkfifo(tmp_path / "pipe.json")
+        inputs = [str(tmp_path / "pipe.json")]
+    out = tmp_path / "out" / "p.json"
+    assert main(["calibrate", *inputs, *CAL, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    says = "a FIFO, not a regular file" if how == "fifo" else "given twice"
+    assert len(err) == 1 and says in err[0], err
+    assert not out.exists()
 
 
 def test_a_bench_files_model_id_and_the_command_lines_model_resolve_alike():
