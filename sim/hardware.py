@@ -83,6 +83,20 @@ class Interconnect:
         return self.all_gather_us(nbytes, n)
 
 
+def axis_interp(xs: list[float], f, x: float) -> float:
+    """f along one measured axis at x (a collective's message size, an attention table's
+    axis): linear between the measured points xs (sorted, distinct), the first point's value
+    below them, and linear from the top two above them."""
+    if len(xs) == 1 or x <= xs[0]:
+        return f(xs[0])
+    j = bisect.bisect_right(xs, x)
+    if j >= len(xs):
+        j = len(xs) - 1
+    x0, x1 = xs[j - 1], xs[j]
+    y0, y1 = f(x0), f(x1)
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
 @dataclass(frozen=True, slots=True)
 class MeasuredLink:
     """Collectives measured on a node's GPUs (LLMServingSim's hardware.yaml, read by
@@ -105,10 +119,7 @@ class MeasuredLink:
 
     def at(self, collective: str, nbytes: float) -> float:
         xs, ys = self.sizes[collective], self.times[collective]
-        if nbytes <= xs[0] or len(xs) == 1:
-            return ys[0]
-        j = min(bisect.bisect_right(xs, nbytes), len(xs) - 1)
-        return ys[j - 1] + (ys[j] - ys[j - 1]) * (nbytes - xs[j - 1]) / (xs[j] - xs[j - 1])
+        return axis_interp(xs, lambda x: ys[xs.index(x)], nbytes)
 
     def all_reduce_us(self, nbytes: float, n: int) -> float:
         if n <= 1:

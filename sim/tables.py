@@ -62,7 +62,7 @@ from pathlib import Path
 from stepgap.common.errors import UserError, shown, where
 from stepgap.common.fileio import csv_rows, mark_input, read_yaml
 from stepgap.common.limits import MAX_SKEW_ALPHA, MAX_TABLE_COUNT, MAX_TP, is_finite, is_int
-from stepgap.sim.hardware import MeasuredLink
+from stepgap.sim.hardware import MeasuredLink, axis_interp
 
 DENSE_LAYERS = ("embedding", "layernorm", "qkv_proj", "rotary_emb", "o_proj", "gate_up_proj",
                 "act_fn", "down_proj", "final_layernorm")
@@ -107,19 +107,6 @@ class Table1D:
         j = bisect.bisect_right(xs, x)
         x0, x1 = xs[j - 1], xs[j]
         return ys[j - 1] + (ys[j] - ys[j - 1]) * (x - x0) / (x1 - x0)
-
-
-def axis_interp(xs: list[float], f, x: float) -> float:
-    """f along one attention axis at x: linear between the measured points xs (sorted),
-    the first point's value below them, and linear from the top two above them."""
-    if len(xs) == 1 or x <= xs[0]:
-        return f(xs[0])
-    j = bisect.bisect_right(xs, x)
-    if j >= len(xs):
-        j = len(xs) - 1
-    x0, x1 = xs[j - 1], xs[j]
-    y0, y1 = f(x0), f(x1)
-    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 class AttentionTable:
