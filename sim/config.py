@@ -3,11 +3,11 @@ simulator's own, one frozen dataclass, validated where it is built.
 
 `SimConfig` names everything a run needs by plain values (preset names, paths, numbers), so it
 serialises into the run result as it is; each field's metadata gives its option, limits and
-help, for the check and for the command line (sim/setup_args.py). `resolve()` turns it into the objects the model runs
-on: model shapes, the drafter, the hardware entry, the device and CPU cost models, the
-acceptance profile, the scheduler configuration and the mode the run really has (vLLM runs
-some speculation methods in sync only), with a note for each thing it chose. Every error names
-the field (as its command-line option), and comes before any work.
+help, for the check and for the command line (sim/setup_args.py). `resolve()` turns it into
+the objects the model runs on: model shapes, the drafter, the hardware entry, the device and
+CPU cost models, the acceptance profile, the scheduler configuration and the mode the run
+really has (vLLM runs some speculation methods in sync only), with a note for each thing it
+chose. Every error names the field (as its command-line option), and comes before any work.
 """
 
 from __future__ import annotations
@@ -322,15 +322,16 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
         noise=measured.jitter if cfg.jitter and measured is not None else None)
 
 
-def profile_defaults(settings: dict, given) -> tuple[dict, list[str]]:
+def profile_defaults(settings: dict, given, measured: Profile | None = None
+                     ) -> tuple[dict, list[str]]:
     """`settings` with what their profile was measured on (`Profile.measured_on`: its gpu,
     device, executor and measured acceptance) filled in where `given` (the fields a command
     line, preset or grid set) names none of them, and a note for a measured acceptance that
     the given settings replace. A profile runs where it was measured unless told otherwise;
-    told otherwise, `resolve` says so in the result."""
+    told otherwise, `resolve` says so in the result. `measured`: the profile, already read."""
     if not settings.get("profile"):
         return settings, []
-    measured = load_profile(settings["profile"])
+    measured = measured or load_profile(settings["profile"])
     where, out, notes = measured.measured_on(), dict(settings), []
     if not {"gpu", "device"} & set(given):   # a gpu or device given picks the other itself
         out.update({name: where[name] for name in ("gpu", "device") if name in where})

@@ -31,6 +31,7 @@ from stepgap.common.limits import MAX_GRID_CELLS
 from stepgap.common.options import WORKLOAD_FLAGS
 from stepgap.common.run_spec import ALIASES
 from stepgap.sim.config import CONFIG_KEYS, SimConfig, profile_defaults, resolve
+from stepgap.sim.profile import load_profile
 from stepgap.sim.sweep_keys import cell_key
 
 # vLLM's spellings a grid takes besides SimConfig's fields (vllm_settings makes them into the
@@ -285,14 +286,18 @@ class Grid:
             raise UserError(f"--grid, --grid-file: {count:,} cells ({sizes}), more than one "
                             f"sweep runs ({MAX_GRID_CELLS:,}); give fewer values, or split the "
                             "grid into sweeps of their own")
-        cells, workloads = [], {}
+        cells, workloads, profiles = [], {}, {}
         for combo in itertools.product(*self.axes.values()):
             values = dict(zip(self.axes, combo))
             try:   # a profile runs where it was measured unless the grid says otherwise
                 settings = vllm_settings({**self.base, **values}, explicit)
-                settings, _ = profile_defaults(settings, set(settings))
+                path = settings.get("profile")
+                if path and path not in profiles:   # read once a grid, not twice a cell
+                    profiles[path] = load_profile(path)
+                measured = profiles.get(path)
+                settings, _ = profile_defaults(settings, set(settings), measured)
                 cfg = SimConfig(**settings)
-                r = resolve(cfg)
+                r = resolve(cfg, measured)
                 wkey = (cfg.workload, cfg.num_prompts, cfg.output_len, cfg.seed,
                         cfg.request_rate, cfg.burstiness, cfg.shared_fraction, cfg.model)
                 if wkey not in workloads:

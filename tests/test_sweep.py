@@ -503,3 +503,23 @@ def test_data_parallel_size_is_an_axis(tmp_path):
         assert float(r["mean_tpot_ms"]) == pytest.approx(res["mean_tpot_ms"], rel=1e-12)
         assert (res["config"]["resolved"].get("data_parallel") is not None) == (dp == 2)
     assert rows[0]["mean_tpot_ms"] != rows[1]["mean_tpot_ms"]
+
+
+def test_a_grid_reads_its_profile_once_not_twice_a_cell(monkeypatch):
+    """Validating a grid over a measured profile reads the profile once, and each cell's
+    settings are those the profile gives when read for the cell alone."""
+    import stepgap.sim.config as config
+    import stepgap.sim.sweep_grid as sweep_grid
+    from stepgap.sim.profile import load_profile
+    profile = "traces/measured/cpu/profile.json"
+    base = {"profile": profile, "model": "checkpoints/pystdlib/target",
+            "draft": "checkpoints/pystdlib/eagle3",
+            "workload": "checkpoints/pystdlib/heldout.jsonl", "num_prompts": 4,
+            "max_model_len": 256}
+    alone = config.profile_defaults(dict(base, mode="async", k=2), set(base) | {"mode", "k"})[0]
+    reads = []
+    monkeypatch.setattr(sweep_grid, "load_profile", lambda p: reads.append(p) or load_profile(p))
+    monkeypatch.setattr(config, "load_profile", lambda p: pytest.fail("read again"))
+    cells = Grid({"mode": ["sync", "async"], "k": [0, 2]}, base).cells(keyed=False)
+    assert reads == [profile] and len(cells) == 4
+    assert cells[-1].settings == alone
