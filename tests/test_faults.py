@@ -186,8 +186,14 @@ def test_a_closed_stdout_is_no_traceback(tmp_path):
 # `python -c` this: the command, signalled by itself in the middle of building its parser, once
 # the first command module has registered its commands (the parser no longer imports torch, so
 # no moment of a real start is long enough to be hit from outside every time).
+# It takes the signal as a terminal's Ctrl-C finds a command: not blocked, and SIGINT not
+# ignored (a process started from a background job, or from a thread that blocks it, inherits
+# that; one CI run under xdist saw the SIGINT case run to the end, status 0).
 SIGNAL_WHILE_PARSING = """
 import importlib, os, signal, sys
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.{sig}])
+if signal.{sig} == signal.SIGINT:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 import stepgap.cli as cli
 
 class Importer:
