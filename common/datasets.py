@@ -149,6 +149,11 @@ def find_tokenizer(model: str | None, tokenizer: str | None = None):
 @functools.lru_cache(maxsize=4)
 def _load_tokenizer(path: str):
     """A tokenizer.json, read once per process (every cell of a sweep asks for it)."""
+    return read_tokenizer(path)
+
+
+def read_tokenizer(path):
+    """A tokenizer.json (Hugging Face `tokenizers`), or one line naming the file."""
     from tokenizers import Tokenizer
     from stepgap.common.fileio import read_text
     try:

@@ -24,15 +24,12 @@ from stepgap.common.errors import UserError, where
 
 
 def load_tokenizer(folder: Path | str):
-    from tokenizers import Tokenizer
+    """The model folder's tokenizer.json (a fresh object: the engine's own to configure)."""
+    from stepgap.common.datasets import read_tokenizer
     path = Path(folder) / "tokenizer.json"
     if not path.is_file():
         raise UserError(f"{path}: no tokenizer there")
-    from stepgap.common.fileio import read_text
-    try:
-        return Tokenizer.from_str(read_text(path))
-    except Exception as e:   # tokenizers raises its own exception type
-        raise UserError(f"{path}: not a tokenizer ({str(e).splitlines()[0][:100]})") from None
+    return read_tokenizer(path)
 
 
 def _read_json(path: Path) -> dict:
