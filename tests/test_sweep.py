@@ -229,7 +229,7 @@ def test_local_parallel_and_dask_cluster_give_identical_tables(tmp_path):
     run_sweep(grid, tmp_path / "one", jobs=1)
     run_sweep(grid, tmp_path / "two", jobs=2)
     with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                                  dashboard_address=None) as cluster:
+                                  dashboard_address=":0") as cluster:
         run_sweep(grid, tmp_path / "dask", cluster=cluster.scheduler_address)
     one = (tmp_path / "one" / "sweep.csv").read_bytes()
     assert (tmp_path / "two" / "sweep.csv").read_bytes() == one
@@ -324,7 +324,7 @@ def test_a_scheduler_without_workers_ends_the_sweep_and_keeps_the_cells(tmp_path
                                                                        quick_cluster_limits):
     distributed = pytest.importorskip("distributed")
     run_sweep(tiny_grid("k=0"), tmp_path, jobs=1)   # one cell done before
-    with distributed.LocalCluster(n_workers=0, dashboard_address=None) as cluster:
+    with distributed.LocalCluster(n_workers=0, dashboard_address=":0") as cluster:
         with pytest.raises(UserError, match=r"no worker for 2 s .* the cells finished before "
                                             "it are stored"):
             run_sweep(tiny_grid("k=0,1"), tmp_path, cluster=cluster.scheduler_address)
@@ -354,7 +354,7 @@ def test_a_killed_scheduler_ends_the_sweep_in_one_line(tmp_path, quick_cluster_l
     monkeypatch.setenv("STEPGAP_TEST_GATE", str(gate))
     monkeypatch.setattr(sweep_runners, "run_cell", cell_behind_a_gate)
     cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=8, processes=True,
-                                       dashboard_address=None)
+                                       dashboard_address=":0")
     add = sweep_store.CellStore.add
 
     def add_then_kill(store, cell, metrics):
