@@ -322,23 +322,23 @@ def edit_text(rel: str, fn):
     return go
 
 
-def edit_json(rel: str, fn):
-    def go(c: Path, fx: Path):
-        p = c / rel
-        doc = json.loads(p.read_text())
+def edit_doc(rel: str, fn, load, dump):
+    """edit_text on the parsed document: `fn` changes it in place or returns the new one (a
+    string is written as it is)."""
+    def edit(text: str) -> str:
+        doc = load(text)
         doc = fn(doc) or doc
-        p.write_text(json.dumps(doc) if not isinstance(doc, str) else doc)
-    return go
+        return doc if isinstance(doc, str) else dump(doc)
+    return edit_text(rel, edit)
+
+
+def edit_json(rel: str, fn):
+    return edit_doc(rel, fn, json.loads, json.dumps)
 
 
 def edit_yaml(rel: str, fn):
-    def go(c: Path, fx: Path):
-        import yaml
-        p = c / rel
-        doc = yaml.safe_load(p.read_text())
-        doc = fn(doc) or doc
-        p.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return go
+    import yaml
+    return edit_doc(rel, fn, yaml.safe_load, lambda d: yaml.safe_dump(d, sort_keys=False))
 
 
 def fifo(rel: str):

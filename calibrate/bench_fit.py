@@ -184,13 +184,13 @@ def model_name(text: str) -> str:
 def load_bench_runs(paths, args, base: dict) -> list[BenchRun]:
     """Every bench file among `paths`, checked against the command line (model, k,
     concurrency, mode): a disagreement is refused, naming both values."""
+    from stepgap.common.fileio import input_files
     from stepgap.common.vllm_bench import (DETAIL_KEYS, bench_k, bench_requests, is_bursty,
                                            read_bench)
     from stepgap.common.workloads import apply_request_rate
     from stepgap.sim.config import SimConfig
     from stepgap.sim.loop import build_workload
 
-    from stepgap.common.fileio import input_files
     runs, skipped = [], []
     for path, _ in input_files(paths, "*.json", "bench file"):
         doc = read_bench(path)

@@ -236,8 +236,8 @@ def add_option(g, name: str, defaults=None, help: str | None = None, tail: str |
         args["action"] = o.action or argparse.BooleanOptionalAction
     elif o.kind == "choice":
         args["choices"] = o.choices
-    elif parser_of(o) is not None:
-        args["type"] = parser_of(o)
+    elif (parse := parser_of(o)) is not None:
+        args["type"] = parse
     if o.metavar:
         args["metavar"] = o.metavar
     g.add_argument(*o.flags, **{**args, **kw})
