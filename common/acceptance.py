@@ -219,7 +219,7 @@ class Acceptance:
             state[2] = np.random.default_rng([self.seed, 1, self.index[rid]])
             state[3] = self.rates_for(rid)
         hits = state[2].random((self.BLOCK, self.k)) < state[3]
-        return np.cumprod(hits, axis=1).sum(axis=1).tolist()
+        return np.logical_and.accumulate(hits, axis=1).sum(axis=1).tolist()   # leading hits
 
     def next(self, request_id: str, num_drafts: int) -> int:
         """Accepted count of this request's next decode step that verified `num_drafts`."""

@@ -320,7 +320,10 @@ class Sim:
     # -- helpers ----------------------------------------------------------------------------
 
     def busy(self, lane: str, op: str, step: int, dur: float, args: dict | None = None):
-        """The thread spends `dur` on `op`: a timeout to yield, and a span when recording."""
+        """The thread spends `dur` on `op`: a timeout to yield, and a span when recording.
+        Where it is `env.passed` (nothing else was due first: the clock has moved on), the
+        hot callers carry on without yielding it, which is what SimPy would do at once (one
+        trip through its resume loop fewer a step; docs/sim.md, "Speed")."""
         if self.spans is not None:
             now = self.env.now
             self.spans.append(Span(lane, op, step, now, now + dur, args))
@@ -414,7 +417,8 @@ class Sim:
                 if self.async_terms and cpu.async_schedule is not None and batch is not None:
                     cost += cpu.async_schedule(out.num_reqs, batch.num_drafts)
                 if self.host is None:
-                    yield self.busy(ENGINE, "schedule", out.step, cost)
+                    if (ev := self.busy(ENGINE, "schedule", out.step, cost)) is not env.passed:
+                        yield ev
                 else:
                     yield from self.on_host(ENGINE, "schedule", out.step, cost)
                 if out.scheduled:
@@ -464,7 +468,9 @@ class Sim:
             yield step.ready
         if step.t_output > env.now:
             if self.inline:  # the engine's thread is the worker's: blocked on the device
-                yield self.busy(WORKER, "wait", step.out.step, step.t_output - env.now)
+                if (ev := self.busy(WORKER, "wait", step.out.step, step.t_output - env.now)) \
+                        is not env.passed:
+                    yield ev
             else:
                 yield env.hold(step.t_output - env.now)
         if self.inline and self.cpu_propose:
@@ -494,7 +500,9 @@ class Sim:
         cpu = self.cpu
         cost = cpu.update_from_output(out.num_reqs, out.num_batched_tokens)
         if self.host is None:
-            yield self.busy(ENGINE, "update_from_output", out.step, cost)
+            if (ev := self.busy(ENGINE, "update_from_output", out.step, cost)) \
+                    is not self.env.passed:
+                yield ev
         else:
             yield from self.on_host(ENGINE, "update_from_output", out.step, cost)
         if self.api_server:
@@ -612,7 +620,8 @@ class Sim:
                 prep += cpu.async_prepare(out.num_reqs, step.batch.num_drafts)
             if self.device_async and prev is not None and cpu.async_output is not None:
                 prep += cpu.async_output(prev.out.num_reqs, prev.batch.num_drafts)
-        yield self.busy(WORKER, "prepare_inputs", out.step, prep)
+        if (ev := self.busy(WORKER, "prepare_inputs", out.step, prep)) is not env.passed:
+            yield ev
         dur = cpu.launch(out.num_reqs, out.num_batched_tokens)
         if self.device_async:
             lat = cpu.launch_latency_us
@@ -620,12 +629,15 @@ class Sim:
                 self.device.place(step, env.now + lat, env.now + dur + lat)
             else:   # a data-parallel MoE group: the ranks meet, then launch together
                 yield from self.lockstep.meet(self, step, dur, lat)
-            yield self.busy(WORKER, "launch", out.step, dur)
+            if (ev := self.busy(WORKER, "launch", out.step, dur)) is not env.passed:
+                yield ev
         else:  # the device is this thread: launch packs the inputs, then runs the ops itself
             pause = cpu.rpc_mid(out.num_reqs, out.num_batched_tokens) * self.rpc_share \
                 if self.api_server and cpu.rpc_mid is not None else 0.0
             self.device.place(step, env.now + dur, env.now + dur, pause)
-            yield self.busy(WORKER, "launch", out.step, step.t_done - env.now)
+            if (ev := self.busy(WORKER, "launch", out.step, step.t_done - env.now)) \
+                    is not env.passed:
+                yield ev
         if not step.dummy:
             self.prev = step
 
