@@ -253,13 +253,13 @@ def search(cells: Cells, base: dict, loads: list[dict], ks: list[int],
     """For each load: (input, end, mode) -> (best k, its mean TPOT, mean TPOT at k = 0) with
     that input at that end, found from the nominal best k: its neighbours and k = 0 first, then
     on, a step a round, while the best sits at the edge of what was tried. Every round's cells
-    run together."""
+    run together. Zero-bubble: at its nominal best k and at async's best k at that end."""
     searches = []   # (load index, input, end, mode, the ks tried)
     for li, load in enumerate(loads):
         for m in MODES:
             k_best = best_of({k: cells.tpot(cell(base, load, m, k)) for k in ks})
             # zero-bubble answers one question (does it add anything over async at their best
-            # k?): its nominal best k only
+            # k?): its nominal best k, and (below) async's best k at the same end
             window = {k_best} if m == "zero-bubble" else \
                 {k for k in (k_best - 1, k_best, k_best + 1, 0) if k in ks}
             searches += [(li, inp, end, m, set(window)) for inp in inputs
@@ -272,6 +272,8 @@ def search(cells: Cells, base: dict, loads: list[dict], ks: list[int],
         if not inp.applies(k):   # the input changes nothing here: the nominal cell
             return cells.tpot(cell(base, loads[li], m, k))
         return cells.tpot(settings(li, inp, end, m, k))
+    async_tried = {(li, inp.name, end): tried for li, inp, end, m, tried in searches
+                   if m == "async"}
     new = [(s, sorted(s[4])) for s in searches]
     for _ in range(EDGE_ROUNDS + 1):
         cells.run([settings(li, inp, end, m, k) for (li, inp, end, m, _), add in new
@@ -288,6 +290,20 @@ def search(cells: Cells, base: dict, loads: list[dict], ks: list[int],
                 new.append((s, step))
         if not new:
             break
+    # zero-bubble at each end also where async's best k moved to (the question is what it
+    # adds over async at their best k: at its nominal best k alone, an end that moves
+    # async's best would compare zero-bubble at a k that end does not favour)
+    zb = []
+    for s in searches:
+        li, inp, end, m, tried = s
+        if m == "zero-bubble":
+            tried_async = async_tried[(li, inp.name, end)]
+            k = best_of({k: tpot(li, inp, end, "async", k) for k in tried_async})
+            if k not in tried:
+                tried.add(k)
+                zb.append(settings(li, inp, end, m, k) if inp.applies(k)
+                          else cell(base, loads[li], m, k))
+    cells.run(zb)
     out = [{} for _ in loads]
     for li, inp, end, m, tried in searches:
         found = {k: tpot(li, inp, end, m, k) for k in tried}

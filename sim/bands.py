@@ -182,7 +182,8 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
                 1.0, DEVICE_LOW, DEVICE_HIGH, "x device time", DEVICE_SOURCE,
                 {"speed": DEVICE_LOW}, {"speed": DEVICE_HIGH}))
     prof, note = acceptance_profile(cfg, r.target)
-    acc = acceptance_input(cfg, prof, note is not None, max_k if max_k is not None else cfg.k)
+    acc = acceptance_input(cfg, r.target.name, prof, note is not None,
+                           max_k if max_k is not None else cfg.k)
     if acc is not None:
         inputs.append(acc)
     return inputs
@@ -225,14 +226,15 @@ def profile_input(measured) -> BandInput:
                      {"speed": hi, "cpu_factor": hi})
 
 
-def acceptance_input(cfg, prof: AcceptanceProfile, borrowed: bool, max_k: int
+def acceptance_input(cfg, model: str, prof: AcceptanceProfile, borrowed: bool, max_k: int
                      ) -> BandInput | None:
     """Borrowed (the published profile of another model or method stands in, or a named one
     that is not this model's): every conditional rate shifted on the logit scale; else
-    extrapolated past its depth (k > the rates measured): the later positions' rates."""
+    extrapolated past its depth (k > the rates measured): the later positions' rates.
+    `model`: the target's catalog name, whatever spelling the command line used (a Hugging
+    Face id, a folder), as the published profiles are keyed."""
     if max_k < 1 or prof.name in SYNTHETIC:
         return None
-    model = cfg.model
     own = PUBLISHED.get((model, cfg.method))
     if cfg.acceptance_rates is None and (borrowed or (own is not None and prof.name != own)
                                          or (own is None and prof.name in _named())):

@@ -465,3 +465,25 @@ def test_a_profiles_level_prices_a_moe_target_under_data_parallelism(l20_profile
     assert load_profile(fitted).fits
     with pytest.raises(UserError, match="--data-parallel-size > 1"):
         simulate(SimConfig(**{**base, "profile": fitted}))
+
+
+def test_a_hugging_face_id_bands_as_its_catalog_name():
+    """A pasted `vllm serve` line names the model by its Hugging Face id: the bands are the
+    catalog name's (the published acceptance is this model's own, not borrowed)."""
+    def inputs(model, draft):
+        return [(i.name, i.what, i.low, i.high) for i in band_inputs(
+            dict(SMALL, model=model, draft=draft, cpu_scale=2.42), max_k=8)]
+    assert inputs("meta-llama/Llama-3.1-8B-Instruct", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B") \
+        == inputs("llama-3.1-8b", "llama-3.1-8b-eagle3")
+
+
+def test_zero_bubble_is_judged_at_the_k_each_input_end_favours():
+    """Where an input's end moves async's best k (here a borrowed acceptance, +-1.1 on the
+    logit scale), what zero-bubble adds at that end is zero-bubble at its best against async
+    at its best: it never loses more than its fixup, whatever k that end favours."""
+    from stepgap.sim.advise import advise, loads_of
+    base = SimConfig(**SMALL, cpu_scale=2.42, acceptance="vllm-qwen3-8b-eagle3").to_dict()
+    a = advise(base, loads_of([1], None), [0, 1, 2, 3, 4], jobs=1).answers[0]
+    moved = a.modes["async"].best_k
+    assert moved.low < moved.value or moved.high > moved.value   # the case this is about
+    assert a.zero_bubble_saving.low > -0.005, a.zero_bubble_saving
