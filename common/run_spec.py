@@ -188,7 +188,8 @@ class SchedulerSpec:
                                       metavar="N", help="token budget of one step; longer "
                                                         "prompts are chunked")
     max_model_len: int = opt(2048, "--max-model-len", kind="int", lo=1, metavar="N",
-                             help="longest prompt + output, in tokens")
+                             help="longest prompt + output, in tokens (vLLM's default is "
+                                  "the model's context; stepgap's is the seed's)")
     block_size: int = opt(BLOCK_SIZE, "--block-size", kind="int", lo=1, metavar="N",
                           help="tokens per KV block")
     num_gpu_blocks_override: int | None = opt(

@@ -171,7 +171,9 @@ class SchedulerConfig:
                             "config)")
         if total > self.max_model_len:
             raise UserError(f"request {request_id!r}: prompt_len + output_len = {total} "
-                            f"exceeds --max-model-len {self.max_model_len}")
+                            f"exceeds --max-model-len {self.max_model_len} (give a larger one, "
+                            "as the vllm serve line does; vLLM's default is the model's "
+                            "context)")
         need = cdiv(total + self.num_spec_tokens, self.block_size)
         if need > self.num_blocks:
             raise UserError(f"request {request_id!r} needs {need} KV blocks ({prompt_len} prompt "
