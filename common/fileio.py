@@ -130,6 +130,25 @@ def mark_input(path) -> None:
         READ.add(_inode(path))
 
 
+# What parsing an input gave, by what was parsed and the bytes it was parsed from: a grid's
+# cells each read the same perf bundle (its meta.yaml several times over), and parsing it costs
+# more than simulating the cell. Keyed by the files' contents, not their times, so that an
+# edited file is parsed again; what is kept is shared, and read only.
+_PARSED: dict = {}
+
+
+def parsed_once(what: tuple, paths: list, parse):
+    """`parse()`, or what it gave for the same `what` and the same bytes of `paths` earlier in
+    this process (a forked worker has what its parent parsed). Every path is read either way,
+    and so counted among the command's inputs (READ)."""
+    import hashlib
+    key = (what, tuple((str(p), hashlib.blake2b(read_bytes(p), digest_size=16).digest())
+                       for p in paths))
+    if key not in _PARSED:
+        _PARSED[key] = parse()
+    return _PARSED[key]
+
+
 def read_bytes(path) -> bytes:
     path = Path(path)
     why = not_a_file(path)

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stepgap.common.errors import UserError, shown, where
-from stepgap.common.fileio import csv_rows, mark_input, read_yaml
+from stepgap.common.fileio import csv_rows, mark_input, parsed_once, read_yaml
 from stepgap.common.limits import MAX_SKEW_ALPHA, MAX_TABLE_COUNT, MAX_TP, is_finite, is_int
 from stepgap.sim.hardware import MeasuredLink, axis_interp
 
@@ -426,6 +426,10 @@ def read_meta(root: Path) -> dict:
     or `[a, 1]` is refused, not read as something else). The skew fit is checked where it is
     read (`_skew`)."""
     path = root / "meta.yaml"
+    return parsed_once(("meta.yaml",), [path], lambda: _checked_meta(path))
+
+
+def _checked_meta(path: Path) -> dict:
     meta = read_yaml(path, "LLMServingSim's meta.yaml")
 
     def bad(field: str, expected: str, v) -> UserError:
@@ -491,8 +495,18 @@ def bundle_meta(root: Path) -> BundleMeta:
 
 
 def load_tables(path, tp: int = 1) -> OpTables:
-    """Read a perf bundle's tables at one tensor-parallel degree."""
+    """Read a perf bundle's tables at one tensor-parallel degree (parsed once a process while
+    the bundle's files are the same: every cell of a grid reads them)."""
     root = find_bundle(path)
+    for parent in root.parents:   # the GPU's hardware.yaml, read or not: no output over it
+        mark_input(parent / "hardware.yaml")
+        if parent.name == "perf":
+            break
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    return parsed_once(("tables", tp), files, lambda: _load_tables(root, tp))
+
+
+def _load_tables(root: Path, tp: int) -> OpTables:
     meta_path = root / "meta.yaml"
     bm = bundle_meta(root)
     meta, have = bm.meta, bm.tp_folders
@@ -505,10 +519,6 @@ def load_tables(path, tp: int = 1) -> OpTables:
                         f"--tensor-parallel-size {tp} needs tables measured at {tp}")
     folder = root / f"tp{tp}"
     family = bm.family
-    for parent in root.parents:   # the GPU's hardware.yaml, read or not: no output over it
-        mark_input(parent / "hardware.yaml")
-        if parent.name == "perf":
-            break
     if family not in FAMILY_LAYERS:
         raise UserError(f"{where(meta_path, field='architecture')}: {bm.architecture!r}: "
                         f"stepgap prices the layers of {', '.join(FAMILY_LAYERS)} from tables "

@@ -688,3 +688,22 @@ def test_a_sweep_cells_key_follows_every_file_its_tables_may_come_from(tmp_path)
     key = cell_key(cfg)
     (perf / "hardware.yaml").write_text("hardware: TESTGPU\n")
     assert cell_key(cfg) != key
+
+
+def test_a_bundle_is_parsed_once_while_its_files_are_the_same(tmp_path):
+    """Every cell of a grid loads the bundle: the second load is the first's tables, still
+    counted among the command's inputs; an edit of the same size (no time to tell it by) is
+    read again."""
+    from stepgap.common import fileio
+    b = write_bundle(tmp_path / "b")
+    first = load_tables(b)
+    with fileio.reading_inputs():
+        assert load_tables(b) is first
+        assert fileio._inode(b / "tp1" / "attention.csv") in fileio.READ
+    dense = b / "tp1" / "dense.csv"
+    text = dense.read_text()
+    edited = text.replace("embedding,1,11", "embedding,1,12")
+    assert edited != text and len(edited) == len(text)
+    dense.write_text(edited)
+    again = load_tables(b)
+    assert again is not first and again.dense["embedding"](1) == 12.0
