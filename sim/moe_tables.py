@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stepgap.common.errors import UserError, where
+from stepgap.common.fileio import parsed_once
 from stepgap.sim.tables import (FAMILY_LAYERS, Table1D, _number, _read_csv, _tables_1d,
                                 bundle_meta, refuse_another_model)
 
@@ -91,8 +92,13 @@ class MoeTable:
 
 
 def load_moe_table(path) -> MoeTable:
-    """Read a moe.csv; every error names the file, the line and the field."""
+    """Read a moe.csv (once a process while its bytes are the same); every error names the
+    file, the line and the field."""
     path = Path(path)
+    return parsed_once(("moe.csv",), [path], lambda: _load_moe_table(path))
+
+
+def _load_moe_table(path: Path) -> MoeTable:
     points: dict[int, dict[float, dict[float, float]]] = {}
     for n, row in _read_csv(path, MOE_COLUMNS):
         ep = _number(path, n, row, "ep", integer=True) if "ep" in row else 1.0
@@ -116,8 +122,11 @@ def load_moe_table(path) -> MoeTable:
 
 
 def load_mtp_table(path) -> dict[str, Table1D]:
-    """Read an mtp.csv: the MTP module's kernels by rows (its eh_proj at least)."""
-    tables = _tables_1d(Path(path), "sequences", (), "an MTP module")
+    """Read an mtp.csv: the MTP module's kernels by rows (its eh_proj at least); once a
+    process while its bytes are the same."""
+    path = Path(path)
+    tables = parsed_once(("mtp.csv",), [path],
+                         lambda: _tables_1d(path, "sequences", (), "an MTP module"))
     if "mtp_eh_proj" not in tables:
         raise UserError(f"{path}: no rows for mtp_eh_proj (an MTP module's table holds "
                         f"{', '.join(MTP_LAYERS)})")
