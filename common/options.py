@@ -359,16 +359,26 @@ def load_list(option: str, words: list[str] | None, parse) -> list | None:
     parsed by `parse` (rate_arg, positive_int); None when the option was not given."""
     if words is None:
         return None
-    values = []
+    values, given = [], {}
     for word in words:
-        for text in filter(None, (t.strip() for t in word.split(","))):
+        items = [t.strip() for t in word.split(",")]
+        if "" in items[:-1] and any(items):   # (a trailing comma is harmless)
+            raise UserError(f"{option} {word!r}: an empty value between commas; give "
+                            "numbers, as 1,2,4 or 1 2 4")
+        for text in filter(None, items):
             try:
-                values.append(parse(text))
+                v = parse(text)
             except argparse.ArgumentTypeError as e:
                 raise UserError(f"{option} {text!r}: {e}") from None
+            if v in given:
+                again = "" if given[v] == text else f" (as {given[v]!r} before)"
+                raise UserError(f"{option}: {text!r} is given twice{again}; each load point "
+                                "is judged once")
+            given[v] = text
+            values.append(v)
     if not values:
         raise UserError(f"{option}: the load list is empty; give at least one value")
-    return list(dict.fromkeys(values))
+    return values
 
 
 def ratio_arg(text: str) -> float:

@@ -290,9 +290,9 @@ class LoadSpec:
         help=f"gamma shape of inter-arrival times: 1 is Poisson, <1 burstier, >1 more uniform; "
              f"at least {MIN_BURSTINESS:g} (default 1)")
     max_concurrency: int | None = opt(
-        None, "--max-concurrency", kind="int", lo=1,
+        None, "--max-concurrency", kind="int", lo=1, hi=MAX_PROMPTS,
         help="most requests in flight at once, as the benchmark client's semaphore (default: "
-             "unlimited)")
+             f"unlimited; at most {MAX_PROMPTS:,}, the most requests a run holds)")
     seed: int = opt(0, "--seed", kind="int",
                     help="seed for workloads, arrivals and sampling (default 0, as vLLM: the "
                          "same seed draws vLLM's random lengths)")

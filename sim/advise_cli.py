@@ -89,14 +89,16 @@ def register(sub) -> None:
 
 def question(args) -> tuple[dict, list[dict], list[int], list[str]]:
     """(the setup's settings, the load points, the ks, notes on the defaults it chose)."""
-    from stepgap.common.options import load_list, positive_int, rate_arg
+    from stepgap.common.limits import MAX_PROMPTS
+    from stepgap.common.options import at_most, load_list, positive_int, rate_arg
     from stepgap.sim.advise import DEFAULT_CONCURRENCY, depths, loads_of
     from stepgap.sim.bands import CPU_SEED, CPU_SEED_SOURCE
     from stepgap.sim.setup_args import config_from_args
     from stepgap.sim.config import resolve, SimConfig
     from stepgap.sim.presets import get_preset
 
-    conc = load_list("--max-concurrency", args.max_concurrency, positive_int)
+    conc = load_list("--max-concurrency", args.max_concurrency,
+                     at_most(positive_int, MAX_PROMPTS))
     rates = load_list("--request-rate", args.request_rate, rate_arg)
     args.max_concurrency = args.request_rate = None
     notes = []

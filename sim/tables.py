@@ -502,8 +502,21 @@ def load_tables(path, tp: int = 1) -> OpTables:
         mark_input(parent / "hardware.yaml")
         if parent.name == "perf":
             break
-    files = sorted(p for p in root.rglob("*") if p.is_file())
-    return parsed_once(("tables", tp), files, lambda: _load_tables(root, tp))
+    return parsed_once(("tables", tp), _bundle_files(root, tp), lambda: _load_tables(root, tp))
+
+
+def _bundle_files(root: Path, tp: int) -> list[Path]:
+    """The files `load_tables` reads at this TP (what its parse is keyed by): meta.yaml, the
+    tp<N>/ folder's tables, and a skew table meta.yaml names elsewhere."""
+    files = [root / "meta.yaml"]
+    files += sorted(p for p in (root / f"tp{tp}").glob("*.csv") if p.is_file())
+    block = read_meta(root).get("skew_fit")
+    entry = ((block.get("per_tp") or {}) if isinstance(block, dict) else {})
+    entry = entry.get(tp, entry.get(str(tp))) if isinstance(entry, dict) else None
+    name = entry.get("bucket_table") if isinstance(entry, dict) else None
+    if isinstance(name, str) and (root / name).is_file() and root / name not in files:
+        files.append(root / name)
+    return files
 
 
 def _load_tables(root: Path, tp: int) -> OpTables:

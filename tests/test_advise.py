@@ -176,6 +176,9 @@ def test_advise_prints_what_it_rests_on_and_writes_its_figure(tmp_path, capsys):
     (["--max-concurrency", "0"], "--max-concurrency '0'"),
     (["--request-rate", "x"], "--request-rate 'x'"),
     (["--gpu", "nope", "--max-concurrency", "1"], "unknown device 'nope'"),
+    (["--max-concurrency", "1,,2"], "--max-concurrency '1,,2': an empty value between commas"),
+    (["--max-concurrency", "1", "2", "1"], "--max-concurrency: '1' is given twice"),
+    (["--request-rate", "2", "2.0"], "--request-rate: '2.0' is given twice (as '2' before)"),
 ])
 def test_bad_input_to_advise_is_one_line_and_status_2(args, says, capsys):
     assert main(["advise", "--num-prompts", "2", *args]) == 2

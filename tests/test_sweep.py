@@ -62,7 +62,7 @@ def test_bad_axes_are_refused_with_the_reason(spec, message):
 
 def test_a_bad_cell_names_the_cell_and_the_field():
     with pytest.raises(UserError, match=r"grid cell k=0 max_concurrency=0: --max-concurrency: "
-                                        r"must be an integer >= 1"):
+                                        r"must be an integer from 1 to 1000000, got 0"):
         tiny_grid("k=0", "max_concurrency=1,0").cells()
     with pytest.raises(UserError, match=r"grid cell gpu=x100: gpu: unknown device 'x100'"):
         tiny_grid("gpu=h100,x100").cells()
