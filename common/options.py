@@ -667,6 +667,18 @@ def model_tag(parser, argv: list[str]) -> list[str]:
     return [argv[0], "--model", argv[1], *rest]
 
 
+def late_model_tag(args, extra: list[str]) -> list[str]:
+    """`stepgap simulate --gpu h100 ... MODEL`: vLLM's MODEL is a positional argument, so it
+    may stand among the options too (`model_tag` takes it right after the command); a word the
+    parser left over before any option it did not know is it. Returns the words still left."""
+    if not extra or extra[0].startswith("-") or not hasattr(args, "model"):
+        return extra
+    if args.model is not None and args.model != extra[0]:
+        raise UserError(f"MODEL {extra[0]} and --model {args.model}: give one")
+    args.model = extra[0]
+    return extra[1:]
+
+
 def _is_number(text: str) -> bool:
     try:
         float(text)

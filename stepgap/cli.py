@@ -279,8 +279,8 @@ def check_command_line(parser, args, extra: list[str]) -> None:
         command = parser.commands[args.command]
         if not getattr(args, "vllm_options", False):
             command.error(f"unrecognized arguments: {' '.join(extra)}")
-        from stepgap.common.options import ignore_vllm_options
-        ignore_vllm_options(command, args, extra)
+        from stepgap.common.options import ignore_vllm_options, late_model_tag
+        ignore_vllm_options(command, args, late_model_tag(args, extra))
     output_over_input(parser, args)
 
 

@@ -173,6 +173,17 @@ def test_model_is_the_word_after_the_command_as_vllm_serve_takes_it(tmp_path, ca
                            "llama-3.2-1b: give one")
 
 
+def test_model_may_stand_among_the_options_as_vllms_positional_does(tmp_path, capsys):
+    path = tmp_path / "r.json"
+    assert main(["simulate", "--num-prompts", "2", "--quiet", "--result-json", str(path),
+                 "meta-llama/Llama-3.2-1B-Instruct"]) == 0
+    assert RunRecord.load(path).resolved["target"] == "llama-3.2-1b"
+    err = exits_2(["simulate", "--num-prompts", "2", "Qwen/Qwen3-8B", "--model",
+                   "llama-3.2-1b"], capsys)
+    assert err.strip() == ("stepgap simulate: error: MODEL Qwen/Qwen3-8B and --model "
+                           "llama-3.2-1b: give one")
+
+
 @pytest.mark.parametrize("argv, near", [
     (["--model", "meta-llama/Llama-3.1-8B"], "near: llama-3.1-8b (meta-llama/Llama-3.1-8B-Instruct)"),
     (["--model", "RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic"],
