@@ -155,7 +155,16 @@ def percentiles_arg(text: str) -> tuple[float, ...]:
     ps = _numbers(text)
     if not ps or any(not 0 < p < 100 for p in ps):
         raise argparse.ArgumentTypeError(f"percentiles must be in (0, 100), got {text!r}")
+    _once(ps, text)
     return ps
+
+
+def _once(values: tuple, text: str) -> None:
+    """A list option's value names each item once (a second would print its key twice)."""
+    again = next((x for i, x in enumerate(values) if x in values[:i]), None)
+    if again is not None:
+        shown = f"{again:g}" if isinstance(again, float) else again
+        raise argparse.ArgumentTypeError(f"{shown} given twice in {text!r}")
 
 
 def metrics_arg(text: str) -> tuple[str, ...]:
@@ -164,6 +173,7 @@ def metrics_arg(text: str) -> tuple[str, ...]:
     bad = [n for n in names if n not in METRICS]
     if not names or bad:
         raise argparse.ArgumentTypeError(f"expected some of {','.join(METRICS)}, got {text!r}")
+    _once(names, text)
     return names
 
 

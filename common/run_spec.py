@@ -125,6 +125,8 @@ def _complaint(o: Option, v) -> str | None:
             return "must be percentiles in (0, 100)"
         if k == "metrics" and not set(v) <= set(METRICS):
             return f"must be some of {', '.join(METRICS)}"
+        if k in ("percentiles", "metrics") and len(set(v)) < len(v):
+            return f"names {next(x for i, x in enumerate(v) if x in v[:i])!r} twice"
     if k == "table" and not isinstance(v, dict):
         return "must be a table"
     return None

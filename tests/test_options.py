@@ -173,6 +173,15 @@ def test_model_is_the_word_after_the_command_as_vllm_serve_takes_it(tmp_path, ca
                            "llama-3.2-1b: give one")
 
 
+@pytest.mark.parametrize("option, value, says", [
+    ("--metric-percentiles", "50,90,50", "50 given twice in '50,90,50'"),
+    ("--percentile-metrics", "ttft,itl,ttft", "ttft given twice in 'ttft,itl,ttft'"),
+])
+def test_a_percentile_list_names_each_item_once(option, value, says, capsys):
+    err = exits_2(["simulate", "--num-prompts", "2", option, value], capsys)
+    assert f"argument {option}: {says}" in err
+
+
 def test_model_may_stand_among_the_options_as_vllms_positional_does(tmp_path, capsys):
     path = tmp_path / "r.json"
     assert main(["simulate", "--num-prompts", "2", "--quiet", "--result-json", str(path),

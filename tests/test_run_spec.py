@@ -52,6 +52,10 @@ def test_both_halves_refuse_a_bad_setting_with_one_message(make, setting, value,
     (sim, "cpu_costs", 3, "--cpu-cost: must be a table of OP = [A, B, C], got 3"),
     (sim, "metric_percentiles", [100], "--metric-percentiles: must be percentiles in (0, 100), "
      "got [100]"),
+    (sim, "metric_percentiles", [50, 50.0], "--metric-percentiles: names 50.0 twice, got "
+     "[50, 50.0]"),
+    (sim, "percentile_metrics", ["itl", "itl"], "--percentile-metrics: names 'itl' twice, got "
+     "['itl', 'itl']"),
     (engine, "kv_cache_gib", 0, "--kv-cache-gib: must be a finite number > 0, got 0"),
     (engine, "dtype", "int8",
      "--dtype: must be one of float32, bfloat16, float16, float64, got 'int8'"),
