@@ -19,6 +19,7 @@ MAX_SKEW = 10.0           # the Zipf exponent of MoE routing (at 10 the top-k ex
                           # nearly every token: 64 tokens touch 12 of 128 at top-8)
 MAX_K = 64                # draft tokens per step
 MAX_PROMPTS = 1_000_000   # requests of one run
+MAX_PARAM = 1_000_000     # a workload's length parameter, or --output-len (tokens)
 # An arrival after 1e6 s (11.6 days) would have the engine sleep that long and the simulator's
 # clock lose its microseconds: a trace's arrival_s, and num_prompts / --request-rate, the last
 # arrival of a rate (1e-20 req/s: a client whose hold rounds to 0 and spins forever).

@@ -345,10 +345,11 @@ def add_load_args(p, default_workload: str = "mtbench", many: bool = False):
     g.add_argument("--disable-shuffle", action="store_true", default=None,
                    help="sharegpt: take the file's conversations in order (vLLM shuffles them "
                         "with --seed)")
+    from stepgap.common.limits import MAX_PARAM
     from stepgap.common.workloads import ZERO_OK
     for flag, key, what in WORKLOAD_FLAGS:   # a length may be 0 where the workload allows it
         kind = ratio_arg if key == "range_ratio" else \
-            nonneg_int if key in ZERO_OK else positive_int
+            at_most(nonneg_int if key in ZERO_OK else positive_int, MAX_PARAM)
         g.add_argument(flag, dest=flag.lstrip("-").replace("-", "_"), type=kind,
                        default=None, metavar="R" if key == "range_ratio" else "N", help=what)
     add_option(g, "shared_fraction")

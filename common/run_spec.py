@@ -29,8 +29,8 @@ from functools import cache
 from stepgap.common.drafters import SPEC_METHODS
 from stepgap.common.errors import UserError
 from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES, OLD_DEVICES
-from stepgap.common.limits import (MAX_K, MAX_PROMPTS, MAX_TP, MIN_BURSTINESS, is_finite, is_int,
-                                   is_number)
+from stepgap.common.limits import (MAX_K, MAX_PARAM, MAX_PROMPTS, MAX_TP, MIN_BURSTINESS,
+                                   is_finite, is_int, is_number)
 from stepgap.common.scheduler import BLOCK_SIZE
 
 
@@ -275,7 +275,7 @@ class LoadSpec:
         help="number of requests (default: the workload's own: 80 for mtbench, 1000 for vLLM's "
              "datasets as vLLM)")
     output_len: int | None = opt(
-        None, "--output-len", kind="int", lo=1,
+        None, "--output-len", kind="int", lo=1, hi=MAX_PARAM,
         help="override every request's output length (tokens; ignore_eos)")
     # the shared prefix's share of a prompt (common/workloads.py)
     shared_fraction: float | None = opt(

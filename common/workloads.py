@@ -29,7 +29,7 @@ import numpy as np
 from stepgap.common.datasets import DEFAULT_VOCAB
 from stepgap.common.errors import UserError
 from stepgap.common.formats import TraceRequest, load_trace
-from stepgap.common.limits import (MAX_ARRIVAL_S, MAX_PROMPTS, MAX_WORKLOAD_TOKENS,
+from stepgap.common.limits import (MAX_ARRIVAL_S, MAX_PARAM, MAX_PROMPTS, MAX_WORKLOAD_TOKENS,
                                    MIN_BURSTINESS)
 
 # MT-bench first-turn prompts per category, in Llama-3 tokens after the Llama-3.1 chat template
@@ -229,7 +229,6 @@ ZERO_OK = ("prefix_len", "suffix_len", "question_len", "user_len", "input_len",
 # round(f x length) tokens the shared prefix: the sweep axis `shared_fraction`.
 SHARED_SPLIT = {"prefix_repetition": ("prefix_len", "suffix_len"),
                 "generated-shared-prefix": ("system_prompt_len", "question_len")}
-MAX_PARAM = 1_000_000
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:

@@ -176,8 +176,11 @@ def test_model_is_the_word_after_the_command_as_vllm_serve_takes_it(tmp_path, ca
 @pytest.mark.parametrize("option, value, says", [
     ("--metric-percentiles", "50,90,50", "50 given twice in '50,90,50'"),
     ("--percentile-metrics", "ttft,itl,ttft", "ttft given twice in 'ttft,itl,ttft'"),
+    # a length past what any workload takes is named by its own flag, not the workload's name
+    ("--random-input-len", "1000000000", "must be at most 1e+06, got 1000000000"),
+    ("--output-len", "1000000000000", "must be at most 1e+06, got 1000000000000"),
 ])
-def test_a_percentile_list_names_each_item_once(option, value, says, capsys):
+def test_a_list_or_length_option_is_refused_by_its_own_name(option, value, says, capsys):
     err = exits_2(["simulate", "--num-prompts", "2", option, value], capsys)
     assert f"argument {option}: {says}" in err
 
