@@ -117,6 +117,9 @@ def bad_path(parser, args):
             return command, name, "an empty path ('') names no file or folder"
         if action.metavar in ("N", "RPS", "NAME"):   # lists of numbers, names that stay names
             continue
+        if action.dest in FILE_OUTPUTS and any(str(v).endswith("/") for v in values):
+            return command, name, ("a path ending in '/' names a folder, and this option "
+                                   "writes a file: give its name")
         for v in values:
             longest = max((len(part.encode("utf-8", "replace")) for part in str(v).split("/")),
                           default=0)

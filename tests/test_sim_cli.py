@@ -105,6 +105,14 @@ def test_unwritable_output_is_a_clean_error(tmp_path, capsys):
     assert f"--result-json {tmp_path}: is a folder" in capsys.readouterr().err
 
 
+def test_an_output_file_ending_in_a_slash_is_refused_not_written_as_a_file(tmp_path, capsys):
+    out = f"{tmp_path}/new/"
+    assert main(["simulate", "--num-prompts", "2", "--result-json", out]) == 2
+    assert "argument --result-json: a path ending in '/' names a folder" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+
+
 def test_malformed_trace_line_names_file_line_and_field(tmp_path, capsys):
     path = bad_trace(tmp_path)
     assert main(["simulate", "--trace", path]) == 2
