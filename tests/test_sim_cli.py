@@ -107,7 +107,9 @@ def test_unwritable_output_is_a_clean_error(tmp_path, capsys):
 
 def test_an_output_file_ending_in_a_slash_is_refused_not_written_as_a_file(tmp_path, capsys):
     out = f"{tmp_path}/new/"
-    assert main(["simulate", "--num-prompts", "2", "--result-json", out]) == 2
+    with pytest.raises(SystemExit) as e:   # argparse's error
+        main(["simulate", "--num-prompts", "2", "--result-json", out])
+    assert e.value.code == 2
     assert "argument --result-json: a path ending in '/' names a folder" in \
         capsys.readouterr().err
     assert not (tmp_path / "new").exists()
