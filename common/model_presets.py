@@ -191,7 +191,8 @@ def unknown(spec: str, what: str, ids: dict[str, str], presets, extra: str = "")
         f"unknown {what} {spec!r}: not a preset, a Hugging Face id stepgap knows, a folder or a "
         f"config.json (nothing is downloaded); near: {', '.join(near_presets(spec, ids, presets))}"
         f"{extra}{fp8}; for this one, give its config.json (e.g. `huggingface-cli download "
-        f"{spec if '/' in spec else 'ORG/NAME'} config.json --local-dir DIR`, then DIR)")
+        f"{spec if '/' in spec and spec.isprintable() else 'ORG/NAME'} config.json "
+        "--local-dir DIR`, then DIR)")
 
 
 def read_config(spec: str) -> tuple[dict, str]:

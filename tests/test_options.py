@@ -204,6 +204,7 @@ def test_model_may_stand_among_the_options_as_vllms_positional_does(tmp_path, ca
     (["--model", "meta-llama/Llama-3.3-70B-Instruct", "-tp", "4", "--draft",
       "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B", "-k", "2"],
      "near: llama-3.3-70b-eagle3 (RedHatAI/Llama-3.3-70B-Instruct-speculator.eagle3)"),
+    (["--model", "meta-llama/Llama\n-3.1-8B"], "download ORG/NAME config.json"),   # one line
 ])
 def test_an_id_stepgap_does_not_know_is_one_line_naming_near_presets(capsys, argv, near):
     err = exits_2(["simulate", *argv, "--num-prompts", "2"], capsys)
