@@ -40,6 +40,7 @@ MAX_ITER = 30
 # k=4 on l20, calibrate took 10.2 s on a run of 80 prompts and 64.0 s on one of 500 (about
 # 0.13 s a prompt, on this 2-core VM while another job ran), and ran past 200 s on 1,000,000.
 MAX_FIT_PROMPTS = 250
+REACH = 0.10   # how far a fit at its bounds may miss a run's mean ITL before it is refused
 
 
 @dataclass
@@ -300,6 +301,27 @@ def solve(f, x0: float, x1: float, lo: float, hi: float, tol: float = 1e-4) -> f
     return x1
 
 
+def check_reachable(fit: Fitter, s: float, e: float, shift: float) -> None:
+    """A fit that ran into its bounds (no CPU at all, 50 x the defaults, the acceptance shifted
+    by 4 on the logit scale) and still misses a run's mean ITL by more than REACH: that run is
+    not of the setup the command line gives (another GPU, model or k), or its numbers are
+    wrong. One line naming the file, rather than a profile of nonsense."""
+    bounds = [what for hit, what in (
+        (s <= 1e-3, "no host CPU at all"), (s >= 50.0 - 1e-6, "50 x the default CPU costs"),
+        (abs(shift) >= 4.0 - 1e-6, f"the acceptance shifted by {shift:+g} on the logit scale"))
+        if hit]
+    if not bounds:
+        return
+    for r, x in zip(fit.runs, fit.results(s, e)):
+        sim = x.metrics["mean_itl_ms"]
+        if abs(math.log(sim / r.itl)) > math.log(1 + REACH):
+            raise UserError(
+                f"{where(r.path, field='mean_itl_ms')}: {r.itl:g} ms (mean TPOT "
+                f"{r.doc['mean_tpot_ms']:g}), which this setup does not reach: at "
+                f"{' and '.join(bounds)} it simulates {sim:.4g} ms; check --gpu, --model and "
+                "-k against the run, and the file's numbers")
+
+
 def fit_bench(runs: list[BenchRun], base: dict, noise: float):
     """The profile of the runs (module docstring)."""
     from stepgap.sim.bands import CPU_HIGH, CPU_LOW, CPU_SEED, DEVICE_HIGH, DEVICE_LOW, shifted
@@ -336,6 +358,7 @@ def fit_bench(runs: list[BenchRun], base: dict, noise: float):
             s, e = fit_two(fit, s, e)
         else:
             s = solve(lambda x: statistics.fmean(fit.itl_error(x, e)), s, s * 1.1, 0.0, 50.0)
+    check_reachable(fit, s, e, shift)
     if len(cells) >= 2:
         split, why = split_two(fit, s, e, noise, (CPU_LOW, CPU_HIGH), (DEVICE_LOW, DEVICE_HIGH))
         how["level"] = (f"CPU x {s:.3f} and device x {e:.4f}: least squares on the log mean "

@@ -280,6 +280,23 @@ def test_a_bench_input_given_twice_or_no_file_is_refused_naming_it(tmp_path, cap
     assert not out.exists()
 
 
+@pytest.mark.parametrize("itl, says", [(1e-6, "at no host CPU at all it simulates"),
+                                       (5000.0, "at 50 x the default CPU costs it simulates")])
+def test_a_mean_itl_no_host_of_this_setup_reaches_is_refused_naming_the_file(
+        tmp_path, capsys, itl, says):
+    """A run this GPU and model cannot give (another GPU's, or a wrong number): the fit runs
+    into its bounds and misses it; one line naming the file and field, no profile."""
+    res = dict(simulate(SimConfig(**{**SMALL, "k": 3, "max_concurrency": 1}))[0])
+    res["mean_itl_ms"], res["mean_tpot_ms"] = itl, itl / 3
+    res["duration"] = 1000.0   # (a run that long, for its TPOT to fit in it)
+    run = bench_file(tmp_path / "b.json", res, 1, num_speculative_tokens="3")
+    out = tmp_path / "p.json"
+    assert main(["calibrate", run, *CAL, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{run}: field 'mean_itl_ms'" in err[0] and says in err[0], err
+    assert not out.exists()
+
+
 def test_a_bench_files_model_id_and_the_command_lines_model_resolve_alike():
     from stepgap.calibrate.bench_fit import model_name
     # an id and the preset it stands for are one model (common/model_presets.py MODEL_IDS)
