@@ -19,7 +19,7 @@ from pathlib import Path
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json
 from stepgap.common.formats import MODES, RequestTiming, TraceRequest, run_result
-from stepgap.common.limits import MAX_K, MAX_PROMPTS, is_int
+from stepgap.common.limits import MAX_K, MAX_PARAM, MAX_PROMPTS, is_int
 
 BENCH_KEYS = ("date", "backend", "model_id", "num_prompts", "completed", "duration",
               "mean_tpot_ms")
@@ -193,6 +193,9 @@ def bench_requests(doc: dict, path, chunk_tokens: list[list[int]] | None = None,
             if v < 1:   # a request that succeeded had a prompt and gave a token
                 raise UserError(f"{where(path, field=f'{key}[{i}]')}: {v} tokens for a request "
                                 "without an error")
+            if v > MAX_PARAM:   # no model's context holds it
+                raise UserError(f"{where(path, field=f'{key}[{i}]')}: {v} tokens, more than "
+                                f"any request holds (at most {MAX_PARAM:,})")
         acc = None
         if chunk_tokens is not None:
             acc = [n - 1 for n in chunk_tokens[i][1:]]

@@ -249,6 +249,17 @@ def test_a_bench_file_is_a_run_result_and_the_trace_that_made_it(tmp_path):
     assert len(out.read_text().splitlines()) == len(reqs)
 
 
+@pytest.mark.parametrize("key", ["input_lens", "output_lens"])
+def test_a_request_longer_than_any_context_is_named_by_its_field(tmp_path, key):
+    doc = json.loads((DATA / "bench.json").read_text())
+    doc[key][1] = 10 ** 30
+    f = tmp_path / "b.json"
+    f.write_text(json.dumps(doc))
+    with pytest.raises(UserError, match=rf"b.json: field '{key}\[1\]': 10+ tokens, more than "
+                                        "any request holds"):
+        bench_requests(read_bench(f), f)
+
+
 def test_a_bench_file_without_details_says_what_to_add(tmp_path):
     doc = json.loads((DATA / "bench.json").read_text())
     del doc["itls"]
