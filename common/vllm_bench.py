@@ -105,9 +105,10 @@ def check_bench(doc: dict, path) -> dict:
         if not (_number(doc.get("spec_decode_acceptance_length"))
                 and doc["spec_decode_acceptance_length"] >= 1):
             bad("spec_decode_acceptance_length", "a number >= 1")
-        rates = doc.get("spec_decode_per_position_acceptance_rates")
-        if not (isinstance(rates, list) and all(_number(r) and 0 <= r <= 1 for r in rates)):
-            bad("spec_decode_per_position_acceptance_rates", "a list of rates from 0 to 1")
+    rates = doc.get("spec_decode_per_position_acceptance_rates")
+    if (rates is not None or doc.get("spec_decode_num_drafts") is not None) and not (
+            isinstance(rates, list) and all(_number(r) and 0 <= r <= 1 for r in rates)):
+        bad("spec_decode_per_position_acceptance_rates", "a list of rates from 0 to 1")
     if any(key in doc for key in DETAIL_KEYS):
         _check_details(doc, path, n)
     return doc

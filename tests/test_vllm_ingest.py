@@ -260,6 +260,19 @@ def test_a_request_longer_than_any_context_is_named_by_its_field(tmp_path, key):
         bench_requests(read_bench(f), f)
 
 
+@pytest.mark.parametrize("rates", [[float("nan")], [1.5], "0.9"])
+def test_per_position_rates_are_checked_with_or_without_the_draft_counts(tmp_path, rates):
+    doc = json.loads((DATA / "bench.json").read_text())
+    doc["spec_decode_per_position_acceptance_rates"] = rates
+    for key in [k for k in doc if k.startswith("spec_decode_") and "rates" not in k]:
+        del doc[key]   # (vLLM writes the counts with them; a file edited by hand may not)
+    f = tmp_path / "b.json"
+    f.write_text(json.dumps(doc))   # (NaN as Python writes it)
+    with pytest.raises(UserError, match=r"b.json: field 'spec_decode_per_position_acceptance_"
+                                        r"rates': expected a list of rates from 0 to 1"):
+        read_bench(f)
+
+
 def test_a_bench_file_without_details_says_what_to_add(tmp_path):
     doc = json.loads((DATA / "bench.json").read_text())
     del doc["itls"]
