@@ -674,8 +674,13 @@ def model_tag(parser, argv: list[str]) -> list[str]:
         if name in flags:
             other = value if eq else rest[i + 1] if i + 1 < len(rest) else None
             if other != argv[1]:
-                raise UserError(f"MODEL {argv[1]} and {name} {other}: give one")
+                raise two_models(argv[1], name, other)
     return [argv[0], "--model", argv[1], *rest]
+
+
+def two_models(tag: str, flag: str, model) -> UserError:
+    """vLLM's MODEL and --model (or --target) both given, and not the same."""
+    return UserError(f"MODEL {tag} and {flag} {model}: give one")
 
 
 def late_model_tag(args, extra: list[str]) -> list[str]:
@@ -685,7 +690,7 @@ def late_model_tag(args, extra: list[str]) -> list[str]:
     if not extra or extra[0].startswith("-") or not hasattr(args, "model"):
         return extra
     if args.model is not None and args.model != extra[0]:
-        raise UserError(f"MODEL {extra[0]} and --model {args.model}: give one")
+        raise two_models(extra[0], "--model", args.model)
     args.model = extra[0]
     return extra[1:]
 

@@ -215,6 +215,12 @@ def _bins(axes: dict, a: str, path: Path) -> tuple[list[float], list[str]]:
     return nums, labels
 
 
+def _per_tp(block, tp: int):
+    """skew_fit's per_tp entry for this TP (YAML keys it by an integer or a string), if any."""
+    per_tp = block.get("per_tp") if isinstance(block, dict) else None
+    return per_tp.get(tp, per_tp.get(str(tp))) if isinstance(per_tp, dict) else None
+
+
 def _skew(meta: dict, root: Path, tp: int, meta_path: Path) -> SkewFit | None:
     """The bundle's skew fit at this TP, or None where it measured none. Every field read is
     checked (naming it): the alphas finite and within MAX_SKEW_ALPHA either way, the bins
@@ -235,7 +241,7 @@ def _skew(meta: dict, root: Path, tp: int, meta_path: Path) -> SkewFit | None:
         raise bad(".per_tp", "a mapping of tensor-parallel size to its fit", per_tp)
     if not block.get("enabled") or not per_tp:
         return None
-    entry = per_tp.get(tp, per_tp.get(str(tp)))
+    entry = _per_tp(block, tp)
     if entry is None:
         return None
     at = f".per_tp.{tp}"
@@ -510,9 +516,7 @@ def _bundle_files(root: Path, tp: int) -> list[Path]:
     tp<N>/ folder's tables, and a skew table meta.yaml names elsewhere."""
     files = [root / "meta.yaml"]
     files += sorted(p for p in (root / f"tp{tp}").glob("*.csv") if p.is_file())
-    block = read_meta(root).get("skew_fit")
-    entry = ((block.get("per_tp") or {}) if isinstance(block, dict) else {})
-    entry = entry.get(tp, entry.get(str(tp))) if isinstance(entry, dict) else None
+    entry = _per_tp(read_meta(root).get("skew_fit"), tp)
     name = entry.get("bucket_table") if isinstance(entry, dict) else None
     if isinstance(name, str) and (root / name).is_file() and root / name not in files:
         files.append(root / name)
