@@ -7,16 +7,16 @@ alternate the checkouts, so that the machine's drift falls on both:
 
 - `advise`: the default question, as a user types it (Llama-3.1-8B + EAGLE-3 on one H100,
   k 0-8, sync, async and zero-bubble, concurrency 1, 2, 4, 8, 16 and 32, with bands, --jobs 2):
-  the wall time of `python -m stepgap advise ...`, imports included (this checkout only: the
-  command is new);
+  the wall time of `python -m stepgap advise ...`, imports included, and the CPU time of it
+  and its processes, in each checkout (a baseline before ca876d4 has no advise: it fails);
 - `cells`: every simulation that answer runs, simulated by each checkout in turn over two
   processes (the sweep machinery's local runner): wall time and the children's CPU time; their
   ratio is the simulator's speed on this question;
 - `sharegpt-h100`: the preset's 10,000 ShareGPT-like requests at concurrency 64 (k 4, async,
   H100): CPU time of Sim.run, each checkout.
 
-Usage (the baseline: today's main, f9c02e3):
-    mkdir -p /tmp/base && git archive f9c02e3 | tar -x -C /tmp/base
+Usage (the baseline: main before the replay of recorded steps, 4a6030b):
+    mkdir -p /tmp/base && git archive 4a6030b | tar -x -C /tmp/base
     python bench/advise_speed.py --baseline /tmp/base --rounds 3
     python bench/advise_speed.py --rounds 1            # this checkout alone
 """
@@ -136,19 +136,19 @@ def main() -> int:
     this = shim(ROOT, tmp / "this")
     base = shim(args.baseline.resolve(), tmp / "base") if args.baseline else None
     cells = tmp / "cells.json"
-    rows = {k: [] for k in ("advise", "cells", "cells_base", "share", "share_base")}
+    rows = {k: [] for k in ("advise", "advise_base", "cells", "cells_base", "share",
+                            "share_base")}
     for r in range(args.rounds):
         order = [("this", this), ("base", base)] if r % 2 == 0 else [("base", base),
                                                                    ("this", this)]
         for who, path in order:
             if path is None:
                 continue
-            if who == "this":
-                a = child(path, "--child-advise", str(cells))
-                rows["advise"].append(a)
-                print(f"round {r + 1}: advise {a['wall_s']:.2f} s wall ({a['sims']} "
-                      f"simulations, {a['cpu_s']:.1f} s CPU)", flush=True)
             suffix = "" if who == "this" else "_base"
+            a = child(path, "--child-advise", str(cells if who == "this" else tmp / "base.json"))
+            rows["advise" + suffix].append(a)
+            print(f"round {r + 1}: {who}: advise {a['wall_s']:.2f} s wall ({a['sims']} "
+                  f"simulations, {a['cpu_s']:.1f} s CPU)", flush=True)
             c = child(path, "--child-cells", str(cells))
             s = child(path, "--child-share")
             rows["cells" + suffix].append(c)
@@ -163,7 +163,8 @@ def main() -> int:
           f"{med('cells', 'cpu_s'):.1f} s CPU")
     print(f"  sharegpt-h100, this checkout: {med('share', 'cpu_s'):.2f} s CPU")
     if base is not None:
-        for key, f in (("cells", "wall_s"), ("cells", "cpu_s"), ("share", "cpu_s")):
+        for key, f in (("advise", "wall_s"), ("advise", "cpu_s"), ("cells", "wall_s"),
+                       ("cells", "cpu_s"), ("share", "cpu_s")):
             ratios = [b[f] / t[f] for t, b in zip(rows[key], rows[key + "_base"])]
             print(f"  {key} {f}: baseline / this = {statistics.median(ratios):.2f}x "
                   f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)})")

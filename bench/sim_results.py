@@ -15,6 +15,10 @@ device with the committed profile and its jitter (process and inline), vLLM's to
 GPU), TP 2, preemption, chunked prefill, output latency, Poisson arrivals, ngram, ngram_gpu,
 draft_model, k = 0, a speed level, concurrency 1, no concurrency cap; and the 10,000-request
 ShareGPT-like run in sync and async. About 15 s on one core.
+
+`--replay` simulates each scenario first at other CPU costs and device speed, keeping its steps
+(sim/loop.py `Recording`), then the scenario itself from that recording, where it can replay
+them: its folder must be identical to a plain run's.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from stepgap.common.fileio import jsonable  # noqa: E402
 from stepgap.sim.config import SimConfig  # noqa: E402
-from stepgap.sim.loop import simulate  # noqa: E402
+from stepgap.sim.loop import Recording, simulate  # noqa: E402
 from stepgap.sim.presets import get_preset  # noqa: E402
 
 PAIR = "checkpoints/pystdlib"
@@ -95,6 +99,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "sim-results")
     ap.add_argument("only", nargs="*", help="scenario names (default: all)")
+    ap.add_argument("--replay", action="store_true",
+                    help="each scenario from the recorded steps of a run at other CPU costs "
+                         "and device speed, where it can replay them")
     args = ap.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -103,14 +110,21 @@ def main() -> int:
         if args.only and name not in args.only:
             continue
         settings = {k: v for k, v in settings.items() if not (k == "draft" and v is None)}
-        res, spans = simulate(SimConfig(**settings, detailed=True))
+        cfg, steps = SimConfig(**settings, detailed=True), None
+        if args.replay:
+            steps = Recording()
+            simulate(SimConfig(**{**settings, "cpu_scale": 1.7 * settings.get("cpu_scale", 1.0),
+                                  "speed": 0.9 * settings.get("speed", 1.0)}), recording=steps)
+        res, spans = simulate(cfg, recording=steps)
         text = json.dumps(jsonable(res), sort_keys=True)
         digest = hashlib.sha256(repr([(s.lane, s.op, s.step, s.start_us, s.end_us, s.args)
                                       for s in spans]).encode()).hexdigest()[:16]
         (out / f"{name}.json").write_text(text)
         (out / f"{name}.spans").write_text(f"{len(spans)} {digest}\n")
         print(f"{name:28s} {hashlib.sha256(text.encode()).hexdigest()[:16]} "
-              f"spans {len(spans)} {digest}", flush=True)
+              f"spans {len(spans)} {digest}"
+              f"{'' if steps is None else ' replayed' if steps.totals else ' in full'}",
+              flush=True)
     return 0
 
 

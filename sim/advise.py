@@ -133,13 +133,21 @@ class Cells:
         return json.dumps(settings, sort_keys=True, default=str)
 
     def run(self, cells: list[dict]) -> None:
-        from stepgap.sim.sweep_runners import run_local
-        todo = sorted({self.key(s): s for s in cells if self.key(s) not in self.done}.items(),
-                      key=lambda item: longest_first(item[1]))
-        for i, metrics in run_local([s for _, s in todo], self.jobs):
-            self.done[todo[i][0]] = metrics
-            if self.progress is not None:
-                self.progress()
+        """Simulate the cells not done yet: those that differ only in how long things take
+        (a band's CPU and device ends at one k) together, in one process, where the later
+        ones replay the first one's steps (sweep_runners.run_cells)."""
+        from stepgap.sim.loop import TIME_ONLY
+        from stepgap.sim.sweep_runners import run_cells, run_local
+        groups: dict[str, list] = {}
+        for key, s in {self.key(s): s for s in cells if self.key(s) not in self.done}.items():
+            steps = self.key({k: v for k, v in s.items() if k not in TIME_ONLY})
+            groups.setdefault(steps, []).append((key, s))
+        todo = sorted(groups.values(), key=lambda g: (*longest_first(g[0][1]), -len(g)))
+        for i, rows in run_local([[s for _, s in g] for g in todo], self.jobs, run_cells):
+            for (key, _), metrics in zip(todo[i], rows):
+                self.done[key] = metrics
+                if self.progress is not None:
+                    self.progress()
 
     def tpot(self, settings: dict) -> float:
         """The cell's mean TPOT; inf where it has none, or was not simulated."""
@@ -203,7 +211,11 @@ def advise(base: dict, loads: list[dict], ks: list[int], band: bool = True, jobs
     checked = grid.cells(keyed=False)   # every cell built, resolved, its workload checked
     inputs = band_inputs(base, max(ks)) if band else []
     cells = Cells(jobs, progress)
-    cells.run([c.settings for c in checked if c.settings["mode"] != "zero-bubble"])
+    nominal = [c.settings for c in checked if c.settings["mode"] != "zero-bubble"]
+    # every search starts at k = 0 (`search`): its input ends run with the nominal cell, whose
+    # steps they replay (Cells.run)
+    cells.run(nominal + [inp.settings(s, end) for s in nominal if s["k"] == 0
+                         for inp in inputs if inp.applies(0) for end in ("low", "high")])
     cells.run([cell(base, load, "zero-bubble", k) for load in loads
                for k in zero_bubble_ks(cells, base, load, ks)])
     found = search(cells, base, loads, ks, inputs)

@@ -294,17 +294,19 @@ def run_bands(settings: dict, requests=None, metrics=BAND_METRICS, profile=None)
     """One run and its bands: (the run result at the nominal inputs, the inputs, metric ->
     Band, the run's spans); the same requests at every input end."""
     from stepgap.sim.config import SimConfig
-    from stepgap.sim.loop import build_workload, simulate
+    from stepgap.sim.loop import Recording, build_workload, simulate
 
     cfg = SimConfig(**settings)
     reqs = requests if requests is not None else build_workload(cfg)
-    res, spans = simulate(cfg, reqs, profile=profile)
+    steps = Recording()   # the CPU and device ends take the nominal run's steps
+    res, spans = simulate(cfg, reqs, profile=profile, recording=steps)
     inputs = [i for i in band_inputs(settings) if i.applies(cfg.k)]
     ends = {}
     for inp in inputs:
         ends[inp.name] = tuple(
             simulate(SimConfig(**{**inp.settings(settings, end), "timeline": False,
-                                  "detailed": False}), reqs, profile=profile)[0]
+                                  "detailed": False}), reqs, profile=profile,
+                     recording=steps)[0]
             for end in ("low", "high"))
     bands = {m: combine(res[m], {n: (lo[m], hi[m]) for n, (lo, hi) in ends.items()})
              for m in metrics if res.get(m) is not None}
@@ -334,10 +336,13 @@ def difference_band(a: dict, b: dict, metric: str = "mean_itl_ms") -> tuple[Band
     """The band of metric(run a) - metric(run b), each input end moving both runs together
     (what async saves over sync: a the sync run, b the async one), and the inputs."""
     from stepgap.sim.config import SimConfig
-    from stepgap.sim.loop import simulate
+    from stepgap.sim.loop import Recording, simulate
+
+    steps = Recording(), Recording()   # each run's steps, for its CPU and device ends
 
     def value(sa, sb):
-        return simulate(SimConfig(**sa))[0][metric] - simulate(SimConfig(**sb))[0][metric]
+        return simulate(SimConfig(**sa), recording=steps[0])[0][metric] \
+            - simulate(SimConfig(**sb), recording=steps[1])[0][metric]
     inputs = [i for i in band_inputs(a) if i.applies(a.get("k", 0))]
     return combine(value(a, b), {i.name: tuple(value(i.settings(a, end), i.settings(b, end))
                                                for end in ("low", "high"))

@@ -49,6 +49,7 @@ machine's own noise (`Jitter`) scales each step's device ops.
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from dataclasses import dataclass
 
@@ -256,11 +257,72 @@ class Device:
         return self.k if b.num_sampling else 1
 
 
+@dataclass(slots=True)
+class Planned:
+    """A recorded step, as the engine loop reads its SchedulerOutput (`Recording`)."""
+
+    step: int
+    scheduled: bool
+    num_reqs: int
+    num_batched_tokens: int
+
+
+# Settings that change how long things take, or what a result holds, never which steps run:
+# runs that differ in these alone take the same steps (`Recording`; a band's CPU and device ends)
+TIME_ONLY = ("cpu_scale", "speed", "timeline", "detailed")
+
+
+class Recording:
+    """The steps of one run, kept so that a run that differs from it only in how long things
+    take (TIME_ONLY settings, the device's costs) replays them instead of scheduling and
+    drawing acceptance again: the same results, about half the time (docs/sim.md, "Speed").
+
+    Only where the steps cannot depend on time (`Sim.same_steps`): one thread drives the engine
+    core, so the order of everything it does is fixed by the loop, and the client's requests
+    come in at fixed points of it (all at once, or each as another finishes). Pass an empty
+    one to `simulate` to fill it (where the run allows), then the same one to the runs to
+    replay it; a run that differs in anything else is simulated in full, as is one given a
+    recording its first run could not fill."""
+
+    def __init__(self):
+        self.key: str | None = None
+        self.requests: list[TraceRequest] | None = None
+        self.plans: list[tuple[Planned, Batch | None]] = []   # every schedule()'s
+        self.outcomes: list[list] = []   # every update's chunks (EngineCoreOutput: read only)
+        self.totals: dict | None = None   # the counters the result reads, once it is complete
+
+    @staticmethod
+    def key_of(cfg: SimConfig) -> str:
+        return json.dumps({k: v for k, v in cfg.to_dict().items() if k not in TIME_ONLY},
+                          sort_keys=True, default=str)
+
+    def start(self, cfg: SimConfig, requests: list[TraceRequest]) -> Recording | None:
+        """This recording, to be filled by a run of `cfg` (None: it is filled already)."""
+        if self.totals is not None:
+            return None
+        self.key, self.requests = self.key_of(cfg), requests
+        return self
+
+    def close(self, sim: Sim) -> None:
+        self.totals = {"num_preemptions": sim.sched.num_preemptions,
+                       "prefix_cache": sim.sched.prefix_cache_counts(),
+                       "accepted_hist": list(sim.accepted_hist),
+                       "num_draft_tokens": sim.num_draft_tokens}
+
+    def replays(self, cfg: SimConfig, requests: list[TraceRequest]) -> bool:
+        """Whether a run of `cfg` over `requests` takes the recorded steps."""
+        return self.totals is not None and self.key == self.key_of(cfg) \
+            and (self.requests is requests or self.requests == requests)
+
+
 class Sim:
     """One simulated serving run. `run()` returns (run result, spans)."""
 
+    recording: Recording | None = None   # where its steps are kept for a replay (`Recording`)
+
     def __init__(self, cfg: SimConfig, requests: list[TraceRequest],
-                 device_costs: DeviceCosts | None = None, profile: Profile | None = None):
+                 device_costs: DeviceCosts | None = None, profile: Profile | None = None,
+                 recording: Recording | None = None):
         if not requests:
             raise UserError("the workload holds no requests")
         self.cfg = cfg
@@ -278,6 +340,8 @@ class Sim:
         self.timings: dict[str, RequestTiming] = {}
         self.slot_free: simpy.Event | None = None    # the client waits on it
         self._init_engine()
+        if recording is not None and self.same_steps():
+            self.recording = recording.start(cfg, requests)
 
     def _init_engine(self) -> None:
         """The engine core's, its worker's and its device's state (one DP rank's:
@@ -336,11 +400,22 @@ class Sim:
             yield core
             yield self.busy(lane, op, step, dur, args)
 
+    def same_steps(self) -> bool:
+        """Whether this run takes the same steps however long each thing takes (`Recording`):
+        one thread drives the engine core (inline, no API server, one rank), every request
+        arrives at once and the client sends the next one as the last chunk of another lands,
+        and nothing reads the scheduler between steps (no series)."""
+        return (type(self) in (Sim, Replayed) and self.inline and not self.api_server
+                and not self.out_latency and self.samples is None
+                and all(tr.arrival_s == 0 for tr in self.requests))
+
     def run(self) -> tuple[dict, list[Span]]:
         env = self.env
         client = env.process(self.client())
         self.start_engine()
         env.run(until=client)
+        if self.recording is not None:
+            self.recording.close(self)
         spans = sorted(self.spans, key=lambda s: s.start_us) if self.spans else []
         return self.result(env.now / 1e6), spans
 
@@ -411,8 +486,7 @@ class Sim:
                                           tr.prompt_token_ids if self.caching else None))
             launched = False
             if sched.has_unfinished():
-                out = sched.schedule()
-                batch = batch_of(out) if out.scheduled else None
+                out, batch = self.plan()
                 cost = cpu.schedule(out.num_reqs, out.num_batched_tokens)
                 if self.async_terms and cpu.async_schedule is not None and batch is not None:
                     cost += cpu.async_schedule(out.num_reqs, batch.num_drafts)
@@ -481,8 +555,19 @@ class Sim:
         return self.busy(WORKER, "propose", step.out.step,
                          self.cpu.propose(step.out.num_reqs, step.batch.kv_tokens))
 
-    def update(self, step: Step):
-        out, acc, tokens, hist = step.out, self.acc, self.tokens, self.accepted_hist
+    def plan(self) -> tuple:
+        """The next step: the scheduler's output and its totals (None: nothing scheduled)."""
+        out = self.sched.schedule()
+        batch = batch_of(out) if out.scheduled else None
+        if self.recording is not None:
+            self.recording.plans.append((Planned(out.step, bool(out.scheduled), out.num_reqs,
+                                                 out.num_batched_tokens), batch))
+        return out, batch
+
+    def outcome(self, out: SchedulerOutput) -> list:
+        """The step's tokens, 1 + accepted for each request that samples (the acceptance's
+        draws), applied by the scheduler: the chunks to stream."""
+        acc, tokens, hist = self.acc, self.tokens, self.accepted_hist
         sampled, drafts = {}, 0
         for s in out.scheduled:
             req = s.request
@@ -495,6 +580,13 @@ class Sim:
                 sampled[req.request_id] = tokens[n]
         self.num_draft_tokens += drafts
         emitted = self.sched.update_from_output(out, sampled)
+        if self.recording is not None:
+            self.recording.outcomes.append(emitted)
+        return emitted
+
+    def update(self, step: Step):
+        out = step.out
+        emitted = self.outcome(out)
         if self.samples is not None:
             self.sample(step, emitted)
         cpu = self.cpu
@@ -513,15 +605,23 @@ class Sim:
                                 cpu.rpc_drafts(out.num_reqs, out.num_batched_tokens),
                                 {"on": "take_draft_token_ids"})
             return
-        t, timings = (self.env.now + self.out_latency) / 1e6, self.timings
+        self.stream((self.env.now + self.out_latency) / 1e6, emitted)
+
+    def stream(self, t: float, emitted: list) -> None:
+        """The client has the step's chunks at `t` (s)."""
+        timings = self.timings
         for o in emitted:
             timings[o.request.request_id].add_chunk(t, len(o.new_token_ids))
             if o.finished:
-                acc.finished(o.request.request_id)
-                if self.out_latency:
-                    self.env.timeout(self.out_latency).callbacks.append(self._complete)
-                else:
-                    self._complete()
+                self.finish(o.request.request_id)
+
+    def finish(self, request_id: str) -> None:
+        """The client has a request's last chunk: its slot is free (out_latency later)."""
+        self.acc.finished(request_id)
+        if self.out_latency:
+            self.env.timeout(self.out_latency).callbacks.append(self._complete)
+        else:
+            self._complete()
 
     def sample(self, step: Step, emitted) -> None:
         """The series' point after a step: running, waiting, KV use, tokens in and out."""
@@ -698,6 +798,59 @@ class Sim:
         return spec
 
 
+class Replayed(Sim):
+    """A run that takes a `Recording`'s steps: the scheduler's outputs and the tokens each step
+    gave are read back, not computed again; everything that takes time runs as in `Sim`."""
+
+    def __init__(self, cfg: SimConfig, requests: list[TraceRequest],
+                 device_costs: DeviceCosts | None, profile: Profile | None,
+                 recording: Recording):
+        super().__init__(cfg, requests, device_costs, profile)
+        if not self.same_steps():
+            raise RuntimeError("a replayed run must take the same steps whatever the times")
+        self.sched = ReplayedScheduler(recording.totals)
+        self.plans, self.outcomes = iter(recording.plans), iter(recording.outcomes)
+        self.accepted_hist = list(recording.totals["accepted_hist"])
+        self.num_draft_tokens = recording.totals["num_draft_tokens"]
+
+    def plan(self) -> tuple:
+        step = next(self.plans, None)
+        if step is None:
+            raise RuntimeError("the replayed run went on past the recorded steps")
+        return step
+
+    def outcome(self, out: Planned) -> list:
+        emitted = next(self.outcomes)
+        for o in emitted:
+            if o.finished:
+                self.sched.unfinished -= 1
+        return emitted
+
+    def run(self) -> tuple[dict, list[Span]]:
+        res = super().run()
+        if next(self.plans, None) is not None or next(self.outcomes, None) is not None:
+            raise RuntimeError("the replayed run ended before the recorded steps did")
+        return res
+
+
+class ReplayedScheduler:
+    """What a replayed run's engine asks of its scheduler besides the steps: whether any
+    request is unfinished, and the recorded run's counters."""
+
+    def __init__(self, totals: dict):
+        self.unfinished = 0
+        self.num_preemptions = totals["num_preemptions"]
+        self.prefix_cache = totals["prefix_cache"]
+
+    def add_request(self, req: Request) -> None:
+        self.unfinished += 1
+
+    def has_unfinished(self) -> bool:
+        return self.unfinished > 0
+
+    def prefix_cache_counts(self) -> dict | None:
+        return self.prefix_cache
+
 
 # -------------------------------------------------------------------------------------------
 # Data parallelism (sim/data_parallel.py): the engine cores and the run
@@ -837,16 +990,20 @@ def build_workload(cfg: SimConfig) -> list[TraceRequest]:
 
 
 def simulate(cfg: SimConfig, requests: list[TraceRequest] | None = None,
-             device_costs: DeviceCosts | None = None, profile: Profile | None = None
-             ) -> tuple[dict, list[Span]]:
+             device_costs: DeviceCosts | None = None, profile: Profile | None = None,
+             recording: Recording | None = None) -> tuple[dict, list[Span]]:
     """Simulate one serving run: the run result (docs/design.md §4) and the timeline's spans.
 
     `requests` defaults to the workload `cfg` names, with its request rate applied; requests
     given here are used with their own arrival times. `device_costs` replaces the roofline
     (ConstantCosts in tests); `profile` is a measured profile to use instead of reading
     `cfg.profile`'s file (the fits re-simulate the runs with the profile they are making).
+    `recording`: an empty one is filled with this run's steps where the run allows; a filled
+    one is replayed where this run takes the same steps (`Recording`).
     """
     reqs = requests if requests is not None else build_workload(cfg)
     if cfg.data_parallel_size > 1:   # N engine cores behind vLLM's DP front end
         return DPSim(cfg, reqs, device_costs, profile).run()
-    return Sim(cfg, reqs, device_costs, profile).run()
+    if recording is not None and recording.replays(cfg, reqs):
+        return Replayed(cfg, reqs, device_costs, profile, recording).run()
+    return Sim(cfg, reqs, device_costs, profile, recording).run()

@@ -1,0 +1,119 @@
+"""Replaying a run's steps (sim/loop.py `Recording`): a run that differs from a recorded one only
+in how long things take gives the same result, byte for byte, as simulating it in full; a run
+whose steps could depend on time, or that differs in anything else, is simulated in full."""
+
+import json
+
+import pytest
+
+from stepgap.common.scheduler import Scheduler
+from stepgap.sim.config import SimConfig
+from stepgap.sim.loop import Recording, simulate
+from stepgap.sim.sweep_runners import run_cell, run_cells
+
+BASE = dict(gpu="h100", model="llama-3.1-8b", draft="llama-3.1-8b-eagle3", k=3, mode="async",
+            workload="sharegpt", num_prompts=24, max_concurrency=4)
+PAIR = "checkpoints/pystdlib"
+CPU = dict(model=f"{PAIR}/target", draft=f"{PAIR}/eagle3", gpu="cpu", device="cpu",
+           workload=f"{PAIR}/heldout.jsonl", profile="traces/measured/cpu/profile.json",
+           k=2, max_concurrency=2, num_prompts=6)
+REPLAYED = {
+    "sync": dict(mode="sync"),
+    "async at concurrency 1": dict(max_concurrency=1, num_prompts=6),
+    "zero-bubble": dict(mode="zero-bubble"),
+    "k = 0": dict(k=0, mode="sync"),
+    "no concurrency cap": dict(max_concurrency=None, max_num_seqs=8),
+    "prefix caching off": dict(enable_prefix_caching=False),
+    "preemption": dict(num_gpu_blocks_override=80, output_len=200, max_concurrency=16,
+                       num_prompts=40),
+    "chunked prefill": dict(max_num_batched_tokens=64, max_num_seqs=8),
+    "ngram, proposed on the CPU": dict(draft=None, method="ngram"),
+    "the CPU device, a measured profile with its noise": CPU,
+    "a timeline and detailed result": dict(timeline=True, detailed=True),
+}
+TIME_ENDS = (dict(cpu_scale=0.4), dict(cpu_scale=3.1), dict(speed=0.8), dict(speed=1.3))
+
+
+def text(settings: dict, recording: Recording | None = None) -> str:
+    settings = {k: v for k, v in settings.items() if not (k == "draft" and v is None)}
+    res, spans = simulate(SimConfig(**settings), recording=recording)
+    return json.dumps([res, [tuple(s) for s in spans]], sort_keys=True, default=str)
+
+
+def no_scheduling(monkeypatch):
+    def refuse(self):
+        raise AssertionError("a replayed run scheduled")
+    monkeypatch.setattr(Scheduler, "schedule", refuse)
+
+
+@pytest.mark.parametrize("case", list(REPLAYED))
+def test_a_run_that_differs_only_in_time_replays_the_steps_with_the_same_result(case,
+                                                                              monkeypatch):
+    settings = {**BASE, **REPLAYED[case]}
+    ends = [{**settings, **end} for end in TIME_ENDS]
+    full = [text(s) for s in ends]
+    rec = Recording()
+    text(settings, rec)
+    assert rec.totals is not None, "the recording was not filled"
+    no_scheduling(monkeypatch)   # (a replay reads the steps back: it never schedules)
+    assert [text(s, rec) for s in ends] == full
+
+
+NOT_REPLAYED = {
+    "the process executor": dict(executor="process"),
+    "Poisson arrivals": dict(request_rate=20.0, max_concurrency=None),
+    "an output latency": dict(output_latency_ms=3.0),
+    "a series of the scheduler's state": dict(timeseries_interval_s=0.5),
+    "vLLM's topology (an API server)": dict(topology="vllm"),
+    "data parallelism": dict(data_parallel_size=2),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_REPLAYED))
+def test_a_run_whose_steps_could_depend_on_time_is_not_recorded(case):
+    settings = {**BASE, **NOT_REPLAYED[case]}
+    rec = Recording()
+    first = text(settings, rec)
+    assert rec.totals is None and not rec.plans
+    assert text(settings, rec) == first
+
+
+@pytest.mark.parametrize("change", [dict(k=4), dict(seed=1), dict(mode="sync"),
+                                    dict(acceptance_rates=[0.5, 0.4, 0.3]),
+                                    dict(max_concurrency=3)])
+def test_a_run_that_differs_in_anything_else_is_simulated_in_full(change, monkeypatch):
+    rec = Recording()
+    text(BASE, rec)
+    other = {**BASE, **change, "cpu_scale": 2.0}
+    full = text(other)
+    calls = []
+    real = Scheduler.schedule
+    monkeypatch.setattr(Scheduler, "schedule", lambda self: calls.append(1) or real(self))
+    assert text(other, rec) == full and calls
+
+
+def test_the_same_settings_over_other_requests_are_simulated_in_full(monkeypatch):
+    from stepgap.sim.loop import build_workload
+    cfg = SimConfig(**BASE)
+    reqs = build_workload(cfg)
+    rec = Recording()
+    simulate(cfg, reqs[:-1], recording=rec)
+    full = simulate(cfg, reqs)[0]
+    assert simulate(cfg, reqs, recording=rec)[0] == full
+
+
+def test_a_replay_that_runs_past_or_short_of_the_recorded_steps_is_an_error():
+    rec = Recording()
+    text(BASE, rec)
+    last = rec.plans.pop()
+    with pytest.raises(RuntimeError, match="past the recorded steps"):
+        text({**BASE, "cpu_scale": 2.0}, rec)
+    rec.plans += [last, last]
+    with pytest.raises(RuntimeError, match="ended before the recorded steps"):
+        text({**BASE, "cpu_scale": 2.0}, rec)
+
+
+def test_run_cells_gives_each_cell_what_it_gives_alone():
+    cells = [{**BASE, "cpu_scale": c, "speed": s} for c, s in ((1.0, 1.0), (3.1, 1.0),
+                                                              (1.0, 0.9), (2.4, 1.1))]
+    assert run_cells(cells) == [run_cell(c) for c in cells]
