@@ -17,6 +17,10 @@ $(VENV)/.installed: pyproject.toml
 	    $(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q $(TORCH_CPU); \
 	fi
 	$(PY) -m pip install -q -e '.[dev]'
+	@# byte-compiled now, as pip does a wheel's files: an editable install leaves it to the first
+	@# import, which PYTHONDONTWRITEBYTECODE (set on these VMs) forbids, so every command would
+	@# compile the package again (0.45 s to start `stepgap advise` against 0.23 s compiled)
+	$(PY) -m compileall -q stepgap common sim engine training calibrate >/dev/null
 	@touch $@
 
 demo: install

@@ -123,10 +123,17 @@ def depths(settings: dict, max_k: int) -> list[int]:
 
 
 class Cells:
-    """Simulated cells by their settings, each run once (sim/sweep_runners.py's local runner)."""
+    """Simulated cells by their settings, each run once (sim/sweep_runners.py's local runner),
+    over `jobs` processes kept from one `run` to the next (`close` ends them)."""
 
     def __init__(self, jobs: int = 1, progress=None):
+        from stepgap.sim.sweep_runners import local_pool
         self.jobs, self.done, self.progress = jobs, {}, progress
+        self.pool = local_pool(jobs) if jobs > 1 else None
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
 
     @staticmethod
     def key(settings: dict) -> str:
@@ -143,7 +150,8 @@ class Cells:
             steps = self.key({k: v for k, v in s.items() if k not in TIME_ONLY})
             groups.setdefault(steps, []).append((key, s))
         todo = sorted(groups.values(), key=lambda g: (*longest_first(g[0][1]), -len(g)))
-        for i, rows in run_local([[s for _, s in g] for g in todo], self.jobs, run_cells):
+        for i, rows in run_local([[s for _, s in g] for g in todo], self.jobs, run_cells,
+                                 self.pool):
             for (key, _), metrics in zip(todo[i], rows):
                 self.done[key] = metrics
                 if self.progress is not None:
@@ -212,13 +220,16 @@ def advise(base: dict, loads: list[dict], ks: list[int], band: bool = True, jobs
     inputs = band_inputs(base, max(ks)) if band else []
     cells = Cells(jobs, progress)
     nominal = [c.settings for c in checked if c.settings["mode"] != "zero-bubble"]
-    # every search starts at k = 0 (`search`): its input ends run with the nominal cell, whose
-    # steps they replay (Cells.run)
-    cells.run(nominal + [inp.settings(s, end) for s in nominal if s["k"] == 0
-                         for inp in inputs if inp.applies(0) for end in ("low", "high")])
-    cells.run([cell(base, load, "zero-bubble", k) for load in loads
-               for k in zero_bubble_ks(cells, base, load, ks)])
-    found = search(cells, base, loads, ks, inputs)
+    try:
+        # every search starts at k = 0 (`search`): its input ends run with the nominal cell,
+        # whose steps they replay (Cells.run)
+        cells.run(nominal + [inp.settings(s, end) for s in nominal if s["k"] == 0
+                             for inp in inputs if inp.applies(0) for end in ("low", "high")])
+        cells.run([cell(base, load, "zero-bubble", k) for load in loads
+                   for k in zero_bubble_ks(cells, base, load, ks)])
+        found = search(cells, base, loads, ks, inputs)
+    finally:
+        cells.close()
     answers = [answer(cells, base, load, ks, inputs, f) for load, f in zip(loads, found)]
     advice = Advice(base, ks, inputs, rests_on(base, ks, inputs), answers, cell_notes(checked))
     advice.sims, advice.seconds = len(cells.done), time.perf_counter() - t0

@@ -142,17 +142,23 @@ def stop_pool(ex: ProcessPoolExecutor) -> None:
     ex.shutdown(wait=True, cancel_futures=True)
 
 
-def run_local(settings: list[dict], jobs: int, fn: Callable = run_cell
-              ) -> Iterator[tuple[int, dict]]:
-    """(index, fn(settings)) as cells finish, over `jobs` processes (1: in this process)."""
+def local_pool(jobs: int) -> ProcessPoolExecutor:
+    """`jobs` worker processes that end with this one (`_pool_worker_signals`)."""
+    ctx = multiprocessing.get_context()
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=ctx,
+                               initializer=_pool_worker_signals,
+                               initargs=(os.getpid(), ctx.get_start_method() == "fork"))
+
+
+def run_local(settings: list[dict], jobs: int, fn: Callable = run_cell,
+              pool: ProcessPoolExecutor | None = None) -> Iterator[tuple[int, dict]]:
+    """(index, fn(settings)) as cells finish, over `jobs` processes (1: in this process):
+    those of `pool`, kept for the caller's next cells, or a pool of their own."""
     if jobs <= 1 or len(settings) <= 1:
         for i, s in enumerate(settings):
             yield i, fn(s)
         return
-    ctx = multiprocessing.get_context()
-    ex = ProcessPoolExecutor(max_workers=min(jobs, len(settings)), mp_context=ctx,
-                             initializer=_pool_worker_signals,
-                             initargs=(os.getpid(), ctx.get_start_method() == "fork"))
+    ex = pool if pool is not None else local_pool(min(jobs, len(settings)))
     try:
         futures = {ex.submit(fn, s): i for i, s in enumerate(settings)}
         for f in as_completed(futures):
@@ -160,7 +166,8 @@ def run_local(settings: list[dict], jobs: int, fn: Callable = run_cell
     except BaseException:   # interrupted, or the consumer stopped (GeneratorExit)
         stop_pool(ex)
         raise
-    ex.shutdown()
+    if pool is None:
+        ex.shutdown()
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,23 @@ def advice():
     return advise(base, loads_of([1, 4], None), [0, 1, 2], jobs=1)
 
 
+def test_two_processes_give_the_answer_one_gives_and_end_with_it(advice, monkeypatch):
+    from stepgap.sim import advise as mod
+    pools = []
+    real = mod.Cells.close
+
+    def close(self):   # the pool's processes, as the last round left them
+        pools.append(list(self.pool._processes.values()))
+        real(self)
+    monkeypatch.setattr(mod.Cells, "close", close)
+    base = SimConfig(**SMALL, cpu_scale=2.42).to_dict()
+    two = mod.advise(base, mod.loads_of([1, 4], None), [0, 1, 2], jobs=2)
+    strip = lambda d: {k: v for k, v in d.items() if k != "seconds"}  # noqa: E731
+    assert strip(two.to_dict()) == strip(advice.to_dict())
+    assert len(pools) == 1 and len(pools[0]) == 2   # one pool for every round
+    assert not any(p.is_alive() for p in pools[0])
+
+
 def test_each_modes_best_k_is_the_smallest_mean_tpot_of_its_grid(advice):
     for a in advice.answers:
         for mode, m in a.modes.items():
