@@ -49,10 +49,8 @@ machine's own noise (`Jitter`) scales each step's device ops.
 
 from __future__ import annotations
 
-import gc
 import json
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import simpy
@@ -259,22 +257,6 @@ class Device:
         return self.k if b.num_sampling else 1
 
 
-@contextmanager
-def cycles_left_alone():
-    """Python's cycle collector paused while a run's events run. A run makes garbage with
-    cycles only in its first steps (at most 343 objects in any of bench/sim_results.py's 65
-    scenarios), and reference counting frees the rest; but the collector would pass over every
-    object a run keeps (its chunks, a recording's steps) again and again as they pile up: 11 %
-    of a run's time, 23 % of a recording run's (docs/sim.md, "Speed")."""
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if paused:
-            gc.enable()
-
-
 @dataclass(slots=True)
 class Planned:
     """A recorded step, as the engine loop reads its SchedulerOutput (`Recording`)."""
@@ -410,7 +392,7 @@ class Sim:
         if self.spans is not None:
             now = env._now
             self.spans.append(Span(lane, op, step, now, now + dur, args))
-        # Clock.hold, inline: this runs for every CPU op of every step (4 % of a run's time)
+        # Clock.hold, inline: one call fewer for every CPU op of every step
         t, queue = env._now + dur, env._queue
         if dur >= 0 and (not queue or t < queue[0][0]):
             env._now = t
@@ -437,8 +419,7 @@ class Sim:
         env = self.env
         client = env.process(self.client())
         self.start_engine()
-        with cycles_left_alone():
-            env.run(until=client)
+        env.run(until=client)
         if self.recording is not None:
             self.recording.close(self)
         spans = sorted(self.spans, key=lambda s: s.start_us) if self.spans else []

@@ -295,29 +295,3 @@ def test_hold_gives_the_times_and_order_that_timeouts_give(kw, tmp_path, monkeyp
     assert (tmp_path / "fast.json").read_bytes() == (tmp_path / "plain.json").read_bytes()
     assert fast_spans == plain_spans
 
-
-
-def test_a_run_pauses_the_cycle_collector_and_gives_it_back(monkeypatch):
-    import gc
-    seen = []
-    real = Clock.run
-
-    def run(self, until=None):
-        seen.append(gc.isenabled())
-        if len(seen) == 2:
-            raise RuntimeError("a run that fails")
-        return real(self, until)
-    monkeypatch.setattr(Clock, "run", run)
-    cfg = SimConfig(gpu="h100", workload="mtbench", num_prompts=2, output_len=8)
-    assert gc.isenabled()
-    simulate(cfg)
-    assert seen == [False] and gc.isenabled()
-    with pytest.raises(RuntimeError, match="a run that fails"):
-        simulate(cfg)
-    assert gc.isenabled()
-    gc.disable()   # a caller that paused it itself keeps it paused
-    try:
-        simulate(cfg)
-        assert not gc.isenabled()
-    finally:
-        gc.enable()
