@@ -263,17 +263,21 @@ class Fitter:
         self.runs, self.base = runs, base
         self.rates, self.spread = None, 0.0
         self.sims = 0
+        # (run, acceptance) -> its steps: the fit moves s and e alone, how long things take,
+        # so each run's later simulations replay its first one (sim/loop.py `Recording`)
+        self.steps: dict = {}
 
     def results(self, s: float, e: float) -> list[RunRecord]:
         from stepgap.sim.config import SimConfig
-        from stepgap.sim.loop import simulate
+        from stepgap.sim.loop import Recording, simulate
         out = []
-        for r in self.runs:
+        for i, r in enumerate(self.runs):
             extra = {"acceptance_rates": self.rates, "acceptance_spread": self.spread} \
                 if self.rates is not None and r.k else {}
             cfg = SimConfig(**settings(self.base, r.k, mode=r.mode, max_concurrency=r.conc,
                                        cpu_scale=s / e, speed=e, **extra))
-            out.append(RunRecord.of(simulate(cfg, r.requests)[0]))
+            steps = self.steps.setdefault((i, repr(extra)), Recording())
+            out.append(RunRecord.of(simulate(cfg, r.requests, recording=steps)[0]))
             self.sims += 1
         return out
 
