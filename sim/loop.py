@@ -301,6 +301,7 @@ class Recording:
         if self.totals is not None:
             return None
         self.key, self.requests = self.key_of(cfg), requests
+        self.plans, self.outcomes = [], []   # (what a run that failed part way left, dropped)
         return self
 
     def close(self, sim: Sim) -> None:

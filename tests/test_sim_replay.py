@@ -113,6 +113,25 @@ def test_a_replay_that_runs_past_or_short_of_the_recorded_steps_is_an_error():
         text({**BASE, "cpu_scale": 2.0}, rec)
 
 
+def test_a_recording_whose_run_failed_part_way_is_filled_afresh_by_the_next(monkeypatch):
+    from stepgap.sim.loop import Sim
+    rec = Recording()
+    real = Sim.stream
+
+    def fail(self, t, emitted):
+        if len(rec.outcomes) > 5:
+            raise RuntimeError("a run that fails")
+        real(self, t, emitted)
+    monkeypatch.setattr(Sim, "stream", fail)
+    with pytest.raises(RuntimeError, match="a run that fails"):
+        text(BASE, rec)
+    monkeypatch.setattr(Sim, "stream", real)
+    assert rec.totals is None and rec.plans
+    text(BASE, rec)
+    other = {**BASE, "cpu_scale": 2.0}
+    assert text(other, rec) == text(other)
+
+
 def test_run_cells_gives_each_cell_what_it_gives_alone():
     cells = [{**BASE, "cpu_scale": c, "speed": s} for c, s in ((1.0, 1.0), (3.1, 1.0),
                                                               (1.0, 0.9), (2.4, 1.1))]
