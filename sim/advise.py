@@ -127,9 +127,8 @@ class Cells:
     over `jobs` processes kept from one `run` to the next (`close` ends them)."""
 
     def __init__(self, jobs: int = 1, progress=None):
-        from stepgap.sim.sweep_runners import local_pool
         self.jobs, self.done, self.progress = jobs, {}, progress
-        self.pool = local_pool(jobs) if jobs > 1 else None
+        self.pool = None   # made by the first run of more than one group, no larger than it
 
     def close(self) -> None:
         if self.pool is not None:
@@ -144,12 +143,14 @@ class Cells:
         (a band's CPU and device ends at one k) together, in one process, where the later
         ones replay the first one's steps (sweep_runners.run_cells)."""
         from stepgap.sim.loop import TIME_ONLY
-        from stepgap.sim.sweep_runners import run_cells, run_local
+        from stepgap.sim.sweep_runners import local_pool, run_cells, run_local
         groups: dict[str, list] = {}
         for key, s in {self.key(s): s for s in cells if self.key(s) not in self.done}.items():
             steps = self.key({k: v for k, v in s.items() if k not in TIME_ONLY})
             groups.setdefault(steps, []).append((key, s))
         todo = sorted(groups.values(), key=lambda g: (*longest_first(g[0][1]), -len(g)))
+        if self.pool is None and self.jobs > 1 and len(todo) > 1:
+            self.pool = local_pool(min(self.jobs, len(todo)))
         for i, rows in run_local([[s for _, s in g] for g in todo], self.jobs, run_cells,
                                  self.pool):
             for (key, _), metrics in zip(todo[i], rows):

@@ -523,3 +523,14 @@ def test_zero_bubble_is_judged_at_the_k_each_input_end_favours():
     moved = a.modes["async"].best_k
     assert moved.low < moved.value or moved.high > moved.value   # the case this is about
     assert a.zero_bubble_saving.low > -0.005, a.zero_bubble_saving
+
+
+def test_jobs_past_the_cells_start_no_more_processes_than_cells(monkeypatch):
+    from stepgap.sim import advise as mod
+    from stepgap.sim import sweep_runners
+    sizes = []
+    real = sweep_runners.local_pool
+    monkeypatch.setattr(sweep_runners, "local_pool", lambda jobs: sizes.append(jobs) or real(jobs))
+    base = SimConfig(**SMALL, cpu_scale=2.42).to_dict()
+    mod.advise(base, mod.loads_of([1], None), [0, 1], band=False, jobs=10 ** 30)
+    assert sizes == [4]   # the first round's four cells (k 0 and 1, sync and async)
