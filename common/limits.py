@@ -97,3 +97,8 @@ def is_finite(v) -> bool:
 MAX_HTTP_HEAD_BYTES = 4 << 20
 MAX_URL_BYTES = 8 << 10
 MAX_BODY_BYTES = 16 << 20
+
+
+def first_repeat(values):
+    """The first item of `values` that an earlier one equals (None: each is there once)."""
+    return next((x for i, x in enumerate(values) if x in values[:i]), None)

@@ -39,7 +39,7 @@ from pathlib import Path
 from stepgap.common.drafters import SPEC_METHODS
 from stepgap.common.errors import UserError
 from stepgap.common.formats import METRICS
-from stepgap.common.limits import MAX_K, is_int
+from stepgap.common.limits import MAX_K, first_repeat, is_int
 from stepgap.common.run_spec import Option, RunSpec, options_of
 
 # vLLM's --distributed-executor-backend: one process (the worker inline) or a worker process.
@@ -161,7 +161,7 @@ def percentiles_arg(text: str) -> tuple[float, ...]:
 
 def _once(values: tuple, text: str) -> None:
     """A list option's value names each item once (a second would print its key twice)."""
-    again = next((x for i, x in enumerate(values) if x in values[:i]), None)
+    again = first_repeat(values)
     if again is not None:
         shown = f"{again:g}" if isinstance(again, float) else again
         raise argparse.ArgumentTypeError(f"{shown} given twice in {text!r}")

@@ -30,7 +30,7 @@ from stepgap.common.drafters import SPEC_METHODS
 from stepgap.common.errors import UserError
 from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES, OLD_DEVICES
 from stepgap.common.limits import (MAX_K, MAX_PARAM, MAX_PROMPTS, MAX_TP, MIN_BURSTINESS,
-                                   is_finite, is_int, is_number)
+                                   first_repeat, is_finite, is_int, is_number)
 from stepgap.common.scheduler import BLOCK_SIZE
 
 
@@ -125,8 +125,8 @@ def _complaint(o: Option, v) -> str | None:
             return "must be percentiles in (0, 100)"
         if k == "metrics" and not set(v) <= set(METRICS):
             return f"must be some of {', '.join(METRICS)}"
-        if k in ("percentiles", "metrics") and len(set(v)) < len(v):
-            return f"names {next(x for i, x in enumerate(v) if x in v[:i])!r} twice"
+        if k in ("percentiles", "metrics") and (again := first_repeat(v)) is not None:
+            return f"names {again!r} twice"
     if k == "table" and not isinstance(v, dict):
         return "must be a table"
     return None

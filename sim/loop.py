@@ -389,16 +389,10 @@ class Sim:
         Where it is `env.passed` (nothing else was due first: the clock has moved on), the
         hot callers carry on without yielding it, which is what SimPy would do at once (one
         trip through its resume loop fewer a step; docs/sim.md, "Speed")."""
-        env = self.env
         if self.spans is not None:
-            now = env._now
+            now = self.env.now
             self.spans.append(Span(lane, op, step, now, now + dur, args))
-        # Clock.hold, inline: one call fewer for every CPU op of every step
-        t, queue = env._now + dur, env._queue
-        if dur >= 0 and (not queue or t < queue[0][0]):
-            env._now = t
-            return env.passed
-        return env.timeout(dur)
+        return self.env.hold(dur)
 
     def on_host(self, lane: str, op: str, step: int, dur: float, args: dict | None = None):
         """`busy`, on the core the engine core shares with the API server (vLLM's topology):
@@ -612,23 +606,15 @@ class Sim:
                                 cpu.rpc_drafts(out.num_reqs, out.num_batched_tokens),
                                 {"on": "take_draft_token_ids"})
             return
-        self.stream((self.env.now + self.out_latency) / 1e6, emitted)
-
-    def stream(self, t: float, emitted: list) -> None:
-        """The client has the step's chunks at `t` (s)."""
-        timings = self.timings
+        t, timings = (self.env.now + self.out_latency) / 1e6, self.timings
         for o in emitted:
             timings[o.request.request_id].add_chunk(t, len(o.new_token_ids))
             if o.finished:
-                self.finish(o.request.request_id)
-
-    def finish(self, request_id: str) -> None:
-        """The client has a request's last chunk: its slot is free (out_latency later)."""
-        self.acc.finished(request_id)
-        if self.out_latency:
-            self.env.timeout(self.out_latency).callbacks.append(self._complete)
-        else:
-            self._complete()
+                self.acc.finished(o.request.request_id)
+                if self.out_latency:
+                    self.env.timeout(self.out_latency).callbacks.append(self._complete)
+                else:
+                    self._complete()
 
     def sample(self, step: Step, emitted) -> None:
         """The series' point after a step: running, waiting, KV use, tokens in and out."""

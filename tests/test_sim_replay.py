@@ -116,16 +116,16 @@ def test_a_replay_that_runs_past_or_short_of_the_recorded_steps_is_an_error():
 def test_a_recording_whose_run_failed_part_way_is_filled_afresh_by_the_next(monkeypatch):
     from stepgap.sim.loop import Sim
     rec = Recording()
-    real = Sim.stream
+    real = Sim.outcome
 
-    def fail(self, t, emitted):
+    def fail(self, out):
         if len(rec.outcomes) > 5:
             raise RuntimeError("a run that fails")
-        real(self, t, emitted)
-    monkeypatch.setattr(Sim, "stream", fail)
+        return real(self, out)
+    monkeypatch.setattr(Sim, "outcome", fail)
     with pytest.raises(RuntimeError, match="a run that fails"):
         text(BASE, rec)
-    monkeypatch.setattr(Sim, "stream", real)
+    monkeypatch.setattr(Sim, "outcome", real)
     assert rec.totals is None and rec.plans
     text(BASE, rec)
     other = {**BASE, "cpu_scale": 2.0}
