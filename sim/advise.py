@@ -4,16 +4,18 @@ One answer per load point, every number with its band, after what the answer res
 
 The question is a vLLM setup (SimConfig settings: model, drafter, GPU or measured tables or a
 profile, scheduler, workload) and the loads to judge. The simulator runs every k of the range
-in sync, async and zero-bubble at every load (the nominal grid, checked and run by the sweep
-machinery: sim/sweep_grid.py, sim/sweep_runners.py), and takes each mode's best k by mean
-TPOT. Then it reruns the cells the answer reads with each uncertain input at the ends of its
-range (sim/bands.py): around each mode's best k (k-1..k+1, further where the best moves to
-the edge of that window) and at k = 0, so that the best k, its TPOT, the speedup over k = 0
-and what async and zero-bubble save each get a band, and the inputs that dominate it.
+in sync, async and zero-bubble at every load (the nominal grid, checked by the sweep machinery,
+sim/sweep_grid.py; a load's sync cells, and its async and zero-bubble ones, are a column that
+one process runs whole, sim/sweep_runners.py), and takes each mode's best k by mean TPOT.
+Then it reruns the cells the answer reads with each uncertain input at the ends of its range
+(sim/bands.py): around each mode's best k (k-1..k+1, further where the best moves to the edge
+of that window) and at k = 0, so that the best k, its TPOT, the speedup over k = 0 and what
+async and zero-bubble save each get a band, and the inputs that dominate it.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import time
@@ -123,40 +125,29 @@ def depths(settings: dict, max_k: int) -> list[int]:
 
 
 class Cells:
-    """Simulated cells by their settings, each run once (sim/sweep_runners.py's local runner),
-    over `jobs` processes kept from one `run` to the next (`close` ends them)."""
+    """Simulated cells by their settings, each run once, in this process. A cell that differs
+    from one run before only in how long things take (a band's CPU and device ends, at the k
+    of a nominal cell) replays that run's steps (sim/loop.py `Recording`, kept per steps as
+    long as this object): the same metrics, in about half the time."""
 
-    def __init__(self, jobs: int = 1, progress=None):
-        self.jobs, self.done, self.progress = jobs, {}, progress
-        self.pool = None   # made by the first run of more than one group, no larger than it
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown()
+    def __init__(self):
+        self.done: dict = {}
+        self.steps: dict = {}   # the settings but TIME_ONLY -> the first such run's Recording
 
     @staticmethod
     def key(settings: dict) -> str:
         return json.dumps(settings, sort_keys=True, default=str)
 
     def run(self, cells: list[dict]) -> None:
-        """Simulate the cells not done yet: those that differ only in how long things take
-        (a band's CPU and device ends at one k) together, in one process, where the later
-        ones replay the first one's steps (sweep_runners.run_cells)."""
-        from stepgap.sim.loop import TIME_ONLY
-        from stepgap.sim.sweep_runners import local_pool, run_cells, run_local
-        groups: dict[str, list] = {}
-        for key, s in {self.key(s): s for s in cells if self.key(s) not in self.done}.items():
-            steps = self.key({k: v for k, v in s.items() if k not in TIME_ONLY})
-            groups.setdefault(steps, []).append((key, s))
-        todo = sorted(groups.values(), key=lambda g: (*longest_first(g[0][1]), -len(g)))
-        if self.pool is None and self.jobs > 1 and len(todo) > 1:
-            self.pool = local_pool(min(self.jobs, len(todo)))
-        for i, rows in run_local([[s for _, s in g] for g in todo], self.jobs, run_cells,
-                                 self.pool):
-            for (key, _), metrics in zip(todo[i], rows):
-                self.done[key] = metrics
-                if self.progress is not None:
-                    self.progress()
+        from stepgap.sim.config import SimConfig
+        from stepgap.sim.loop import TIME_ONLY, Recording, simulate
+        from stepgap.sim.sweep_runners import metrics_of
+        for s in cells:
+            key = self.key(s)
+            if key not in self.done:
+                steps = self.key({k: v for k, v in s.items() if k not in TIME_ONLY})
+                rec = self.steps.setdefault(steps, Recording())
+                self.done[key] = metrics_of(simulate(SimConfig(**s), recording=rec)[0])
 
     def tpot(self, settings: dict) -> float:
         """The cell's mean TPOT; inf where it has none, or was not simulated."""
@@ -164,11 +155,27 @@ class Cells:
         return v if v is not None and math.isfinite(v) else math.inf
 
 
-def longest_first(settings: dict) -> tuple:
-    """Cells in the order that keeps both processes busy to the end: the longest first (the
-    fewest requests at once, then the fewest drafts: the most steps), the short ones last."""
-    c = settings.get("max_concurrency")
-    return (c if c is not None else math.inf, settings.get("k", 0))
+def column(task: tuple) -> tuple[dict, dict]:
+    """One load's answer for sync, or for async and zero-bubble, in one process (a worker's):
+    the nominal cells of every k, then the searches of the input ends (`search`), whose CPU
+    and device ends replay the nominal cells' steps. (the cells' metrics, `search`'s dict)
+
+    Python's cycle collector is paused meanwhile: the recordings kept are many long-lived
+    objects that each full collection would scan again (about a tenth of the question's time,
+    docs/sim.md "Speed"), and a run leaves almost no cyclic garbage (`Clock.close`)."""
+    base, load, modes, ks, inputs = task
+    cells = Cells()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        cells.run([cell(base, load, m, k) for m in modes if m != "zero-bubble" for k in ks])
+        if "zero-bubble" in modes:
+            cells.run([cell(base, load, "zero-bubble", k)
+                       for k in zero_bubble_ks(cells, base, load, ks)])
+        return cells.done, search(cells, base, load, modes, ks, inputs)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def zero_bubble_ks(cells: Cells, base: dict, load: dict, ks: list[int]) -> list[int]:
@@ -206,6 +213,7 @@ def advise(base: dict, loads: list[dict], ks: list[int], band: bool = True, jobs
     """Answer the question for every load (module docstring)."""
     from stepgap.sim.sweep import cell_notes
     from stepgap.sim.sweep_grid import Grid
+    from stepgap.sim.sweep_runners import run_local
 
     t0 = time.perf_counter()
     base = {k: v for k, v in base.items() if k not in ("detailed", "timeline")}
@@ -219,18 +227,22 @@ def advise(base: dict, loads: list[dict], ks: list[int], band: bool = True, jobs
     grid = Grid(axes, {k: v for k, v in base.items() if k not in axes})
     checked = grid.cells(keyed=False)   # every cell built, resolved, its workload checked
     inputs = band_inputs(base, max(ks)) if band else []
-    cells = Cells(jobs, progress)
-    nominal = [c.settings for c in checked if c.settings["mode"] != "zero-bubble"]
-    try:
-        # every search starts at k = 0 (`search`): its input ends run with the nominal cell,
-        # whose steps they replay (Cells.run)
-        cells.run(nominal + [inp.settings(s, end) for s in nominal if s["k"] == 0
-                             for inp in inputs if inp.applies(0) for end in ("low", "high")])
-        cells.run([cell(base, load, "zero-bubble", k) for load in loads
-                   for k in zero_bubble_ks(cells, base, load, ks)])
-        found = search(cells, base, loads, ks, inputs)
-    finally:
-        cells.close()
+    # a column per load and mode (zero-bubble with async, whose best k it is judged at), the
+    # longest first (the fewest requests at once: the most steps), so that the processes end
+    # together
+    tasks = sorted(((li, modes) for li in range(len(loads))
+                    for modes in (("async", "zero-bubble"), ("sync",))),
+                   key=lambda t: loads[t[0]].get("max_concurrency") or math.inf)
+    results = [None] * len(tasks)
+    for i, res in run_local([(base, loads[li], modes, ks, inputs) for li, modes in tasks],
+                            jobs, column):
+        results[i] = res
+        if progress is not None:
+            progress(len(res[0]))
+    cells, found = Cells(), [{} for _ in loads]
+    for (li, _), (done, f) in zip(tasks, results):   # in task order: the same bytes each time
+        cells.done.update(done)
+        found[li].update(f)
     answers = [answer(cells, base, load, ks, inputs, f) for load, f in zip(loads, found)]
     advice = Advice(base, ks, inputs, rests_on(base, ks, inputs), answers, cell_notes(checked))
     advice.sims, advice.seconds = len(cells.done), time.perf_counter() - t0
@@ -272,42 +284,39 @@ def per_input(inputs: list[BandInput], value) -> dict:
     return {inp.name: (value((inp, "low")), value((inp, "high"))) for inp in inputs}
 
 
-def search(cells: Cells, base: dict, loads: list[dict], ks: list[int],
-           inputs: list[BandInput]) -> list[dict]:
-    """For each load: (input, end, mode) -> (best k, its mean TPOT, mean TPOT at k = 0) with
+def search(cells: Cells, base: dict, load: dict, modes: tuple, ks: list[int],
+           inputs: list[BandInput]) -> dict:
+    """For one load: (input, end, mode) -> (best k, its mean TPOT, mean TPOT at k = 0) with
     that input at that end, found from the nominal best k: its neighbours and k = 0 first, then
-    on, a step a round, while the best sits at the edge of what was tried. Every round's cells
-    run together. Zero-bubble: at its nominal best k and at async's best k at that end."""
-    searches = []   # (load index, input, end, mode, the ks tried)
-    for li, load in enumerate(loads):
-        for m in MODES:
-            k_best = best_of({k: cells.tpot(cell(base, load, m, k)) for k in ks})
-            # zero-bubble answers one question (does it add anything over async at their best
-            # k?): its nominal best k, and (below) async's best k at the same end
-            window = {k_best} if m == "zero-bubble" else \
-                {k for k in (k_best - 1, k_best, k_best + 1, 0) if k in ks}
-            searches += [(li, inp, end, m, set(window)) for inp in inputs
-                         for end in ("low", "high")]
+    on, a step a round, while the best sits at the edge of what was tried. Zero-bubble (with
+    async among `modes`): at its nominal best k and at async's best k at that end."""
+    searches = []   # (input, end, mode, the ks tried)
+    for m in modes:
+        k_best = best_of({k: cells.tpot(cell(base, load, m, k)) for k in ks})
+        # zero-bubble answers one question (does it add anything over async at their best
+        # k?): its nominal best k, and (below) async's best k at the same end
+        window = {k_best} if m == "zero-bubble" else \
+            {k for k in (k_best - 1, k_best, k_best + 1, 0) if k in ks}
+        searches += [(inp, end, m, set(window)) for inp in inputs for end in ("low", "high")]
 
-    def settings(li, inp, end, m, k):
-        return inp.settings(cell(base, loads[li], m, k), end)
+    def settings(inp, end, m, k):
+        return inp.settings(cell(base, load, m, k), end)
 
-    def tpot(li, inp, end, m, k):
+    def tpot(inp, end, m, k):
         if not inp.applies(k):   # the input changes nothing here: the nominal cell
-            return cells.tpot(cell(base, loads[li], m, k))
-        return cells.tpot(settings(li, inp, end, m, k))
-    async_tried = {(li, inp.name, end): tried for li, inp, end, m, tried in searches
-                   if m == "async"}
-    new = [(s, sorted(s[4])) for s in searches]
+            return cells.tpot(cell(base, load, m, k))
+        return cells.tpot(settings(inp, end, m, k))
+    async_tried = {(inp.name, end): tried for inp, end, m, tried in searches if m == "async"}
+    new = [(s, sorted(s[3])) for s in searches]
     for _ in range(EDGE_ROUNDS + 1):
-        cells.run([settings(li, inp, end, m, k) for (li, inp, end, m, _), add in new
+        cells.run([settings(inp, end, m, k) for (inp, end, m, _), add in new
                    for k in add if inp.applies(k)])
         new = []
         for s in searches:
-            li, inp, end, m, tried = s
+            inp, end, m, tried = s
             if m == "zero-bubble":
                 continue
-            b = best_of({k: tpot(li, inp, end, m, k) for k in tried})
+            b = best_of({k: tpot(inp, end, m, k) for k in tried})
             step = [k for k in (b - 1, b + 1) if k in ks and k not in tried]
             if step:
                 tried.update(step)
@@ -317,22 +326,18 @@ def search(cells: Cells, base: dict, loads: list[dict], ks: list[int],
     # zero-bubble at each end also where async's best k moved to (the question is what it
     # adds over async at their best k: at its nominal best k alone, an end that moves
     # async's best would compare zero-bubble at a k that end does not favour)
-    zb = []
-    for s in searches:
-        li, inp, end, m, tried = s
+    for inp, end, m, tried in searches:
         if m == "zero-bubble":
-            tried_async = async_tried[(li, inp.name, end)]
-            k = best_of({k: tpot(li, inp, end, "async", k) for k in tried_async})
+            k = best_of({k: tpot(inp, end, "async", k) for k in async_tried[(inp.name, end)]})
             if k not in tried:
                 tried.add(k)
-                zb.append(settings(li, inp, end, m, k) if inp.applies(k)
-                          else cell(base, loads[li], m, k))
-    cells.run(zb)
-    out = [{} for _ in loads]
-    for li, inp, end, m, tried in searches:
-        found = {k: tpot(li, inp, end, m, k) for k in tried}
+                cells.run([settings(inp, end, m, k) if inp.applies(k)
+                           else cell(base, load, m, k)])
+    out = {}
+    for inp, end, m, tried in searches:
+        found = {k: tpot(inp, end, m, k) for k in tried}
         b = best_of(found)
-        out[li][(inp.name, end, m)] = (b, found[b], found.get(0, math.nan))
+        out[(inp.name, end, m)] = (b, found[b], found.get(0, math.nan))
     return out
 
 

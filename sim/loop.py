@@ -127,6 +127,20 @@ class Clock(simpy.Environment):
         super().__init__()
         self.passed = self.event().succeed()
         self.step()   # processed: a process that yields it carries on at once
+        self.generators: list = []
+
+    def process(self, generator) -> simpy.Process:
+        self.generators.append(generator)
+        return super().process(generator)
+
+    def close(self) -> None:
+        """End the processes still waiting (the engine loop, a worker's) and drop the events
+        still due: their frames and callbacks hold the run, which holds them, a cycle that
+        only Python's cycle collector would free, after scanning everything the run made
+        (docs/sim.md, "Speed")."""
+        for g in self.generators:
+            g.close()
+        self.generators, self._queue = [], []
 
     def hold(self, dt: float):
         t, queue = self._now + dt, self._queue
@@ -150,6 +164,9 @@ class Device:
         # noise is none or one constant factor (--speed alone), so that they are the same floats
         self.known: dict = {}
         self.steady = jitter is None or jitter.constant
+        # step_key -> `step_ops`' answer, before any noise: shared by the runs of a Recording
+        # (their device costs are the same; only the noise's factor differs), else this run's
+        self.ops: dict = {}
         self.free = 0.0
         self.last_end: float | None = None
         self.gaps: list[float] = []
@@ -164,7 +181,7 @@ class Device:
             key += (pause,)
         known = self.known.get(key) if key is not None else None
         if known is None:
-            known = self.times(step.batch, pause, t_first)
+            known = self.times(step.batch, pause, t_first, key)
             if key is not None and self.steady:
                 self.known[key] = known
         ops, durs, sample, verify, dur = known   # (read only)
@@ -177,10 +194,15 @@ class Device:
         if self.spans is not None:
             self.record(step.out.step, start, ops, durs, sample)
 
-    def times(self, b: Batch, pause: float, t_first: float) -> tuple:
+    def times(self, b: Batch, pause: float, t_first: float, key: tuple | None = None) -> tuple:
         """The step's ops, their times, the sampler's share (`step_ops`), the time until the
         accepted counts are known and the whole step's, the noise's factor applied."""
-        ops, durs, sample, nverify = self.step_ops(b, pause)
+        raw = self.ops.get(key) if key is not None else None
+        if raw is None:
+            raw = self.step_ops(b, pause)
+            if key is not None:
+                self.ops[key] = raw
+        ops, durs, sample, nverify = raw   # (read only)
         verify = sum(durs[:nverify])
         if self.jitter is not None:   # the machine's noise scales the device ops, not the pause
             f = self.jitter.factor(max(self.free, t_first))
@@ -290,6 +312,7 @@ class Recording:
         self.plans: list[tuple[Planned, Batch | None]] = []   # every schedule()'s
         self.outcomes: list[list] = []   # every update's chunks (EngineCoreOutput: read only)
         self.totals: dict | None = None   # the counters the result reads, once it is complete
+        self.device_ops: dict = {}   # its runs' Device.ops, where the costs come from the config
 
     @staticmethod
     def key_of(cfg: SimConfig) -> str:
@@ -301,7 +324,8 @@ class Recording:
         if self.totals is not None:
             return None
         self.key, self.requests = self.key_of(cfg), requests
-        self.plans, self.outcomes = [], []   # (what a run that failed part way left, dropped)
+        # (what a run that failed part way left, maybe of another run, dropped)
+        self.plans, self.outcomes, self.device_ops = [], [], {}
         return self
 
     def close(self, sim: Sim) -> None:
@@ -343,6 +367,8 @@ class Sim:
         self._init_engine()
         if recording is not None and self.same_steps():
             self.recording = recording.start(cfg, requests)
+            if self.recording is not None and device_costs is None:
+                self.device.ops = recording.device_ops
 
     def _init_engine(self) -> None:
         """The engine core's, its worker's and its device's state (one DP rank's:
@@ -414,7 +440,10 @@ class Sim:
         env = self.env
         client = env.process(self.client())
         self.start_engine()
-        env.run(until=client)
+        try:
+            env.run(until=client)
+        finally:
+            env.close()
         if self.recording is not None:
             self.recording.close(self)
         spans = sorted(self.spans, key=lambda s: s.start_us) if self.spans else []
@@ -801,6 +830,8 @@ class Replayed(Sim):
         super().__init__(cfg, requests, device_costs, profile)
         if not self.same_steps():
             raise RuntimeError("a replayed run must take the same steps whatever the times")
+        if device_costs is None:
+            self.device.ops = recording.device_ops
         self.sched = ReplayedScheduler(recording.totals)
         self.plans, self.outcomes = iter(recording.plans), iter(recording.outcomes)
         self.accepted_hist = list(recording.totals["accepted_hist"])
@@ -929,6 +960,9 @@ class DPSim(Sim):
         for rank in self.ranks:
             for s in rank.spans or ():
                 spans.append(s._replace(args={**(s.args or {}), "dp": rank.index}))
+        for rank in self.ranks:   # the ranks and the lockstep refer to the group and to each
+            rank.group = rank.lockstep = None   # other: freed at once now (Clock.close)
+        self.ranks = self.lockstep = None
         return res, sorted(spans, key=lambda s: s.start_us)
 
     def engine_totals(self):

@@ -33,16 +33,6 @@ def run_cell(settings: dict) -> dict:
     return metrics_of(res)
 
 
-def run_cells(cells: list[dict]) -> list[dict]:
-    """Simulate cells that differ only in how long things take (sim/loop.py TIME_ONLY: a
-    band's CPU and device ends); their metrics. The first run's steps are replayed by the
-    others where the run allows (sim/loop.py `Recording`): the same results, sooner."""
-    from stepgap.sim.loop import Recording, simulate
-
-    steps = Recording() if len(cells) > 1 else None
-    return [metrics_of(simulate(SimConfig(**s), recording=steps)[0]) for s in cells]
-
-
 def run_band_cell(settings: dict) -> dict:
     """Simulate one cell and its bands (sim/bands.py): its metrics, with the low and high end
     of each BANDED metric and the inputs that dominate its band."""

@@ -111,18 +111,23 @@ def advice():
 
 def test_two_processes_give_the_answer_one_gives_and_end_with_it(advice, monkeypatch):
     from stepgap.sim import advise as mod
-    pools = []
-    real = mod.Cells.close
+    from stepgap.sim import sweep_runners
+    ended = []
+    real = sweep_runners.local_pool
 
-    def close(self):   # the pool's processes, as the last round left them
-        pools.append(list(self.pool._processes.values()))
-        real(self)
-    monkeypatch.setattr(mod.Cells, "close", close)
+    def pool(jobs):   # its processes, as the last column left them
+        ex = real(jobs)
+        shutdown = ex.shutdown
+        ex.shutdown = lambda *a, **kw: ended.append(list(ex._processes.values())) or \
+            shutdown(*a, **kw)
+        return ex
+    monkeypatch.setattr(sweep_runners, "local_pool", pool)
     base = SimConfig(**SMALL, cpu_scale=2.42).to_dict()
     two = mod.advise(base, mod.loads_of([1, 4], None), [0, 1, 2], jobs=2)
     assert two.to_dict() == advice.to_dict()
-    assert len(pools) == 1 and len(pools[0]) == 2   # one pool for every round
-    assert not any(p.is_alive() for p in pools[0])
+    assert [c["mode"] for c in two.cells] == [c["mode"] for c in advice.cells]   # in one order
+    assert len(ended) == 1 and len(ended[0]) == 2
+    assert not any(p.is_alive() for p in ended[0])
 
 
 def test_each_modes_best_k_is_the_smallest_mean_tpot_of_its_grid(advice):
@@ -533,4 +538,4 @@ def test_jobs_past_the_cells_start_no_more_processes_than_cells(monkeypatch):
     monkeypatch.setattr(sweep_runners, "local_pool", lambda jobs: sizes.append(jobs) or real(jobs))
     base = SimConfig(**SMALL, cpu_scale=2.42).to_dict()
     mod.advise(base, mod.loads_of([1], None), [0, 1], band=False, jobs=10 ** 30)
-    assert sizes == [4]   # the first round's four cells (k 0 and 1, sync and async)
+    assert sizes == [2]   # one load's two columns: sync, and async with zero-bubble

@@ -295,3 +295,23 @@ def test_hold_gives_the_times_and_order_that_timeouts_give(kw, tmp_path, monkeyp
     assert (tmp_path / "fast.json").read_bytes() == (tmp_path / "plain.json").read_bytes()
     assert fast_spans == plain_spans
 
+
+@pytest.mark.parametrize("kw", [dict(mode="sync"), dict(mode="async"),
+                                dict(mode="async", executor="process", topology="vllm"),
+                                dict(mode="async", data_parallel_size=2),
+                                dict(mode="async", data_parallel_size=2, k=0,
+                                     model="qwen3-30b-a3b", enable_expert_parallel=True)])
+def test_a_finished_run_is_freed_at_once(kw):
+    """The processes still waiting when a run ends (the engine loop, a worker's) are closed
+    (`Clock.close`): their frames no longer hold the run in a cycle, which only the cycle
+    collector would free, after scanning everything the run made."""
+    import gc
+    from stepgap.sim.loop import Sim
+    gc.collect()
+    gc.disable()
+    try:
+        simulate(cfg(**{"k": 2, "num_prompts": 6, "workload": "sharegpt",
+                        "max_concurrency": 2, **kw}))
+        assert not [o for o in gc.get_objects() if isinstance(o, Sim)]
+    finally:
+        gc.enable()

@@ -9,7 +9,7 @@ import pytest
 from stepgap.common.scheduler import Scheduler
 from stepgap.sim.config import SimConfig
 from stepgap.sim.loop import Recording, simulate
-from stepgap.sim.sweep_runners import run_cell, run_cells
+from stepgap.sim.sweep_runners import run_cell
 
 BASE = dict(gpu="h100", model="llama-3.1-8b", draft="llama-3.1-8b-eagle3", k=3, mode="async",
             workload="sharegpt", num_prompts=24, max_concurrency=4)
@@ -132,7 +132,36 @@ def test_a_recording_whose_run_failed_part_way_is_filled_afresh_by_the_next(monk
     assert text(other, rec) == text(other)
 
 
-def test_run_cells_gives_each_cell_what_it_gives_alone():
-    cells = [{**BASE, "cpu_scale": c, "speed": s} for c, s in ((1.0, 1.0), (3.1, 1.0),
-                                                              (1.0, 0.9), (2.4, 1.1))]
-    assert run_cells(cells) == [run_cell(c) for c in cells]
+def test_advise_cells_give_each_cell_what_it_gives_alone(monkeypatch):
+    """advise's Cells keep one recording per steps: the nominal cell and its CPU and device
+    ends run once in full, every other cell of those steps replays it."""
+    from stepgap.sim.advise import Cells
+    from stepgap.sim.loop import Replayed, Sim
+    runs = []
+    for cls in (Sim, Replayed):
+        real = cls.run
+        monkeypatch.setattr(cls, "run", lambda self, real=real: runs.append(type(self)) or
+                            real(self))
+    cells = [{**BASE, "cpu_scale": c, "speed": s, "k": k}
+             for k in (2, 3) for c, s in ((1.0, 1.0), (3.1, 1.0), (1.0, 0.9), (2.4, 1.1))]
+    got = Cells()
+    got.run(cells)
+    assert runs.count(Sim) == 2 and Replayed in runs   # one full run for each k
+    assert [got.done[got.key(c)] for c in cells] == [run_cell(c) for c in cells]
+
+
+def test_a_replay_prices_no_step_its_recording_priced(monkeypatch):
+    """A step's device op times before the noise depend on the step alone (its key), and the
+    runs of one recording have the same device costs: a replay reads them back (`Device.ops`),
+    with the same result as a run in full (above)."""
+    from stepgap.sim.loop import Device
+    rec = Recording()
+    text(BASE, rec)
+    assert rec.device_ops
+    priced = []
+    real = Device.step_ops
+    monkeypatch.setattr(Device, "step_ops", lambda self, *a: priced.append(a) or real(self, *a))
+    slower = {**BASE, "speed": 0.8}
+    replayed = text(slower, rec)
+    assert not priced
+    assert replayed == text(slower) and priced   # in full, every step priced again
