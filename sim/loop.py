@@ -164,9 +164,10 @@ class Device:
         # noise is none or one constant factor (--speed alone), so that they are the same floats
         self.known: dict = {}
         self.steady = jitter is None or jitter.constant
-        # step_key -> `step_ops`' answer, before any noise: shared by the runs of a Recording
-        # (their device costs are the same; only the noise's factor differs), else this run's
-        self.ops: dict = {}
+        # step_key -> `step_ops`' answer before any noise, where `known` cannot keep the whole
+        # answer (a noise that varies) or runs share it (a Recording's: their device costs are
+        # the same, only the noise's factor differs)
+        self.ops: dict | None = None if self.steady else {}
         self.free = 0.0
         self.last_end: float | None = None
         self.gaps: list[float] = []
@@ -197,11 +198,12 @@ class Device:
     def times(self, b: Batch, pause: float, t_first: float, key: tuple | None = None) -> tuple:
         """The step's ops, their times, the sampler's share (`step_ops`), the time until the
         accepted counts are known and the whole step's, the noise's factor applied."""
-        raw = self.ops.get(key) if key is not None else None
+        kept = self.ops if key is not None else None
+        raw = kept.get(key) if kept is not None else None
         if raw is None:
             raw = self.step_ops(b, pause)
-            if key is not None:
-                self.ops[key] = raw
+            if kept is not None:
+                kept[key] = raw
         ops, durs, sample, nverify = raw   # (read only)
         verify = sum(durs[:nverify])
         if self.jitter is not None:   # the machine's noise scales the device ops, not the pause
