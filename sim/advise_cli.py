@@ -76,7 +76,9 @@ def register(sub) -> None:
     g.add_argument("--no-band", dest="band", action="store_false",
                    help="the nominal answer only, without bands (faster)")
     g.add_argument("--jobs", "-j", type=positive_int, default=os.cpu_count() or 1, metavar="N",
-                   help=f"local worker processes (default: all {os.cpu_count()} cores)")
+                   help="local worker processes, each running a load's sync cells, or its "
+                   "async and zero-bubble ones, at a time: no more than two per load are used "
+                   f"(default: all {os.cpu_count()} cores)")
     o = p.add_argument_group("output")
     o.add_argument("--result-json", metavar="PATH", help="write the whole answer as JSON")
     o.add_argument("--plot", metavar="FIGURE", help="draw the best k and the async saving, "
