@@ -140,15 +140,14 @@ def local_pool(jobs: int) -> ProcessPoolExecutor:
                                initargs=(os.getpid(), ctx.get_start_method() == "fork"))
 
 
-def run_local(settings: list[dict], jobs: int, fn: Callable = run_cell,
-              pool: ProcessPoolExecutor | None = None) -> Iterator[tuple[int, dict]]:
-    """(index, fn(settings)) as cells finish, over `jobs` processes (1: in this process):
-    those of `pool`, kept for the caller's next cells, or a pool of their own."""
+def run_local(settings: list[dict], jobs: int, fn: Callable = run_cell
+              ) -> Iterator[tuple[int, dict]]:
+    """(index, fn(settings)) as cells finish, over `jobs` processes (1: in this process)."""
     if jobs <= 1 or len(settings) <= 1:
         for i, s in enumerate(settings):
             yield i, fn(s)
         return
-    ex = pool if pool is not None else local_pool(min(jobs, len(settings)))
+    ex = local_pool(min(jobs, len(settings)))
     try:
         futures = {ex.submit(fn, s): i for i, s in enumerate(settings)}
         for f in as_completed(futures):
@@ -156,8 +155,7 @@ def run_local(settings: list[dict], jobs: int, fn: Callable = run_cell,
     except BaseException:   # interrupted, or the consumer stopped (GeneratorExit)
         stop_pool(ex)
         raise
-    if pool is None:
-        ex.shutdown()
+    ex.shutdown()
 
 
 @dataclass(frozen=True)
