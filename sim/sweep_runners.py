@@ -228,8 +228,8 @@ def _dask_run(client, settings: list[dict], fn: Callable = run_cell
         if _dask_workers(client):
             seen_worker = time.monotonic()
         elif time.monotonic() - seen_worker > WORKERS_S:
-            raise TimeoutError(f"the scheduler has had no worker for {WORKERS_S:g} s (none "
-                               "joined, or they died), with cells still to run")
+            raise NoWorkers(f"the scheduler has had no worker for {WORKERS_S:g} s (none "
+                            "joined, or they died), with cells still to run")
         time.sleep(POLL_S)
 
 
@@ -260,6 +260,11 @@ def cluster_engine(address: str) -> ClusterEngine:
     return RAY if address == "ray" or address.startswith("ray://") else DASK
 
 
+class NoWorkers(TimeoutError):
+    """A Dask scheduler without workers while cells wait: its message is the whole story (a
+    library's own timeout, a scheduler gone, is told as the cluster failing)."""
+
+
 def run_cluster(settings: list[dict], address: str, fn: Callable = run_cell
                 ) -> Iterator[tuple[int, dict]]:
     """(index, fn(settings)) as cells finish on the cluster at `address` (`cluster_engine`)."""
@@ -280,7 +285,7 @@ def run_cluster(settings: list[dict], address: str, fn: Callable = run_cell
             raise
         except (Exception, asyncio.CancelledError) as e:   # Dask's FutureCancelledError is
             why = str(e).splitlines()[0] if str(e) else "no message"   # not an Exception
-            why = why if isinstance(e, TimeoutError) else \
+            why = why if isinstance(e, NoWorkers) else \
                 f"the cluster failed: {type(e).__name__}: {why}"
             raise UserError(f"--cluster {address}: {why}; the cells finished before it are "
                             "stored, and the sweep resumes from them when run again") from None
