@@ -95,7 +95,8 @@ CAL_ARGS = ["--gpu", "l20", "--model", "llama-3.1-8b", "--draft", "llama-3.1-8b-
 
 def build_round4(fx: Path) -> None:
     """fx/r4: two calibrate profiles (one bench file; two), results of every layout compare
-    reads (simulator plain and detailed, engine detailed, gzipped), the seed's async file."""
+    reads (simulator plain and detailed, engine detailed, gzipped, vLLM's without the
+    per-request lists), the seed's async file."""
     r4 = fx / R4
     if (r4 / "done").exists():
         return
@@ -121,6 +122,12 @@ def build_round4(fx: Path) -> None:
     pair = fx / "pair"
     run("run", "--model", str(pair / "target"), "--draft", str(pair / "eagle3"), "-k", "2",
         *trace, "--detailed", "--result-json", "eng.json")
+    # what `vllm bench serve --save-result` writes without --save-detailed
+    bench = json.loads((fx / "vllm/bench.json").read_text())
+    for key in ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
+                "queue_times", "generated_texts", "errors"):
+        bench.pop(key, None)
+    (r4 / "vllm-summary.json").write_text(json.dumps(bench))
     import gzip
     (r4 / "simd.json.gz").write_bytes(gzip.compress((r4 / "simd.json").read_bytes(), mtime=0))
     (r4 / "done").write_text("")
@@ -1091,7 +1098,7 @@ LAYOUTS = {   # name: (fixture, its name in the case folder)
     "simulator detailed gz": (f"{R4}/simd.json.gz", "s.json.gz"),
     "engine detailed": (f"{R4}/eng.json", "s.json"),
     "vLLM detailed": ("vllm/bench.json", "s.json"),
-    "vLLM summary": (SEED_SYNC, "s.json"),
+    "vLLM summary": (f"{R4}/vllm-summary.json", "s.json"),
 }
 
 
@@ -1339,7 +1346,7 @@ def sizes() -> list[Case]:
     s("an axis of 3,000 listed values", ["--grid", "max_concurrency=" +
                                          ",".join(str(i) for i in range(1, 3001)),
                                          "--dry-run"])
-    s("a grid file of 100,000 values", ["--grid-file", "{C}/g.json", "--dry-run"],
+    s("a grid file of 100,000 values", ["--grid-file", "{C}/g.json", "--dry-run"], timeout=300,
       setup=write("g.json", json.dumps({"grid": {"max_concurrency": list(range(1,
                                                                                100001))}})))
     s("a grid file with a 10^399 value", ["--grid-file", "{C}/g.json", "--dry-run"],
@@ -1358,10 +1365,10 @@ def sizes() -> list[Case]:
     def upto(n):
         return ",".join(str(i) for i in range(1, n + 1))
 
-    s("advise, 3,000 concurrencies", ["--max-concurrency", upto(3000)], base=adv, timeout=300)
-    s("advise, 3,000 request rates", ["--request-rate", upto(3000)], base=adv, timeout=300)
+    s("advise, 3,000 concurrencies", ["--max-concurrency", upto(3000)], base=adv, timeout=600)
+    s("advise, 3,000 request rates", ["--request-rate", upto(3000)], base=adv, timeout=600)
     s("advise, 60 rates x 60 concurrencies", ["--request-rate", upto(60), "--max-concurrency",
-                                              upto(60)], base=adv, timeout=300)
+                                              upto(60)], base=adv, timeout=600)
     s("advise, --max-k 64 at 1,000 prompts", ["--max-k", "64", "--num-prompts", "1000",
                                               "--max-concurrency", "1"],
       base=[a for a in adv if a not in ("--max-k", "1")], timeout=300)
@@ -1408,7 +1415,8 @@ POOL_CMDS = {
 def signals() -> list[Case]:
     out = []
     for cmd, argv in SIG_CMDS.items():
-        for delay in (0.02, 0.08, 0.15, 0.25, 0.4, 0.6, 1.0):
+        # most fall in start-up: the interpreter's, then stepgap's imports (0.1-0.4 s)
+        for delay in (0.02, 0.06, 0.1, 0.13, 0.16, 0.2, 0.25, 0.3, 0.4, 0.6, 1.0):
             out.append(Case("signals", f"{cmd}: SIGTERM at {delay:g} s", argv, expect="ok",
                             signal=("main", signal.SIGTERM, delay), timeout=300,
                             good="exit 143 with one line 'terminated', or the signal's own "
@@ -1787,11 +1795,16 @@ def main(argv=None) -> int:
     ap.add_argument("--sample", type=int, default=None, help="a spread of about N cases")
     ap.add_argument("--rerun", default=None, help="only the BAD cases of this results file")
     ap.add_argument("--jobs", type=int, default=2, help="cases at once (default 2)")
+    ap.add_argument("--timeout-scale", type=float, default=1.0,
+                    help="multiply every case's timeout (a loaded machine; default 1)")
     ap.add_argument("--list", action="store_true", help="list the cases, run nothing")
     ap.add_argument("--out", default=None, help="results as JSON lines (default: "
                                                 "WORK/round4-results.jsonl)")
     ap.add_argument("--md", default=None, help="also write the summary as Markdown here")
     args = ap.parse_args(argv)
+    # a sweep started in the background (`cmd &`) ignores SIGINT, and so would every command
+    # it starts: the SIGINT cases need the default
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     only = set(args.only.split(",")) if args.only else None
     cases = all_cases(only)
     if args.match:
@@ -1802,6 +1815,7 @@ def main(argv=None) -> int:
         cases = [c for c in cases if (c.family, c.name) in bad]
     if args.sample:
         cases = sample(cases, args.sample)
+    cases = [replace(c, timeout=c.timeout * args.timeout_scale) for c in cases]
     if args.list:
         for c in cases:
             print(f"[{c.family}] {c.name}  ->  {good_of(c)}")
