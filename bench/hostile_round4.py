@@ -484,7 +484,7 @@ def options() -> list[Case]:
     no_load = adv[:adv.index("--max-concurrency")] + adv[adv.index("--max-concurrency") + 2:]
     for option, kind in (("--max-concurrency", "cap"), ("--request-rate", "rate")):
         for label, value in VALUES:
-            e = expect_of(kind, label)
+            e = "any" if label == "''" else expect_of(kind, label)   # '1,' is the list 1
             out.append(Case("options", f"advise {option} 1,{label}",
                             [*no_load, option, f"1,{value}"], expect=e,
                             names=(option,) if e != "ok" else (), timeout=120))
@@ -949,7 +949,7 @@ def benchcal() -> list[Case]:
         for label, value in (muts if kind == "num" else STR_MUTS[1:]):
             e = "error"
             if key == "request_rate" and label == "inf":
-                e = "ok"
+                e = "any"   # JSON's Infinity, where vLLM writes "inf"
             if key in ("duration",) and label in ("1e300",):
                 e = "any"
             if key == "model_id" and label in ("null", "''", "10,000 characters"):
@@ -1131,7 +1131,7 @@ def compare_muts(layout: str) -> dict:
         "completed > num_prompts": (lambda d: d.update(completed=d.get("num_prompts", 1) + 5),
                                     "completed", "error"),
         "a top-level list": (lambda d: [d], "s.json", "error"),
-        "an empty object": (lambda d: {}, "s.json", "error"),
+        "an empty object": (lambda d: "{}", "s.json", "error"),   # (a string: written as is)
     }
     for metric in ("mean_tpot_ms", "p99_ttft_ms"):
         for label, v, e in (("NaN", NAN, "error"), ("inf", INF, "error"), ("-1", -1, "error"),
@@ -1404,9 +1404,9 @@ SIG_CMDS = {
 }
 POOL_CMDS = {
     "advise --jobs 2": ["advise", "--gpu", "h100", "--model", "llama-3.1-8b", "--num-prompts",
-                        "40", "--output-len", "64", "--max-k", "4", "--max-concurrency",
+                        "80", "--output-len", "128", "--max-k", "4", "--max-concurrency",
                         "1,2,4,8,16,32", "--jobs", "2", "--result-json", "{C}/a.json"],
-    "sweep --jobs 2": ["sweep", "--set", "num_prompts=40", "--set", "output_len=64", "--grid",
+    "sweep --jobs 2": ["sweep", "--set", "num_prompts=80", "--set", "output_len=128", "--grid",
                        "k=0..4", "--grid", "max_concurrency=1..32:x2", "--out", "{C}/o",
                        "--jobs", "2", "--quiet"],
 }
@@ -1473,7 +1473,7 @@ def names() -> list[Case]:
                                                         "--profile", "{F}/r4/sim.json"],
                     names=("sim.json",)))
     out.append(Case("names", "--gpu a calibrate profile", ["simulate", "--gpu",
-                                                           "{F}/r4/cal1.json", *base[2:],
+                                                           "{F}/r4/cal1.json", *base[3:],
                                                            "--model", "llama-3.1-8b"],
                     names=("cal1.json",)))
     out.append(Case("names", "--device-profile a file", [*base, "--model", "llama-3.1-8b",
@@ -1575,13 +1575,14 @@ def _watch(folder: Path, target: str, signum: int, delay: float, state: dict) ->
                 victims = [p for p in kids[:want] if _alive(p)]
                 for p in victims:
                     os.kill(p, signum)
+                state["victims"] = victims
                 if victims:
                     state["sent"] = time.monotonic()
-                    state["victims"] = victims
                 break
             time.sleep(0.01)
         if "sent" not in state:
-            state["note"] = "no pool worker was seen"
+            state["note"] = "its pool had ended before the signal" if "victims" in state \
+                else "no pool worker was seen"
     while _alive(main):
         time.sleep(0.01)
     state["ended"] = time.monotonic()
@@ -1758,6 +1759,21 @@ def sample(cases: list[Case], n: int) -> list[Case]:
     return out
 
 
+def reason(r: H.Result) -> str:
+    """A result's why, without the case's own values: a traceback by its exception's type."""
+    why = r.why
+    if why.startswith("traceback: "):
+        return "traceback: " + why[len("traceback: "):].split(":")[0].split(".")[-1]
+    if why.startswith("still running"):
+        return "still running at the timeout"
+    if why.startswith("exit 0 with a number past physics"):
+        return "exit 0 with a number past physics"
+    if why.startswith(("the error does not name", "exit 0 with a wrong result",
+                       "the server started")):
+        return why.split(":")[0].split(" [")[0]
+    return why
+
+
 def markdown(results: list[H.Result], cases: dict, head: str) -> str:
     counts = defaultdict(Counter)
     for r in results:
@@ -1772,15 +1788,23 @@ def markdown(results: list[H.Result], cases: dict, head: str) -> str:
                  f"**{t['BAD']}** |")
     for cls in ("BAD", "POOR"):
         chosen = [r for r in results if r.cls == cls]
-        lines += ["", f"## {cls} ({len(chosen)})", ""]
+        groups = defaultdict(list)
         for r in chosen:
-            c = cases.get((r.family, r.name))
-            lines.append(f"- **[{r.family}] {r.name}**: {r.why}")
-            if cls == "BAD":
-                lines.append(f"  - good answer: {good_of(c) if c else '?'}")
-                lines.append(f"  - command: `{r.cmd}`")
-                if r.last:
-                    lines.append(f"  - last line: `{r.last[:240]}`")
+            groups[(r.family, reason(r))].append(r)
+        lines += ["", f"## {cls} ({len(chosen)}) by family and reason", "",
+                  "| family | reason | cases | e.g. |", "|---|---|---:|---|"]
+        for (fam, why), rs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+            lines.append(f"| {fam} | {why} | {len(rs)} | {'; '.join(r.name for r in rs[:2])} |")
+    bad = [r for r in results if r.cls == "BAD"]
+    lines += ["", f"## Every BAD case ({len(bad)}), with its command", "",
+              "`$F` is the sweep's fixtures folder, `$C` the case's own (bench/hostile.py).", ""]
+    for r in bad:
+        c = cases.get((r.family, r.name))
+        lines.append(f"- **[{r.family}] {r.name}**: {r.why}")
+        lines.append(f"  - good answer: {good_of(c) if c else '?'}")
+        lines.append(f"  - command: `{r.cmd}`")
+        if r.last and not r.why.endswith(r.last[:100]):
+            lines.append(f"  - last line: `{r.last[:240]}`")
     return "\n".join(lines) + "\n"
 
 
@@ -1794,6 +1818,8 @@ def main(argv=None) -> int:
     ap.add_argument("--match", default=None, help="only cases whose name holds this")
     ap.add_argument("--sample", type=int, default=None, help="a spread of about N cases")
     ap.add_argument("--rerun", default=None, help="only the BAD cases of this results file")
+    ap.add_argument("--hangs", action="store_true",
+                    help="with --rerun: only those still running at their timeout")
     ap.add_argument("--jobs", type=int, default=2, help="cases at once (default 2)")
     ap.add_argument("--timeout-scale", type=float, default=1.0,
                     help="multiply every case's timeout (a loaded machine; default 1)")
@@ -1801,6 +1827,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="results as JSON lines (default: "
                                                 "WORK/round4-results.jsonl)")
     ap.add_argument("--md", default=None, help="also write the summary as Markdown here")
+    ap.add_argument("--summarize", nargs="+", default=None, metavar="RESULTS",
+                    help="run nothing: summarize these results files (a later file's result of "
+                         "a case replaces an earlier one's: a rerun of the hangs)")
     args = ap.parse_args(argv)
     # a sweep started in the background (`cmd &`) ignores SIGINT, and so would every command
     # it starts: the SIGINT cases need the default
@@ -1811,11 +1840,25 @@ def main(argv=None) -> int:
         cases = [c for c in cases if args.match in c.name]
     if args.rerun:
         bad = {(r["family"], r["name"]) for r in map(json.loads, Path(args.rerun).read_text()
-                                                     .splitlines()) if r["cls"] == "BAD"}
+                                                     .splitlines()) if r["cls"] == "BAD"
+               and (not args.hangs or r["why"].startswith("still running"))}
         cases = [c for c in cases if (c.family, c.name) in bad]
     if args.sample:
         cases = sample(cases, args.sample)
     cases = [replace(c, timeout=c.timeout * args.timeout_scale) for c in cases]
+    if args.summarize:
+        merged = {}
+        for path in args.summarize:
+            for line in Path(path).read_text().splitlines():
+                r = H.Result(**json.loads(line))
+                merged[(r.family, r.name)] = r
+        order = {(c.family, c.name): i for i, c in enumerate(cases)}
+        results = sorted(merged.values(), key=lambda r: order.get((r.family, r.name), 0))
+        print(H.report(results))
+        if args.md:
+            Path(args.md).write_text(markdown(results, {(c.family, c.name): c for c in cases},
+                                              "# Hostile sweep, round 4"))
+        return 0
     if args.list:
         for c in cases:
             print(f"[{c.family}] {c.name}  ->  {good_of(c)}")
