@@ -17,7 +17,7 @@
    model predicts, not how far this machine's speed is from another's.
 
 `--profile committed` takes the profile committed with the CPU validation instead
-(traces/measured/cpu/profile.json, measured on the machine of docs/validation.md), and
+(traces/measured/cpu/profile.json, measured on the machine of docs/explanation/validation.md), and
 `--profile PATH` any other: then the error also holds how much faster or slower this machine
 is. Why the process executor: it is the topology the profiles are calibrated on, and the one
 where the modes differ on a CPU (inline, the engine's thread computes everything, and async
@@ -47,9 +47,10 @@ EPILOG = """\
 examples:
   stepgap demo                                  # k = 4, 48 held-out prompts, concurrency 1
   stepgap demo --k 2 --max-concurrency 4 --num-prompts 16 --mode async
-  stepgap demo --profile committed              # the profile of docs/validation.md's machine
+  stepgap demo --profile committed      # the profile of docs/explanation/validation.md's machine
 
-The pair (checkpoints/pystdlib) was trained by `stepgap train`; docs/training.md tells how.
+The pair (checkpoints/pystdlib) was trained by `stepgap train`; docs/explanation/training.md
+tells how.
 """
 
 
@@ -269,7 +270,7 @@ def run_demo(pair=PAIR, k: int = 4, num_prompts: int | None = None,
         first = run.output_token_ids[reqs[0].request_id]
         sim = simulate_trace(pair, reqs, accepted, k, max_concurrency, device_costs, mode, path)
         costs = (f"costs: the measured profile {_show(path)}"
-                 + ("\n  (measured on the machine of docs/validation.md, not this one)"
+                 + ("\n  (measured on the machine of docs/explanation/validation.md, not this one)"
                     if Path(path).resolve() == PROFILE.resolve() else ""))
     out("")
     out(side_by_side(RunRecord.of(engine), RunRecord.of(sim)))

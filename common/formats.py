@@ -1,4 +1,4 @@
-"""Shared file formats and metrics: the contract of docs/design.md §2, §4 and §5.
+"""Shared file formats and metrics: the contract of docs/explanation/design.md §2, §4 and §5.
 
 Both halves import this module, and nothing else defines these formats:
 
@@ -24,16 +24,16 @@ from stepgap.common.fileio import (NONFINITE, check_file, dumps_json, json_lines
                                    write_json, write_text)
 
 MODES = ("sync", "async", "zero-bubble")
-# The topology (docs/design.md §2): the worker in the engine's process or its own (vLLM's
-# multiprocess executor); the device asynchronous to the worker (cuda) or the worker's own
+# The topology (docs/explanation/design.md §2): the worker in the engine's process or its own
+# (vLLM's multiprocess executor); the device asynchronous to the worker (cuda) or the worker's own
 # compute (cpu).
 EXECUTORS = ("inline", "process")
 DEVICES = ("cpu", "cuda")
 OLD_DEVICES = {"async": "cuda", "sync": "cpu"}   # the devices as once spelled, still read
 # cpu.frontend: the API server of a served engine (vLLM's, or `stepgap serve`), between a step's
-# output and the client's chunk (docs/design.md §8). `add_request` is a request taken in, `stream`
-# one chunk written to its client (stepgap serve); `wait` a thread blocked (on the device, or
-# the worker blocked on the engine core's next message); `unmapped` a measured span no op
+# output and the client's chunk (docs/explanation/design.md §8). `add_request` is a request taken
+# in, `stream` one chunk written to its client (stepgap serve); `wait` a thread blocked (on the
+# device, or the worker blocked on the engine core's next message); `unmapped` a measured span no op
 # stands for, its own name in args["vllm"].
 LANES = ("cpu.frontend", "cpu.engine", "cpu.worker", "device")
 OPS = {
@@ -238,7 +238,7 @@ def save_chrome_trace(path, spans: Iterable[Span], process_name: str = "stepgap"
 
 
 def step_gaps(spans: Iterable[Span]) -> list[float]:
-    """Device idle time before each step, in microseconds (docs/design.md §2).
+    """Device idle time before each step, in microseconds (docs/explanation/design.md §2).
 
     The gap of step N+1 is the start of its first device op minus the end of step N's last device
     op, taken between consecutive steps that have device ops. Overlap counts as no gap (0).

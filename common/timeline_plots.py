@@ -1,7 +1,7 @@
 """Step timelines as pictures: Gantt charts of spans on their lanes, with the step gaps shaded,
 and the same windows as one Chrome-trace/Perfetto document. They draw any timeline of the shared
-format (docs/design.md §2), simulated, measured or ingested from vLLM, so both halves, calibrate/
-and the benchmarks use them.
+format (docs/explanation/design.md §2), simulated, measured or ingested from vLLM, so both halves,
+calibrate/ and the benchmarks use them.
 
 Every function returns a matplotlib `Figure` built without pyplot, so it works on any backend;
 `save` writes any of stepgap's figures (sim/plots.py's too) as a PNG, SVG or PDF, as its name
@@ -91,8 +91,8 @@ def device_steps(spans: list[Span]) -> dict[int, tuple[float, float]]:
 
 
 def gaps_between(spans: list[Span]) -> list[tuple[int, float, float]]:
-    """(step, start, end) of the device idle time before each step (docs/design.md §2); a step
-    that starts before the previous one ends has end == start."""
+    """(step, start, end) of the device idle time before each step (docs/explanation/design.md §2);
+    a step that starts before the previous one ends has end == start."""
     dev = device_steps(spans)
     steps = sorted(dev)
     return [(b, dev[a][1], max(dev[a][1], dev[b][0])) for a, b in zip(steps, steps[1:])]

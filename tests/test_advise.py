@@ -1,8 +1,8 @@
 """stepgap advise, the bands it rests on (sim/bands.py), calibration on bench files alone
 (calibrate/bench_fit.py) and a profile that runs where it was measured.
 
-Small workloads throughout (a few MT-bench prompts, short outputs): what is checked is behaviour
-and invariants, not the numbers of the default question (README and docs/sim.md have those,
+Small workloads throughout (a few MT-bench prompts, short outputs): what is checked is behaviour and
+invariants, not the numbers of the default question (README and docs/reference/advise.md have those,
 with their commands)."""
 
 from __future__ import annotations

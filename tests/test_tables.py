@@ -1,6 +1,6 @@
 """Measured operator tables as device costs (sim/tables.py) and a peer's vLLM run as a trace,
 a measured side and settings (common/peer_run.py): the interpolation and extrapolation rules
-docs/sim.md states, the pricing of a step's mix, and bad input.
+docs/explanation/measured-tables.md states, the pricing of a step's mix, and bad input.
 
 The tables here are written by the tests with round numbers, so every expected time is worked
 out by hand from the rule, not taken from the code."""
@@ -238,8 +238,9 @@ def test_tables_of_another_model_are_refused_naming_the_field(bundle):
         resolve(SimConfig(gpu="h100", model="llama-3.2-1b", device_profile=str(bundle)))
 
 
-# -- a bundle of the wrong types, and skew fits out of range (docs/robustness.md): one line
-# naming the file, the line or the field, where they were tracebacks or silently another reading
+# -- a bundle of the wrong types, and skew fits out of range (docs/reference/robustness.md): one
+# line naming the file, the line or the field, where they were tracebacks or silently another
+# reading
 
 # A skew fit of four bucket axes, its bins as LLMServingSim writes them (1.0e+9: a float to YAML)
 SKEW_META = META + """\

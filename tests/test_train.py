@@ -271,7 +271,7 @@ def test_demo_takes_the_committed_profile_when_asked(capsys):
                  "--quiet"]) == 0
     text = capsys.readouterr().out
     assert "costs: the measured profile traces/measured/cpu/profile.json" in text
-    assert "(measured on the machine of docs/validation.md, not this one)" in text
+    assert "(measured on the machine of docs/explanation/validation.md, not this one)" in text
 
 
 def test_demo_names_a_missing_pair(tmp_path, capsys):
