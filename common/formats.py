@@ -18,6 +18,7 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
+from stepgap.common.breakdown import idle_events, ranks as by_rank
 from stepgap.common.errors import UserError, where
 from stepgap.common.limits import MAX_ARRIVAL_S, is_finite, is_int, is_number
 from stepgap.common.fileio import (NONFINITE, check_file, dumps_json, json_lines,
@@ -212,11 +213,17 @@ def load_timeline(path) -> list[Span]:
     return [parse_span(d, path, lineno) for lineno, d in json_lines(path)]
 
 
+IDLE_TRACK = "device idle"   # the Chrome trace's track of the device's idle stretches
+
+
 def chrome_trace(spans: Iterable[Span], process_name: str = "stepgap") -> dict:
     """Chrome-trace / Perfetto JSON: one thread per lane, one complete ("X") event per span;
-    a data-parallel run's ranks (spans with args.dp) each a process of their own."""
+    a data-parallel run's ranks (spans with args.dp) each a process of their own. A last
+    thread, "device idle", holds the device's idle stretches, each named for the op it is
+    exposed to (common/breakdown.py: "idle: prepare_inputs", "idle: (no op)"), with the step
+    it delays: where each microsecond of a gap goes, on the timeline."""
     spans = list(spans)
-    tid = {lane: i + 1 for i, lane in enumerate(LANES)}
+    tid = {lane: i + 1 for i, lane in enumerate((*LANES, IDLE_TRACK))}
     ranks = sorted({s.args["dp"] for s in spans if s.args and "dp" in s.args})
     procs = {None: (1, process_name)} if not ranks else \
         {r: (1 + r, f"{process_name} DP rank {r}") for r in ranks}
@@ -230,6 +237,12 @@ def chrome_trace(spans: Iterable[Span], process_name: str = "stepgap") -> dict:
         events.append({"name": s.op, "cat": s.lane, "ph": "X", "pid": pid, "tid": tid[s.lane],
                        "ts": round(s.start_us, 3), "dur": round(s.end_us - s.start_us, 3),
                        "args": {"step": s.step, **(s.args or {})}})
+    for rank, own in by_rank(spans).items():
+        pid = procs[rank if ranks else None][0]
+        for a, b, lane, op, step in idle_events(own):
+            events.append({"name": f"idle: {op}", "cat": IDLE_TRACK, "ph": "X", "pid": pid,
+                           "tid": tid[IDLE_TRACK], "ts": round(a, 3), "dur": round(b - a, 3),
+                           "args": {"before_step": step, "exposed_lane": lane}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 

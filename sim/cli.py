@@ -89,11 +89,12 @@ Errors in options or trace files name the field (and the file and line) and exit
 
 
 def register(sub) -> None:
-    """The simulator's commands: `simulate`, `advise` (sim/advise_cli.py), and `sweep` and
-    `plot` (sim/sweep_cli.py)."""
-    from stepgap.sim import advise_cli, sweep_cli
+    """The simulator's commands: `simulate`, `advise` (sim/advise_cli.py), `explain`
+    (sim/explain_cli.py), and `sweep` and `plot` (sim/sweep_cli.py)."""
+    from stepgap.sim import advise_cli, explain_cli, sweep_cli
     register_simulate(sub)
     advise_cli.register(sub)
+    explain_cli.register(sub)
     sweep_cli.register(sub)
 
 
