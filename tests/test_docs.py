@@ -90,7 +90,9 @@ def cited_docs() -> list[tuple[str, str, str | None]]:
                     or f.name == "test_docs.py":
                 continue
             for m in pat.finditer(f.read_text(errors="replace")):
-                out.append((str(f.relative_to(ROOT)), m.group(1), m.group(2)))
+                if not m.group(1).startswith("docs/docs/") and m.group(1).islower():
+                    # (not another project's docs folder, nor a placeholder such as DATE-NAME)
+                    out.append((str(f.relative_to(ROOT)), m.group(1), m.group(2)))
     return out
 
 
@@ -108,3 +110,26 @@ def test_every_docs_page_the_code_cites_is_there_with_its_section():
 
 def test_the_readme_is_a_guide_of_at_most_250_lines():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+
+
+def test_the_reference_names_every_command_and_every_option():
+    """docs/reference/commands.md is written from the parsers (bench/docs_reference.py): a
+    command or an option added since is missing from it."""
+    import argparse
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("docs_reference",
+                                                  ROOT / "bench" / "docs_reference.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = (ROOT / "docs" / "reference" / "commands.md").read_text()
+    missing = []
+    for words, parser in mod.commands():
+        if f"## {' '.join(words)}\n" not in text:
+            missing.append(" ".join(words))
+        section = text.split(f"## {' '.join(words)}\n", 1)[-1].split("\n## ", 1)[0]
+        for action in parser._actions:
+            for opt in action.option_strings:
+                if opt.startswith("--") and opt not in section \
+                        and not isinstance(action, argparse._HelpAction):
+                    missing.append(f"{' '.join(words)} {opt}")
+    assert not missing, f"run `python bench/docs_reference.py`: {missing}"

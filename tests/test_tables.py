@@ -609,7 +609,7 @@ def test_a_null_max_model_len_is_the_models_context_as_vllm_takes_it(tmp_path):
     assert any("max_model_len is null" in n and "--max-model-len 131072" in n for n in notes)
 
 
-def test_the_readme_command_runs_the_pro6000_run_whose_prompts_pass_2048(tmp_path):
+def test_the_reports_command_runs_the_pro6000_run_whose_prompts_pass_2048(tmp_path):
     # (its longest request is 2,000-odd tokens past --max-model-len's own default of 2048)
     res = tmp_path / "sim.json"
     p = run_cli("simulate", "--gpu", "rtxpro6000", "--trace", str(RUN_PRO6000 / "requests.jsonl"),
@@ -618,9 +618,10 @@ def test_the_readme_command_runs_the_pro6000_run_whose_prompts_pass_2048(tmp_pat
     assert "--max-model-len 131072" in p.stderr and res.is_file()
 
 
-def readme_peer_commands() -> list[list[str]]:
-    """The `stepgap simulate` commands of the README's peer section, as printed."""
-    text = (ROOT / "README.md").read_text()
+def report_peer_commands() -> list[list[str]]:
+    """The `stepgap simulate` commands of the peer runs' report (once the README's section), as
+    printed."""
+    text = (ROOT / "docs" / "reports" / "2026-12-03-peer-gpu.md").read_text()
     block = text.split("## Real GPU runs")[1].split("```")[1]
     joined = block.replace("\\\n", " ")
     folder = next(line.split("=", 1)[1] for line in joined.splitlines() if line.startswith("P="))
@@ -628,8 +629,8 @@ def readme_peer_commands() -> list[list[str]]:
             for line in joined.splitlines() if line.startswith("stepgap simulate")]
 
 
-def test_the_readmes_commands_run_as_printed_for_both_gpus_and_the_tp2_run(tmp_path):
-    commands = readme_peer_commands()
+def test_the_reports_commands_run_as_printed_for_both_gpus_and_the_tp2_run(tmp_path):
+    commands = report_peer_commands()
     assert len(commands) == 3
     for argv in commands:   # --model, --gpu, --device-profile, --trace and output options only
         options = {a for a in argv if a.startswith("--")}
