@@ -19,6 +19,7 @@ The points live in `bench/published/*.yaml`, one file per family of evidence. A 
         measured: 4.21
         versus: "..."                  # optional: then `measured` is metric(args) / metric(versus)
         sweep: vllm-20780/k            # optional: the points of one k sweep (best k judged)
+        dataset: MT-Bench              # optional: the dataset as the source names it
         note: "..."                    # optional: how the number was read off the source
 
 The split, written before any fit: a point belongs to its source's half, and a source is in
@@ -72,7 +73,7 @@ METRICS = ("mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "medi
 SOURCE_FIELDS = {"url": str, "title": str, "engine": str}
 SOURCE_OPTIONAL = {"date": (str,), "note": (str,)}
 POINT_FIELDS = {"id": str, "source": str, "args": str, "metric": str, "measured": (int, float)}
-POINT_OPTIONAL = {"versus": (str,), "sweep": (str,), "note": (str,)}
+POINT_OPTIONAL = {"versus": (str,), "sweep": (str,), "dataset": (str,), "note": (str,)}
 
 
 class BadFile(ValueError):
@@ -89,6 +90,7 @@ class Point:
     file: str
     versus: str | None = None
     sweep: str | None = None
+    dataset: str | None = None
     note: str | None = None
 
     @property
