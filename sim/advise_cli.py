@@ -267,9 +267,9 @@ def format_advice(advice) -> str:
                      ", ".join(a.async_saving.dominant) or "-", _b(zb, ".1f", 100, " %"),
                      "no" if zb.high < 0.005 else "yes" if zb.low > 0.005 else "maybe"])
     lines += [""] + table(
-        [["", "async saves (each mode", "", "zero-bubble adds over", ""],
+        [["", "async saves (each mode", "", "zero-bubble adds over", "zero-bubble"],
          ["load", "at its best k), % of sync", "dominated by", "async, % of its TPOT",
-          "does it pay?"]], rows)
+          "pays?"]], rows)
     lines += near_best_lines(advice) + yours_lines(advice) + warning_lines(advice)
     lines += ["", f"({advice.sims} simulations; a band sums, on each side, what each input "
                   "moves the number at the ends of its range)"]
