@@ -193,7 +193,9 @@ def load_bench_runs(paths, args, base: dict) -> list[BenchRun]:
     from stepgap.sim.loop import build_workload
 
     runs, skipped = [], []
-    for path, _ in input_files(paths, "*.json", "bench file"):
+    files = input_files(paths, "*.json", "bench file")
+    check_bench_count(len(files), paths)
+    for path, _ in files:
         doc = read_bench(path)
         if model_name(doc["model_id"]) != model_name(base["model"]):
             raise UserError(f"{where(path, field='model_id')}: {doc['model_id']!r}, but --model "
@@ -243,12 +245,53 @@ def load_bench_runs(paths, args, base: dict) -> list[BenchRun]:
             cfg = SimConfig(**settings(base, k, num_prompts=n, request_rate=rate,
                                        max_concurrency=conc))
             reqs = build_workload(cfg)
+        if all(q.output_len <= 1 for q in reqs):   # (its mean ITL > 0: two tokens or more)
+            why = f"--output-len {base['output_len']}" if "output_len" in base and not \
+                all(key in doc for key in DETAIL_KEYS) else "its output_lens"
+            raise UserError(f"{where(path, field='mean_itl_ms')}: {doc['mean_itl_ms']:g} ms "
+                            f"between tokens, but {why} ends every request at its first token; "
+                            "give the runs' output length")
         runs.append(BenchRun(path, doc, k, conc, mode, reqs, tuple(rates) if rates else None))
+    check_distinct_runs((r.path, r.doc) for r in runs)
     for line in skipped:
         print(f"  note: {line}", file=sys.stderr)
     if not runs:
         raise UserError("no `vllm bench serve --save-result` file to fit among the inputs")
     return runs
+
+
+# What a run measured, as its bench file records it: two files alike in all of these are one run
+# given twice, however they are labelled (a copy whose max_concurrency says 8 made calibrate fit
+# "CPU x 0.000" and a split band of zero width, with exit 0).
+MEASURED = ("date", "duration", "completed", "total_input_tokens", "total_output_tokens",
+            "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "p99_itl_ms", "p99_tpot_ms")
+
+
+def check_distinct_runs(docs) -> None:
+    """Refuse a run given twice: (path, bench document) pairs, two of whose measurements are
+    the same (MEASURED), naming both files and the labels they differ in."""
+    seen: dict = {}
+    for path, doc in docs:
+        key = repr([doc.get(k) for k in MEASURED])
+        if key in seen:
+            first, other = seen[key]
+            labels = [k for k in ("max_concurrency", "num_speculative_tokens", "request_rate",
+                                  "mode", "burstiness") if doc.get(k) != other.get(k)]
+            said = f"; it says {', '.join(f'{k} {doc.get(k)!r}' for k in labels)}, " \
+                f"{first.name} {', '.join(repr(other.get(k)) for k in labels)}" if labels else ""
+            raise UserError(f"{path}: the same run as {first} (its date, duration, requests and "
+                            f"latencies alike{said}): give each run once")
+        seen[key] = (path, doc)
+
+
+def check_bench_count(n: int, paths) -> None:
+    """At most MAX_BENCH_FILES bench files, refused before any is read or simulated."""
+    from stepgap.common.limits import MAX_BENCH_FILES
+    if n > MAX_BENCH_FILES:
+        where_ = paths[0] if len(paths) == 1 else f"{len(paths)} inputs"
+        raise UserError(f"{where_}: {n:,} bench files (.json), past the {MAX_BENCH_FILES} one "
+                        "calibrate fits at once (each is simulated at every step of the fit); "
+                        "give the runs of the cells you predict")
 
 
 # ---------------------------------------------------------------------------------------------

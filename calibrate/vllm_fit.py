@@ -119,9 +119,11 @@ def load_runs(paths) -> tuple[list[Run], list[str]]:
     with its scrapes (NAME.before.txt, NAME.after.txt) and its timeline (the traces whose steps
     fall in its window, else the hook spans inside it). Every bench file must come from the
     same model and client settings."""
+    from stepgap.calibrate.bench_fit import check_bench_count, check_distinct_runs
     from stepgap.calibrate.vllm import acceptance_from_scrapes, read_source, vllm_timeline
     from stepgap.common.vllm_bench import bench_k, read_bench
     kinds = classify(paths)
+    check_bench_count(len(kinds["bench"]), paths)
     if not kinds["bench"]:
         skipped = kinds["skipped"][:3] + ([f"{len(kinds['skipped']) - 3} more skipped"]
                                           if kinds["skipped"][3:] else [])
@@ -134,6 +136,7 @@ def load_runs(paths) -> tuple[list[Run], list[str]]:
         doc = read_bench(path)
         runs.append(Run(path.stem, path, doc, bench_k(doc), doc.get("mode"),
                         doc.get("max_concurrency"), bench_window(doc)))
+    check_distinct_runs((r.path, r.doc) for r in runs)
     first = runs[0]
     for r in runs[1:]:
         for key in ("model_id", "tokenizer_id", "backend", "burstiness", "request_rate"):

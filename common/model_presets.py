@@ -204,11 +204,21 @@ def read_config(spec: str) -> tuple[dict, str]:
     return read_json(path), str(path)
 
 
+def not_shadowed(spec: str, preset: str, what: str) -> None:
+    """A name that is both a preset (or its Hugging Face id) and a path here: vLLM would read
+    the path, stepgap the preset, so neither is taken silently."""
+    if Path(spec).exists():
+        raise UserError(f"{what} {spec!r}: both the preset {preset} and the "
+                        f"{'folder' if Path(spec).is_dir() else 'file'} {spec} here; give "
+                        f"./{spec} for the path, or run where no such path is for the preset")
+
+
 def load_model_config(spec: str) -> ModelConfig:
     """A target by preset name, Hugging Face id (MODEL_IDS, else one in this machine's Hugging
     Face cache), model folder, or config.json path."""
     preset = preset_of(spec)
     if preset is not None:
+        not_shadowed(spec, preset, "model")
         return MODEL_PRESETS[preset]
     if not Path(spec).exists():
         cached = hf_cache_file(spec, "config.json")   # a model this machine already has
@@ -224,12 +234,20 @@ def load_draft_config(spec: str, target: ModelConfig | None = None) -> EagleHead
     `eagle3` derives one from target."""
     preset = preset_of(spec, DRAFT_IDS)
     if preset is not None:
+        not_shadowed(spec, preset, "draft")
         return DRAFT_PRESETS[preset]
     if spec == "eagle3":
         if target is None:
             raise UserError("draft 'eagle3' derives a head from the target; give a target")
         return eagle3_for(target)
     if not Path(spec).exists():
+        model = preset_of(spec)
+        if model is not None:   # a model preset, not a head's
+            heads = [p for p in DRAFT_PRESETS if p.startswith(f"{model}-")]
+            raise UserError(f"draft {spec!r}: the model preset {model}, not an EAGLE head "
+                            f"(heads: {', '.join(heads or DRAFT_PRESETS)}, or eagle3, a head "
+                            "shaped like the target); a whole model as the drafter is "
+                            "--spec-method draft_model")
         raise unknown(spec, "draft", DRAFT_IDS, DRAFT_PRESETS,
                       ", or eagle3 (a head shaped like the target)")
     d, source = read_config(spec)

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from stepgap.common.drafters import SPEC_METHODS
-from stepgap.common.errors import UserError
+from stepgap.common.errors import UserError, shown
 from stepgap.common.formats import METRICS
 from stepgap.common.limits import MAX_K, first_repeat, is_int
 from stepgap.common.run_spec import Option, RunSpec, options_of
@@ -107,7 +107,8 @@ def at_most(parse, hi: float):
     def bounded(text: str):
         v = parse(text)
         if v > hi:
-            raise argparse.ArgumentTypeError(f"must be at most {hi:g}, got {text}")
+            raise argparse.ArgumentTypeError(f"must be at most {hi:g}, got "
+                                             f"{text if len(text) <= 60 else shown(text)}")
         return v
     bounded.__name__ = parse.__name__
     return bounded

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from stepgap.common.errors import UserError
+from stepgap.common.limits import MAX_LOADS
 from stepgap.sim.bands import Band, BandInput, band_inputs, combine, int_band
 
 MODES = ("sync", "async", "zero-bubble")
@@ -107,6 +108,12 @@ def loads_of(concurrency: list | None, rates: list | None) -> list[dict]:
     if not cs or not rs:
         raise UserError("--max-concurrency / --request-rate: the load list is empty; give at "
                         "least one load point (e.g. --max-concurrency 1,2,4,8,16,32)")
+    if len(cs) * len(rs) > MAX_LOADS:
+        given = " x ".join(f"{len(v)} {name}" for v, name in (
+            (concurrency, "--max-concurrency"), (rates, "--request-rate")) if v is not None)
+        raise UserError(f"{given}: {len(cs) * len(rs):,} load points, past the {MAX_LOADS} one "
+                        "question judges (each is two columns of simulations at every k); "
+                        "ask about fewer loads at a time")
     return [{k: v for k, v in (("max_concurrency", c), ("request_rate", r)) if v is not None}
             for r in rs for c in cs]
 
@@ -226,6 +233,7 @@ def advise(base: dict, loads: list[dict], ks: list[int], band: bool = True, jobs
             axes[name] = values
     grid = Grid(axes, {k: v for k, v in base.items() if k not in axes})
     checked = grid.cells(keyed=False)   # every cell built, resolved, its workload checked
+    check_tokens_to_time(cell(base, loads[0], "sync", 0))
     inputs = band_inputs(base, max(ks)) if band else []
     # a column per load and mode (zero-bubble with async, whose best k it is judged at), the
     # longest first (the fewest requests at once: the most steps), so that the processes end
@@ -248,6 +256,21 @@ def advise(base: dict, loads: list[dict], ks: list[int], band: bool = True, jobs
     advice.sims, advice.seconds = len(cells.done), time.perf_counter() - t0
     advice.cells = [json.loads(key) for key in cells.done]
     return advice
+
+
+def check_tokens_to_time(settings: dict) -> None:
+    """The question is the mean TPOT: a workload whose every request ends at its first token
+    (--output-len 1, one prompt of one token) has none, so no k or mode is better than another.
+    Refused before the simulations, not divided by."""
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.loop import build_workload
+    cfg = SimConfig(**settings)
+    if all(r.output_len <= 1 for r in build_workload(cfg)):
+        given = f"--output-len {cfg.output_len}" if cfg.output_len is not None else \
+            f"the workload {cfg.workload}"
+        raise UserError(f"{given}: every request ends at its first token, so there is no time "
+                        "per output token to choose k or the scheduling by; ask with 2 or more "
+                        "output tokens")
 
 
 def answer(cells: Cells, base: dict, load: dict, ks: list[int], inputs: list[BandInput],

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from stepgap.common.acceptance import PUBLISHED, AcceptanceProfile
+from stepgap.common.errors import UserError
 
 # The host's CPU costs, as a factor on stepgap's defaults (sim/cpu_costs.py), from the hosts
 # there is evidence for: the lowest and the highest whose CPU side was measured on its own (a gap
@@ -186,7 +187,28 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
                            max_k if max_k is not None else cfg.k)
     if acc is not None:
         inputs.append(acc)
+    check_ends(inputs, settings)
     return inputs
+
+
+def check_ends(inputs: list[BandInput], settings: dict) -> None:
+    """Each input's ends keep the run's --cpu-scale and --speed within their limits: a band
+    that would take them past is refused naming the option the user gave and the input, not
+    with the derived value as if the user had given it."""
+    from stepgap.common.limits import MAX_SCALE, MIN_SPEED
+    limits = {"cpu_scale": ("--cpu-scale", 0.0, MAX_SCALE), "speed": ("--speed", MIN_SPEED,
+                                                                     MAX_SCALE)}
+    for inp in inputs:
+        for end in ("low", "high"):
+            at = inp.settings(settings, end)
+            for key, (option, lo, hi) in limits.items():
+                v = at.get(key, 1.0)
+                if not lo <= v <= hi:
+                    given, edge = settings.get(key, 1.0), hi if v > hi else lo
+                    value = inp.low if end == "low" else inp.high
+                    raise UserError(f"{option} {given:g}: the band's {inp.name} input at its "
+                                    f"{end} end ({value:g} {inp.unit}) takes it to {v:g}, past "
+                                    f"{edge:g}; give a {option} nearer 1, or leave the band out")
 
 
 def cpu_input(nominal: float) -> BandInput:

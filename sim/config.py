@@ -25,6 +25,7 @@ from stepgap.sim.tables import (TableCosts, bundle_meta, find_bundle, find_varia
                                 load_tables, read_meta, refuse_another_model)
 from stepgap.sim.expert_parallel import MoeCosts, MoeParallel
 from stepgap.sim.moe_tables import check_moe_bundle, moe_only, moe_parts
+from stepgap.sim.table_checks import check_tables
 from stepgap.sim.hardware import CATALOG, Hardware, MeasuredLink
 from stepgap.sim.hardware_file import (collectives_beside, load_collectives, load_gpu,
                                        with_link)
@@ -498,6 +499,9 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
             costs.sources = {**sources,
                              "target_forward": f"{under} (the bundle, {about}: {only})"}
     attach_moe(cfg, target, hw, costs, bundle)
+    roofline = roofline_of(costs)
+    if bundle is not None and roofline is not None:   # the tables against the model's shapes
+        check_tables(costs, roofline, bundle, cfg.tensor_parallel_size)
     return costs
 
 
@@ -655,12 +659,17 @@ def scheduler_config(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
     if blocks is None:
         weights = weight_bytes(target, draft, tp, method,
                                tp * cfg.data_parallel_size if target.is_moe else None)
+        per_token = kv_bytes_per_token(target, draft, tp, method,
+                                       KV_CACHE_DTYPES[cfg.kv_cache_dtype])
         blocks = kv_cache_blocks(hw.mem_bytes, cfg.gpu_memory_utilization, weights,
-                                 RESERVED_BYTES, cfg.block_size,
-                                 kv_bytes_per_token(target, draft, tp, method,
-                                                    KV_CACHE_DTYPES[cfg.kv_cache_dtype]))
+                                 RESERVED_BYTES, cfg.block_size, per_token)
+        usable = hw.mem_bytes * cfg.gpu_memory_utilization / 1e9
+        if blocks < 1 and cfg.block_size * per_token / 1e9 > usable:
+            raise UserError(f"--block-size {cfg.block_size}: one block's KV cache takes "
+                            f"{cfg.block_size * per_token / 1e9:.3g} GB, more than the "
+                            f"{usable:.1f} GB --gpu {hw.name} gives it (vLLM's blocks hold 16 "
+                            "to 128 tokens)")
         if blocks < 1:
-            usable = hw.mem_bytes * cfg.gpu_memory_utilization / 1e9
             per = f" per GPU at --tensor-parallel-size {tp}" if tp > 1 else ""
             raise UserError(f"--gpu {hw.name}: the weights ({weights / 1e9:.1f} GB{per}) leave "
                             f"no room for a KV cache in {usable:.1f} GB; give "

@@ -52,6 +52,14 @@ RANGES = {"bf16_tflops": (1e-3, 1e5), "fp8_tflops": (0.0, 1e5), "memory_gb": (1e
           "d2h_us": (0.0, 1e6), "bw_gbps": (1e-3, 1e6), "latency_us": (0.0, 1e6),
           "bytes": (0.0, 2.0 ** 50), "us": (0.0, 1e9), "us_graphed": (0.0, 1e9),
           "npus": (1.0, 1024.0)}
+# What a collective of a node's GPUs may take, by physics and by the slowest link there is: no
+# link moves a GPU's bytes faster than 100 TB/s (NVLink 5 moves 1.8 TB/s a GPU; the committed
+# hardware.yaml files reach 0.036 TB/s over PCIe), and none is slower than a 1 GB/s link with
+# 10 ms of latency (their slowest sample: 13 us for 4 KiB). Past either, the sample is a unit
+# error or a broken recorder (every sample at 10^9 us gave Llama-3.1-8B at TP 2 a mean TPOT of
+# 6.6 x 10^7 ms, with exit 0).
+LINK_MAX_BYTES_PER_US = 1e8
+LINK_MIN_BYTES_PER_US, LINK_MAX_LATENCY_US = 1e3, 1e4
 
 
 def _number(path, field: str, v, zero: bool = False, integer: bool = False) -> float:
@@ -117,9 +125,19 @@ def load_collectives(path, fully_connected: bool = False, p2p: bool = True,
                  for key in ("us_graphed", "us") if s.get(key) is not None}
         if not times:
             raise UserError(f"{where(path, field=at + '.us')}: missing (the time, in us)")
+        t = times.get("us_graphed", times.get("us"))
+        if size / t > LINK_MAX_BYTES_PER_US:   # (t > 0: RANGES)
+            raise UserError(f"{where(path, field=at)}: {c} of {size:g} bytes in {t:g} us is "
+                            f"{size / t / 1e6:g} TB/s, past any link "
+                            f"({LINK_MAX_BYTES_PER_US / 1e6:g} TB/s)")
+        if t > LINK_MAX_LATENCY_US + size / LINK_MIN_BYTES_PER_US:
+            raise UserError(f"{where(path, field=at)}: {c} of {size:g} bytes in {t:g} us, "
+                            f"slower than a {LINK_MIN_BYTES_PER_US / 1e3:g} GB/s link with "
+                            f"{LINK_MAX_LATENCY_US / 1e3:g} ms of latency: not a measurement "
+                            "of a node's GPUs (us for ns or ms?)")
         if size in points[c]:
             raise UserError(f"{where(path, field=at + '.bytes')}: {c} at {size:g} bytes twice")
-        points[c][size] = times.get("us_graphed", times.get("us"))
+        points[c][size] = t
     for c in NEEDED:
         if not points[c]:
             raise UserError(f"{where(path, field=base + '.samples')}: no {c} samples "

@@ -35,9 +35,9 @@ import numpy as np
 
 from stepgap.sim.costs import Batch
 from stepgap.sim.cpu_costs import CpuCosts
-from stepgap.common.errors import UserError, where
+from stepgap.common.errors import UserError, shown, where
 from stepgap.common.fileio import not_a_file, read_json_object, write_json
-from stepgap.common.limits import is_finite, is_int, is_number
+from stepgap.common.limits import MAX_BAND_FACTOR, is_finite, is_int, is_number
 
 FORMAT = "stepgap-profile/1"
 FEATURES = ("1", "tokens", "reqs", "padded")
@@ -296,6 +296,8 @@ class Profile:
                 raise UserError(f"{where(source, field='cpu_by_k')}: key {k!r} is not a k")
             _cpu_costs(c, where(source, field=f"cpu_by_k.{k}"))
         _about(doc, source)
+        _bands(doc.get("bands"), source)
+        _residuals(doc.get("residuals"), source)
         quality_by_k = doc.get("cpu_fit_quality_by_k")
         keys = list(doc)
         first = min((keys.index(k) for k in TYPED[1:] if k in doc), default=len(keys))
@@ -359,6 +361,70 @@ def _about(doc: dict, source) -> None:
     if executor is not None and executor not in EXECUTORS:
         raise UserError(f"{where(source, field='topology.executor')}: expected "
                         f"{' or '.join(EXECUTORS)}, got {executor!r}")
+
+
+# The notes a reader takes numbers from (sim/bands.py): `bands.split`, what a bench-file
+# calibration left open (calibrate/bench_fit.py), and each run's `residuals` (relative errors of
+# the runs re-simulated: calibrate/bench_fit.py and vllm_fit.py). Each is checked here, where
+# the file is read, like every other section: no reader trusts a file because stepgap wrote it.
+SPLIT_ENDS = ("low", "high")
+SPLIT_FACTORS = ("cpu", "device")
+
+
+def _factor(v) -> bool:
+    return is_finite(v) and 1 / MAX_BAND_FACTOR <= v <= MAX_BAND_FACTOR
+
+
+def _bands(bands, source) -> None:
+    """`bands`: {split: {low: {cpu, device}, high: {cpu, device}, source}}, each end a factor
+    on the fitted CPU costs and device level, low's CPU at most high's."""
+    if bands is None:
+        return
+    if not isinstance(bands, dict) or not isinstance(bands.get("split"), dict):
+        got = bands.get("split") if isinstance(bands, dict) else bands
+        field_ = "bands.split" if isinstance(bands, dict) else "bands"
+        raise UserError(f"{where(source, field=field_)}: expected {{split: {{low: {{cpu, "
+                        f"device}}, high: {{cpu, device}}}}}} (what calibrate left open), got "
+                        f"{shown(got)}")
+    split = bands["split"]
+    for end in SPLIT_ENDS:
+        e = split.get(end)
+        if not isinstance(e, dict):
+            raise UserError(f"{where(source, field=f'bands.split.{end}')}: "
+                            f"{'missing' if e is None else f'got {shown(e)}'}; expected "
+                            "{cpu, device}: factors on the fitted CPU costs and device level")
+        for f in SPLIT_FACTORS:
+            if not _factor(e.get(f)):
+                raise UserError(f"{where(source, field=f'bands.split.{end}.{f}')}: expected a "
+                                f"factor from {1 / MAX_BAND_FACTOR:g} to {MAX_BAND_FACTOR:g}, "
+                                f"got {shown(e.get(f))}")
+    if split["low"]["cpu"] > split["high"]["cpu"]:
+        raise UserError(f"{where(source, field='bands.split')}: low.cpu "
+                        f"{split['low']['cpu']:g} is above high.cpu {split['high']['cpu']:g}")
+    if not isinstance(split.get("source", ""), str):
+        raise UserError(f"{where(source, field='bands.split.source')}: expected text, got "
+                        f"{shown(split['source'])}")
+
+
+def _residuals(residuals, source) -> None:
+    """`residuals`: a list of objects, one per run, whose `*_ms` fields are relative errors
+    (simulated - measured) / measured: above -1 (a simulated time of 0) and such that 1 / (1 +
+    error) is a band factor (MAX_BAND_FACTOR); null where not taken."""
+    if residuals is None:
+        return
+    if not isinstance(residuals, list):
+        raise UserError(f"{where(source, field='residuals')}: expected a list of runs' relative "
+                        f"errors, got {shown(residuals)}")
+    for n, r in enumerate(residuals):
+        if not isinstance(r, dict):
+            raise UserError(f"{where(source, field=f'residuals[{n}]')}: expected an object, got "
+                            f"{shown(r)}")
+        for key, v in r.items():
+            ok = v is None or (is_finite(v) and v > -1 and _factor(1 / (1 + v)))
+            if key.endswith("_ms") and not ok:
+                raise UserError(f"{where(source, field=f'residuals[{n}].{key}')}: expected a "
+                                f"relative error from {1 / MAX_BAND_FACTOR - 1:g} to "
+                                f"{MAX_BAND_FACTOR - 1:g}, got {shown(v)}")
 
 
 def _index(v) -> bool:

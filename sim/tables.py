@@ -358,10 +358,12 @@ def _number(path: Path, n: int, row: dict, key: str, integer: bool = False) -> f
         x = float(v)
     except ValueError:
         raise UserError(f"{where(path, n, key)}: expected a number, got {v!r}") from None
-    if not math.isfinite(x) or x < 0 or (key == "time_us" and x > MAX_TIME_US) \
+    # (a kernel of 0 us is no measurement: an all-zero moe.csv divided by zero)
+    if not math.isfinite(x) or x < 0 or (key == "time_us" and not 0 < x <= MAX_TIME_US) \
             or (integer and (not x.is_integer() or x > MAX_TABLE_COUNT)):
         what = f"a whole count from 0 to {MAX_TABLE_COUNT}" if integer else \
-            f"microseconds from 0 to {MAX_TIME_US:g}" if key == "time_us" else "a number >= 0"
+            f"microseconds above 0, at most {MAX_TIME_US:g}" if key == "time_us" else \
+            "a number >= 0"
         raise UserError(f"{where(path, n, key)}: expected {what}, got {v!r}")
     return x
 
@@ -594,11 +596,29 @@ def shape_mismatch(tables: OpTables | BundleMeta, c, hidden: int,
 
 
 def refuse_another_model(tables: OpTables | BundleMeta, target) -> None:
-    """One line naming each field where the tables were measured for another model."""
+    """One line naming each field where the tables were measured for another model; and where
+    meta.yaml's `model` is one stepgap knows (a preset, or its Hugging Face id), that model's
+    shapes against the target's (a MoE bundle's expert counts are the profiler's own, so its
+    shapes alone let a bundle that names another model through)."""
     why = shape_mismatch(tables, target, target.hidden_size)
     if why is not None:
         raise UserError(f"{Path(tables.path) / 'meta.yaml'}: tables of {tables.model}, not "
                         f"of --model {target.name}: {why}")
+    from stepgap.common.model_presets import load_model_config, preset_of
+    named = preset_of(str(tables.model))
+    if named is None or named == target.name:
+        return
+    other = load_model_config(named)
+    differ = [f"{k} {getattr(other, k)} vs {getattr(target, k)}" for k in MODEL_SHAPE
+              if getattr(other, k) != getattr(target, k)]
+    if differ:
+        raise UserError(f"{where(Path(tables.path) / 'meta.yaml', field='model')}: "
+                        f"{tables.model!r} ({named}), not --model {target.name}: "
+                        f"{', '.join(differ)}")
+
+
+MODEL_SHAPE = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "vocab_size",
+               "num_experts")
 
 
 # -------------------------------------------------------------------------------------------

@@ -141,7 +141,7 @@ def test_replay_then_rates_past_the_end_of_the_record():
     (dict(mode="fast"), "--mode: must be one of sync, async, zero-bubble, got 'fast'"),
     (dict(executor="thread"), "--executor: must be one of inline, process"),
     (dict(request_rate=-1.0), "--request-rate: must be > 0 (or inf), got -1.0"),
-    (dict(max_num_seqs=0), "--max-num-seqs: must be an integer >= 1, got 0"),
+    (dict(max_num_seqs=0), "--max-num-seqs: must be an integer from 1 to 1000000, got 0"),
     (dict(gpu_memory_utilization=1.5), "--gpu-memory-utilization: must be in (0, 1]"),
     (dict(cpu_costs={"nap": [1]}), "--cpu-cost: unknown op 'nap'"),
 ])
