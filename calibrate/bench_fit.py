@@ -417,6 +417,13 @@ def fit_bench(runs: list[BenchRun], base: dict, noise: float):
         undetermined.append("the split of the mean ITL between the host's CPU and the device: "
                             "one cell; a run at another k or concurrency determines it "
                             f"(kept as the band: {why})")
+    if split["low"] == split["high"]:   # no band at all: runs that contradict each other
+        names = ", ".join(str(r.path) for r in runs[:3]) + (f" and {len(runs) - 3} more"
+                                                            if len(runs) > 3 else "")
+        raise UserError(f"{names}: the fit (CPU x {s:.3g}, device x {e:.3g}) leaves the split "
+                        "between host CPU and device no width at all, so the runs contradict "
+                        "each other or the setup; check each file's k, concurrency and numbers "
+                        "against the run, and --gpu")
     return make_profile(runs, base, fit, s, e, prof, shift, how, split, undetermined, noise,
                         r0.hw.name)
 

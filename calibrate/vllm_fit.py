@@ -376,18 +376,23 @@ def estimate_async(cpu_by_k: dict, fits: list) -> dict[int, dict]:
     return out
 
 
-def calibrate_runs(runs: list[Run], meta: dict | None = None) -> Profile:
+def calibrate_runs(runs: list[Run], meta: dict | None = None, unused: list[str] = ()
+                   ) -> Profile:
     """The profile fitted on `runs`: the sync runs' device ops and CPU terms, and, where an
     async run is among them, what vLLM's async path costs beyond its sync path (fit_async);
-    with its residuals."""
+    with its residuals. `unused`: what among the inputs no run took (`load_runs`), said where
+    no sync run has a timeline."""
     sync = [r for r in runs if infer_mode(r) == "sync"]
     asyncs = [r for r in runs if r not in sync and r.spans]
     skipped = [r.name for r in runs if r not in sync and r not in asyncs]
     timed = [r for r in sync if r.spans]
-    if not timed:
-        raise UserError("no timeline for any sync run: give the runs' torch-profiler traces "
-                        "(a profiled run per setup) or bench/vllm/stepgap_hooks span files; "
-                        "a bench file alone does not determine the per-op costs")
+    if not timed:   # why, naming the file: a trace that failed, or that matched no run
+        why = [f"{r.path}: {n}" for r in sync for n in r.notes] + list(unused)
+        said = f" ({why[0]}{f'; and {len(why) - 1} more' if len(why) > 1 else ''})" \
+            if why else ""
+        raise UserError(f"no timeline for any sync run{said}: give the runs' torch-profiler "
+                        "traces (a profiled run per setup) or bench/vllm/stepgap_hooks span "
+                        "files; a bench file alone does not determine the per-op costs")
     fits, missing = fit_device_ops(timed)
     jitter = fit_jitter([step_series(device_points(r.spans, r.k), {(f.op, f.i, f.k): f
                                                                      for f in fits})
@@ -637,14 +642,14 @@ def cmd_calibrate(args) -> int:
         merged = merged_chunks(r.doc, r.name)
         if merged:
             print(f"warning: {merged}; left out of the level fits", flush=True)
-    for line in unused + [f"{r.name}: {n}" for r in runs for n in r.notes]:
-        print(f"  note: {line}", file=sys.stderr)
     meta = {"model": {"target": args.model, "draft": args.draft},
             "scheduler": {k: v for k, v in (("max_num_seqs", args.max_num_seqs),
                                              ("max_model_len", args.max_model_len),
                                              ("block_size", args.block_size))
                           if v is not None}}
-    profile = calibrate_runs(runs, meta)
+    profile = calibrate_runs(runs, meta, unused)   # (a refusal says why, in its one line)
+    for line in unused + [f"{r.name}: {n}" for r in runs for n in r.notes]:
+        print(f"  note: {line}", file=sys.stderr)
     save_profile(args.out, profile)
     cal = profile.about["calibration"]
     print(f"profile: {args.out}: {len(profile.fits)} device op fits, CPU terms "

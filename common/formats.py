@@ -477,13 +477,6 @@ def check_result(res, path) -> dict:
                             f"{'a list of numbers' if key == 'values_us' else 'a number'}, "
                             f"got {v!r}")
     _check_config(res.get("config") or {}, path)
-    if any(key in res for key in ("input_lens", "output_lens", "ttfts", "itls")):
-        from stepgap.common.vllm_bench import check_details   # (it reads this module)
-        n = res.get("num_prompts")
-        if not (is_int(n) and n >= 0):
-            raise UserError(f"{where(path, field='num_prompts')}: expected a count (one entry "
-                            f"per prompt in the per-request lists), got {shown(n)}")
-        check_details(res, path, n)
     return res
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from stepgap.sim.costs import Batch
 from stepgap.sim.cpu_costs import CpuCosts
 from stepgap.common.errors import UserError, shown, where
-from stepgap.common.fileio import not_a_file, read_json_object, write_json
+from stepgap.common.fileio import dumps_json, not_a_file, read_json_object, write_json
 from stepgap.common.limits import MAX_BAND_FACTOR, is_finite, is_int, is_number
 
 FORMAT = "stepgap-profile/1"
@@ -322,8 +322,15 @@ def load_profile(path) -> Profile:
 
 
 def save_profile(path, profile: Profile) -> None:
-    """Write a profile (atomically, common/fileio.py)."""
-    write_json(path, profile.to_dict())
+    """Write a profile (atomically, common/fileio.py), after the checks its reader holds it to:
+    a fit that its own reader would refuse is not written."""
+    import json
+    doc = profile.to_dict()
+    try:
+        Profile.from_dict(json.loads(dumps_json(doc)), "the fitted profile")
+    except UserError as e:
+        raise UserError(f"{path}: not written: {e}") from None
+    write_json(path, doc)
 
 
 def _about(doc: dict, source) -> None:
