@@ -83,7 +83,11 @@ def classify(paths) -> dict[str, list]:
     from stepgap.common.fileio import input_files, read_bytes, read_json
     from stepgap.common.vllm_bench import BENCH_KEYS, is_bench
     out = defaultdict(list)
-    for f, walked in input_files(paths):
+    files = input_files(paths)
+    from stepgap.calibrate.bench_fit import check_bench_count   # before any file is read
+    check_bench_count(sum(1 for f, _ in files if f.name.endswith(".json")
+                          and not f.name.endswith(".pt.trace.json")), paths)
+    for f, walked in files:
         n = f.name
         if n.endswith((".pt.trace.json", ".pt.trace.json.gz")):
             out["traces"].append(f)
@@ -119,11 +123,10 @@ def load_runs(paths) -> tuple[list[Run], list[str]]:
     with its scrapes (NAME.before.txt, NAME.after.txt) and its timeline (the traces whose steps
     fall in its window, else the hook spans inside it). Every bench file must come from the
     same model and client settings."""
-    from stepgap.calibrate.bench_fit import check_bench_count, check_distinct_runs
+    from stepgap.calibrate.bench_fit import check_distinct_runs
     from stepgap.calibrate.vllm import acceptance_from_scrapes, read_source, vllm_timeline
     from stepgap.common.vllm_bench import bench_k, read_bench
     kinds = classify(paths)
-    check_bench_count(len(kinds["bench"]), paths)
     if not kinds["bench"]:
         skipped = kinds["skipped"][:3] + ([f"{len(kinds['skipped']) - 3} more skipped"]
                                           if kinds["skipped"][3:] else [])

@@ -107,7 +107,8 @@ def at_most(parse, hi: float):
     def bounded(text: str):
         v = parse(text)
         if v > hi:
-            raise argparse.ArgumentTypeError(f"must be at most {hi:g}, got "
+            top = f"{hi:g}" if float(f"{hi:g}") == hi else f"{hi:,}"   # (2^24, not 1.67772e+07)
+            raise argparse.ArgumentTypeError(f"must be at most {top}, got "
                                              f"{text if len(text) <= 60 else shown(text)}")
         return v
     bounded.__name__ = parse.__name__
