@@ -14,11 +14,6 @@ MAX_US = 1e9              # an op's cost or a latency in microseconds: 1000 s
 MAX_MS = MAX_US / 1e3     # the same in milliseconds
 MAX_SCALE = 1e6           # a multiplier of every cost (--cpu-scale, --speed)
 MIN_SPEED = 1 / MAX_SCALE # the machine's level (--speed): 1e-300 would make every cost 0
-# A band's end as a factor on a fitted value (a calibrate profile's `bands.split` CPU and device
-# ends; 1 / (1 + a residual), its `residuals`): past 1000 x either way it is a broken fit, not a
-# band around one (calibrate on the seed's bench file writes CPU 0.41 to 1.28, device 0.99 to
-# 1.02).
-MAX_BAND_FACTOR = 1e3
 MAX_SPREAD = 100.0        # a logit-scale spread of acceptance
 MAX_SKEW = 10.0           # the Zipf exponent of MoE routing (at 10 the top-k experts take
                           # nearly every token: 64 tokens touch 12 of 128 at top-8)

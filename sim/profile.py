@@ -37,7 +37,7 @@ from stepgap.sim.costs import Batch
 from stepgap.sim.cpu_costs import CpuCosts
 from stepgap.common.errors import UserError, shown, where
 from stepgap.common.fileio import dumps_json, not_a_file, read_json_object, write_json
-from stepgap.common.limits import MAX_BAND_FACTOR, is_finite, is_int, is_number
+from stepgap.common.limits import MAX_SCALE, is_finite, is_int, is_number
 
 FORMAT = "stepgap-profile/1"
 FEATURES = ("1", "tokens", "reqs", "padded")
@@ -379,7 +379,9 @@ SPLIT_FACTORS = ("cpu", "device")
 
 
 def _factor(v) -> bool:
-    return is_finite(v) and 1 / MAX_BAND_FACTOR <= v <= MAX_BAND_FACTOR
+    """A factor on the CPU costs or the device's times: within what --cpu-scale and --speed
+    may be (MAX_SCALE either way; a fit that ran to CPU x 0 wrote 10^9 and more)."""
+    return is_finite(v) and 1 / MAX_SCALE <= v <= MAX_SCALE
 
 
 def _bands(bands, source) -> None:
@@ -403,8 +405,8 @@ def _bands(bands, source) -> None:
         for f in SPLIT_FACTORS:
             if not _factor(e.get(f)):
                 raise UserError(f"{where(source, field=f'bands.split.{end}.{f}')}: expected a "
-                                f"factor from {1 / MAX_BAND_FACTOR:g} to {MAX_BAND_FACTOR:g}, "
-                                f"got {shown(e.get(f))}")
+                                f"factor from {1 / MAX_SCALE:g} to {MAX_SCALE:g}, got "
+                                f"{shown(e.get(f))}")
     if split["low"]["cpu"] > split["high"]["cpu"]:
         raise UserError(f"{where(source, field='bands.split')}: low.cpu "
                         f"{split['low']['cpu']:g} is above high.cpu {split['high']['cpu']:g}")
@@ -415,8 +417,10 @@ def _bands(bands, source) -> None:
 
 def _residuals(residuals, source) -> None:
     """`residuals`: a list of objects, one per run, whose `*_ms` fields are relative errors
-    (simulated - measured) / measured: above -1 (a simulated time of 0) and such that 1 / (1 +
-    error) is a band factor (MAX_BAND_FACTOR); null where not taken."""
+    (simulated - measured) / measured: above -1 (a simulated time of 0), and such that 1 / (1 +
+    error), the band's factor on a profile's level (sim/bands.py), is a factor (`_factor`; a
+    run whose chunks were merged has a TPOT error of +1522, the client's, not the server's);
+    null where not taken."""
     if residuals is None:
         return
     if not isinstance(residuals, list):
@@ -430,8 +434,8 @@ def _residuals(residuals, source) -> None:
             ok = v is None or (is_finite(v) and v > -1 and _factor(1 / (1 + v)))
             if key.endswith("_ms") and not ok:
                 raise UserError(f"{where(source, field=f'residuals[{n}].{key}')}: expected a "
-                                f"relative error from {1 / MAX_BAND_FACTOR - 1:g} to "
-                                f"{MAX_BAND_FACTOR - 1:g}, got {shown(v)}")
+                                f"relative error above -1, at most {MAX_SCALE - 1:g}, got "
+                                f"{shown(v)}")
 
 
 def _index(v) -> bool:

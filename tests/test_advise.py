@@ -288,8 +288,9 @@ def test_a_bench_input_given_twice_or_no_file_is_refused_naming_it(tmp_path, cap
     FIFO is named for what it is, not read (a read would block)."""
     res = {"completed": 4, "duration": 1.0, "mean_tpot_ms": 3.0, "p99_tpot_ms": 4.0,
            "mean_itl_ms": 9.0, "p99_itl_ms": 9.5, "mean_ttft_ms": 20.0}
-    run = bench_file(tmp_path / "b.json", res, 1, num_speculative_tokens="3")
-    inputs = {"twice": [run, run], "in its folder": [run, str(tmp_path)]}.get(how)
+    (tmp_path / "runs").mkdir()
+    run = bench_file(tmp_path / "runs" / "b.json", res, 1, num_speculative_tokens="3")
+    inputs = {"twice": [run, run], "in its folder": [run, str(tmp_path / "runs")]}.get(how)
     if how == "fifo":
         os.mkfifo(tmp_path / "pipe.json")
         inputs = [str(tmp_path / "pipe.json")]
