@@ -2027,11 +2027,11 @@ def parallel() -> list[Case]:
 # Round 4 (issue 55): the files stepgap writes and reads back, the tables and surfaces added in
 # round 3, degenerate workloads, sizes, and faults
 
-PADV = ["advise", "--profile", "{C}/p.json", "--model", "llama-3.1-8b", "--max-k", "2",
+PROF_ADV = ["advise", "--profile", "{C}/p.json", "--model", "llama-3.1-8b", "--max-k", "2",
         "--num-prompts", "4", "--output-len", "8", "--max-concurrency", "1", "--jobs", "1"]
-PSIM = ["simulate", "--profile", "{C}/p.json", "--model", "llama-3.1-8b", "-k", "2",
+PROF_SIM = ["simulate", "--profile", "{C}/p.json", "--model", "llama-3.1-8b", "-k", "2",
         "--num-prompts", "4", "--output-len", "8", "--band", *RESULT]
-PSWEEP = ["sweep", "--set", "profile={C}/p.json", "--set", "num_prompts=3", "--set",
+PROF_SWEEP = ["sweep", "--set", "profile={C}/p.json", "--set", "num_prompts=3", "--set",
           "output_len=8", "--grid", "k=0,2", "--band", "--jobs", "1", "--out", "{C}/sw"]
 
 
@@ -2041,7 +2041,7 @@ def profiles() -> list[Case]:
     sweep --band; the profile as calibrate wrote it."""
     out = [Case("profile", f"as calibrate wrote it, {argv[0]}", argv,
                 setup=cp("cal.json", "p.json"), expect="ok", timeout=180)
-           for argv in (PADV, PSIM, PSWEEP)]
+           for argv in (PROF_ADV, PROF_SIM, PROF_SWEEP)]
     split = "bands.split"
     broken = [
         ("split {}", lambda d: setin(d, split, {}), "bands.split.low"),
@@ -2065,7 +2065,7 @@ def profiles() -> list[Case]:
         ("cpu an op of a string", lambda d: setin(d, "cpu.schedule", "1"), "cpu"),
     ]
     for name, fn, field_ in broken:
-        for argv in (PADV, PSIM, PSWEEP):
+        for argv in (PROF_ADV, PROF_SIM, PROF_SWEEP):
             out.append(Case("profile", f"{name}, {argv[0]}", argv, timeout=120,
                             setup=chain(cp("cal.json", "p.json"), edit_json("p.json", fn)),
                             names=("p.json", field_)))
@@ -2073,7 +2073,7 @@ def profiles() -> list[Case]:
         def fn(d, v=v):   # without the split, the residuals make the profile's band
             d.pop("bands")
             d["residuals"][0]["mean_itl_ms"] = v
-        for argv in (PADV, PSIM, PSWEEP):
+        for argv in (PROF_ADV, PROF_SIM, PROF_SWEEP):
             out.append(Case("profile", f"residual mean_itl_ms {v!r}, {argv[0]}", argv,
                             timeout=120, expect="any" if v is None else "error",
                             setup=chain(cp("cal.json", "p.json"), edit_json("p.json", fn)),
@@ -2156,7 +2156,7 @@ def degenerate() -> list[Case]:
     d("advise 1 prompt of 1 token", [*adv, "--num-prompts", "1", "--output-len", "1"],
       "error", ("--output-len",))
     d("advise 1 prompt of 2 tokens", [*adv, "--num-prompts", "1", "--output-len", "2"])
-    d("advise --profile, 1 token", [*PADV, "--output-len", "1"], "error", ("--output-len",),
+    d("advise --profile, 1 token", [*PROF_ADV, "--output-len", "1"], "error", ("--output-len",),
       cp("cal.json", "p.json"))
     d("simulate 1 prompt of 1 token", [*SIM[:5], "--num-prompts", "1", "--output-len", "1",
                                        *RESULT])

@@ -674,7 +674,7 @@ class TableJudge:
 
 def check_tables(costs, roofline: RooflineCosts, bundle: Path | None, tp: int) -> None:
     """Hold the measured tables under `costs` (sim/tables.py TableCosts) and the MoE block's and
-    MTP module's (roofline.moe) to physics (module docstring)."""
+    MTP module's (roofline.moe) to physics (the comment above)."""
     tables = getattr(costs, "tables", None)
     moe = roofline.moe
     grid_table = moe.table if moe is not None else None
