@@ -311,8 +311,15 @@ class Fitter:
         self.steps: dict = {}
 
     def results(self, s: float, e: float) -> list[RunRecord]:
+        from stepgap.common.limits import MAX_SCALE, MIN_SPEED
         from stepgap.sim.config import SimConfig
         from stepgap.sim.loop import Recording, simulate
+        if not (MIN_SPEED <= e <= MAX_SCALE and 0 <= s / e <= MAX_SCALE):   # (not --speed's)
+            names = ", ".join(str(r.path) for r in self.runs[:3])
+            raise UserError(f"{names}: the fit ran to CPU x {s:.3g} and device x {e:.3g} of the "
+                            "defaults, past what a run may take, so the runs contradict each "
+                            "other or the setup; check each file's k, concurrency and numbers "
+                            "against the run, and --gpu")
         out = []
         for i, r in enumerate(self.runs):
             extra = {"acceptance_rates": self.rates, "acceptance_spread": self.spread} \

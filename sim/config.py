@@ -827,10 +827,10 @@ def scheduler_config(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
         blocks = kv_cache_blocks(hw.mem_bytes, cfg.gpu_memory_utilization, weights,
                                  RESERVED_BYTES, cfg.block_size, per_token)
         usable = hw.mem_bytes * cfg.gpu_memory_utilization / 1e9
-        if blocks < 1 and cfg.block_size * per_token / 1e9 > usable:
+        if blocks < 1 and cfg.block_size * per_token > hw.mem_bytes:
             raise UserError(f"--block-size {cfg.block_size}: one block's KV cache takes "
-                            f"{cfg.block_size * per_token / 1e9:.3g} GB, more than the "
-                            f"{usable:.1f} GB --gpu {hw.name} gives it (vLLM's blocks hold 16 "
+                            f"{cfg.block_size * per_token / 1e9:.3g} GB, more than --gpu "
+                            f"{hw.name}'s {hw.mem_bytes / 1e9:.1f} GB (vLLM's blocks hold 16 "
                             "to 128 tokens)")
         if blocks < 1:
             per = f" per GPU at --tensor-parallel-size {tp}" if tp > 1 else ""
