@@ -124,10 +124,11 @@ def extend(c) -> None:
 
 
 def cmd_bench(args) -> int:
-    from stepgap.common.fileio import check_writable
+    from stepgap.common.fileio import check_not_walked, check_writable
     from stepgap.sim.config import SimConfig, resolve
     from stepgap.sim.profile import save_profile
     check_writable(args.out, "--out")
+    check_not_walked("--out", args.out, args.measured)
     base = setup_of(args)
     runs = load_bench_runs(args.measured, args, base)   # first: what the files disagree with
     for k in sorted({r.k for r in runs}):   # an unknown GPU or model: one line, before the fit

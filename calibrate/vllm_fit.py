@@ -139,7 +139,6 @@ def load_runs(paths) -> tuple[list[Run], list[str]]:
         doc = read_bench(path)
         runs.append(Run(path.stem, path, doc, bench_k(doc), doc.get("mode"),
                         doc.get("max_concurrency"), bench_window(doc)))
-    check_distinct_runs((r.path, r.doc) for r in runs)
     first = runs[0]
     for r in runs[1:]:
         for key in ("model_id", "tokenizer_id", "backend", "burstiness", "request_rate"):
@@ -147,6 +146,7 @@ def load_runs(paths) -> tuple[list[Run], list[str]]:
                 raise UserError(f"{where(r.path, field=key)}: {r.doc.get(key)!r}, but "
                                 f"{first.path} has {first.doc.get(key)!r}: calibrate fits one "
                                 "setup; give the runs of one model and client")
+    check_distinct_runs((r.path, r.doc) for r in runs)
     scrapes = {p.name: p for p in kinds["scrapes"]}
     for r in runs:
         before, after = scrapes.get(f"{r.name}.before.txt"), scrapes.get(f"{r.name}.after.txt")
@@ -637,8 +637,9 @@ def register(sub) -> None:
 
 
 def cmd_calibrate(args) -> int:
-    from stepgap.common.fileio import check_writable
+    from stepgap.common.fileio import check_not_walked, check_writable
     check_writable(args.out, "--out")
+    check_not_walked("--out", args.out, args.measured)
     from stepgap.common.vllm_bench import merged_chunks
     runs, unused = load_runs(args.measured)
     for r in runs:   # first: what such a run cannot be held to

@@ -384,11 +384,10 @@ def check_distinct(outputs) -> None:
 def check_not_input(outputs, inputs) -> None:
     """No output overwrites an input of the same command: `--timeline` naming the `--trace`,
     a `--result-json` linking to it, `serve --result-json` naming the model's config.json.
-    `outputs` and `inputs`: (option, path) pairs, None paths skipped. An output file inside an
-    input folder (a checkpoint, a measured folder, calibrate's folder of bench files) is refused
-    whether or not it exists yet: the command walks that folder, so the next run would read it
-    as an input. An output folder (its path ends in `/`) may not be an input folder. Links and
-    hard links are seen through."""
+    `outputs` and `inputs`: (option, path) pairs, None paths skipped. Only an output that exists
+    can be an input; one inside an input folder (a checkpoint, a measured folder) is refused
+    too, as the command may read it. An output folder (its path ends in `/`) may not be an
+    input folder. Links and hard links are seen through."""
     for option, out in outputs:
         if out is not None and str(out).endswith("/") and os.path.isdir(out):
             for source, src in inputs:
@@ -397,24 +396,33 @@ def check_not_input(outputs, inputs) -> None:
                                     "whose files the outputs would overwrite; give the output "
                                     "another folder")
             continue
-        if out is None:
+        if out is None or not os.path.isfile(out):
             continue
         for source, src in inputs:
-            if src is None or not os.path.isdir(src):
+            if src is None or not os.path.exists(src):
                 continue
-            if os.path.realpath(out).startswith(os.path.realpath(src).rstrip(os.sep) + os.sep):
-                why = "the output would overwrite it" if os.path.exists(out) else \
-                    "the next run would read the output as an input"
-                raise UserError(f"{option} {out}: a file in the input {source} {src}, which "
-                                f"the command reads: {why}; give the output a path outside it")
-        if not os.path.isfile(out):
-            continue
-        for source, src in inputs:
-            if src is not None and os.path.exists(src) and not os.path.isdir(src) \
-                    and os.path.samefile(out, src):
-                raise UserError(f"{option} {out}: the same file as the input {source} {src}, "
-                                "which the output would overwrite; give the output another "
-                                "path")
+            if os.path.isdir(src):
+                clash = os.path.realpath(out).startswith(os.path.realpath(src) + os.sep)
+                what = "a file in"
+            else:
+                clash = os.path.samefile(out, src)
+                what = "the same file as"
+            if clash:
+                raise UserError(f"{option} {out}: {what} the input {source} {src}, which the "
+                                "output would overwrite; give the output another path")
+
+
+def check_not_walked(option: str, out, paths) -> None:
+    """An output file inside a folder the command walks for its inputs (`input_files`: calibrate's
+    folders of bench files and timelines) is refused whether or not it exists yet: the next run
+    would read it as an input (`calibrate DIR --out DIR/p.json` read p.json back as a bench
+    file)."""
+    for src in paths:
+        if os.path.isdir(src) and os.path.realpath(out).startswith(
+                os.path.realpath(src).rstrip(os.sep) + os.sep):
+            raise UserError(f"{option} {out}: inside {src}, a folder this command reads every "
+                            "file of: the next run would read the output as an input; give the "
+                            "output a path outside it")
 
 
 def write_bytes(path, data: bytes) -> None:

@@ -1496,7 +1496,7 @@ def round3_files(rng: random.Random, d: Path, base: Base) -> Case:
 
 # A calibrate profile's fields (issue 55), each broken as a hostile user would: (path, value,
 # the field the one line names).
-BAD_PROFILE = [("bands.split", {}, "bands.split.low"), ("bands.split.high", None,
+BAD_PROFILE_NOTES = [("bands.split", {}, "bands.split.low"), ("bands.split.high", None,
                                                         "bands.split.high"),
                ("bands.split.low", 3, "bands.split.low"),
                ("bands.split.low.device", 0, "bands.split.low.device"),
@@ -1510,7 +1510,7 @@ BAD_PROFILE = [("bands.split", {}, "bands.split.low"), ("bands.split.high", None
                ("residuals.0.mean_itl_ms", 1e300, "residuals[0].mean_itl_ms"),
                ("cpu.launch_latency_us", 1e300, "cpu"), ("cpu.schedule", [-1], "cpu")]
 # A run result's sections as compare reads them: (path, value, the field named).
-BAD_RESULT = [("config.resolved", [1], "config.resolved"), ("config.resolved", "x",
+BAD_RESULT_SECTIONS = [("config.resolved", [1], "config.resolved"), ("config.resolved", "x",
                                                             "config.resolved"),
               ("config.resolved.prefix_cache", [1], "config.resolved.prefix_cache"),
               ("config.prefix_cache", {"queries": 1, "hits": 2}, "config.prefix_cache"),
@@ -1544,7 +1544,7 @@ def round4(rng: random.Random, d: Path, base: Base) -> Case:
     how = rng.choice(["profile", "result", "table", "one token", "size", "output in input",
                       "run twice", "band limit"])
     if how == "profile":
-        path, value, field_ = rng.choice(BAD_PROFILE)
+        path, value, field_ = rng.choice(BAD_PROFILE_NOTES)
         prof = bench_profile(d)
         doc = json.loads(prof.read_text())
         set_path(doc, path, value)
@@ -1559,7 +1559,7 @@ def round4(rng: random.Random, d: Path, base: Base) -> Case:
         return Case(f"{how}: {path} {value!r} ({argv[0]})", argv,
                     (f"{prof}: field '{field_}'",), inputs=(prof,))
     if how == "result":
-        path, value, field_ = rng.choice(BAD_RESULT)
+        path, value, field_ = rng.choice(BAD_RESULT_SECTIONS)
         doc = json.loads(base.result.read_text())
         set_path(doc, path, value)
         bad = write_json(d / "r.json", doc)
@@ -1824,7 +1824,10 @@ def test_a_non_finite_metric_is_written_as_valid_json_and_read_back(literal, rea
     """vLLM writes NaN for a metric with no samples (Python's json writes it bare; no other JSON
     reader takes it), and 1e400 reads as infinity. Whatever stepgap writes is JSON: compare
     --json, every result and a sweep's store map a non-finite number to "nan", "inf" or "-inf"
-    (fileio.py dumps_json), which RunRecord.load and the store read back as the float."""
+    (fileio.py dumps_json), which RunRecord.load and the store read back as the float. A
+    latency no run takes (infinite, or negative) is refused where a result is read, naming the
+    field (issue 55); NaN, vLLM's "no samples", is read."""
+    from stepgap.common.formats import save_result
     from stepgap.common.run_record import RunRecord
     rng = random.Random(literal)
     keys = rng.sample(sorted(k for k, v in result_doc().items()
@@ -1834,15 +1837,22 @@ def test_a_non_finite_metric_is_written_as_valid_json_and_read_back(literal, rea
         text = re.sub(rf'"{key}": [^,]+', f'"{key}": {literal}', text)
     path = tmp_path / "r.json"
     path.write_text(text)
-    assert main(["compare", str(path), str(base.result), "--json"]) == 0
-    rows = {r["metric"]: r for r in strict_json(capsys.readouterr().out)["metrics"]}
-    assert any(r["measured"] == read for r in rows.values())
     again = tmp_path / "again.json"
-    RunRecord.load(path).save(again)
-    doc = strict_json(again.read_text())
-    for key in keys:
-        assert doc[key] == read
-        assert str(RunRecord.load(again).metrics[key]) == read
+    if read != "nan":
+        assert main(["compare", str(path), str(base.result), "--json"]) == 2
+        assert f"field '{min(keys, key=list(result_doc()).index)}'" in capsys.readouterr().err
+        save_result(again, json.loads(text))
+        doc = strict_json(again.read_text())
+        assert all(doc[key] == read for key in keys)
+    else:
+        assert main(["compare", str(path), str(base.result), "--json"]) == 0
+        rows = {r["metric"]: r for r in strict_json(capsys.readouterr().out)["metrics"]}
+        assert any(r["measured"] == read for r in rows.values())
+        RunRecord.load(path).save(again)
+        doc = strict_json(again.read_text())
+        for key in keys:
+            assert doc[key] == read
+            assert str(RunRecord.load(again).metrics[key]) == read
     # a sweep's store too (sim/sweep_store.py), line by line, read back by a resumed sweep
     from stepgap.sim.sweep_grid import GridCell
     from stepgap.sim.sweep_store import CellStore
