@@ -1,13 +1,13 @@
 """What a setting may be: the limits both halves and the command line hold numbers to, and the
 one check of each kind of number (an integer, a number, a finite number), so that a `true`, a
-`"4"` or a NaN is refused alike everywhere (docs/robustness.md)."""
+`"4"` or a NaN is refused alike everywhere (docs/reference/robustness.md)."""
 
 from __future__ import annotations
 
 import math
 
 # The most a setting may be. Past these a value is a typo (1e308), not a setting: it would
-# overflow the simulator's clock, hang the engine or fill the memory (docs/robustness.md).
+# overflow the simulator's clock, hang the engine or fill the memory (docs/reference/robustness.md).
 # The command line (common/options.py), SimConfig (grid files, presets) and EngineArgs hold
 # their fields to the same limits.
 MAX_US = 1e9              # an op's cost or a latency in microseconds: 1000 s
@@ -48,8 +48,9 @@ MAX_YAML_DEPTH = 100
 MAX_YAML_NODES = 1_000_000
 # The load points of one `stepgap advise` question (its concurrencies x its rates): each is a
 # column of sync cells and one of async and zero-bubble cells at every k, and their bands'
-# searches. The default question's six loads run 340 simulations (docs/sim.md, "Speed"): 100
-# loads are about 5,700, hours of simulation; a list of 3,000 would be 170,000.
+# searches. The default question's six loads run 340 simulations
+# (docs/reports/2026-12-03-advise-speed.md): 100 loads are about 5,700, hours of simulation; a
+# list of 3,000 would be 170,000.
 MAX_LOADS = 100
 # The bench files one `stepgap calibrate` fits: every fit step simulates every run (each of up
 # to 250 prompts, calibrate/bench_fit.py MAX_FIT_PROMPTS), dozens of steps, and keeps each run's
