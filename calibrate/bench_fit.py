@@ -87,33 +87,23 @@ concurrency disagrees with the command line is refused, naming both.
 
 def extend(c) -> None:
     """The bench-file options of `stepgap calibrate` (calibrate/vllm_fit.py registers the
-    command): with --gpu or --device-profile, calibrate takes bench files alone."""
+    command with simulate's options): with --gpu or --device-profile, calibrate takes bench
+    files alone."""
     from stepgap.common.acceptance import PROFILES
-    from stepgap.common.options import add_option, speculative_config_arg
+    from stepgap.common.options import add_option
+    from stepgap.sim.config import SimConfig
     from stepgap.sim.hardware import CATALOG
-    g = c.add_argument_group("a GPU run's bench files alone (no traces)")
-    g.add_argument("--gpu", help=f"the GPU the runs were made on: {', '.join(CATALOG)}; "
-                                 "calibrate then fits the roofline of it to the bench files")
-    g.add_argument("--device-profile", metavar="DIR",
-                   help="the GPU's measured operator tables instead of its roofline (give --gpu "
-                        "too, for its memory)")
-    add_option(g, "k", help="the runs' k (default: the bench files' own, where they say it)")
-    g.add_argument("--speculative-config", type=speculative_config_arg, metavar="JSON",
-                   help="the runs' speculative config, as vllm serve took it")
-    add_option(g, "max_concurrency", help="the runs' --max-concurrency (default: the bench "
-                                          "files')")
-    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-                   help="the runs' scheduling (default: sync, unless a file's --metadata "
-                        "mode=... says)")
-    g.add_argument("--trace", "--dataset-path", dest="trace", metavar="NAME|FILE",
-                   help="the workload of runs without --save-detailed (default mtbench: the "
-                        "prompts of `--dataset-name hf --dataset-path philschmid/mt-bench`)")
-    add_option(g, "output_len", help="their output length (default: the workload's)")
-    add_option(g, "enable_prefix_caching", help="the server's prefix caching (default on, as "
-                                                "vLLM)")
-    g.add_argument("--acceptance", metavar="PROFILE",
-                   help=f"the acceptance profile to fit the level of, where the files have no "
-                        f"rates: {', '.join(PROFILES)} (default: the model's published one)")
+    d = SimConfig()
+    g = c.add_argument_group("a run's bench files alone (no traces)")
+    add_option(g, "gpu", d, help=f"the GPU the runs were made on: {', '.join(CATALOG)} (cpu: "
+                                 "vLLM's CPU build, with --device cpu), or a YAML file; "
+                                 "calibrate then fits its roofline to the bench files")
+    add_option(g, "device_profile", d, help="the GPU's measured operator tables instead of its "
+                                            "roofline (give --gpu too, for its memory)")
+    add_option(g, "topology", d)
+    add_option(g, "acceptance", d, help=f"the acceptance profile to fit the level of, where the "
+                                        f"files have no rates: {', '.join(PROFILES)} (default: "
+                                        "the model's published one)")
     g.add_argument("--noise", type=float, default=NOISE, metavar="FRAC",
                    help=f"a run's mean ITL from run to run (default {NOISE:g}; repeats of a "
                         "cell measure it)")
@@ -125,6 +115,7 @@ def extend(c) -> None:
 
 def cmd_bench(args) -> int:
     from stepgap.common.fileio import check_writable
+    from stepgap.common.options import note
     from stepgap.sim.config import SimConfig, resolve
     from stepgap.sim.profile import save_profile
     check_writable(args.out, "--out")
@@ -133,30 +124,61 @@ def cmd_bench(args) -> int:
     for k in sorted({r.k for r in runs}):   # an unknown GPU or model: one line, before the fit
         resolve(SimConfig(**settings(base, k)))
     profile = fit_bench(runs, base, args.noise)
+    for line in base["_notes"]:   # (after the fit: bad input ends in its one line)
+        note(args, line)
     save_profile(args.out, profile)
     print(report(profile, args.out))
+    for line in profile.notes.get("warnings", []):
+        print(f"warning: {line}", file=sys.stderr)
     for m in profile.undetermined or ():
         print(f"  undetermined: {m}", file=sys.stderr)
     return 0
 
 
+# The settings each bench file holds for its own run: given on the command line, they are held
+# to every file (a file that says otherwise is refused), not set on the runs.
+RUN_FACTS = ("k", "max_concurrency", "mode", "num_prompts", "request_rate", "burstiness",
+             "output_len", "seed")
+
+
 def setup_of(args) -> dict:
-    """The SimConfig settings the runs had, from the command line."""
-    from stepgap.common.options import speculative_from_args
+    """The SimConfig settings the runs had, from the command line (simulate's options), with
+    vLLM's defaults where it says nothing: --max-model-len the model's context. What each bench
+    file records of its own run (RUN_FACTS) is kept aside as `_NAME`, to be held to the files."""
+    from stepgap.common.model_presets import load_model_config
+    from stepgap.common.options import (drafter_without_k, executor_from_args, mode_from_args,
+                                        settings_from_args, speculative_from_args,
+                                        workload_spec)
+    from stepgap.sim.config import SimConfig
+    if args.model is None:
+        raise UserError("--model: required (the runs' target, as `vllm serve MODEL`)")
     method, draft, k = speculative_from_args(args)
-    base = {"gpu": args.gpu or "h100", "model": args.model, "method": method or "eagle3",
-            "jitter": False}
-    for key, v in (("draft", draft), ("device_profile", args.device_profile),
-                   ("max_num_seqs", args.max_num_seqs), ("max_model_len", args.max_model_len),
-                   ("block_size", args.block_size), ("output_len", args.output_len),
-                   ("enable_prefix_caching", args.enable_prefix_caching),
-                   ("acceptance", args.acceptance), ("workload", args.trace)):
-        if v is not None:
-            base[key] = v
+    args.mode, args.executor = mode_from_args(args), executor_from_args(args)
+    given = settings_from_args(args, SimConfig)
+    notes = []
+    if k == 0:   # (no -k: each file's own k)
+        notes.append(f"warning: {drafter_without_k(draft, k)}" if draft else None)
+    notes = [n for n in notes if n]
+    facts = {key: given.pop(key, None) for key in RUN_FACTS}
+    facts["k"], facts["mode"] = k, args.mode
+    for key in ("method", "draft", "k"):
+        given.pop(key, None)
+    base = {**given, "gpu": args.gpu or "h100", "method": method or "eagle3", "jitter": False}
+    if draft is not None:
+        base["draft"] = draft
+    if "max_model_len" not in base:   # vLLM's default: the model's context
+        base["max_model_len"] = load_model_config(args.model).max_position_embeddings
+        notes.append(f"--max-model-len: the model's context, {base['max_model_len']:,} tokens, "
+                     "as vLLM (give the server's if it set one)")
+    if base["gpu"] == "cpu" and "device" not in base:
+        base["device"] = "cpu"
+    spec = workload_spec(args)
+    if args.output_len is not None:   # (a dataset's output option sets it: workload_spec)
+        facts["output_len"] = args.output_len
     if not (math.isfinite(args.noise) and 0 < args.noise < 0.5):
         raise UserError(f"--noise: expected a fraction in (0, 0.5), got {args.noise}")
-    base["_k"], base["_conc"], base["_mode"] = k, args.max_concurrency, (
-        None if args.async_scheduling is None else "async" if args.async_scheduling else "sync")
+    base.update({f"_{key}": v for key, v in facts.items()})
+    base["_workload"], base["_notes"] = spec, notes
     return base
 
 
@@ -182,15 +204,16 @@ def model_name(text: str) -> str:
     return name.removeprefix("meta-")
 
 
+def refuse(path, field: str, got, option: str, given, why: str) -> UserError:
+    """A bench file that contradicts the command line: both values, named."""
+    return UserError(f"{where(path, field=field)}: {got!r}, but {option} is {given!r}: {why}")
+
+
 def load_bench_runs(paths, args, base: dict) -> list[BenchRun]:
-    """Every bench file among `paths`, checked against the command line (model, k,
-    concurrency, mode): a disagreement is refused, naming both values."""
+    """Every bench file among `paths`, checked against the command line (model, k, the load,
+    the workload): a disagreement is refused, naming both values."""
     from stepgap.common.fileio import input_files
-    from stepgap.common.vllm_bench import (DETAIL_KEYS, bench_k, bench_requests, is_bursty,
-                                           read_bench)
-    from stepgap.common.workloads import apply_request_rate
-    from stepgap.sim.config import SimConfig
-    from stepgap.sim.loop import build_workload
+    from stepgap.common.vllm_bench import bench_k, is_bursty, read_bench
 
     runs, skipped = [], []
     for path, _ in input_files(paths, "*.json", "bench file"):
@@ -211,15 +234,17 @@ def load_bench_runs(paths, args, base: dict) -> list[BenchRun]:
             raise UserError(f"{path}: its k is not in the file (no num_speculative_tokens, "
                             "no per-position acceptance): give --num-speculative-tokens")
         conc = doc.get("max_concurrency")
-        if base["_conc"] is not None and conc is not None and conc != base["_conc"]:
-            raise UserError(f"{where(path, field='max_concurrency')}: {conc}, but "
-                            f"--max-concurrency is {base['_conc']}: give the runs of one "
-                            "concurrency, or leave --max-concurrency out")
-        conc = conc if conc is not None else base["_conc"]
+        if base["_max_concurrency"] is not None and conc is not None \
+                and conc != base["_max_concurrency"]:
+            raise refuse(path, "max_concurrency", conc, "--max-concurrency",
+                         base["_max_concurrency"], "give the runs of one concurrency, or leave "
+                         "--max-concurrency out")
+        conc = conc if conc is not None else base["_max_concurrency"]
         mode = doc.get("mode") or base["_mode"] or "sync"
         if base["_mode"] is not None and doc.get("mode") and doc["mode"] != base["_mode"]:
             raise UserError(f"{where(path, field='mode')}: {doc['mode']!r}, but the command "
                             f"line says {base['_mode']} scheduling")
+        check_load(path, doc, base)
         if doc.get("mean_itl_ms") is None or not doc["mean_itl_ms"] > 0:
             raise UserError(f"{where(path, field='mean_itl_ms')}: missing or 0; calibrate fits "
                             "the runs' mean ITL")
@@ -229,20 +254,9 @@ def load_bench_runs(paths, args, base: dict) -> list[BenchRun]:
         if is_bursty(doc):
             skipped.append(f"{path}: its client read the stream in bursts: left out")
             continue
-        rate = doc.get("request_rate", "inf")
-        rate = None if rate == "inf" else float(rate)
-        if all(key in doc for key in DETAIL_KEYS):
-            reqs = apply_request_rate(bench_requests(doc, path), rate,
-                                      doc.get("burstiness") or 1.0, 0)
-        else:   # no per-request lists: the workload the command line names, as many prompts
-            n = min(doc["num_prompts"], MAX_FIT_PROMPTS)
-            if n < doc["num_prompts"]:
-                skipped.append(f"{path}: no per-request lists (--save-detailed), so its "
-                               f"workload is the command line's: simulated with {n:,} of its "
-                               f"{doc['num_prompts']:,} prompts, each fit step a simulation")
-            cfg = SimConfig(**settings(base, k, num_prompts=n, request_rate=rate,
-                                       max_concurrency=conc))
-            reqs = build_workload(cfg)
+        reqs, how = run_workload(path, doc, base, k, conc)
+        if how:
+            skipped.append(how)
         runs.append(BenchRun(path, doc, k, conc, mode, reqs, tuple(rates) if rates else None))
     for line in skipped:
         print(f"  note: {line}", file=sys.stderr)
@@ -251,23 +265,228 @@ def load_bench_runs(paths, args, base: dict) -> list[BenchRun]:
     return runs
 
 
+def file_rate(doc: dict) -> float:
+    rate = doc.get("request_rate", "inf")
+    return math.inf if rate == "inf" else float(rate)
+
+
+def check_load(path, doc: dict, base: dict) -> None:
+    """The file's prompt count, request rate and burstiness against the command line's."""
+    if base["_num_prompts"] is not None and doc["num_prompts"] != base["_num_prompts"]:
+        raise refuse(path, "num_prompts", doc["num_prompts"], "--num-prompts",
+                     base["_num_prompts"], "calibrate simulates the prompts the run sent")
+    rate = base["_request_rate"]
+    if rate is not None and file_rate(doc) != rate:
+        raise refuse(path, "request_rate", doc.get("request_rate", "inf"), "--request-rate",
+                     "inf" if rate == math.inf else rate, "calibrate sends them as the run did")
+    burst = base["_burstiness"]
+    if burst is not None and (doc.get("burstiness") or 1.0) != burst:
+        raise refuse(path, "burstiness", doc.get("burstiness"), "--burstiness", burst,
+                     "calibrate sends them as the run did")
+
+
+TOKENS_TOL = 0.10   # a workload drawn again against the file's token totals (see run_workload)
+
+
+def recorded_workload(path, doc: dict) -> tuple[str | None, int | None]:
+    """The workload a bench file names (`--metadata dataset_name=... random_input_len=...`,
+    vLLM's option names with underscores; vLLM itself writes none): (its spec, its output
+    length), or (None, None)."""
+    from stepgap.common.options import DATASET_FLAGS, WORKLOAD_FLAGS, dataset_spec
+    name = doc.get("dataset_name")
+    if name is None:
+        return None, None
+    if not isinstance(name, str) or not name:
+        raise UserError(f"{where(path, field='dataset_name')}: expected a dataset's name, got "
+                        f"{name!r}")
+    prefix, params, out = DATASET_FLAGS.get(name), {}, None
+    for flag, key, _ in WORKLOAD_FLAGS:
+        field = flag.lstrip("-").replace("-", "_")
+        if field not in doc or prefix is None or not flag.startswith(prefix):
+            continue
+        try:
+            v = float(doc[field]) if key == "range_ratio" else int(str(doc[field]))
+        except ValueError:
+            raise UserError(f"{where(path, field=field)}: expected a number, got "
+                            f"{doc[field]!r}") from None
+        if key == "output_len":
+            out = v
+        else:
+            params[key] = v
+    try:
+        return dataset_spec(name, doc.get("dataset_path"), params), out
+    except UserError as e:
+        raise UserError(f"{where(path, field='dataset_name')}: {e}") from None
+
+
+def run_workload(path, doc: dict, base: dict, k: int, conc) -> tuple[list, str | None]:
+    """The requests the run served, and a note on where they come from: its per-request
+    lengths (--save-detailed); else the workload the command line or the file names, drawn
+    again with as many prompts (at most MAX_FIT_PROMPTS); else every prompt and output at the
+    file's mean lengths (total_input_tokens, total_output_tokens). A workload named is held to
+    the file's token totals: a mean prompt or output more than TOKENS_TOL off is refused,
+    naming both (another dataset's run, or lengths the command line does not say)."""
+    from stepgap.common.formats import TraceRequest
+    from stepgap.common.vllm_bench import DETAIL_KEYS, bench_requests
+    from stepgap.common.workloads import apply_request_rate
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.loop import build_workload
+
+    given, recorded = base["_workload"], recorded_workload(path, doc)
+    if given is not None and recorded[0] is not None and given != recorded[0]:
+        raise refuse(path, "dataset_name", recorded[0], "the command line's workload", given,
+                     "give the workload the run had")
+    spec = given or recorded[0]
+    out_len = base["_output_len"] if base["_output_len"] is not None else recorded[1]
+    rate, burst = file_rate(doc), doc.get("burstiness") or 1.0
+    seed = base["_seed"] or 0
+    n, note = doc["num_prompts"], None
+    if all(key in doc for key in DETAIL_KEYS):
+        reqs = bench_requests(doc, path)
+        if spec is not None or out_len is not None:
+            cfg = SimConfig(**settings(base, k, workload=spec or "mtbench", num_prompts=n,
+                                       output_len=out_len, seed=seed))
+            drawn = build_workload(cfg)
+            check_tokens(path, doc, drawn, describe(spec, out_len), spec is not None,
+                         out_len is not None)
+        return apply_request_rate(reqs, None if rate == math.inf else rate, burst, seed), None
+    totals = doc.get("total_input_tokens") and doc.get("total_output_tokens") \
+        and doc.get("completed")
+    if spec is None and out_len is None and totals:
+        done = doc["completed"]
+        plen = max(1, round(doc["total_input_tokens"] / done))
+        olen = max(1, round(doc["total_output_tokens"] / done))
+        m = min(n, MAX_FIT_PROMPTS)
+        reqs = [TraceRequest(f"req-{i}", 0.0, plen, olen) for i in range(m)]
+        note = (f"{path}: no per-request lengths (--save-detailed) and no workload named: "
+                f"each of its {m:,} prompts simulated at the file's mean, {plen:,} tokens "
+                f"(total_input_tokens / completed), and {olen:,} output tokens; --dataset-name "
+                "and its options give their spread")
+        return apply_request_rate(reqs, None if rate == math.inf else rate, burst, seed), note
+    m = min(n, MAX_FIT_PROMPTS)
+    if spec is None:
+        note = (f"{path}: no per-request lengths (--save-detailed), no token totals and no "
+                "workload named: simulated with stepgap's default workload, mtbench (give "
+                "--dataset-name and its options)")
+    elif m < n:
+        note = (f"{path}: no per-request lengths (--save-detailed), so its workload is "
+                f"{spec}, drawn again: simulated with {m:,} of its {n:,} prompts, each fit "
+                "step a simulation")
+    cfg = SimConfig(**settings(base, k, workload=spec or "mtbench", num_prompts=m,
+                               output_len=out_len, request_rate=None if rate == math.inf
+                               else rate, burstiness=burst, seed=seed, max_concurrency=conc))
+    reqs = build_workload(cfg)
+    if totals:
+        check_tokens(path, doc, reqs, describe(spec, out_len), spec is not None,
+                     out_len is not None)
+    return reqs, note
+
+
+def describe(spec: str | None, out_len: int | None) -> str:
+    parts = ([f"the workload {spec}"] if spec else []) + \
+        ([f"--output-len {out_len}"] if out_len is not None else [])
+    return " with ".join(parts)
+
+
+def check_tokens(path, doc: dict, reqs: list, what: str, prompts: bool, outputs: bool) -> None:
+    """The file's mean prompt and output (its token totals, or its per-request lists) against
+    those of `reqs` (the workload the command line or the file names, drawn again)."""
+    done = doc.get("completed") or 0
+    if "input_lens" in doc:
+        ok = [i for i, e in enumerate(doc.get("errors") or [""] * len(doc["input_lens"]))
+              if not e]
+        ins = sum(doc["input_lens"][i] for i in ok)
+        outs = sum(doc["output_lens"][i] for i in ok)
+        done = len(ok)
+    else:
+        ins, outs = doc.get("total_input_tokens"), doc.get("total_output_tokens")
+    if not done or not reqs:
+        return
+    for field, total, mine, check in (
+            ("total_input_tokens", ins, [r.prompt_len for r in reqs], prompts),
+            ("total_output_tokens", outs, [r.output_len for r in reqs], outputs)):
+        if not check or total is None:
+            continue
+        theirs, drawn = total / done, sum(mine) / len(mine)
+        if abs(drawn / theirs - 1) > TOKENS_TOL:
+            kind = "prompt" if field == "total_input_tokens" else "output"
+            raise UserError(
+                f"{where(path, field=field)}: {total:,} ({theirs:,.0f} tokens a {kind}), but "
+                f"{what} gives {drawn:,.0f} a {kind}: give the workload the run had (or leave "
+                "it out: calibrate then takes the file's)")
+
+
 # ---------------------------------------------------------------------------------------------
 # The fit
 
 
+@dataclass(frozen=True)
+class Host:
+    """What the fit moves: the host's CPU as factors on stepgap's default costs (sim/cpu_costs.py)
+    and the device's level on the roofline's times. `cpu` scales every cost, or, where `per` is
+    given (three or more cells), each op's fixed part and the latencies while `per` scales its
+    parts per request and per token: the host's per-op structure, as a + b·reqs + c·tokens."""
+
+    cpu: float
+    device: float = 1.0
+    per: float | None = None
+
+    @property
+    def level(self) -> float:
+        """One CPU factor for the whole host: the geometric mean of the two where split."""
+        return self.cpu if self.per is None else math.sqrt(self.cpu * self.per)
+
+    def costs(self):
+        from stepgap.sim.cpu_costs import CPU_COSTS, LATENCIES, CpuCosts, OpCost
+        d = CpuCosts()
+        if self.per is None:
+            return d.scaled(self.cpu)
+        from dataclasses import replace
+        ops = {op: OpCost(c.a * self.cpu, c.b * self.per, c.c * self.per)
+               for op in CPU_COSTS if (c := getattr(d, op)) is not None}
+        return replace(d, **ops, **{lat: getattr(d, lat) * self.cpu for lat in LATENCIES})
+
+    def settings(self) -> dict:
+        """SimConfig settings that run this host (the device's level as `speed`, which scales
+        the CPU too: taken back)."""
+        from stepgap.sim.cpu_costs import CPU_COSTS, LATENCIES
+        if self.per is None:
+            return {"cpu_scale": self.cpu / self.device, "speed": self.device}
+        c = self.costs()
+        return {"cpu_costs": {op: [o.a, o.b, o.c] for op in CPU_COSTS
+                              if (o := getattr(c, op)) is not None},
+                **{lat: getattr(c, lat) for lat in LATENCIES if lat != "client_latency_us"},
+                "cpu_scale": 1.0 / self.device, "speed": self.device}
+
+    def log(self, n: int):
+        import numpy as np
+        return np.log([self.cpu, self.device, self.per or self.cpu][:n])
+
+    @classmethod
+    def of(cls, x) -> Host:
+        import numpy as np
+        v = np.exp(x)
+        return cls(float(v[0]), float(v[1]) if len(v) > 1 else 1.0,
+                   float(v[2]) if len(v) > 2 else None)
+
+
+# The fit's bounds, far outside any host's range: log of (CPU, device, per-request CPU)
+LOG_LO, LOG_HI = math.log(1e-3), math.log(50.0)
+DEVICE_LOG = (math.log(0.25), math.log(4.0))
+
+
 class Fitter:
-    """The runs simulated at a CPU factor `s` (x stepgap's defaults), a device level `e` (x the
-    roofline) and an acceptance (rates, spread)."""
+    """The runs simulated on a `Host` and at an acceptance (rates, spread)."""
 
     def __init__(self, runs: list[BenchRun], base: dict):
         self.runs, self.base = runs, base
         self.rates, self.spread = None, 0.0
         self.sims = 0
-        # (run, acceptance) -> its steps: the fit moves s and e alone, how long things take,
-        # so each run's later simulations replay its first one (sim/loop.py `Recording`)
+        # (run, acceptance) -> its steps: the fit moves how long things take alone, so each
+        # run's later simulations replay its first one (sim/loop.py `Recording`)
         self.steps: dict = {}
 
-    def results(self, s: float, e: float) -> list[RunRecord]:
+    def results(self, host: Host) -> list[RunRecord]:
         from stepgap.sim.config import SimConfig
         from stepgap.sim.loop import Recording, simulate
         out = []
@@ -275,16 +494,16 @@ class Fitter:
             extra = {"acceptance_rates": self.rates, "acceptance_spread": self.spread} \
                 if self.rates is not None and r.k else {}
             cfg = SimConfig(**settings(self.base, r.k, mode=r.mode, max_concurrency=r.conc,
-                                       cpu_scale=s / e, speed=e, **extra))
+                                       **host.settings(), **extra))
             steps = self.steps.setdefault((i, repr(extra)), Recording())
             out.append(RunRecord.of(simulate(cfg, r.requests, recording=steps)[0]))
             self.sims += 1
         return out
 
-    def itl_error(self, s: float, e: float) -> list[float]:
+    def itl_error(self, host: Host) -> list[float]:
         """log(simulated / measured mean ITL) of every run."""
         return [math.log(res.metrics["mean_itl_ms"] / r.itl)
-                for r, res in zip(self.runs, self.results(s, e))]
+                for r, res in zip(self.runs, self.results(host))]
 
 
 def solve(f, x0: float, x1: float, lo: float, hi: float, tol: float = 1e-4) -> float:
@@ -305,18 +524,21 @@ def solve(f, x0: float, x1: float, lo: float, hi: float, tol: float = 1e-4) -> f
     return x1
 
 
-def check_reachable(fit: Fitter, s: float, e: float, shift: float) -> None:
-    """A fit that ran into its bounds (no CPU at all, 50 x the defaults, the acceptance shifted
-    by 4 on the logit scale) and still misses a run's mean ITL by more than REACH: that run is
-    not of the setup the command line gives (another GPU, model or k), or its numbers are
-    wrong. One line naming the file, rather than a profile of nonsense."""
+def check_reachable(fit: Fitter, host: Host, shift: float) -> None:
+    """One cell whose fit ran into its bounds (no CPU at all, 50 x the defaults, the acceptance
+    shifted by 4 on the logit scale) and still misses its mean ITL by more than REACH: the run
+    is not of the setup the command line gives (another GPU, model or k), or its numbers are
+    wrong. One line naming the file, rather than a profile of nonsense. (Several cells are
+    fitted by least squares, and a run far from the others is named with its residual.)"""
+    s = host.cpu
     bounds = [what for hit, what in (
-        (s <= 1e-3, "no host CPU at all"), (s >= 50.0 - 1e-6, "50 x the default CPU costs"),
+        (s <= 1e-3 * 1.001, "no host CPU at all"),
+        (s >= 50.0 - 1e-6, "50 x the default CPU costs"),
         (abs(shift) >= 4.0 - 1e-6, f"the acceptance shifted by {shift:+g} on the logit scale"))
         if hit]
     if not bounds:
         return
-    for r, x in zip(fit.runs, fit.results(s, e)):
+    for r, x in zip(fit.runs, fit.results(host)):
         sim = x.metrics["mean_itl_ms"]
         if abs(math.log(sim / r.itl)) > math.log(1 + REACH):
             raise UserError(
@@ -326,9 +548,36 @@ def check_reachable(fit: Fitter, s: float, e: float, shift: float) -> None:
                 "-k against the run, and the file's numbers")
 
 
+def in_flight(r: BenchRun) -> int:
+    """The requests a run had in flight at most: its concurrency, at most its prompts."""
+    n = len(r.requests)
+    return min(r.conc or n, n)
+
+
+def n_params(runs: list[BenchRun]) -> int:
+    """What the runs determine: one cell, the CPU at the catalog's device level (1); two or
+    more cells, the CPU and the device (2); three or more cells over two or more loads, the
+    CPU's fixed and per-request parts apart too (3): a cost per request shows only where the
+    requests in flight differ."""
+    cells = {r.cell for r in runs}
+    if len(cells) < 2:
+        return 1
+    return 3 if len(cells) >= 3 and len({in_flight(r) for r in runs}) >= 2 else 2
+
+
+def host_ranges(base: dict) -> tuple[tuple, tuple]:
+    """The documented ranges of the host's CPU factor and the device's level (sim/bands.py),
+    which bound what one cell leaves open; they are GPU hosts' and the roofline's against GPUs,
+    so a CPU device (vLLM's CPU build) takes the fit's own bounds."""
+    from stepgap.sim.bands import CPU_HIGH, CPU_LOW, DEVICE_HIGH, DEVICE_LOW
+    if base.get("gpu") == "cpu" or base.get("device") == "cpu":
+        return (math.exp(LOG_LO), math.exp(LOG_HI)), tuple(math.exp(x) for x in DEVICE_LOG)
+    return (CPU_LOW, CPU_HIGH), (DEVICE_LOW, DEVICE_HIGH)
+
+
 def fit_bench(runs: list[BenchRun], base: dict, noise: float):
     """The profile of the runs (module docstring)."""
-    from stepgap.sim.bands import CPU_HIGH, CPU_LOW, CPU_SEED, DEVICE_HIGH, DEVICE_LOW, shifted
+    from stepgap.sim.bands import CPU_SEED, shifted
     from stepgap.sim.config import SimConfig, acceptance_profile, resolve
 
     fit = Fitter(runs, base)
@@ -338,10 +587,11 @@ def fit_bench(runs: list[BenchRun], base: dict, noise: float):
     prof, _ = acceptance_profile(cfg, r0.target)
     measured = [r for r in runs if r.rates]
     undetermined, how = [], {}
-    s, e, shift = CPU_SEED, 1.0, 0.0
+    host, shift = Host(CPU_SEED), 0.0
     cells = sorted({r.cell for r in runs}, key=str)
+    n = n_params(runs)
     noise = repeats_noise(runs) or noise
-    for _ in range(2):   # the acceptance and the level, each at the other's fit, twice
+    for _ in range(2):   # the acceptance and the host, each at the other's fit, twice
         if k_max and measured:
             deepest = max(measured, key=lambda r: len(r.rates))
             fit.rates, fit.spread = deepest.rates, 0.0   # vLLM's aggregates, as they are
@@ -349,7 +599,7 @@ def fit_bench(runs: list[BenchRun], base: dict, noise: float):
         elif k_max:
             def tokens_per_step(d):   # simulated over measured (TPOT / ITL), log
                 fit.rates, fit.spread = shifted(prof, d, max(k_max, len(prof.rates))), prof.spread
-                res = fit.results(s, e)
+                res = fit.results(host)
                 return statistics.fmean(
                     math.log((x.metrics["mean_itl_ms"] / x.metrics["mean_tpot_ms"])
                              / (r.itl / r.doc["mean_tpot_ms"]))
@@ -358,24 +608,34 @@ def fit_bench(runs: list[BenchRun], base: dict, noise: float):
             tokens_per_step(shift)
             how["acceptance"] = (f"{prof.name} ({prof.source}) shifted by {shift:+.3f} on the "
                                  "logit scale: the simulated TPOT / ITL is the runs'")
-        if len(cells) >= 2:
-            s, e = fit_two(fit, s, e)
+        if n == 1:
+            s = solve(lambda x: statistics.fmean(fit.itl_error(Host(x))), host.cpu,
+                      host.cpu * 1.1, 0.0, 50.0)
+            host = Host(s)
         else:
-            s = solve(lambda x: statistics.fmean(fit.itl_error(x, e)), s, s * 1.1, 0.0, 50.0)
-    check_reachable(fit, s, e, shift)
-    if len(cells) >= 2:
-        split, why = split_two(fit, s, e, noise, (CPU_LOW, CPU_HIGH), (DEVICE_LOW, DEVICE_HIGH))
-        how["level"] = (f"CPU x {s:.3f} and device x {e:.4f}: least squares on the log mean "
-                        f"ITL of {len(runs)} runs in {len(cells)} cells")
-    else:
-        split, why = split_one(fit, s, e, noise, (CPU_LOW, CPU_HIGH), (DEVICE_LOW, DEVICE_HIGH))
-        how["level"] = (f"CPU x {s:.3f} at the catalog's device level: one cell (k, "
+            host = least_squares(fit, host, n)
+    cpu_range, device_range = host_ranges(base)
+    if n == 1:
+        check_reachable(fit, host, shift)
+        split, why = split_one(fit, host, noise, cpu_range, device_range)
+        how["level"] = (f"CPU x {host.cpu:.3f} at the catalog's device level: one cell (k, "
                         "concurrency) pins the sum of host and device time, not the split")
         undetermined.append("the split of the mean ITL between the host's CPU and the device: "
                             "one cell; a run at another k or concurrency determines it "
                             f"(kept as the band: {why})")
-    return make_profile(runs, base, fit, s, e, prof, shift, how, split, undetermined, noise,
-                        r0.hw.name)
+    else:
+        split, why = split_fitted(fit, host, n, noise, cpu_range, device_range)
+        parts = (f"CPU x {host.cpu:.3f}" if n == 2 else
+                 f"CPU x {host.cpu:.3f} fixed and x {host.per:.3f} per request and token")
+        how["level"] = (f"{parts} and device x {host.device:.4f}: least squares on the log "
+                        f"mean ITL of {len(runs)} runs in {len(cells)} cells")
+        if n == 2 and len(cells) >= 3:
+            undetermined.append("the host's cost per request apart from its fixed cost: every "
+                                "run had as many requests in flight; runs at another "
+                                "concurrency determine it")
+    warnings = fit_warnings(fit, host, n, noise, base, cpu_range, device_range)
+    return make_profile(runs, base, fit, host, prof, shift, how, split, undetermined, noise,
+                        r0.hw.name, warnings)
 
 
 def repeats_noise(runs: list[BenchRun]) -> float | None:
@@ -387,66 +647,86 @@ def repeats_noise(runs: list[BenchRun]) -> float | None:
     return max(spreads) if spreads and max(spreads) > 0 else None
 
 
+def _bounds(n: int):
+    import numpy as np
+    lo = np.array([LOG_LO, DEVICE_LOG[0], LOG_LO][:n])
+    hi = np.array([LOG_HI, DEVICE_LOG[1], LOG_HI][:n])
+    return lo, hi
+
+
 def _jacobian(fit: Fitter, x, r):
-    """d(the runs' mean ITL errors) / d(log s, log e) at x, where they are r: forward
-    differences of 0.02."""
+    """d(the runs' mean ITL errors) / d(the log of the host's factors) at x, where they are r:
+    forward differences of 0.02 (backward at an upper bound)."""
     import numpy as np
-    h = 0.02
-    return np.column_stack([(np.array(fit.itl_error(*np.exp(x + h * d))) - r) / h
-                            for d in np.eye(2)])
+    h, (_, hi) = 0.02, _bounds(len(x))
+    cols = []
+    for d in np.eye(len(x)):
+        step = -h if np.any(x + h * d > hi + 1e-12) else h
+        cols.append((np.array(fit.itl_error(Host.of(x + step * d))) - r) / step)
+    return np.column_stack(cols)
 
 
-def fit_two(fit: Fitter, s: float, e: float) -> tuple[float, float]:
-    """(s, e) minimising the squared log errors of the runs' mean ITL (Gauss-Newton)."""
+def least_squares(fit: Fitter, host: Host, n: int) -> Host:
+    """The host (n factors: CPU, device, per-request CPU) minimising the squared log errors of
+    the runs' mean ITL: Gauss-Newton, each step held within the fit's bounds."""
     import numpy as np
-    x = np.log([s, e])
-    for _ in range(12):
-        r = np.array(fit.itl_error(*np.exp(x)))
+    lo, hi = _bounds(n)
+    x = np.clip(host.log(n), lo, hi)
+    for _ in range(15):
+        r = np.array(fit.itl_error(Host.of(x)))
         jac = _jacobian(fit, x, r)
         step, *_ = np.linalg.lstsq(jac, -r, rcond=None)
-        x = x + np.clip(step, -0.7, 0.7)
+        x = np.clip(x + np.clip(step, -0.7, 0.7), lo, hi)
         if np.max(np.abs(step)) < 1e-4:
             break
-    s, e = map(float, np.exp(x))
-    return s, e
+    return Host.of(x)
 
 
-def split_two(fit: Fitter, s: float, e: float, noise: float, cpu: tuple, device: tuple
-              ) -> tuple[dict, str]:
+def split_fitted(fit: Fitter, host: Host, n: int, noise: float, cpu: tuple, device: tuple
+                 ) -> tuple[dict, str]:
     """The band of a determined split: 95 % of the runs' noise, propagated through the fit
-    along its direction of most CPU change, as far as the ranges of sim/bands.py allow."""
+    along its direction of most change of the host's CPU level (the CPU factor; with the
+    per-request part fitted too, the mean of the two logs), as far as the ranges allow (each
+    range widened to the fit where the fit lies outside it)."""
     import numpy as np
-    x = np.log([s, e])
-    jac = _jacobian(fit, x, np.array(fit.itl_error(s, e)))
+    x = host.log(n)
+    jac = _jacobian(fit, x, np.array(fit.itl_error(host)))
     cov = noise ** 2 * np.linalg.pinv(jac.T @ jac)
-    d = 1.96 * cov[:, 0] / math.sqrt(max(cov[0, 0], 1e-30))
-    box = np.log([cpu, device])   # [[cpu lo, hi], [device lo, hi]]
+    w = np.array([1.0, 0.0, 0.0][:n]) if n < 3 else np.array([0.5, 0.0, 0.5])
+    var = max(float(w @ cov @ w), 1e-30)
+    d = 1.96 * (cov @ w) / math.sqrt(var)
+    level = float(w @ x)
+    box = [(min(math.log(cpu[0]), level), max(math.log(cpu[1]), level)),
+           (min(math.log(device[0]), x[1]), max(math.log(device[1]), x[1]))]
+    at = [level, x[1]]
+    dirs = [float(w @ d), float(d[1])]
     ends = {}
     for name, sign in (("low", -1.0), ("high", 1.0)):
         t = 1.0   # how far along the direction the ranges let the end go
         for i in range(2):
-            step = sign * d[i]
-            if step > 0 and x[i] + step > box[i][1]:
-                t = min(t, max(0.0, (box[i][1] - x[i]) / step))
-            elif step < 0 and x[i] + step < box[i][0]:
-                t = min(t, max(0.0, (box[i][0] - x[i]) / step))
-        f = np.exp(sign * t * d)
-        ends[name] = {"cpu": float(f[0]), "device": float(f[1])}
+            step = sign * dirs[i]
+            if step > 0 and at[i] + step > box[i][1]:
+                t = min(t, max(0.0, (box[i][1] - at[i]) / step))
+            elif step < 0 and at[i] + step < box[i][0]:
+                t = min(t, max(0.0, (box[i][0] - at[i]) / step))
+        ends[name] = {"cpu": math.exp(sign * t * dirs[0]), "device": math.exp(sign * t * dirs[1])}
     why = (f"95 % of a {100 * noise:.1f} % noise on each run's mean ITL, through the fit, "
            "within the ranges of sim/bands.py")
     return {**ends, "source": why}, why
 
 
-def split_one(fit: Fitter, s: float, e: float, noise: float, cpu: tuple, device: tuple
+def split_one(fit: Fitter, host: Host, noise: float, cpu: tuple, device: tuple
               ) -> tuple[dict, str]:
     """What one cell leaves open: the CPU factor from the lowest to the highest that the
     ranges of sim/bands.py allow with some device level reproducing the measured mean ITL
     (within the noise); each end with the device level on the measured ITL."""
+    s, e = host.cpu, host.device
+
     def itl(x, y):
-        return statistics.fmean(fit.itl_error(x, y))
+        return statistics.fmean(fit.itl_error(Host(x, y)))
     # the most CPU: the fastest device within its range, the ITL at the top of its noise
-    s_hi = min(cpu[1], solve(lambda x: itl(x, device[0]) - noise, s, s * 1.1, 0.0, 50.0))
-    s_lo = max(cpu[0], solve(lambda x: itl(x, device[1]) + noise, s, s * 0.9, 0.0, 50.0))
+    s_hi = min(max(cpu[1], s), solve(lambda x: itl(x, device[0]) - noise, s, s * 1.1, 0.0, 50.0))
+    s_lo = max(min(cpu[0], s), solve(lambda x: itl(x, device[1]) + noise, s, s * 0.9, 0.0, 50.0))
     ends = {}
     for name, x in (("low", s_lo), ("high", s_hi)):
         y = solve(lambda v: itl(x, v), e, e * 1.02, device[0] * 0.5, device[1] * 2)
@@ -457,12 +737,54 @@ def split_one(fit: Fitter, s: float, e: float, noise: float, cpu: tuple, device:
     return {**ends, "source": why}, why
 
 
-def make_profile(runs, base, fit: Fitter, s, e, prof, shift, how, split, undetermined, noise,
-                 gpu: str):
-    from stepgap.sim.cpu_costs import CpuCosts
+OUTLIER = 3.0   # a run whose mean ITL the fit misses by this many times the noise is named
+
+
+def fit_warnings(fit: Fitter, host: Host, n: int, noise: float, base: dict, cpu: tuple,
+                 device: tuple) -> list[str]:
+    """What the fit should make the user look again at: a run far from the fit of the others
+    (named with its residual; it stays in the fit), and a host factor outside its documented
+    range (the range, and the likely cause)."""
+    from stepgap.sim.bands import CPU_HIGH_SOURCE, CPU_LOW_SOURCE
+    out = []
+    errors = fit.itl_error(host)
+    if len(fit.runs) > 1:
+        worst = max(range(len(errors)), key=lambda i: abs(errors[i]))
+        others = [abs(e) for i, e in enumerate(errors) if i != worst]
+        if abs(errors[worst]) > max(OUTLIER * noise, 2 * max(others)):
+            r = fit.runs[worst]
+            out.append(f"{r.path}: its mean ITL is {100 * (math.exp(errors[worst]) - 1):+.1f} % "
+                       f"off the fit of all {len(fit.runs)} runs (the others within "
+                       f"{100 * max(others):.1f} %, the noise {100 * noise:.1f} %): it is kept "
+                       "in the fit; is it of this setup (GPU, model, k, workload, concurrency), "
+                       "or noisy (repeat it)?")
+    if base.get("gpu") == "cpu" or base.get("device") == "cpu":
+        return out   # (the documented ranges are GPU hosts')
+    level = host.level
+    if not cpu[0] <= level <= cpu[1]:
+        side = "above" if level > cpu[1] else "below"
+        cause = ("the workload simulated may not be the run's (without --save-detailed give "
+                 "--dataset-name and its options, or the file's token totals are used), the "
+                 "run may differ from the command line (GPU, model, k, --max-num-seqs), or the "
+                 "host's CPU was shared" if level > cpu[1] else
+                 "the device may be slower than the roofline says (one cell puts the whole "
+                 "difference on the host), or the workload simulated is not the run's")
+        out.append(f"the host's CPU factor x {level:.2f} is {side} its documented range x "
+                   f"{cpu[0]:g} to x {cpu[1]:g} (sim/bands.py: {CPU_LOW_SOURCE}; "
+                   f"{CPU_HIGH_SOURCE}); likely {cause}")
+    if n > 1 and not device[0] <= host.device <= device[1]:
+        out.append(f"the device's level x {host.device:.3f} on the roofline is outside its "
+                   f"documented range x {device[0]:.3f} to x {device[1]:.3f} (sim/bands.py: "
+                   "the roofline against real GPUs); likely another GPU than --gpu, another "
+                   "model or k, or a workload that is not the run's")
+    return out
+
+
+def make_profile(runs, base, fit: Fitter, host: Host, prof, shift, how, split, undetermined,
+                 noise, gpu: str, warnings: list[str]):
     from stepgap.sim.profile import CpuFit, Profile
     residuals = []
-    for r, res in zip(runs, fit.results(s, e)):
+    for r, res in zip(runs, fit.results(host)):
         residuals.append({"run": r.path.name, "k": r.k, "conc": r.conc, "mode": r.mode,
                           **{m: round((res.metrics[m] - r.doc[m]) / r.doc[m], 4)
                              for m in ("mean_tpot_ms", "mean_itl_ms", "p99_tpot_ms",
@@ -471,27 +793,36 @@ def make_profile(runs, base, fit: Fitter, s, e, prof, shift, how, split, undeter
     if fit.rates is not None:
         acc = {"rates": [round(x, 6) for x in fit.rates], "spread": fit.spread,
                "k": max(r.k for r in runs), "source": how["acceptance"]}
-    about = {"device": "cuda", "gpu": gpu,
+    device = base.get("device") or ("cpu" if gpu == "cpu" else "cuda")
+    executor = base.get("executor") or "inline"
+    what = ("one CPU factor" if host.per is None else
+            "the CPU's fixed and per-request factors")
+    about = {"device": device, "gpu": gpu,
              "model": {"target": base["model"], "draft": base.get("draft"),
                        "method": base["method"]},
-             "topology": {"engine": "stepgap", "executor": "inline", "device": "cuda"},
+             "topology": {"engine": base.get("topology") or "stepgap", "executor": executor,
+                          "device": device},
              **({"acceptance": acc} if acc else {}),
              **({"device_profile": base["device_profile"]} if base.get("device_profile") else {}),
              "calibration": {
                  "what": f"fitted on {len(runs)} vLLM bench file(s) of {gpu} runs (no traces): "
-                         "the acceptance, one CPU factor, the roofline's level",
+                         f"the acceptance, {what}, the roofline's level",
                  "runs": [r.path.name for r in runs],
                  "cells": [{"k": r.k, "max_concurrency": r.conc, "mode": r.mode} for r in runs],
-                 "cpu_scale": round(s, 4), "roofline_level": round(e, 5),
+                 "cpu_scale": round(host.cpu, 4),
+                 **({"per_request_scale": round(host.per, 4)} if host.per is not None else {}),
+                 "roofline_level": round(host.device, 5),
                  "acceptance_shift": round(shift, 4), "noise": noise,
                  "how": how, "simulations": fit.sims},
              "scheduler": {key: base[key] for key in ("max_num_seqs", "max_model_len",
                                                       "block_size", "enable_prefix_caching")
                            if key in base}}
-    costs = CpuCosts().scaled(s).to_dict()
+    costs = host.costs().to_dict()
+    notes = {"bands": {"split": split}, "residuals": residuals}
+    if warnings:
+        notes["warnings"] = warnings
     return Profile([], CpuFit({k: v for k, v in costs.items() if v is not None}), {}, None,
-                   undetermined, about, {"bands": {"split": split}, "residuals": residuals},
-                   roofline_level=round(e, 5))
+                   undetermined, about, notes, roofline_level=round(host.device, 5))
 
 
 def report(profile, out) -> str:
@@ -503,8 +834,9 @@ def report(profile, out) -> str:
              f"  level: {cal['how']['level']}",
              f"  band: CPU x {split['low']['cpu']:.3f} .. {split['high']['cpu']:.3f} of the fit, "
              f"device x {split['low']['device']:.4f} .. {split['high']['device']:.4f} "
-             f"({split['source']})"]
+             f"({split['source']})",
+             "  residuals (simulated against measured, each run):"]
     for r in profile.notes["residuals"]:
-        lines.append(f"  {r['run']}: " + ", ".join(
+        lines.append(f"    {r['run']}: " + ", ".join(
             f"{m} {100 * v:+.1f} %" for m, v in r.items() if m.endswith("_ms")))
     return "\n".join(lines)

@@ -110,7 +110,7 @@ def question(args) -> tuple[dict, list[dict], list[int], list[str]]:
             list(DEFAULT_CONCURRENCY)
         notes.append(f"no --max-concurrency or --request-rate: judging concurrency "
                      f"{', '.join(map(str, conc))}")
-    base = config_from_args(args).to_dict()
+    base = config_from_args(args, one_k=False).to_dict()
     for key in ("timeline", "detailed"):
         base.pop(key, None)
     if not base.get("profile") and args.cpu_scale is None and "cpu_scale" not in preset:

@@ -74,9 +74,10 @@ def add_setup_args(p) -> None:
         add_option(g, name, D)
 
 
-def config_from_args(args) -> SimConfig:
-    """Defaults, then the preset, then what the command line gives."""
-    from stepgap.common.options import note
+def config_from_args(args, one_k: bool = True) -> SimConfig:
+    """Defaults, then the preset, then what the command line gives. `one_k`: the run is of the
+    k given (simulate; advise tries every k): a drafter without draft tokens is warned about."""
+    from stepgap.common.options import drafter_without_k, note
     from stepgap.sim.config import profile_defaults
     from stepgap.sim.presets import get_preset
 
@@ -85,6 +86,10 @@ def config_from_args(args) -> SimConfig:
     args.mode = mode_from_args(args)
     args.executor = executor_from_args(args)
     args.method, args.draft, args.k = speculative_from_args(args)
+    warning = drafter_without_k(args.draft or settings.get("draft"),
+                                args.k if args.k is not None else settings.get("k"))
+    if one_k and warning:
+        note(args, f"warning: {warning}")
     if args.device == "cpu" and args.gpu is None:
         settings["gpu"] = "cpu"
     settings.update(settings_from_args(args, SimConfig))
