@@ -580,6 +580,8 @@ def fit_bench(runs: list[BenchRun], base: dict, noise: float):
     from stepgap.sim.bands import CPU_SEED, shifted
     from stepgap.sim.config import SimConfig, acceptance_profile, resolve
 
+    noise = repeats_noise(runs) or noise
+    base = {**base, "_noise": noise}
     fit = Fitter(runs, base)
     k_max = max(r.k for r in runs)
     cfg = SimConfig(**settings(base, k_max))
@@ -590,7 +592,6 @@ def fit_bench(runs: list[BenchRun], base: dict, noise: float):
     host, shift = Host(CPU_SEED), 0.0
     cells = sorted({r.cell for r in runs}, key=str)
     n = n_params(runs)
-    noise = repeats_noise(runs) or noise
     for _ in range(2):   # the acceptance and the host, each at the other's fit, twice
         if k_max and measured:
             deepest = max(measured, key=lambda r: len(r.rates))
@@ -666,52 +667,96 @@ def _jacobian(fit: Fitter, x, r):
     return np.column_stack(cols)
 
 
+def prior(base: dict, n: int):
+    """Where the fit leans where the runs cannot tell two factors apart (runs whose host and
+    device times grow alike): the nominal host (sim/bands.py CPU_SEED) and the catalog's device
+    level, each with half its documented range (in log) as its spread, weighed against the
+    runs' noise, so that it moves nothing the runs determine. A CPU device (vLLM's CPU build)
+    has no documented range: stepgap's defaults, a spread of e (2.7 x) each way."""
+    import numpy as np
+    from stepgap.sim.bands import CPU_HIGH, CPU_LOW, CPU_SEED, DEVICE_HIGH, DEVICE_LOW
+    if base.get("gpu") == "cpu" or base.get("device") == "cpu":
+        return np.zeros(n), np.ones(n)
+    cpu = math.log(CPU_HIGH / CPU_LOW) / 2
+    return (np.log([CPU_SEED, 1.0, CPU_SEED][:n]),
+            np.array([cpu, math.log(DEVICE_HIGH / DEVICE_LOW) / 2, cpu][:n]))
+
+
 def least_squares(fit: Fitter, host: Host, n: int) -> Host:
     """The host (n factors: CPU, device, per-request CPU) minimising the squared log errors of
-    the runs' mean ITL: Gauss-Newton, each step held within the fit's bounds."""
+    the runs' mean ITL over their noise, with `prior`'s weak pull towards the nominal host:
+    Levenberg-Marquardt (a step is taken only where it lowers the sum), each step held within
+    the fit's bounds."""
     import numpy as np
     lo, hi = _bounds(n)
+    centre, spread = prior(fit.base, n)
+    noise = fit.base.get("_noise", NOISE)
+
+    def errors(x, r):
+        return np.concatenate([r, noise * (x - centre) / spread])
     x = np.clip(host.log(n), lo, hi)
-    for _ in range(15):
-        r = np.array(fit.itl_error(Host.of(x)))
-        jac = _jacobian(fit, x, r)
-        step, *_ = np.linalg.lstsq(jac, -r, rcond=None)
-        x = np.clip(x + np.clip(step, -0.7, 0.7), lo, hi)
-        if np.max(np.abs(step)) < 1e-4:
+    r = np.array(fit.itl_error(Host.of(x)))
+    e = errors(x, r)
+    cost, damp = float(e @ e), 1e-2
+    for _ in range(25):
+        jac = np.vstack([_jacobian(fit, x, r), np.diag(noise / spread)])
+        a, g = jac.T @ jac, jac.T @ e
+        while damp < 1e6:
+            step = np.linalg.solve(a + damp * (np.diag(np.diag(a)) + 1e-12 * np.eye(n)), -g)
+            x_new = np.clip(x + np.clip(step, -0.7, 0.7), lo, hi)
+            r_new = np.array(fit.itl_error(Host.of(x_new)))
+            e_new = errors(x_new, r_new)
+            if float(e_new @ e_new) < cost:
+                break
+            damp *= 4.0
+        else:
+            break   # no step lowers the sum: a minimum
+        done = np.max(np.abs(x_new - x)) < 1e-4 or cost - float(e_new @ e_new) < 1e-12
+        x, r, e, cost = x_new, r_new, e_new, float(e_new @ e_new)
+        damp = max(damp / 3.0, 1e-6)
+        if done:
             break
     return Host.of(x)
 
 
 def split_fitted(fit: Fitter, host: Host, n: int, noise: float, cpu: tuple, device: tuple
                  ) -> tuple[dict, str]:
-    """The band of a determined split: 95 % of the runs' noise, propagated through the fit
-    along its direction of most change of the host's CPU level (the CPU factor; with the
-    per-request part fitted too, the mean of the two logs), as far as the ranges allow (each
-    range widened to the fit where the fit lies outside it)."""
+    """What the runs leave open of the host against the device: every host within the ranges
+    (each widened to the fit where the fit lies outside it) that keeps each run's mean ITL
+    within 95 % of its noise (or within its residual at the fit and the noise, where the fit
+    misses it by more), the runs' mean ITL taken as linear in each factor around the fit; its
+    lowest and highest CPU level (the CPU factor; with the per-request part fitted too, the
+    mean of the two logs), each with its device level."""
     import numpy as np
-    x = host.log(n)
-    jac = _jacobian(fit, x, np.array(fit.itl_error(host)))
-    cov = noise ** 2 * np.linalg.pinv(jac.T @ jac)
+    x0 = host.log(n)
+    r0 = np.array(fit.itl_error(host))
+    jac = _jacobian(fit, x0, r0)
+    v0 = np.exp(x0)
+    grad = jac / v0   # d(log ITL)/d(factor), for ITL linear in each factor
+    tol = np.maximum(1.96 * noise, np.abs(r0) + noise)
+    axes = []
+    for i, (lo, hi) in enumerate([cpu, device, cpu][:n]):
+        a, b = min(math.log(lo), x0[i]), max(math.log(hi), x0[i])
+        axes.append(np.linspace(a, b, 401 if n == 2 else 61))
+    grid = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, n)
+    ratio = 1.0 + (np.exp(grid) - v0) @ grad.T   # ITL / ITL at the fit, each run
+    ok = np.all(ratio > 0, axis=1)
+    err = np.where(ratio > 0, np.log(np.where(ratio > 0, ratio, 1.0)), np.inf) + r0
+    ok &= np.all(np.abs(err) <= tol, axis=1)
     w = np.array([1.0, 0.0, 0.0][:n]) if n < 3 else np.array([0.5, 0.0, 0.5])
-    var = max(float(w @ cov @ w), 1e-30)
-    d = 1.96 * (cov @ w) / math.sqrt(var)
-    level = float(w @ x)
-    box = [(min(math.log(cpu[0]), level), max(math.log(cpu[1]), level)),
-           (min(math.log(device[0]), x[1]), max(math.log(device[1]), x[1]))]
-    at = [level, x[1]]
-    dirs = [float(w @ d), float(d[1])]
+    level0 = float(w @ x0)
     ends = {}
-    for name, sign in (("low", -1.0), ("high", 1.0)):
-        t = 1.0   # how far along the direction the ranges let the end go
-        for i in range(2):
-            step = sign * dirs[i]
-            if step > 0 and at[i] + step > box[i][1]:
-                t = min(t, max(0.0, (box[i][1] - at[i]) / step))
-            elif step < 0 and at[i] + step < box[i][0]:
-                t = min(t, max(0.0, (box[i][0] - at[i]) / step))
-        ends[name] = {"cpu": math.exp(sign * t * dirs[0]), "device": math.exp(sign * t * dirs[1])}
-    why = (f"95 % of a {100 * noise:.1f} % noise on each run's mean ITL, through the fit, "
-           "within the ranges of sim/bands.py")
+    if not ok.any():   # (the fit itself is the one host: nothing around it holds the runs)
+        ends = {end: {"cpu": 1.0, "device": 1.0} for end in ("low", "high")}
+    else:
+        pts, u = grid[ok], grid[ok] @ w
+        for name, pick in (("low", np.min), ("high", np.max)):
+            at = pts[np.isclose(u, pick(u))]
+            best = at[np.argmin(np.abs(at[:, 1] - x0[1]))]
+            ends[name] = {"cpu": math.exp(float(w @ best) - level0),
+                          "device": math.exp(float(best[1] - x0[1]))}
+    why = (f"every host within the ranges of sim/bands.py that keeps each run's mean ITL within "
+           f"95 % of a {100 * noise:.1f} % noise")
     return {**ends, "source": why}, why
 
 

@@ -94,7 +94,6 @@ def question(args) -> tuple[dict, list[dict], list[int], list[str]]:
     from stepgap.common.limits import MAX_PROMPTS
     from stepgap.common.options import at_most, load_list, positive_int, rate_arg
     from stepgap.sim.advise import DEFAULT_CONCURRENCY, depths, loads_of
-    from stepgap.sim.bands import CPU_SEED, CPU_SEED_SOURCE
     from stepgap.sim.setup_args import config_from_args
     from stepgap.sim.config import resolve, SimConfig
     from stepgap.sim.presets import get_preset
@@ -113,10 +112,6 @@ def question(args) -> tuple[dict, list[dict], list[int], list[str]]:
     base = config_from_args(args, one_k=False).to_dict()
     for key in ("timeline", "detailed"):
         base.pop(key, None)
-    if not base.get("profile") and args.cpu_scale is None and "cpu_scale" not in preset:
-        base["cpu_scale"] = CPU_SEED
-        notes.append(f"CPU costs: stepgap's defaults x {CPU_SEED:g}, {CPU_SEED_SOURCE} "
-                     "(--cpu-scale to change them; stepgap calibrate measures yours)")
     ks = depths(base, args.max_k)
     resolve(SimConfig(**{**base, "k": max(ks)}))   # an unknown GPU or model: one line, now
     return base, loads_of(conc, rates), ks, notes

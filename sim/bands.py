@@ -37,6 +37,36 @@ CPU_HIGH = 3.1
 CPU_HIGH_SOURCE = ("SpecDecode-Bench's H100 fit of vLLM with Llama-3.1-8B: 1.21 ms per step "
                    "besides the forwards (arXiv:2601.11580), 3.1 x the defaults' 0.39 ms "
                    "(bench/cpu_evidence.py)")
+# The nominal host: the CPU factor `simulate`, `sweep` and `advise` take where neither
+# --cpu-scale nor a profile's CPU costs say (one for every GPU: a host's CPU is the host's, not
+# its GPU's, and the evidence is one host per GPU class; docs/explanation/pinning.md).
+NOMINAL_CPU = CPU_SEED
+NOMINAL_CPU_SOURCE = CPU_SEED_SOURCE
+
+
+def nominal_host(settings: dict, given: bool) -> tuple[dict, str | None]:
+    """`settings` with the nominal host's CPU factor where the run has none of its own (no
+    --cpu-scale given, `given` False, and no --profile: a profile brings its CPU costs), and the
+    line that says so; else (settings, None)."""
+    if given or settings.get("profile") or "cpu_scale" in settings:
+        return settings, None
+    return ({**settings, "cpu_scale": NOMINAL_CPU},
+            f"host CPU: stepgap's defaults x {NOMINAL_CPU:g}, the nominal host ("
+            f"{NOMINAL_CPU_SOURCE}); --cpu-scale sets another, `stepgap calibrate` on a run of "
+            "yours measures it")
+
+
+def host_line(config: dict) -> str:
+    """What a result's CPU costs are, in one line: a profile's, or the defaults x a factor."""
+    scale = config.get("cpu_scale", 1.0)
+    if config.get("profile"):
+        return (f"host CPU: the profile {config['profile']}'s CPU costs"
+                + (f" x {scale:g}" if scale != 1 else ""))
+    why = (" (the nominal host)" if scale == NOMINAL_CPU else
+           " (stepgap's defaults as they are)" if scale == 1 else "")
+    return f"host CPU: stepgap's defaults x {scale:g}{why}"
+
+
 # The roofline's device times against real GPUs where no table prices an op: with the L20's
 # efficiencies, +9.2 % mean TPOT on the RTX 4090, -11.8 % on the RTX PRO 6000 (docs/sim.md,
 # "Measured operator tables"): the true device time is the roofline's x 1/1.092 .. 1/0.882.

@@ -78,6 +78,7 @@ def config_from_args(args, one_k: bool = True) -> SimConfig:
     """Defaults, then the preset, then what the command line gives. `one_k`: the run is of the
     k given (simulate; advise tries every k): a drafter without draft tokens is warned about."""
     from stepgap.common.options import drafter_without_k, note
+    from stepgap.sim.bands import nominal_host
     from stepgap.sim.config import profile_defaults
     from stepgap.sim.presets import get_preset
 
@@ -105,7 +106,8 @@ def config_from_args(args, one_k: bool = True) -> SimConfig:
                                "acceptance_spread") if getattr(args, name, None) is not None}
     settings, notes = profile_defaults(settings, given | set(get_preset(args.preset).settings
                                                              if args.preset else ()))
-    for line in notes:
+    settings, nominal = nominal_host(settings, args.cpu_scale is not None)
+    for line in notes + ([nominal] if nominal else []):
         note(args, line)
     return SimConfig(**settings)
 
