@@ -101,9 +101,11 @@ def extend(c) -> None:
     add_option(g, "device_profile", d, help="the GPU's measured operator tables instead of its "
                                             "roofline (give --gpu too, for its memory)")
     add_option(g, "topology", d)
-    add_option(g, "acceptance", d, help=f"the acceptance profile to fit the level of, where the "
-                                        f"files have no rates: {', '.join(PROFILES)} (default: "
-                                        "the model's published one)")
+    add_option(g, "acceptance", d, help=f"where the files have no rates: the acceptance profile "
+                                        f"to fit the level of ({', '.join(PROFILES)}; default: "
+                                        "the model's published one), or the acceptance you "
+                                        "measured (a file of `stepgap ingest vllm-metrics`, or "
+                                        "a bench file with spec_decode_* counters)")
     g.add_argument("--noise", type=float, default=NOISE, metavar="FRAC",
                    help=f"a run's mean ITL from run to run (default {NOISE:g}; repeats of a "
                         "cell measure it)")
@@ -577,6 +579,7 @@ def host_ranges(base: dict) -> tuple[tuple, tuple]:
 
 def fit_bench(runs: list[BenchRun], base: dict, noise: float):
     """The profile of the runs (module docstring)."""
+    from stepgap.common.acceptance import PROFILES
     from stepgap.sim.bands import CPU_SEED, shifted
     from stepgap.sim.config import SimConfig, acceptance_profile, resolve
 
@@ -597,6 +600,9 @@ def fit_bench(runs: list[BenchRun], base: dict, noise: float):
             deepest = max(measured, key=lambda r: len(r.rates))
             fit.rates, fit.spread = deepest.rates, 0.0   # vLLM's aggregates, as they are
             how["acceptance"] = f"measured: {deepest.path.name}'s per-position rates"
+        elif k_max and prof.name not in PROFILES:   # --acceptance FILE: the user's own
+            fit.rates, fit.spread = prof.rates, prof.spread
+            how["acceptance"] = f"measured: {prof.source}"
         elif k_max:
             def tokens_per_step(d):   # simulated over measured (TPOT / ITL), log
                 fit.rates, fit.spread = shifted(prof, d, max(k_max, len(prof.rates))), prof.spread

@@ -259,15 +259,16 @@ def profile_input(measured) -> BandInput:
 def acceptance_input(cfg, model: str, prof: AcceptanceProfile, borrowed: bool, max_k: int
                      ) -> BandInput | None:
     """Borrowed (the published profile of another model or method stands in, or a named one
-    that is not this model's): every conditional rate shifted on the logit scale; else
+    that is not this model's; never the user's own rates or measured file): every conditional
+    rate shifted on the logit scale; else
     extrapolated past its depth (k > the rates measured): the later positions' rates.
     `model`: the target's catalog name, whatever spelling the command line used (a Hugging
     Face id, a folder), as the published profiles are keyed."""
     if max_k < 1 or prof.name in SYNTHETIC:
         return None
     own = PUBLISHED.get((model, cfg.method))
-    if cfg.acceptance_rates is None and (borrowed or (own is not None and prof.name != own)
-                                         or (own is None and prof.name in _named())):
+    named = prof.name in _named()   # (else the user's own: rates, or a file they measured)
+    if cfg.acceptance_rates is None and named and (borrowed or own is None or prof.name != own):
         rates = lambda d: shifted(prof, d, max(max_k, len(prof.rates)))  # noqa: E731
         return BandInput("acceptance", f"acceptance borrowed from {prof.name} ({prof.source})",
                          0.0, -BORROWED_SHIFT, BORROWED_SHIFT, "logit shift", BORROWED_SOURCE,
