@@ -218,8 +218,11 @@ def load_bench_runs(paths, args, base: dict) -> list[BenchRun]:
     from stepgap.common.vllm_bench import bench_k, is_bursty, read_bench
 
     runs, skipped = [], []
-    for path, _ in input_files(paths, "*.json", "bench file"):
-        doc = read_bench(path)
+    files = [(path, read_bench(path)) for path, _ in input_files(paths, "*.json", "bench file")]
+    # vLLM (0.32) writes its spec_decode_* counters into every bench file of a server that
+    # speculates: where some files have them, one without them is of a server without drafts
+    counted = next((p for p, d in files if d.get("spec_decode_num_drafts") is not None), None)
+    for path, doc in files:
         if model_name(doc["model_id"]) != model_name(base["model"]):
             raise UserError(f"{where(path, field='model_id')}: {doc['model_id']!r}, but --model "
                             f"is {base['model']!r}: calibrate fits the runs of the model given")
@@ -232,6 +235,11 @@ def load_bench_runs(paths, args, base: dict) -> list[BenchRun]:
                             f"--num-speculative-tokens is {k}: give the runs of one k per "
                             "command, or leave -k out")
         k = file_k if k is None else k
+        if k is None and counted is not None and "spec_decode_num_drafts" not in doc:
+            k = 0
+            skipped.append(f"{path}: k = 0 (no num_speculative_tokens, and no spec_decode_* "
+                           f"counters, which vLLM wrote into {counted.name}: a server without "
+                           "drafts)")
         if k is None:
             raise UserError(f"{path}: its k is not in the file (no num_speculative_tokens, "
                             "no per-position acceptance): give --num-speculative-tokens")
@@ -489,18 +497,28 @@ class Fitter:
         self.steps: dict = {}
 
     def results(self, host: Host) -> list[RunRecord]:
+        """Each run simulated on `host`; repeats of a cell over the same prompts (and at the
+        same acceptance) are one simulation."""
         from stepgap.sim.config import SimConfig
         from stepgap.sim.loop import Recording, simulate
-        out = []
+        out, done = [], {}
         for i, r in enumerate(self.runs):
             extra = {"acceptance_rates": self.rates, "acceptance_spread": self.spread} \
                 if self.rates is not None and r.k else {}
-            cfg = SimConfig(**settings(self.base, r.k, mode=r.mode, max_concurrency=r.conc,
-                                       **host.settings(), **extra))
-            steps = self.steps.setdefault((i, repr(extra)), Recording())
-            out.append(RunRecord.of(simulate(cfg, r.requests, recording=steps)[0]))
-            self.sims += 1
+            key = (r.k, r.conc, r.mode, self.workload_id(i), repr(extra))
+            if key not in done:
+                cfg = SimConfig(**settings(self.base, r.k, mode=r.mode, max_concurrency=r.conc,
+                                           **host.settings(), **extra))
+                steps = self.steps.setdefault(key, Recording())
+                done[key] = RunRecord.of(simulate(cfg, r.requests, recording=steps)[0])
+                self.sims += 1
+            out.append(done[key])
         return out
+
+    def workload_id(self, i: int) -> int:
+        """The first run's index whose requests are the same as run i's."""
+        reqs = self.runs[i].requests
+        return next(j for j, r in enumerate(self.runs) if r.requests == reqs)
 
     def itl_error(self, host: Host) -> list[float]:
         """log(simulated / measured mean ITL) of every run."""
@@ -673,6 +691,9 @@ def _jacobian(fit: Fitter, x, r):
     return np.column_stack(cols)
 
 
+PRIOR = 0.1   # a factor a spread off the prior's centre weighs as a run missed by 0.1 x its noise
+
+
 def prior(base: dict, n: int):
     """Where the fit leans where the runs cannot tell two factors apart (runs whose host and
     device times grow alike): the nominal host (sim/bands.py CPU_SEED) and the catalog's device
@@ -690,7 +711,9 @@ def prior(base: dict, n: int):
 
 def least_squares(fit: Fitter, host: Host, n: int) -> Host:
     """The host (n factors: CPU, device, per-request CPU) minimising the squared log errors of
-    the runs' mean ITL over their noise, with `prior`'s weak pull towards the nominal host:
+    the runs' mean ITL (Huber's: a run missed by more than OUTLIER x the noise weighs by its
+    error, not its square, so that one run far from the others does not drag the fit to it),
+    with `prior`'s weak pull towards the nominal host:
     Levenberg-Marquardt (a step is taken only where it lowers the sum), each step held within
     the fit's bounds."""
     import numpy as np
@@ -698,14 +721,24 @@ def least_squares(fit: Fitter, host: Host, n: int) -> Host:
     centre, spread = prior(fit.base, n)
     noise = fit.base.get("_noise", NOISE)
 
+    weight, c = PRIOR * noise, OUTLIER * noise
+
+    def robust(r):   # Huber's: a run missed by more than c weighs as |r|, not r²
+        a = np.abs(r)
+        return np.where(a <= c, r, np.sign(r) * np.sqrt(np.maximum(2 * c * a - c * c, 0.0)))
+
+    def slope(r):    # d robust(r) / dr
+        a = np.abs(r)
+        return np.where(a <= c, 1.0, c / np.sqrt(np.maximum(2 * c * a - c * c, 1e-30)))
+
     def errors(x, r):
-        return np.concatenate([r, noise * (x - centre) / spread])
+        return np.concatenate([robust(r), weight * (x - centre) / spread])
     x = np.clip(host.log(n), lo, hi)
     r = np.array(fit.itl_error(Host.of(x)))
     e = errors(x, r)
     cost, damp = float(e @ e), 1e-2
     for _ in range(25):
-        jac = np.vstack([_jacobian(fit, x, r), np.diag(noise / spread)])
+        jac = np.vstack([slope(r)[:, None] * _jacobian(fit, x, r), np.diag(weight / spread)])
         a, g = jac.T @ jac, jac.T @ e
         while damp < 1e6:
             step = np.linalg.solve(a + damp * (np.diag(np.diag(a)) + 1e-12 * np.eye(n)), -g)
@@ -804,8 +837,8 @@ def fit_warnings(fit: Fitter, host: Host, n: int, noise: float, base: dict, cpu:
         others = [abs(e) for i, e in enumerate(errors) if i != worst]
         if abs(errors[worst]) > max(OUTLIER * noise, 2 * max(others)):
             r = fit.runs[worst]
-            out.append(f"{r.path}: its mean ITL is {100 * (math.exp(errors[worst]) - 1):+.1f} % "
-                       f"off the fit of all {len(fit.runs)} runs (the others within "
+            out.append(f"{r.path}: the fit of all {len(fit.runs)} runs misses its mean ITL by "
+                       f"{100 * (math.exp(errors[worst]) - 1):+.1f} % (the others within "
                        f"{100 * max(others):.1f} %, the noise {100 * noise:.1f} %): it is kept "
                        "in the fit; is it of this setup (GPU, model, k, workload, concurrency), "
                        "or noisy (repeat it)?")

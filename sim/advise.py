@@ -76,6 +76,7 @@ class Advice:
     sims: int = 0               # simulations run
     seconds: float = 0.0
     cells: list = field(default_factory=list)   # the settings of every simulation run
+    next_run: object = None     # the run to make next (calibrate/next_run.py NextRun), if asked
 
     def to_dict(self) -> dict:
         """The document `--result-json` writes (docs/sim.md, "stepgap advise": its schema)."""
@@ -84,7 +85,8 @@ class Advice:
                 "modes": list(MODES), "metric": METRIC, "rests_on": self.rests_on,
                 "band_inputs": [i.to_dict() for i in self.inputs],
                 "loads": [a.to_dict() for a in self.answers], "notes": self.notes,
-                "simulations": self.sims}
+                "simulations": self.sims,
+                **({"next_run": self.next_run.to_dict()} if self.next_run is not None else {})}
 
 
 FORMAT = "stepgap-advise/1"

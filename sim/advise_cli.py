@@ -117,7 +117,9 @@ def question(args) -> tuple[dict, list[dict], list[int], list[str]]:
     return base, loads_of(conc, rates), ks, notes
 
 
-def run(args) -> int:
+def run(args, next_run=None) -> int:
+    """The answer; `next_run`: a function of the answer that names the next run to make
+    (calibrate/next_run.py `plan`, which the layer above passes in: sim/ does not import it)."""
     from stepgap.common.fileio import check_distinct, check_writable, write_json
     from stepgap.common.options import note
     from stepgap.sim.advise import advise
@@ -146,6 +148,8 @@ def run(args) -> int:
     for line in advice.notes:   # the cells' own (fp8, a dataset's estimate, a profile's device)
         note(args, line)
     advice.notes = notes + advice.notes
+    if next_run is not None and args.band and getattr(args, "next_run", True):
+        advice.next_run = next_run(advice)
     figure = None
     if args.plot:
         from stepgap.common.timeline_plots import render
@@ -153,6 +157,8 @@ def run(args) -> int:
         figure = render(advise_figure(advice), fmt)
     if not args.quiet:
         print(format_advice(advice))
+        if advice.next_run is not None:
+            print(format_next_run(advice.next_run))
         sys.stdout.flush()
     if args.result_json:
         write_json(args.result_json, advice.to_dict())
@@ -246,3 +252,38 @@ def format_advice(advice) -> str:
 
 def _span(ks: list[int]) -> str:
     return str(ks[0]) if len(ks) == 1 else f"{ks[0]}-{ks[-1]}"
+
+
+def format_next_run(nxt) -> str:
+    """The next run to make (calibrate/next_run.py NextRun), as printed after the answer."""
+    from stepgap.sim.advise import load_label
+
+    def pct(b):
+        return f"{100 * b[0]:.1f} to {100 * b[1]:.1f} %"
+    c = nxt.best
+    made = (f" with the profile's runs ({', '.join(_cell(m) for m in nxt.made)})"
+            if nxt.made else "")
+    now = nxt.now[1] - nxt.now[0]
+    lines = ["", "The next run to make (what narrows the widest band of what async saves):",
+             f"  at {load_label(nxt.load)} that band is dominated by {nxt.input}: "
+             f"{pct(nxt.now)} now, {100 * now:.1f} points wide (judged on {PROMPTS_NOTE})",
+             f"  run {_cell(c.cell())} ({c.cost_s:.1f} s of GPU time at this workload):",
+             f"    {c.command(nxt.base)}",
+             f"  expected after calibrating on it{made}: a band {100 * nxt.width_after():.1f} "
+             f"points wide ({100 * nxt.width_after() / now:.0f} % of now), calibrated on "
+             f"the runs simulated at each end of {nxt.input}'s range: " + "; ".join(
+                 f"at its {end} end {pct(b)}" for end, b in c.ends.items()),
+             "  then: stepgap calibrate YOUR-RUNS.json --gpu ... --out P.json, and advise again "
+             "with --profile P.json: it names the run after it"]
+    others = [f"{_cell(o.cell())} {100 * o.width:.1f}" for o in nxt.candidates if o is not c]
+    if others:
+        lines.append(f"  (the others judged, the points wide each leaves: {'; '.join(others)})")
+    return "\n".join(lines)
+
+
+PROMPTS_NOTE = "the question's first prompts, short outputs, each mode at its best k"
+
+
+def _cell(c: dict) -> str:
+    conc = f" at concurrency {c['max_concurrency']}" if c.get("max_concurrency") else ""
+    return f"{c['mode']} k={c['k']}{conc}"
