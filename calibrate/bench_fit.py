@@ -434,12 +434,14 @@ def check_tokens(path, doc: dict, reqs: list, what: str, prompts: bool, outputs:
 class Host:
     """What the fit moves: the host's CPU as factors on stepgap's default costs (sim/cpu_costs.py)
     and the device's level on the roofline's times. `cpu` scales every cost, or, where `per` is
-    given (three or more cells), each op's fixed part and the latencies while `per` scales its
-    parts per request and per token: the host's per-op structure, as a + b·reqs + c·tokens."""
+    given, each op's fixed part and the latencies while `per` scales its parts per request and
+    per token (a + b·reqs + c·tokens: the host's per-op structure); `draft`, where given, puts
+    the drafter's passes at a level of their own on top of the device's."""
 
     cpu: float
     device: float = 1.0
     per: float | None = None
+    draft: float | None = None
 
     @property
     def level(self) -> float:
@@ -458,8 +460,10 @@ class Host:
 
     def settings(self) -> dict:
         """SimConfig settings that run this host (the device's level as `speed`, which scales
-        the CPU too: taken back)."""
+        the CPU too: taken back); with a drafter's level, `profile` runs it instead."""
         from stepgap.sim.cpu_costs import CPU_COSTS, LATENCIES
+        if self.draft is not None:
+            return {}
         if self.per is None:
             return {"cpu_scale": self.cpu / self.device, "speed": self.device}
         c = self.costs()
@@ -468,21 +472,27 @@ class Host:
                 **{lat: getattr(c, lat) for lat in LATENCIES if lat != "client_latency_us"},
                 "cpu_scale": 1.0 / self.device, "speed": self.device}
 
-    def log(self, n: int):
+    def profile(self):
+        """The host as a profile (a drafter's level needs one: sim/costs.py LevelCosts)."""
+        from stepgap.sim.profile import CpuFit, Profile
+        costs = {k: v for k, v in self.costs().to_dict().items() if v is not None}
+        return Profile([], CpuFit(costs), {}, None, None, {}, {}, roofline_level=self.device,
+                       draft_level=self.draft)
+
+    def log(self, names: tuple):
         import numpy as np
-        return np.log([self.cpu, self.device, self.per or self.cpu][:n])
+        return np.log([getattr(self, n) or (self.cpu if n == "per" else 1.0) for n in names])
 
     @classmethod
-    def of(cls, x) -> Host:
+    def of(cls, x, names: tuple) -> Host:
         import numpy as np
-        v = np.exp(x)
-        return cls(float(v[0]), float(v[1]) if len(v) > 1 else 1.0,
-                   float(v[2]) if len(v) > 2 else None)
+        v = dict(zip(names, map(float, np.exp(x))))
+        return cls(v["cpu"], v.get("device", 1.0), v.get("per"), v.get("draft"))
 
 
-# The fit's bounds, far outside any host's range: log of (CPU, device, per-request CPU)
-LOG_LO, LOG_HI = math.log(1e-3), math.log(50.0)
-DEVICE_LOG = (math.log(0.25), math.log(4.0))
+# The fit's bounds, far outside any host's range, each factor's log
+BOUNDS = {"cpu": (math.log(1e-3), math.log(50.0)), "per": (math.log(1e-3), math.log(50.0)),
+          "device": (math.log(0.1), math.log(10.0)), "draft": (math.log(0.1), math.log(20.0))}
 
 
 class Fitter:
@@ -509,8 +519,12 @@ class Fitter:
             if key not in done:
                 cfg = SimConfig(**settings(self.base, r.k, mode=r.mode, max_concurrency=r.conc,
                                            **host.settings(), **extra))
-                steps = self.steps.setdefault(key, Recording())
-                done[key] = RunRecord.of(simulate(cfg, r.requests, recording=steps)[0])
+                prof = host.profile() if host.draft is not None else None
+                # (a recording keeps its device ops: another device level takes its own)
+                steps = self.steps.setdefault(
+                    key + ((host.device, host.draft) if prof else ()), Recording())
+                done[key] = RunRecord.of(simulate(cfg, r.requests, recording=steps,
+                                                  profile=prof)[0])
                 self.sims += 1
             out.append(done[key])
         return out
@@ -574,15 +588,23 @@ def in_flight(r: BenchRun) -> int:
     return min(r.conc or n, n)
 
 
-def n_params(runs: list[BenchRun]) -> int:
-    """What the runs determine: one cell, the CPU at the catalog's device level (1); two or
-    more cells, the CPU and the device (2); three or more cells over two or more loads, the
-    CPU's fixed and per-request parts apart too (3): a cost per request shows only where the
-    requests in flight differ."""
+def fitted(runs: list[BenchRun]) -> tuple:
+    """The host's factors the runs determine (`Host`'s names): one cell, the CPU at the
+    catalog's device level; two or more, the CPU and the device; three or more cells also what
+    they vary, as far as there are cells: over two or more loads, the CPU's per-request part
+    apart from its fixed one (a cost per request shows only where the requests in flight
+    differ); over runs with and without drafts (or at two depths), the drafter's level apart
+    from the target's."""
     cells = {r.cell for r in runs}
     if len(cells) < 2:
-        return 1
-    return 3 if len(cells) >= 3 and len({in_flight(r) for r in runs}) >= 2 else 2
+        return ("cpu",)
+    names = ["cpu", "device"]
+    if len(cells) >= 3 and len({in_flight(r) for r in runs}) >= 2:
+        names.append("per")
+    ks = {r.k for r in runs}
+    if len(cells) > len(names) and len(ks) >= 2 and max(ks) > 0:
+        names.append("draft")
+    return tuple(names)
 
 
 def host_ranges(base: dict) -> tuple[tuple, tuple]:
@@ -612,7 +634,7 @@ def fit_bench(runs: list[BenchRun], base: dict, noise: float):
     undetermined, how = [], {}
     host, shift = Host(CPU_SEED), 0.0
     cells = sorted({r.cell for r in runs}, key=str)
-    n = n_params(runs)
+    names = fitted(runs)
     for _ in range(2):   # the acceptance and the host, each at the other's fit, twice
         if k_max and measured:
             deepest = max(measured, key=lambda r: len(r.rates))
@@ -633,14 +655,14 @@ def fit_bench(runs: list[BenchRun], base: dict, noise: float):
             tokens_per_step(shift)
             how["acceptance"] = (f"{prof.name} ({prof.source}) shifted by {shift:+.3f} on the "
                                  "logit scale: the simulated TPOT / ITL is the runs'")
-        if n == 1:
+        if names == ("cpu",):
             s = solve(lambda x: statistics.fmean(fit.itl_error(Host(x))), host.cpu,
                       host.cpu * 1.1, 0.0, 50.0)
             host = Host(s)
         else:
-            host = least_squares(fit, host, n)
+            host = least_squares(fit, host, names)
     cpu_range, device_range = host_ranges(base)
-    if n == 1:
+    if names == ("cpu",):
         check_reachable(fit, host, shift)
         split, why = split_one(fit, host, noise, cpu_range, device_range)
         how["level"] = (f"CPU x {host.cpu:.3f} at the catalog's device level: one cell (k, "
@@ -649,16 +671,24 @@ def fit_bench(runs: list[BenchRun], base: dict, noise: float):
                             "one cell; a run at another k or concurrency determines it "
                             f"(kept as the band: {why})")
     else:
-        split, why = split_fitted(fit, host, n, noise, cpu_range, device_range)
-        parts = (f"CPU x {host.cpu:.3f}" if n == 2 else
-                 f"CPU x {host.cpu:.3f} fixed and x {host.per:.3f} per request and token")
-        how["level"] = (f"{parts} and device x {host.device:.4f}: least squares on the log "
-                        f"mean ITL of {len(runs)} runs in {len(cells)} cells")
-        if n == 2 and len(cells) >= 3:
+        split, why = split_fitted(fit, host, names, noise, cpu_range, device_range)
+        parts = [f"CPU x {host.cpu:.3f}" + (" fixed" if host.per is not None else "")]
+        if host.per is not None:
+            parts.append(f"x {host.per:.3f} per request and token")
+        parts.append(f"device x {host.device:.4f}")
+        if host.draft is not None:
+            parts.append(f"the drafter's passes x {host.draft:.3f} more")
+        how["level"] = (f"{', '.join(parts)}: least squares on the log mean ITL of {len(runs)} "
+                        f"runs in {len(cells)} cells")
+        if "per" not in names and len(cells) >= 3:
             undetermined.append("the host's cost per request apart from its fixed cost: every "
                                 "run had as many requests in flight; runs at another "
                                 "concurrency determine it")
-    warnings = fit_warnings(fit, host, n, noise, base, cpu_range, device_range)
+        if "draft" in names and len({r.k for r in runs} - {0}) < 2:
+            undetermined.append("how the drafter's cost grows with k: one depth with drafts "
+                                "measured, so its level is the roofline's passes' (deeper k "
+                                "extrapolate them); runs at a second depth check it")
+    warnings = fit_warnings(fit, host, len(names), noise, base, cpu_range, device_range)
     return make_profile(runs, base, fit, host, prof, shift, how, split, undetermined, noise,
                         r0.hw.name, warnings)
 
@@ -672,55 +702,54 @@ def repeats_noise(runs: list[BenchRun]) -> float | None:
     return max(spreads) if spreads and max(spreads) > 0 else None
 
 
-def _bounds(n: int):
+def _bounds(names: tuple):
     import numpy as np
-    lo = np.array([LOG_LO, DEVICE_LOG[0], LOG_LO][:n])
-    hi = np.array([LOG_HI, DEVICE_LOG[1], LOG_HI][:n])
-    return lo, hi
+    return (np.array([BOUNDS[n][0] for n in names]), np.array([BOUNDS[n][1] for n in names]))
 
 
-def _jacobian(fit: Fitter, x, r):
+def _jacobian(fit: Fitter, x, r, names: tuple):
     """d(the runs' mean ITL errors) / d(the log of the host's factors) at x, where they are r:
     forward differences of 0.02 (backward at an upper bound)."""
     import numpy as np
-    h, (_, hi) = 0.02, _bounds(len(x))
+    h, (_, hi) = 0.02, _bounds(names)
     cols = []
     for d in np.eye(len(x)):
         step = -h if np.any(x + h * d > hi + 1e-12) else h
-        cols.append((np.array(fit.itl_error(Host.of(x + step * d))) - r) / step)
+        cols.append((np.array(fit.itl_error(Host.of(x + step * d, names))) - r) / step)
     return np.column_stack(cols)
 
 
 PRIOR = 0.1   # a factor a spread off the prior's centre weighs as a run missed by 0.1 x its noise
 
 
-def prior(base: dict, n: int):
+def prior(base: dict, names: tuple):
     """Where the fit leans where the runs cannot tell two factors apart (runs whose host and
     device times grow alike): the nominal host (sim/bands.py CPU_SEED) and the catalog's device
-    level, each with half its documented range (in log) as its spread, weighed against the
-    runs' noise, so that it moves nothing the runs determine. A CPU device (vLLM's CPU build)
-    has no documented range: stepgap's defaults, a spread of e (2.7 x) each way."""
+    level (the drafter's at the target's), each with half its documented range (in log) as its
+    spread, weighed at PRIOR x the runs' noise, so that it moves nothing the runs determine. A
+    CPU device (vLLM's CPU build) has no documented range: stepgap's defaults, a spread of e
+    (2.7 x) each way."""
     import numpy as np
     from stepgap.sim.bands import CPU_HIGH, CPU_LOW, CPU_SEED, DEVICE_HIGH, DEVICE_LOW
     if base.get("gpu") == "cpu" or base.get("device") == "cpu":
-        return np.zeros(n), np.ones(n)
-    cpu = math.log(CPU_HIGH / CPU_LOW) / 2
-    return (np.log([CPU_SEED, 1.0, CPU_SEED][:n]),
-            np.array([cpu, math.log(DEVICE_HIGH / DEVICE_LOW) / 2, cpu][:n]))
+        return np.zeros(len(names)), np.ones(len(names))
+    cpu, dev = math.log(CPU_HIGH / CPU_LOW) / 2, math.log(DEVICE_HIGH / DEVICE_LOW) / 2
+    centre = {"cpu": math.log(CPU_SEED), "per": math.log(CPU_SEED), "device": 0.0, "draft": 0.0}
+    spread = {"cpu": cpu, "per": cpu, "device": dev, "draft": dev}
+    return np.array([centre[n] for n in names]), np.array([spread[n] for n in names])
 
 
-def least_squares(fit: Fitter, host: Host, n: int) -> Host:
-    """The host (n factors: CPU, device, per-request CPU) minimising the squared log errors of
-    the runs' mean ITL (Huber's: a run missed by more than OUTLIER x the noise weighs by its
-    error, not its square, so that one run far from the others does not drag the fit to it),
-    with `prior`'s weak pull towards the nominal host:
+def least_squares(fit: Fitter, host: Host, names: tuple) -> Host:
+    """The host (the factors `names`: CPU, device, per-request CPU, drafter) minimising the
+    squared log errors of the runs' mean ITL (Huber's: a run missed by more than OUTLIER x the
+    noise weighs by its error, not its square, so that one run far from the others does not
+    drag the fit to it), with `prior`'s weak pull towards the nominal host:
     Levenberg-Marquardt (a step is taken only where it lowers the sum), each step held within
     the fit's bounds."""
     import numpy as np
-    lo, hi = _bounds(n)
-    centre, spread = prior(fit.base, n)
+    lo, hi = _bounds(names)
+    centre, spread = prior(fit.base, names)
     noise = fit.base.get("_noise", NOISE)
-
     weight, c = PRIOR * noise, OUTLIER * noise
 
     def robust(r):   # Huber's: a run missed by more than c weighs as |r|, not r²
@@ -733,17 +762,19 @@ def least_squares(fit: Fitter, host: Host, n: int) -> Host:
 
     def errors(x, r):
         return np.concatenate([robust(r), weight * (x - centre) / spread])
-    x = np.clip(host.log(n), lo, hi)
-    r = np.array(fit.itl_error(Host.of(x)))
+    n = len(names)
+    x = np.clip(host.log(names), lo, hi)
+    r = np.array(fit.itl_error(Host.of(x, names)))
     e = errors(x, r)
     cost, damp = float(e @ e), 1e-2
     for _ in range(25):
-        jac = np.vstack([slope(r)[:, None] * _jacobian(fit, x, r), np.diag(weight / spread)])
+        jac = np.vstack([slope(r)[:, None] * _jacobian(fit, x, r, names),
+                         np.diag(weight / spread)])
         a, g = jac.T @ jac, jac.T @ e
         while damp < 1e6:
             step = np.linalg.solve(a + damp * (np.diag(np.diag(a)) + 1e-12 * np.eye(n)), -g)
             x_new = np.clip(x + np.clip(step, -0.7, 0.7), lo, hi)
-            r_new = np.array(fit.itl_error(Host.of(x_new)))
+            r_new = np.array(fit.itl_error(Host.of(x_new, names)))
             e_new = errors(x_new, r_new)
             if float(e_new @ e_new) < cost:
                 break
@@ -755,35 +786,39 @@ def least_squares(fit: Fitter, host: Host, n: int) -> Host:
         damp = max(damp / 3.0, 1e-6)
         if done:
             break
-    return Host.of(x)
+    return Host.of(x, names)
 
 
-def split_fitted(fit: Fitter, host: Host, n: int, noise: float, cpu: tuple, device: tuple
-                 ) -> tuple[dict, str]:
+def split_fitted(fit: Fitter, host: Host, names: tuple, noise: float, cpu: tuple,
+                 device: tuple) -> tuple[dict, str]:
     """What the runs leave open of the host against the device: every host within the ranges
-    (each widened to the fit where the fit lies outside it) that keeps each run's mean ITL
-    within 95 % of its noise (or within its residual at the fit and the noise, where the fit
-    misses it by more), the runs' mean ITL taken as linear in each factor around the fit; its
-    lowest and highest CPU level (the CPU factor; with the per-request part fitted too, the
-    mean of the two logs), each with its device level."""
+    (each widened to the fit where the fit lies outside it; the drafter's level, the device's)
+    that keeps each run's mean ITL within 95 % of its noise (or within its residual at the fit
+    and the noise, where the fit misses it by more), the runs' mean ITL taken as linear in each
+    factor around the fit; its lowest and highest CPU level (the CPU factor; with the
+    per-request part fitted too, the mean of the two logs), each with its device level."""
     import numpy as np
-    x0 = host.log(n)
+    n = len(names)
+    x0 = host.log(names)
     r0 = np.array(fit.itl_error(host))
-    jac = _jacobian(fit, x0, r0)
+    jac = _jacobian(fit, x0, r0, names)
     v0 = np.exp(x0)
     grad = jac / v0   # d(log ITL)/d(factor), for ITL linear in each factor
     tol = np.maximum(1.96 * noise, np.abs(r0) + noise)
+    ranges = {"cpu": cpu, "per": cpu, "device": device, "draft": device}
+    steps = {2: 401, 3: 61, 4: 25}.get(n, 25)
     axes = []
-    for i, (lo, hi) in enumerate([cpu, device, cpu][:n]):
-        a, b = min(math.log(lo), x0[i]), max(math.log(hi), x0[i])
-        axes.append(np.linspace(a, b, 401 if n == 2 else 61))
+    for i, name in enumerate(names):
+        lo, hi = ranges[name]
+        axes.append(np.linspace(min(math.log(lo), x0[i]), max(math.log(hi), x0[i]), steps))
     grid = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, n)
     ratio = 1.0 + (np.exp(grid) - v0) @ grad.T   # ITL / ITL at the fit, each run
     ok = np.all(ratio > 0, axis=1)
-    err = np.where(ratio > 0, np.log(np.where(ratio > 0, ratio, 1.0)), np.inf) + r0
+    err = np.log(np.where(ratio > 0, ratio, 1.0)) + r0
     ok &= np.all(np.abs(err) <= tol, axis=1)
-    w = np.array([1.0, 0.0, 0.0][:n]) if n < 3 else np.array([0.5, 0.0, 0.5])
-    level0 = float(w @ x0)
+    w = np.array([0.5 if (name in ("cpu", "per") and "per" in names) else
+                  1.0 if name == "cpu" else 0.0 for name in names])
+    level0, dev = float(w @ x0), names.index("device")
     ends = {}
     if not ok.any():   # (the fit itself is the one host: nothing around it holds the runs)
         ends = {end: {"cpu": 1.0, "device": 1.0} for end in ("low", "high")}
@@ -791,9 +826,9 @@ def split_fitted(fit: Fitter, host: Host, n: int, noise: float, cpu: tuple, devi
         pts, u = grid[ok], grid[ok] @ w
         for name, pick in (("low", np.min), ("high", np.max)):
             at = pts[np.isclose(u, pick(u))]
-            best = at[np.argmin(np.abs(at[:, 1] - x0[1]))]
+            best = at[np.argmin(np.abs(at[:, dev] - x0[dev]))]
             ends[name] = {"cpu": math.exp(float(w @ best) - level0),
-                          "device": math.exp(float(best[1] - x0[1]))}
+                          "device": math.exp(float(best[dev] - x0[dev]))}
     why = (f"every host within the ranges of sim/bands.py that keeps each run's mean ITL within "
            f"95 % of a {100 * noise:.1f} % noise")
     return {**ends, "source": why}, why
@@ -880,7 +915,8 @@ def make_profile(runs, base, fit: Fitter, host: Host, prof, shift, how, split, u
     device = base.get("device") or ("cpu" if gpu == "cpu" else "cuda")
     executor = base.get("executor") or "inline"
     what = ("one CPU factor" if host.per is None else
-            "the CPU's fixed and per-request factors")
+            "the CPU's fixed and per-request factors") + \
+        (", the drafter's level" if host.draft is not None else "")
     about = {"device": device, "gpu": gpu,
              "model": {"target": base["model"], "draft": base.get("draft"),
                        "method": base["method"]},
@@ -895,6 +931,7 @@ def make_profile(runs, base, fit: Fitter, host: Host, prof, shift, how, split, u
                  "cells": [{"k": r.k, "max_concurrency": r.conc, "mode": r.mode} for r in runs],
                  "cpu_scale": round(host.cpu, 4),
                  **({"per_request_scale": round(host.per, 4)} if host.per is not None else {}),
+                 **({"draft_level": round(host.draft, 5)} if host.draft is not None else {}),
                  "roofline_level": round(host.device, 5),
                  "acceptance_shift": round(shift, 4), "noise": noise,
                  "how": how, "simulations": fit.sims},
@@ -906,7 +943,8 @@ def make_profile(runs, base, fit: Fitter, host: Host, prof, shift, how, split, u
     if warnings:
         notes["warnings"] = warnings
     return Profile([], CpuFit({k: v for k, v in costs.items() if v is not None}), {}, None,
-                   undetermined, about, notes, roofline_level=round(host.device, 5))
+                   undetermined, about, notes, roofline_level=round(host.device, 5),
+                   draft_level=None if host.draft is None else round(host.draft, 5))
 
 
 def report(profile, out) -> str:

@@ -467,7 +467,7 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
         if measured.roofline_level is not None:   # the device it was measured on, its level
             on = measured.measured_on().get("gpu", "the device measured")
             costs = LevelCosts(costs, measured.roofline_level, "the level `stepgap calibrate` "
-                               f"fitted on {on}'s runs", measured.path)
+                               f"fitted on {on}'s runs", measured.path, measured.draft_level)
         costs = ProfileCosts(measured, cfg.k, costs, cfg.block_size)
     if cfg.device_profile is not None:   # a GPU's measured operator tables (sim/tables.py)
         device = cfg.device or ("cuda" if hw.kind == "gpu" else "cpu")

@@ -107,9 +107,13 @@ def config_from_args(args, one_k: bool = True) -> SimConfig:
     settings, notes = profile_defaults(settings, given | set(get_preset(args.preset).settings
                                                              if args.preset else ()))
     settings, nominal = nominal_host(settings, args.cpu_scale is not None)
+    cfg = SimConfig(**settings)
+    if nominal:   # (bad input, an unknown GPU or model, ends in its one line: before the note)
+        from stepgap.sim.config import resolve
+        resolve(cfg)
     for line in notes + ([nominal] if nominal else []):
         note(args, line)
-    return SimConfig(**settings)
+    return cfg
 
 
 def run_settings(args, model: str) -> dict:
