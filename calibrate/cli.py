@@ -5,12 +5,12 @@
 
 from __future__ import annotations
 
-from stepgap.calibrate import (bench_fit, demo, next_run, profile_cli, serve_fit, validate,
-                               validate_gpu, vllm, vllm_fit)
+from stepgap.calibrate import (bench_fit, demo, profile_cli, serve_fit, validate, validate_gpu,
+                               vllm, vllm_fit)
 
 
 def register(sub) -> None:
     for module in (demo, profile_cli, validate, validate_gpu, vllm, vllm_fit, serve_fit):
         module.register(sub)
     bench_fit.extend(sub.choices["calibrate"])   # calibrate on a GPU run's bench files alone
-    next_run.extend(sub.choices["advise"])       # advise names the next run to make
+    bench_fit.extend_advise(sub.choices["advise"])   # advise names the next run to make

@@ -36,7 +36,7 @@ from stepgap.calibrate.samples import cpu_samples, device_points, steps_of
 from stepgap.common.acceptance import FILE_FORMAT
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_text
-from stepgap.common.options import add_command, add_option
+from stepgap.common.options import add_command
 from stepgap.common.run_record import RunRecord
 from stepgap.sim.profile import CpuFit, Fit, Profile, save_profile
 
@@ -635,9 +635,8 @@ TIMELINE_SETTINGS = ("model", "draft", "max_num_seqs", "max_model_len", "block_s
 def refuse_unread(args, used=TIMELINE_SETTINGS) -> None:
     """A setting given that the timeline path does not read is refused, naming it: nothing on
     the command line is dropped silently."""
-    from stepgap.common.options import WORKLOAD_FLAGS
+    from stepgap.common.options import WORKLOAD_FLAGS, settings_from_args
     from stepgap.common.run_spec import RunSpec, flag
-    from stepgap.common.options import settings_from_args
     given = [flag(n) for n in settings_from_args(args, RunSpec) if n not in used]
     given += [f for f, *_ in WORKLOAD_FLAGS if getattr(args, f.lstrip("-").replace("-", "_"),
                                                        None) is not None]

@@ -82,8 +82,8 @@ def test_calibrate_takes_the_models_context_as_its_max_model_len_as_vllm():
 
 @pytest.mark.parametrize("option, says", [
     (["--dataset-name", "random", "--random-input-len", "128"],
-     "field 'total_input_tokens': 204,800 (1,024 tokens a prompt), but the workload random"),
-    (["--output-len", "256"], "field 'total_output_tokens': 25,600 (128 tokens a output), "
+     "field 'total_input_tokens': 204,800 (1,024 tokens per prompt), but the workload random"),
+    (["--output-len", "256"], "field 'total_output_tokens': 25,600 (128 tokens per output), "
                               "but --output-len 256 gives 256"),
     (["--request-rate", "4"], "field 'request_rate': 'inf', but --request-rate is 4.0"),
     (["--num-prompts", "100"], "field 'num_prompts': 200, but --num-prompts is 100"),
@@ -199,7 +199,7 @@ def test_advise_names_the_run_that_narrows_its_band_and_the_band_after_it(one_ru
 
 
 def test_projected_runs_calibrate_back_to_the_host_they_were_made_on(tmp_path):
-    from stepgap.calibrate.next_run import project
+    from stepgap.calibrate.bench_fit import project
     truth_host = {**SMALL, "cpu_scale": 2.0 / 1.05, "speed": 1.05}
     cells = [{"k": 3, "max_concurrency": 1, "mode": "sync"},
              {"k": 3, "max_concurrency": 1, "mode": "async"}]
