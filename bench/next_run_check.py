@@ -17,7 +17,7 @@ Each: `stepgap calibrate` on the first run, `stepgap advise --profile` (the band
 the run it names), that run made, `stepgap calibrate` on both, `stepgap advise --profile` again
 (the band after, and the run it names next). Prints the widths and their ratio.
 
-    python bench/next_run_check.py [--setup seed|h100|both] [--out DIR]
+    python bench/next_run_check.py [--setup seed|h100|both] [--noise FRAC] [--out DIR]
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from stepgap.cli import main as stepgap  # noqa: E402
 
 MODEL = ["--model", "llama-3.1-8b", "--draft", "llama-3.1-8b-eagle3"]
+NOISE = None   # --noise: calibrate's own (1 %) unless given
 SETUPS = {
     "seed": dict(gpu="l20", first=ROOT / "traces/seed/vllm-pr25872-sync.json",
                  calibrate=["-k", "4", "--max-concurrency", "1", "--no-enable-prefix-caching",
@@ -53,14 +54,15 @@ SETUPS = {
 }
 
 
-def calibrate(files: list, setup: dict, out: Path, k_given: bool = True) -> Path:
-    args = setup["calibrate"] if k_given else [a for a in setup["calibrate"]
-                                               if a not in ("-k", "4")]
-    if not k_given:   # several runs: each file's own k and concurrency
-        args = [a for i, a in enumerate(args) if not (a == "--max-concurrency" or
-                                                       (i and args[i - 1] == "--max-concurrency"))]
+def calibrate(files: list, setup: dict, out: Path, same: bool = True) -> Path:
+    """`stepgap calibrate` on `files`; `same`: all at the first run's k and concurrency (else
+    the later files say theirs, in their --metadata)."""
+    args = list(setup["calibrate"])
+    if not same:   # the concurrency is each file's own; k too, where the first's differs
+        i = args.index("--max-concurrency")
+        del args[i:i + 2]
     rc = stepgap(["calibrate", *map(str, files), "--gpu", setup["gpu"], *MODEL, *args,
-                  "--out", str(out)])
+                  *(["--noise", str(NOISE)] if NOISE else []), "--out", str(out)])
     if rc:
         raise SystemExit(rc)
     return out
@@ -135,7 +137,7 @@ def check(name: str, out: Path) -> None:
           f"{100 * nxt['width_now']:.1f} now)")
     second = make_run(name, setup, run, p1, out / f"{name}-{run['mode']}-k{run['k']}-"
                                                   f"c{run['max_concurrency']}.json")
-    p2 = calibrate([setup["first"], second], setup, out / f"{name}-p2.json", k_given=False)
+    p2 = calibrate([setup["first"], second], setup, out / f"{name}-p2.json", same=False)
     a2 = advise(p2, setup, out / f"{name}-advise2.json")
     v2, lo2, hi2 = saving(a2)
     ratio = (hi2 - lo2) / (hi - lo)
@@ -155,7 +157,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--setup", choices=("seed", "h100", "both"), default="both")
     ap.add_argument("--out", type=Path, help="keep the files here (default: a temp dir)")
+    ap.add_argument("--noise", type=float, help="the runs' noise on mean ITL, as calibrate "
+                                                "--noise takes it (default: calibrate's, 1 %%)")
     args = ap.parse_args()
+    global NOISE
+    NOISE = args.noise
     out = args.out or Path(tempfile.mkdtemp(prefix="next-run-"))
     out.mkdir(parents=True, exist_ok=True)
     for name in (("seed", "h100") if args.setup == "both" else (args.setup,)):

@@ -986,7 +986,8 @@ def report(profile, out) -> str:
 # (sim/bands.py): the host's CPU, the device, a borrowed acceptance, or what a calibration left
 # open (`split`). Each candidate run (sync or async, at the answer's best k, at that load or at
 # the highest load asked about) is judged the way a user's run would be: it is simulated at each
-# end of that input's range (the truth, for all we know, lies anywhere in it), together with the
+# end of that input's range and at its nominal value (the truth, for all we know, lies anywhere
+# in it; where the range clips the band after, its middle leaves the widest), together with the
 # runs the profile was already calibrated on (`about.calibration.cells`); `fit_bench` is run
 # on those simulated bench files; and the band of the saving
 # is computed again with the profile it makes. The run whose wider end band is narrowest is
@@ -1014,7 +1015,7 @@ class Candidate:
     k: int
     conc: int | None
     cost_s: float = 0.0                          # the run's duration at the nominal inputs
-    ends: dict = field(default_factory=dict)     # input end -> (low, high) of the saving
+    ends: dict = field(default_factory=dict)     # truth (low, nominal, high) -> saving band
 
     @property
     def width(self) -> float:
@@ -1066,6 +1067,7 @@ def plan_next_run(advice) -> NextRun | None:
     """The next run for `advice` (sim/advise.py Advice, with bands), or None where its bands
     have no input that a run narrows."""
     from stepgap.sim.bands import band_inputs
+    from stepgap.sim.config import profile_defaults
     answers = [a for a in advice.answers if a.async_saving.dominant]
     if not answers:
         return None
@@ -1075,8 +1077,11 @@ def plan_next_run(advice) -> NextRun | None:
     base = {key: v for key, v in advice.base.items() if key not in ("detailed", "timeline")}
     small = {**base, "num_prompts": min(NEXT_PROMPTS, base.get("num_prompts") or NEXT_PROMPTS),
              "output_len": min(NEXT_OUTPUT, base.get("output_len") or NEXT_OUTPUT)}
-    ks = {m: int(ans.modes[m].best_k.value) for m in ("sync", "async")}
     made = made_cells(base)
+    # at the k of the runs made (the same server, a flag or the client's concurrency changed),
+    # else at each mode's best k
+    ks = {m: int(made[0]["k"]) if made else int(ans.modes[m].best_k.value)
+          for m in ("sync", "async")}
     concs = [a.load.get("max_concurrency") for a in advice.answers]
     given = [c for c in concs if c is not None]
     # the load judged, and the lowest and highest asked about (where the host's share of a
@@ -1095,12 +1100,10 @@ def plan_next_run(advice) -> NextRun | None:
     with tempfile.TemporaryDirectory(prefix="stepgap-next-") as tmp:
         for i, cand in enumerate(cands):
             cand.cost_s = duration(base, cand)
-            for end in ("low", "high"):
-                truth = inp.settings(small, end)
+            for end in ("low", "nominal", "high"):
+                truth = small if end == "nominal" else inp.settings(small, end)
                 prof = project(truth, made + [cand.cell()], Path(tmp) / f"{i}-{end}.json")
-                after = {**fit_setup(small), "profile": str(prof)}
-                from stepgap.sim.config import profile_defaults
-                after, _ = profile_defaults(after, set())
+                after, _ = profile_defaults({**fit_setup(small), "profile": str(prof)}, set())
                 cand.ends[end] = saving_band(after, ans.load, ks,
                                              band_inputs(after, max(ks.values())))
     narrowest = min(c.width for c in cands)

@@ -28,8 +28,11 @@ defaults x a factor, or your calibration) and the seed. It warns when a best k s
 of the range or past the measured acceptance, and when a band is wider than the effect it bounds.
 
 The setup takes `stepgap simulate`'s options, spelled as `vllm serve` spells them, so a vLLM
-command line pastes. Without --profile the CPU costs are stepgap's defaults x 2.42 (the seed's
-L20 host), as said in the output; `stepgap calibrate` on one sync run of yours pins them."""
+command line pastes. Without --profile the CPU costs are stepgap's defaults x 2.42 (the nominal
+host, as simulate and sweep take it), as said in the output; `stepgap calibrate` on runs of
+yours pins them. After the answer it names the next `vllm bench serve` run to make: the one
+whose calibration narrows the widest band of what async saves most, with the band to expect
+after it (--no-next-run leaves it out)."""
 
 EPILOG = """\
 examples:
@@ -271,8 +274,8 @@ def format_next_run(nxt) -> str:
              f"    {c.command(nxt.base)}",
              f"  expected after calibrating on it{made}: a band {100 * nxt.width_after():.1f} "
              f"points wide ({100 * nxt.width_after() / now:.0f} % of now), calibrated on "
-             f"the runs simulated at each end of {nxt.input}'s range: " + "; ".join(
-                 f"at its {end} end {pct(b)}" for end, b in c.ends.items()),
+             f"the runs simulated at the ends and the middle of {nxt.input}'s range: "
+             + "; ".join(f"{end} {pct(b)}" for end, b in c.ends.items()),
              "  then: stepgap calibrate YOUR-RUNS.json --gpu ... --out P.json, and advise again "
              "with --profile P.json: it names the run after it"]
     others = [f"{_cell(o.cell())} {100 * o.width:.1f}" for o in nxt.candidates if o is not c]
