@@ -733,14 +733,15 @@ def _jacobian(fit: Fitter, x, r, names: tuple):
     return np.column_stack(cols)
 
 
-PRIOR = 0.1   # a factor a spread off the prior's centre weighs as a run missed by 0.1 x its noise
+PRIOR = 0.1   # a factor a spread off the prior's centre weighs as a run missed by 0.1 x NOISE
 
 
 def prior(base: dict, names: tuple):
     """Where the fit leans where the runs cannot tell two factors apart (runs whose host and
     device times grow alike): the nominal host (sim/bands.py CPU_SEED) and the catalog's device
     level (the drafter's at the target's), each with half its documented range (in log) as its
-    spread, weighed at PRIOR x the runs' noise, so that it moves nothing the runs determine. A
+    spread, weighed as a run missed by PRIOR x NOISE (0.1 % of its mean ITL), so that it moves
+    nothing the runs determine. A
     CPU device (vLLM's CPU build) has no documented range: stepgap's defaults, a spread of e
     (2.7 x) each way."""
     import numpy as np
@@ -764,7 +765,7 @@ def least_squares(fit: Fitter, host: Host, names: tuple) -> Host:
     lo, hi = _bounds(names)
     centre, spread = prior(fit.base, names)
     noise = fit.base.get("_noise", NOISE)
-    weight, c = PRIOR * noise, OUTLIER * noise
+    weight, c = PRIOR * NOISE, OUTLIER * noise
 
     def robust(r):   # Huber's: a run missed by more than c weighs as |r|, not r²
         a = np.abs(r)
@@ -986,7 +987,7 @@ def report(profile, out) -> str:
 # (sim/bands.py): the host's CPU, the device, a borrowed acceptance, or what a calibration left
 # open (`split`). Each candidate run (sync or async, at the answer's best k, at that load or at
 # the highest load asked about) is judged the way a user's run would be: it is simulated at each
-# end of that input's range and at its nominal value (the truth, for all we know, lies anywhere
+# end of that input's range and halfway between them (the truth, for all we know, lies anywhere
 # in it; where the range clips the band after, its middle leaves the widest), together with the
 # runs the profile was already calibrated on (`about.calibration.cells`); `fit_bench` is run
 # on those simulated bench files; and the band of the saving
@@ -1015,7 +1016,7 @@ class Candidate:
     k: int
     conc: int | None
     cost_s: float = 0.0                          # the run's duration at the nominal inputs
-    ends: dict = field(default_factory=dict)     # truth (low, nominal, high) -> saving band
+    ends: dict = field(default_factory=dict)     # truth (low, middle, high) -> saving band
 
     @property
     def width(self) -> float:
@@ -1077,7 +1078,7 @@ def plan_next_run(advice) -> NextRun | None:
     base = {key: v for key, v in advice.base.items() if key not in ("detailed", "timeline")}
     small = {**base, "num_prompts": min(NEXT_PROMPTS, base.get("num_prompts") or NEXT_PROMPTS),
              "output_len": min(NEXT_OUTPUT, base.get("output_len") or NEXT_OUTPUT)}
-    made = made_cells(base)
+    made, noise = made_cells(base), made_noise(base)
     # at the k of the runs made (the same server, a flag or the client's concurrency changed),
     # else at each mode's best k
     ks = {m: int(made[0]["k"]) if made else int(ans.modes[m].best_k.value)
@@ -1100,15 +1101,36 @@ def plan_next_run(advice) -> NextRun | None:
     with tempfile.TemporaryDirectory(prefix="stepgap-next-") as tmp:
         for i, cand in enumerate(cands):
             cand.cost_s = duration(base, cand)
-            for end in ("low", "nominal", "high"):
-                truth = small if end == "nominal" else inp.settings(small, end)
-                prof = project(truth, made + [cand.cell()], Path(tmp) / f"{i}-{end}.json")
+            for end in ("low", "middle", "high"):
+                truth = middle(inp, small) if end == "middle" else inp.settings(small, end)
+                prof = project(truth, made + [cand.cell()], Path(tmp) / f"{i}-{end}.json",
+                               noise)
                 after, _ = profile_defaults({**fit_setup(small), "profile": str(prof)}, set())
                 cand.ends[end] = saving_band(after, ans.load, ks,
                                              band_inputs(after, max(ks.values())))
     narrowest = min(c.width for c in cands)
     best = min((c for c in cands if c.width <= narrowest * (1 + NEAR)), key=lambda c: c.cost_s)
     return NextRun(ans.load, name, now, best, cands, made, base)
+
+
+def middle(inp, settings: dict) -> dict:
+    """`settings` with `inp` (sim/bands.py BandInput) halfway between its ends: each factor of
+    the host at the geometric mean of its two ends (an acceptance at its nominal value)."""
+    from dataclasses import replace
+    over = {key: math.sqrt(inp.at_low[key] * inp.at_high[key]) for key in ("cpu_factor", "speed")
+            if key in inp.at_low and key in inp.at_high}
+    return replace(inp, at_low=over).settings(settings, "low")
+
+
+def made_noise(base: dict) -> float:
+    """The noise the profile was calibrated with (--noise, or its runs' repeats), else NOISE."""
+    if base.get("profile"):
+        from stepgap.sim.profile import load_profile
+        cal = load_profile(base["profile"]).about.get("calibration")
+        v = cal.get("noise") if isinstance(cal, dict) else None
+        if isinstance(v, (int, float)) and 0 < v < 0.5:
+            return float(v)
+    return NOISE
 
 
 def made_cells(base: dict) -> list[dict]:
@@ -1152,9 +1174,10 @@ def bench_doc(res: dict, cell: dict) -> dict:
     return doc
 
 
-def project(truth: dict, cells: list[dict], out: Path) -> Path:
+def project(truth: dict, cells: list[dict], out: Path, noise: float = NOISE) -> Path:
     """The profile `stepgap calibrate` would fit on runs of `cells` made on the host `truth`
-    (SimConfig settings: the setup at one end of an input's range), written to `out`."""
+    (SimConfig settings: the setup at one end of an input's range), with the runs' `noise`,
+    written to `out`."""
     from stepgap.sim.config import SimConfig
     from stepgap.sim.loop import build_workload, simulate
     from stepgap.sim.profile import save_profile
@@ -1170,8 +1193,8 @@ def project(truth: dict, cells: list[dict], out: Path) -> Path:
                              doc, cell["k"], cell["max_concurrency"], cell["mode"], reqs,
                              tuple(rates) if rates else None))
     base = {**setup, "jitter": False, "method": setup.get("method", "eagle3")}
-    base["_noise"] = NOISE
-    save_profile(out, fit_bench(runs, base, NOISE))
+    base["_noise"] = noise
+    save_profile(out, fit_bench(runs, base, noise))
     return out
 
 
