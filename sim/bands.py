@@ -62,7 +62,8 @@ def host_line(config: dict) -> str:
     if config.get("profile"):
         return (f"host CPU: the profile {config['profile']}'s CPU costs"
                 + (f" x {scale:g}" if scale != 1 else ""))
-    why = (" (the nominal host)" if scale == NOMINAL_CPU else
+    why = (f" (the nominal host: {NOMINAL_CPU_SOURCE}; --cpu-scale sets another, `stepgap "
+           "calibrate` on a run of yours measures it)" if scale == NOMINAL_CPU else
            " (stepgap's defaults as they are)" if scale == 1 else "")
     return f"host CPU: stepgap's defaults x {scale:g}{why}"
 

@@ -106,14 +106,12 @@ def config_from_args(args, one_k: bool = True) -> SimConfig:
                                "acceptance_spread") if getattr(args, name, None) is not None}
     settings, notes = profile_defaults(settings, given | set(get_preset(args.preset).settings
                                                              if args.preset else ()))
-    settings, nominal = nominal_host(settings, args.cpu_scale is not None)
-    cfg = SimConfig(**settings)
-    if nominal:   # (bad input, an unknown GPU or model, ends in its one line: before the note)
-        from stepgap.sim.config import resolve
-        resolve(cfg)
-    for line in notes + ([nominal] if nominal else []):
+    # the nominal host, said where the result is (simulate's `host CPU:` line, advise's
+    # "CPU costs", the result's config): a note here would come before an error of the output
+    settings, _ = nominal_host(settings, args.cpu_scale is not None)
+    for line in notes:
         note(args, line)
-    return cfg
+    return SimConfig(**settings)
 
 
 def run_settings(args, model: str) -> dict:

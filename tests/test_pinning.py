@@ -242,8 +242,7 @@ def test_simulate_takes_the_nominal_host_and_says_so(tmp_path, capsys):
                  "--num-prompts", "2", "--output-len", "16", "--result-json", str(out)]) == 0
     printed = capsys.readouterr()
     assert json.loads(out.read_text())["config"]["cpu_scale"] == NOMINAL_CPU
-    assert f"host CPU: stepgap's defaults x {NOMINAL_CPU:g} (the nominal host)" in printed.out
-    assert "host CPU: stepgap's defaults x 2.42, the nominal host" in printed.err
+    assert f"host CPU: stepgap's defaults x {NOMINAL_CPU:g} (the nominal host: " in printed.out
 
 
 def test_simulate_with_a_cpu_scale_or_a_profile_takes_no_nominal_host(tmp_path, capsys):
