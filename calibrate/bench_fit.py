@@ -119,7 +119,7 @@ def extend(c) -> None:
                                         "the model's published one), or the acceptance you "
                                         "measured (a file of `stepgap ingest vllm-metrics`, or "
                                         "a bench file with spec_decode_* counters)")
-    g.add_argument("--noise", type=float, default=NOISE, metavar="FRAC",
+    g.add_argument("--noise", type=float, metavar="FRAC",
                    help=f"a run's mean ITL from run to run (default {NOISE:g}; repeats of a "
                         "cell measure it)")
     c.epilog = (c.epilog or "") + BENCH_EPILOG
@@ -190,6 +190,8 @@ def setup_of(args) -> dict:
     spec = workload_spec(args)
     if args.output_len is not None:   # (a dataset's output option sets it: workload_spec)
         facts["output_len"] = args.output_len
+    if args.noise is None:
+        args.noise = NOISE
     if not (math.isfinite(args.noise) and 0 < args.noise < 0.5):
         raise UserError(f"--noise: expected a fraction in (0, 0.5), got {args.noise}")
     base.update({f"_{key}": v for key, v in facts.items()})

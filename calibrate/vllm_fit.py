@@ -646,7 +646,9 @@ def refuse_unread(args, used=TIMELINE_SETTINGS) -> None:
                                 ("--dataset-path", "dataset_path"),
                                 ("--async-scheduling", "async_scheduling"),
                                 ("--distributed-executor-backend",
-                                 "distributed_executor_backend"))
+                                 "distributed_executor_backend"),
+                                ("--acceptance", "acceptance"), ("--topology", "topology"),
+                                ("--noise", "noise"))
               if getattr(args, dest, None) is not None]
     if given:
         raise UserError(f"{given[0]}: calibrate on vLLM timelines reads each run's settings and "
