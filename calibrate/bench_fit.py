@@ -701,9 +701,11 @@ def fit_bench(runs: list[BenchRun], base: dict, noise: float):
                                 "run had as many requests in flight; runs at another "
                                 "concurrency determine it")
         if "draft" in names and len({r.k for r in runs} - {0}) < 2:
-            undetermined.append("how the drafter's cost grows with k: one depth with drafts "
-                                "measured, so its level is the roofline's passes' (deeper k "
-                                "extrapolate them); runs at a second depth check it")
+            undetermined.append("how the drafter's cost grows with k: one depth with drafts, "
+                                "whose level takes all that drafting adds as passes (a fixed "
+                                "cost of each drafted step is not told apart), so deeper k "
+                                "extrapolate every pass alike; runs at a second depth with "
+                                "drafts check it")
     warnings = fit_warnings(fit, host, len(names), noise, base, cpu_range, device_range)
     return make_profile(runs, base, fit, host, prof, shift, how, split, undetermined, noise,
                         r0.hw.name, warnings)
