@@ -19,7 +19,7 @@ offsets a real run has that the simulator does not model:
 The files keep vLLM 0.32's layout and key order; `--save-detailed` ones have the per-request
 lists (and vLLM 0.32's spec_decode_* counters), the others not (as `vllm bench serve` without
 --save-detailed writes them). All but the first carry `--metadata mode=MODE
-num_speculative_tokens=K`, as docs/vllm.md's workflow asks; the first (sync-k4-c1.json, the
+num_speculative_tokens=K`, as docs/explanation/vllm.md's workflow asks; the first (sync-k4-c1.json, the
 file of issue 51) has none, as a new user's would. `date` is made up. Deterministic: the same
 files every time.
 
@@ -87,7 +87,7 @@ def bench_doc(name: str, mode: str, k: int, conc: int, detailed: bool) -> dict:
            "burstiness": 1.0, "max_concurrency": conc, "duration": duration,
            "completed": len(ttfts), "failed": 0, **lists}
     metrics = bench_result(doc, name)
-    # `--metadata mode=... num_speculative_tokens=...` as stepgap's workflow asks (docs/vllm.md;
+    # `--metadata mode=... num_speculative_tokens=...` as stepgap's workflow asks (docs/explanation/vllm.md;
     # vLLM writes each as a top-level string), except on the first file, as a user had it
     meta = {} if name == FILES[0][0] else {"mode": mode, "num_speculative_tokens": str(k)}
     out = {**HEAD, **meta, "num_prompts": SETUP["num_prompts"], "request_rate": "inf",

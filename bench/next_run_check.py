@@ -84,7 +84,7 @@ def saving(doc: dict) -> tuple[float, float, float]:
 def make_run(name: str, setup: dict, run: dict, profile: Path, out: Path) -> Path:
     """The run advise named: the real one where it exists, else made on the setup's truth."""
     key = (run["mode"], run["k"], run["max_concurrency"])
-    if key in setup["real"]:   # (with the --metadata a user following docs/vllm.md adds)
+    if key in setup["real"]:   # (with the --metadata a user following docs/explanation/vllm.md adds)
         print(f"   ({name}: the run named is a real one: {setup['real'][key].name})")
         doc = json.loads(setup["real"][key].read_text())
         doc.update({"mode": run["mode"], "num_speculative_tokens": str(run["k"])})
