@@ -81,20 +81,25 @@ class BenchRun:
 
 BENCH_EPILOG = """\
 
-a GPU run's bench files alone (no traces): give --gpu (or --device-profile) and what the run had
+bench files alone (no traces): give --gpu (or --device-profile) and what the runs had
   vllm serve meta-llama/Llama-3.1-8B-Instruct --no-async-scheduling --speculative-config \\
       '{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "num_speculative_tokens": 4}'
-  vllm bench serve ... --max-concurrency 1 --save-result --result-filename sync-k4-c1.json
-  stepgap calibrate sync-k4-c1.json --gpu l20 --model llama-3.1-8b --draft llama-3.1-8b-eagle3 \\
-      -k 4 --max-concurrency 1 --no-enable-prefix-caching --max-model-len 2048 --out l20.json
-  stepgap simulate --profile l20.json --model llama-3.1-8b --draft llama-3.1-8b-eagle3 -k 4 \\
-      --max-concurrency 1 --async-scheduling          # predict the async run
-  stepgap advise --profile l20.json --model llama-3.1-8b --max-concurrency 1 4 16
-It fits the acceptance (the file's rates, else the published profile's level), the host's CPU
-costs (one factor on stepgap's defaults) and the roofline's level. One cell (one k, one
-concurrency) pins the sum of host and device time: what it leaves open is kept as the profile's
-band, and bench files at another k or concurrency narrow it. A bench file whose model, k or
-concurrency disagrees with the command line is refused, naming both.
+  vllm bench serve ... --dataset-name random --random-input-len 1024 --max-concurrency 1 \\
+      --save-result --metadata mode=sync num_speculative_tokens=4 --result-filename sync-k4-c1.json
+  stepgap calibrate sync-k4-c1.json --gpu h100 --model llama-3.1-8b --draft llama-3.1-8b-eagle3 \\
+      --out h100.json
+  stepgap advise --profile h100.json --model llama-3.1-8b --draft llama-3.1-8b-eagle3 \\
+      --max-concurrency 1 4 16      # its answer, and the next run to make
+  stepgap calibrate sync-k4-c1.json async-k4-c1.json --gpu h100 ... --out h100.json   # again
+It reads what each file holds of its run (its prompts: --save-detailed's lengths, else the
+workload named on the command line or in its --metadata, else its token totals; its prompt
+count, request rate, burstiness, concurrency, k and mode) and refuses a command line that
+contradicts it, naming both. It fits the acceptance (the files' rates, else the published
+profile's level) and the host as the runs determine it: one cell (k, concurrency, mode), the
+host's CPU at the catalog's device level, the split of the two kept as the profile's band; two
+or more, the CPU and the device, by least squares with every run's residual printed; three or
+more over two loads, the CPU's per-request part too; over two depths, the drafter's level. A
+run far from the others, and a factor outside its documented range, are warned about.
 """
 
 

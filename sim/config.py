@@ -138,8 +138,9 @@ class SimConfig(RunSpec):
     # CPU (op cost = A + B*num_reqs + C*num_tokens microseconds)
     cpu_scale: float = opt(
         1.0, "--cpu-scale", kind="float", hi=MAX_SCALE, metavar="X", shown=False,
-        help="multiply every default CPU cost and latency (default 1; the seed-l20 preset's "
-             "value is fitted on its sync row)")
+        help="multiply every default CPU cost and latency (default on the command line: the "
+             "nominal host, x 2.42, without --profile; 1 with one, and in SimConfig; the "
+             "seed-l20 preset's value is fitted on its sync row)")
     cpu_costs: dict = opt({}, kind="table", label="--cpu-cost",   # op -> [a, b, c]
                           refusal="must be a table of OP = [A, B, C]")
     launch_latency_us: float | None = opt(
