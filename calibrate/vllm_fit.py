@@ -36,7 +36,7 @@ from stepgap.calibrate.samples import cpu_samples, device_points, steps_of
 from stepgap.common.acceptance import FILE_FORMAT
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_text
-from stepgap.common.options import add_command, add_option
+from stepgap.common.options import add_command
 from stepgap.common.run_record import RunRecord
 from stepgap.sim.profile import CpuFit, Fit, Profile, save_profile
 
@@ -620,24 +620,60 @@ undetermined is printed and kept in the profile's `undetermined`.
 
 
 def register(sub) -> None:
+    """`stepgap calibrate`: the options of a simulated setup and its workload, as `simulate`
+    takes them (common/run_spec.py, spelled as vLLM spells them); bench_fit.extend adds the
+    options of calibrating on bench files alone."""
+    from stepgap.common.options import (add_engine_args, add_load_args, add_model_args,
+                                        add_scheduler_args)
     c = add_command(sub, "calibrate", help="fit the simulator to your vLLM runs, to predict the "
                     "rest", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
                     epilog=CALIBRATE_EPILOG)
     c.add_argument("measured", nargs="+", metavar="MEASURED")
-    c.add_argument("--model", required=True, metavar="DIR|CONFIG",
-                   help="the target's config (the runs are re-simulated to fit the client's "
-                        "latency and the device level)")
-    c.add_argument("--draft", metavar="DIR|CONFIG", help="the EAGLE-3 head's config")
-    add_option(c, "max_num_seqs", help="the server's --max-num-seqs (the runs are re-simulated "
-                                       "with it)")
-    add_option(c, "max_model_len", help="the server's --max-model-len")
-    add_option(c, "block_size", help="the server's KV block size (vLLM's CPU default is 128)")
+    add_model_args(c, draft_help=" (the EAGLE-3 head's config: the runs are re-simulated with "
+                                 "it)")
+    add_engine_args(c)
+    add_scheduler_args(c)
+    add_load_args(c)
     c.add_argument("--out", required=True, metavar="PROFILE.json")
     c.set_defaults(func=cmd_calibrate)
 
 
+# What calibrating on timelines reads from the command line: the rest of a run's settings and
+# its workload come from its own files (its --save-detailed bench file).
+TIMELINE_SETTINGS = ("model", "draft", "max_num_seqs", "max_model_len", "block_size")
+
+
+def refuse_unread(args, used=TIMELINE_SETTINGS) -> None:
+    """A setting given that the timeline path does not read is refused, naming it: nothing on
+    the command line is dropped silently."""
+    from stepgap.common.options import WORKLOAD_FLAGS, settings_from_args
+    from stepgap.common.run_spec import RunSpec, flag
+    given = [flag(n) for n in settings_from_args(args, RunSpec) if n not in used]
+    given += [f for f, *_ in WORKLOAD_FLAGS if getattr(args, f.lstrip("-").replace("-", "_"),
+                                                       None) is not None]
+    given += [f for f, dest in (("--speculative-config", "speculative_config"),
+                                ("--spec-model", "spec_model"), ("--spec-tokens", "spec_tokens"),
+                                ("--trace", "trace"), ("--dataset-name", "dataset_name"),
+                                ("--dataset-path", "dataset_path"),
+                                ("--async-scheduling", "async_scheduling"),
+                                ("--distributed-executor-backend",
+                                 "distributed_executor_backend"),
+                                ("--acceptance", "acceptance"), ("--topology", "topology"),
+                                ("--noise", "noise"))
+              if getattr(args, dest, None) is not None]
+    if given:
+        raise UserError(f"{given[0]}: calibrate on vLLM timelines reads each run's settings and "
+                        "workload from its own files (its --save-detailed bench file, traces "
+                        "and scrapes); this option is for bench files alone: give --gpu (the "
+                        "GPU, or cpu) to fit on them")
+
+
 def cmd_calibrate(args) -> int:
     from stepgap.common.fileio import check_not_walked, check_writable
+    if args.model is None:
+        raise UserError("--model: required (the target's config: the runs are re-simulated to "
+                        "fit the client's latency and the device level)")
+    refuse_unread(args)
     check_writable(args.out, "--out")
     check_not_walked("--out", args.out, args.measured)
     from stepgap.common.vllm_bench import merged_chunks

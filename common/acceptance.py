@@ -141,7 +141,8 @@ FILE_FORMAT = "stepgap-acceptance/1"
 
 
 def get_profile(name: str) -> AcceptanceProfile:
-    """A named profile, or an acceptance file (`stepgap ingest vllm-metrics` writes them)."""
+    """A named profile, or a measured acceptance file (`stepgap ingest vllm-metrics` writes
+    them; a bench file with vLLM's spec_decode_* counters is one too)."""
     if name in PROFILES:
         return PROFILES[name]
     from pathlib import Path
@@ -152,13 +153,30 @@ def get_profile(name: str) -> AcceptanceProfile:
 
 
 def load_profile_file(path) -> AcceptanceProfile:
-    """An acceptance file: {"format": "stepgap-acceptance/1", "rates": [...], ...}."""
+    """The acceptance a user measured: a file of `stepgap ingest vllm-metrics` ({"format":
+    "stepgap-acceptance/1", "rates": [...], ...}), or a `vllm bench serve --save-result` file
+    whose spec_decode_* counters vLLM wrote (its per-position rates). Named by its path, so that
+    it is never taken for a borrowed profile (sim/bands.py)."""
     from stepgap.common.errors import where
     from stepgap.common.fileio import read_json
+    from stepgap.common.vllm_bench import check_bench, is_bench
     doc = read_json(path)
+    if is_bench(doc):
+        check_bench(doc, path)
+        rates = doc.get("spec_decode_per_position_acceptance_rates")
+        if not rates or not doc.get("spec_decode_num_drafts"):
+            raise UserError(f"{where(path, field='spec_decode_per_position_acceptance_rates')}: "
+                            "missing: this bench file holds no acceptance (vLLM writes its "
+                            "spec_decode_* counters when the server speculates; else scrape "
+                            "/metrics around a run: stepgap ingest vllm-metrics)")
+        return AcceptanceProfile(str(path), tuple(rates), 0.0,
+                                 f"{path}: spec_decode_per_position_acceptance_rates (vLLM's "
+                                 f"counters around the run, {doc['spec_decode_num_drafts']:,} "
+                                 "drafts)")
     if not isinstance(doc, dict) or doc.get("format") != FILE_FORMAT:
         raise UserError(f"{where(path, field='format')}: expected {FILE_FORMAT!r} (a file of "
-                        "`stepgap ingest vllm-metrics`)")
+                        "`stepgap ingest vllm-metrics`) or a `vllm bench serve --save-result` "
+                        "file with spec_decode_* counters")
     rates = doc.get("rates")
     if not isinstance(rates, list) or not rates:
         raise UserError(f"{where(path, field='rates')}: expected per-position rates")

@@ -557,6 +557,17 @@ def speculative_from_args(args) -> tuple[str | None, str | None, int | None]:
     return method, draft, k
 
 
+def drafter_without_k(draft: str | None, k: int | None) -> str | None:
+    """One line where a drafter is given but no draft tokens (k 0, or num_speculative_tokens
+    not given): vLLM refuses an EAGLE head without num_speculative_tokens, and k = 0 runs no
+    speculation at all, so the drafter given would be dropped silently. None otherwise."""
+    if draft is None or k:
+        return None
+    said = "num_speculative_tokens is 0" if k == 0 else "no num_speculative_tokens is given"
+    return (f"the drafter {draft} is given but {said}: this runs without speculative decoding "
+            "(give num_speculative_tokens in --speculative-config, or -k)")
+
+
 def mode_from_args(args) -> str | None:
     a = getattr(args, "async_scheduling", None)
     if a is None:

@@ -79,6 +79,7 @@ class Advice:
     seconds: float = 0.0
     cells: list = field(default_factory=list)   # the settings of every simulation run
     yours: dict | None = None   # the user's own mode and k, and where they came from (`Yours`)
+    next_run: object = None     # the run to make next (calibrate/bench_fit.py NextRun), if asked
 
     def to_dict(self) -> dict:
         """The document `--result-json` writes (docs/reference/advise.md, "stepgap advise": its
@@ -88,7 +89,8 @@ class Advice:
                 "modes": list(MODES), "metric": METRIC, "rests_on": self.rests_on,
                 "band_inputs": [i.to_dict() for i in self.inputs],
                 "loads": [a.to_dict() for a in self.answers], "notes": self.notes,
-                "simulations": self.sims, "yours": yours_dict(self)}
+                "simulations": self.sims, "yours": yours_dict(self),
+                **({"next_run": self.next_run.to_dict()} if self.next_run is not None else {})}
 
 
 FORMAT = "stepgap-advise/1"

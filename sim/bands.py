@@ -38,6 +38,37 @@ CPU_HIGH = 3.1
 CPU_HIGH_SOURCE = ("SpecDecode-Bench's H100 fit of vLLM with Llama-3.1-8B: 1.21 ms per step "
                    "besides the forwards (arXiv:2601.11580), 3.1 x the defaults' 0.39 ms "
                    "(bench/cpu_evidence.py)")
+# The nominal host: the CPU factor `simulate`, `sweep` and `advise` take where neither
+# --cpu-scale nor a profile's CPU costs say (one for every GPU: a host's CPU is the host's, not
+# its GPU's, and the evidence is one host per GPU class; docs/explanation/pinning.md).
+NOMINAL_CPU = CPU_SEED
+NOMINAL_CPU_SOURCE = CPU_SEED_SOURCE
+
+
+def nominal_host(settings: dict, given: bool) -> tuple[dict, str | None]:
+    """`settings` with the nominal host's CPU factor where the run has none of its own (no
+    --cpu-scale given, `given` False, and no --profile: a profile brings its CPU costs), and the
+    line that says so; else (settings, None)."""
+    if given or settings.get("profile") or "cpu_scale" in settings:
+        return settings, None
+    return ({**settings, "cpu_scale": NOMINAL_CPU},
+            f"host CPU: stepgap's defaults x {NOMINAL_CPU:g}, the nominal host ("
+            f"{NOMINAL_CPU_SOURCE}); --cpu-scale sets another, `stepgap calibrate` on a run of "
+            "yours measures it")
+
+
+def host_line(config: dict) -> str:
+    """What a result's CPU costs are, in one line: a profile's, or the defaults x a factor."""
+    scale = config.get("cpu_scale", 1.0)
+    if config.get("profile"):
+        return (f"host CPU: the profile {config['profile']}'s CPU costs"
+                + (f" x {scale:g}" if scale != 1 else ""))
+    why = (f" (the nominal host: {NOMINAL_CPU_SOURCE}; --cpu-scale sets another, `stepgap "
+           "calibrate` on a run of yours measures it)" if scale == NOMINAL_CPU else
+           " (stepgap's defaults as they are)" if scale == 1 else "")
+    return f"host CPU: stepgap's defaults x {scale:g}{why}"
+
+
 # The roofline's device times against real GPUs where no table prices an op: with the L20's
 # efficiencies, +9.2 % mean TPOT on the RTX 4090, -11.8 % on the RTX PRO 6000
 # (docs/explanation/measured-tables.md, "Measured operator tables"): the true device time is the
@@ -253,15 +284,16 @@ def profile_input(measured) -> BandInput:
 def acceptance_input(cfg, model: str, prof: AcceptanceProfile, borrowed: bool, max_k: int
                      ) -> BandInput | None:
     """Borrowed (the published profile of another model or method stands in, or a named one
-    that is not this model's): every conditional rate shifted on the logit scale; else
+    that is not this model's; never the user's own rates or measured file): every conditional
+    rate shifted on the logit scale; else
     extrapolated past its depth (k > the rates measured): the later positions' rates.
     `model`: the target's catalog name, whatever spelling the command line used (a Hugging
     Face id, a folder), as the published profiles are keyed."""
     if max_k < 1 or prof.name in SYNTHETIC:
         return None
     own = PUBLISHED.get((model, cfg.method))
-    if cfg.acceptance_rates is None and (borrowed or (own is not None and prof.name != own)
-                                         or (own is None and prof.name in _named())):
+    named = prof.name in _named()   # (else the user's own: rates, or a file they measured)
+    if cfg.acceptance_rates is None and named and (borrowed or own is None or prof.name != own):
         rates = lambda d: shifted(prof, d, max(max_k, len(prof.rates)))  # noqa: E731
         return BandInput("acceptance", f"acceptance borrowed from {prof.name} ({prof.source})",
                          0.0, -BORROWED_SHIFT, BORROWED_SHIFT, "logit shift", BORROWED_SOURCE,

@@ -134,6 +134,7 @@ def run(args) -> int:
     from stepgap.common.formats import format_summary, save_chrome_trace, save_timeline
     from stepgap.common.options import check_outputs, note, result_path
     from stepgap.common.run_record import RunRecord
+    from stepgap.sim.bands import host_line
 
     cfg = config_from_args(args)
     out = result_path(args, "stepgap-sim", cfg.model)
@@ -149,6 +150,7 @@ def run(args) -> int:
         note(args, line)
     if not args.quiet:
         print(format_summary(res, title=f"Simulated Serving Result ({cfg.mode}, k={cfg.k})"))
+        print(host_line(res["config"]))
         if args.band:
             print(format_bands(inputs, bands))
         preset = get_preset(args.preset) if args.preset else None

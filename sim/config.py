@@ -138,8 +138,9 @@ class SimConfig(RunSpec):
     # CPU (op cost = A + B*num_reqs + C*num_tokens microseconds)
     cpu_scale: float = opt(
         1.0, "--cpu-scale", kind="float", hi=MAX_SCALE, metavar="X", shown=False,
-        help="multiply every default CPU cost and latency (default 1; the seed-l20 preset's "
-             "value is fitted on its sync row)")
+        help="multiply every default CPU cost and latency (default on the command line: the "
+             "nominal host, x 2.42, without --profile; 1 with one, and in SimConfig; the "
+             "seed-l20 preset's value is fitted on its sync row)")
     cpu_costs: dict = opt({}, kind="table", label="--cpu-cost",   # op -> [a, b, c]
                           refusal="must be a table of OP = [A, B, C]")
     launch_latency_us: float | None = opt(
@@ -468,7 +469,7 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
         if measured.roofline_level is not None:   # the device it was measured on, its level
             on = measured.measured_on().get("gpu", "the device measured")
             costs = LevelCosts(costs, measured.roofline_level, "the level `stepgap calibrate` "
-                               f"fitted on {on}'s runs", measured.path)
+                               f"fitted on {on}'s runs", measured.path, measured.draft_level)
         costs = ProfileCosts(measured, cfg.k, costs, cfg.block_size)
     if cfg.device_profile is not None:   # a GPU's measured operator tables (sim/tables.py)
         device = cfg.device or ("cuda" if hw.kind == "gpu" else "cpu")

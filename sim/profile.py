@@ -161,7 +161,8 @@ class Noise:
 
 # The sections the type holds, in the file's order; the rest is `about` (before them) or
 # `notes` (after them), kept as written.
-TYPED = ("format", "features", "device_ops", "roofline_level", "cpu", "cpu_fit_quality",
+TYPED = ("format", "features", "device_ops", "roofline_level", "draft_level", "cpu",
+         "cpu_fit_quality",
          "cpu_by_k", "cpu_fit_quality_by_k", "jitter", "undetermined")
 
 
@@ -183,6 +184,8 @@ class Profile:
     # The roofline's device op times x this: the level of the device measured, where the
     # profile has no fits of its own (`stepgap calibrate` on bench files alone fits it)
     roofline_level: float | None = None
+    # the drafter's passes x this more, where bench files at two depths told them apart
+    draft_level: float | None = None
 
     @property
     def engine(self) -> str | None:
@@ -251,6 +254,8 @@ class Profile:
                "device_ops": [f.to_dict() for f in self.fits]}
         if self.roofline_level is not None:
             doc["roofline_level"] = self.roofline_level
+        if self.draft_level is not None:
+            doc["draft_level"] = self.draft_level
         if self.cpu is not None:
             doc["cpu"] = self.cpu.terms
             if self.cpu.quality is not None:
@@ -282,6 +287,12 @@ class Profile:
         if level is not None and not (is_finite(level) and 0 < level <= 100):
             raise UserError(f"{where(source, field='roofline_level')}: expected a number in "
                             f"(0, 100] (the roofline's device times x it), got {level!r}")
+        draft = doc.get("draft_level")
+        if draft is not None and not (level is not None and is_finite(draft)
+                                      and 0 < draft <= 100):
+            raise UserError(f"{where(source, field='draft_level')}: expected a number in (0, "
+                            "100] beside a roofline_level (the drafter's passes x it more), got "
+                            f"{draft!r}")
         cpu = doc.get("cpu")
         if cpu is not None:
             _cpu_costs(cpu, where(source, field="cpu"))
@@ -308,7 +319,8 @@ class Profile:
                     for k, c in by_k.items()},
                    jitter, doc.get("undetermined"), about, notes,
                    None if path is None else str(path),
-                   None if level is None else float(level))
+                   None if level is None else float(level),
+                   None if draft is None else float(draft))
 
 
 def load_profile(path) -> Profile:

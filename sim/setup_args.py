@@ -75,9 +75,11 @@ def add_setup_args(p) -> None:
         add_option(g, name, D)
 
 
-def config_from_args(args) -> SimConfig:
-    """Defaults, then the preset, then what the command line gives."""
-    from stepgap.common.options import note
+def config_from_args(args, one_k: bool = True) -> SimConfig:
+    """Defaults, then the preset, then what the command line gives. `one_k`: the run is of the
+    k given (simulate; advise tries every k): a drafter without draft tokens is warned about."""
+    from stepgap.common.options import drafter_without_k, note
+    from stepgap.sim.bands import nominal_host
     from stepgap.sim.config import profile_defaults
     from stepgap.sim.presets import get_preset
 
@@ -86,6 +88,10 @@ def config_from_args(args) -> SimConfig:
     args.mode = mode_from_args(args)
     args.executor = executor_from_args(args)
     args.method, args.draft, args.k = speculative_from_args(args)
+    warning = drafter_without_k(args.draft or settings.get("draft"),
+                                args.k if args.k is not None else settings.get("k"))
+    if one_k and warning:
+        note(args, f"warning: {warning}")
     if args.device == "cpu" and args.gpu is None:
         settings["gpu"] = "cpu"
     settings.update(settings_from_args(args, SimConfig))
@@ -101,6 +107,9 @@ def config_from_args(args) -> SimConfig:
                                "acceptance_spread") if getattr(args, name, None) is not None}
     settings, notes = profile_defaults(settings, given | set(get_preset(args.preset).settings
                                                              if args.preset else ()))
+    # the nominal host, said where the result is (simulate's `host CPU:` line, advise's
+    # "CPU costs", the result's config): a note here would come before an error of the output
+    settings, _ = nominal_host(settings, args.cpu_scale is not None)
     for line in notes:
         note(args, line)
     return SimConfig(**settings)
