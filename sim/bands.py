@@ -157,7 +157,6 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
     host's CPU and the device (or what a measured profile or tables leave of them), and the
     acceptance where it is borrowed or extrapolated."""
     from stepgap.sim.config import SimConfig, acceptance_profile, resolve
-    from stepgap.sim.tables import TableCosts
 
     cfg = SimConfig(**settings)
     r = resolve(cfg)
@@ -170,23 +169,76 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
     else:
         inputs.append(cpu_input(cfg.cpu_scale))
     if measured is None or not measured.fits:
-        if isinstance(r.device_costs, TableCosts):   # (always the outer costs: config.py)
-            inputs.append(BandInput("device", "the device ops the measured tables price",
-                                    1.0, TABLES_LOW, TABLES_HIGH, "x device time",
-                                    TABLES_SOURCE, {"speed": TABLES_LOW},
-                                    {"speed": TABLES_HIGH}))
-        elif not isinstance(split, dict):
-            inputs.append(BandInput(
-                "device", f"the roofline's device op times ({r.hw.name}: bw_eff "
-                f"{r.hw.bw_eff:g}, flop_eff {r.hw.flop_eff:g}, {r.hw.kernel_us:g} us a kernel)",
-                1.0, DEVICE_LOW, DEVICE_HIGH, "x device time", DEVICE_SOURCE,
-                {"speed": DEVICE_LOW}, {"speed": DEVICE_HIGH}))
+        device = device_input(r, isinstance(split, dict))
+        if device is not None:
+            inputs.append(device)
+    link = collectives_input(cfg, r)
+    if link is not None:
+        inputs.append(link)
     prof, note = acceptance_profile(cfg, r.target)
     acc = acceptance_input(cfg, r.target.name, prof, note is not None,
                            max_k if max_k is not None else cfg.k)
     if acc is not None:
         inputs.append(acc)
     return inputs
+
+
+def device_input(r, split: bool) -> BandInput | None:
+    """The device's input, by what prices it: measured tables that price every kernel, their
+    error on real runs; a GPU whose roofline was fitted on tables (`Hardware.device_band`), the
+    fit's spread, also under tables that price part of a step (the roofline prices the rest);
+    a datasheet GPU, the datasheet roofline's error on the two GPUs with real runs. None where
+    a bench-file calibration's `split` already holds the device."""
+    from stepgap.sim.tables import TableCosts
+
+    hw, costs = r.hw, r.device_costs   # (always the outer costs: config.py)
+    tables = costs.tables if isinstance(costs, TableCosts) else None
+    if tables is not None and not tables.not_measured:
+        return BandInput("device", "the device ops the measured tables price", 1.0, TABLES_LOW,
+                         TABLES_HIGH, "x device time", TABLES_SOURCE, {"speed": TABLES_LOW},
+                         {"speed": TABLES_HIGH})
+    if split and tables is None:
+        return None
+    roof = f"{hw.name}: bw_eff {hw.bw_eff:g}, flop_eff {hw.flop_eff:g}, {hw.kernel_us:g} us a kernel"
+    what = (f"the tables' device ops and the roofline's of the kernels they did not measure "
+            f"({', '.join(tables.not_measured)}; {roof})" if tables is not None
+            else f"the roofline's device op times ({roof})")
+    lo, hi, source = (*hw.device_band, hw.device_band_source) if hw.device_band is not None \
+        else (DEVICE_LOW, DEVICE_HIGH, DEVICE_SOURCE)
+    return BandInput("device", what, 1.0, lo, hi, "x device time", source, {"speed": lo},
+                     {"speed": hi})
+
+
+def collectives_input(cfg, r) -> BandInput | None:
+    """Where this repository holds more than one measurement of the run's link (the same GPU
+    over as many GPUs: sim/hardware_file.py other_measurements), the collectives priced by
+    each: the band spans the measurement that prices a decode's all-reduce fastest and the one
+    that prices it slowest, and names every one."""
+    from stepgap.sim.hardware import MeasuredLink
+    from stepgap.sim.hardware_file import load_collectives, other_measurements
+    from stepgap.sim.tables import repo_relative
+
+    link = r.hw.interconnect
+    n = cfg.tensor_parallel_size if cfg.tensor_parallel_size > 1 else \
+        cfg.data_parallel_size if r.target.is_moe else 1
+    if n < 2 or not isinstance(link, MeasuredLink) or not link.path:
+        return None
+    others = other_measurements(link.path)
+    if not others:
+        return None
+    nbytes = 2 * 8 * r.target.hidden_size   # a decode step of 8 tokens' all-reduce
+
+    def speed(path) -> float:
+        m = load_collectives(path, link.fully_connected, link.p2p, model=link.model)
+        return m.all_reduce_us(nbytes, n) if n == m.npus else math.inf
+    times = sorted((speed(p), str(p)) for p in [link.path, *others])
+    (t_lo, fast), (t_hi, slow) = times[0], times[-1]
+    named = "; ".join(f"{repo_relative(p)} ({t:.1f} us)" for t, p in times)
+    return BandInput("collectives", f"the collectives over {n} GPUs, as each measurement of "
+                     f"the link prices them (a {nbytes // 1024} KiB all-reduce: {named})",
+                     t_lo if link.path == fast else t_hi, t_lo, t_hi, "us a decode all-reduce",
+                     f"{len(times)} measurements of one link disagree: {named}",
+                     {"collectives": fast}, {"collectives": slow})
 
 
 def cpu_input(nominal: float) -> BandInput:

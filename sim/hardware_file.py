@@ -85,10 +85,13 @@ def _mapping(path, doc: dict, key: str, at: str = "") -> dict:
 
 
 def load_collectives(path, fully_connected: bool = False, p2p: bool = True,
-                     doc: dict | None = None) -> MeasuredLink | None:
+                     doc: dict | None = None, model: Interconnect | None = None
+                     ) -> MeasuredLink | None:
     """The collectives a hardware.yaml measured (`measured.interconnect`), or None where it
     measured none. A block without its GPU count, or without the all_reduce or all_gather
-    samples tensor parallelism needs, is an error naming the field."""
+    samples tensor parallelism needs, is an error naming the field; with an interconnect
+    `model`, all_reduce alone will do (the model prices vLLM's own all-reduce kernel and the
+    all-gather, MeasuredLink)."""
     path = Path(path)
     doc = read_yaml(path, WHAT) if doc is None else doc
     block = _mapping(path, _mapping(path, doc, "measured"), "interconnect", "measured.")
@@ -120,20 +123,25 @@ def load_collectives(path, fully_connected: bool = False, p2p: bool = True,
         if size in points[c]:
             raise UserError(f"{where(path, field=at + '.bytes')}: {c} at {size:g} bytes twice")
         points[c][size] = times.get("us_graphed", times.get("us"))
-    for c in NEEDED:
+    for c in NEEDED if model is None else ("all_reduce",):
         if not points[c]:
             raise UserError(f"{where(path, field=base + '.samples')}: no {c} samples "
                             "(tensor parallelism all-reduces the hidden states and all-gathers "
                             "the logits)")
     measured = {c: p for c, p in points.items() if p}
+    from stepgap.sim.tables import repo_relative
     label = _text(path, doc, "hardware") or path.parent.name
+    shown = repo_relative(path)
     return MeasuredLink(
-        f"measured ({path})", npus,
+        f"measured ({shown})", npus,
         {c: tuple(sorted(p)) for c, p in measured.items()},
         {c: tuple(p[x] for x in sorted(p)) for c, p in measured.items()},
         fully_connected, p2p,
-        f"{path}: {label}'s {', '.join(measured)} measured over {npus} GPUs "
-        f"({block.get('communicator') or 'NCCL'}; {doc['measured'].get('at') or 'undated'})")
+        f"{shown}: {label}'s {', '.join(measured)} measured over {npus} GPUs "
+        f"({block.get('communicator') or 'NCCL'}; {doc['measured'].get('at') or 'undated'})"
+        + (f"; what it did not measure from the interconnect model ({model.name})"
+           if model is not None and "all_gather" not in measured else ""),
+        model if "all_gather" not in measured else None, str(path))
 
 
 def _interconnect(path, v) -> Interconnect:
@@ -188,6 +196,8 @@ def load_gpu_file(path) -> Hardware:
             values[field] = _number(path, key, doc[key],
                                     zero=field in ("kernel_us", "d2h_us", "fp8_flops")) * unit
             taken.append(f"{key} {doc[key]}")
+            if field in ("flops", "mem_bw", "flop_eff", "bw_eff", "kernel_us"):
+                values["device_band"] = None   # the base's fitted band was of its own roofline
     for field, key in REQUIRED.items():
         if field not in values:
             why = f"spec.gpu_name {gpu_name!r} is not in the catalog" \
@@ -198,7 +208,8 @@ def load_gpu_file(path) -> Hardware:
         values["interconnect"] = _interconnect(path, doc["interconnect"])
     model = values["interconnect"]
     link = load_collectives(path, model.fully_connected if model is not None else False,
-                            model.p2p if model is not None else True, doc)
+                            model.p2p if model is not None else True, doc,
+                            model if isinstance(model, Interconnect) else None)
     if link is not None:
         values["interconnect"] = link
     values["name"] = _text(path, doc, "name") or _text(path, doc, "hardware") or path.stem
@@ -230,6 +241,48 @@ def with_link(hw: Hardware, link: MeasuredLink) -> Hardware:
     """`hw` with measured collectives in place of its interconnect model (which says whether
     its GPUs are fully connected and have peer access, for vLLM's choice of all-reduce)."""
     model = hw.interconnect
-    if model is not None and not isinstance(model, MeasuredLink):
-        link = replace(link, fully_connected=model.fully_connected, p2p=model.p2p)
+    if isinstance(model, MeasuredLink):
+        model = model.model
+    if model is not None:
+        link = replace(link, fully_connected=model.fully_connected, p2p=model.p2p,
+                       model=link.model if "all_gather" in link.sizes else model)
     return replace(hw, interconnect=link)
+
+
+# The collectives measured on a catalog GPU's node that this repository commits
+# (traces/peers/, bench/convert_peer_tables.py): a folder of tp<N>.yaml files, one a group
+# size. The H200's node is the H100's NVLink 4 and NVSwitch: measured on H100s.
+COMMITTED_LINKS = {"h100": "vidur/network/h100_dgx", "h200": "vidur/network/h100_dgx",
+                   "a100": "vidur/network/a100_dgx"}
+
+
+def committed_link(gpu: str, npus: int) -> Path | None:
+    """The committed measurement of catalog GPU `gpu`'s collectives over `npus` GPUs, or None."""
+    from stepgap.sim.tables import PEERS
+    folder = COMMITTED_LINKS.get(gpu)
+    path = PEERS / folder / f"tp{npus}.yaml" if folder else None
+    return path if path is not None and path.is_file() else None
+
+
+def link_key(path) -> tuple[str, int] | None:
+    """What a measurement of collectives is of: (the GPU as CUDA names it, the GPU count)."""
+    doc = read_yaml(Path(path), WHAT)
+    block = _mapping(path, _mapping(path, doc, "measured"), "interconnect", "measured.")
+    name = _text(path, _mapping(path, doc, "spec"), "gpu_name", "spec.")
+    return (name, int(block["npus"])) if name and block.get("npus") is not None else None
+
+
+def other_measurements(path) -> list[Path]:
+    """The committed measurements of the same link as `path` (the same GPU over as many GPUs,
+    link_key) that this repository holds besides it: LLMServingSim's profiler/perf/<GPU>/
+    hardware.yaml under traces/peers/ (at each commit kept) and COMMITTED_LINKS' files. Two
+    measurements of one link that disagree are the `collectives` band input (sim/bands.py)."""
+    from stepgap.sim.tables import PEERS
+    key = link_key(path)
+    if key is None:
+        return []
+    files = set(PEERS.glob("*/**/profiler/perf/*/hardware.yaml"))
+    files |= {PEERS / f / f"tp{key[1]}.yaml" for f in set(COMMITTED_LINKS.values())}
+    here = Path(path).resolve()
+    return sorted(f for f in files if f.is_file() and f.resolve() != here
+                  and link_key(f) == key)
