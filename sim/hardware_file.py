@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from stepgap.common.errors import UserError, shown, where
-from stepgap.common.fileio import read_yaml
+from stepgap.common.fileio import parsed_once, read_yaml
 from stepgap.common.limits import is_finite
 from stepgap.sim.hardware import (CATALOG, GB, GIB, INTERCONNECTS, Hardware, Interconnect,
                                   MeasuredLink, catalog_entry, get_hardware, is_gpu_file)
@@ -257,16 +257,35 @@ COMMITTED_LINKS = {"h100": "vidur/network/h100_dgx", "h200": "vidur/network/h100
 
 
 def committed_link(gpu: str, npus: int) -> Path | None:
-    """The committed measurement of catalog GPU `gpu`'s collectives over `npus` GPUs, or None."""
+    """The committed measurement of catalog GPU `gpu`'s collectives over `npus` GPUs, or None:
+    COMMITTED_LINKS' file, else a peer's profiler/perf/<GPU>/hardware.yaml of the same device
+    (its newest commit's, under traces/peers/<peer>/, before older ones kept under at-*/)."""
     from stepgap.sim.tables import PEERS
     folder = COMMITTED_LINKS.get(gpu)
     path = PEERS / folder / f"tp{npus}.yaml" if folder else None
-    return path if path is not None and path.is_file() else None
+    if path is not None and path.is_file():
+        return path
+    names = {n.lower() for n in CATALOG[gpu].device_names} if gpu in CATALOG else set()
+    for f in sorted(_peer_hardware_files(), key=lambda f: ("/at-" in str(f), str(f))):
+        key = link_key(f)
+        if key is not None and key[0].lower() in names and key[1] == npus:
+            return f
+    return None
+
+
+def _peer_hardware_files() -> list[Path]:
+    from stepgap.sim.tables import PEERS
+    return sorted(PEERS.glob("*/**/profiler/perf/*/hardware.yaml"))
 
 
 def link_key(path) -> tuple[str, int] | None:
     """What a measurement of collectives is of: (the GPU as CUDA names it, the GPU count)."""
-    doc = read_yaml(Path(path), WHAT)
+    path = Path(path)
+    return parsed_once(("link_key",), [path], lambda: _link_key(path))
+
+
+def _link_key(path: Path) -> tuple[str, int] | None:
+    doc = read_yaml(path, WHAT)
     block = _mapping(path, _mapping(path, doc, "measured"), "interconnect", "measured.")
     name = _text(path, _mapping(path, doc, "spec"), "gpu_name", "spec.")
     return (name, int(block["npus"])) if name and block.get("npus") is not None else None
@@ -281,7 +300,7 @@ def other_measurements(path) -> list[Path]:
     key = link_key(path)
     if key is None:
         return []
-    files = set(PEERS.glob("*/**/profiler/perf/*/hardware.yaml"))
+    files = set(_peer_hardware_files())
     files |= {PEERS / f / f"tp{key[1]}.yaml" for f in set(COMMITTED_LINKS.values())}
     here = Path(path).resolve()
     return sorted(f for f in files if f.is_file() and f.resolve() != here
