@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from stepgap.common.acceptance import PUBLISHED, AcceptanceProfile
+from stepgap.sim.tables import repo_relative
 
 # The host's CPU costs, as a factor on stepgap's defaults (sim/cpu_costs.py), from the hosts
 # there is evidence for: the lowest and the highest whose CPU side was measured on its own (a gap
@@ -172,9 +173,9 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
         device = device_input(r, isinstance(split, dict))
         if device is not None:
             inputs.append(device)
-    link = collectives_input(cfg, r)
-    if link is not None:
-        inputs.append(link)
+    for link in (collectives_input(cfg, r), kernel_input(cfg, r)):
+        if link is not None:
+            inputs.append(link)
     prof, note = acceptance_profile(cfg, r.target)
     acc = acceptance_input(cfg, r.target.name, prof, note is not None,
                            max_k if max_k is not None else cfg.k)
@@ -216,7 +217,6 @@ def collectives_input(cfg, r) -> BandInput | None:
     that prices it slowest, and names every one."""
     from stepgap.sim.hardware import MeasuredLink
     from stepgap.sim.hardware_file import load_collectives, other_measurements
-    from stepgap.sim.tables import repo_relative
 
     link = r.hw.interconnect
     n = cfg.tensor_parallel_size if cfg.tensor_parallel_size > 1 else \
@@ -239,6 +239,28 @@ def collectives_input(cfg, r) -> BandInput | None:
                      t_lo if link.path == fast else t_hi, t_lo, t_hi, "us a decode all-reduce",
                      f"{len(times)} measurements of one link disagree: {named}",
                      {"collectives": fast}, {"collectives": slow})
+
+
+def kernel_input(cfg, r) -> BandInput | None:
+    """Which all-reduce vLLM issues, where the link's NCCL was measured and vLLM's own kernel
+    was not (the interconnect model prices it: vLLM's own benchmarks of its custom and
+    symmetric-memory kernels, sim/hardware.py): the measured NCCL at every size is the other
+    end (vLLM without its kernel: --disable-custom-all-reduce, GPUs without peer access, or a
+    version that takes NCCL), the two measurements of one link's small all-reduce."""
+    from stepgap.sim.hardware import MeasuredLink
+
+    link, tp = r.hw.interconnect, cfg.tensor_parallel_size
+    if tp < 2 or not isinstance(link, MeasuredLink) or link.model is None or not link.p2p \
+            or "all_reduce" not in link.sizes:
+        return None
+    nbytes = 2 * 8 * r.target.hidden_size   # a decode step of 8 tokens' all-reduce
+    ours, nccl = link.all_reduce_us(nbytes, tp), link.at("all_reduce", nbytes)
+    return BandInput("allreduce", f"the all-reduce vLLM issues over {tp} GPUs: its own kernel "
+                     f"({link.model.name}'s model, {ours:.1f} us at {nbytes // 1024} KiB) or "
+                     f"NCCL's ({link.path and repo_relative(link.path)}, {nccl:.1f} us)", ours,
+                     min(ours, nccl), max(ours, nccl), "us a decode all-reduce",
+                     f"{link.model.source}; {link.source}",
+                     {}, {"disable_custom_all_reduce": True})
 
 
 def cpu_input(nominal: float) -> BandInput:

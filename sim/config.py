@@ -120,6 +120,11 @@ class SimConfig(RunSpec):
             "target's --data-parallel-size) to price them with, in place of the one found "
             "for the --gpu (its file's, the one beside --device-profile, the one committed "
             "for the GPU), or of the interconnect model; `stepgap gpus` lists them"))
+    disable_custom_all_reduce: bool = opt(
+        False, "--disable-custom-all-reduce", kind="bool", action="store_true", help=(
+            "as vLLM's: every all-reduce is NCCL's, none vLLM's own kernel (priced by the "
+            "measured NCCL all_reduce where a measurement of the link has one, else the "
+            "interconnect model's ring)"))
     jitter: bool = opt(
         True, "--no-jitter", kind="bool", action="store_false", label="--jitter", shown=False,
         help="ignore the profile's measured speed noise (by default device ops vary from step "
@@ -189,7 +194,7 @@ class SimConfig(RunSpec):
 CONFIG_KEYS = (
     "mode", "k", "gpu", "model", "method", "draft", "executor", "device", "tensor_parallel_size",
     "data_parallel_size", "enable_expert_parallel", "moe_routing_skew", "all_reduce_latency_us",
-    "collectives", "topology", "profile", "device_profile", "jitter", "speed", "acceptance", "acceptance_rates",
+    "collectives", "disable_custom_all_reduce", "topology", "profile", "device_profile", "jitter", "speed", "acceptance", "acceptance_rates",
     "acceptance_spread", "replay", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
     "block_size", "num_gpu_blocks_override", "gpu_memory_utilization", "quantization",
     "kv_cache_dtype", "scheduler_reserve_full_isl", "enable_prefix_caching", "cpu_scale",
@@ -199,7 +204,8 @@ CONFIG_KEYS = (
     "timeline", "timeseries_interval_s")
 # Fields written into a result only where they differ from their default (SimConfig.to_dict).
 OPTIONAL_FIELDS = {"quantization": None, "kv_cache_dtype": "auto", "data_parallel_size": 1,
-                   "enable_expert_parallel": False, "collectives": None}
+                   "enable_expert_parallel": False, "collectives": None,
+                   "disable_custom_all_reduce": False}
 
 
 # -------------------------------------------------------------------------------------------
@@ -263,6 +269,9 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
     tp = cfg.tensor_parallel_size
     cfg = with_committed_tables(cfg, hw, target, profile, notes)
     hw = collectives(cfg, hw, notes, target.is_moe)
+    if cfg.disable_custom_all_reduce and hw.interconnect is not None:
+        hw = replace(hw, interconnect=replace(hw.interconnect, p2p=False))
+        notes.append("--disable-custom-all-reduce: every all-reduce is NCCL's")
     if cfg.all_reduce_latency_us is not None and hw.interconnect is not None:
         if isinstance(hw.interconnect, MeasuredLink):
             raise UserError(f"--all-reduce-latency-us: the collectives are measured "

@@ -160,3 +160,23 @@ def test_each_converted_folder_carries_its_licence_and_its_source_commit(folder)
 def test_the_qwen2_presets_are_llamas_dense_layer():
     c = MODEL_PRESETS["qwq-32b"]
     assert (c.model_type, c.num_layers, c.hidden_size, c.num_kv_heads) == ("qwen2", 64, 5120, 8)
+
+
+def test_disable_custom_all_reduce_takes_nccls_measured_all_reduce_at_every_size():
+    cfg = dict(model="qwq-32b", gpu="a100", tensor_parallel_size=8, device_profile="none")
+    ours = resolve(SimConfig(**cfg)).hw.interconnect
+    nccl = resolve(SimConfig(**cfg, disable_custom_all_reduce=True)).hw.interconnect
+    small = 16 * 1024
+    assert nccl.all_reduce_us(small, 8) == nccl.at("all_reduce", small)
+    assert ours.all_reduce_us(small, 8) == ours.model.all_reduce_us(small, 8)
+    assert SimConfig(**cfg).to_dict().get("disable_custom_all_reduce") is None   # default unwritten
+
+
+def test_an_unmeasured_vllm_kernel_and_a_measured_nccl_make_the_allreduce_band():
+    inputs = band_inputs(SimConfig(model="qwq-32b", gpu="a100", tensor_parallel_size=8).to_dict())
+    kernel = next(i for i in inputs if i.name == "allreduce")
+    assert kernel.at_high == {"disable_custom_all_reduce": True} and kernel.low < kernel.high
+    assert "a100_dgx/tp8.yaml" in kernel.what
+    # one GPU: no collectives, no such input
+    assert not any(i.name == "allreduce" for i in band_inputs(
+        SimConfig(model="qwq-32b", gpu="a100").to_dict()))
