@@ -30,8 +30,8 @@ a clone, or the search tool's `fetch` snapshot) and writes them, as data, beside
   `per_sequence.csv` (lm_head by rows); `attention.csv` (FlashAttention through Vidur's
   attention profiler: decodes by batch and KV length, prefills by chunk and KV) -> the bundle's
   attention_unsplit_kv.csv (FlashAttention as Vidur's profiler calls it, without split-KV, which
-  vLLM's decode does not run: kept as data under a name stepgap's tables do not read). A module that vLLM
-  runs as the same kernel keeps the bundle's name (embedding, o_proj, down_proj, lm_head);
+  vLLM's decode does not run: kept as data under a name stepgap's tables do not read). A module
+  that vLLM runs as the same kernel keeps the bundle's name (embedding, o_proj, down_proj, lm_head);
   one that vLLM fuses or runs otherwise is LLMServingSim's name behind `hf_`, so that nothing
   prices a vLLM kernel from it: hf_q_proj, hf_k_proj and hf_v_proj (vLLM: one qkv_proj GEMM),
   hf_gate_proj and hf_up_proj (one gate_up_proj), Hugging Face's unfused norms, rotary and SiLU
@@ -203,9 +203,9 @@ def convert_vidur(repo: Path, out: Path) -> dict:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(yaml.safe_dump(doc, sort_keys=False))
         files[src] = {"to": f"network/{node}/", "sha256": blob_sha(data)}
-    files["LICENSE"] = {"to": "LICENSE", "sha256": blob_sha(git_show(repo, VIDUR_COMMIT,
-                                                                      "LICENSE"))}
-    (out / "LICENSE").write_bytes(git_show(repo, VIDUR_COMMIT, "LICENSE"))
+    licence = git_show(repo, VIDUR_COMMIT, "LICENSE")
+    files["LICENSE"] = {"to": "LICENSE", "sha256": blob_sha(licence)}
+    (out / "LICENSE").write_bytes(licence)
     return {"repository": "github.com/microsoft/vidur", "commit": VIDUR_COMMIT,
             "licence": "MIT (LICENSE, which travels with these files)",
             "converted_by": "bench/convert_peer_tables.py", "files": files}
@@ -260,7 +260,8 @@ def convert_lss(repo: Path, out: Path) -> dict:
                      "kernel time, ns), one input of N tokens and no KV history; attention by "
                      "Vidur's attention profiler (FlashAttention)",
             "vllm_kernels": "embedding, o_proj, down_proj and lm_head (per_sequence.csv) are "
-                            "the kernels vLLM runs; the other rows are LLMServingSim's names behind hf_ "
+                            "the kernels vLLM runs; the other rows are LLMServingSim's names "
+                            "behind hf_ "
                             "(vLLM fuses q/k/v, gate/up and the norms, rotary and SiLU that "
                             "transformers runs apart); " + ATTENTION + " (TP 4) is "
                             "FlashAttention without split-KV, which vLLM's decode does not run",

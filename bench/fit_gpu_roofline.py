@@ -1,4 +1,4 @@
-"""The roofline's efficiencies fitted per GPU on the measured operator tables (docs/reference/gpus.md).
+"""The roofline's efficiencies fitted per GPU on measured operator tables (docs/reference/gpus.md).
 
     python bench/fit_gpu_roofline.py            # fit A100 and H100, print the fit and residuals
     python bench/fit_gpu_roofline.py --json F   # ... and write them as JSON

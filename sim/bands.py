@@ -200,7 +200,8 @@ def device_input(r, split: bool) -> BandInput | None:
                          {"speed": TABLES_HIGH})
     if split and tables is None:
         return None
-    roof = f"{hw.name}: bw_eff {hw.bw_eff:g}, flop_eff {hw.flop_eff:g}, {hw.kernel_us:g} us a kernel"
+    roof = (f"{hw.name}: bw_eff {hw.bw_eff:g}, flop_eff {hw.flop_eff:g}, {hw.kernel_us:g} us "
+            "a kernel")
     what = (f"the tables' device ops and the roofline's of the kernels they did not measure "
             f"({', '.join(tables.not_measured)}; {roof})" if tables is not None
             else f"the roofline's device op times ({roof})")

@@ -146,9 +146,8 @@ def gpu_listing(name: str) -> dict:
         found = committed_link(hw.name, n)
         if found is not None:
             key = link_key(found)
-            links[n] = [repo_relative(found)] + [repo_relative(p) for p in
-                                                  other_measurements(found)
-                                                  if link_key(p) == key]
+            others = [p for p in other_measurements(found) if link_key(p) == key]
+            links[n] = [repo_relative(p) for p in (found, *others)]
     return {"gpu": hw.name, "device_names": list(hw.device_names),
             "peaks": {"bf16_tflops": hw.flops / 1e12, "fp8_tflops": hw.fp8_flops / 1e12,
                       "memory_bw_gbps": hw.mem_bw / 1e9, "memory_gb": hw.mem_bytes / 1e9},

@@ -21,8 +21,9 @@ from stepgap.sim.cpu_costs import CPU_COSTS, CpuCosts, OpCost
 from stepgap.sim.roofline import RooflineCosts
 from stepgap.sim.profile import Noise, Profile, load_profile
 from stepgap.sim.profile_costs import ProfileCosts
-from stepgap.sim.tables import (TableCosts, repo_relative, bundle_meta, committed_bundle, find_bundle,
-                                find_variant, load_tables, read_meta, refuse_another_model)
+from stepgap.sim.tables import (TableCosts, bundle_meta, committed_bundle, find_bundle,
+                                find_variant, load_tables, read_meta, refuse_another_model,
+                                repo_relative)
 from stepgap.sim.expert_parallel import MoeCosts, MoeParallel
 from stepgap.sim.moe_tables import check_moe_bundle, moe_only, moe_parts
 from stepgap.sim.hardware import CATALOG, Hardware, MeasuredLink, is_gpu_file
@@ -194,7 +195,8 @@ class SimConfig(RunSpec):
 CONFIG_KEYS = (
     "mode", "k", "gpu", "model", "method", "draft", "executor", "device", "tensor_parallel_size",
     "data_parallel_size", "enable_expert_parallel", "moe_routing_skew", "all_reduce_latency_us",
-    "collectives", "disable_custom_all_reduce", "topology", "profile", "device_profile", "jitter", "speed", "acceptance", "acceptance_rates",
+    "collectives", "disable_custom_all_reduce", "topology", "profile", "device_profile",
+    "jitter", "speed", "acceptance", "acceptance_rates",
     "acceptance_spread", "replay", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
     "block_size", "num_gpu_blocks_override", "gpu_memory_utilization", "quantization",
     "kv_cache_dtype", "scheduler_reserve_full_isl", "enable_prefix_caching", "cpu_scale",
@@ -363,10 +365,17 @@ def with_committed_tables(cfg: SimConfig, hw: Hardware, target: ModelConfig,
         return replace(cfg, device_profile=None)
     found = committed_tables(cfg, hw, target, profile)
     if found is None:
+        if cfg.device_profile is None and cfg.profile is None and profile is None \
+                and hw.device_band is not None and not is_gpu_file(cfg.gpu):
+            notes.append(f"--gpu {hw.name}: no committed table prices {target.name} at TP "
+                         f"{cfg.tensor_parallel_size}: the roofline prices the device ops, "
+                         f"bw_eff {hw.bw_eff:g}, flop_eff {hw.flop_eff:g}, {hw.kernel_us:g} us "
+                         f"a kernel ({hw.source}); `stepgap gpus` lists what is measured")
         return cfg
-    notes.append(f"--gpu {hw.name}: the measured operator tables {repo_relative(found)} price {target.name} at "
-                 f"TP {cfg.tensor_parallel_size} (committed with their source and licence; "
-                 "the result's device_costs say which kernels, and what the fitted roofline "
+    notes.append(f"--gpu {hw.name}: the measured operator tables {repo_relative(found)} price "
+                 f"{target.name} at TP {cfg.tensor_parallel_size} (committed with their source and "
+                 "licence; the result's device_costs say which kernels, and what the fitted "
+                 "roofline "
                  f"prices; --device-profile {NO_TABLES} for the roofline alone)")
     return replace(cfg, device_profile=str(found))
 
@@ -479,8 +488,9 @@ def collectives(cfg: SimConfig, hw: Hardware, notes: list[str], moe: bool) -> Ha
                                               "samples)"))
     others = other_measurements(link.path) if link.path else []
     if others:
-        said.append(f"another measurement of this link: {', '.join(map(repo_relative, others))} (the "
-                    "`collectives` band input spans them)")
+        said.append(f"another measurement of this link: "
+                    f"{', '.join(map(repo_relative, others))} (the `collectives` band input "
+                    "spans them)")
     notes.append("; ".join(said))
     return hw
 

@@ -131,13 +131,13 @@ def load_collectives(path, fully_connected: bool = False, p2p: bool = True,
     measured = {c: p for c, p in points.items() if p}
     from stepgap.sim.tables import repo_relative
     label = _text(path, doc, "hardware") or path.parent.name
-    shown = repo_relative(path)
+    at = repo_relative(path)
     return MeasuredLink(
-        f"measured ({shown})", npus,
+        f"measured ({at})", npus,
         {c: tuple(sorted(p)) for c, p in measured.items()},
         {c: tuple(p[x] for x in sorted(p)) for c, p in measured.items()},
         fully_connected, p2p,
-        f"{shown}: {label}'s {', '.join(measured)} measured over {npus} GPUs "
+        f"{at}: {label}'s {', '.join(measured)} measured over {npus} GPUs "
         f"({block.get('communicator') or 'NCCL'}; {doc['measured'].get('at') or 'undated'})"
         + (f"; what it did not measure from the interconnect model ({model.name})"
            if model is not None and "all_gather" not in measured else ""),

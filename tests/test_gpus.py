@@ -180,3 +180,12 @@ def test_an_unmeasured_vllm_kernel_and_a_measured_nccl_make_the_allreduce_band()
     # one GPU: no collectives, no such input
     assert not any(i.name == "allreduce" for i in band_inputs(
         SimConfig(model="qwq-32b", gpu="a100").to_dict()))
+
+
+def test_a_sweep_cell_is_keyed_by_the_committed_tables_it_is_priced_from():
+    from stepgap.sim.sweep_keys import cell_key, tables_of
+    auto = SimConfig(model="llama-3.1-8b", gpu="a100")
+    assert Path(tables_of(auto)) == VIDUR_A100_8B
+    assert tables_of(SimConfig(model="llama-3.1-8b", gpu="a100", device_profile="none")) is None
+    assert cell_key(auto) != cell_key(SimConfig(model="llama-3.1-8b", gpu="a100",
+                                                device_profile="none"))
