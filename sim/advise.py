@@ -352,10 +352,10 @@ def rests_on(base: dict, ks: list[int], inputs: list[BandInput]) -> dict:
     r = resolve(cfg)
     hw, measured = r.hw, r.measured
     sources = getattr(r.device_costs, "sources", None)
-    from stepgap.sim.tables import TableCosts
+    from stepgap.sim.tables import TableCosts, repo_relative
     # tables given (--device-profile, `none` apart) or committed for the GPU (a TableCosts)
-    tables = r.device_costs.path if isinstance(r.device_costs, TableCosts) else \
-        cfg.device_profile if cfg.device_profile not in (None, "none") else None
+    tables = repo_relative(r.device_costs.path) if isinstance(r.device_costs, TableCosts) \
+        else cfg.device_profile if cfg.device_profile not in (None, "none") else None
     if tables:
         device = (f"measured operator tables {tables}; the roofline of {hw.name} "
                   "for " + ", ".join(sorted(op for op, s in (sources or {}).items()

@@ -269,7 +269,7 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
     hw = load_gpu(cfg.gpu)
     target, notes = quantized(load_model_config(cfg.model), cfg, hw)
     tp = cfg.tensor_parallel_size
-    cfg = with_committed_tables(cfg, hw, target, profile, notes)
+    cfg, priced = with_committed_tables(cfg, hw, target, profile)
     hw = collectives(cfg, hw, notes, target.is_moe)
     if cfg.disable_custom_all_reduce and hw.interconnect is not None:
         hw = replace(hw, interconnect=replace(hw.interconnect, p2p=False))
@@ -325,6 +325,8 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
     prof, note = acceptance_profile(cfg, target)
     if note and cfg.k:
         notes.append(note)
+    if priced:
+        notes.append(priced)
     async_ = mode != "sync"
     return Resolved(
         hw, target, draft, costs, cpu_costs(cfg, measured), prof,
@@ -358,26 +360,26 @@ def committed_tables(cfg: SimConfig, hw: Hardware, target: ModelConfig,
 
 
 def with_committed_tables(cfg: SimConfig, hw: Hardware, target: ModelConfig,
-                          profile: Profile | None, notes: list[str]) -> SimConfig:
-    """The run's config as it is priced: --device-profile none as none given; the committed
-    tables of the GPU (committed_tables) as if given, and a note that says so."""
+                          profile: Profile | None) -> tuple[SimConfig, str | None]:
+    """The run's config as it is priced, and the note that says what prices it (for the end of
+    the run's notes): --device-profile none as none given; the committed tables of the GPU
+    (committed_tables) as if given; a GPU whose roofline was fitted on tables, that roofline."""
     if cfg.device_profile == NO_TABLES:
-        return replace(cfg, device_profile=None)
+        return replace(cfg, device_profile=None), None
     found = committed_tables(cfg, hw, target, profile)
     if found is None:
         if cfg.device_profile is None and cfg.profile is None and profile is None \
                 and hw.device_band is not None and not is_gpu_file(cfg.gpu):
-            notes.append(f"--gpu {hw.name}: no committed table prices {target.name} at TP "
+            return cfg, (f"--gpu {hw.name}: no committed table prices {target.name} at TP "
                          f"{cfg.tensor_parallel_size}: the roofline prices the device ops, "
                          f"bw_eff {hw.bw_eff:g}, flop_eff {hw.flop_eff:g}, {hw.kernel_us:g} us "
                          f"a kernel ({hw.source}); `stepgap gpus` lists what is measured")
-        return cfg
-    notes.append(f"--gpu {hw.name}: the measured operator tables {repo_relative(found)} price "
-                 f"{target.name} at TP {cfg.tensor_parallel_size} (committed with their source and "
-                 "licence; the result's device_costs say which kernels, and what the fitted "
-                 "roofline "
-                 f"prices; --device-profile {NO_TABLES} for the roofline alone)")
-    return replace(cfg, device_profile=str(found))
+        return cfg, None
+    return replace(cfg, device_profile=str(found)), (
+        f"--gpu {hw.name}: the measured operator tables {repo_relative(found)} price "
+        f"{target.name} at TP {cfg.tensor_parallel_size} (committed with their source and "
+        "licence; the result's device_costs say which kernels, and what the fitted roofline "
+        f"prices; --device-profile {NO_TABLES} for the roofline alone)")
 
 
 def profile_defaults(settings: dict, given, measured: Profile | None = None

@@ -184,7 +184,11 @@ def test_advise_prints_what_it_rests_on_and_writes_its_figure(tmp_path, capsys):
                  "--output-len", "24", "--max-concurrency", "1,2", "--max-k", "2", "--jobs", "1",
                  "--no-band", "--result-json", str(out), "--plot", str(fig)]) == 0
     text = capsys.readouterr().out
-    for line in ("What the answer rests on:", "device      the roofline of the h100",
+    # the H100's committed tables of this model (its GEMMs and lm_head measured), the fitted
+    # roofline for the rest
+    for line in ("What the answer rests on:", "device      measured operator tables "
+                 "traces/peers/llmservingsim/at-9e3f0ec/profiler/perf/H100/meta-llama/"
+                 "Llama-3.1-8B/bf16",
                  "CPU costs   stepgap's defaults x 2.42", "seed        0"):
         assert line in text
     assert fig.read_bytes()[:4] == b"\x89PNG"
@@ -527,7 +531,10 @@ def test_zero_bubble_is_judged_at_the_k_each_input_end_favours():
     a = advise(base, loads_of([1], None), [0, 1, 2, 3, 4], jobs=1).answers[0]
     moved = a.modes["async"].best_k
     assert moved.low < moved.value or moved.high > moved.value   # the case this is about
-    assert a.zero_bubble_saving.low > -0.005, a.zero_bubble_saving
+    from stepgap.sim.hardware import get_hardware
+    from stepgap.sim.roofline import FIXUP_KERNELS
+    fixup_ms = FIXUP_KERNELS * get_hardware("h100").kernel_us / 1000
+    assert a.zero_bubble_saving.low > -fixup_ms, a.zero_bubble_saving
 
 
 def test_jobs_past_the_cells_start_no_more_processes_than_cells(monkeypatch):
