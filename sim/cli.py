@@ -119,8 +119,8 @@ def gpu_listing(name: str) -> dict:
     from stepgap.sim.bands import DEVICE_HIGH, DEVICE_LOW, DEVICE_SOURCE
     from stepgap.sim.hardware import get_hardware
     from stepgap.sim.hardware_file import committed_link, link_key, other_measurements
-    from stepgap.sim.tables import (bundle_meta, committed_bundles, read_meta, repo_relative,
-                                    shape_mismatch)
+    from stepgap.sim.tables import (LAYER_GEMMS, bundle_meta, committed_bundles, read_meta,
+                                    repo_relative, shape_mismatch)
     hw = get_hardware(name)
     fitted = hw.device_band is not None
     lo, hi, why = (*hw.device_band, hw.device_band_source) if fitted else \
@@ -128,8 +128,9 @@ def gpu_listing(name: str) -> dict:
     tables, taken = [], set()   # (preset, tp) a bundle before this one prices
     for root in committed_bundles(hw.name):
         bm, meta = bundle_meta(root), read_meta(root)
+        lack = set(meta.get("not_measured") or ())
         fits = [m for m, c in MODEL_PRESETS.items()
-                if shape_mismatch(bm, c, c.hidden_size) is None
+                if shape_mismatch(bm, c, c.hidden_size) is None and not lack & set(LAYER_GEMMS)
                 and "fp8" not in str(meta.get("variant") or root.name)]
         prices = {tp: [m for m in fits if (m, tp) not in taken] for tp in bm.tp_folders}
         taken |= {(m, tp) for tp, ms in prices.items() for m in ms}
@@ -165,6 +166,7 @@ def run_gpus(args) -> int:
     import json
     from stepgap.common.errors import UserError
     from stepgap.sim.hardware import CATALOG
+    from stepgap.sim.tables import LAYER_GEMMS
     names = args.gpu or [n for n, h in CATALOG.items() if h.kind == "gpu"]
     for n in names:
         if n.lower() not in CATALOG:
@@ -182,7 +184,9 @@ def run_gpus(args) -> int:
         print(f"  device band: x{b['low']:.3g} .. x{b['high']:.3g} ({b['source']})")
         for t in g["tables"]:
             priced = "; ".join(f"TP {tp}: {', '.join(ms)}" for tp, ms in t["prices"].items()) \
-                or "no preset of these shapes"
+                or ("no preset by default: they do not time every GEMM of a layer (fit data of "
+                    "the roofline; --device-profile to price from them)"
+                    if set(t["not_measured"]) & set(LAYER_GEMMS) else "no preset of these shapes")
             lack = f"; the fitted roofline for {', '.join(t['not_measured'])}" \
                 if t["not_measured"] else ""
             print(f"  tables {t['bundle']} ({t['model']}, TP {', '.join(map(str, t['tp']))}): "

@@ -363,17 +363,11 @@ def with_committed_tables(cfg: SimConfig, hw: Hardware, target: ModelConfig,
                           profile: Profile | None) -> tuple[SimConfig, str | None]:
     """The run's config as it is priced, and the note that says what prices it (for the end of
     the run's notes): --device-profile none as none given; the committed tables of the GPU
-    (committed_tables) as if given; a GPU whose roofline was fitted on tables, that roofline."""
+    (committed_tables) as if given."""
     if cfg.device_profile == NO_TABLES:
         return replace(cfg, device_profile=None), None
     found = committed_tables(cfg, hw, target, profile)
-    if found is None:
-        if cfg.device_profile is None and cfg.profile is None and profile is None \
-                and hw.device_band is not None and not is_gpu_file(cfg.gpu):
-            return cfg, (f"--gpu {hw.name}: no committed table prices {target.name} at TP "
-                         f"{cfg.tensor_parallel_size}: the roofline prices the device ops, "
-                         f"bw_eff {hw.bw_eff:g}, flop_eff {hw.flop_eff:g}, {hw.kernel_us:g} us "
-                         f"a kernel ({hw.source}); `stepgap gpus` lists what is measured")
+    if found is None:   # (a fitted roofline says so in the result's device_costs)
         return cfg, None
     return replace(cfg, device_profile=str(found)), (
         f"--gpu {hw.name}: the measured operator tables {repo_relative(found)} price "
@@ -594,7 +588,19 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
             costs.sources = {**sources,
                              "target_forward": f"{under} (the bundle, {about}: {only})"}
     attach_moe(cfg, target, hw, costs, bundle)
+    src = getattr(costs, "sources", None)
+    if hw.device_band is not None and "target_forward" not in (src or {}):
+        costs.sources = {**fitted_sources(hw), **(src or {})}
     return costs
+
+
+def fitted_sources(hw: Hardware) -> dict[str, str]:
+    """What prices each device op of a run on a GPU whose roofline was fitted on measured tables
+    (`Hardware.device_band`) and that no table or profile prices (the result's device_costs)."""
+    roof = (f"roofline fitted on measured tables ({hw.name}: bw_eff {hw.bw_eff:g}, flop_eff "
+            f"{hw.flop_eff:g}, {hw.kernel_us:g} us a kernel; {hw.source}; `stepgap gpus`)")
+    return {"target_forward": roof, "rejection_sample": roof, "draft_forward": roof,
+            "d2h": f"roofline (the catalog's copy time, {hw.d2h_us:g} us)", "fixup": roof}
 
 
 def attach_moe(cfg: SimConfig, target: ModelConfig, hw: Hardware, costs,

@@ -595,13 +595,21 @@ def committed_bundles(gpu: str) -> tuple[Path, ...]:
     return tuple(p for *_, p in sorted(found))
 
 
+# The GEMMs of a layer, which stream its weights: a committed bundle prices a model by default
+# only where it timed all of them (one that times fewer is fit data of the GPU's roofline, and
+# prices a run that names it with --device-profile).
+LAYER_GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
 def committed_bundle(gpu: str, target, tp: int, fp8_weights: bool, fp8_kv: bool) -> Path | None:
-    """The committed bundle (committed_bundles) that prices `target` on `gpu` at this TP: the
-    model's family and per-rank shapes (shape_mismatch), a tp<N>/ folder, and weights and KV
-    cache of the bundle's precision (a bundle that names no fp8 is taken for bf16 or fp16);
-    None where none does."""
+    """The committed bundle (committed_bundles) that prices `target` on `gpu` at this TP: it
+    timed every GEMM of a layer (LAYER_GEMMS), the model's family and per-rank shapes
+    (shape_mismatch), a tp<N>/ folder, and weights and KV cache of the bundle's precision (a
+    bundle that names no fp8 is taken for bf16 or fp16); None where none does."""
     for root in committed_bundles(gpu):
         meta = read_meta(root)
+        if set(LAYER_GEMMS) & set(meta.get("not_measured") or ()):
+            continue
         weight, _, kv = str(meta.get("variant") or root.name).partition("-kv")
         if (weight == "fp8", kv.startswith("fp8")) != (fp8_weights, fp8_kv):
             continue

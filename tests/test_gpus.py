@@ -189,3 +189,21 @@ def test_a_sweep_cell_is_keyed_by_the_committed_tables_it_is_priced_from():
     assert tables_of(SimConfig(model="llama-3.1-8b", gpu="a100", device_profile="none")) is None
     assert cell_key(auto) != cell_key(SimConfig(model="llama-3.1-8b", gpu="a100",
                                                 device_profile="none"))
+
+
+def test_tables_that_time_only_part_of_a_layers_gemms_price_nothing_by_default():
+    # LLMServingSim's H100 modules: of vLLM's GEMMs, o_proj and down_proj alone
+    assert isinstance(resolve(SimConfig(model="llama-3.1-8b", gpu="h100")).device_costs,
+                      RooflineCosts)
+    lss = PEERS / "llmservingsim/at-9e3f0ec/profiler/perf/H100/meta-llama/Llama-3.1-8B/bf16"
+    costs = resolve(SimConfig(model="llama-3.1-8b", gpu="h100",
+                              device_profile=str(lss))).device_costs
+    assert isinstance(costs, TableCosts)
+    assert "qkv_proj" in costs.sources["target_forward"].split("did not measure:")[1]
+
+
+def test_a_roofline_run_on_a_fitted_gpu_says_so_op_by_op():
+    costs = resolve(SimConfig(model="qwen3-8b", gpu="h100")).device_costs
+    assert costs.sources["target_forward"].startswith("roofline fitted on measured tables (h100")
+    assert getattr(resolve(SimConfig(model="qwen3-8b", gpu="l40s")).device_costs, "sources",
+                   None) is None
