@@ -79,7 +79,9 @@ class SimConfig(RunSpec):
         "profiler/perf/RTX4090/meta-llama/Llama-3.1-8B/bf16): they price the target forward "
         "over the step's real mix, the sampler and an EAGLE-3 head or draft model of the same "
         "shapes; the roofline prices the rest, and the result's config says which op came from "
-        "where (docs/explanation/measured-tables.md, 'Measured operator tables')"))
+        "where (docs/explanation/measured-tables.md, 'Measured operator tables'). Default: the "
+        "tables committed for a catalog --gpu that time the model's layers, where there are "
+        "any (`stepgap gpus`); `none`: the roofline alone (docs/reference/gpus.md)"))
     quantization: str | None = opt(
         None, "--quantization", "-q", kind="choice", choices=QUANTIZATIONS,
         refusal="is not modelled: stepgap models fp8 (or none: the checkpoint's own "
