@@ -207,3 +207,13 @@ def test_a_roofline_run_on_a_fitted_gpu_says_so_op_by_op():
     assert costs.sources["target_forward"].startswith("roofline fitted on measured tables (h100")
     assert getattr(resolve(SimConfig(model="qwen3-8b", gpu="l40s")).device_costs, "sources",
                    None) is None
+
+
+def test_the_command_line_takes_collectives_and_vllms_custom_all_reduce_switch(tmp_path):
+    other = PEERS / "llmservingsim/at-e08dc38/profiler/perf/RTXPRO6000/hardware.yaml"
+    out = tmp_path / "r.json"
+    assert main(["simulate", "--model", "qwen3-32b", "--gpu", "rtxpro6000", "-tp", "2",
+                 "--collectives", str(other), "--disable-custom-all-reduce", "--num-prompts", "1",
+                 "--output-len", "4", "--quiet", "--result-json", str(out)]) == 0
+    config = json.loads(out.read_text())["config"]
+    assert config["collectives"] == str(other) and config["disable_custom_all_reduce"] is True
