@@ -278,12 +278,20 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
         hw = replace(hw, interconnect=replace(hw.interconnect, p2p=False))
         notes.append("--disable-custom-all-reduce: every all-reduce is NCCL's")
     if cfg.all_reduce_latency_us is not None and hw.interconnect is not None:
-        if isinstance(hw.interconnect, MeasuredLink):
+        link = hw.interconnect
+        if isinstance(link, MeasuredLink) and link.model is None:
             raise UserError(f"--all-reduce-latency-us: the collectives are measured "
-                            f"({hw.interconnect.name}); it sets the interconnect model's "
+                            f"({link.name}); it sets the interconnect model's "
                             "latency, which they replace")
-        hw = replace(hw, interconnect=replace(hw.interconnect,
-                                              latency_us=cfg.all_reduce_latency_us))
+        if isinstance(link, MeasuredLink):   # the model prices what was not measured
+            link = replace(link, model=replace(link.model,
+                                               latency_us=cfg.all_reduce_latency_us))
+            notes.append(f"--all-reduce-latency-us {cfg.all_reduce_latency_us:g}: the "
+                         "interconnect model's latency, for the collectives it prices beside "
+                         f"the measured ones ({link.name})")
+        else:
+            link = replace(link, latency_us=cfg.all_reduce_latency_us)
+        hw = replace(hw, interconnect=link)
     target.check_tensor_parallel(tp)
     draft = None
     if cfg.k > 0:

@@ -217,3 +217,11 @@ def test_the_command_line_takes_collectives_and_vllms_custom_all_reduce_switch(t
                  "--output-len", "4", "--quiet", "--result-json", str(out)]) == 0
     config = json.loads(out.read_text())["config"]
     assert config["collectives"] == str(other) and config["disable_custom_all_reduce"] is True
+
+
+def test_all_reduce_latency_sets_the_model_beside_a_measured_nccl():
+    # vLLM's own kernel is the model's beside Vidur's NCCL: the what-if moves it, not NCCL
+    link = resolve(SimConfig(model="llama-3.3-70b", gpu="h100", tensor_parallel_size=8,
+                             device_profile="none", all_reduce_latency_us=20.0)).hw.interconnect
+    assert link.model.latency_us == 20.0
+    assert link.all_reduce_us(32 * 2 ** 20, 8) == link.at("all_reduce", 32 * 2 ** 20)
