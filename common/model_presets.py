@@ -52,6 +52,13 @@ HF_PRESETS = {
                                               ("qwen3-1.7b", 2048, 28, 16, 6144, True),
                                               ("qwen3-8b", 4096, 36, 32, 12288, False),
                                               ("qwen3-32b", 5120, 64, 64, 25600, False))},
+    # Qwen2.5-72B-Instruct's and QwQ-32B's config.json (model_type qwen2)
+    **{name: {"model_type": "qwen2", "hidden_size": h, "num_hidden_layers": n,
+              "num_attention_heads": heads, "num_key_value_heads": 8, "intermediate_size": inter,
+              "vocab_size": 152064, "rope_theta": 1000000.0, "max_position_embeddings": ctx,
+              "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "use_sliding_window": False}
+       for name, h, n, heads, inter, ctx in (("qwen2.5-72b", 8192, 80, 64, 29568, 32768),
+                                             ("qwq-32b", 5120, 64, 40, 27648, 40960))},
     "qwen3-30b-a3b": {
         "model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48,
         "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
@@ -124,6 +131,7 @@ MODEL_IDS = {
     "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen/Qwen3-32B": "qwen3-32b",
     "Qwen/Qwen3-30B-A3B-Instruct-2507": "qwen3-30b-a3b-instruct-2507",
     "openai/gpt-oss-20b": "gpt-oss-20b",
+    "Qwen/Qwen2.5-72B-Instruct": "qwen2.5-72b", "Qwen/QwQ-32B": "qwq-32b",
     "deepseek-ai/DeepSeek-V3": "deepseek-v3",
 }
 DRAFT_IDS = {

@@ -381,8 +381,12 @@ def rests_on(base: dict, ks: list[int], inputs: list[BandInput]) -> dict:
     r = resolve(cfg)
     hw, measured = r.hw, r.measured
     sources = getattr(r.device_costs, "sources", None)
-    if cfg.device_profile:
-        device = (f"measured operator tables {cfg.device_profile}; the roofline of {hw.name} "
+    from stepgap.sim.tables import TableCosts, repo_relative
+    # tables given (--device-profile, `none` apart) or committed for the GPU (a TableCosts)
+    tables = repo_relative(r.device_costs.path) if isinstance(r.device_costs, TableCosts) \
+        else cfg.device_profile if cfg.device_profile not in (None, "none") else None
+    if tables:
+        device = (f"measured operator tables {tables}; the roofline of {hw.name} "
                   "for " + ", ".join(sorted(op for op, s in (sources or {}).items()
                                             if "roofline" in s))
                   + " (docs/explanation/measured-tables.md)")

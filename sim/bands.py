@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from stepgap.common.acceptance import PUBLISHED, AcceptanceProfile
 from stepgap.common.errors import UserError
+from stepgap.sim.tables import repo_relative
 
 # The host's CPU costs, as a factor on stepgap's defaults (sim/cpu_costs.py), from the hosts there
 # is evidence for: the lowest and the highest whose CPU side was measured on its own (a gap in a
@@ -191,7 +192,6 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
     host's CPU and the device (or what a measured profile or tables leave of them), and the
     acceptance where it is borrowed or extrapolated."""
     from stepgap.sim.config import SimConfig, acceptance_profile, resolve
-    from stepgap.sim.tables import TableCosts
 
     cfg = SimConfig(**settings)
     r = resolve(cfg)
@@ -204,17 +204,12 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
     else:
         inputs.append(cpu_input(cfg.cpu_scale))
     if measured is None or not measured.fits:
-        if isinstance(r.device_costs, TableCosts):   # (always the outer costs: config.py)
-            inputs.append(BandInput("device", "the device ops the measured tables price",
-                                    1.0, TABLES_LOW, TABLES_HIGH, "x device time",
-                                    TABLES_SOURCE, {"speed": TABLES_LOW},
-                                    {"speed": TABLES_HIGH}))
-        elif not isinstance(split, dict):
-            inputs.append(BandInput(
-                "device", f"the roofline's device op times ({r.hw.name}: bw_eff "
-                f"{r.hw.bw_eff:g}, flop_eff {r.hw.flop_eff:g}, {r.hw.kernel_us:g} us a kernel)",
-                1.0, DEVICE_LOW, DEVICE_HIGH, "x device time", DEVICE_SOURCE,
-                {"speed": DEVICE_LOW}, {"speed": DEVICE_HIGH}))
+        device = device_input(r, isinstance(split, dict))
+        if device is not None:
+            inputs.append(device)
+    for link in (collectives_input(cfg, r), kernel_input(cfg, r)):
+        if link is not None:
+            inputs.append(link)
     prof, note = acceptance_profile(cfg, r.target)
     acc = acceptance_input(cfg, r.target.name, prof, note is not None,
                            max_k if max_k is not None else cfg.k)
@@ -242,6 +237,84 @@ def check_ends(inputs: list[BandInput], settings: dict) -> None:
                     raise UserError(f"{option} {given:g}: the band's {inp.name} input at its "
                                     f"{end} end ({value:g} {inp.unit}) takes it to {v:g}, past "
                                     f"{edge:g}; give a {option} nearer 1, or leave the band out")
+def device_input(r, split: bool) -> BandInput | None:
+    """The device's input, by what prices it: measured tables that price every kernel, their
+    error on real runs; a GPU whose roofline was fitted on tables (`Hardware.device_band`), the
+    fit's spread, also under tables that price part of a step (the roofline prices the rest);
+    a datasheet GPU, the datasheet roofline's error on the two GPUs with real runs. None where
+    a bench-file calibration's `split` already holds the device."""
+    from stepgap.sim.tables import TableCosts
+
+    hw, costs = r.hw, r.device_costs   # (always the outer costs: config.py)
+    tables = costs.tables if isinstance(costs, TableCosts) else None
+    if tables is not None and not tables.not_measured:
+        return BandInput("device", "the device ops the measured tables price", 1.0, TABLES_LOW,
+                         TABLES_HIGH, "x device time", TABLES_SOURCE, {"speed": TABLES_LOW},
+                         {"speed": TABLES_HIGH})
+    if split and tables is None:
+        return None
+    roof = (f"{hw.name}: bw_eff {hw.bw_eff:g}, flop_eff {hw.flop_eff:g}, {hw.kernel_us:g} us "
+            "a kernel")
+    what = (f"the tables' device ops and the roofline's of the kernels they did not measure "
+            f"({', '.join(tables.not_measured)}; {roof})" if tables is not None
+            else f"the roofline's device op times ({roof})")
+    lo, hi, source = (*hw.device_band, hw.device_band_source) if hw.device_band is not None \
+        else (DEVICE_LOW, DEVICE_HIGH, DEVICE_SOURCE)
+    return BandInput("device", what, 1.0, lo, hi, "x device time", source, {"speed": lo},
+                     {"speed": hi})
+
+
+def collectives_input(cfg, r) -> BandInput | None:
+    """Where this repository holds more than one measurement of the run's link (the same GPU
+    over as many GPUs: sim/hardware_file.py other_measurements), the collectives priced by
+    each: the band spans the measurement that prices a decode's all-reduce fastest and the one
+    that prices it slowest, and names every one."""
+    from stepgap.sim.hardware import MeasuredLink
+    from stepgap.sim.hardware_file import load_collectives, other_measurements
+
+    link = r.hw.interconnect
+    n = cfg.tensor_parallel_size if cfg.tensor_parallel_size > 1 else \
+        cfg.data_parallel_size if r.target.is_moe else 1
+    if n < 2 or not isinstance(link, MeasuredLink) or not link.path:
+        return None
+    others = other_measurements(link.path)
+    if not others:
+        return None
+    nbytes = 2 * 8 * r.target.hidden_size   # a decode step of 8 tokens' all-reduce
+
+    def speed(path) -> float:
+        m = load_collectives(path, link.fully_connected, link.p2p, model=link.model)
+        return m.all_reduce_us(nbytes, n) if n == m.npus else math.inf
+    times = sorted((speed(p), str(p)) for p in [link.path, *others])
+    (t_lo, fast), (t_hi, slow) = times[0], times[-1]
+    named = "; ".join(f"{repo_relative(p)} ({t:.1f} us)" for t, p in times)
+    return BandInput("collectives", f"the collectives over {n} GPUs, as each measurement of "
+                     f"the link prices them (a {nbytes // 1024} KiB all-reduce: {named})",
+                     t_lo if link.path == fast else t_hi, t_lo, t_hi, "us a decode all-reduce",
+                     f"{len(times)} measurements of one link disagree: {named}",
+                     {"collectives": fast}, {"collectives": slow})
+
+
+def kernel_input(cfg, r) -> BandInput | None:
+    """Which all-reduce vLLM issues, where the link's NCCL was measured and vLLM's own kernel
+    was not (the interconnect model prices it: vLLM's own benchmarks of its custom and
+    symmetric-memory kernels, sim/hardware.py): the measured NCCL at every size is the other
+    end (vLLM without its kernel: --disable-custom-all-reduce, GPUs without peer access, or a
+    version that takes NCCL), the two measurements of one link's small all-reduce."""
+    from stepgap.sim.hardware import MeasuredLink
+
+    link, tp = r.hw.interconnect, cfg.tensor_parallel_size
+    if tp < 2 or not isinstance(link, MeasuredLink) or link.model is None or not link.p2p \
+            or "all_reduce" not in link.sizes:
+        return None
+    nbytes = 2 * 8 * r.target.hidden_size   # a decode step of 8 tokens' all-reduce
+    ours, nccl = link.all_reduce_us(nbytes, tp), link.at("all_reduce", nbytes)
+    return BandInput("allreduce", f"the all-reduce vLLM issues over {tp} GPUs: its own kernel "
+                     f"({link.model.name}'s model, {ours:.1f} us at {nbytes // 1024} KiB) or "
+                     f"NCCL's ({link.path and repo_relative(link.path)}, {nccl:.1f} us)", ours,
+                     min(ours, nccl), max(ours, nccl), "us a decode all-reduce",
+                     f"{link.model.source}; {link.source}",
+                     {}, {"disable_custom_all_reduce": True})
 
 
 def cpu_input(nominal: float) -> BandInput:

@@ -21,13 +21,14 @@ from stepgap.sim.cpu_costs import CPU_COSTS, CpuCosts, OpCost
 from stepgap.sim.roofline import BF16, MTP_EXTRA_KERNELS, RooflineCosts, _ceil
 from stepgap.sim.profile import Noise, Profile, load_profile
 from stepgap.sim.profile_costs import ProfileCosts
-from stepgap.sim.tables import (TableCosts, bundle_meta, find_bundle, find_variant,
-                                load_tables, read_meta, refuse_another_model)
+from stepgap.sim.tables import (TableCosts, bundle_meta, committed_bundle, find_bundle,
+                                find_variant, load_tables, read_meta, refuse_another_model,
+                                repo_relative)
 from stepgap.sim.expert_parallel import MoeCosts, MoeParallel
 from stepgap.sim.moe_tables import check_moe_bundle, moe_only, moe_parts, mtp_path
-from stepgap.sim.hardware import CATALOG, Hardware, MeasuredLink
-from stepgap.sim.hardware_file import (collectives_beside, load_collectives, load_gpu,
-                                       with_link)
+from stepgap.sim.hardware import CATALOG, Hardware, MeasuredLink, is_gpu_file
+from stepgap.sim.hardware_file import (collectives_beside, committed_link, load_collectives,
+                                       load_gpu, other_measurements, with_link)
 from stepgap.common.errors import UserError, where
 from stepgap.common.limits import (MAX_MS, MAX_SCALE, MAX_SKEW, MAX_SPREAD, MAX_US, MIN_SPEED,
                                    is_finite)
@@ -78,7 +79,9 @@ class SimConfig(RunSpec):
         "profiler/perf/RTX4090/meta-llama/Llama-3.1-8B/bf16): they price the target forward "
         "over the step's real mix, the sampler and an EAGLE-3 head or draft model of the same "
         "shapes; the roofline prices the rest, and the result's config says which op came from "
-        "where (docs/explanation/measured-tables.md, 'Measured operator tables')"))
+        "where (docs/explanation/measured-tables.md, 'Measured operator tables'). Default: the "
+        "tables committed for a catalog --gpu that time the model's layers, where there are "
+        "any (`stepgap gpus`); `none`: the roofline alone (docs/reference/gpus.md)"))
     quantization: str | None = opt(
         None, "--quantization", "-q", kind="choice", choices=QUANTIZATIONS,
         refusal="is not modelled: stepgap models fp8 (or none: the checkpoint's own "
@@ -114,6 +117,18 @@ class SimConfig(RunSpec):
              "at decode (default: the --gpu interconnect's; 6 on NVLink, 20 on PCIe; "
              "docs/explanation/past-one-gpu.md). Not with measured collectives (a "
              "hardware.yaml), which it would contradict")
+    collectives: str | None = opt(
+        None, "--collectives", metavar="FILE.yaml", help=(
+            "a measurement of the collectives between the GPUs (LLMServingSim's hardware.yaml: "
+            "measured.interconnect over as many GPUs as --tensor-parallel-size, or a MoE "
+            "target's --data-parallel-size) to price them with, in place of the one found "
+            "for the --gpu (its file's, the one beside --device-profile, the one committed "
+            "for the GPU), or of the interconnect model; `stepgap gpus` lists them"))
+    disable_custom_all_reduce: bool = opt(
+        False, "--disable-custom-all-reduce", kind="bool", action="store_true", help=(
+            "as vLLM's: every all-reduce is NCCL's, none vLLM's own kernel (priced by the "
+            "measured NCCL all_reduce where a measurement of the link has one, else the "
+            "interconnect model's ring)"))
     jitter: bool = opt(
         True, "--no-jitter", kind="bool", action="store_false", label="--jitter", shown=False,
         help="ignore the profile's measured speed noise (by default device ops vary from step "
@@ -184,7 +199,8 @@ class SimConfig(RunSpec):
 CONFIG_KEYS = (
     "mode", "k", "gpu", "model", "method", "draft", "executor", "device", "tensor_parallel_size",
     "data_parallel_size", "enable_expert_parallel", "moe_routing_skew", "all_reduce_latency_us",
-    "topology", "profile", "device_profile", "jitter", "speed", "acceptance", "acceptance_rates",
+    "collectives", "disable_custom_all_reduce", "topology", "profile", "device_profile",
+    "jitter", "speed", "acceptance", "acceptance_rates",
     "acceptance_spread", "replay", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
     "block_size", "num_gpu_blocks_override", "gpu_memory_utilization", "quantization",
     "kv_cache_dtype", "scheduler_reserve_full_isl", "enable_prefix_caching", "cpu_scale",
@@ -194,7 +210,8 @@ CONFIG_KEYS = (
     "timeline", "timeseries_interval_s")
 # Fields written into a result only where they differ from their default (SimConfig.to_dict).
 OPTIONAL_FIELDS = {"quantization": None, "kv_cache_dtype": "auto", "data_parallel_size": 1,
-                   "enable_expert_parallel": False}
+                   "enable_expert_parallel": False, "collectives": None,
+                   "disable_custom_all_reduce": False}
 
 
 # -------------------------------------------------------------------------------------------
@@ -256,14 +273,26 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
     hw = load_gpu(cfg.gpu)
     target, notes = quantized(load_model_config(cfg.model), cfg, hw)
     tp = cfg.tensor_parallel_size
+    cfg, priced = with_committed_tables(cfg, hw, target, profile)
     hw = collectives(cfg, hw, notes, target.is_moe)
+    if cfg.disable_custom_all_reduce and hw.interconnect is not None:
+        hw = replace(hw, interconnect=replace(hw.interconnect, p2p=False))
+        notes.append("--disable-custom-all-reduce: every all-reduce is NCCL's")
     if cfg.all_reduce_latency_us is not None and hw.interconnect is not None:
-        if isinstance(hw.interconnect, MeasuredLink):
+        link = hw.interconnect
+        if isinstance(link, MeasuredLink) and link.model is None:
             raise UserError(f"--all-reduce-latency-us: the collectives are measured "
-                            f"({hw.interconnect.name}); it sets the interconnect model's "
+                            f"({link.name}); it sets the interconnect model's "
                             "latency, which they replace")
-        hw = replace(hw, interconnect=replace(hw.interconnect,
-                                              latency_us=cfg.all_reduce_latency_us))
+        if isinstance(link, MeasuredLink):   # the model prices what was not measured
+            link = replace(link, model=replace(link.model,
+                                               latency_us=cfg.all_reduce_latency_us))
+            notes.append(f"--all-reduce-latency-us {cfg.all_reduce_latency_us:g}: the "
+                         "interconnect model's latency, for the collectives it prices beside "
+                         f"the measured ones ({link.name})")
+        else:
+            link = replace(link, latency_us=cfg.all_reduce_latency_us)
+        hw = replace(hw, interconnect=link)
     target.check_tensor_parallel(tp)
     draft = None
     if cfg.k > 0:
@@ -308,6 +337,8 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
     prof, note = acceptance_profile(cfg, target)
     if note and cfg.k:
         notes.append(note)
+    if priced:
+        notes.append(priced)
     async_ = mode != "sync"
     return Resolved(
         hw, target, draft, costs, cpu_costs(cfg, measured), prof,
@@ -322,6 +353,39 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
         # queued): the share of the sync-fitted turnaround it waits (docs/explanation/vllm.md)
         rpc_share=0.5 if engine == "vllm" and async_ else 1.0,
         noise=measured.jitter if cfg.jitter and measured is not None else None)
+
+
+NO_TABLES = "none"   # --device-profile none: the roofline alone, no committed tables
+
+
+def committed_tables(cfg: SimConfig, hw: Hardware, target: ModelConfig,
+                     profile: Profile | None = None) -> Path | None:
+    """The operator tables committed under traces/peers/ that price this run by default
+    (sim/tables.py committed_bundle): a catalog GPU (not a GPU file) as a CUDA device, no
+    --device-profile (`none` refuses them) and no --profile (its fits or level were made over
+    the roofline), a bundle of the GPU measured for the model's shapes at the run's TP."""
+    if cfg.device_profile is not None or cfg.profile is not None or profile is not None \
+            or is_gpu_file(cfg.gpu) or hw.kind != "gpu" or (cfg.device or "cuda") != "cuda":
+        return None
+    return committed_bundle(hw.name, target, cfg.tensor_parallel_size,
+                            target.quantization == "fp8", KV_CACHE_DTYPES[cfg.kv_cache_dtype] == 1)
+
+
+def with_committed_tables(cfg: SimConfig, hw: Hardware, target: ModelConfig,
+                          profile: Profile | None) -> tuple[SimConfig, str | None]:
+    """The run's config as it is priced, and the note that says what prices it (for the end of
+    the run's notes): --device-profile none as none given; the committed tables of the GPU
+    (committed_tables) as if given."""
+    if cfg.device_profile == NO_TABLES:
+        return replace(cfg, device_profile=None), None
+    found = committed_tables(cfg, hw, target, profile)
+    if found is None:   # (a fitted roofline says so in the result's device_costs)
+        return cfg, None
+    return replace(cfg, device_profile=str(found)), (
+        f"--gpu {hw.name}: the measured operator tables {repo_relative(found)} price "
+        f"{target.name} at TP {cfg.tensor_parallel_size} (committed with their source and "
+        "licence; the result's device_costs say which kernels, and what the fitted roofline "
+        f"prices; --device-profile {NO_TABLES} for the roofline alone)")
 
 
 def profile_defaults(settings: dict, given, measured: Profile | None = None
@@ -371,27 +435,39 @@ def collectives(cfg: SimConfig, hw: Hardware, notes: list[str], moe: bool) -> Ha
     """The collectives of a run over several GPUs, tensor parallelism's (all-reduces, the
     logits' all-gather over the tp GPUs) and a MoE target's under data parallelism (`moe`: its
     dispatch and combine over the dp ranks, sim/expert_parallel.py): measured where a
-    hardware.yaml gives them (`--gpu FILE.yaml`, or the one LLMServingSim keeps beside the
-    --device-profile tables, profiler/perf/<GPU>/hardware.yaml) over as many GPUs as each group
-    has, else the --gpu's interconnect model; said in the notes when measured."""
+    hardware.yaml gives them (--collectives; `--gpu FILE.yaml`; the one LLMServingSim keeps
+    beside the --device-profile tables, profiler/perf/<GPU>/hardware.yaml; the one committed
+    for a catalog GPU, sim/hardware_file.py COMMITTED_LINKS) over as many GPUs as each group
+    has, else the --gpu's interconnect model; said in the notes when measured, with the other
+    measurements of the same link this repository holds."""
     tp, link = cfg.tensor_parallel_size, hw.interconnect
     dp = cfg.data_parallel_size if moe else 1
     groups = {n: option for n, option in ((dp, "--data-parallel-size"),
                                           (tp, "--tensor-parallel-size")) if n > 1}
     if not groups:
         return hw
-    if isinstance(link, MeasuredLink):
-        for n, option in groups.items():
-            if link.npus != n:
-                raise UserError(f"{where(cfg.gpu, field='measured.interconnect.npus')}: the "
-                                f"collectives were measured over {link.npus} GPUs; {option} {n} "
-                                f"needs them measured over {n} (or a catalog --gpu, whose "
-                                "interconnect model prices them)")
-    elif cfg.device_profile is not None:
-        root = find_bundle(cfg.device_profile)
-        label = read_meta(root).get("hardware")
-        found = collectives_beside(root, str(label)) if label else None
-        measured = load_collectives(found) if found else None
+    found = None
+    if cfg.collectives is not None:
+        found = Path(cfg.collectives)
+        if not found.is_file():
+            raise UserError(f"--collectives {cfg.collectives}: no such file (a hardware.yaml "
+                            "with measured.interconnect)")
+        measured = load_collectives(found, model=_model_of(hw))
+        if measured is None:
+            raise UserError(f"{where(found, field='measured.interconnect')}: missing "
+                            "(--collectives needs the measured collectives)")
+        _check_npus(measured, groups, str(found))
+        hw = with_link(hw, measured)
+    elif isinstance(link, MeasuredLink):
+        _check_npus(link, groups, cfg.gpu)
+    else:
+        if cfg.device_profile is not None:
+            root = find_bundle(cfg.device_profile)
+            label = read_meta(root).get("hardware")
+            found = collectives_beside(root, str(label)) if label else None
+        if found is None and len(groups) == 1 and not is_gpu_file(cfg.gpu):
+            found = committed_link(hw.name, next(iter(groups)))
+        measured = load_collectives(found, model=_model_of(hw)) if found else None
         if measured is None:
             return hw
         if any(measured.npus != n for n in groups):
@@ -400,22 +476,46 @@ def collectives(cfg: SimConfig, hw: Hardware, notes: list[str], moe: bool) -> Ha
                          f"({link.name}) prices them")
             return hw
         hw = with_link(hw, measured)
-    else:
-        return hw
     link = hw.interconnect
     said = [f"collectives: {link.source}"]
     if tp > 1:
-        said.append("each all-reduce takes vLLM's path (its custom one-shot kernel under 8 MiB "
-                    "where the GPUs have peer access, priced as the measured all_gather of the "
-                    "same bytes; NCCL's measured all_reduce above)" if link.p2p else
-                    "each all-reduce is NCCL's (no peer access, so no custom all-reduce)")
+        if not link.p2p:
+            said.append("each all-reduce is NCCL's (no peer access, so no custom all-reduce)")
+        elif "all_gather" in link.sizes:
+            said.append("each all-reduce takes vLLM's path (its custom one-shot kernel under "
+                        "8 MiB where the GPUs have peer access, priced as the measured "
+                        "all_gather of the same bytes; NCCL's measured all_reduce above)")
+        else:
+            said.append("each all-reduce takes vLLM's path (its custom kernel under 8 MiB "
+                        "where the GPUs have peer access, from the interconnect model, which "
+                        "no table measured; NCCL's measured all_reduce above)")
     if dp > 1:
         said.append("the MoE layers' dispatch and combine over the DP ranks as the measured "
                     "all_gather and " + ("reduce_scatter" if "reduce_scatter" in link.sizes
                                          else "all_gather of the same bytes (no reduce_scatter "
                                               "samples)"))
+    others = other_measurements(link.path) if link.path else []
+    if others:
+        said.append(f"another measurement of this link: "
+                    f"{', '.join(map(repo_relative, others))} (the `collectives` band input "
+                    "spans them)")
     notes.append("; ".join(said))
     return hw
+
+
+def _model_of(hw: Hardware):
+    """The GPU's interconnect model (under measured collectives, the model they keep)."""
+    link = hw.interconnect
+    return link.model if isinstance(link, MeasuredLink) else link
+
+
+def _check_npus(link: MeasuredLink, groups: dict, source: str) -> None:
+    for n, option in groups.items():
+        if link.npus != n:
+            raise UserError(f"{where(source, field='measured.interconnect.npus')}: the "
+                            f"collectives were measured over {link.npus} GPUs; {option} {n} "
+                            f"needs them measured over {n} (or a catalog --gpu, whose "
+                            "interconnect model prices them)")
 
 
 def quantized(target: ModelConfig, cfg: SimConfig, hw: Hardware) -> tuple[ModelConfig, list]:
@@ -503,7 +603,19 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
     roofline = roofline_of(costs)
     if bundle is not None and roofline is not None:   # the tables against the model's shapes
         check_tables(costs, roofline, bundle, cfg.tensor_parallel_size)
+    src = getattr(costs, "sources", None)
+    if hw.device_band is not None and "target_forward" not in (src or {}):
+        costs.sources = {**fitted_sources(hw), **(src or {})}
     return costs
+
+
+def fitted_sources(hw: Hardware) -> dict[str, str]:
+    """What prices each device op of a run on a GPU whose roofline was fitted on measured tables
+    (`Hardware.device_band`) and that no table or profile prices (the result's device_costs)."""
+    roof = (f"roofline fitted on measured tables ({hw.name}: bw_eff {hw.bw_eff:g}, flop_eff "
+            f"{hw.flop_eff:g}, {hw.kernel_us:g} us a kernel; {hw.source}; `stepgap gpus`)")
+    return {"target_forward": roof, "rejection_sample": roof, "draft_forward": roof,
+            "d2h": f"roofline (the catalog's copy time, {hw.d2h_us:g} us)", "fixup": roof}
 
 
 def attach_moe(cfg: SimConfig, target: ModelConfig, hw: Hardware, costs,
@@ -716,16 +828,17 @@ def _dense(costs, ref: RooflineCosts, fast: RooflineCosts, tp: int) -> None:
     per_sequence.csv: lm_head as its GEMM, the sampler as its read of the logits."""
     tables, c = costs.tables, ref.t
     judge = TableJudge(Path(tables.path) / f"tp{tp}" / "dense.csv", ref.hw.name)
-    for name, f in tables.dense.items():
+    for name, f in (tables.dense or {}).items():
         for m, t in zip(f.xs, f.ys):
             judge(f"{name} at {m:g} tokens", t, 0.0, ref._dense_layer(c, int(m)))
-    for m in sorted({x for f in costs._layer for x in f.xs}):
+    # (a partial bundle's roofline stand-ins for the kernels it lacks have no points)
+    for m in sorted({x for f in costs._layer for x in getattr(f, "xs", ())}):
         layer = sum(f(m) for f in costs._layer)
         judge(f"one layer's kernels at {m:g} tokens", layer, _attention_side(fast, int(m)),
               ref._dense_layer(c, int(m)))
     judge.path = Path(tables.path) / f"tp{tp}" / "per_sequence.csv"
     vocab = _ceil(c.vocab_size, tp)
-    for name, f in tables.per_sequence.items():
+    for name, f in (tables.per_sequence or {}).items():
         for rows, t in zip(f.xs, f.ys):
             n = int(rows)
             if name == "lm_head":
@@ -741,6 +854,8 @@ def _attention(tables, ref: RooflineCosts, fast: RooflineCosts, tp: int) -> None
     """attention.csv: each shot as one layer's attention over its (query, key) pairs and the
     KV it reads: a prefill chunk of pc tokens after kp, and nd decodes after kd each."""
     c = ref.t
+    if tables.attention is None:   # a partial bundle (meta.yaml not_measured): the roofline's
+        return
     judge = TableJudge(Path(tables.path) / f"tp{tp}" / "attention.csv", ref.hw.name)
     for (pc, nd), rows in tables.attention.slices.items():
         for kp, (kds, ts) in rows.items():

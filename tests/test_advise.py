@@ -529,7 +529,10 @@ def test_zero_bubble_is_judged_at_the_k_each_input_end_favours():
     a = advise(base, loads_of([1], None), [0, 1, 2, 3, 4], jobs=1).answers[0]
     moved = a.modes["async"].best_k
     assert moved.low < moved.value or moved.high > moved.value   # the case this is about
-    assert a.zero_bubble_saving.low > -0.005, a.zero_bubble_saving
+    from stepgap.sim.hardware import get_hardware
+    from stepgap.sim.roofline import FIXUP_KERNELS
+    fixup_ms = FIXUP_KERNELS * get_hardware("h100").kernel_us / 1000
+    assert a.zero_bubble_saving.low > -fixup_ms, a.zero_bubble_saving
 
 
 def test_jobs_past_the_cells_start_no_more_processes_than_cells(monkeypatch):

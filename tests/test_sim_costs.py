@@ -81,8 +81,9 @@ def test_kernel_overhead_and_context_add_time():
     lean = RooflineCosts(TARGET, HEAD, Hardware(**{**{f: getattr(get_hardware("h100"), f)
                                                       for f in Hardware.__slots__},
                                                    "kernel_us": 0.0}), k=4)
-    # 32 layers x 10 kernels + embedding, final norm, lm_head
-    assert short - lean.target_forward(decode(5, 100)) == pytest.approx(323 * 2.0)
+    # 32 layers x 10 kernels + embedding, final norm, lm_head, each the entry's kernel_us
+    assert short - lean.target_forward(decode(5, 100)) == \
+        pytest.approx(323 * get_hardware("h100").kernel_us)
 
 
 def test_cpu_op_cost_is_affine_and_scales():
