@@ -186,7 +186,22 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
                            max_k if max_k is not None else cfg.k)
     if acc is not None:
         inputs.append(acc)
+    if r.drafter_host:
+        inputs.append(drafter_input(r.drafter, cfg.drafter_host_scale))
     return inputs
+
+
+def drafter_input(d, nominal: float) -> BandInput:
+    """The drafter's host costs (sim/drafter_costs.py): its dispatch a pass and its first
+    inputs, or a CPU proposer's matching, over the range of their evidence."""
+    lo, hi = d.host_range()
+    what = (f"the {d.method} proposer's matching on the host" if d.on_cpu else
+            f"the drafter's host costs ({d.graphs} drafter graphs, "
+            f"{'padded' if d.padded else 'unpadded'} drafter batch: "
+            f"{d.host_pass_us():.0f} us a pass)")
+    return BandInput("drafter", what, nominal, nominal * lo, nominal * hi, "x host costs",
+                     d.source(), {"drafter_host_scale": nominal * lo},
+                     {"drafter_host_scale": nominal * hi}, 1)
 
 
 def cpu_input(nominal: float) -> BandInput:

@@ -18,6 +18,9 @@ from pathlib import Path
 from stepgap.common.acceptance import PROFILES, AcceptanceProfile, default_profile, get_profile
 from stepgap.sim.costs import DeviceCosts, LevelCosts
 from stepgap.sim.cpu_costs import CPU_COSTS, CpuCosts, OpCost
+from stepgap.sim.drafter_costs import CPU_PROPOSERS as DRAFTER_CPU_PROPOSERS
+from stepgap.sim.drafter_costs import (DRAFTER_GRAPHS, LATEST, PROPOSE, DrafterCosts,
+                                       parse_version)
 from stepgap.sim.roofline import RooflineCosts
 from stepgap.sim.profile import Noise, Profile, load_profile
 from stepgap.sim.profile_costs import ProfileCosts
@@ -46,7 +49,7 @@ from stepgap.common.scheduler import SchedulerConfig
 TOPOLOGIES = ("stepgap", "vllm", "served")
 # Methods whose drafter proposes from the sampled tokens on the host: vLLM runs them with sync
 # scheduling only (vllm/config/vllm.py; docs/sim.md).
-CPU_PROPOSERS = ("ngram",)
+CPU_PROPOSERS = DRAFTER_CPU_PROPOSERS
 # vLLM's --quantization and --kv-cache-dtype values the simulator models, and the element size
 # of a KV cache of each (auto: the model's bf16).
 QUANTIZATIONS = ("fp8",)
@@ -117,6 +120,30 @@ class SimConfig(RunSpec):
         True, "--no-jitter", kind="bool", action="store_false", label="--jitter", shown=False,
         help="ignore the profile's measured speed noise (by default device ops vary from step "
              "to step as measured; seeded by --seed)")
+    # the drafter as vLLM runs it (sim/drafter_costs.py)
+    vllm_version: str | None = opt(
+        None, "--vllm-version", metavar="X.Y.Z", help=(
+            f"the vLLM whose drafter to price (default {LATEST}, its main branch: the padded "
+            "drafter batch, PIECEWISE drafter graphs); before 0.11.0 the drafter waits for "
+            "each step's tokens on the host (no padded drafter batch, #24539)"))
+    disable_padded_drafter_batch: bool | None = opt(
+        None, kind="bool", label="speculative_config's disable_padded_drafter_batch",
+        help="the drafter waits for the step's sampled tokens on the host (default: vLLM's "
+             "for --vllm-version: false from 0.11.0)")
+    parallel_drafting: bool = opt(
+        False, kind="bool", label="speculative_config's parallel_drafting",
+        help="one drafter pass for the k drafts (P-EAGLE, PARD; vLLM #32887)")
+    drafter_cudagraph_mode: str | None = opt(
+        None, "--drafter-cudagraph-mode", kind="choice", choices=DRAFTER_GRAPHS, help=(
+            "the drafter's CUDA graphs: FULL (vLLM's model runner V2, #37588; "
+            "VLLM_USE_V2_MODEL_RUNNER=1), PIECEWISE (the V1 model runner's: attention eager "
+            "between the graph's pieces) or NONE (eager). Default: what vLLM derives from "
+            "--compilation-config's cudagraph_mode and speculative_config's enforce_eager, "
+            "PIECEWISE unless either says otherwise"))
+    drafter_host_scale: float = opt(
+        1.0, "--drafter-host-scale", kind="float", lo=0.0, hi=MAX_SCALE, metavar="X",
+        shown=False, help="multiply the drafter's host costs (its dispatch a pass, its first "
+                          "inputs, a CPU proposer's matching; default 1)")
     # acceptance (None: the published profile of this model and method)
     acceptance: str | None = opt(
         None, "--acceptance", metavar="PROFILE",
@@ -157,6 +184,8 @@ class SimConfig(RunSpec):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.vllm_version is not None:
+            parse_version(self.vllm_version)
         for op, abc in self.cpu_costs.items():
             if op not in CPU_COSTS:
                 raise UserError(f"--cpu-cost: unknown op {op!r} (ops: {', '.join(CPU_COSTS)})")
@@ -189,10 +218,13 @@ CONFIG_KEYS = (
     "cpu_costs", "launch_latency_us", "wake_us", "ipc_us", "output_latency_ms", "workload",
     "num_prompts", "output_len", "shared_fraction", "request_rate", "burstiness",
     "max_concurrency", "seed", "metric_percentiles", "percentile_metrics", "detailed",
-    "timeline", "timeseries_interval_s")
+    "timeline", "timeseries_interval_s", "vllm_version", "disable_padded_drafter_batch",
+    "parallel_drafting", "drafter_cudagraph_mode", "drafter_host_scale")
 # Fields written into a result only where they differ from their default (SimConfig.to_dict).
 OPTIONAL_FIELDS = {"quantization": None, "kv_cache_dtype": "auto", "data_parallel_size": 1,
-                   "enable_expert_parallel": False}
+                   "enable_expert_parallel": False, "vllm_version": None,
+                   "disable_padded_drafter_batch": None, "parallel_drafting": False,
+                   "drafter_cudagraph_mode": None, "drafter_host_scale": 1.0}
 
 
 # -------------------------------------------------------------------------------------------
@@ -240,6 +272,10 @@ class Resolved:
     cpu_propose: bool = False         # drafts proposed on the host (n-gram)
     rpc_share: float = 1.0            # of vLLM's sync-fitted RPC turnaround, waited
     noise: Noise | None = None        # the measured noise replayed on the device ops
+    # the drafter as vLLM runs it: its passes, and its host costs where priced (a GPU, no
+    # measured CPU fit, which holds them already); None: k = 0
+    drafter: DrafterCosts | None = None
+    drafter_host: bool = False
 
     @property
     def device_async(self) -> bool:
@@ -306,6 +342,11 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
     prof, note = acceptance_profile(cfg, target)
     if note and cfg.k:
         notes.append(note)
+    drafter = DrafterCosts.of(cfg, draft, target) if cfg.k else None
+    drafter_host = drafter is not None and topo.device_async and \
+        (measured is None or measured.cpu is None)
+    if drafter_host:
+        notes.append(drafter.describe())
     async_ = mode != "sync"
     return Resolved(
         hw, target, draft, costs, cpu_costs(cfg, measured), prof,
@@ -319,7 +360,8 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
         # core sends the next only then) and in one message in async (the next is already
         # queued): the share of the sync-fitted turnaround it waits (docs/vllm.md)
         rpc_share=0.5 if engine == "vllm" and async_ else 1.0,
-        noise=measured.jitter if cfg.jitter and measured is not None else None)
+        noise=measured.jitter if cfg.jitter and measured is not None else None,
+        drafter=drafter, drafter_host=drafter_host)
 
 
 def profile_defaults(settings: dict, given, measured: Profile | None = None
@@ -623,7 +665,14 @@ def cpu_costs(cfg: SimConfig, measured: Profile | None = None) -> CpuCosts:
     latencies = {name: getattr(cfg, name) for name in ("launch_latency_us", "wake_us", "ipc_us")
                  if getattr(cfg, name) is not None}
     base = (measured.cpu_costs(k=cfg.k) if measured is not None else None) or CpuCosts()
+    if cfg.k and cfg.method in CPU_PROPOSERS and cfg.method != "ngram" and not (
+            measured is not None and measured.cpu is not None
+            and "propose" in measured.cpu.terms):   # the method's own matching cost
+        base = replace(base, propose=PROPOSE[cfg.method])
     costs = replace(base.scaled(cfg.cpu_scale * cfg.speed), **latencies)
+    if cfg.drafter_host_scale != 1.0:   # (the band's `drafter` input, a CPU proposer's part)
+        p, x = costs.propose, cfg.drafter_host_scale
+        costs = replace(costs, propose=OpCost(p.a * x, p.b * x, p.c * x))
     return costs.with_ops({op: OpCost(*abc) for op, abc in cfg.cpu_costs.items()})
 
 
