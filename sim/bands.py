@@ -156,7 +156,7 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
     """The uncertain inputs of runs of `settings` (SimConfig fields) up to depth `max_k`: the
     host's CPU and the device (or what a measured profile or tables leave of them), and the
     acceptance where it is borrowed or extrapolated."""
-    from stepgap.sim.config import SimConfig, acceptance_profile, resolve
+    from stepgap.sim.config import SimConfig, resolve
     from stepgap.sim.tables import TableCosts
 
     cfg = SimConfig(**settings)
@@ -181,11 +181,7 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
                 f"{r.hw.bw_eff:g}, flop_eff {r.hw.flop_eff:g}, {r.hw.kernel_us:g} us a kernel)",
                 1.0, DEVICE_LOW, DEVICE_HIGH, "x device time", DEVICE_SOURCE,
                 {"speed": DEVICE_LOW}, {"speed": DEVICE_HIGH}))
-    prof, note = acceptance_profile(cfg, r.target)
-    acc = acceptance_input(cfg, r.target.name, prof, note is not None,
-                           max_k if max_k is not None else cfg.k)
-    if acc is not None:
-        inputs.append(acc)
+    inputs += acceptance_inputs(cfg, r.target, max_k if max_k is not None else cfg.k)
     if r.drafter_host:
         inputs.append(drafter_input(r.drafter, cfg.drafter_host_scale))
     return inputs
@@ -241,34 +237,48 @@ def profile_input(measured) -> BandInput:
                      {"speed": hi, "cpu_factor": hi})
 
 
-def acceptance_input(cfg, model: str, prof: AcceptanceProfile, borrowed: bool, max_k: int
-                     ) -> BandInput | None:
-    """Borrowed (the published profile of another model or method stands in, or a named one
-    that is not this model's): every conditional rate shifted on the logit scale; else
-    extrapolated past its depth (k > the rates measured): the later positions' rates.
-    `model`: the target's catalog name, whatever spelling the command line used (a Hugging
-    Face id, a folder), as the published profiles are keyed."""
+def acceptance_inputs(cfg, target, max_k: int) -> list[BandInput]:
+    """The acceptance's inputs: `acceptance`, where it is borrowed (the published profile of
+    another model or method, or a named one that is not this model's: every conditional rate
+    shifted on the logit scale) or else extrapolated past its depth (k > the rates measured:
+    the later positions' rates); and `dataset`, the published spread of the run's dataset
+    (common/acceptance.py DATASETS) where the acceptance is the default one."""
+    from stepgap.sim.config import acceptance_choice, acceptance_profile
+    prof, _ = acceptance_profile(cfg, target)
     if max_k < 1 or prof.name in SYNTHETIC:
-        return None
-    own = PUBLISHED.get((model, cfg.method))
-    if cfg.acceptance_rates is None and (borrowed or (own is not None and prof.name != own)
-                                         or (own is None and prof.name in _named())):
-        rates = lambda d: shifted(prof, d, max(max_k, len(prof.rates)))  # noqa: E731
-        return BandInput("acceptance", f"acceptance borrowed from {prof.name} ({prof.source})",
-                         0.0, -BORROWED_SHIFT, BORROWED_SHIFT, "logit shift", BORROWED_SOURCE,
-                         {"acceptance_rates": rates(-BORROWED_SHIFT),
-                          "acceptance_spread": prof.spread},
-                         {"acceptance_rates": rates(BORROWED_SHIFT),
-                          "acceptance_spread": prof.spread}, 1)
-    depth = len(prof.rates)
-    if max_k <= depth:
-        return None
-    return BandInput("acceptance", f"acceptance past position {depth} of {prof.name}, "
-                     "extrapolated", 1.0, EXTRAPOLATED_LOW, 1.0, "x conditional rate per "
-                     "position", EXTRAPOLATED_SOURCE,
-                     {"acceptance_rates": extrapolated(prof, EXTRAPOLATED_LOW, max_k),
-                      "acceptance_spread": prof.spread},
-                     {}, depth + 1)   # the high end is stepgap's rule: the nominal run
+        return []
+    out = []
+    choice = None if cfg.acceptance_rates is not None or cfg.acceptance is not None else \
+        acceptance_choice(cfg, target)[0]
+    own = PUBLISHED.get((target.name, cfg.method))
+    borrowed = choice.borrowed if choice is not None else cfg.acceptance_rates is None and (
+        (own is not None and prof.name != own) or (own is None and prof.name in _named()))
+    depth, deep = len(prof.rates), max(max_k, len(prof.rates))
+    if borrowed:
+        out.append(BandInput("acceptance", f"acceptance borrowed from {prof.name} "
+                             f"({prof.source})", 0.0, -BORROWED_SHIFT, BORROWED_SHIFT,
+                             "logit shift", BORROWED_SOURCE,
+                             {"acceptance_rates": prof.shifted(-BORROWED_SHIFT, deep),
+                              "acceptance_spread": prof.spread},
+                             {"acceptance_rates": prof.shifted(BORROWED_SHIFT, deep),
+                              "acceptance_spread": prof.spread}, 1))
+    elif max_k > depth:
+        out.append(BandInput("acceptance", f"acceptance past position {depth} of {prof.name}, "
+                             "extrapolated", 1.0, EXTRAPOLATED_LOW, 1.0, "x conditional rate "
+                             "per position", EXTRAPOLATED_SOURCE,
+                             {"acceptance_rates": extrapolated(prof, EXTRAPOLATED_LOW, max_k),
+                              "acceptance_spread": prof.spread},
+                             {}, depth + 1))   # the high end is stepgap's rule: the nominal run
+    if choice is not None and choice.band != (0.0, 0.0):
+        lo, hi = choice.band
+        out.append(BandInput("dataset", f"the {choice.dataset} dataset's effect on "
+                             f"acceptance ({prof.name})", 0.0, lo, hi, "logit shift",
+                             choice.band_source,
+                             {"acceptance_rates": prof.shifted(lo, deep),
+                              "acceptance_spread": prof.spread},
+                             {"acceptance_rates": prof.shifted(hi, deep),
+                              "acceptance_spread": prof.spread}, 1))
+    return out
 
 
 def _named() -> set[str]:
@@ -288,13 +298,8 @@ def extrapolated(prof: AcceptanceProfile, r: float, k: int) -> tuple[float, ...]
 
 def shifted(prof: AcceptanceProfile, d: float, k: int) -> tuple[float, ...]:
     """The profile's rates to depth k with every conditional rate shifted by d on the logit
-    scale."""
-    rates, prev = [], 1.0
-    for c in prof.conditional(k):
-        c = 0.0 if c <= 0 else 1.0 if c >= 1 else 1 / (1 + math.exp(-(math.log(c / (1 - c)) + d)))
-        prev *= c
-        rates.append(prev)
-    return tuple(rates)
+    scale (AcceptanceProfile.shifted)."""
+    return prof.shifted(d, k)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from stepgap.common.acceptance import PROFILES, AcceptanceProfile, default_profile, get_profile
+from stepgap.common.acceptance import (DATASETS, PROFILES, AcceptanceChoice, AcceptanceProfile,
+                                       dataset_acceptance, get_profile, workload_dataset)
 from stepgap.sim.costs import DeviceCosts, LevelCosts
 from stepgap.sim.cpu_costs import CPU_COSTS, CpuCosts, OpCost
 from stepgap.sim.drafter_costs import CPU_PROPOSERS as DRAFTER_CPU_PROPOSERS
@@ -150,6 +151,12 @@ class SimConfig(RunSpec):
         help=f"named per-position acceptance profile: {', '.join(PROFILES)} (default: the "
              "published one of the model and method, else mtbench: vLLM #26191, Llama-3.1-8B "
              "EAGLE-3 on MT-bench; docs/sim.md)")
+    acceptance_dataset: str | None = opt(
+        None, "--acceptance-dataset", kind="choice", choices=tuple(DATASETS), help=(
+            "the dataset the acceptance is of (common/acceptance.py DATASETS: each one's "
+            "published effect on acceptance, and its spread as the band): default the "
+            "workload's (--dataset-name random: random; sharegpt; hf mt-bench: mtbench), "
+            "mtbench for a trace"))
     acceptance_rates: tuple[float, ...] | None = opt(
         None, "--acceptance-rates", kind="rates", metavar="R1,R2,...",
         help="per-position acceptance rates as vLLM reports them (cumulative: the fraction of "
@@ -219,12 +226,13 @@ CONFIG_KEYS = (
     "num_prompts", "output_len", "shared_fraction", "request_rate", "burstiness",
     "max_concurrency", "seed", "metric_percentiles", "percentile_metrics", "detailed",
     "timeline", "timeseries_interval_s", "vllm_version", "disable_padded_drafter_batch",
-    "parallel_drafting", "drafter_cudagraph_mode", "drafter_host_scale")
+    "parallel_drafting", "drafter_cudagraph_mode", "drafter_host_scale", "acceptance_dataset")
 # Fields written into a result only where they differ from their default (SimConfig.to_dict).
 OPTIONAL_FIELDS = {"quantization": None, "kv_cache_dtype": "auto", "data_parallel_size": 1,
                    "enable_expert_parallel": False, "vllm_version": None,
                    "disable_padded_drafter_batch": None, "parallel_drafting": False,
-                   "drafter_cudagraph_mode": None, "drafter_host_scale": 1.0}
+                   "drafter_cudagraph_mode": None, "drafter_host_scale": 1.0,
+                   "acceptance_dataset": None}
 
 
 # -------------------------------------------------------------------------------------------
@@ -380,7 +388,8 @@ def profile_defaults(settings: dict, given, measured: Profile | None = None
     if "executor" in where and "executor" not in given:
         out["executor"] = where["executor"]
     if "acceptance_rates" in where:
-        chosen = [n for n in ("acceptance", "acceptance_rates", "acceptance_spread") if n in given]
+        chosen = [n for n in ("acceptance", "acceptance_rates", "acceptance_spread",
+                              "acceptance_dataset") if n in given]
         if chosen:
             rates = ", ".join(f"{r:.3g}" for r in where["acceptance_rates"])
             notes.append(f"--profile {settings['profile']} measured its acceptance (rates "
@@ -678,20 +687,36 @@ def cpu_costs(cfg: SimConfig, measured: Profile | None = None) -> CpuCosts:
 
 def acceptance_profile(cfg: SimConfig, target: ModelConfig | None = None
                        ) -> tuple[AcceptanceProfile, str | None]:
-    """The run's acceptance: --acceptance-rates, the named profile, or the published one of
-    this model and method (with a note when there is none and another stands in)."""
-    note = None
+    """The run's acceptance: --acceptance-rates, the named profile, or by model, method and
+    dataset (`acceptance_choice`), with a note saying which."""
     if cfg.acceptance_rates is not None:
         prof = AcceptanceProfile("custom", cfg.acceptance_rates, cfg.acceptance_spread or 0.0,
                                  "--acceptance-rates")
         return prof, None
-    name = cfg.acceptance
-    if name is None:
-        name, note = default_profile(target.name if target else cfg.model, cfg.method)
-    prof = get_profile(name)
+    if cfg.acceptance is not None:
+        prof, note = get_profile(cfg.acceptance), None
+    else:
+        choice, how = acceptance_choice(cfg, target)
+        prof = choice.profile
+        note = (f"{choice.note}; " if choice.note else "acceptance: ") + \
+            f"{prof.name} for the {choice.dataset} dataset ({how})"
     if cfg.acceptance_spread is not None:
         prof = AcceptanceProfile(prof.name, prof.rates, cfg.acceptance_spread, prof.source)
     return prof, note
+
+
+def acceptance_choice(cfg: SimConfig, target: ModelConfig | None = None
+                      ) -> tuple[AcceptanceChoice, str]:
+    """The default acceptance of the run's model and method on its dataset (--acceptance-
+    dataset, else the workload's, else mtbench), and how the dataset was chosen."""
+    dataset, how = cfg.acceptance_dataset, "--acceptance-dataset"
+    if dataset is None:
+        dataset = workload_dataset(cfg.workload)
+        how = f"the workload {cfg.workload.split(':')[0]}"
+    if dataset is None:
+        dataset, how = "mtbench", "a trace, whose dataset is not known: give --acceptance-dataset"
+    model = target.name if target is not None else cfg.model
+    return dataset_acceptance(model, cfg.method, dataset), how
 
 
 def scheduler_config(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,

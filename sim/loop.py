@@ -278,8 +278,7 @@ class Device:
             if op is None:
                 self.spans.append(Span(WORKER, "wait", n, t, t + d, {"on": "sample_tokens RPC"}))
             elif op == DRAFTER_INPUTS:
-                self.spans.append(Span(WORKER, "prepare_inputs", n, t, t + d,
-                                       {"of": "the drafter, after the step's tokens"}))
+                pass   # the device idles; the worker's wait on the step covers the time
             elif op == "target_forward+rejection_sample":
                 self.spans.append(Span(DEVICE, "target_forward", n, t, t + d - sample, None))
                 self.spans.append(Span(DEVICE, "rejection_sample", n, t + d - sample, t + d,

@@ -110,7 +110,8 @@ def add_setup_args(p) -> None:
     for name in ("drafter_cudagraph_mode", "drafter_host_scale"):
         add_option(g, name, D)
     g = p.add_argument_group("acceptance")
-    for name in ("acceptance", "acceptance_rates", "acceptance_spread", "replay"):
+    for name in ("acceptance", "acceptance_dataset", "acceptance_rates", "acceptance_spread",
+                 "replay"):
         add_option(g, name, D)
     add_scheduler_args(p, D, blocks_help=" (default: what device memory holds after the "
                                          "weights)")
@@ -151,7 +152,8 @@ def config_from_args(args) -> SimConfig:
         settings["cpu_costs"] = {**settings.get("cpu_costs", {}), **dict(args.cpu_cost)}
     settings["timeline"] = args.timeline is not None
     given = {name for name in ("gpu", "device", "executor", "acceptance", "acceptance_rates",
-                               "acceptance_spread") if getattr(args, name, None) is not None}
+                               "acceptance_spread", "acceptance_dataset")
+             if getattr(args, name, None) is not None}
     settings, notes = profile_defaults(settings, given | set(get_preset(args.preset).settings
                                                              if args.preset else ()))
     for line in notes:
