@@ -199,9 +199,10 @@ class DatasetAcceptance:
 SDB = "SpecDecode-Bench's Llama-3.1-8B profile (vLLM 0.10.1, greedy)"
 DATASETS: dict[str, DatasetAcceptance] = {d.name: d for d in (
     DatasetAcceptance(
-        "mtbench", (1.0, 0.96, 1.04),
+        "mtbench", (1.0, 0.96, 1.08),
         "MT-bench itself: the Llama-3.1-8B EAGLE-3 heads' lengths at k = 3 from 2.61 (vLLM CI) "
-        "to 2.79 (vLLM #20780), #26191's 2.69 between",
+        "to 2.79 (vLLM #20780), #26191's 2.69 between; the simulated mean over requests runs "
+        "about 3 % under a profile's own length (its rates are the median request's)",
         "sdb-ngram-sharegpt", (1.0, 0.95, 1.25),
         "chat: TensorRT-LLM's n-gram on Magpie first turns 1.37-1.40, second turns 1.66-1.77 "
         "(tech blog 7), against ShareGPT's 1.40 (SpecDecode-Bench)"),
@@ -251,6 +252,7 @@ DATASET_ALIASES = {"mt-bench": "mtbench", "philschmid/mt-bench": "mtbench", "hf"
                    "prefix_repetition": "random", "generated-shared-prefix": "random",
                    "multi-turn": "random", "random (inference-perf)": "random"}
 NGRAM_METHODS = ("ngram", "ngram_gpu")
+NGRAM_MODEL = "llama-3.1-8b"   # whose outputs the n-gram profiles matched
 
 
 def workload_dataset(spec: str | None) -> str | None:
@@ -288,9 +290,9 @@ def dataset_acceptance(model: str, method: str, dataset: str) -> AcceptanceChoic
     length ratio. The band is the dataset's range, as shifts of that profile."""
     d = DATASETS[dataset]
     note = None
-    if method in NGRAM_METHODS:
+    if method in NGRAM_METHODS:   # (the profiles are Llama-3.1-8B's outputs matched)
         base, (nom, lo, hi), src = PROFILES[d.ngram], d.ngram_ratio, d.ngram_source
-        borrowed = False
+        borrowed = model != NGRAM_MODEL
     elif method == "suffix":
         base, borrowed = PROFILES["vllm-suffix-mtbench"], dataset != "mtbench"
         (nom, lo, hi), src = (1.0, 1.0, 1.0), PROFILES["vllm-suffix-mtbench"].source

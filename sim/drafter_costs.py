@@ -94,6 +94,7 @@ PROPOSE_SOURCE = {
 }
 PROPOSE_RANGE = (0.5, 3.0)   # no measurement of either on a serving host: wide
 CPU_PROPOSERS = tuple(PROPOSE)
+UNPADDED_METHODS = ("eagle", "eagle3", "mtp")   # vLLM's use_eagle(): the unpadded path exists
 
 
 def parse_version(text: str) -> tuple[int, ...]:
@@ -132,10 +133,11 @@ class DrafterCosts:
     @classmethod
     def of(cls, cfg, draft, target) -> DrafterCosts:
         version = cfg.vllm_version or LATEST
-        padded = not cfg.disable_padded_drafter_batch if cfg.disable_padded_drafter_batch \
-            is not None else parse_version(version) >= PADDED_SINCE
-        layers = draft.num_layers if cfg.method == "draft_model" else \
-            getattr(draft, "num_layers", 1) if draft is not None else 1
+        unpadded = cfg.disable_padded_drafter_batch if cfg.disable_padded_drafter_batch \
+            is not None else parse_version(version) < PADDED_SINCE
+        # (a draft model and ngram_gpu run padded only: vLLM refuses them otherwise)
+        padded = not (unpadded and cfg.method in UNPADDED_METHODS)
+        layers = draft.num_layers if cfg.method == "draft_model" else 1
         return cls(cfg.method, cfg.k, cfg.drafter_cudagraph_mode or "PIECEWISE", padded,
                    cfg.parallel_drafting, layers, cfg.drafter_host_scale, version)
 

@@ -807,6 +807,8 @@ class Sim:
             "target": r.target.name, "draft": r.draft.name if r.draft else None,
             "num_kv_blocks": r.scheduler.num_blocks,
             "acceptance_rates": list(r.profile.rates), "acceptance_spread": r.profile.spread,
+            **({"acceptance_profile": r.profile.name} if cfg.k else {}),
+            **({"drafter": r.drafter.to_dict()} if r.drafter_host else {}),
             "cpu_costs_us": r.cpu.to_dict(), "num_steps": steps,
             "num_preemptions": preemptions,
         }

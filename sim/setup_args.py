@@ -66,9 +66,6 @@ def drafter_settings(args) -> dict:
     ignored = sorted(set(comp) - {"cudagraph_mode"})
     if ignored:
         note(args, f"ignoring compilation_config keys {', '.join(ignored)} (not modelled)")
-    if "cudagraph_mode" in comp:
-        note(args, "compilation_config's cudagraph_mode sets the drafter's graphs; the target's "
-                   "forward is priced as graph-launched kernels whatever the mode")
     if "cudagraph_mode" in comp or spec.get("enforce_eager"):
         derived = drafter_graphs(comp.get("cudagraph_mode"), bool(spec.get("enforce_eager")))
         given = args.drafter_cudagraph_mode
@@ -76,6 +73,9 @@ def drafter_settings(args) -> dict:
             raise UserError(f"--drafter-cudagraph-mode {given} and vLLM's settings "
                             f"(cudagraph_mode, enforce_eager) giving {derived} differ; give one")
         out["drafter_cudagraph_mode"] = derived
+    if "cudagraph_mode" in comp:
+        note(args, "compilation_config's cudagraph_mode sets the drafter's graphs; the target's "
+                   "forward is priced as graph-launched kernels whatever the mode")
     return out
 
 
