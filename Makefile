@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: install demo test bench clean vllm vidur
+.PHONY: install demo test bench notebooks clean vllm vidur
 
 install: $(VENV)/.installed
 
@@ -32,6 +32,11 @@ demo: install
 TEST_WORKERS ?= auto
 test: install
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadgroup --durations=10
+
+# The notebooks executed in place at full size, their outputs and figures committed (GitHub shows
+# them); each records its code cells' hash, which tests/test_notebooks.py checks.
+notebooks: install
+	$(PY) notebooks/execute.py
 
 bench: install
 	$(PY) -m pytest -q -m slow

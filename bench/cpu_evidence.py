@@ -10,7 +10,8 @@ costs (sim/cpu_costs.py) at a stated shape.
     an end-to-end TPOT by the factor at which the simulator (the GPU's roofline, nominal and at
     the ends of the `device` range) reproduces it.
 
-docs/sim.md, "Bands", has the table this prints, the sources and which rows set the range.
+docs/explanation/bands.md, "Bands", has the table this prints, the sources and which rows set the
+range.
 
 Usage: python bench/cpu_evidence.py [--profile PROFILE.json ...]
 """
@@ -36,8 +37,8 @@ EXPOSED = ("update_from_output", "schedule", "prepare_inputs")   # besides wake 
 
 
 def exposed_gap_us(cpu: CpuCosts, reqs: int, tokens: int) -> float:
-    """The defaults' exposed sync step gap (docs/sim.md, 'CPU cost model'): wake, update,
-    schedule, prepare and the launch latency; the rest of launch overlaps the device."""
+    """The defaults' exposed sync step gap (docs/explanation/cpu-costs.md, 'CPU cost model'): wake,
+    update, schedule, prepare and the launch latency; the rest of launch overlaps the device."""
     return cpu.wake_us + sum(getattr(cpu, op)(reqs, tokens) for op in EXPOSED) \
         + cpu.launch_latency_us
 

@@ -2321,7 +2321,7 @@ def serve_sweep(fx: Path, work: Path) -> list[Result]:
     text = log.read()
     tail = "; ".join(text.strip().splitlines()[-2:])[:200]
     for name, ok, why in (
-            # 143: SIGTERM's status in every command (docs/robustness.md, "Exit statuses")
+            # 143: SIGTERM's status in every command (docs/reference/robustness.md, "Exit statuses")
             ("shutdown: exit 143", rc == 143, f"exit {rc}: {tail}"),
             ("no traceback in the server's log", "Traceback" not in text,
              next((x for x in text.splitlines() if "Error" in x), "")[:200]),

@@ -2,8 +2,8 @@
 
 Runs the sync inline engine, greedy, on the CPU over every request of the held-out trace, once per
 k, and prints a markdown table: acceptance length, and the per-position acceptance rates (vLLM's
-definition: the fraction of drafts whose position i was accepted). docs/training.md holds the
-table this printed.
+definition: the fraction of drafts whose position i was accepted). docs/explanation/training.md
+holds the table this printed.
 
     python bench/pair_acceptance.py [--pair DIR] [--ks 1,2,3,4,5,6] [--num-prompts N]
 """

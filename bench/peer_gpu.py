@@ -51,7 +51,7 @@ RUNS = (("rtx4090-llama-3.1-8b", "RTX4090", "Llama-3.1-8B", "meta-llama/Llama-3.
         ("rtxpro6000-llama-3.1-8b", "RTXPRO6000", "Llama-3.1-8B", "meta-llama/Llama-3.1-8B",
          "llama-3.1-8b", 1, "rtxpro6000"),
         # the collectives of the pair as measured 2026-09-08: what the run's own step times
-        # show (bench/peer_tp.py; docs/sim.md, "What TP 2 over PCIe costs")
+        # show (bench/peer_tp.py; docs/explanation/measured-tables.md, "What TP 2 over PCIe costs")
         ("rtxpro6000-qwen3-32b-tp2", "RTXPRO6000", "Qwen3-32B", "Qwen/Qwen3-32B", "qwen3-32b", 2,
          "at-e08dc38/profiler/perf/RTXPRO6000/hardware.yaml"))
 # LLMServingSim's measurements of the RTX PRO 6000 pair's collectives, by commit

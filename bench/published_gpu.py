@@ -42,6 +42,7 @@ The verdicts:
 
 Usage:
     python bench/published_gpu.py                       # every point, with bands
+    (paths in a point's args, such as a --trace, are relative to the repository's root)
     python bench/published_gpu.py --half check          # one half
     python bench/published_gpu.py --only vllm-20780     # points whose id starts so
     python bench/published_gpu.py --no-band --jobs 2    # nominal only, two processes
@@ -57,6 +58,7 @@ import hashlib
 import io
 import json
 import math
+import os
 import re
 import shlex
 import statistics
@@ -380,6 +382,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, help="write every verdict to this JSON file")
     ap.add_argument("--report", type=Path, help="write a markdown report to this file")
     args = ap.parse_args(argv)
+    os.chdir(ROOT)   # the points' paths (their traces) are the repository's
     try:
         sources, points = load(args.files or None)
     except BadFile as e:

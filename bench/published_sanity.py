@@ -13,7 +13,8 @@
    on the sonnet dataset (550 input, 150 output tokens) at 1 request/s for 60 s: mean TPOT
    12.880 ms.
 
-Not a test: it prints the figures docs/sim.md quotes. Usage: python bench/published_sanity.py
+Not a test: it prints the figures docs/explanation/past-one-gpu.md quotes. Usage: python
+bench/published_sanity.py
 """
 
 from __future__ import annotations

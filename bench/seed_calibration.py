@@ -1,7 +1,7 @@
 """Fit the seed-l20 preset on the seed's sync row only, then predict its async row.
 
-The seed is vLLM PR #25872's measurement (docs/design.md §6). Two numbers are fitted, both on the
-sync row:
+The seed is vLLM PR #25872's measurement (docs/explanation/design.md §6). Two numbers are fitted,
+both on the sync row:
 
 - cpu_scale: one factor on every default CPU cost and latency, so that the simulated sync mean
   ITL equals the measured 28.14 ms;

@@ -76,8 +76,8 @@ def main() -> int:
 
     print(f"the host CPU range of the bands: x {CPU_LOW:g} ({CPU_LOW_SOURCE}) to x {CPU_HIGH:g} "
           f"({CPU_HIGH_SOURCE})\n")
-    print("1. uncalibrated: the seed's setup (docs/design.md §6), the L20's roofline, stepgap's "
-          "ranges")
+    print("1. uncalibrated: the seed's setup (docs/explanation/design.md §6), the L20's roofline, "
+          "stepgap's ranges")
     seed = {**get_preset("seed-l20").settings}
     for scale, why in ((1.0, "stepgap's defaults"), (2.42, "the preset's 2.42, fitted on this "
                                                             "very row")):

@@ -31,8 +31,8 @@ served run on that profile with the HTTP path fitted on the sync calibration run
     python bench/serve_vllm_bench.py --out out/serve-bench --analyse-only   # fit, simulate again
 
 `--vllm-venv` is a virtual environment with vLLM's CPU build (`make vllm` builds `.vllm`;
-docs/serve.md says how); `--vllm-cli` the script that runs its CLI (bench/vllm/vllm_cli.py by
-default). Run it on a quiet machine: it checks the load average first.
+docs/explanation/serve.md says how); `--vllm-cli` the script that runs its CLI
+(bench/vllm/vllm_cli.py by default). Run it on a quiet machine: it checks the load average first.
 """
 
 from __future__ import annotations
@@ -128,8 +128,9 @@ class Server:
 
 
 def vllm_bench(args, server: Server, dataset: Path, conc: int, out: Path, name: str) -> dict:
-    # on the front end's CPU at SCHED_FIFO 1, as bench/vllm/measure.py runs it (docs/vllm.md:
-    # a client short of CPU reads the stream in bursts and times itself, not the server)
+    # on the front end's CPU at SCHED_FIFO 1, as bench/vllm/measure.py runs it
+    # (docs/explanation/vllm.md: a client short of CPU reads the stream in bursts and times itself,
+    # not the server)
     cmd = ["chrt", "-f", "1", "taskset", "-c", str(HOST_CPU),
            str(Path(args.vllm_venv) / "bin" / "python"), str(args.vllm_cli), "bench", "serve",
            "--backend", "vllm", "--base-url", server.url, "--endpoint", "/v1/completions",

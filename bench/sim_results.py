@@ -3,7 +3,7 @@
 A change meant to make the simulator faster must not change what it computes. This writes the
 run result (with every request's chunks, ITLs and step gaps) and a digest of the timeline of
 each scenario to OUT/NAME.json and OUT/NAME.spans; run it from two checkouts and compare the
-folders byte for byte (docs/sim.md, "Speed"):
+folders byte for byte (docs/reports/2026-12-03-advise-speed.md):
 
     python bench/sim_results.py --out /tmp/before      # in the old checkout
     python bench/sim_results.py --out /tmp/after       # in the new one

@@ -3,13 +3,13 @@
 Scenarios: the seed (seed-l20: 80 MT-bench requests at concurrency 1, k=4) in sync and async, and
 10,000 ShareGPT-like requests at max-concurrency 64, k=4, async (sharegpt-h100). Each is run
 --repeat times and the best is kept (the machine may be shared). Not a test: it prints figures
-for docs/sim.md.
+for docs/explanation/speed.md.
 
 Usage: python bench/sim_speed.py [--repeat 3] [--num-prompts 10000] [--profile [N]]
 
 --profile runs the ShareGPT-like scenario once more under cProfile and prints its N functions
-with the most time of their own (what docs/sim.md's profile is taken from; cProfile's own cost
-inflates the small functions, so read it for where the time goes, not for how much).
+with the most time of their own (what docs/explanation/speed.md's profile is taken from; cProfile's
+own cost inflates the small functions, so read it for where the time goes, not for how much).
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
-"""`stepgap demo`: the engine on the committed trained pair, next to the simulator's prediction.
+"""`stepgap demo`: the question stepgap answers, on the seed's setup; then the engine on the
+committed trained pair, next to the simulator's prediction.
 
+0. The headline (`headline`): `stepgap advise` on the seed's setup (vLLM PR #25872: one L20,
+   Llama-3.1-8B + EAGLE-3, MT-bench, concurrency 1), its answer in words, and the PR's own k
+   in both modes next to what the PR measured. Seconds, and no engine (`--no-advise` skips it).
 1. This machine is measured on the spot (`--profile measure`, the default): the measurement
    harness (calibrate/harness.py) runs a small plan in one engine worker, a short
    microbenchmark grid and one calibration run on prompts cut from the corpus's *training*
@@ -17,7 +21,7 @@
    model predicts, not how far this machine's speed is from another's.
 
 `--profile committed` takes the profile committed with the CPU validation instead
-(traces/measured/cpu/profile.json, measured on the machine of docs/validation.md), and
+(traces/measured/cpu/profile.json, measured on the machine of docs/explanation/validation.md), and
 `--profile PATH` any other: then the error also holds how much faster or slower this machine
 is. Why the process executor: it is the topology the profiles are calibrated on, and the one
 where the modes differ on a CPU (inline, the engine's thread computes everything, and async
@@ -47,9 +51,10 @@ EPILOG = """\
 examples:
   stepgap demo                                  # k = 4, 48 held-out prompts, concurrency 1
   stepgap demo --k 2 --max-concurrency 4 --num-prompts 16 --mode async
-  stepgap demo --profile committed              # the profile of docs/validation.md's machine
+  stepgap demo --profile committed      # the profile of docs/explanation/validation.md's machine
 
-The pair (checkpoints/pystdlib) was trained by `stepgap train`; docs/training.md tells how.
+The pair (checkpoints/pystdlib) was trained by `stepgap train`; docs/explanation/training.md
+tells how.
 """
 
 
@@ -75,8 +80,40 @@ def register(sub) -> None:
                         "on the spot, in seconds, before the engine runs; committed takes "
                         "traces/measured/cpu/profile.json (another machine's, docs/"
                         "validation.md); or a profile file of `stepgap profile`")
+    p.add_argument("--no-advise", dest="advise", action="store_false",
+                   help="skip the headline: stepgap advise on the seed's setup")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_demo)
+
+
+SEED = "seed-l20"
+
+
+def headline(out=print, **settings):
+    """`stepgap advise` on the seed's setup (`settings` change it: tests make it small), told
+    in words: its verdict, and the PR's k in sync and async next to what the PR measured.
+    The Advice."""
+    import os
+    from stepgap.sim.advise import DEFAULT_MAX_K, advise, depths, loads_of, verdict
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.presets import get_preset
+    preset = get_preset(SEED)
+    base = SimConfig(**{**preset.settings, **settings}).to_dict()
+    advice = advise(base, loads_of([base["max_concurrency"]], None),
+                    depths(base, DEFAULT_MAX_K), jobs=min(2, os.cpu_count() or 1))
+    a, k = advice.answers[0], preset.settings["k"]
+    sync, asyn = a.modes["sync"].grid[k], a.modes["async"].grid[k]
+    m = preset.measured
+    out(f"stepgap demo: does async scheduling pay, and which k? On the seed's setup "
+        f"({preset.description})")
+    out(f"  {verdict(a)}")
+    out(f"  at the PR's k={k}: sync {sync:.2f} ms, async {asyn:.2f} ms mean TPOT (async saves "
+        f"{100 * (1 - asyn / sync):.1f} %); the PR measured {m['sync']['mean_tpot_ms']:.2f} "
+        f"and {m['async']['mean_tpot_ms']:.2f} ms (saves "
+        f"{100 * (1 - m['async']['mean_tpot_ms'] / m['sync']['mean_tpot_ms']):.1f} %)")
+    out(f"  ({advice.sims} simulations in {advice.seconds:.1f} s; `stepgap advise --preset "
+        f"{SEED}` prints the whole answer: its bands, what it rests on, your own k)")
+    return advice
 
 
 def pair_args(pair, requests, k: int, max_concurrency: int | None, mode: str = "sync",
@@ -227,7 +264,8 @@ def resolve_profile(profile: str | None) -> str | None:
 
 def run_demo(pair=PAIR, k: int = 4, num_prompts: int | None = None,
              max_concurrency: int | None = 1, progress: bool = True, device_costs=None,
-             out=print, mode: str = "sync", profile=MEASURE) -> tuple[dict, dict]:
+             out=print, mode: str = "sync", profile=MEASURE, advise: bool = False) \
+        -> tuple[dict, dict]:
     from stepgap.common.model_presets import load_draft_config, load_model_config
     if k < 1:
         raise UserError(f"--k must be >= 1, got {k}")
@@ -242,6 +280,10 @@ def run_demo(pair=PAIR, k: int = 4, num_prompts: int | None = None,
     dcfg = load_draft_config(paths["eagle3"], tcfg)
     p_lens = [r.prompt_len for r in reqs]
     o_lens = [r.output_len for r in reqs]
+    if advise:
+        headline(out)
+        out("")
+        out("Then the simulator held to a real engine, measured here:")
     out("stepgap demo: a trained Llama target and its EAGLE-3 head on held-out Python code")
     out(f"  target  {_show(paths['target'])}: {tcfg.num_layers} layers, hidden {tcfg.hidden_size}, "
         f"vocab {tcfg.vocab_size}, {tcfg.num_params / 1e6:.2f} M parameters")
@@ -269,7 +311,7 @@ def run_demo(pair=PAIR, k: int = 4, num_prompts: int | None = None,
         first = run.output_token_ids[reqs[0].request_id]
         sim = simulate_trace(pair, reqs, accepted, k, max_concurrency, device_costs, mode, path)
         costs = (f"costs: the measured profile {_show(path)}"
-                 + ("\n  (measured on the machine of docs/validation.md, not this one)"
+                 + ("\n  (measured on the machine of docs/explanation/validation.md, not this one)"
                     if Path(path).resolve() == PROFILE.resolve() else ""))
     out("")
     out(side_by_side(RunRecord.of(engine), RunRecord.of(sim)))
@@ -291,5 +333,5 @@ def _show(path) -> str:
 
 def cmd_demo(args) -> int:
     run_demo(args.pair, args.k, args.num_prompts, args.max_concurrency, not args.quiet,
-             mode=args.mode, profile=args.profile)
+             mode=args.mode, profile=args.profile, advise=args.advise)
     return 0

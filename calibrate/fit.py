@@ -12,10 +12,10 @@ Two sources, one JSON profile (the format is `sim/profile.py`'s):
    latency of a step's message, and the worker's result latency and turnaround.
 
 Device op fits come from the calibration runs (the engine's real steps, with the other process
-running, which is what is being predicted), steadied by the grid: its points join the fit at
-the in-situ level, so that shapes the calibration runs rarely take (two or three requests, long
-prefills next to decodes) follow the grid's slopes (`fit_shaped`). How far the grid alone sits
-from the in-situ times is kept in the profile's `checks` (docs/validation.md has the numbers).
+running, which is what is being predicted), steadied by the grid: its points join the fit at the
+in-situ level, so that shapes the calibration runs rarely take (two or three requests, long prefills
+next to decodes) follow the grid's slopes (`fit_shaped`). How far the grid alone sits from the
+in-situ times is kept in the profile's `checks` (docs/explanation/validation.md has the numbers).
 How a step is cut into device and CPU samples is calibrate/samples.py's.
 """
 
@@ -249,8 +249,8 @@ def fit_jitter(series: list[list[list[float]]], bin_ms: float = JITTER_BIN_MS) -
     device time). Three parts (sim/jitter.py Jitter):
 
     - run level: each run's mean z. The machine's speed drifts over seconds and minutes, so
-      whole runs are fast or slow (by ±20 % on the machine of docs/validation.md); the spread of
-      the run means, centred;
+      whole runs are fast or slow (by ±20 % on the machine of docs/explanation/validation.md); the
+      spread of the run means, centred;
     - within a run: the rest, averaged over `bin_ms` windows, one segment per run, as a trace
       the simulator replays from a seeded offset (bursts keep their length and height);
     - per step: what is left, as a standard deviation.

@@ -7,11 +7,11 @@ the judged runs of every cell, and the profile fitted from the calibration runs 
 microbenchmark grid (calibrate/fit.py). `stepgap validate` (CPU), `stepgap validate-gpu` and
 `stepgap profile` are all this one harness; calibrate/measured.py writes its output.
 
-The machine's speed drifts (other tenants share its caches and memory: ±10 % over seconds on
-the 2-core VM this was built on, docs/validation.md), so the runs are interleaved: each repeat
-runs every (k, concurrency) group as [a calibration run, then its modes back to back, in each
-of their orders in turn], and the groups' order rotates between repeats. The calibration then
-sees the same machine, on average, as the judged runs.
+The machine's speed drifts (other tenants share its caches and memory: ±10 % over seconds on the
+2-core VM this was built on, docs/explanation/validation.md), so the runs are interleaved: each
+repeat runs every (k, concurrency) group as [a calibration run, then its modes back to back, in each
+of their orders in turn], and the groups' order rotates between repeats. The calibration then sees
+the same machine, on average, as the judged runs.
 """
 
 from __future__ import annotations

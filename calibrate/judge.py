@@ -1,4 +1,5 @@
-"""Judging a measured folder: re-simulate every cell and hold it to its bounds (docs/design.md §7).
+"""Judging a measured folder: re-simulate every cell and hold it to its bounds
+(docs/explanation/design.md §7).
 
 `resimulate` runs each judged run's trace through the simulator with that run's accepted counts
 (so both see the same acceptance) and the folder's profile, and pools the repeats of a cell as
@@ -30,8 +31,8 @@ from stepgap.sim.jitter import run_levels
 from stepgap.sim.loop import simulate
 from stepgap.sim.profile import load_profile
 
-# The bounds every folder is held to, fixed (docs/validation.md): |simulated - measured| /
-# measured.
+# The bounds every folder is held to, fixed (docs/explanation/validation.md): |simulated - measured|
+# / measured.
 BOUNDS = (("mean_tpot_ms", "mean TPOT", 0.05), ("mean_itl_ms", "mean ITL", 0.05),
           ("p99_tpot_ms", "P99 TPOT", 0.10))
 # A folder judged by the "prefix" rules (a shared-prefix trace) holds TTFT too: prefix caching
@@ -360,10 +361,10 @@ def sign_flipped(row: dict) -> bool:
 
 
 # Which alternatives a folder's bounds admit, and what more it is held to (rules_for;
-# docs/history.md says when each was set): the engine's: the bounds alone; vLLM's: P99 TPOT
-# within 10 % *or* inside the measured cell's own 95 % interval, and a saving within 25 % (right
-# sign) *or* inside its measured interval (a real server's cells vary more from run to run than
-# a bound can absorb); the engine's on a trace whose runs hit the prefix cache: the engine's
+# docs/explanation/history.md says when each was set): the engine's: the bounds alone; vLLM's: P99
+# TPOT within 10 % *or* inside the measured cell's own 95 % interval, and a saving within 25 %
+# (right sign) *or* inside its measured interval (a real server's cells vary more from run to run
+# than a bound can absorb); the engine's on a trace whose runs hit the prefix cache: the engine's
 # bounds, mean TTFT within 5 % too, and every run's prefix-cache queries and hits exactly the
 # engine's (no known miss can excuse a count).
 RULES = {"engine": {"p99_interval": False, "saving_interval": False, "prefix": False},

@@ -2,7 +2,7 @@
 
 Judged runs use the held-out prompts (cut from stdlib files the pair never trained on);
 calibration runs use prompts cut from the corpus's *training* files, so that what a simulation
-is judged on is never what it was fitted on (docs/validation.md).
+is judged on is never what it was fitted on (docs/explanation/validation.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Peers' real GPU runs, judged (docs/design.md §9): a vLLM run on a GPU, re-simulated from the
-same GPU's measured operator tables, and held to fixed bounds like the committed CPU folders.
+"""Peers' real GPU runs, judged (docs/explanation/design.md §9): a vLLM run on a GPU, re-simulated
+from the same GPU's measured operator tables, and held to fixed bounds like the committed CPU
+folders.
 
 A peer folder (`traces/peers/<peer>/`) keeps the peer's files as they publish them, under
 their own paths, with their licence, and a `peers.json` naming the source (repository,
@@ -27,7 +28,7 @@ from stepgap.sim.hardware import is_gpu_file
 from stepgap.sim.loop import simulate
 
 MANIFEST = "peers.json"
-# Fixed targets, not fitted to the runs (docs/history.md says when they were set):
+# Fixed targets, not fitted to the runs (docs/explanation/history.md says when they were set):
 # |simulated - measured| / measured.
 PEER_BOUNDS = (("mean_tpot_ms", "mean TPOT", 0.01), ("p99_tpot_ms", "P99 TPOT", 0.03),
                ("mean_ttft_ms", "mean TTFT", 0.03), ("p99_ttft_ms", "P99 TTFT", 0.05),

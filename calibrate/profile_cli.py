@@ -21,7 +21,7 @@ examples:
   stepgap profile --ks 2 --concurrency 1 --calibration-prompts 8 --out /tmp/p.json
   stepgap simulate --profile out/profile.json --device cpu --executor process ...
 
-The calibration trace is cut from the corpus's training files (docs/validation.md); the
+The calibration trace is cut from the corpus's training files (docs/explanation/validation.md); the
 held-out prompts that `stepgap validate` judges on are never used here. A run takes about
 1-3 minutes on 2 cores. Keep the machine otherwise idle: this measures time.
 """

@@ -2,7 +2,7 @@
 point per device op of every step (`device_points`), and the samples of every CPU term of the
 step loop, as the topology's loop runs (`cpu_samples`; sim/loop.py models the same terms).
 
-How a step is cut into terms, from its spans (docs/design.md §2 lanes and ops):
+How a step is cut into terms, from its spans (docs/explanation/design.md §2 lanes and ops):
 
     engine:  ...update N-1 | loop | schedule N |                                 | update N ...
     worker:                               | prepare N | launch N .............| turnaround |
@@ -19,12 +19,12 @@ How a step is cut into terms, from its spans (docs/design.md §2 lanes and ops):
 - `worker_turnaround` = the last device op's end to prepare N+1's start, when N+1's message was
   already waiting (async runs): collecting and sending N's result, receiving N+1.
 
-vLLM's topology (docs/vllm.md) has its engine core's RPCs instead of one message: `rpc_mid`
-(the worker's wait for the sample_tokens RPC), `rpc_drafts` (take_draft_token_ids), `ipc_us`
-from schedule N's end to prepare N's start, and its API server's `add_request` and
+vLLM's topology (docs/explanation/vllm.md) has its engine core's RPCs instead of one message:
+`rpc_mid` (the worker's wait for the sample_tokens RPC), `rpc_drafts` (take_draft_token_ids),
+`ipc_us` from schedule N's end to prepare N's start, and its API server's `add_request` and
 `process_outputs` (bench/vllm/stepgap_hooks.py spans). A served stepgap engine (`served`) is
-stepgap's loop with `stepgap serve`'s front end: its `add_request`, and per step its
-process_outputs with the stream of every chunk.
+stepgap's loop with `stepgap serve`'s front end: its `add_request`, and per step its process_outputs
+with the stream of every chunk.
 """
 
 from __future__ import annotations

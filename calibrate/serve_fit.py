@@ -1,4 +1,4 @@
-"""The HTTP path's costs, for the simulator's `served` topology (docs/serve.md).
+"""The HTTP path's costs, for the simulator's `served` topology (docs/explanation/serve.md).
 
 `stepgap serve` puts the engine behind an API server that shares the engine core's CPU. On top
 of an engine profile (`stepgap profile`, in-process runs), this fits what serving adds, from
@@ -94,7 +94,7 @@ def fit_served(base: Profile, runs: list[dict]) -> Profile:
              "served_fit": {"runs": len(runs), "ks": sorted({r["k"] for r in runs}),
                             "levels": levels, "quality": {t: quality[t] for t in TERMS},
                             "client_latency_us": latency, "undetermined": missing,
-                            "why": "calibrate/serve_fit.py; docs/serve.md"}}
+                            "why": "calibrate/serve_fit.py; docs/explanation/serve.md"}}
     return replace(base, cpu=pooled_fit, cpu_by_k=by_k_fit, about=about, notes=notes,
                    path=None)
 
@@ -133,7 +133,7 @@ client's latency. ENGINE_PROFILE is `stepgap profile`'s (in-process runs); the r
 ones you will predict."""
 
 EPILOG = """\
-the workflow (docs/serve.md):
+the workflow (docs/explanation/serve.md):
   stepgap profile --out engine.json
   stepgap serve MODEL --executor process ... --timeline runs/a.server.jsonl \\
       --result-json runs/a.server.json &

@@ -49,7 +49,8 @@ examples:
 The judged trace (default: the pair's held-out prompts) and the calibration trace (default:
 prompts cut from the corpus's training files) must differ. Keep the machine otherwise idle:
 the report records the load average. A new folder's known misses go into its
-known_misses.toml by hand (docs/validation.md). The method and the results: docs/validation.md.
+known_misses.toml by hand (docs/explanation/validation.md). The method and the results:
+docs/explanation/validation.md.
 """
 
 

@@ -1,11 +1,12 @@
 """vLLM as the measured side: its profiler traces, its metrics and its benchmark files, read into
-stepgap's formats (docs/design.md §8; docs/vllm.md says how each mapping was read off vLLM 0.32).
+stepgap's formats (docs/explanation/design.md §8; docs/explanation/vllm.md says how each mapping was
+read off vLLM 0.32).
 
 - `vllm_timeline`: the torch-profiler traces a vLLM server writes (the worker's, and the API
-  server's) become a stepgap timeline on docs/design.md's lanes and ops (`SCOPES`), step by step;
-  the spans of bench/vllm/stepgap_hooks.py (vLLM's engine core and API server, which its
-  profiler does not trace) join them on the same clock. What maps to no op keeps vLLM's name
-  in `args["vllm"]`.
+  server's) become a stepgap timeline on docs/explanation/design.md's lanes and ops (`SCOPES`), step
+  by step; the spans of bench/vllm/stepgap_hooks.py (vLLM's engine core and API server, which its
+  profiler does not trace) join them on the same clock. What maps to no op keeps vLLM's name in
+  `args["vllm"]`.
 - `acceptance_from_scrapes`: two `/metrics` scrapes become an acceptance profile (per-position
   rates, as `stepgap simulate --acceptance FILE` takes them).
 (`vllm bench serve` files are read by common/vllm_bench.py, which every command can take.)
@@ -477,7 +478,7 @@ def acceptance_from_scrapes(after: str, before: str | None = None, source="scrap
 
 
 INGEST_EPILOG = """\
-the workflow (docs/vllm.md shows it end to end on the committed data):
+the workflow (docs/explanation/vllm.md shows it end to end on the committed data):
   # 1. a short profiled vLLM sync run (the server with --profiler-config, the bench with
   #    --profile), then ingest its worker and API-server traces as a stepgap timeline
   vllm serve MODEL --profiler-config '{"profiler": "torch", "torch_profiler_dir": "prof",
@@ -503,7 +504,8 @@ def register(sub) -> None:
     q = add_command(psub, "vllm-profile", help="torch-profiler traces -> a stepgap timeline",
                     description="A vLLM server's torch-profiler traces (the worker's "
                     "rank0.*.pt.trace.json.gz and the API server's) as a stepgap timeline "
-                    "on docs/design.md's lanes and ops (docs/vllm.md has the mapping); "
+                    "on docs/explanation/design.md's lanes and ops (docs/explanation/vllm.md "
+                    "has the mapping); "
                     "stepgap_hooks span files add the engine core's and the API server's "
                     "spans.")
     q.add_argument("traces", nargs="+", metavar="TRACE")

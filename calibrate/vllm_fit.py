@@ -3,7 +3,7 @@
 From measured vLLM runs of one setup (`vllm bench serve --save-result --save-detailed` files;
 where given, the timelines of the same runs: torch-profiler traces or bench/vllm/stepgap_hooks
 span files; and `/metrics` scrapes around them) it fits, for the simulator's vLLM topology
-(sim/loop.py, docs/vllm.md):
+(sim/loop.py, docs/explanation/vllm.md):
 
 - the device ops (target_forward, rejection_sample, each draft_forward pass, d2h) as linear
   fits over the step's tokens and requests, per speculation depth k (calibrate/fit.py's form);
@@ -337,8 +337,8 @@ def fit_async(runs: list[Run], cpu_by_k: dict, fits: list
 
 def estimate_async(cpu_by_k: dict, fits: list) -> dict[int, dict]:
     """The async terms (sim/cpu_costs.py VLLM_ASYNC_TERMS) for a user with sync runs only, per
-    calibrated k, from the sync runs' own fits and vLLM 0.32's code (docs/vllm.md, "What vLLM's
-    async path costs"); each [a, b per request, c per draft token]:
+    calibrated k, from the sync runs' own fits and vLLM 0.32's code (docs/explanation/vllm.md, "What
+    vLLM's async path costs"); each [a, b per request, c per draft token]:
 
     - `async_prepare`: GPUModelRunner._prepare_input_ids without drafts takes its common-case
       path (one slice copy) and costs about nothing; with drafts it builds two sets of index
@@ -400,7 +400,7 @@ def calibrate_runs(runs: list[Run], meta: dict | None = None) -> Profile:
                 for k, s in sorted(by_k.items())}
     # Not observable in sync runs: the async worker's turnaround (it answers one RPC and takes
     # the next, already queued) is the same operation as the mid-step RPC turnaround (the
-    # simulator halves both in async: sim/loop.py, docs/vllm.md).
+    # simulator halves both in async: sim/loop.py, docs/explanation/vllm.md).
     for c in (cpu, *cpu_by_k.values()):
         if "rpc_mid" in c:
             c["worker_turnaround"] = list(c["rpc_mid"])

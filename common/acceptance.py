@@ -4,12 +4,12 @@ Rates are vLLM's per-position acceptance rates: the fraction of drafts whose pos
 accepted, so they are cumulative and non-increasing. Sampling uses the conditional rates
 c_i = r_i / r_{i-1}: position i is accepted with probability c_i once position i-1 was.
 
-Requests differ: on MT-bench, code and extraction are easy to draft, creative writing is not.
-Each request gets a quality z ~ N(0, spread) that shifts every conditional rate on the logit
-scale, logit(c_i,r) = logit(c_i) + z_r. The z_r are stratified (the normal quantiles of the
-request count, in a seeded order), so a run of 80 requests holds the same spread of qualities
-whatever the seed. The profile's rates are thus those of the median request. docs/sim.md says
-where the `mtbench` numbers come from.
+Requests differ: on MT-bench, code and extraction are easy to draft, creative writing is not. Each
+request gets a quality z ~ N(0, spread) that shifts every conditional rate on the logit scale,
+logit(c_i,r) = logit(c_i) + z_r. The z_r are stratified (the normal quantiles of the request count,
+in a seeded order), so a run of 80 requests holds the same spread of qualities whatever the seed.
+The profile's rates are thus those of the median request. docs/explanation/acceptance.md says where
+the `mtbench` numbers come from.
 
 Replay: a trace line's `accepted` list gives the accepted count of each decode step of that
 request, in order; the i-th decode step with drafts uses accepted[i]. A count above k is an
@@ -109,7 +109,8 @@ class AcceptanceProfile:
 
 PROFILES: dict[str, AcceptanceProfile] = {p.name: p for p in (
     # vLLM issue #26191: Llama-3.1-8B-Instruct + yuhuili EAGLE3 head, MT-bench (80 prompts),
-    # temperature 0, k=7. The spread is fitted on the seed's sync P99 TPOT (docs/sim.md).
+    # temperature 0, k=7. The spread is fitted on the seed's sync P99 TPOT
+    # (docs/explanation/acceptance.md).
     AcceptanceProfile("mtbench", (0.74, 0.54, 0.41, 0.31, 0.23, 0.17, 0.13), spread=0.50,
                       source="vLLM #26191 (rates); spread fitted on vLLM #25872 sync P99 TPOT"),
     AcceptanceProfile("none", (0.0,), source="every draft rejected"),

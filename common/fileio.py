@@ -6,7 +6,7 @@ JSON lines through `json_lines`; every writer goes through `write_bytes` (and `w
 `write_json`), which write a temporary file beside the target and rename it over, so that an
 interrupted or failed write never leaves a torn or empty file. Every command checks its output
 paths with `check_writable` before it starts its work, so that a wrong path or a full disk is
-found before a measurement, not after it. Errors name the path (docs/robustness.md).
+found before a measurement, not after it. Errors name the path (docs/reference/robustness.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Shared file formats and metrics: the contract of docs/design.md §2, §4 and §5.
+"""Shared file formats and metrics: the contract of docs/explanation/design.md §2, §4 and §5.
 
 Both halves import this module, and nothing else defines these formats:
 
@@ -18,22 +18,23 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
+from stepgap.common.breakdown import idle_events, ranks as by_rank
 from stepgap.common.errors import UserError, where
 from stepgap.common.limits import MAX_ARRIVAL_S, is_finite, is_int, is_number
 from stepgap.common.fileio import (NONFINITE, check_file, dumps_json, json_lines,
                                    write_json, write_text)
 
 MODES = ("sync", "async", "zero-bubble")
-# The topology (docs/design.md §2): the worker in the engine's process or its own (vLLM's
-# multiprocess executor); the device asynchronous to the worker (cuda) or the worker's own
+# The topology (docs/explanation/design.md §2): the worker in the engine's process or its own
+# (vLLM's multiprocess executor); the device asynchronous to the worker (cuda) or the worker's own
 # compute (cpu).
 EXECUTORS = ("inline", "process")
 DEVICES = ("cpu", "cuda")
 OLD_DEVICES = {"async": "cuda", "sync": "cpu"}   # the devices as once spelled, still read
 # cpu.frontend: the API server of a served engine (vLLM's, or `stepgap serve`), between a step's
-# output and the client's chunk (docs/design.md §8). `add_request` is a request taken in, `stream`
-# one chunk written to its client (stepgap serve); `wait` a thread blocked (on the device, or
-# the worker blocked on the engine core's next message); `unmapped` a measured span no op
+# output and the client's chunk (docs/explanation/design.md §8). `add_request` is a request taken
+# in, `stream` one chunk written to its client (stepgap serve); `wait` a thread blocked (on the
+# device, or the worker blocked on the engine core's next message); `unmapped` a measured span no op
 # stands for, its own name in args["vllm"].
 LANES = ("cpu.frontend", "cpu.engine", "cpu.worker", "device")
 OPS = {
@@ -212,11 +213,17 @@ def load_timeline(path) -> list[Span]:
     return [parse_span(d, path, lineno) for lineno, d in json_lines(path)]
 
 
+IDLE_TRACK = "device idle"   # the Chrome trace's track of the device's idle stretches
+
+
 def chrome_trace(spans: Iterable[Span], process_name: str = "stepgap") -> dict:
     """Chrome-trace / Perfetto JSON: one thread per lane, one complete ("X") event per span;
-    a data-parallel run's ranks (spans with args.dp) each a process of their own."""
+    a data-parallel run's ranks (spans with args.dp) each a process of their own. A last
+    thread, "device idle", holds the device's idle stretches, each named for the op it is
+    exposed to (common/breakdown.py: "idle: prepare_inputs", "idle: (no op)"), with the step
+    it delays: where each microsecond of a gap goes, on the timeline."""
     spans = list(spans)
-    tid = {lane: i + 1 for i, lane in enumerate(LANES)}
+    tid = {lane: i + 1 for i, lane in enumerate((*LANES, IDLE_TRACK))}
     ranks = sorted({s.args["dp"] for s in spans if s.args and "dp" in s.args})
     procs = {None: (1, process_name)} if not ranks else \
         {r: (1 + r, f"{process_name} DP rank {r}") for r in ranks}
@@ -230,6 +237,12 @@ def chrome_trace(spans: Iterable[Span], process_name: str = "stepgap") -> dict:
         events.append({"name": s.op, "cat": s.lane, "ph": "X", "pid": pid, "tid": tid[s.lane],
                        "ts": round(s.start_us, 3), "dur": round(s.end_us - s.start_us, 3),
                        "args": {"step": s.step, **(s.args or {})}})
+    for rank, own in by_rank(spans).items():
+        pid = procs[rank if ranks else None][0]
+        for a, b, lane, op, step in idle_events(own):
+            events.append({"name": f"idle: {op}", "cat": IDLE_TRACK, "ph": "X", "pid": pid,
+                           "tid": tid[IDLE_TRACK], "ts": round(a, 3), "dur": round(b - a, 3),
+                           "args": {"before_step": step, "exposed_lane": lane}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
@@ -238,7 +251,7 @@ def save_chrome_trace(path, spans: Iterable[Span], process_name: str = "stepgap"
 
 
 def step_gaps(spans: Iterable[Span]) -> list[float]:
-    """Device idle time before each step, in microseconds (docs/design.md §2).
+    """Device idle time before each step, in microseconds (docs/explanation/design.md §2).
 
     The gap of step N+1 is the start of its first device op minus the end of step N's last device
     op, taken between consecutive steps that have device ops. Overlap counts as no gap (0).

@@ -1,13 +1,13 @@
 """What a setting may be: the limits both halves and the command line hold numbers to, and the
 one check of each kind of number (an integer, a number, a finite number), so that a `true`, a
-`"4"` or a NaN is refused alike everywhere (docs/robustness.md)."""
+`"4"` or a NaN is refused alike everywhere (docs/reference/robustness.md)."""
 
 from __future__ import annotations
 
 import math
 
 # The most a setting may be. Past these a value is a typo (1e308), not a setting: it would
-# overflow the simulator's clock, hang the engine or fill the memory (docs/robustness.md).
+# overflow the simulator's clock, hang the engine or fill the memory (docs/reference/robustness.md).
 # The command line (common/options.py), SimConfig (grid files, presets) and EngineArgs hold
 # their fields to the same limits.
 MAX_US = 1e9              # an op's cost or a latency in microseconds: 1000 s

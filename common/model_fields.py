@@ -1,8 +1,8 @@
 """Checks of single config fields, shared by the model configs and their config.json readers.
 
-Every family, the heads and both halves alike (docs/robustness.md): `int_field`, `bool_field`,
-`check_token_ids`, `check_layer_kind`, `check_rope_scaling`, `check_layer_fields`, each error
-naming the file and the field.
+Every family, the heads and both halves alike (docs/reference/robustness.md): `int_field`,
+`bool_field`, `check_token_ids`, `check_layer_kind`, `check_rope_scaling`, `check_layer_fields`,
+each error naming the file and the field.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 a target.
 
 An EAGLE-3 head is one Llama decoder layer over [token embedding ‖ fused target hidden states],
-in one of the two checkpoint layouts of docs/design.md §4:
+in one of the two checkpoint layouts of docs/explanation/design.md §4:
 
 - yuhuili: `architectures: ["LlamaForCausalLMEagle3"]`, Llama fields at the top, `draft_vocab_size`;
 - speculators: `speculators_model_type: "eagle3"`, Llama fields under `transformer_layer_config`,

@@ -16,7 +16,8 @@ LLAMA3_ROPE_8K = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 LLAMA32_ROPE = {**LLAMA3_ROPE_8K, "factor": 32.0}
 
-# Named presets. Values from the models' published config.json files (docs/design.md §6).
+# Named presets. Values from the models' published config.json files (docs/explanation/design.md
+# §6).
 MODEL_PRESETS: dict[str, ModelConfig] = {
     "llama-3.1-8b": ModelConfig(
         "llama-3.1-8b", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
@@ -32,9 +33,9 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
         head_dim=64, intermediate_size=8192, vocab_size=128256, rope_theta=500000.0,
         rope_scaling=LLAMA32_ROPE, max_position_embeddings=131072, tie_word_embeddings=True),
 }
-# Simulator presets, as the fields of each model's published config.json that its family's
-# reader uses (copies in ai-dynamo/aiconfigurator's model_configs/, docs/sim.md), so that a
-# preset and the real file give the same config.
+# Simulator presets, as the fields of each model's published config.json that its family's reader
+# uses (copies in ai-dynamo/aiconfigurator's model_configs/, docs/explanation/past-one-gpu.md), so
+# that a preset and the real file give the same config.
 HF_PRESETS = {
     "llama-3.3-70b": {
         "model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80,
@@ -104,8 +105,9 @@ DRAFT_PRESETS: dict[str, EagleHeadConfig] = {
         target_hidden_size=4096, aux_layer_ids=(2, 16, 29), rope_theta=500000.0,
         rope_scaling=LLAMA3_ROPE_8K, max_position_embeddings=2048),
     # One target-sized layer and a 32000-token draft vocabulary: the shape of SpecForge's
-    # llama3-70B-eagle3.json and of the speculators-format heads (RedHatAI); yuhuili's 70B head
-    # is narrower, but its config was not found in a source we could read (docs/sim.md).
+    # llama3-70B-eagle3.json and of the speculators-format heads (RedHatAI); yuhuili's 70B head is
+    # narrower, but its config was not found in a source we could read
+    # (docs/explanation/past-one-gpu.md).
     "llama-3.3-70b-eagle3": eagle3_for(MODEL_PRESETS["llama-3.3-70b"],
                                        name="llama-3.3-70b-eagle3"),
     # AngelSlim's qwen3-8b-eagle3.json: hidden 4096, intermediate 12288, 32/8 heads of 128,

@@ -18,7 +18,7 @@ common/model_families.py's):
 Any other family, a field it needs that is missing, or a quantization that is not modelled is
 one clear error naming the file and the field: nothing is guessed. The checks of single fields
 (common/model_fields.py) serve every family, the heads and both halves alike
-(docs/robustness.md).
+(docs/reference/robustness.md).
 
 `check_tensor_parallel` holds vLLM's sharding rules (attention heads, KV heads, MLP widths), and
 `weight_bytes(tp)` / `kv_bytes_per_token(tp)` say what one GPU of a tensor-parallel group holds.

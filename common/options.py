@@ -323,7 +323,8 @@ def add_load_args(p, default_workload: str = "mtbench", many: bool = False):
                         f"run's requests.jsonl (default: {default_workload})")
     g.add_argument("--dataset-name", default=None, metavar="NAME",
                    help=f"a dataset of `vllm bench serve`, sampled as vLLM 0.32 samples it: "
-                        f"{', '.join(MODELLED)} (docs/sim.md, 'Workloads'); its options below. "
+                        f"{', '.join(MODELLED)} (docs/reference/workloads.md, 'Workloads'); "
+                        "its options below. "
                         "Without it the workload is --trace's (vLLM's default, random, when "
                         "a --random-* option is given)")
     g.add_argument("--dataset-path", default=None, metavar="FILE|ID",
@@ -498,7 +499,7 @@ def workload_spec(args) -> str | None:
     elif name == "sharegpt":
         note(args, "--dataset-name sharegpt without --dataset-path: the built-in ShareGPT-like "
                    "length mix stands in (log-normal, mean prompt 161 and output 338 tokens; "
-                   "docs/sim.md); give the file for its own lengths")
+                   "docs/reference/workloads.md); give the file for its own lengths")
     if name in ("random", "sharegpt") and getattr(args, "tokenizer", None):
         params["tokenizer"] = args.tokenizer
     return dataset_spec(name, path, params)

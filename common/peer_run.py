@@ -1,5 +1,6 @@
-"""A peer's real vLLM serving run, read as it is published (docs/design.md §9): LLMServingSim's
-bench recorder writes `vllm/requests.jsonl`, `vllm/meta.json` and `vllm/timeseries.csv`.
+"""A peer's real vLLM serving run, read as it is published (docs/explanation/design.md §9):
+LLMServingSim's bench recorder writes `vllm/requests.jsonl`, `vllm/meta.json` and
+`vllm/timeseries.csv`.
 
 - `requests.jsonl`: one request per line, `input_toks`, `output_toks`, `arrival_time` (epoch
   seconds, when the front end took it) and vLLM's own RequestStateStats timestamps
@@ -330,7 +331,7 @@ def peer_settings(meta_path, context: int) -> tuple[dict, list[str]]:
     if sizes:
         notes.append(f"CUDA graphs at the capture sizes {sizes[0]}..{sizes[-1]} and "
                      "torch.compile: a step is priced as its kernels' times back to back "
-                     "(docs/sim.md, 'Measured operator tables')")
+                     "(docs/explanation/measured-tables.md, 'Measured operator tables')")
     return settings, notes
 
 

@@ -2,7 +2,7 @@
 
 The simulator, the engine (`stepgap run`), `stepgap serve`, `vllm bench serve --save-result`
 (as vLLM writes it, or as `stepgap ingest` and a measured folder keep it) and a peer's vLLM run
-(its requests.jsonl) all give a run result of docs/design.md §4: the keys of `vllm bench
+(its requests.jsonl) all give a run result of docs/explanation/design.md §4: the keys of `vllm bench
 serve`, `step_gaps`, `spec_decode` and `config`. They differ in what they hold and where: the
 prefix-cache counters sit under `config` in the engine's results and under `config.resolved`
 in the simulator's, a vLLM file has no `config` and no step gaps, a run without `--detailed`

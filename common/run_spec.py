@@ -180,10 +180,10 @@ class ModelSpec:
 @dataclass(frozen=True)
 class SchedulerSpec:
     """vLLM's scheduler and KV cache settings; `mode` is how steps are scheduled
-    (docs/design.md §1: sync, or async scheduling's two modes)."""
+    (docs/explanation/design.md §1: sync, or async scheduling's two modes)."""
 
     mode: str = opt("sync", "--mode", kind="choice", choices=MODES,
-                    help="step scheduling (docs/design.md §1)")
+                    help="step scheduling (docs/explanation/design.md §1)")
     max_num_seqs: int = opt(256, "--max-num-seqs", kind="int", lo=1, metavar="N",
                             help="most requests in one step")
     max_num_batched_tokens: int = opt(8192, "--max-num-batched-tokens", kind="int", lo=1,

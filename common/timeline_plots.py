@@ -1,7 +1,7 @@
 """Step timelines as pictures: Gantt charts of spans on their lanes, with the step gaps shaded,
 and the same windows as one Chrome-trace/Perfetto document. They draw any timeline of the shared
-format (docs/design.md §2), simulated, measured or ingested from vLLM, so both halves, calibrate/
-and the benchmarks use them.
+format (docs/explanation/design.md §2), simulated, measured or ingested from vLLM, so both halves,
+calibrate/ and the benchmarks use them.
 
 Every function returns a matplotlib `Figure` built without pyplot, so it works on any backend;
 `save` writes any of stepgap's figures (sim/plots.py's too) as a PNG, SVG or PDF, as its name
@@ -91,8 +91,8 @@ def device_steps(spans: list[Span]) -> dict[int, tuple[float, float]]:
 
 
 def gaps_between(spans: list[Span]) -> list[tuple[int, float, float]]:
-    """(step, start, end) of the device idle time before each step (docs/design.md §2); a step
-    that starts before the previous one ends has end == start."""
+    """(step, start, end) of the device idle time before each step (docs/explanation/design.md §2);
+    a step that starts before the previous one ends has end == start."""
     dev = device_steps(spans)
     steps = sorted(dev)
     return [(b, dev[a][1], max(dev[a][1], dev[b][0])) for a, b in zip(steps, steps[1:])]
@@ -233,3 +233,62 @@ def chrome_panels(panels: list[Panel], steps=None, at_gap=None, pad_ms: float = 
                            " · ".join(x for x in (p.column, p.row) if x) or "stepgap")
         events += [{**e, "pid": pid} for e in doc["traceEvents"]]
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the time of a step goes (common/breakdown.py)
+
+
+def breakdown_figure(breakdowns: list, title: str = "") -> Figure:
+    """Three panels of stacked bars, one bar per run (sync and async side by side), each op in
+    its colour: the mean step (the device's ops solid, its idle time hatched by the op it is
+    exposed to); that idle time alone, magnified; and each CPU op's hidden time (the overlap
+    that async buys)."""
+    fig = Figure(figsize=(5.0 + 2.4 * len(breakdowns), 5.0), dpi=DPI, layout="constrained")
+    ax_step, ax_idle, ax_hid = fig.subplots(1, 3, width_ratios=[1.2, 1, 1])
+    longest = max(b.window_us / b.steps for b in breakdowns)
+    scale, unit = (1e-3, "ms") if longest > 5e3 else (1.0, "µs")
+    xs = range(len(breakdowns))
+    seen: dict = {}
+
+    def stack(ax, x, parts, s, hatch):
+        bottom = 0.0
+        for o, v in parts:
+            if v <= 0:
+                continue
+            exposed = o.lane != "device"
+            name = f"{o.op} (exposed)" if exposed and o.lane != "idle" else o.op
+            ax.bar(x, v * s, bottom=bottom, width=0.6, edgecolor="white", lw=0.5,
+                   color=OP_COLORS.get(o.op, "#7f7f7f") if o.op != "(no op)" else "#bdbdbd",
+                   hatch=hatch if exposed else None, label=None if name in seen else name)
+            seen[name] = True
+            bottom += v * s
+        return bottom
+
+    for x, b in zip(xs, breakdowns):
+        rows = b.rows()
+        top = stack(ax_step, x, [(o, (o.busy_us + o.exposed_us) / b.steps) for o in rows],
+                    scale, "///")
+        ax_step.text(x, top, f"{top:.4g} {unit}", ha="center", va="bottom", fontsize=8)
+        idle = stack(ax_idle, x, [(o, o.exposed_us / b.steps) for o in rows
+                                  if o.lane != "device"], 1.0, "///")
+        ax_idle.text(x, idle, f"{idle:.4g} µs\n({100 * b.idle_us / b.window_us:.1f} %)",
+                     ha="center", va="bottom", fontsize=8)
+        hidden = stack(ax_hid, x, [(o, o.hidden_us / b.steps) for o in rows
+                                   if o.lane not in ("device", "idle")], 1.0, None)
+        ax_hid.text(x, hidden, f"{hidden:.4g} µs", ha="center", va="bottom", fontsize=8)
+    for ax, what in ((ax_step, f"mean step with its gap ({unit})"),
+                     (ax_idle, "device idle per step, by exposed op (µs)"),
+                     (ax_hid, "CPU time hidden per step (µs)")):
+        ax.set_xticks(list(xs), [b.label for b in breakdowns])
+        ax.set_ylabel(what)
+        ax.margins(y=0.15)
+        ax.grid(axis="y", alpha=0.3)
+    ax_step.set_title("The step: device busy,\nthen idle (hatched)", fontsize=10)
+    ax_idle.set_title("Where the idle goes\n(on the critical path)", fontsize=10)
+    ax_hid.set_title("CPU work hidden under the\ndevice or a nearer lane", fontsize=10)
+    fig.legend(*ax_step.get_legend_handles_labels(), fontsize=7, frameon=False,
+               loc="outside right center")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig

@@ -1,6 +1,6 @@
 """Workloads and the load generator, with the semantics of `vllm bench serve`.
 
-Built-in workloads (documented and justified in docs/sim.md, "Workloads"):
+Built-in workloads (documented and justified in docs/reference/workloads.md, "Workloads"):
 
 - `mtbench`: 80 prompts in MT-bench's eight categories, ten each, output 256 tokens;
 - `sharegpt`: a ShareGPT-like length mix (log-normal prompt and output lengths); with a path,
@@ -35,7 +35,7 @@ from stepgap.common.limits import (MAX_ARRIVAL_S, MAX_PARAM, MAX_PROMPTS, MAX_WO
 # MT-bench first-turn prompts per category, in Llama-3 tokens after the Llama-3.1 chat template
 # (its system header with the knowledge and current dates adds about 36 tokens): means of the
 # ten questions of each category of FastChat's question.jsonl, counted with Llama-3's
-# pre-tokenizer pattern (docs/sim.md, "Workloads", says how).
+# pre-tokenizer pattern (docs/reference/workloads.md, "Workloads", says how).
 MTBENCH_CATEGORIES = {
     "writing": 79, "roleplay": 100, "reasoning": 97, "math": 77,
     "coding": 77, "extraction": 254, "stem": 75, "humanities": 59,
@@ -79,8 +79,8 @@ def sharegpt_like(num_prompts: int = 1000, output_len: int | None = None,
             for i, (p, o) in enumerate(zip(prompts, outputs))]
 
 
-# Workloads that share prefixes (prefix caching, docs/sim.md "Workloads"): random token ids
-# below `vocab_size` (the target's vocabulary, passed by whoever runs the trace), seeded.
+# Workloads that share prefixes (prefix caching, docs/reference/workloads.md "Workloads"): random
+# token ids below `vocab_size` (the target's vocabulary, passed by whoever runs the trace), seeded.
 
 
 def _tokens(rng, n: int, vocab_size: int) -> list[int]:
@@ -321,7 +321,7 @@ def load_workload(spec: str, num_prompts: int | None = None, output_len: int | N
                   shared_fraction: float | None = None,
                   model: str | None = None) -> list[TraceRequest]:
     """A built-in workload by name (with its parameters, NAME:KEY=VALUE...), or a trace file in
-    the docs/design.md format.
+    the docs/explanation/design.md format.
 
     `num_prompts` takes the first N requests of a file (cycling if it holds fewer, as the
     benchmark oversamples), and `output_len` overrides every request's output length;

@@ -1,5 +1,5 @@
-"""Checkpoints: load and save a Llama target and an EAGLE-3 head (both layouts of docs/design.md
-§4).
+"""Checkpoints: load and save a Llama target and an EAGLE-3 head (both layouts of
+docs/explanation/design.md §4).
 
 Files hold the Hugging Face tensor names (`q_proj`, `k_proj`, ... `gate_proj`, `up_proj`); the
 modules fuse them (`qkv_proj`, `gate_up_proj`), so each file tensor maps onto a row range of a

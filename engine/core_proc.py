@@ -112,8 +112,8 @@ class ServedClient:
                            s.prefix_cache_hits)
 
     def step_gap(self, core: EngineCore) -> float | None:
-        """The device idle time before the step just collected (µs, docs/design.md §2), or None
-        after the engine had waited for work: that idle is the clients', not the loop's."""
+        """The device idle time before the step just collected (µs, docs/explanation/design.md §2),
+        or None after the engine had waited for work: that idle is the clients', not the loop's."""
         first = last = None
         for sp in core.spans[self.seen:]:
             if sp.lane == "device":
@@ -189,8 +189,9 @@ def serve(executor, setup, conn_in, conn_out, record: bool, parent_pid: int) -> 
     info = {**executor.info(), "engine_pid": os.getpid(),
             "worker_pid": getattr(executor, "pid", os.getpid()),
             "num_blocks": cfg.num_blocks}
-    # What start-up built (models, cache) stays out of the cyclic collector, as vLLM's engine
-    # core freezes it: a full collection over it stalls the step loop (docs/engine.md, Traps).
+    # What start-up built (models, cache) stays out of the cyclic collector, as vLLM's engine core
+    # freezes it: a full collection over it stalls the step loop (docs/explanation/engine.md,
+    # Traps).
     gc.collect()
     gc.freeze()
     conn_out.send(Ready(info))

@@ -1,6 +1,6 @@
 """The EAGLE-3 drafter: its head, its two passes, their CUDA graphs, and its step's drafting.
 
-Drafting runs in the padded-batch form (docs/design.md §1, vLLM #24539), right after the
+Drafting runs in the padded-batch form (docs/explanation/design.md §1, vLLM #24539), right after the
 target's verification of step N, on the device and with no host sync:
 
 1. the first pass covers every slot the target just computed, with the tokens shifted by one

@@ -192,10 +192,10 @@ def pin_plan(pin: bool = True) -> tuple[set[int], set[int]] | None:
 
 class ProcessExecutor:
     """The worker in its own process. With `pin` (the default) and at least two CPUs, the engine
-    process is pinned to the first CPU it may use and the worker to the second, as a serving
-    machine gives each its own core; `close()` gives the engine its CPUs back. Unpinned, the two
-    can land on one core, and then a message wakes the receiver, which preempts the sender, and
-    the overlap the process executor exists for vanishes (docs/engine.md, "Measured overlap")."""
+    process is pinned to the first CPU it may use and the worker to the second, as a serving machine
+    gives each its own core; `close()` gives the engine its CPUs back. Unpinned, the two can land on
+    one core, and then a message wakes the receiver, which preempts the sender, and the overlap the
+    process executor exists for vanishes (docs/explanation/engine.md, "Measured overlap")."""
 
     name = "process"
 

@@ -8,16 +8,16 @@ The extra last block is a scratch block: padded tokens (CUDA-graph batch padding
 that do not sample) write there, so no real slot is ever touched by them.
 
 Kernel path: gather, then SDPA. For each request, its blocks are gathered through the block table
-into a dense [T = W * block_size] key/value window, the queries are laid out as a padded
-[batch, Q] grid, and `torch.nn.functional.scaled_dot_product_attention` runs with an additive mask
-that lets a query at position p see keys at positions <= p. Grouped-query attention folds the
-G query heads of each KV head into the query axis, so KV is never repeated. Why: it is plain
-torch, so the same code runs on the CPU and on CUDA; every index it needs is computed on the
-device from positions and block tables, so it runs with no host sync and can be captured in a
-CUDA graph at fixed (batch, W) buckets; and the zero-bubble fix-up only has to correct positions.
-What it costs: the gather copies each request's window once per layer, and the padded grid wastes
-attention work on mixed batches (a long prefill chunk next to decodes). At decode the copy is a
-few percent of the weight traffic for contexts up to ~2k; docs/engine.md has the numbers.
+into a dense [T = W * block_size] key/value window, the queries are laid out as a padded [batch, Q]
+grid, and `torch.nn.functional.scaled_dot_product_attention` runs with an additive mask that lets a
+query at position p see keys at positions <= p. Grouped-query attention folds the G query heads of
+each KV head into the query axis, so KV is never repeated. Why: it is plain torch, so the same code
+runs on the CPU and on CUDA; every index it needs is computed on the device from positions and block
+tables, so it runs with no host sync and can be captured in a CUDA graph at fixed (batch, W)
+buckets; and the zero-bubble fix-up only has to correct positions. What it costs: the gather copies
+each request's window once per layer, and the padded grid wastes attention work on mixed batches (a
+long prefill chunk next to decodes). At decode the copy is a few percent of the weight traffic for
+contexts up to ~2k; docs/explanation/engine.md has the numbers.
 
 The attention metadata travels in a small `Context`, set once per forward (as nano-vllm does).
 """

@@ -2,7 +2,7 @@
 
 One run sends a trace's requests as `vllm bench serve` would (`Client`: arrival times and max
 concurrency), adds them to the shared vLLM V1 scheduler between steps, and runs the step loop
-(`step_loop`) in one of the modes of docs/design.md §1:
+(`step_loop`) in one of the modes of docs/explanation/design.md §1:
 
 - `sync`: schedule N, execute N, collect N, update_from_output N, then schedule N+1;
 - `async` and `zero-bubble`: a batch queue of depth 2: schedule and execute N+1, then collect and
@@ -260,7 +260,7 @@ def step_loop(core: EngineCore, client: Client, on_step=None) -> None:
 def frozen_gc():
     """What the process already holds (models, earlier runs' results) is kept out of the cyclic
     collector for the run, as vLLM's engine core freezes its start-up objects: a full collection
-    over a million objects stalls the step loop for 100-170 ms (docs/validation.md)."""
+    over a million objects stalls the step loop for 100-170 ms (docs/explanation/validation.md)."""
     gc.collect()
     gc.freeze()
     try:

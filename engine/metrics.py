@@ -18,7 +18,7 @@ engine series carries `engine="0"` and `model_name` (the served name); a counter
   as vLLM's), `vllm:e2e_request_latency_seconds`, `vllm:request_time_per_output_token_seconds`,
   `vllm:request_prompt_tokens`, `vllm:request_generation_tokens`;
 - stepgap's own: `stepgap:step_gap_seconds`, the device idle time before each step
-  (docs/design.md §2), counted only between steps with no wait for work between them.
+  (docs/explanation/design.md §2), counted only between steps with no wait for work between them.
 """
 
 from __future__ import annotations
@@ -108,7 +108,8 @@ class Metrics:
         self.req_generation = histogram("vllm:request_generation_tokens",
                                         "Number of generation tokens processed.", tb)
         self.step_gap = histogram("stepgap:step_gap_seconds",
-                                  "Device idle time before each engine step (docs/design.md §2), "
+                                  "Device idle time before each engine step "
+                                  "(docs/explanation/design.md §2), "
                                   "between steps with no wait for work.", STEP_GAP_BUCKETS)
         self._last_spec = SpecCounts(accepted_per_pos=(0,) * k)
         self._last_preemptions = 0

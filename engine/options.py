@@ -15,7 +15,8 @@ from stepgap.common.options import (add_engine_args, add_model_args, add_option,
 
 ACCEPTANCE_HELP = (
     "accept drafts by an acceptance profile instead of by the target, while the models still "
-    "run: a named one (mtbench: docs/design.md §6 with the simulator's per-request spread), "
+    "run: a named one (mtbench: docs/explanation/design.md §6 with the simulator's per-request "
+    "spread), "
     "per-position rates P(accepted > j) such as 0.74,0.54,0.41, or 'replay' (each request's "
     "`accepted` list from the trace). The simulator draws the same counts for the same trace "
     "and seed")

@@ -14,8 +14,8 @@ A step is `execute` (prepare_inputs, then launch) and, later, `collect`:
 - collect: wait for the D2H, hand back each sampling request's 1 + accepted tokens, and fold them
   into the per-request state.
 
-Modes (docs/design.md §1): `sync` collects each step before the next; `async` waits for the
-previous step's accepted counts before preparing (they fix positions on the host); `zero-bubble`
+Modes (docs/explanation/design.md §1): `sync` collects each step before the next; `async` waits for
+the previous step's accepted counts before preparing (they fix positions on the host); `zero-bubble`
 never waits, prepares as if every draft were accepted, and lets the device fix it up.
 """
 
@@ -209,9 +209,9 @@ class StepHandle:
         return self.out_event is None or self.out_event.query()
 
 
-# A CPU worker's torch threads (docs/engine.md, "Threads on a shared machine"): one per CPU the
-# process may run on, as vLLM's CPU worker binds one OpenMP thread per core it owns, except for
-# a model narrower than this, whose matrix products take microseconds: split over threads, each
+# A CPU worker's torch threads (docs/explanation/engine.md, "Threads on a shared machine"): one per
+# CPU the process may run on, as vLLM's CPU worker binds one OpenMP thread per core it owns, except
+# for a model narrower than this, whose matrix products take microseconds: split over threads, each
 # costs a wake-up and a barrier more than it saves, and a barrier waits for the slowest thread,
 # which on a shared machine is the one whose core another process holds.
 SMALL_HIDDEN = 1024
@@ -383,7 +383,7 @@ class Worker:
         off = kv = 0
         for i, (rid, n, ns, samp, sched_start, blocks, token_ids, accepted) in enumerate(reqs):
             if token_ids is not None:   # fresh: its first sched_start tokens' KV is in its
-                # first blocks already (a prefix-cache hit, docs/engine.md)
+                # first blocks already (a prefix-cache hit, docs/explanation/engine.md)
                 self.states[rid] = ReqState(list(token_ids), num_computed=sched_start)
                 if accepted is not None:
                     self.replay[rid] = list(accepted)

@@ -58,10 +58,11 @@ class LoadAnswer:
         return load_label(self.load)
 
     def to_dict(self) -> dict:
-        return {"load": self.load, **{m.replace("-", "_"): a.to_dict()
-                                      for m, a in self.modes.items()},
+        return {"load": self.load, "verdict": verdict(self),
+                **{m.replace("-", "_"): a.to_dict() for m, a in self.modes.items()},
                 "async_saving": self.async_saving.to_dict(),
                 "zero_bubble_saving": self.zero_bubble_saving.to_dict(),
+                "near_best_k": {m: near_best(self.modes[m].grid) for m in ("sync", "async")},
                 "warnings": self.warnings}
 
 
@@ -76,15 +77,17 @@ class Advice:
     sims: int = 0               # simulations run
     seconds: float = 0.0
     cells: list = field(default_factory=list)   # the settings of every simulation run
+    yours: dict | None = None   # the user's own mode and k, and where they came from (`Yours`)
 
     def to_dict(self) -> dict:
-        """The document `--result-json` writes (docs/sim.md, "stepgap advise": its schema)."""
+        """The document `--result-json` writes (docs/reference/advise.md, "stepgap advise": its
+        schema)."""
         from stepgap.common.fileio import jsonable
         return {"format": FORMAT, "setup": jsonable(self.base), "ks": self.ks,
                 "modes": list(MODES), "metric": METRIC, "rests_on": self.rests_on,
                 "band_inputs": [i.to_dict() for i in self.inputs],
                 "loads": [a.to_dict() for a in self.answers], "notes": self.notes,
-                "simulations": self.sims}
+                "simulations": self.sims, "yours": yours_dict(self)}
 
 
 FORMAT = "stepgap-advise/1"
@@ -162,7 +165,8 @@ def column(task: tuple) -> tuple[dict, dict]:
 
     Python's cycle collector is paused meanwhile: the recordings kept are many long-lived
     objects that each full collection would scan again (about a tenth of the question's time,
-    docs/sim.md "Speed"), and a run leaves almost no cyclic garbage (`Clock.close`)."""
+    docs/reports/2026-12-03-advise-speed.md), and a run leaves almost no cyclic garbage
+    (`Clock.close`)."""
     base, load, modes, ks, inputs = task
     cells = Cells()
     collecting = gc.isenabled()
@@ -355,7 +359,8 @@ def rests_on(base: dict, ks: list[int], inputs: list[BandInput]) -> dict:
     if cfg.device_profile:
         device = (f"measured operator tables {cfg.device_profile}; the roofline of {hw.name} "
                   "for " + ", ".join(sorted(op for op, s in (sources or {}).items()
-                                            if "roofline" in s)) + " (docs/sim.md)")
+                                            if "roofline" in s))
+                  + " (docs/explanation/measured-tables.md)")
     elif measured is not None and measured.fits:
         device = f"the device op fits of the profile {measured.path}"
     else:
@@ -414,28 +419,135 @@ ADVICE = {"cpu": "pin the host with one sync run (stepgap calibrate BENCH.json -
 
 
 def warnings(ans: LoadAnswer, ks: list[int], inputs: list[BandInput]) -> list[str]:
-    """The best k at the edge of the range or past the measured acceptance, and a band wider
-    than the effect it bounds."""
+    """The best k at the edge of the range or past the measured acceptance, and a saving whose
+    band reaches both sides of paying (`GAIN`): each as printed, with this load's detail."""
+    return [f"{message} ({detail})" if detail else message
+            for message, detail in warning_parts(ans, ks, inputs)]
+
+
+def warning_parts(ans: LoadAnswer, ks: list[int], inputs: list[BandInput]) \
+        -> list[tuple[str, str]]:
+    """(the warning, the same at every load it holds at; this load's detail, or '')."""
     out = []
     acc = next((i for i in inputs if i.name == "acceptance" and i.min_k > 1), None)
     for m in ("sync", "async"):
         a = ans.modes[m]
         k = int(a.best_k.value)
         if k == max(ks) and max(ks) > 0:
-            out.append(f"{m}: the best k={k} is the deepest tried; a deeper one may be better "
-                       "(--max-k)")
+            out.append((f"{m}: the best k={k} is the deepest tried; a deeper one may be better "
+                        "(--max-k)", ""))
         if acc is not None and a.best_k.high >= acc.min_k:
-            out.append(f"{m}: the best k ({_krange(a.best_k)}) reaches past the acceptance "
-                       f"measured ({acc.min_k - 1} positions): positions from {acc.min_k} on "
-                       "are extrapolated")
+            out.append((f"{m}: the best k reaches past the acceptance measured "
+                        f"({acc.min_k - 1} positions): positions from {acc.min_k} on are "
+                        "extrapolated", _krange(a.best_k)))
     for what, b in (("async saves", ans.async_saving),
                     ("zero-bubble saves", ans.zero_bubble_saving)):
-        if b.high - b.low > abs(b.value) and b.high - b.low > 0.005:
+        if b.low < GAIN < b.high:   # the band holds both "pays" and "does not pay"
             top = b.dominant[0] if b.dominant else "cpu"
-            out.append(f"{what} {_pct(b.low)} to {_pct(b.high)} %, a band wider than the "
-                       f"saving ({_pct(b.value)} %), most of it from {top}: "
-                       f"{ADVICE.get(top, 'measure it')}")
+            out.append((f"whether {what.split()[0]} pays rests on {top}: "
+                        f"{ADVICE.get(top, 'measure it')}",
+                        f"{what} {_pct(b.low)} to {_pct(b.high)} %"))
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The answer in words
+
+
+GAIN = 0.005    # a saving under half a per cent of TPOT is no gain
+NEAR = 0.01     # a k within 1 % of the best k's mean TPOT is as good
+
+
+def near_best(grid: dict, within: float = NEAR) -> list[int]:
+    """The ks whose mean TPOT is within `within` of the best's (simulated ones only)."""
+    best = min(grid.values())
+    return [k for k, v in sorted(grid.items()) if math.isfinite(v) and v <= best * (1 + within)]
+
+
+def ks_text(ks: list[int]) -> str:
+    """5-7, or 2, 4-5 where the ks are not one run."""
+    runs, out = [], []
+    for k in ks:
+        if runs and k == runs[-1][1] + 1:
+            runs[-1][1] = k
+        else:
+            runs.append([k, k])
+    for a, b in runs:
+        out.append(f"{a}" if a == b else f"{a}-{b}")
+    return ", ".join(out)
+
+
+def saving_text(b: Band) -> str:
+    """10.5 % (3.6-13.8 %): the value and its band, the band left out where it rounds to it."""
+    lo, hi = _pct(b.low), _pct(b.high)
+    return f"{_pct(b.value)} %" + ("" if lo == hi else f" ({lo}-{hi} %)")
+
+
+def verdict(ans: LoadAnswer) -> str:
+    """One line: does async pay, which k (in the mode that wins), does zero-bubble add anything.
+    "yes" and "no" only where the whole band says so (`GAIN`), else "maybe"."""
+    s, z = ans.async_saving, ans.zero_bubble_saving
+    if s.low > GAIN:
+        a = f"async: yes, saves {saving_text(s)} of TPOT"
+    elif s.high < -GAIN:
+        a = f"async: no, costs {saving_text(Band(-s.value, -s.high, -s.low))} of TPOT"
+    elif s.high < GAIN:
+        a = "async: no gain"
+    else:
+        a = f"async: maybe, saves {_pct(s.value)} % ({_pct(s.low)} to {_pct(s.high)} %)"
+    mode = "async" if s.value > 0 else "sync"
+    k = f"k: {ks_text(near_best(ans.modes[mode].grid))} (within 1 % of the best" + \
+        ("" if mode == "async" else ", in sync") + ")"
+    if z.low > GAIN:
+        zb = f"zero-bubble: yes, saves {saving_text(z)} more"
+    elif z.high < GAIN:
+        zb = "zero-bubble: no gain"
+    else:
+        zb = f"zero-bubble: maybe, {_pct(z.value)} % ({_pct(z.low)} to {_pct(z.high)} %)"
+    return f"{a}; {k}; {zb}"
+
+
+@dataclass
+class Yours:
+    """The user's own mode and k against the best at one load (nominal mean TPOT)."""
+    mode: str
+    k: int
+    tpot_ms: float
+    best_mode: str
+    best_k: int
+    best_ms: float
+
+    @property
+    def loss(self) -> float:
+        """What the user's choice costs over the best, a share of the best's TPOT."""
+        return self.tpot_ms / self.best_ms - 1
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "k": self.k, "mean_tpot_ms": round(self.tpot_ms, 4),
+                "best": {"mode": self.best_mode, "k": self.best_k,
+                         "mean_tpot_ms": round(self.best_ms, 4)},
+                "loss": round(self.loss, 5)}
+
+
+def yours(ans: LoadAnswer, mode: str, k: int) -> Yours | None:
+    """The user's (mode, k) at this load against the best of sync and async (zero-bubble is no
+    vLLM option of its own); None where that cell was not simulated."""
+    mine = ans.modes[mode].grid.get(k, math.inf)
+    if not math.isfinite(mine):
+        return None
+    best_mode = min(("sync", "async"), key=lambda m: ans.modes[m].tpot_ms.value)
+    b = ans.modes[best_mode]
+    return Yours(mode, k, mine, best_mode, int(b.best_k.value), b.grid[int(b.best_k.value)])
+
+
+def yours_dict(advice: Advice) -> dict | None:
+    """The user's choice and, per load, what it loses against the best (`--result-json`)."""
+    if advice.yours is None:
+        return None
+    y = advice.yours
+    per_load = [yours(a, y["mode"], y["k"]) if y.get("k") is not None else None
+                for a in advice.answers]
+    return {**y, "loads": [x.to_dict() if x is not None else None for x in per_load]}
 
 
 def _krange(b: Band) -> str:

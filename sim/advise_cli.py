@@ -4,6 +4,7 @@ load, each with its band and after what it rests on (sim/advise.py)."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -21,7 +22,7 @@ Answer the question stepgap exists for: on this GPU, model and load, does vLLM's
 Every number has its band: the simulator reruns the cells the answer reads with each uncertain
 input at the ends of its documented range (the host's CPU costs; the device where the roofline
 prices it; the acceptance where it is borrowed or extrapolated) and names the inputs that
-dominate each band (docs/sim.md, "Bands"). Before the table it prints what the answer rests
+dominate each band (docs/explanation/bands.md, "Bands"). Before the table it prints what the answer rests
 on: the device costs (measured tables, a profile, or the roofline with its efficiencies), the
 acceptance (profile, source, measured depth, extrapolated positions), the CPU costs (the
 defaults x a factor, or your calibration) and the seed. It warns when a best k sits at the edge
@@ -52,7 +53,7 @@ examples:
   stepgap advise --profile my-l20.json --model llama-3.1-8b --draft llama-3.1-8b-eagle3 \\
       --max-concurrency 1 4 16
 
---result-json writes every number, band, input and warning (docs/sim.md, "stepgap advise",
+--result-json writes every number, band, input and warning (docs/reference/advise.md, "stepgap advise",
 has the schema); --plot one figure: the best k and the async saving, with their bands,
 against the load. Bad input (an empty load list, an unknown GPU, a model that is not one)
 ends in one line, exit status 2, before any simulation.
@@ -122,6 +123,28 @@ def question(args) -> tuple[dict, list[dict], list[int], list[str]]:
     return base, loads_of(conc, rates), ks, notes
 
 
+def your_choice(args) -> dict | None:
+    """The mode and k the user's own command line (or --preset) gives, and where each came from;
+    None where it gives neither. Read after `question` (config_from_args sets args.k, args.mode
+    from --speculative-config, -k, --async-scheduling and --mode)."""
+    from stepgap.sim.presets import get_preset
+    preset = get_preset(args.preset).settings if args.preset else {}
+    k, mode = args.k, args.mode
+    k_from = "your num_speculative_tokens" if k is not None else None
+    mode_from = "your --async-scheduling" if getattr(args, "async_scheduling", None) else \
+        "your --no-async-scheduling" if getattr(args, "async_scheduling", None) is False else \
+        "your --mode" if mode is not None else None
+    if k is None and "k" in preset:
+        k, k_from = preset["k"], f"--preset {args.preset}"
+    if mode is None and "mode" in preset:
+        mode, mode_from = preset["mode"], f"--preset {args.preset}"
+    if k is None and mode is None:
+        return None
+    if mode is None:
+        mode, mode_from = "sync", "the default: no --async-scheduling given"
+    return {"mode": mode, "k": k, "mode_from": mode_from, "k_from": k_from}
+
+
 def run(args) -> int:
     from stepgap.common.fileio import check_distinct, check_writable, write_json
     from stepgap.common.options import note
@@ -136,6 +159,11 @@ def run(args) -> int:
         from stepgap.common.timeline_plots import figure_format
         fmt = figure_format(args.plot, "--plot")
     base, loads, ks, notes = question(args)
+    mine = your_choice(args)
+    if mine is not None and mine.get("k") is not None and mine["k"] > max(ks):
+        from stepgap.sim.advise import depths
+        ks = depths(base, mine["k"])
+        notes.append(f"k {ks[0]}-{ks[-1]}: up to your num_speculative_tokens {mine['k']}")
     for line in notes:
         note(args, line)
     bar = None
@@ -151,6 +179,7 @@ def run(args) -> int:
     for line in advice.notes:   # the cells' own (fp8, a dataset's estimate, a profile's device)
         note(args, line)
     advice.notes = notes + advice.notes
+    advice.yours = mine
     figure = None
     if args.plot:
         from stepgap.common.timeline_plots import render
@@ -206,7 +235,7 @@ def format_advice(advice) -> str:
         (", expert parallel" if r.get("expert_parallel") else "")
     lines = [f"stepgap advise: {r['model']}{draft} on {r['gpu']}{tp}; {r['workload']}; "
              f"k {advice.ks[0]}-{advice.ks[-1]}, sync, async and zero-bubble, best k by "
-             "mean TPOT",
+             "mean TPOT", ""] + verdict_lines(advice) + [
              "", "What the answer rests on:",
              f"  device      {r['device']}",
              f"  acceptance  {acc['profile']}: {acc['source']}; measured to position "
@@ -217,7 +246,7 @@ def format_advice(advice) -> str:
              f"  CPU costs   {r['cpu']}",
              f"  seed        {r['seed']} (the workload's prompts and the acceptance draws)"]
     if advice.inputs:
-        lines += ["", "Bands: each input at the ends of its range (docs/sim.md, 'Bands'):"]
+        lines += ["", "Bands: each input at the ends of its range (docs/explanation/bands.md, 'Bands'):"]
         for i in advice.inputs:
             lines.append(f"  {i.name:<11} {i.low:.3g} .. {i.high:.3g} {i.unit} (nominal "
                          f"{i.nominal:.3g}){' from k=' + str(i.min_k) if i.min_k > 1 else ''}"
@@ -238,15 +267,73 @@ def format_advice(advice) -> str:
                      ", ".join(a.async_saving.dominant) or "-", _b(zb, ".1f", 100, " %"),
                      "no" if zb.high < 0.005 else "yes" if zb.low > 0.005 else "maybe"])
     lines += [""] + table(
-        [["", "async saves (each mode", "", "zero-bubble adds over", ""],
+        [["", "async saves (each mode", "", "zero-bubble adds over", "zero-bubble"],
          ["load", "at its best k), % of sync", "dominated by", "async, % of its TPOT",
-          "does it pay?"]], rows)
-    warned = [(a.label, w_) for a in advice.answers for w_ in a.warnings]
-    if warned:
-        lines += ["", "Warnings:"] + [f"  {label}: {text}" for label, text in warned]
+          "pays?"]], rows)
+    lines += near_best_lines(advice) + yours_lines(advice) + warning_lines(advice)
     lines += ["", f"({advice.sims} simulations; a band sums, on each side, what each input "
                   "moves the number at the ends of its range)"]
     return "\n".join(lines)
+
+
+def verdict_lines(advice) -> list[str]:
+    """The answer in words, one line a load (sim/advise.py `verdict`)."""
+    from stepgap.sim.advise import verdict
+    width = max(len(a.label) for a in advice.answers)
+    head = "The answer" + (" (nominal: no bands)" if not advice.inputs else
+                           ", each number's band over the inputs below") + ":"
+    return [head] + [f"  {a.label:<{width}}  {verdict(a)}" for a in advice.answers]
+
+
+def near_best_lines(advice) -> list[str]:
+    """Every k within 1 % of each mode's best mean TPOT, per load."""
+    from stepgap.sim.advise import near_best, ks_text
+    rows = [[a.label] + [f"{ks_text(near_best(a.modes[m].grid))} (best {_k(a.modes[m].best_k)})"
+                         for m in ("sync", "async")] for a in advice.answers]
+    return [""] + table([["load", "sync: k within 1 % of its best", "async: the same"]], rows)
+
+
+def yours_lines(advice) -> list[str]:
+    """The user's own mode and k against the best of sync and async, per load."""
+    from stepgap.sim.advise import yours
+    y = advice.yours
+    if y is None:
+        return ["", "Your setup: no k or mode given (paste your --speculative-config and "
+                "--async-scheduling to see what they lose against the best)"]
+    src = "; ".join(x for x in (y.get("mode_from"), y.get("k_from")) if x)
+    if y.get("k") is None:
+        return ["", f"Your setup: {y['mode']} ({src}); no num_speculative_tokens given"]
+    lines = ["", f"Your setup: {y['mode']}, k={y['k']} ({src});",
+             "  against the best of sync and async at each load (nominal mean TPOT):"]
+    width = max(len(a.label) for a in advice.answers)
+    for a in advice.answers:
+        x = yours(a, y["mode"], y["k"])
+        if x is None:
+            text = "not simulated (zero-bubble cannot beat async there)"
+        elif x.loss <= 0.01:
+            text = (f"{x.tpot_ms:.2f} ms, within 1 % of the best ({x.best_mode} k={x.best_k}: "
+                    f"{x.best_ms:.2f} ms)" if x.loss > 0 else f"{x.tpot_ms:.2f} ms, the best")
+        else:
+            text = (f"{x.tpot_ms:.2f} ms: {100 * x.loss:.1f} % above the best, {x.best_mode} "
+                    f"k={x.best_k} ({x.best_ms:.2f} ms)")
+            there = a.modes[x.best_mode].grid.get(x.k, math.inf)
+            if x.best_mode != x.mode and math.isfinite(there):
+                text += f"; {x.best_mode} at your k={x.k}: {there:.2f} ms"
+        lines.append(f"  {a.label:<{width}}  {text}")
+    return lines
+
+
+def warning_lines(advice) -> list[str]:
+    """Each warning once, with the loads it holds at (and each load's detail)."""
+    from stepgap.sim.advise import warning_parts
+    seen: dict = {}
+    for a in advice.answers:
+        for message, detail in warning_parts(a, advice.ks, advice.inputs):
+            seen.setdefault(message, []).append(f"{a.label}: {detail}" if detail else a.label)
+    if not seen:
+        return []
+    return ["", "Warnings:"] + [f"  {message} ({'; '.join(where)})"
+                                for message, where in seen.items()]
 
 
 def _span(ks: list[int]) -> str:

@@ -2,12 +2,12 @@
 
 A prediction rests on inputs nobody measured for the user's setup: the host's CPU costs, the
 device's efficiency where the roofline prices an op, the acceptance where it is borrowed from
-another model or extrapolated past the depth measured. Each gets a documented range with its
-source (`BandInput`; docs/sim.md, "Bands"). A quantity's band is computed, not pasted: the
-quantity is simulated at the nominal inputs, then at each input's low and high end with the
-others nominal; each input's swing is what its ends move the quantity, and the band adds, on
-each side, every swing that pushes that way (the worst case of independent inputs, to first
-order). The inputs whose swings make most of the band are named as dominating it.
+another model or extrapolated past the depth measured. Each gets a documented range with its source
+(`BandInput`; docs/explanation/bands.md, "Bands"). A quantity's band is computed, not pasted: the
+quantity is simulated at the nominal inputs, then at each input's low and high end with the others
+nominal; each input's swing is what its ends move the quantity, and the band adds, on each side,
+every swing that pushes that way (the worst case of independent inputs, to first order). The inputs
+whose swings make most of the band are named as dominating it.
 
 A measured profile narrows the inputs it measured: a profile of `stepgap calibrate` on bench
 files (calibrate/bench_fit.py) replaces the CPU and device inputs by its own `split` (what the
@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 
 from stepgap.common.acceptance import PUBLISHED, AcceptanceProfile
 
-# The host's CPU costs, as a factor on stepgap's defaults (sim/cpu_costs.py), from the hosts
-# there is evidence for: the lowest and the highest whose CPU side was measured on its own (a gap
-# in a trace, what async hides, a fit that separates the forwards), not by subtracting stepgap's
-# roofline, which would mix this input with the `device` one (bench/cpu_evidence.py; docs/sim.md,
-# "Bands", has every host found and why each is or is not an end).
+# The host's CPU costs, as a factor on stepgap's defaults (sim/cpu_costs.py), from the hosts there
+# is evidence for: the lowest and the highest whose CPU side was measured on its own (a gap in a
+# trace, what async hides, a fit that separates the forwards), not by subtracting stepgap's
+# roofline, which would mix this input with the `device` one (bench/cpu_evidence.py;
+# docs/explanation/bands.md, "Bands", has every host found and why each is or is not an end).
 CPU_LOW = 1.0
 CPU_LOW_SOURCE = ("vLLM #10634: V1 on a GPU, Llama-2-7B, 5-6 ms between two decode steps at 256 "
                   "requests, 1.0-1.2 x the defaults' 5.0 ms there (bench/cpu_evidence.py)")
@@ -38,16 +38,18 @@ CPU_HIGH_SOURCE = ("SpecDecode-Bench's H100 fit of vLLM with Llama-3.1-8B: 1.21 
                    "besides the forwards (arXiv:2601.11580), 3.1 x the defaults' 0.39 ms "
                    "(bench/cpu_evidence.py)")
 # The roofline's device times against real GPUs where no table prices an op: with the L20's
-# efficiencies, +9.2 % mean TPOT on the RTX 4090, -11.8 % on the RTX PRO 6000 (docs/sim.md,
-# "Measured operator tables"): the true device time is the roofline's x 1/1.092 .. 1/0.882.
+# efficiencies, +9.2 % mean TPOT on the RTX 4090, -11.8 % on the RTX PRO 6000
+# (docs/explanation/measured-tables.md, "Measured operator tables"): the true device time is the
+# roofline's x 1/1.092 .. 1/0.882.
 DEVICE_LOW, DEVICE_HIGH = 1 / 1.092, 1 / 0.882
 DEVICE_SOURCE = ("the roofline against real vLLM runs on the RTX 4090 (+9.2 % mean TPOT) and "
-                 "the RTX PRO 6000 (-11.8 %), docs/sim.md")
+                 "the RTX PRO 6000 (-11.8 %), docs/explanation/bands.md")
 TABLES_LOW, TABLES_HIGH = 0.99, 1.01
 TABLES_SOURCE = ("measured operator tables against real vLLM runs on the same GPUs: mean TPOT "
-                 "within 1 % (docs/sim.md)")
+                 "within 1 % (docs/explanation/bands.md)")
 PROFILE_BOUND = 0.05
-PROFILE_SOURCE = "the validation bound of a measured profile, mean ITL within 5 % (docs/validation.md)"
+PROFILE_SOURCE = ("the validation bound of a measured profile, mean ITL within 5 % "
+                  "(docs/explanation/validation.md)")
 # Acceptance past a profile's measured depth: each further position's conditional rate x r per
 # position, r from 0.83 (the steepest fall between two published positions: Qwen3-8B's third
 # against its second) to 1 (the last rate repeats, stepgap's rule; #26191's rose by up to 4 %).

@@ -67,7 +67,8 @@ examples:
   stepgap simulate --model deepseek-v3 -tp 8 --gpu h200 --spec-method mtp -k 1 --mode async
   stepgap simulate --spec-method ngram -k 3 --mode async     # says it runs in sync, and why
   # a real vLLM run on two RTX PRO 6000s, replayed from its own files, priced from the GPU's
-  # measured kernels and collectives (RUNS=traces/peers/llmservingsim; docs/sim.md)
+  # measured kernels and collectives (RUNS=traces/peers/llmservingsim;
+  # docs/explanation/measured-tables.md)
   stepgap simulate --model Qwen/Qwen3-32B \\
       --gpu RUNS/at-e08dc38/profiler/perf/RTXPRO6000/hardware.yaml \\
       --device-profile RUNS/profiler/perf/RTXPRO6000/Qwen/Qwen3-32B/bf16 \\
@@ -75,7 +76,8 @@ examples:
   # a CPU-only engine: the worker in its own process, device ops on the worker's thread
   stepgap simulate --device cpu --model llama-3.2-1b --executor process --mode async \\
       --trace my_trace.jsonl --result-json out/sim.json
-  # the trained pair on this CPU, with the committed measured profile (docs/validation.md)
+  # the trained pair on this CPU, with the committed measured profile
+  # (docs/explanation/validation.md)
   stepgap simulate --device cpu --executor process --profile traces/measured/cpu/profile.json \\
       --model checkpoints/pystdlib/target --speculative-config \\
       '{"method": "eagle3", "model": "checkpoints/pystdlib/eagle3", "num_speculative_tokens": 4}' \\
@@ -87,11 +89,12 @@ Errors in options or trace files name the field (and the file and line) and exit
 
 
 def register(sub) -> None:
-    """The simulator's commands: `simulate`, `advise` (sim/advise_cli.py), and `sweep` and
-    `plot` (sim/sweep_cli.py)."""
-    from stepgap.sim import advise_cli, sweep_cli
+    """The simulator's commands: `simulate`, `advise` (sim/advise_cli.py), `explain`
+    (sim/explain_cli.py), and `sweep` and `plot` (sim/sweep_cli.py)."""
+    from stepgap.sim import advise_cli, explain_cli, sweep_cli
     register_simulate(sub)
     advise_cli.register(sub)
+    explain_cli.register(sub)
     sweep_cli.register(sub)
 
 
@@ -108,7 +111,7 @@ def register_simulate(sub) -> None:
                    help="also run each uncertain input (the host's CPU, the device where the "
                         "roofline prices it, a borrowed or extrapolated acceptance) at the ends "
                         "of its range, and print the band of each metric and the inputs that "
-                        "dominate it (the result gets `bands`; docs/sim.md, 'Bands')")
+                        "dominate it (the result gets `bands`; docs/explanation/bands.md, 'Bands')")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     p.set_defaults(func=run, vllm_options=True)
 

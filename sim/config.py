@@ -46,10 +46,10 @@ from stepgap.common.scheduler import SchedulerConfig
 
 # Whose step loop is simulated: stepgap's engine (one message per step, an in-process client) or
 # vLLM's (execute_model and sample_tokens RPCs, take_draft_token_ids in sync, an API server
-# sharing the engine core's CPU; docs/vllm.md). None: the profile's, else stepgap.
+# sharing the engine core's CPU; docs/explanation/vllm.md). None: the profile's, else stepgap.
 TOPOLOGIES = ("stepgap", "vllm", "served")
 # Methods whose drafter proposes from the sampled tokens on the host: vLLM runs them with sync
-# scheduling only (vllm/config/vllm.py; docs/sim.md).
+# scheduling only (vllm/config/vllm.py; docs/explanation/past-one-gpu.md).
 CPU_PROPOSERS = DRAFTER_CPU_PROPOSERS
 # vLLM's --quantization and --kv-cache-dtype values the simulator models, and the element size
 # of a KV cache of each (auto: the model's bf16).
@@ -70,7 +70,7 @@ class SimConfig(RunSpec):
         "or a YAML file for your own: stepgap's fields (base, bf16_tflops, fp8_tflops, "
         "memory_gb, memory_bw_gbps, flop_eff, bw_eff, kernel_us, d2h_us, interconnect) or "
         "LLMServingSim's hardware.yaml as it is, whose measured collectives then price tensor "
-        "parallelism (docs/sim.md, 'The catalog')"))
+        "parallelism (docs/explanation/device-costs.md, 'The catalog')"))
     profile: str | None = opt(None, "--profile", metavar="PROFILE.json", help=(
         "a measured profile (`stepgap profile`, `stepgap calibrate`, or a measured folder's "
         "profile.json): its device op fits replace the roofline wherever it covers the op, and "
@@ -82,7 +82,7 @@ class SimConfig(RunSpec):
         "profiler/perf/RTX4090/meta-llama/Llama-3.1-8B/bf16): they price the target forward "
         "over the step's real mix, the sampler and an EAGLE-3 head or draft model of the same "
         "shapes; the roofline prices the rest, and the result's config says which op came from "
-        "where (docs/sim.md, 'Measured operator tables')"))
+        "where (docs/explanation/measured-tables.md, 'Measured operator tables')"))
     quantization: str | None = opt(
         None, "--quantization", "-q", kind="choice", choices=QUANTIZATIONS,
         refusal="is not modelled: stepgap models fp8 (or none: the checkpoint's own "
@@ -104,19 +104,20 @@ class SimConfig(RunSpec):
     topology: str | None = opt(
         None, "--topology", kind="choice", choices=TOPOLOGIES,
         help="whose step loop: stepgap's engine, vLLM's (its RPCs, its API server sharing the "
-             "engine core's CPU; docs/vllm.md), or stepgap's engine behind `stepgap serve`'s "
-             "API server (docs/serve.md). Default: the profile's topology.engine, else stepgap")
+             "engine core's CPU; docs/explanation/vllm.md), or stepgap's engine behind "
+             "`stepgap serve`'s API server (docs/explanation/serve.md). Default: the profile's "
+             "topology.engine, else stepgap")
     moe_routing_skew: float = opt(
         0.0, "--moe-routing-skew", kind="float", hi=MAX_SKEW, metavar="S", shown=False,
         help="MoE targets: Zipf exponent of the experts' popularity (default 0: uniform "
              "routing); skew means fewer distinct experts, so fewer expert weights read, per "
-             "step (docs/sim.md)")
+             "step (docs/explanation/past-one-gpu.md)")
     all_reduce_latency_us: float | None = opt(
         None, "--all-reduce-latency-us", kind="float", hi=MAX_US, metavar="US",
         help="tensor parallelism: one small all-reduce's time, which dominates the collectives "
              "at decode (default: the --gpu interconnect's; 6 on NVLink, 20 on PCIe; "
-             "docs/sim.md). Not with measured collectives (a hardware.yaml), which it would "
-             "contradict")
+             "docs/explanation/past-one-gpu.md). Not with measured collectives (a "
+             "hardware.yaml), which it would contradict")
     jitter: bool = opt(
         True, "--no-jitter", kind="bool", action="store_false", label="--jitter", shown=False,
         help="ignore the profile's measured speed noise (by default device ops vary from step "
@@ -150,13 +151,13 @@ class SimConfig(RunSpec):
         None, "--acceptance", metavar="PROFILE",
         help=f"named per-position acceptance profile: {', '.join(PROFILES)} (default: the "
              "published one of the model and method, else mtbench: vLLM #26191, Llama-3.1-8B "
-             "EAGLE-3 on MT-bench; docs/sim.md)")
+             "EAGLE-3 on MT-bench; docs/explanation/acceptance.md)")
     acceptance_dataset: str | None = opt(
         None, "--acceptance-dataset", kind="choice", choices=tuple(DATASETS), help=(
             "the dataset the acceptance is of (common/acceptance.py DATASETS: each one's "
             "published effect on acceptance, and its spread as the band): default the "
             "workload's (--dataset-name random: random; sharegpt; hf mt-bench: mtbench), "
-            "mtbench for a trace"))
+            "mtbench for a trace; docs/explanation/acceptance-by-dataset.md)"))
     acceptance_rates: tuple[float, ...] | None = opt(
         None, "--acceptance-rates", kind="rates", metavar="R1,R2,...",
         help="per-position acceptance rates as vLLM reports them (cumulative: the fraction of "
@@ -241,7 +242,7 @@ OPTIONAL_FIELDS = {"quantization": None, "kv_cache_dtype": "auto", "data_paralle
 
 @dataclass(frozen=True, slots=True)
 class Topology:
-    """Where the step loop's parts run (docs/design.md §2), and what follows from it."""
+    """Where the step loop's parts run (docs/explanation/design.md §2), and what follows from it."""
 
     engine: str = "stepgap"       # whose step loop (TOPOLOGIES)
     inline: bool = True           # the worker on the engine core's thread (else its process)
@@ -366,7 +367,7 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
         cpu_propose=cfg.k > 0 and cfg.method in CPU_PROPOSERS,
         # vLLM's worker turns an RPC around in a round trip in sync (it replies, and the engine
         # core sends the next only then) and in one message in async (the next is already
-        # queued): the share of the sync-fitted turnaround it waits (docs/vllm.md)
+        # queued): the share of the sync-fitted turnaround it waits (docs/explanation/vllm.md)
         rpc_share=0.5 if engine == "vllm" and async_ else 1.0,
         noise=measured.jitter if cfg.jitter and measured is not None else None,
         drafter=drafter, drafter_host=drafter_host)
@@ -610,7 +611,7 @@ def parallel_notes(cfg: SimConfig, target: ModelConfig, costs) -> list[str]:
     if dp > 1:
         notes.append(f"data parallel {dp}: {dp} engine cores, each its own scheduler, KV cache "
                      "and GPU(s), requests routed as vLLM's DP front end routes them "
-                     "(docs/sim.md, 'Data and expert parallelism')"
+                     "(docs/explanation/past-one-gpu.md, 'Data and expert parallelism')"
                      + ("; a MoE target: every rank runs each forward in lockstep, a dummy "
                         "batch where it has none" if target.is_moe else
                         "; a dense target: the ranks run independently, as vLLM runs them"))
@@ -659,7 +660,7 @@ def table_notes(cfg: SimConfig, costs: DeviceCosts, hw: Hardware,
     if cfg.max_num_batched_tokens > tables.max_tokens:
         notes.append(f"--max-num-batched-tokens {cfg.max_num_batched_tokens} is past the "
                      f"tables' {tables.max_tokens:g} tokens: longer steps extrapolated in "
-                     "proportion (docs/sim.md)")
+                     "proportion (docs/explanation/measured-tables.md)")
     label = tables.hardware.lower()
     if hw.name.lower() not in (label, label.replace("_", "")):
         notes.append(f"--device-profile was measured on {tables.gpu} ({tables.hardware}); "

@@ -1,4 +1,4 @@
-"""The device cost seam (docs/design.md §3): what each device op of a step costs.
+"""The device cost seam (docs/explanation/design.md §3): what each device op of a step costs.
 
 `DeviceCosts` is the seam: one method per device op, each giving microseconds for a `Batch`.
 Its sources: `RooflineCosts` (sim/roofline.py) derives them from the model's own config and a

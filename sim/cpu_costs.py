@@ -1,4 +1,4 @@
-"""What each CPU op of the step loop costs (docs/design.md §3).
+"""What each CPU op of the step loop costs (docs/explanation/design.md §3).
 
 Each CPU op costs a + b·num_reqs + c·num_tokens microseconds (`OpCost`), plus three
 latencies: launch (CPU launch start to the first kernel running), wake (a blocking wait
@@ -26,23 +26,23 @@ CPU_TERMS = ("result_latency", "worker_turnaround")
 # parallelism the multiprocess executor's step reaching every rank (dequeue and unpickle of the
 # broadcast, the slowest rank's) and rank 0 sending its output back.
 CPU_EXTRA_OPS = ("propose", "broadcast", "collect")
-# vLLM's topology (`--topology vllm`, docs/vllm.md): terms of its RPC structure and of its API
-# server. None where absent (stepgap's engine sends one message per step and has no server).
-# `rpc_mid`: the worker idle between its execute_model and sample_tokens RPCs (it answers one
-# and takes the next off the shared-memory queue); `rpc_drafts`: in sync with drafts, the engine
-# core's take_draft_token_ids round trip after update_from_output; `process_outputs`: the API
-# server's work on one step's outputs (num_reqs = the chunks); `add_request`: the API server
-# taking in one request (num_tokens = its prompt). The engine core and the API server share one
-# core: their work is serialised (the `host` core of sim/loop.py).
+# vLLM's topology (`--topology vllm`, docs/explanation/vllm.md): terms of its RPC structure and of
+# its API server. None where absent (stepgap's engine sends one message per step and has no server).
+# `rpc_mid`: the worker idle between its execute_model and sample_tokens RPCs (it answers one and
+# takes the next off the shared-memory queue); `rpc_drafts`: in sync with drafts, the engine core's
+# take_draft_token_ids round trip after update_from_output; `process_outputs`: the API server's work
+# on one step's outputs (num_reqs = the chunks); `add_request`: the API server taking in one request
+# (num_tokens = its prompt). The engine core and the API server share one core: their work is
+# serialised (the `host` core of sim/loop.py).
 VLLM_TERMS = ("rpc_mid", "rpc_drafts", "process_outputs", "add_request")
-# What vLLM's async path costs beyond its sync path for the same step (docs/vllm.md, "What
-# vLLM's async path costs"), each a + b·num_reqs + c·draft tokens of the step (not its
-# tokens): `async_schedule` the engine core's AsyncScheduler (placeholders for the tokens and
-# drafts in flight) on top of schedule; `async_prepare` the worker placing the previous step's
-# sampled tokens and drafts into the inputs (GPUModelRunner._prepare_input_ids: a Python loop
-# over the requests in common with the previous step, the index tensors, two scatters) on top of
-# prepare_inputs; `async_output` the output thread (WorkerAsyncOutputCopy, serialising each
-# step's output while the main thread goes on) on the worker's core and GIL, after the step.
+# What vLLM's async path costs beyond its sync path for the same step (docs/explanation/vllm.md,
+# "What vLLM's async path costs"), each a + b·num_reqs + c·draft tokens of the step (not its
+# tokens): `async_schedule` the engine core's AsyncScheduler (placeholders for the tokens and drafts
+# in flight) on top of schedule; `async_prepare` the worker placing the previous step's sampled
+# tokens and drafts into the inputs (GPUModelRunner._prepare_input_ids: a Python loop over the
+# requests in common with the previous step, the index tensors, two scatters) on top of
+# prepare_inputs; `async_output` the output thread (WorkerAsyncOutputCopy, serialising each step's
+# output while the main thread goes on) on the worker's core and GIL, after the step.
 VLLM_ASYNC_TERMS = ("async_schedule", "async_prepare", "async_output")
 # Data parallelism of a MoE target (sim/data_parallel.py): `dp_sync`, the ranks' all-reduce of
 # their token counts before each forward (vLLM's coordinate_batch_across_dp), from the last
@@ -73,7 +73,8 @@ class OpCost:
 
 @dataclass(frozen=True, slots=True)
 class CpuCosts:
-    """The CPU side of the step loop. Defaults: a vLLM V1 engine on one core (docs/sim.md)."""
+    """The CPU side of the step loop. Defaults: a vLLM V1 engine on one core
+    (docs/explanation/cpu-costs.md)."""
 
     schedule: OpCost = field(default_factory=lambda: OpCost(60.0, 6.0, 0.02))
     update_from_output: OpCost = field(default_factory=lambda: OpCost(60.0, 8.0, 0.05))

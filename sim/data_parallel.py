@@ -1,7 +1,7 @@
 """Data parallelism as vLLM runs it (`--data-parallel-size N`): N engine cores, each with its own
-scheduler, KV cache, worker and GPU(s), behind one front end that routes each request
-(`Router`); for a MoE target, the ranks' lockstep (`Lockstep`). docs/sim.md, "Data and expert
-parallelism", states and tests/test_sim_dp.py checks each rule.
+scheduler, KV cache, worker and GPU(s), behind one front end that routes each request (`Router`);
+for a MoE target, the ranks' lockstep (`Lockstep`). docs/explanation/past-one-gpu.md, "Data and
+expert parallelism", states and tests/test_sim_dp.py checks each rule.
 
 - Routing (vLLM's DPLBAsyncMPClient): a request goes to the engine core with the lowest
   4 x waiting + running, as the DP coordinator last published the counts, plus one waiting
@@ -27,8 +27,8 @@ parallelism", states and tests/test_sim_dp.py checks each rule.
 - Under CUDA graphs the ranks pad their batches to the largest (vLLM's DP padding): every MoE
   layer sees dp x the largest rank's tokens while each rank's batch is within the graphs'
   sizes (`GRAPH_TOKENS`), else the sum of their tokens (`gathered_rows`).
-- The timeline keeps docs/design.md §2's lanes; every span of a rank carries args.dp (its
-  rank); the Chrome trace shows each rank as its own process.
+- The timeline keeps docs/explanation/design.md §2's lanes; every span of a rank carries args.dp
+  (its rank); the Chrome trace shows each rank as its own process.
 
 The engine cores and the run are sim/loop.py's `DPRank` and `DPSim` (the step loop's own
 classes); this module holds what they share: the routing, the lockstep, the dummy batch.

@@ -1,11 +1,12 @@
 """The hardware catalog: what a device can do, for the roofline in `sim/roofline.py`.
 
-Peaks are datasheet numbers (dense bf16 and fp8 tensor FLOP/s, memory bandwidth; docs/design.md
-§6). The efficiencies are the fractions of those peaks that real kernels reach, and `kernel_us`
-is the fixed cost each kernel adds (the gap between graph-launched kernels plus a memory-bound
-kernel's ramp and drain). Each GPU names the interconnect between the GPUs of its node, which
-prices tensor parallelism's collectives (`Interconnect`). docs/sim.md gives the source of every
-number and how sensitive the predictions are to each.
+Peaks are datasheet numbers (dense bf16 and fp8 tensor FLOP/s, memory bandwidth;
+docs/explanation/design.md §6). The efficiencies are the fractions of those peaks that real kernels
+reach, and `kernel_us` is the fixed cost each kernel adds (the gap between graph-launched kernels
+plus a memory-bound kernel's ramp and drain). Each GPU names the interconnect between the GPUs of
+its node, which prices tensor parallelism's collectives (`Interconnect`).
+docs/explanation/device-costs.md gives the source of every number and how sensitive the predictions
+are to each.
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ class MeasuredLink:
                        nbytes / n)
 
 
-# docs/sim.md has the measurements behind these numbers.
+# docs/explanation/device-costs.md has the measurements behind these numbers.
 NVLINK4 = Interconnect(
     "nvlink4", bw=370 * GB, latency_us=6.0, fully_connected=True,
     source="NVLink 4 (H100/H200 SXM): 450 GB/s per direction, NCCL reaches ~370 GB/s "
@@ -243,19 +244,21 @@ CATALOG: dict[str, Hardware] = {h.name: h for h in (
              interconnect=NVLINK4,
              source="NVIDIA H100 SXM datasheet: 3350 GB/s HBM3, 989 TFLOP/s dense bf16",
              device_names=("NVIDIA H100 80GB HBM3",)),
-    # Measured on one H200 (docs/design.md §6): 4.3 TB/s copy (0.90), 790 TFLOP/s GEMM (0.80).
+    # Measured on one H200 (docs/explanation/design.md §6): 4.3 TB/s copy (0.90), 790 TFLOP/s GEMM
+    # (0.80).
     Hardware("h200", "gpu", flops=989e12, mem_bw=4800 * GB, flop_eff=0.80, bw_eff=0.86,
              kernel_us=2.0, d2h_us=15.0, mem_bytes=141 * GB, fp8_flops=1979e12,
              interconnect=NVLINK4,
-             source="NVIDIA H200 SXM datasheet: 4800 GB/s HBM3e, 989 TFLOP/s; docs/design.md §6",
+             source="NVIDIA H200 SXM datasheet: 4800 GB/s HBM3e, 989 TFLOP/s; docs/explanation/design.md §6",
              device_names=("NVIDIA H200",)),
     Hardware("b200", "gpu", flops=2250e12, mem_bw=8000 * GB, flop_eff=0.75, bw_eff=0.85,
              kernel_us=2.0, d2h_us=15.0, mem_bytes=180 * GB, fp8_flops=4500e12,
              interconnect=INTERCONNECTS["nvlink5"],
              source="NVIDIA B200 datasheet: 8 TB/s HBM3e, 2.25 PFLOP/s dense bf16",
              device_names=("NVIDIA B200",)),
-    # Two GDDR cards of the peer runs (docs/sim.md, "Measured operator tables"): datasheet peaks,
-    # the L20's efficiencies (the same kind of memory system); memory as CUDA reports it.
+    # Two GDDR cards of the peer runs (docs/explanation/measured-tables.md, "Measured operator
+    # tables"): datasheet peaks, the L20's efficiencies (the same kind of memory system); memory as
+    # CUDA reports it.
     Hardware("rtx4090", "gpu", flops=165.2e12, mem_bw=1008 * GB, flop_eff=0.70, bw_eff=0.80,
              kernel_us=2.0, d2h_us=15.0, mem_bytes=25_250_627_584, fp8_flops=330.3e12,
              interconnect=replace(INTERCONNECTS["pcie4"], name="pcie4, no P2P", p2p=False),

@@ -1,4 +1,4 @@
-"""The step loop as a SimPy model (docs/design.md §1 and §2).
+"""The step loop as a SimPy model (docs/explanation/design.md §1 and §2).
 
 Lanes and ops: `cpu.engine` (schedule, update_from_output), `cpu.worker` (prepare_inputs,
 launch, wait; and propose, broadcast, collect, below) and `device` (fixup, target_forward,
@@ -29,14 +29,14 @@ With tensor parallelism the worker is vLLM's multiprocess executor over N ranks,
 lane: each step is `broadcast` to the ranks before they prepare it, and rank 0 `collect`s its
 output for the engine after the step (in async, on its output thread: a latency, no span).
 
-vLLM's topology (`topology="vllm"`, docs/vllm.md) adds what vLLM's own processes do: the worker
-answers two RPCs per step, so it idles `rpc_mid` between the target forward and the sampler (half
-of it in async, where the next RPC is already queued, and so for `worker_turnaround`); in
-sync with drafts the engine core makes a third, take_draft_token_ids (`rpc_drafts`), after
+vLLM's topology (`topology="vllm"`, docs/explanation/vllm.md) adds what vLLM's own processes do: the
+worker answers two RPCs per step, so it idles `rpc_mid` between the target forward and the sampler
+(half of it in async, where the next RPC is already queued, and so for `worker_turnaround`); in sync
+with drafts the engine core makes a third, take_draft_token_ids (`rpc_drafts`), after
 update_from_output; an API server (`frontend`, lane cpu.frontend) takes each request in
-(`add_request`) and processes each step's outputs (`process_outputs`) before the client has
-its chunks (`client_latency_us` later); and the engine core and the API server share one core
-(`host`), so their work is serialised. The `served` topology is `stepgap serve` (docs/serve.md):
+(`add_request`) and processes each step's outputs (`process_outputs`) before the client has its
+chunks (`client_latency_us` later); and the engine core and the API server share one core (`host`),
+so their work is serialised. The `served` topology is `stepgap serve` (docs/explanation/serve.md):
 stepgap's own engine core and worker, with that API server in front on the engine core's CPU.
 
 The device is a FIFO lane whose op durations are known when a step is launched, so its timing is
@@ -122,7 +122,7 @@ class Clock(simpy.Environment):
     on at once (to `now + dt`, the float a timeout would reach, set as `Environment.step` sets
     it) and the process carries on, given an event that has already passed. Every time, and the
     order of everything else, are as with `timeout`; a step with nothing else going on costs no
-    trip through the event queue (docs/sim.md, "Speed")."""
+    trip through the event queue (docs/reports/2026-12-03-advise-speed.md)."""
 
     def __init__(self):
         super().__init__()
@@ -138,7 +138,7 @@ class Clock(simpy.Environment):
         """End the processes still waiting (the engine loop, a worker's) and drop the events
         still due: their frames and callbacks hold the run, which holds them, a cycle that
         only Python's cycle collector would free, after scanning everything the run made
-        (docs/sim.md, "Speed")."""
+        (docs/reports/2026-12-03-advise-speed.md)."""
         for g in self.generators:
             g.close()
         self.generators, self._queue = [], []
@@ -236,10 +236,11 @@ class Device:
         durs.append(c.target_forward(b))
         sample = 0.0   # k = 0: the sampler's share of the forward's entry (below)
         if b.num_sampling and not self.k:
-            # NOTE: at k = 0 the sampler is timed as one entry with the forward it follows, as
-            # the cost models counted it inside target_forward before it was an op of its own:
-            # the step's times are the same sums, scaled by the same factor, bit for bit
-            # (docs/sim.md, "Device cost model"); `record` draws it as its own span.
+            # NOTE: at k = 0 the sampler is timed as one entry with the forward it follows, as the
+            # cost models counted it inside target_forward before it was an op of its own: the
+            # step's times are the same sums, scaled by the same factor, bit for bit
+            # (docs/explanation/device-costs.md, "Device cost model"); `record` draws it as its own
+            # span.
             ops[-1] = "target_forward+rejection_sample"
             sample = c.rejection_sample(b)
             durs[-1] += sample
@@ -312,8 +313,9 @@ TIME_ONLY = ("cpu_scale", "speed", "timeline", "detailed", "drafter_host_scale")
 
 class Recording:
     """The steps of one run, kept so that a run that differs from it only in how long things
-    take (TIME_ONLY settings, the device's costs) replays them instead of scheduling and
-    drawing acceptance again: the same results, about half the time (docs/sim.md, "Speed").
+    take (TIME_ONLY settings, the device's costs) replays them instead of scheduling and drawing
+    acceptance again: the same results, about half the time
+    (docs/reports/2026-12-03-advise-speed.md).
 
     Only where the steps cannot depend on time (`Sim.same_steps`): one thread drives the engine
     core, so the order of everything it does is fixed by the loop, and the client's requests
@@ -440,7 +442,7 @@ class Sim:
         """The thread spends `dur` on `op`: a timeout to yield, and a span when recording.
         Where it is `env.passed` (nothing else was due first: the clock has moved on), the
         hot callers carry on without yielding it, which is what SimPy would do at once (one
-        trip through its resume loop fewer a step; docs/sim.md, "Speed")."""
+        trip through its resume loop fewer a step; docs/reports/2026-12-03-advise-speed.md)."""
         if self.spans is not None:
             now = self.env.now
             self.spans.append(Span(lane, op, step, now, now + dur, args))
@@ -1053,7 +1055,8 @@ def build_workload(cfg: SimConfig) -> list[TraceRequest]:
 def simulate(cfg: SimConfig, requests: list[TraceRequest] | None = None,
              device_costs: DeviceCosts | None = None, profile: Profile | None = None,
              recording: Recording | None = None) -> tuple[dict, list[Span]]:
-    """Simulate one serving run: the run result (docs/design.md §4) and the timeline's spans.
+    """Simulate one serving run: the run result (docs/explanation/design.md §4) and the timeline's
+    spans.
 
     `requests` defaults to the workload `cfg` names, with its request rate applied; requests
     given here are used with their own arrival times. `device_costs` replaces the roofline

@@ -210,11 +210,11 @@ def format_best_k(view: View, rows: list[BestK], metric: str = "mean_tpot_ms") -
     return "\n".join(lines)
 
 
-def wrapped(text: str, fig: Figure) -> str:
+def wrapped(text: str, fig: Figure, per_inch: float = 12) -> str:
     """A title line broken to the figure's width (about 12 characters an inch at 11 pt), so that
     a long workload spec is not cut off."""
     import textwrap
-    return textwrap.fill(text, width=max(40, int(12 * fig.get_figwidth())))
+    return textwrap.fill(text, width=max(40, int(per_inch * fig.get_figwidth())))
 
 
 def _fmt_x(x) -> str:
@@ -406,6 +406,7 @@ def saving_plot(view, metric: str = "mean_tpot_ms") -> Figure:
 def advise_figure(advice) -> Figure:
     """The best k of sync and async (their bands as bars) and what async and zero-bubble save
     (their bands shaded), against the load points of a `stepgap advise` answer."""
+    from stepgap.sim.advise import near_best
     answers = advice.answers
     xs = np.arange(len(answers))
     fig = Figure(figsize=(11.5, 4.4), dpi=DPI, layout="constrained")
@@ -418,6 +419,10 @@ def advise_figure(advice) -> Figure:
         off = (j - 0.5) * 0.12
         ax_k.errorbar(xs + off, v, yerr=[lo, hi], fmt="o-", color=color, capsize=4, lw=1.6,
                       label=f"{mode} (bar: the best k over the inputs' range)")
+        near = [near_best(a.modes[mode].grid) for a in answers]
+        ax_k.fill_between(xs + off, [min(n) - 0.15 for n in near], [max(n) + 0.15 for n in near],
+                          color=color, alpha=0.15, lw=0,
+                          label=f"{mode}: k within 1 % of its best mean TPOT")
     ax_k.set_ylim(min(advice.ks) - 0.5, max(advice.ks) + 0.5)
     ax_k.set_yticks(advice.ks)
     ax_k.set_ylabel("best k by mean TPOT (draft tokens per step)")
@@ -441,6 +446,11 @@ def advise_figure(advice) -> Figure:
     r = advice.rests_on
     what = f"{r['model']}" + (f" + {r['draft']}" if r.get("draft") else "") + \
         f" on {r['gpu']}, {r['workload']}"
-    fig.suptitle(f"stepgap advise: {what}\nbands: {', '.join(i.name for i in advice.inputs) or 'none'}"
-                 " at the ends of their ranges (docs/sim.md, 'Bands')", fontsize=11)
+    bands = ", ".join(i.name for i in advice.inputs) or "none"
+    # NOTE: wrapped at 10 characters an inch: a model id and a workload of lower-case letters
+    # run wider than the 12 of `wrapped`'s default, and a suptitle wider than the figure is
+    # cut at both ends
+    fig.suptitle(wrapped(f"stepgap advise: {what}", fig, per_inch=10) + "\n" +
+                 wrapped(f"bands: {bands} at the ends of their ranges "
+                         "(docs/explanation/bands.md)", fig, per_inch=10), fontsize=11)
     return fig

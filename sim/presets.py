@@ -39,7 +39,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
             "async": dict(mean_tpot_ms=9.57, p99_tpot_ms=14.42, mean_itl_ms=27.17,
                           p99_itl_ms=28.15),
         },
-        source="vLLM PR #25872 (docs/design.md §6): main = sync, the PR = async"),
+        source="vLLM PR #25872 (docs/explanation/design.md §6): main = sync, the PR = async"),
     Preset(
         "sharegpt-h100",
         "Llama-3.1-8B + EAGLE-3 head on one H100, k=4, async, 10,000 ShareGPT-like requests "

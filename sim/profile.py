@@ -18,7 +18,7 @@ per op, draft pass i and speculation depth k, because on the CPU a step's fixed 
 with k (the target returns its aux hidden states, logits are taken at 1 + k positions). Why fits
 and not a table: mixed steps (a prefill chunk next to decodes) land anywhere in the space of
 shapes, and a surface through the measured points extends to them where a table of uniform
-batches does not; docs/validation.md shows how well the fits hold.
+batches does not; docs/explanation/validation.md shows how well the fits hold.
 
 `ProfileCosts` (sim/profile_costs.py) answers from the fit of the same k, else of the nearest k
 measured, and falls back to another DeviceCosts (the roofline) for ops the profile does not

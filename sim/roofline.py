@@ -1,5 +1,5 @@
 """The device roofline: device op times from first principles, the model's shapes on a
-hardware entry (docs/design.md §3, docs/sim.md).
+hardware entry (docs/explanation/design.md §3, docs/explanation/device-costs.md).
 
 Every kernel costs max(flops / achievable FLOP/s, bytes / achievable bandwidth) + a fixed
 per-kernel cost, summed over the kernels the op launches.
@@ -21,7 +21,7 @@ from stepgap.sim.moe_tables import mtp_wrapper
 BF16 = 2  # bytes per weight, activation and KV element
 
 # Kernel counts not covered by the GEMMs and attention, after the structure of vLLM's Llama and
-# EAGLE-3 forwards and its samplers (docs/sim.md lists them).
+# EAGLE-3 forwards and its samplers (docs/explanation/device-costs.md lists them).
 TARGET_LAYER_ELEMENTWISE = 5   # 2 fused add+RMSNorm, rotary, KV-cache write, SiLU-and-mul
 TARGET_EXTRA = 2               # embedding gather, final norm (the lm_head is a GEMM)
 SAMPLE_KERNELS = 3             # plain greedy sampling (k = 0): argmax and output assembly
@@ -74,11 +74,12 @@ class RooflineCosts:
     kernel adds `hw.kernel_us`. Dense parts depend only on token counts and are memoized.
 
     With tensor parallelism over `tp` GPUs every op is one rank's: each GEMM's sharded width is
-    divided by tp (column-parallel: the output; row-parallel: the input), each rank attends over
-    its own heads and KV heads, and the collectives of vLLM's sharding are added: an all-reduce
-    of the hidden states after the vocabulary-parallel embedding, after every attention and
-    every MLP (or MoE), and an all-gather of the logits. A MoE layer reads the experts its tokens
-    touch (`expected_experts`). `method` says what the draft passes are (docs/sim.md).
+    divided by tp (column-parallel: the output; row-parallel: the input), each rank attends over its
+    own heads and KV heads, and the collectives of vLLM's sharding are added: an all-reduce of the
+    hidden states after the vocabulary-parallel embedding, after every attention and every MLP (or
+    MoE), and an all-gather of the logits. A MoE layer reads the experts its tokens touch
+    (`expected_experts`). `method` says what the draft passes are
+    (docs/explanation/past-one-gpu.md).
 
     `moe` (sim/expert_parallel.py `MoeCosts`, set by the run's resolution) prices the target's
     MoE blocks where measured tables or data and expert parallelism say more than this: None

@@ -92,7 +92,8 @@ def add_setup_args(p) -> None:
                    dp_help="engine cores behind vLLM's DP front end, each with its own "
                            "scheduler, KV cache and --tensor-parallel-size GPUs (data x "
                            "tensor parallel at most 8, one node); a MoE target's ranks run in "
-                           "lockstep (docs/sim.md, 'Data and expert parallelism'). Default 1")
+                           "lockstep (docs/explanation/past-one-gpu.md, 'Data and expert "
+                           "parallelism'). Default 1")
     add_engine_args(p, D, device_help="cuda: the device runs launched ops while the CPU goes on; "
                                       "cpu: device ops run on the worker's thread. Default: from "
                                       "--gpu (cpu for --gpu cpu, else cuda)")

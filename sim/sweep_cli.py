@@ -158,8 +158,8 @@ def register(sub) -> None:
 
     q = add_command(psub, "timeline", help="Gantt chart of the lanes over a window of steps",
                     description="A Gantt chart of the lanes (cpu.engine, cpu.worker, device) "
-                    "of one or more timelines\n(JSON lines, docs/design.md §2, simulated or "
-                    "measured), step gaps shaded and labelled with their\nlength.",
+                    "of one or more timelines\n(JSON lines, docs/explanation/design.md §2, "
+                    "simulated or measured), step gaps shaded and labelled with their\nlength.",
                     epilog=TIMELINE_EPILOG)
     q.add_argument("timelines", nargs="+", metavar="TIMELINE", help="[COLUMN/]ROW=PATH")
     w = q.add_argument_group("window")

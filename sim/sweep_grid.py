@@ -5,7 +5,7 @@ combination of them (the last axis varies fastest), applied on top of a base: a 
 settings plus fixed overrides. Every cell's config is built and resolved before anything runs,
 so a bad key or value stops the sweep before work starts.
 
-Grid syntax (command line; docs/sweeps.md has the file form):
+Grid syntax (command line; docs/reference/sweeps.md has the file form):
     mode=sync,async,zero-bubble      a list
     k=0..6                           an inclusive integer range
     max_concurrency=1..64:x2         1, 2, 4, ..., 64 (a geometric range)

@@ -16,7 +16,7 @@ from stepgap.common.limits import is_number
 from stepgap.sim.config import SimConfig
 from stepgap.sim.sweep_grid import FIELD_TYPES, field_kind
 
-# The columns of the table after the axes: run-result metrics (docs/design.md §4, §5).
+# The columns of the table after the axes: run-result metrics (docs/explanation/design.md §4, §5).
 RESULT_METRICS = (
     "completed", "duration", "request_throughput", "output_throughput", "total_token_throughput",
     *(f"{stat}_{m}_ms" for m in METRICS for stat in ("mean", "median", "std", "p99")),

@@ -1,5 +1,6 @@
-"""Measured operator tables as device costs (docs/design.md §9): a GPU's own kernel times, read as a
-peer published them, priced for each step's real mix of prefill chunks, decodes and verifies.
+"""Measured operator tables as device costs (docs/explanation/design.md §9): a GPU's own kernel
+times, read as a peer published them, priced for each step's real mix of prefill chunks, decodes and
+verifies.
 
 The tables are LLMServingSim's perf bundle (`profiler/perf/<GPU>/<model>/<variant>/`): a
 `meta.yaml` (how and under which vLLM they were measured, the model's per-rank shapes) and one
@@ -17,7 +18,8 @@ The tables are LLMServingSim's perf bundle (`profiler/perf/<GPU>/<model>/<varian
 Times are CUDA kernel time per module (vLLM's layerwise profiler, `enforce_eager`), so a step
 is the sum of its kernels, run back to back as a CUDA graph runs them.
 
-How a step is priced (docs/sim.md, "Measured operator tables", states and tests each rule):
+How a step is priced (docs/explanation/measured-tables.md, "Measured operator tables", states and
+tests each rule):
 
 - target forward = embedding + L x (2 layernorm + qkv_proj + rotary_emb + attention + o_proj
   + gate_up_proj + act_fn + down_proj; Qwen3's qk_norm after qkv_proj; a Qwen3-MoE layer's MLP

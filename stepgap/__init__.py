@@ -1,10 +1,10 @@
 """stepgap: where do the step gaps go?
 
 This package is the command line only (`stepgap ...`, `python -m stepgap`). It sits above every
-other layer and imports each command's module when it builds the parser; docs/design.md has the
-map of the layers. Its subpackages are the top-level folders, through the relative symlinks
-beside this file (stepgap/sim -> ../sim): a package and its subpackages always load from one
-folder, and `one_checkout` refuses a folder other than the one this environment installed.
+other layer and imports each command's module when it builds the parser; docs/explanation/design.md
+has the map of the layers. Its subpackages are the top-level folders, through the relative symlinks
+beside this file (stepgap/sim -> ../sim): a package and its subpackages always load from one folder,
+and `one_checkout` refuses a folder other than the one this environment installed.
 """
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ import os
 import signal
 import sys
 
-# Before anything loads torch (registering the engine's commands does): OpenMP threads that
-# wait at a barrier sleep instead of spinning, so that on a shared machine a waiting thread
-# takes no core from the one it waits for, nor from another process (docs/engine.md, "Threads
-# on a shared machine"). The user's own setting wins.
+# Before anything loads torch (registering the engine's commands does): OpenMP threads that wait at
+# a barrier sleep instead of spinning, so that on a shared machine a waiting thread takes no core
+# from the one it waits for, nor from another process (docs/explanation/engine.md, "Threads on a
+# shared machine"). The user's own setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from stepgap.common.errors import UserError, shown
@@ -48,7 +48,8 @@ scale); `compare` sets one run result against another. Options are spelled as `v
 
 class Parser(argparse.ArgumentParser):
     """argparse, whose errors are one line (with where the options are listed), not the usage
-    of every option first: bad input ends in one line (docs/robustness.md). Its subcommands'
+    of every option first: bad input ends in one line (docs/reference/robustness.md). Its
+    subcommands'
     parsers are of this class too."""
 
     def error(self, message: str):
@@ -221,7 +222,7 @@ def _stdout_gone() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Exit status: 0, 2 for bad input (one line naming the file, line and
-    field; docs/robustness.md) or an output that cannot be written (stdout closed or full
+    field; docs/reference/robustness.md) or an output that cannot be written (stdout closed or full
     among them), 1 for a failed run, 130 on Ctrl-C, 143 on SIGTERM, 141 when stdout's reader
     has gone. Ctrl-C or SIGTERM while the parser is built (it imports every command's module)
     is one line too, as anywhere else."""

@@ -5,7 +5,7 @@ imported as `from tests.helpers import ...`; fixtures shared by several files li
 is built once per worker that uses it, so every test that uses one of ONE_WORKER's fixtures is
 sent to that fixture's worker (an `xdist_group` named for it, and for its parameter where it has
 one: each folder's tests of test_fidelity.py go together): each is built once per run.
-docs/design.md, "Tests", says how the suite is organised."""
+docs/explanation/design.md, "Tests", says how the suite is organised."""
 
 import json
 import shutil

@@ -1,8 +1,8 @@
 """stepgap advise, the bands it rests on (sim/bands.py), calibration on bench files alone
 (calibrate/bench_fit.py) and a profile that runs where it was measured.
 
-Small workloads throughout (a few MT-bench prompts, short outputs): what is checked is behaviour
-and invariants, not the numbers of the default question (README and docs/sim.md have those,
+Small workloads throughout (a few MT-bench prompts, short outputs): what is checked is behaviour and
+invariants, not the numbers of the default question (README and docs/reference/advise.md have those,
 with their commands)."""
 
 from __future__ import annotations
@@ -539,3 +539,111 @@ def test_jobs_past_the_cells_start_no_more_processes_than_cells(monkeypatch):
     base = SimConfig(**SMALL, cpu_scale=2.42).to_dict()
     mod.advise(base, mod.loads_of([1], None), [0, 1], band=False, jobs=10 ** 30)
     assert sizes == [2]   # one load's two columns: sync, and async with zero-bubble
+
+
+# -- the answer in words ------------------------------------------------------------------------
+
+
+def answer_of(saving: tuple, zb: tuple = (-0.001, -0.001, 0.0), sync=None, async_=None,
+              label: int = 1):
+    """A LoadAnswer built by hand: `saving` and `zb` as (value, low, high), each mode's grid
+    k -> mean TPOT (its best k and TPOT taken from it)."""
+    from stepgap.sim.advise import LoadAnswer, ModeAnswer, best_of
+    sync = sync or {0: 3.0, 1: 2.0, 2: 1.9}
+    async_ = async_ or {k: v * (1 - saving[0]) for k, v in sync.items()}
+    modes = {}
+    for m, grid in (("sync", sync), ("async", async_), ("zero-bubble", async_)):
+        k = best_of(grid)
+        modes[m] = ModeAnswer(Band(k, k, k), Band(grid[k], grid[k], grid[k]),
+                              Band(grid[0] / grid[k], grid[0] / grid[k], grid[0] / grid[k]), grid)
+    swing = {"cpu": (saving[1] - saving[0], saving[2] - saving[0])}
+    return LoadAnswer({"max_concurrency": label}, modes, Band(*saving, swing),
+                      Band(*zb, {"cpu": (zb[1] - zb[0], zb[2] - zb[0])}))
+
+
+@pytest.mark.parametrize("saving, says", [
+    ((0.105, 0.036, 0.138), "async: yes, saves 10.5 % (3.6-13.8 %) of TPOT"),
+    ((0.031, 0.031, 0.031), "async: yes, saves 3.1 % of TPOT"),
+    ((0.02, -0.01, 0.05), "async: maybe, saves 2.0 % (-1.0 to 5.0 %)"),
+    ((0.001, -0.002, 0.004), "async: no gain"),
+    ((-0.03, -0.05, -0.02), "async: no, costs 3.0 % (2.0-5.0 %) of TPOT"),
+])
+def test_the_verdict_says_yes_or_no_only_where_the_whole_band_does(saving, says):
+    from stepgap.sim.advise import verdict
+    assert verdict(answer_of(saving)).startswith(says + ";")
+
+
+def test_the_verdict_gives_every_k_within_1_percent_of_the_best():
+    from stepgap.sim.advise import verdict
+    grid = {0: 3.0, 1: 2.6, 2: 2.5, 3: 2.49, 4: 2.51, 5: 2.53, 6: 2.7}
+    v = verdict(answer_of((0.1, 0.05, 0.15), sync=grid))
+    assert "; k: 2-4 (within 1 % of the best); zero-bubble: no gain" in v   # 2.53 > 2.49 x 1.01
+
+
+def test_the_k_range_is_read_in_sync_where_async_does_not_pay():
+    from stepgap.sim.advise import verdict
+    grid = {0: 3.0, 1: 2.0, 2: 2.3}
+    v = verdict(answer_of((-0.03, -0.05, -0.02), sync=grid, async_={0: 3.1, 1: 2.06, 2: 2.0}))
+    assert "; k: 1 (within 1 % of the best, in sync);" in v
+
+
+def test_ks_not_in_one_run_are_listed_as_runs():
+    from stepgap.sim.advise import ks_text
+    assert ks_text([2, 4, 5, 6, 8]) == "2, 4-6, 8"
+
+
+def test_no_warning_says_a_saving_might_not_pay_when_its_band_excludes_zero():
+    from stepgap.sim.advise import warnings
+    sure = warnings(answer_of((0.105, 0.036, 0.138)), [0, 1, 2, 3], [])
+    assert not any("pays" in w for w in sure), sure
+    unsure = warnings(answer_of((0.02, -0.01, 0.05)), [0, 1, 2, 3], [])
+    assert unsure == ["whether async pays rests on cpu: pin the host with one sync run "
+                      "(stepgap calibrate BENCH.json --gpu ...) (async saves -1.0 to 5.0 %)"]
+
+
+def test_a_warning_that_holds_at_every_load_is_printed_once_naming_them(advice):
+    from stepgap.sim.advise_cli import format_advice
+    text = format_advice(advice)
+    block = text.split("Warnings:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert len(block) == len(set(block))
+    edge = [line for line in block if "deepest tried" in line]
+    assert edge and all(line.count("conc") >= 1 for line in edge)
+    per_load = sum("deepest tried" in w for a in advice.answers for w in a.warnings)
+    assert per_load > len(edge)   # the same warning at several loads, printed once
+
+
+def test_advise_answers_in_words_before_anything_else(advice):
+    from stepgap.sim.advise import verdict
+    from stepgap.sim.advise_cli import format_advice
+    lines = format_advice(advice).splitlines()
+    assert lines[2].startswith("The answer")
+    assert [line.split("  ", 2)[-1].strip() for line in lines[3:5]] == \
+        [verdict(a) for a in advice.answers]
+    assert lines.index("What the answer rests on:") > 5
+
+
+def test_your_own_k_and_async_scheduling_are_set_against_the_best(tmp_path, capsys):
+    out = tmp_path / "a.json"
+    assert main(["advise", "--model", "llama-3.1-8b", "--gpu", "h100", "--num-prompts", "3",
+                 "--output-len", "24", "--max-concurrency", "1", "--max-k", "2", "--jobs", "1",
+                 "--no-band", "--async-scheduling", "--speculative-config",
+                 '{"method": "eagle3", "model": "llama-3.1-8b-eagle3", '
+                 '"num_speculative_tokens": 3}', "--result-json", str(out)]) == 0
+    text = capsys.readouterr()
+    assert "k 0-3: up to your num_speculative_tokens 3" in text.err   # the range grew to it
+    assert "Your setup: async, k=3 (your --async-scheduling; your num_speculative_tokens);" \
+        in text.out
+    doc = json.loads(out.read_text())
+    mine = doc["yours"]["loads"][0]
+    load = doc["loads"][0]
+    assert mine["mean_tpot_ms"] == pytest.approx(load["async"]["mean_tpot_ms_by_k"]["3"],
+                                                 abs=1e-4)
+    best = min(load[m]["mean_tpot_ms"]["value"] for m in ("sync", "async"))
+    assert mine["loss"] == pytest.approx(mine["mean_tpot_ms"] / best - 1, abs=1e-4)
+    assert load["verdict"].startswith("async: ")
+
+
+def test_without_a_k_or_mode_advise_says_how_to_give_them(advice):
+    from stepgap.sim.advise_cli import format_advice
+    assert "Your setup: no k or mode given (paste your --speculative-config and " \
+           "--async-scheduling" in format_advice(advice)

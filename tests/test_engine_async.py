@@ -21,8 +21,8 @@ def process_executor():
 
 
 # The executor changes only how a step travels (calls in this process, or pipes to a worker
-# process), not what it computes: every case runs inline, and the process executor runs a
-# subset that takes every value of every axis (docs/design.md, "Tests"). Its own faults (a
+# process), not what it computes: every case runs inline, and the process executor runs a subset
+# that takes every value of every axis (docs/explanation/design.md, "Tests"). Its own faults (a
 # killed worker, an interrupt, an error) are tested below.
 MODES, KS, CONCURRENCIES = ("async", "zero-bubble"), (0, 1, 3, 5), (1, 4, 16)
 CASES = [(mode, k, c) for mode in MODES for k in KS for c in CONCURRENCIES]

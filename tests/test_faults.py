@@ -1,6 +1,6 @@
-"""Interrupted and stuck runs (docs/robustness.md): SIGTERM stops a command as Ctrl-C does, with
-no process of it left behind (checked by pid), a stopped worker ends its run with a clear error,
-and a closed stdout is no traceback."""
+"""Interrupted and stuck runs (docs/reference/robustness.md): SIGTERM stops a command as Ctrl-C
+does, with no process of it left behind (checked by pid), a stopped worker ends its run with a clear
+error, and a closed stdout is no traceback."""
 
 import json
 import os
@@ -180,7 +180,7 @@ def test_a_closed_stdout_is_no_traceback(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Round 3 (docs/robustness.md): the first seconds of a command, closed streams, gzip bombs
+# Round 3 (docs/reference/robustness.md): the first seconds of a command, closed streams, gzip bombs
 
 
 # `python -c` this: the command, signalled by itself in the middle of building its parser, once

@@ -1,5 +1,5 @@
-"""The committed measured runs, re-simulated: the simulator still predicts them (docs/design.md
-§7).
+"""The committed measured runs, re-simulated: the simulator still predicts them
+(docs/explanation/design.md §7).
 
 Each folder under traces/measured/ holds one machine's measured runs in the measured format
 (calibrate/measured.py). This re-simulates every cell from the folder's files alone, with no
@@ -293,9 +293,9 @@ PREFIX = ROOT / "traces" / "measured" / "prefix-cpu"
 
 @pytest.mark.xdist_group("judged-prefix-cpu")   # with `judged`'s prefix-cpu tests: judged once
 def test_the_prefix_folder_judges_the_pairs_shared_prefix_trace():
-    """Its judged.jsonl is calibrate/pair.py's shared_prefix_trace, as docs/validation.md says,
-    and every run of every cell found the prefix cache (hits > 0), counted as the simulator
-    counts them."""
+    """Its judged.jsonl is calibrate/pair.py's shared_prefix_trace, as
+    docs/explanation/validation.md says, and every run of every cell found the prefix cache (hits >
+    0), counted as the simulator counts them."""
     from stepgap.calibrate.pair import shared_prefix_trace
     from stepgap.common.formats import load_trace
     assert load_trace(PREFIX / "judged.jsonl") == shared_prefix_trace()

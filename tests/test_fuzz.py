@@ -1,6 +1,6 @@
 """Bad input and faults, generated: every one ends in exit status 2 and one error line that names
 the file, the field or the option, with no traceback, and leaves no output file behind
-(docs/robustness.md lists the promises).
+(docs/reference/robustness.md lists the promises).
 
 A seeded generator makes CASES cases, cycling through the kinds of bad input stepgap is fed:
 files that are not UTF-8, not JSON, nested too deeply, of the wrong shape or in the wrong place;
@@ -1119,9 +1119,9 @@ def small_ones(rng: random.Random, d: Path, base: Base) -> Case:
     return Case(how, ["simulate", "--model", path, *sim_args(base, out)], (path,))
 
 
-# -------------------------------------------------------------------------------------------
-# Round 3 (docs/robustness.md): gzip bombs, workloads whose size is a product, tiny rates, outputs that
-# name an input or a link that loops, a full sweep store, and the small ones
+# ------------------------------------------------------------------------------------------- Round
+# 3 (docs/reference/robustness.md): gzip bombs, workloads whose size is a product, tiny rates,
+# outputs that name an input or a link that loops, a full sweep store, and the small ones
 
 
 @contextlib.contextmanager

@@ -1,8 +1,8 @@
-"""The layout is the architecture (docs/design.md, "Layout"): each folder one concern, the two
-halves independent, the layers importing only downwards, everything under the `stepgap.`
-namespace through the symlinks in stepgap/, every import resolvable from a plain checkout, and
-the map in the docs true to the tree. Imports are read from the source (every `import`, inside
-functions too), by the reader the sweep's cache key uses (sim/sweep_keys.py)."""
+"""The layout is the architecture (docs/explanation/design.md, "Layout"): each folder one concern,
+the two halves independent, the layers importing only downwards, everything under the `stepgap.`
+namespace through the symlinks in stepgap/, every import resolvable from a plain checkout, and the
+map in the docs true to the tree. Imports are read from the source (every `import`, inside functions
+too), by the reader the sweep's cache key uses (sim/sweep_keys.py)."""
 
 import ast
 import os
@@ -94,7 +94,7 @@ def test_there_is_no_import_cycle():
 
 
 def test_the_layout_map_in_the_docs_names_every_module_and_nothing_else():
-    text = (ROOT / "docs" / "design.md").read_text()
+    text = (ROOT / "docs" / "explanation" / "design.md").read_text()
     section = text.split("## Layout", 1)[1].split("\n## ", 1)[0]
     named = {m for m in re.findall(r"`([a-z_]+/[a-z_0-9]+\.py)`", section)
              if m.split("/")[0] in LAYERS}

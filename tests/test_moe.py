@@ -1,6 +1,7 @@
 """A MoE block and an MTP module from measured tables (sim/moe_tables.py), and a MoE layer under
-data and expert parallelism (sim/expert_parallel.py): the interpolation rules docs/sim.md
-states, the EP degree a run reads, what the tables do not cover, and bad input.
+data and expert parallelism (sim/expert_parallel.py): the interpolation rules
+docs/explanation/past-one-gpu.md states, the EP degree a run reads, what the tables do not cover,
+and bad input.
 
 The tables are written here with round numbers, so every expected time is worked out by hand
 from the rule, not taken from the code."""

@@ -18,8 +18,10 @@ sys.modules["published_gpu"] = pg   # its dataclasses look their module up
 spec.loader.exec_module(pg)
 
 
-def test_every_committed_point_names_a_source_and_parses_as_a_simulate_command_line():
+def test_every_committed_point_names_a_source_and_parses_as_a_simulate_command_line(monkeypatch):
+    monkeypatch.chdir(ROOT)   # the points' traces are named from the repository's root
     sources, points = pg.load()
+    assert len(points) >= 40 and len(sources) >= 5
     for p in points:
         assert sources[p.source]["url"]
         s = pg.settings_of(p.args)

@@ -1,10 +1,11 @@
-"""`stepgap serve` against a hostile client and a failing machine (docs/robustness.md, round 3):
-every bad request is an HTTP 4xx with OpenAI's error object naming the field, checked before the
-body is parsed or the prompt tokenized where its size alone says so, and the server answers a
-normal request after each; a stuck engine core is reported by /health and ends the requests
-waiting on it; a front end killed with SIGKILL leaves no process and no traceback; a recorded
-run that cannot be written is kept (/stop_profile) or written elsewhere and named (shutdown).
-Every server is a real `python -m stepgap serve` on 127.0.0.1, with fixtures of this module."""
+"""`stepgap serve` against a hostile client and a failing machine (docs/reference/robustness.md,
+round 3): every bad request is an HTTP 4xx with OpenAI's error object naming the field, checked
+before the body is parsed or the prompt tokenized where its size alone says so, and the server
+answers a normal request after each; a stuck engine core is reported by /health and ends the
+requests waiting on it; a front end killed with SIGKILL leaves no process and no traceback; a
+recorded run that cannot be written is kept (/stop_profile) or written elsewhere and named
+(shutdown). Every server is a real `python -m stepgap serve` on 127.0.0.1, with fixtures of this
+module."""
 
 import contextlib
 import json

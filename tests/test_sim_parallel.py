@@ -1,5 +1,6 @@
 """The simulator past one GPU and one 8B model: tensor parallelism, MoE and latent-attention
-targets read from config.json, and the speculation methods (docs/sim.md), pinned by closed
+targets read from config.json, and the speculation methods (docs/explanation/past-one-gpu.md),
+pinned by closed
 forms and by numbers worked out by hand."""
 
 import json

@@ -53,6 +53,9 @@ COMMANDS = {
     "advise": lambda d, out: ["advise", "--preset", "seed-l20", "--num-prompts", "2",
                               "--max-concurrency", "1", "--max-k", "1",
                               "--result-json", str(out / "a.json")],
+    "explain": lambda d, out: ["explain", "--preset", "seed-l20", "--num-prompts", "2",
+                               "--output-len", "16", "--chrome", str(out / "c.json"),
+                               "--quiet"],
 }
 
 

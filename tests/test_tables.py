@@ -1,6 +1,6 @@
 """Measured operator tables as device costs (sim/tables.py) and a peer's vLLM run as a trace,
 a measured side and settings (common/peer_run.py): the interpolation and extrapolation rules
-docs/sim.md states, the pricing of a step's mix, and bad input.
+docs/explanation/measured-tables.md states, the pricing of a step's mix, and bad input.
 
 The tables here are written by the tests with round numbers, so every expected time is worked
 out by hand from the rule, not taken from the code."""
@@ -238,8 +238,9 @@ def test_tables_of_another_model_are_refused_naming_the_field(bundle):
         resolve(SimConfig(gpu="h100", model="llama-3.2-1b", device_profile=str(bundle)))
 
 
-# -- a bundle of the wrong types, and skew fits out of range (docs/robustness.md): one line
-# naming the file, the line or the field, where they were tracebacks or silently another reading
+# -- a bundle of the wrong types, and skew fits out of range (docs/reference/robustness.md): one
+# line naming the file, the line or the field, where they were tracebacks or silently another
+# reading
 
 # A skew fit of four bucket axes, its bins as LLMServingSim writes them (1.0e+9: a float to YAML)
 SKEW_META = META + """\
@@ -608,7 +609,7 @@ def test_a_null_max_model_len_is_the_models_context_as_vllm_takes_it(tmp_path):
     assert any("max_model_len is null" in n and "--max-model-len 131072" in n for n in notes)
 
 
-def test_the_readme_command_runs_the_pro6000_run_whose_prompts_pass_2048(tmp_path):
+def test_the_reports_command_runs_the_pro6000_run_whose_prompts_pass_2048(tmp_path):
     # (its longest request is 2,000-odd tokens past --max-model-len's own default of 2048)
     res = tmp_path / "sim.json"
     p = run_cli("simulate", "--gpu", "rtxpro6000", "--trace", str(RUN_PRO6000 / "requests.jsonl"),
@@ -617,9 +618,10 @@ def test_the_readme_command_runs_the_pro6000_run_whose_prompts_pass_2048(tmp_pat
     assert "--max-model-len 131072" in p.stderr and res.is_file()
 
 
-def readme_peer_commands() -> list[list[str]]:
-    """The `stepgap simulate` commands of the README's peer section, as printed."""
-    text = (ROOT / "README.md").read_text()
+def report_peer_commands() -> list[list[str]]:
+    """The `stepgap simulate` commands of the peer runs' report (once the README's section), as
+    printed."""
+    text = (ROOT / "docs" / "reports" / "2026-12-03-peer-gpu.md").read_text()
     block = text.split("## Real GPU runs")[1].split("```")[1]
     joined = block.replace("\\\n", " ")
     folder = next(line.split("=", 1)[1] for line in joined.splitlines() if line.startswith("P="))
@@ -627,8 +629,8 @@ def readme_peer_commands() -> list[list[str]]:
             for line in joined.splitlines() if line.startswith("stepgap simulate")]
 
 
-def test_the_readmes_commands_run_as_printed_for_both_gpus_and_the_tp2_run(tmp_path):
-    commands = readme_peer_commands()
+def test_the_reports_commands_run_as_printed_for_both_gpus_and_the_tp2_run(tmp_path):
+    commands = report_peer_commands()
     assert len(commands) == 3
     for argv in commands:   # --model, --gpu, --device-profile, --trace and output options only
         options = {a for a in argv if a.startswith("--")}

@@ -258,7 +258,7 @@ def test_acceptance_length_on_heldout_code_at_k4_is_at_least_2_5():
 
 
 def test_demo_prints_the_engine_next_to_the_simulator(capsys):
-    assert main(["demo", "--num-prompts", "2", "--k", "3", "--quiet"]) == 0
+    assert main(["demo", "--num-prompts", "2", "--k", "3", "--quiet", "--no-advise"]) == 0
     text = capsys.readouterr().out
     for needle in ("engine (measured)", "sim (predicted)", "Acceptance length", "Mean TPOT (ms)",
                    "P99 ITL (ms)", "Per-position acceptance (%)", "generated",
@@ -268,10 +268,33 @@ def test_demo_prints_the_engine_next_to_the_simulator(capsys):
 
 def test_demo_takes_the_committed_profile_when_asked(capsys):
     assert main(["demo", "--num-prompts", "2", "--k", "3", "--profile", "committed",
-                 "--quiet"]) == 0
+                 "--quiet", "--no-advise"]) == 0
     text = capsys.readouterr().out
     assert "costs: the measured profile traces/measured/cpu/profile.json" in text
-    assert "(measured on the machine of docs/validation.md, not this one)" in text
+    assert "(measured on the machine of docs/explanation/validation.md, not this one)" in text
+
+
+def test_the_demo_leads_with_advises_answer_on_the_seeds_setup(monkeypatch, capsys):
+    from stepgap.calibrate import demo
+    said = []
+    monkeypatch.setattr(demo, "headline", lambda out: said.append("headline") or out("HEAD"))
+    assert main(["demo", "--num-prompts", "2", "--k", "3", "--quiet",
+                 "--profile", "committed"]) == 0
+    text = capsys.readouterr().out
+    assert said == ["headline"] and text.startswith("HEAD\n")
+    assert text.index("HEAD") < text.index("engine (measured)")
+
+
+def test_the_headline_is_advises_verdict_and_the_prs_k_in_both_modes():
+    from stepgap.calibrate.demo import headline
+    from stepgap.sim.advise import verdict
+    lines = []
+    advice = headline(lines.append, num_prompts=4, output_len=32)
+    a = advice.answers[0]
+    assert lines[1] == f"  {verdict(a)}"
+    sync, asyn = a.modes["sync"].grid[4], a.modes["async"].grid[4]
+    assert lines[2].startswith(f"  at the PR's k=4: sync {sync:.2f} ms, async {asyn:.2f} ms")
+    assert "the PR measured 9.91 and 9.57 ms (saves 3.4 %)" in lines[2]
 
 
 def test_demo_names_a_missing_pair(tmp_path, capsys):

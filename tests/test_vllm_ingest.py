@@ -66,7 +66,7 @@ def test_a_worker_trace_becomes_a_timeline_of_designs_lanes_and_ops():
 
 
 def test_every_mapped_vllm_scope_is_in_the_docs_table():
-    doc = (ROOT / "docs" / "vllm.md").read_text()
+    doc = (ROOT / "docs" / "explanation" / "vllm.md").read_text()
     for scope, (lane, op) in SCOPES.items():
         assert re.search(rf"`{re.escape(scope)}`.*\|\s*`?{lane}`?\s*\|\s*`?{op}`?", doc), scope
 

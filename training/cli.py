@@ -15,7 +15,7 @@ examples:
 OUT/target is a Hugging Face Llama folder with its tokenizer (transformers loads it), OUT/eagle3
 an EAGLE-3 head in the yuhuili layout (the engine loads it), OUT/heldout.jsonl prompts from the
 held-out files as a workload trace, OUT/train.json the log (config, corpus fingerprint, losses,
-times). The same seed, corpus, torch and --threads give the same bytes; docs/training.md
+times). The same seed, corpus, torch and --threads give the same bytes; docs/explanation/training.md
 has the recipe.
 """
 

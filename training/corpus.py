@@ -8,7 +8,7 @@
   on the training files; `<|endoftext|>` (id 0) separates files and is the BOS and EOS token;
 - `token_stream`: the training files encoded and concatenated, one `<|endoftext|>` after each;
 - `heldout_trace`: prompts cut from held-out files at seeded offsets, as a workload trace with
-  `prompt_token_ids` (docs/design.md §4).
+  `prompt_token_ids` (docs/explanation/design.md §4).
 
 The stdlib differs between Python versions, so `fingerprint` (a hash of every file's path and
 bytes) is recorded with a trained pair: equal fingerprints mean an equal corpus.

@@ -10,7 +10,7 @@ mlp.csv.xz, attention.csv.xz and config.json ({"model", "device_sku"}, which Vid
 against its --replica_config_* options), the network one all_reduce.csv.xz, send_recv.csv.xz
 and config.json ({"sku"}).
 
-What is real and what is not (docs/sim.md, "Side by side with Vidur"):
+What is real and what is not (docs/explanation/speed.md, "Side by side with Vidur"):
 - mlp.csv (H100, Llama-3-8B) and the h100_dgx network tables are Vidur's own measurements,
   from the microsoft/vidur repository on GitHub at commit 25e0082 (PR #56, which added the
   H100 Llama-3-8B profile; a later PR removed it again).

@@ -19,13 +19,13 @@ the whole process's wall. The table gives the medians over the rounds, and the r
 One warm-up round runs first, untimed, on the first 100 requests (on a fresh cache it is
 where Vidur trains its predictors: 18 min on a 2-core VM, once).
 
-Vidur itself: it is installed from the package index into its own venv (--vidur-venv; created
-with --python, CPython 3.11, the only one its wheels are built for), never imported here. It
-reads its operator profiles at run time from a dataset cache (--vidur-cache), which this
-script lays out from the profile tables under --vidur-profiles (bench/vidur/profiles.py says
-what they are and where they come from; attention is synthetic) and runs with
-HF_HUB_OFFLINE=1: nothing is downloaded at run time. docs/sim.md, "Side by side with Vidur",
-has the measured table and what it means.
+Vidur itself: it is installed from the package index into its own venv (--vidur-venv; created with
+--python, CPython 3.11, the only one its wheels are built for), never imported here. It reads its
+operator profiles at run time from a dataset cache (--vidur-cache), which this script lays out from
+the profile tables under --vidur-profiles (bench/vidur/profiles.py says what they are and where they
+come from; attention is synthetic) and runs with HF_HUB_OFFLINE=1: nothing is downloaded at run
+time. docs/explanation/speed.md, "Side by side with Vidur", has the measured table and what it
+means.
 """
 
 from __future__ import annotations
@@ -123,7 +123,8 @@ def ensure_cache(cache: Path, profile_dir: Path | None) -> None:
         changed = profiles.cache_differences(cache)
         if changed:
             print(f"note: {cache} holds other {', '.join(changed)} than the tables "
-                  "docs/sim.md's numbers were measured with; Vidur's predictor cache does not "
+                  "docs/explanation/speed.md's numbers were measured with; Vidur's predictor "
+                  "cache does not "
                   "see file contents, so give such data a cache folder of its own",
                   file=sys.stderr)
         return

@@ -3,11 +3,11 @@ short runs of `vllm bench serve` with the client at normal and at real-time prio
 
     python bench/vllm/bursts.py --out out/bursts        # about 2 minutes
 
-A client that is woken late reads many SSE events in one read: their ITLs come out under 50 us
-(no engine streams two steps that close), and a whole response can arrive in one burst at its
-end (TPOT near 0). This prints, per client setting and concurrency, the share of such ITLs
-(common/vllm_bench.bursty_share) and the run's mean TPOT and ITL. docs/vllm.md has what it
-showed on this VM, and why bench/vllm/measure.py runs the client at SCHED_FIFO 1.
+A client that is woken late reads many SSE events in one read: their ITLs come out under 50 us (no
+engine streams two steps that close), and a whole response can arrive in one burst at its end (TPOT
+near 0). This prints, per client setting and concurrency, the share of such ITLs
+(common/vllm_bench.bursty_share) and the run's mean TPOT and ITL. docs/explanation/vllm.md has what
+it showed on this VM, and why bench/vllm/measure.py runs the client at SCHED_FIFO 1.
 """
 
 from __future__ import annotations

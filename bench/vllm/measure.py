@@ -1,15 +1,16 @@
 """Measure the real vLLM (CPU build) serving the trained pair, driven by the real `vllm bench serve`.
 
     make vllm                                            # vLLM 0.32.0's CPU build in .vllm (once)
-    python bench/vllm/measure.py --out out/vllm-cpu      # the grid, 8 repeats (docs/vllm.md)
-    python bench/vllm/measure.py --out out/vllm-cpu --repeats 12   # 4 more repeats, kept runs
-    python bench/vllm/measure.py --out out/q --quick     # a few minutes: the pipeline only
+    python bench/vllm/measure.py --out out/vllm-cpu      # the grid, 8 repeats
+    (docs/explanation/vllm.md) python bench/vllm/measure.py --out out/vllm-cpu --repeats 12   # 4
+    more repeats, kept runs python bench/vllm/measure.py --out out/q --quick     # a few minutes:
+    the pipeline only
 
 A measurement runs alone: nothing else on the machine (no test run, no other benchmark, no
 build). Every run records the CPU time every other process used during it, and is rerun when
 that passes --max-other-cpu (5 % of a core).
 
-What it does, in order (docs/vllm.md has the why of each choice):
+What it does, in order (docs/explanation/vllm.md has the why of each choice):
 
 1. Datasets: the pair's 48 held-out prompts (judged) and 48 prompts cut from the corpus's
    training files (calibration), as `--dataset-name custom` files; every prompt must round-trip
@@ -359,7 +360,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-client-rt", dest="client_rt", action="store_false",
                     help="run the bench client at normal priority (by default SCHED_FIFO 1: "
                          "on this VM a client at normal priority is woken late, and reads a "
-                         "whole response in one burst; docs/vllm.md)")
+                         "whole response in one burst; docs/explanation/vllm.md)")
     ap.add_argument("--retries", type=int, default=3,
                     help="reruns of a run whose client read the stream in bursts, or during "
                          "which other processes used more than --max-other-cpu")

@@ -1,5 +1,6 @@
 """What each op of vLLM's step cost, per judged cell, from the runs' own hook timelines: the
-evidence behind docs/vllm.md's async findings (a sync-calibrated simulator cannot see them).
+evidence behind docs/explanation/vllm.md's async findings (a sync-calibrated simulator cannot see
+them).
 
     python bench/vllm/ops.py out/vllm-cpu          # about a minute
 
