@@ -93,6 +93,10 @@ HF_PRESETS = {
         "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
                                 "activation_scheme": "dynamic", "weight_block_size": [128, 128]}},
 }
+# gpt-oss-120b: gpt-oss-20b's layers, 36 of them, over 128 experts (its config.json)
+HF_PRESETS["gpt-oss-120b"] = {**HF_PRESETS["gpt-oss-20b"], "num_hidden_layers": 36,
+                               "num_local_experts": 128,
+                               "layer_types": ["sliding_attention", "full_attention"] * 18}
 # Qwen3-30B-A3B-Instruct-2507: Qwen3-30B-A3B's layers with a 256K context (its config.json, as
 # LLMServingSim's configs/model/Qwen/ copies it: rope_theta 1e7, max_position_embeddings 262144)
 HF_PRESETS["qwen3-30b-a3b-instruct-2507"] = {**HF_PRESETS["qwen3-30b-a3b"], "rope_theta": 10000000,
@@ -116,6 +120,11 @@ DRAFT_PRESETS: dict[str, EagleHeadConfig] = {
     # AngelSlim's qwen3-8b-eagle3.json: hidden 4096, intermediate 12288, 32/8 heads of 128,
     # draft vocab 32000 (the RedHatAI head's config was not found).
     "qwen3-8b-eagle3": eagle3_for(MODEL_PRESETS["qwen3-8b"], name="qwen3-8b-eagle3"),
+    # The heads vLLM's gpt-oss threads run (RedHatAI's speculators head for gpt-oss-20b,
+    # NVIDIA's for gpt-oss-120b), shaped from their targets: their own configs were not found
+    # in a source we could read.
+    **{f"{t}-eagle3": eagle3_for(MODEL_PRESETS[t], name=f"{t}-eagle3")
+       for t in ("gpt-oss-20b", "gpt-oss-120b")},
 }
 
 
@@ -130,7 +139,7 @@ MODEL_IDS = {
     "Qwen/Qwen3-0.6B": "qwen3-0.6b", "Qwen/Qwen3-1.7B": "qwen3-1.7b", "Qwen/Qwen3-8B": "qwen3-8b",
     "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen/Qwen3-32B": "qwen3-32b",
     "Qwen/Qwen3-30B-A3B-Instruct-2507": "qwen3-30b-a3b-instruct-2507",
-    "openai/gpt-oss-20b": "gpt-oss-20b",
+    "openai/gpt-oss-20b": "gpt-oss-20b", "openai/gpt-oss-120b": "gpt-oss-120b",
     "Qwen/Qwen2.5-72B-Instruct": "qwen2.5-72b", "Qwen/QwQ-32B": "qwq-32b",
     "deepseek-ai/DeepSeek-V3": "deepseek-v3",
 }
@@ -142,6 +151,9 @@ DRAFT_IDS = {
     "RedHatAI/Llama-3.3-70B-Instruct-speculator.eagle3": "llama-3.3-70b-eagle3",
     "RedHatAI/Qwen3-8B-speculator.eagle3": "qwen3-8b-eagle3",
     "AngelSlim/Qwen3-8B_eagle3": "qwen3-8b-eagle3",
+    "RedHatAI/gpt-oss-20b-speculator.eagle3": "gpt-oss-20b-eagle3",
+    **{f"nvidia/gpt-oss-120b-Eagle3{v}": "gpt-oss-120b-eagle3"
+       for v in ("", "-v2", "-short-context", "-long-context", "-throughput")},
 }
 # EAGLE (-1) heads, each one layer shaped as its target with the target's lm_head: the head
 # `--speculative-config method eagle` shapes from the target (common/model_heads.py eagle_for).

@@ -45,6 +45,8 @@ from stepgap.common.run_spec import Option, RunSpec, options_of
 # vLLM's --distributed-executor-backend: one process (the worker inline) or a worker process.
 EXECUTOR_BACKENDS = {"uni": "inline", "mp": "process"}
 SPEC_KEYS = ("method", "model", "num_speculative_tokens")
+# speculative_config's keys the simulator models besides (sim/drafter_costs.py), each a bool
+DRAFTER_SPEC_KEYS = ("disable_padded_drafter_batch", "parallel_drafting", "enforce_eager")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,6 +204,9 @@ def speculative_config_arg(text: str) -> dict:
     if k is not None and (not is_int(k) or not 0 <= k <= MAX_K):
         raise argparse.ArgumentTypeError(f"num_speculative_tokens: expected an integer from 0 "
                                          f"to {MAX_K}, got {k!r}")
+    for key in DRAFTER_SPEC_KEYS:
+        if key in d and not isinstance(d[key], bool):
+            raise argparse.ArgumentTypeError(f"{key}: expected true or false, got {d[key]!r}")
     return d
 
 
@@ -524,12 +529,13 @@ def add_result_args(p, timeline_help: str = ""):
 # Resolving what was given
 
 
-def speculative_from_args(args) -> tuple[str | None, str | None, int | None]:
+def speculative_from_args(args, modelled: tuple[str, ...] = SPEC_KEYS
+                          ) -> tuple[str | None, str | None, int | None]:
     """(method, draft, k) from --speculative-config and its shortcuts (--spec-method,
     --num-speculative-tokens, --draft): each given once, or given alike. None where none of
-    them says."""
+    them says. Its keys past `modelled` are named in a note and ignored."""
     spec = getattr(args, "speculative_config", None) or {}
-    ignored = sorted(set(spec) - set(SPEC_KEYS))
+    ignored = sorted(set(spec) - set(modelled))
     if ignored:
         note(args, f"ignoring speculative_config key{'s' * (len(ignored) > 1)} "
                    f"{', '.join(ignored)} (not modelled)")

@@ -191,7 +191,7 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
     """The uncertain inputs of runs of `settings` (SimConfig fields) up to depth `max_k`: the
     host's CPU and the device (or what a measured profile or tables leave of them), and the
     acceptance where it is borrowed or extrapolated."""
-    from stepgap.sim.config import SimConfig, acceptance_profile, resolve
+    from stepgap.sim.config import SimConfig, resolve
 
     cfg = SimConfig(**settings)
     r = resolve(cfg)
@@ -210,11 +210,9 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
     for link in (collectives_input(cfg, r), kernel_input(cfg, r)):
         if link is not None:
             inputs.append(link)
-    prof, note = acceptance_profile(cfg, r.target)
-    acc = acceptance_input(cfg, r.target.name, prof, note is not None,
-                           max_k if max_k is not None else cfg.k)
-    if acc is not None:
-        inputs.append(acc)
+    inputs += acceptance_inputs(cfg, r.target, max_k if max_k is not None else cfg.k)
+    if r.drafter_host:
+        inputs.append(drafter_input(r.drafter, cfg.drafter_host_scale))
     check_ends(inputs, settings)
     return inputs
 
@@ -237,6 +235,8 @@ def check_ends(inputs: list[BandInput], settings: dict) -> None:
                     raise UserError(f"{option} {given:g}: the band's {inp.name} input at its "
                                     f"{end} end ({value:g} {inp.unit}) takes it to {v:g}, past "
                                     f"{edge:g}; give a {option} nearer 1, or leave the band out")
+
+
 def device_input(r, split: bool) -> BandInput | None:
     """The device's input, by what prices it: measured tables that price every kernel, their
     error on real runs; a GPU whose roofline was fitted on tables (`Hardware.device_band`), the
@@ -317,6 +317,19 @@ def kernel_input(cfg, r) -> BandInput | None:
                      {}, {"disable_custom_all_reduce": True})
 
 
+def drafter_input(d, nominal: float) -> BandInput:
+    """The drafter's host costs (sim/drafter_costs.py): its dispatch a pass and its first
+    inputs, or a CPU proposer's matching, over the range of their evidence."""
+    lo, hi = d.host_range()
+    what = (f"the {d.method} proposer's matching on the host" if d.on_cpu else
+            f"the drafter's host costs ({d.graphs} drafter graphs, "
+            f"{'padded' if d.padded else 'unpadded'} drafter batch: "
+            f"{d.host_pass_us():.0f} us a pass)")
+    return BandInput("drafter", what, nominal, nominal * lo, nominal * hi, "x host costs",
+                     d.source(), {"drafter_host_scale": nominal * lo},
+                     {"drafter_host_scale": nominal * hi}, 1)
+
+
 def cpu_input(nominal: float) -> BandInput:
     lo, hi = min(CPU_LOW, nominal), max(CPU_HIGH, nominal)
     return BandInput("cpu", "the host's CPU costs, x stepgap's defaults", nominal, lo, hi,
@@ -354,35 +367,49 @@ def profile_input(measured) -> BandInput:
                      {"speed": hi, "cpu_factor": hi})
 
 
-def acceptance_input(cfg, model: str, prof: AcceptanceProfile, borrowed: bool, max_k: int
-                     ) -> BandInput | None:
-    """Borrowed (the published profile of another model or method stands in, or a named one
-    that is not this model's; never the user's own rates or measured file): every conditional
-    rate shifted on the logit scale; else
-    extrapolated past its depth (k > the rates measured): the later positions' rates.
-    `model`: the target's catalog name, whatever spelling the command line used (a Hugging
-    Face id, a folder), as the published profiles are keyed."""
+def acceptance_inputs(cfg, target, max_k: int) -> list[BandInput]:
+    """The acceptance's inputs: `acceptance`, where it is borrowed (the published profile of
+    another model or method, or a named one that is not this model's: every conditional rate
+    shifted on the logit scale) or else extrapolated past its depth (k > the rates measured:
+    the later positions' rates); and `dataset`, the published spread of the run's dataset
+    (common/acceptance.py DATASETS) where the acceptance is the default one."""
+    from stepgap.sim.config import acceptance_choice, acceptance_profile
+    prof, _ = acceptance_profile(cfg, target)
     if max_k < 1 or prof.name in SYNTHETIC:
-        return None
-    own = PUBLISHED.get((model, cfg.method))
-    named = prof.name in _named()   # (else the user's own: rates, or a file they measured)
-    if cfg.acceptance_rates is None and named and (borrowed or own is None or prof.name != own):
-        rates = lambda d: shifted(prof, d, max(max_k, len(prof.rates)))  # noqa: E731
-        return BandInput("acceptance", f"acceptance borrowed from {prof.name} ({prof.source})",
-                         0.0, -BORROWED_SHIFT, BORROWED_SHIFT, "logit shift", BORROWED_SOURCE,
-                         {"acceptance_rates": rates(-BORROWED_SHIFT),
-                          "acceptance_spread": prof.spread},
-                         {"acceptance_rates": rates(BORROWED_SHIFT),
-                          "acceptance_spread": prof.spread}, 1)
-    depth = len(prof.rates)
-    if max_k <= depth:
-        return None
-    return BandInput("acceptance", f"acceptance past position {depth} of {prof.name}, "
-                     "extrapolated", 1.0, EXTRAPOLATED_LOW, 1.0, "x conditional rate per "
-                     "position", EXTRAPOLATED_SOURCE,
-                     {"acceptance_rates": extrapolated(prof, EXTRAPOLATED_LOW, max_k),
-                      "acceptance_spread": prof.spread},
-                     {}, depth + 1)   # the high end is stepgap's rule: the nominal run
+        return []
+    out = []
+    choice = None if cfg.acceptance_rates is not None or cfg.acceptance is not None else \
+        acceptance_choice(cfg, target)[0]
+    own = PUBLISHED.get((target.name, cfg.method))
+    # (a profile not among the named ones is the user's own: rates, or a file they measured)
+    borrowed = choice.borrowed if choice is not None else cfg.acceptance_rates is None and \
+        prof.name in _named() and (own is None or prof.name != own)
+    depth, deep = len(prof.rates), max(max_k, len(prof.rates))
+    if borrowed:
+        out.append(BandInput("acceptance", f"acceptance borrowed from {prof.name} "
+                             f"({prof.source})", 0.0, -BORROWED_SHIFT, BORROWED_SHIFT,
+                             "logit shift", BORROWED_SOURCE,
+                             {"acceptance_rates": prof.shifted(-BORROWED_SHIFT, deep),
+                              "acceptance_spread": prof.spread},
+                             {"acceptance_rates": prof.shifted(BORROWED_SHIFT, deep),
+                              "acceptance_spread": prof.spread}, 1))
+    elif max_k > depth:
+        out.append(BandInput("acceptance", f"acceptance past position {depth} of {prof.name}, "
+                             "extrapolated", 1.0, EXTRAPOLATED_LOW, 1.0, "x conditional rate "
+                             "per position", EXTRAPOLATED_SOURCE,
+                             {"acceptance_rates": extrapolated(prof, EXTRAPOLATED_LOW, max_k),
+                              "acceptance_spread": prof.spread},
+                             {}, depth + 1))   # the high end is stepgap's rule: the nominal run
+    if choice is not None and choice.band != (0.0, 0.0):
+        lo, hi = choice.band
+        out.append(BandInput("dataset", f"the {choice.dataset} dataset's effect on "
+                             f"acceptance ({prof.name})", 0.0, lo, hi, "logit shift",
+                             choice.band_source,
+                             {"acceptance_rates": prof.shifted(lo, deep),
+                              "acceptance_spread": prof.spread},
+                             {"acceptance_rates": prof.shifted(hi, deep),
+                              "acceptance_spread": prof.spread}, 1))
+    return out
 
 
 def _named() -> set[str]:
@@ -402,13 +429,8 @@ def extrapolated(prof: AcceptanceProfile, r: float, k: int) -> tuple[float, ...]
 
 def shifted(prof: AcceptanceProfile, d: float, k: int) -> tuple[float, ...]:
     """The profile's rates to depth k with every conditional rate shifted by d on the logit
-    scale."""
-    rates, prev = [], 1.0
-    for c in prof.conditional(k):
-        c = 0.0 if c <= 0 else 1.0 if c >= 1 else 1 / (1 + math.exp(-(math.log(c / (1 - c)) + d)))
-        prev *= c
-        rates.append(prev)
-    return tuple(rates)
+    scale (AcceptanceProfile.shifted)."""
+    return prof.shifted(d, k)
 
 
 # ---------------------------------------------------------------------------------------------

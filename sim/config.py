@@ -15,9 +15,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from stepgap.common.acceptance import PROFILES, AcceptanceProfile, default_profile, get_profile
+from stepgap.common.acceptance import (DATASETS, PROFILES, AcceptanceChoice, AcceptanceProfile,
+                                       dataset_acceptance, get_profile, workload_dataset)
 from stepgap.sim.costs import DeviceCosts, LevelCosts
 from stepgap.sim.cpu_costs import CPU_COSTS, CpuCosts, OpCost
+from stepgap.sim.drafter_costs import CPU_PROPOSERS as DRAFTER_CPU_PROPOSERS
+from stepgap.sim.drafter_costs import (DRAFTER_GRAPHS, LATEST, PROPOSE, DrafterCosts,
+                                       parse_version)
 from stepgap.sim.roofline import BF16, MTP_EXTRA_KERNELS, RooflineCosts, _ceil
 from stepgap.sim.profile import Noise, Profile, load_profile
 from stepgap.sim.profile_costs import ProfileCosts
@@ -47,7 +51,7 @@ from stepgap.common.scheduler import SchedulerConfig
 TOPOLOGIES = ("stepgap", "vllm", "served")
 # Methods whose drafter proposes from the sampled tokens on the host: vLLM runs them with sync
 # scheduling only (vllm/config/vllm.py; docs/explanation/past-one-gpu.md).
-CPU_PROPOSERS = ("ngram",)
+CPU_PROPOSERS = DRAFTER_CPU_PROPOSERS
 # vLLM's --quantization and --kv-cache-dtype values the simulator models, and the element size
 # of a KV cache of each (auto: the model's bf16).
 QUANTIZATIONS = ("fp8",)
@@ -133,12 +137,42 @@ class SimConfig(RunSpec):
         True, "--no-jitter", kind="bool", action="store_false", label="--jitter", shown=False,
         help="ignore the profile's measured speed noise (by default device ops vary from step "
              "to step as measured; seeded by --seed)")
+    # the drafter as vLLM runs it (sim/drafter_costs.py)
+    vllm_version: str | None = opt(
+        None, "--vllm-version", metavar="X.Y.Z", help=(
+            f"the vLLM whose drafter to price (default {LATEST}, its main branch: the padded "
+            "drafter batch, PIECEWISE drafter graphs); before 0.11.0 the drafter waits for "
+            "each step's tokens on the host (no padded drafter batch, #24539)"))
+    disable_padded_drafter_batch: bool | None = opt(
+        None, kind="bool", label="speculative_config's disable_padded_drafter_batch",
+        help="the drafter waits for the step's sampled tokens on the host (default: vLLM's "
+             "for --vllm-version: false from 0.11.0)")
+    parallel_drafting: bool = opt(
+        False, kind="bool", label="speculative_config's parallel_drafting",
+        help="one drafter pass for the k drafts (P-EAGLE, PARD; vLLM #32887)")
+    drafter_cudagraph_mode: str | None = opt(
+        None, "--drafter-cudagraph-mode", kind="choice", choices=DRAFTER_GRAPHS, help=(
+            "the drafter's CUDA graphs: FULL (vLLM's model runner V2, #37588; "
+            "VLLM_USE_V2_MODEL_RUNNER=1), PIECEWISE (the V1 model runner's: attention eager "
+            "between the graph's pieces) or NONE (eager). Default: what vLLM derives from "
+            "--compilation-config's cudagraph_mode and speculative_config's enforce_eager, "
+            "PIECEWISE unless either says otherwise"))
+    drafter_host_scale: float = opt(
+        1.0, "--drafter-host-scale", kind="float", lo=0.0, hi=MAX_SCALE, metavar="X",
+        shown=False, help="multiply the drafter's host costs (its dispatch a pass, its first "
+                          "inputs, a CPU proposer's matching; default 1)")
     # acceptance (None: the published profile of this model and method)
     acceptance: str | None = opt(
         None, "--acceptance", metavar="PROFILE",
         help=f"named per-position acceptance profile: {', '.join(PROFILES)} (default: the "
              "published one of the model and method, else mtbench: vLLM #26191, Llama-3.1-8B "
              "EAGLE-3 on MT-bench; docs/explanation/acceptance.md)")
+    acceptance_dataset: str | None = opt(
+        None, "--acceptance-dataset", kind="choice", choices=tuple(DATASETS), help=(
+            "the dataset the acceptance is of (common/acceptance.py DATASETS: each one's "
+            "published effect on acceptance, and its spread as the band): default the "
+            "workload's (--dataset-name random: random; sharegpt; hf mt-bench: mtbench), "
+            "mtbench for a trace; docs/explanation/acceptance-by-dataset.md)"))
     acceptance_rates: tuple[float, ...] | None = opt(
         None, "--acceptance-rates", kind="rates", metavar="R1,R2,...",
         help="per-position acceptance rates as vLLM reports them (cumulative: the fraction of "
@@ -174,6 +208,8 @@ class SimConfig(RunSpec):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.vllm_version is not None:
+            parse_version(self.vllm_version)
         for op, abc in self.cpu_costs.items():
             if op not in CPU_COSTS:
                 raise UserError(f"--cpu-cost: unknown op {op!r} (ops: {', '.join(CPU_COSTS)})")
@@ -207,11 +243,15 @@ CONFIG_KEYS = (
     "cpu_costs", "launch_latency_us", "wake_us", "ipc_us", "output_latency_ms", "workload",
     "num_prompts", "output_len", "shared_fraction", "request_rate", "burstiness",
     "max_concurrency", "seed", "metric_percentiles", "percentile_metrics", "detailed",
-    "timeline", "timeseries_interval_s")
+    "timeline", "timeseries_interval_s", "vllm_version", "disable_padded_drafter_batch",
+    "parallel_drafting", "drafter_cudagraph_mode", "drafter_host_scale", "acceptance_dataset")
 # Fields written into a result only where they differ from their default (SimConfig.to_dict).
 OPTIONAL_FIELDS = {"quantization": None, "kv_cache_dtype": "auto", "data_parallel_size": 1,
                    "enable_expert_parallel": False, "collectives": None,
-                   "disable_custom_all_reduce": False}
+                   "disable_custom_all_reduce": False, "vllm_version": None,
+                   "disable_padded_drafter_batch": None, "parallel_drafting": False,
+                   "drafter_cudagraph_mode": None, "drafter_host_scale": 1.0,
+                   "acceptance_dataset": None}
 
 
 # -------------------------------------------------------------------------------------------
@@ -259,6 +299,10 @@ class Resolved:
     cpu_propose: bool = False         # drafts proposed on the host (n-gram)
     rpc_share: float = 1.0            # of vLLM's sync-fitted RPC turnaround, waited
     noise: Noise | None = None        # the measured noise replayed on the device ops
+    # the drafter as vLLM runs it: its passes, and its host costs where priced (a GPU, no
+    # measured CPU fit, which holds them already); None: k = 0
+    drafter: DrafterCosts | None = None
+    drafter_host: bool = False
 
     @property
     def device_async(self) -> bool:
@@ -337,6 +381,11 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
     prof, note = acceptance_profile(cfg, target)
     if note and cfg.k:
         notes.append(note)
+    drafter = DrafterCosts.of(cfg, draft, target) if cfg.k else None
+    drafter_host = drafter is not None and topo.device_async and \
+        (measured is None or measured.cpu is None)
+    if drafter_host:
+        notes.append(drafter.describe())
     if priced:
         notes.append(priced)
     async_ = mode != "sync"
@@ -352,7 +401,8 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
         # core sends the next only then) and in one message in async (the next is already
         # queued): the share of the sync-fitted turnaround it waits (docs/explanation/vllm.md)
         rpc_share=0.5 if engine == "vllm" and async_ else 1.0,
-        noise=measured.jitter if cfg.jitter and measured is not None else None)
+        noise=measured.jitter if cfg.jitter and measured is not None else None,
+        drafter=drafter, drafter_host=drafter_host)
 
 
 NO_TABLES = "none"   # --device-profile none: the roofline alone, no committed tables
@@ -404,7 +454,8 @@ def profile_defaults(settings: dict, given, measured: Profile | None = None
     if "executor" in where and "executor" not in given:
         out["executor"] = where["executor"]
     if "acceptance_rates" in where:
-        chosen = [n for n in ("acceptance", "acceptance_rates", "acceptance_spread") if n in given]
+        chosen = [n for n in ("acceptance", "acceptance_rates", "acceptance_spread",
+                              "acceptance_dataset") if n in given]
         if chosen:
             rates = ", ".join(f"{r:.3g}" for r in where["acceptance_rates"])
             notes.append(f"--profile {settings['profile']} measured its acceptance (rates "
@@ -907,26 +958,49 @@ def cpu_costs(cfg: SimConfig, measured: Profile | None = None) -> CpuCosts:
     latencies = {name: getattr(cfg, name) for name in ("launch_latency_us", "wake_us", "ipc_us")
                  if getattr(cfg, name) is not None}
     base = (measured.cpu_costs(k=cfg.k) if measured is not None else None) or CpuCosts()
+    if cfg.k and cfg.method in CPU_PROPOSERS and cfg.method != "ngram" and not (
+            measured is not None and measured.cpu is not None
+            and "propose" in measured.cpu.terms):   # the method's own matching cost
+        base = replace(base, propose=PROPOSE[cfg.method])
     costs = replace(base.scaled(cfg.cpu_scale * cfg.speed), **latencies)
+    if cfg.drafter_host_scale != 1.0:   # (the band's `drafter` input, a CPU proposer's part)
+        p, x = costs.propose, cfg.drafter_host_scale
+        costs = replace(costs, propose=OpCost(p.a * x, p.b * x, p.c * x))
     return costs.with_ops({op: OpCost(*abc) for op, abc in cfg.cpu_costs.items()})
 
 
 def acceptance_profile(cfg: SimConfig, target: ModelConfig | None = None
                        ) -> tuple[AcceptanceProfile, str | None]:
-    """The run's acceptance: --acceptance-rates, the named profile, or the published one of
-    this model and method (with a note when there is none and another stands in)."""
-    note = None
+    """The run's acceptance: --acceptance-rates, the named profile, or by model, method and
+    dataset (`acceptance_choice`), with a note saying which."""
     if cfg.acceptance_rates is not None:
         prof = AcceptanceProfile("custom", cfg.acceptance_rates, cfg.acceptance_spread or 0.0,
                                  "--acceptance-rates")
         return prof, None
-    name = cfg.acceptance
-    if name is None:
-        name, note = default_profile(target.name if target else cfg.model, cfg.method)
-    prof = get_profile(name)
+    if cfg.acceptance is not None:
+        prof, note = get_profile(cfg.acceptance), None
+    else:
+        choice, how = acceptance_choice(cfg, target)
+        prof = choice.profile
+        note = (f"{choice.note}; " if choice.note else "acceptance: ") + \
+            f"{prof.name} for the {choice.dataset} dataset ({how})"
     if cfg.acceptance_spread is not None:
         prof = AcceptanceProfile(prof.name, prof.rates, cfg.acceptance_spread, prof.source)
     return prof, note
+
+
+def acceptance_choice(cfg: SimConfig, target: ModelConfig | None = None
+                      ) -> tuple[AcceptanceChoice, str]:
+    """The default acceptance of the run's model and method on its dataset (--acceptance-
+    dataset, else the workload's, else mtbench), and how the dataset was chosen."""
+    dataset, how = cfg.acceptance_dataset, "--acceptance-dataset"
+    if dataset is None:
+        dataset = workload_dataset(cfg.workload)
+        how = f"the workload {cfg.workload.split(':')[0]}"
+    if dataset is None:
+        dataset, how = "mtbench", "a trace, whose dataset is not known: give --acceptance-dataset"
+    model = target.name if target is not None else cfg.model
+    return dataset_acceptance(model, cfg.method, dataset), how
 
 
 def scheduler_config(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,

@@ -65,6 +65,7 @@ from pathlib import Path
 from stepgap.common.errors import UserError, shown, where
 from stepgap.common.fileio import csv_rows, mark_input, parsed_once, read_yaml
 from stepgap.common.limits import MAX_SKEW_ALPHA, MAX_TABLE_COUNT, MAX_TP, is_finite, is_int
+from stepgap.sim.drafter_costs import DrafterCosts
 from stepgap.sim.hardware import MeasuredLink, axis_interp
 
 DENSE_LAYERS = ("embedding", "layernorm", "qkv_proj", "rotary_emb", "o_proj", "gate_up_proj",
@@ -879,12 +880,12 @@ class TableCosts:
                 c = self.d
                 t = self.embedding(m) + c.num_layers * sum(f(m) for f in self._layer) \
                     + self.final_norm(m) + self.lm_head(rows) \
-                    + fb.streaming(4 * rows * c.vocab_size, 6 if first else 10)
+                    + fb.streaming(4 * rows * c.vocab_size, DrafterCosts.sample_and_prepare_kernels(first))
             else:   # an EAGLE-3 head: embedding, its layer, its norm and lm_head
                 c = self.d
                 t = self.embedding(m) + self._head_layer(m) + d["final_layernorm"](rows) \
                     + self.lm_head(rows) * c.draft_vocab_size / self.t.vocab_size \
-                    + fb.streaming(4 * rows * c.draft_vocab_size, 6 if first else 10)
+                    + fb.streaming(4 * rows * c.draft_vocab_size, DrafterCosts.sample_and_prepare_kernels(first))
                 if first:   # the three target taps fused once: fc(3h -> h), three o_proj
                     t += c.fc_inputs * d["o_proj"](m)
             self._draft_dense[key] = t
