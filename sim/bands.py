@@ -18,7 +18,7 @@ ops by the spread of its own residuals; measured tables by their error on real r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from stepgap.common.acceptance import PUBLISHED, AcceptanceProfile
 from stepgap.common.errors import UserError
@@ -210,9 +210,12 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
     for link in (collectives_input(cfg, r), kernel_input(cfg, r)):
         if link is not None:
             inputs.append(link)
-    inputs += acceptance_inputs(cfg, r.target, max_k if max_k is not None else cfg.k)
-    if r.drafter_host:
-        inputs.append(drafter_input(r.drafter, cfg.drafter_host_scale))
+    deep = max_k if max_k is not None else cfg.k
+    inputs += acceptance_inputs(cfg, r.target, deep)
+    # the drafter's as the deepest run prices it (advise and sweep pass k = 0 with max_k)
+    drafted = r if cfg.k or not deep else resolve(replace(cfg, k=deep))
+    if drafted.drafter_host:
+        inputs.append(drafter_input(drafted.drafter, cfg.drafter_host_scale))
     check_ends(inputs, settings)
     return inputs
 

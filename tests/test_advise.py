@@ -43,7 +43,10 @@ def test_a_best_k_band_is_the_range_of_the_best_k_not_a_sum():
 
 def test_the_default_setup_bands_the_host_the_device_and_the_extrapolated_acceptance():
     inputs = {i.name: i for i in band_inputs(dict(SMALL, cpu_scale=2.42), max_k=8)}
-    assert set(inputs) == {"cpu", "device", "acceptance"}
+    assert set(inputs) == {"cpu", "device", "acceptance", "dataset", "drafter"}
+    # MT-bench's own published spread (2.61 to 2.79 at k = 3) around the default profile
+    assert inputs["dataset"].low < 0 < inputs["dataset"].high
+    assert inputs["drafter"].low < inputs["drafter"].nominal == 1.0 < inputs["drafter"].high
     assert (inputs["cpu"].low, inputs["cpu"].nominal, inputs["cpu"].high) == (1.0, 2.42, 3.1)
     assert inputs["device"].low < 1 < inputs["device"].high
     # mtbench measured 7 positions: the band moves runs with k >= 8 only
@@ -80,7 +83,7 @@ def test_simulate_band_puts_every_metric_inside_its_band(tmp_path):
                  "--result-json", str(out)]) == 0
     res = json.loads(out.read_text())
     names = {i["name"] for i in res["bands"]["inputs"]}
-    assert names == {"cpu", "device"}
+    assert names == {"cpu", "device", "dataset", "drafter"}
     for m, b in res["bands"]["metrics"].items():
         assert b["low"] <= b["value"] <= b["high"], m
         assert b["value"] == pytest.approx(res[m], rel=1e-3)
@@ -175,7 +178,7 @@ def test_the_result_json_holds_the_answer_and_what_it_rests_on(advice):
     assert {"sync", "async", "zero_bubble", "async_saving", "zero_bubble_saving",
             "warnings"} <= set(load)
     assert {"value", "low", "high", "dominant"} <= set(load["async_saving"])
-    assert {i["name"] for i in doc["band_inputs"]} == {"cpu", "device"}
+    assert {i["name"] for i in doc["band_inputs"]} == {"cpu", "device", "dataset", "drafter"}
 
 
 def test_advise_prints_what_it_rests_on_and_writes_its_figure(tmp_path, capsys):

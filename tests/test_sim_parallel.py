@@ -37,9 +37,10 @@ def decode(tokens=1, ctx=0, reqs=1) -> Batch:
 # -- TP = 1 is what it was ----------------------------------------------------------------
 
 @pytest.mark.parametrize("mode, tpot, itl", [("sync", 9.711165559914344, 28.140309292933605),
-                                             ("async", 9.382561845435792, 27.18810534756962)])
+                                             ("async", 9.38398563182831, 27.19223109222977)])
 def test_one_gpu_reproduces_the_seed_to_the_last_bit(mode, tpot, itl):
-    # The values the simulator gave before tensor parallelism existed (the seed table).
+    # The values the simulator gave before tensor parallelism existed (the seed table); async
+    # +0.015 % since the drafter's host pass (sim/drafter_costs.py, issue 49) was priced.
     for tp in ({}, {"tensor_parallel_size": 1}):
         res, _ = simulate(SimConfig(**PRESETS["seed-l20"].settings, mode=mode, **tp))
         assert (res["mean_tpot_ms"], res["mean_itl_ms"]) == (tpot, itl)
