@@ -78,6 +78,8 @@ class Case:
     names: tuple[str, ...] = ()     # what the error line must name (every one)
     timeout: float = 60.0
     stdin: bytes | None = None
+    kill_worker: bool = False       # SIGKILL one of its worker processes once two run
+    sigterm_after: float | None = None   # SIGTERM it this many seconds after it starts
 
 
 def words(argv, cdir: Path, fx: Path) -> list[str]:
@@ -122,6 +124,14 @@ def build_fixtures(fx: Path) -> None:
         {"from": "gpt", "value": "It is a number that comes after %d. " % (i - 1) * 6}]}
         for i in range(12)]
     (fx / "sharegpt.json").write_text(json.dumps(share))
+    # what stepgap writes and reads back: a profile of `stepgap calibrate` on the bench file, a
+    # simulated result with its per-request lists
+    for argv in (["calibrate", str(fx / "bench.json"), "--gpu", "l20", "--model", "llama-3.1-8b",
+                  "--draft", "llama-3.1-8b-eagle3", "-k", "4", "--out", str(fx / "cal.json")],
+                 ["simulate", "--gpu", "h100", "--model", "llama-3.1-8b", "--num-prompts", "4",
+                  "--output-len", "8", "--detailed", "--quiet", "--result-json",
+                  str(fx / "result.json")]):
+        subprocess.run([str(STEPGAP), *argv], check=True, capture_output=True, cwd=fx)
     gz_bomb(fx / "bomb.gz")
 
 
@@ -223,6 +233,9 @@ def run_case(case: Case, fx: Path, work: Path, fx_before: dict) -> Result:
                             stderr=subprocess.PIPE,
                             stdin=subprocess.PIPE if case.stdin is not None else
                             subprocess.DEVNULL, preexec_fn=limit_memory)
+    if case.kill_worker or case.sigterm_after is not None:
+        import threading
+        threading.Thread(target=fault, args=(proc, case), daemon=True).start()
     try:
         out, err = proc.communicate(case.stdin, timeout=case.timeout)
         rc, hung = proc.returncode, False
@@ -245,6 +258,10 @@ def run_case(case: Case, fx: Path, work: Path, fx_before: dict) -> Result:
     if "Traceback" in err_text or "MemoryError" in err_text:
         tail = [x for x in lines if not x.startswith(" ")][-1:] or [""]
         return result("BAD", f"traceback: {tail[0][:200]}")
+    if case.sigterm_after is not None and rc in (143, -signal.SIGTERM):
+        lines_ = [x for x in lines if not x.startswith("stepgap") or ": terminated" not in x]
+        return result("OK" if len(lines) <= 1 and not lines_ else "POOR",
+                      "terminated" if not lines_ else f"terminated, saying: {lines_[0][:100]}")
     changed = [k for k, v in fx_before.items() if fx_after.get(k) != v] + \
         [k for k in fx_after if k not in fx_before]
     if changed:
@@ -281,6 +298,42 @@ def run_case(case: Case, fx: Path, work: Path, fx_before: dict) -> Result:
             return result("POOR", "nonsense accepted with exit 0")
         return result("OK", "ran")
     return result("BAD", f"exit status {rc}")
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc), oldest first."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d))
+    return sorted(out)
+
+
+def fault(proc: subprocess.Popen, case: Case) -> None:
+    """A case's fault, while it runs: SIGTERM after `sigterm_after` seconds (during its
+    start-up), or SIGKILL to one of its workers once two of them run (as the OOM killer ends
+    the largest process)."""
+    if case.sigterm_after is not None:
+        time.sleep(case.sigterm_after)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        return
+    end = time.monotonic() + case.timeout
+    while proc.poll() is None and time.monotonic() < end:
+        kids = children(proc.pid)
+        if len(kids) >= 2:
+            time.sleep(0.5)
+            try:
+                os.kill(kids[-1], signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            return
+        time.sleep(0.1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1970,10 +2023,299 @@ def parallel() -> list[Case]:
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# Round 4 (issue 55): the files stepgap writes and reads back, the tables and surfaces added in
+# round 3, degenerate workloads, sizes, and faults
+
+PROF_ADV = ["advise", "--profile", "{C}/p.json", "--model", "llama-3.1-8b", "--max-k", "2",
+        "--num-prompts", "4", "--output-len", "8", "--max-concurrency", "1", "--jobs", "1"]
+PROF_SIM = ["simulate", "--profile", "{C}/p.json", "--model", "llama-3.1-8b", "-k", "2",
+        "--num-prompts", "4", "--output-len", "8", "--band", *RESULT]
+PROF_SWEEP = ["sweep", "--set", "profile={C}/p.json", "--set", "num_prompts=3", "--set",
+          "output_len=8", "--grid", "k=0,2", "--band", "--jobs", "1", "--out", "{C}/sw"]
+
+
+def profiles() -> list[Case]:
+    """A calibrate profile's bands, split, residuals and CPU costs of the wrong type, empty,
+    missing an end, zero, negative, NaN or out of range, under advise, simulate --band and
+    sweep --band; the profile as calibrate wrote it."""
+    out = [Case("profile", f"as calibrate wrote it, {argv[0]}", argv,
+                setup=cp("cal.json", "p.json"), expect="ok", timeout=180)
+           for argv in (PROF_ADV, PROF_SIM, PROF_SWEEP)]
+    split = "bands.split"
+    broken = [
+        ("split {}", lambda d: setin(d, split, {}), "bands.split.low"),
+        ("split without high", lambda d: delin(d, split + ".high"), "bands.split.high"),
+        ("split low an int", lambda d: setin(d, split + ".low", 3), "bands.split.low"),
+        ("split low.device 0", lambda d: setin(d, split + ".low.device", 0),
+         "bands.split.low.device"),
+        ("split high.device null", lambda d: setin(d, split + ".high.device", None),
+         "bands.split.high.device"),
+        ("split high.cpu a string", lambda d: setin(d, split + ".high.cpu", "1.28"),
+         "bands.split.high.cpu"),
+        ("split low.cpu -1", lambda d: setin(d, split + ".low.cpu", -1), "bands.split.low.cpu"),
+        ("split low.cpu 1e300", lambda d: setin(d, split + ".low.cpu", 1e300),
+         "bands.split.low.cpu"),
+        ("split low above high", lambda d: setin(d, split + ".low.cpu", 5.0), "bands.split"),
+        ("bands a list", lambda d: d.update(bands=[d["bands"]]), "bands"),
+        ("bands a string", lambda d: d.update(bands="split"), "bands"),
+        ("bands {}", lambda d: d.update(bands={}), "bands"),
+        ("residuals a string", lambda d: d.update(residuals="x"), "residuals"),
+        ("cpu launch 1e300 us", lambda d: setin(d, "cpu.launch_latency_us", 1e300), "cpu"),
+        ("cpu an op of a string", lambda d: setin(d, "cpu.schedule", "1"), "cpu"),
+    ]
+    for name, fn, field_ in broken:
+        for argv in (PROF_ADV, PROF_SIM, PROF_SWEEP):
+            out.append(Case("profile", f"{name}, {argv[0]}", argv, timeout=120,
+                            setup=chain(cp("cal.json", "p.json"), edit_json("p.json", fn)),
+                            names=("p.json", field_)))
+    for v in (-1, -1.5, float("inf"), float("nan"), 1e300, "0.1", None):
+        def fn(d, v=v):   # without the split, the residuals make the profile's band
+            d.pop("bands")
+            d["residuals"][0]["mean_itl_ms"] = v
+        for argv in (PROF_ADV, PROF_SIM, PROF_SWEEP):
+            out.append(Case("profile", f"residual mean_itl_ms {v!r}, {argv[0]}", argv,
+                            timeout=120, expect="any" if v is None else "error",
+                            setup=chain(cp("cal.json", "p.json"), edit_json("p.json", fn)),
+                            names=() if v is None else ("p.json", "residuals[0].mean_itl_ms")))
+    return out
+
+
+DS = ["simulate", "--gpu", "h200", "--model", "deepseek-v3", "--spec-method", "mtp", "-k", "1",
+      "--num-prompts", "4", "--output-len", "8", "--num-gpu-blocks-override", "2000",
+      "--device-profile", "{C}/" + DS_BUNDLE, *RESULT]
+
+
+def set_times(rel: str, value: str, only: str | None = None):
+    """Every time_us of a table (of the rows whose first cell is `only`) set to `value`."""
+    return csv_edit(rel, lambda h, rows: [h] + [
+        r.rsplit(",", 1)[0] + "," + value if only is None or r.split(",")[0] == only else r
+        for r in rows])
+
+
+def tables() -> list[Case]:
+    """moe.csv, mtp.csv, the operator tables and the collectives range-checked: zero or absurd
+    times, and ops priced past any device's physics (too fast) or its sense (too slow)."""
+    out = []
+    moe, mtp = DS_BUNDLE + "/tp1/moe.csv", DS_BUNDLE + "/tp1/mtp.csv"
+    for par in (["-dp", "2", "-ep"], ["-dp", "4", "-ep"], ["-dp", "8", "-ep"], []):
+        tag = " ".join(par) or "tp 1"
+        for v in ("0", "1e9", "1e-9"):
+            out.append(Case("tables", f"moe.csv all {v}, {tag}", [*DS, *par], timeout=120,
+                            setup=chain(cp(DS_BUNDLE), set_times(moe, v)), names=("moe.csv",)))
+        for v in ("0", "1e9", "1e-9"):
+            out.append(Case("tables", f"mtp.csv all {v}, {tag}", [*DS, *par], timeout=120,
+                            setup=chain(cp(DS_BUNDLE), set_times(mtp, v)), names=("mtp.csv",)))
+    out.append(Case("tables", "the DeepSeek bundle as it is, dp 8 ep", [*DS, "-dp", "8", "-ep"],
+                    setup=cp(DS_BUNDLE), expect="ok", timeout=120))
+    dense, seq, att = LB + "/tp1/dense.csv", LB + "/tp1/per_sequence.csv", \
+        LB + "/tp1/attention.csv"
+    for rel, only, v, file in ((dense, "qkv_proj", "1e9", "dense.csv"),
+                               (dense, None, "1e-6", "dense.csv"),
+                               (dense, "embedding", "1e9", "dense.csv"),
+                               (seq, "lm_head", "1e-3", "per_sequence.csv"),
+                               (seq, "sampler", "1e9", "per_sequence.csv"),
+                               (att, None, "1e-6", "attention.csv"),
+                               (att, None, "1e9", "attention.csv")):
+        out.append(Case("tables", f"{file} {only or 'every row'} at {v} us", DEV, timeout=120,
+                        setup=chain(cp(LB), set_times(rel, v, only)), names=(file,)))
+    qseq = QWEN_BUNDLE + "/tp2/per_sequence.csv"
+    out.append(Case("tables", "qwen per_sequence.csv lm_head at 1e-3 us", QDEV, timeout=120,
+                    setup=chain(cp(QWEN_BUNDLE), set_times(qseq, "1e-3", "lm_head")),
+                    names=("per_sequence.csv",)))
+
+    def collectives(v):
+        def fn(d):
+            for x in d["measured"]["interconnect"]["samples"]:
+                x["us_graphed"] = x["us"] = v
+        return fn
+    for v in (1e9, 1e6, 1e-6, 0.0):
+        out.append(Case("tables", f"collectives at {v:g} us", ["simulate", "--gpu", "{C}/hw.yaml",
+                                                               *SIM[3:], "-tp", "2", *RESULT],
+                        setup=chain(cp("hw.yaml"), edit_yaml("hw.yaml", collectives(v))),
+                        names=("hw.yaml", "measured.interconnect.samples[0]")))
+    out.append(Case("tables", "a bundle's meta.yaml naming another model, deepseek-v3",
+                    [*DS, "-dp", "8", "-ep"], timeout=120,
+                    setup=chain(cp(DS_BUNDLE), edit_yaml(DS_BUNDLE + "/meta.yaml", lambda d:
+                                                         d.update(model="Qwen/Qwen3-32B"))),
+                    names=("meta.yaml", "model")))
+    return out
+
+
+def degenerate() -> list[Case]:
+    """One prompt, one output token: an answer or one clear refusal, never a division by 0."""
+    out = []
+
+    def d(name, argv, expect="ok", names=(), setup=None, timeout=120):
+        out.append(Case("degenerate", name, argv, expect=expect, names=names, setup=setup,
+                        timeout=timeout))
+    adv = ["advise", "--gpu", "h100", "--model", "llama-3.1-8b", "--max-k", "2",
+           "--max-concurrency", "1", "--jobs", "1"]
+    d("advise 4 prompts of 1 token", [*adv, "--num-prompts", "4", "--output-len", "1"],
+      "error", ("--output-len",))
+    d("advise 1 prompt of 1 token", [*adv, "--num-prompts", "1", "--output-len", "1"],
+      "error", ("--output-len",))
+    d("advise 1 prompt of 2 tokens", [*adv, "--num-prompts", "1", "--output-len", "2"])
+    d("advise --profile, 1 token", [*PROF_ADV, "--output-len", "1"], "error", ("--output-len",),
+      cp("cal.json", "p.json"))
+    d("simulate 1 prompt of 1 token", [*SIM[:5], "--num-prompts", "1", "--output-len", "1",
+                                       *RESULT])
+    d("simulate --band, 1 token", [*SIM[:7], "--output-len", "1", "--band", *RESULT])
+    d("simulate -k 4, 1 token", [*SIM[:7], "--output-len", "1", "-k", "4", *RESULT])
+    d("sweep --band, 1 token", ["sweep", "--set", "num_prompts=1", "--set", "output_len=1",
+                                "--grid", "k=0,1", "--band", "--jobs", "1", "--out", "{C}/sw"])
+    d("calibrate --output-len 1", [*CAL, "--output-len", "1"], "error",
+      ("b.json", "--output-len"), cp("bench.json", "b.json"))
+    d("calibrate, every output_lens 1", CAL, "error", ("b.json",),
+      chain(cp("bench.json", "b.json"), edit_json("b.json", lambda x: x.update(
+          input_lens=[100] * 80, output_lens=[1] * 80, ttfts=[0.1] * 80, itls=[[]] * 80))))
+    d("calibrate --num-prompts-like 1 prompt", CAL, "any", (),
+      chain(cp("bench.json", "b.json"), edit_json("b.json", lambda x: x.update(
+          num_prompts=1, completed=1))))
+    return out
+
+
+def sizes() -> list[Case]:
+    """Sizes bounded before the work: 400 digits of every count option, a block of 2^24, a
+    list of 3,000 loads, 1,000 bench files (a folder, or 1,000 arguments)."""
+    out = []
+    for opt in ("--block-size", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
+                "--num-gpu-blocks-override", "--data-parallel-size", "--seed"):
+        for v in ("9" * 400, "1" + "0" * 170):
+            out.append(Case("sizes", f"{opt} of {len(v)} digits", [*SIM, opt, v, *RESULT],
+                            names=(opt,), expect="any" if opt == "--seed" else "error"))
+    n = str(1 << 24)
+    out.append(Case("sizes", "--block-size 2^24", [*SIM, "--block-size", n, "--max-model-len",
+                                                   n, "--max-num-batched-tokens", n, *RESULT],
+                    names=("--block-size",)))
+    out.append(Case("sizes", "--block-size 10^170 for calibrate",
+                    [*CAL, "--block-size", "1" + "0" * 170], setup=cp("bench.json", "b.json"),
+                    names=("--block-size",)))
+    out.append(Case("sizes", "sweep block_size=10^170", ["sweep", "--set", "num_prompts=2",
+                                                         "--grid", "block_size=16," + "1" + "0"
+                                                         * 170, "--dry-run", "--out", "{C}/o"],
+                    names=("block_size",)))
+    loads = ",".join(map(str, range(1, 3001)))
+    out.append(Case("sizes", "advise 3,000 concurrencies", [*ADV, "--max-concurrency", loads],
+                    names=("--max-concurrency",), timeout=60))
+    out.append(Case("sizes", "advise 101 x 101 loads",
+                    [*ADV, "--max-concurrency", ",".join(map(str, range(1, 102))),
+                     "--request-rate", ",".join(map(str, range(1, 102)))],
+                    names=("--max-concurrency", "--request-rate"), timeout=60))
+    copies = [cp("bench.json", f"d/b{i}.json") for i in range(1000)]
+    out.append(Case("sizes", "calibrate a folder of 1,000 bench files", [CAL[0], "{C}/d",
+                                                                        *CAL[2:]],
+                    setup=chain(*copies), names=("1,000 bench files",), timeout=120))
+    out.append(Case("sizes", "calibrate 1,000 bench files as arguments",
+                    [CAL[0], *[f"{{C}}/d/b{i}.json" for i in range(1000)], *CAL[2:]],
+                    setup=chain(*copies), names=("1,000 bench files",), timeout=120))
+    out.append(Case("sizes", "calibrate (timelines) a folder of 1,000 bench files",
+                    ["calibrate", "{C}/d", "--model", "{F}/pair/target", "--out",
+                     "{C}/p.json"], setup=chain(*copies), names=("1,000 bench files",),
+                    timeout=120))
+    return out
+
+
+def results() -> list[Case]:
+    """compare (and advise's --result-json reader) on results of the wrong shape: config's
+    sections lists, metrics NaN, infinite, negative or zero, per-request lists cut short."""
+    out = []
+
+    def r(name, fn, names, expect="error"):
+        out.append(Case("results", name, ["compare", "{F}/result.json", "{C}/r.json"],
+                        setup=chain(cp("result.json", "r.json"), edit_json("r.json", fn)),
+                        names=names, expect=expect))
+    r("as it is", lambda d: d, (), "ok")
+    r("config.resolved a list", lambda d: setin(d, "config.resolved", [1]), ("config.resolved",))
+    r("config.resolved a string", lambda d: setin(d, "config.resolved", "x"),
+      ("config.resolved",))
+    r("resolved.prefix_cache a list", lambda d: setin(d, "config.resolved.prefix_cache", [1]),
+      ("prefix_cache",))
+    r("config.prefix_cache a list", lambda d: setin(d, "config.prefix_cache", [1]),
+      ("prefix_cache",))
+    r("prefix_cache hits past queries", lambda d: setin(d, "config.resolved.prefix_cache",
+                                                        {"queries": 1, "hits": 2}),
+      ("prefix_cache",))
+    r("resolved.notes a string", lambda d: setin(d, "config.resolved.notes", "x"), ("notes",))
+    r("num_preemptions -1", lambda d: setin(d, "config.resolved.num_preemptions", -1),
+      ("num_preemptions",))
+    for key in ("mean_tpot_ms", "p99_itl_ms", "mean_ttft_ms", "output_throughput"):
+        r(f"{key} -1", lambda d, key=key: d.update({key: -1}), (key,))
+        r(f"{key} inf", lambda d, key=key: d.update({key: "inf"}), (key,))
+        r(f"{key} nan", lambda d, key=key: d.update({key: "nan"}), (), "any")
+    r("duration 0", lambda d: d.update(duration=0), ("duration",))
+    r("completed nan", lambda d: d.update(completed="nan"), ("completed",))
+    r("ttfts cut short", lambda d: d.update(ttfts=d["ttfts"][:1]), ("ttfts",))
+    r("itls one too many", lambda d: d.update(itls=d["itls"] + [[]]), ("itls",))
+    r("input_lens of strings", lambda d: d.update(input_lens=["8"] * len(d["input_lens"])),
+      ("input_lens",))
+    r("step_gaps values negative", lambda d: setin(d, "step_gaps.values_us", [-1.0]),
+      ("step_gaps",))
+    return out
+
+
+def faults() -> list[Case]:
+    """A worker of advise --jobs 2 or sweep --jobs 2 killed (SIGKILL, as the OOM killer does),
+    SIGTERM during start-up, an output where the next run reads it, one run given twice."""
+    out = []
+    adv = ["advise", "--gpu", "h100", "--model", "llama-3.1-8b", "--max-k", "3",
+           "--num-prompts", "40", "--output-len", "64", "--max-concurrency", "1,2", "--jobs",
+           "2"]
+    out.append(Case("faults", "advise --jobs 2, a worker killed", adv, kill_worker=True,
+                    expect="any", names=("--jobs",), timeout=300))
+    out.append(Case("faults", "sweep --jobs 2, a worker killed",
+                    ["sweep", "--preset", "seed-l20", "--grid", "k=0,1,2,3", "--set",
+                     "num_prompts=20", "--jobs", "2", "--out", "{C}/sw"], kill_worker=True,
+                    expect="any", names=("--jobs",), timeout=300))
+    for t in (0.05, 0.1, 0.2, 0.3, 0.4, 0.6, 0.8, 1.0):
+        out.append(Case("faults", f"SIGTERM at {t:g} s into simulate", [*SIM, *RESULT],
+                        sigterm_after=t, expect="any"))
+        out.append(Case("faults", f"SIGTERM at {t:g} s into sweep --dry-run",
+                        ["sweep", "--grid", "k=0,1", "--dry-run", "--out", "{C}/o"],
+                        sigterm_after=t, expect="any"))
+    out.append(Case("faults", "calibrate --out inside the folder it reads, new",
+                    [CAL[0], "{C}/d", *CAL[2:-1], "{C}/d/p.json"],
+                    setup=cp("bench.json", "d/b.json"), names=("--out",)))
+    out.append(Case("faults", "calibrate --out in a subfolder of the folder it reads",
+                    [CAL[0], "{C}/d", *CAL[2:-1], "{C}/d/sub/p.json"],
+                    setup=cp("bench.json", "d/b.json"), names=("--out",)))
+    out.append(Case("faults", "one run's bench file twice, copied",
+                    [*CAL[:2], "{C}/b2.json", *CAL[2:]],
+                    setup=chain(cp("bench.json", "b.json"), cp("bench.json", "b2.json")),
+                    names=("b2.json", "b.json")))
+    out.append(Case("faults", "one run's bench file relabelled concurrency 8",
+                    [*CAL[:2], "{C}/b8.json", *[a for a in CAL[2:]]],
+                    setup=chain(cp("bench.json", "b.json"), cp("bench.json", "b8.json"),
+                                edit_json("b8.json", lambda d: d.update(max_concurrency=8))),
+                    names=("b8.json",)))
+    out.append(Case("faults", "the band past --speed's limit", [*SIM, "--band", "--speed",
+                                                                "1e6", *RESULT],
+                    names=("--speed 1e+06",)))
+    out.append(Case("faults", "the band past --cpu-scale's limit", [*SIM, "--band",
+                                                                    "--cpu-scale", "1e6",
+                                                                    *RESULT],
+                    names=("--cpu-scale 1e+06",)))
+    out.append(Case("faults", "a folder ./llama-3.1-8b beside the preset", [*SIM, *RESULT],
+                    setup=mkdir("llama-3.1-8b"), names=("llama-3.1-8b", "preset")))
+    out.append(Case("faults", "--draft a model preset", [*SIM, "--draft", "llama-3.1-8b", "-k",
+                                                         "2", *RESULT],
+                    names=("model preset",)))
+    out.append(Case("faults", "calibrate, a torch trace that matches no run",
+                    ["calibrate", "{C}/v", "--model", "{F}/pair/target", "--out", "{C}/p.json"],
+                    setup=chain(cp("vllm/bench.json", "v/bench.json"),
+                                write("v/w.pt.trace.json", json.dumps({
+                                    "vllm_version": "0.11.0", "traceEvents": [
+                                        {"ph": "X", "name": "execute_context_1(4)_generation_0(0)",
+                                         "ts": 1, "dur": 1, "pid": 1, "tid": 1}]}))),
+                    names=("w.pt.trace.json",)))
+    return out
+
+
 FAMILIES = {"options": options, "advise": advise, "gpu": gpu_files, "bundle": bundles,
             "peer": peers, "gzip": bombs, "workload": workloads, "calibrate": calibrates,
             "outputs": outputs, "sweep": sweeps, "model": models, "files": filesystem,
-            "parallel": parallel}
+            "parallel": parallel, "profile": profiles, "tables": tables,
+            "degenerate": degenerate, "sizes": sizes, "results": results, "faults": faults}
 
 
 # ---------------------------------------------------------------------------------------------

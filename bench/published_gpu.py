@@ -22,6 +22,11 @@ The points live in `bench/published/*.yaml`, one file per family of evidence. A 
         dataset: MT-Bench              # optional: the dataset as the source names it
         note: "..."                    # optional: how the number was read off the source
 
+A point's run is its args as written, plus `--vllm-version` from its source's engine where
+that names a vLLM version (`vLLM 0.10.1`: the drafter that version ran, sim/drafter_costs.py),
+plus `--acceptance-dataset` from its `dataset` where stepgap has that dataset's acceptance
+(common/acceptance.py `dataset_name`); either left out where the args give it.
+
 The split, written before any fit: a point belongs to its source's half, and a source is in
 the check half when the first byte of the SHA-256 of its id (UTF-8) is odd, else in the
 development half. A source's points (a k sweep, a concurrency ladder) stay together. Fit only on
@@ -54,12 +59,13 @@ import io
 import json
 import math
 import os
+import re
 import shlex
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import redirect_stderr
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -94,10 +100,23 @@ class Point:
     sweep: str | None = None
     dataset: str | None = None
     note: str | None = None
+    engine: str | None = None   # its source's
 
     @property
     def half(self) -> str:
         return half_of(self.source)
+
+    def run(self, args: str) -> str:
+        """`args` with what the point's source and dataset say of the run (the docstring)."""
+        from stepgap.common.acceptance import dataset_name
+        words = shlex.split(args)
+        version = re.match(r"vLLM v?(\d+\.\d+(?:\.\d+)?)", self.engine or "")
+        if version and "--vllm-version" not in words:
+            args += f" --vllm-version {version.group(1)}"
+        ds = dataset_name(self.dataset) if self.dataset else None
+        if ds and "--acceptance-dataset" not in words:
+            args += f" --acceptance-dataset {ds}"
+        return args
 
 
 def half_of(source: str) -> str:
@@ -156,7 +175,7 @@ def load(paths=None) -> tuple[dict, list[Point]]:
     for p in points:
         if p.source not in sources:
             raise BadFile(f"{DATA / p.file}: point {p.id}: source {p.source!r} is not defined")
-    return sources, points
+    return sources, [replace(p, engine=sources[p.source]["engine"]) for p in points]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,14 +244,14 @@ def evaluate(point: Point, band: bool = True) -> Verdict:
     from stepgap.sim.config import SimConfig
     from stepgap.sim.loop import Recording, simulate
 
-    s = settings_of(point.args)
+    s = settings_of(point.run(point.args))
     head = dict(id=point.id, source=point.source, half=point.half, sweep=point.sweep,
                 metric=point.metric, measured=point.measured, k=s["k"], gpu=s["gpu"],
                 model=s["model"], method=s["method"] if s["k"] else "-",
                 concurrency=s["max_concurrency"],
                 mode=s["mode"], tp=s["tensor_parallel_size"])
     try:
-        v = settings_of(point.versus) if point.versus else None
+        v = settings_of(point.run(point.versus)) if point.versus else None
         steps = Recording(), Recording()
 
         def value(a: dict, b: dict | None) -> float:

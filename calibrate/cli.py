@@ -13,3 +13,4 @@ def register(sub) -> None:
     for module in (demo, profile_cli, validate, validate_gpu, vllm, vllm_fit, serve_fit):
         module.register(sub)
     bench_fit.extend(sub.choices["calibrate"])   # calibrate on a GPU run's bench files alone
+    bench_fit.extend_advise(sub.choices["advise"])   # advise names the next run to make

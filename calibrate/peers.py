@@ -23,7 +23,7 @@ from stepgap.common.fileio import read_json_object, read_text
 from stepgap.common.run_record import RunRecord
 from stepgap.common.peer_run import (find_dataset, load_timeseries, peer_result,
                                      peer_settings)
-from stepgap.sim.config import SimConfig
+from stepgap.sim.config import NO_TABLES, SimConfig
 from stepgap.sim.hardware import is_gpu_file
 from stepgap.sim.loop import simulate
 
@@ -85,7 +85,7 @@ def peer_config(run: PeerRun, tables: bool = True, **overrides) -> tuple[SimConf
     settings, notes = peer_settings(run.requests.with_name("meta.json"),
                                     load_model_config(run.model).max_position_embeddings)
     cfg = SimConfig(**{"gpu": run.gpu, "model": run.model, "workload": str(run.requests),
-                       "device_profile": str(run.tables) if tables else None,
+                       "device_profile": str(run.tables) if tables else NO_TABLES,
                        "metric_percentiles": PERCENTILES, "timeseries_interval_s": TICK_S,
                        "detailed": False, **settings, **overrides})
     if find_dataset(run.requests) is None:

@@ -36,7 +36,7 @@ from stepgap.calibrate.samples import cpu_samples, device_points, steps_of
 from stepgap.common.acceptance import FILE_FORMAT
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_text
-from stepgap.common.options import add_command, add_option
+from stepgap.common.options import add_command
 from stepgap.common.run_record import RunRecord
 from stepgap.sim.profile import CpuFit, Fit, Profile, save_profile
 
@@ -83,7 +83,11 @@ def classify(paths) -> dict[str, list]:
     from stepgap.common.fileio import input_files, read_bytes, read_json
     from stepgap.common.vllm_bench import BENCH_KEYS, is_bench
     out = defaultdict(list)
-    for f, walked in input_files(paths):
+    files = input_files(paths)
+    from stepgap.calibrate.bench_fit import check_bench_count   # before any file is read
+    check_bench_count(sum(1 for f, _ in files if f.name.endswith(".json")
+                          and not f.name.endswith(".pt.trace.json")), paths)
+    for f, walked in files:
         n = f.name
         if n.endswith((".pt.trace.json", ".pt.trace.json.gz")):
             out["traces"].append(f)
@@ -119,6 +123,7 @@ def load_runs(paths) -> tuple[list[Run], list[str]]:
     with its scrapes (NAME.before.txt, NAME.after.txt) and its timeline (the traces whose steps
     fall in its window, else the hook spans inside it). Every bench file must come from the
     same model and client settings."""
+    from stepgap.calibrate.bench_fit import check_distinct_runs
     from stepgap.calibrate.vllm import acceptance_from_scrapes, read_source, vllm_timeline
     from stepgap.common.vllm_bench import bench_k, read_bench
     kinds = classify(paths)
@@ -141,6 +146,7 @@ def load_runs(paths) -> tuple[list[Run], list[str]]:
                 raise UserError(f"{where(r.path, field=key)}: {r.doc.get(key)!r}, but "
                                 f"{first.path} has {first.doc.get(key)!r}: calibrate fits one "
                                 "setup; give the runs of one model and client")
+    check_distinct_runs((r.path, r.doc) for r in runs)
     scrapes = {p.name: p for p in kinds["scrapes"]}
     for r in runs:
         before, after = scrapes.get(f"{r.name}.before.txt"), scrapes.get(f"{r.name}.after.txt")
@@ -373,18 +379,23 @@ def estimate_async(cpu_by_k: dict, fits: list) -> dict[int, dict]:
     return out
 
 
-def calibrate_runs(runs: list[Run], meta: dict | None = None) -> Profile:
+def calibrate_runs(runs: list[Run], meta: dict | None = None, unused: list[str] = ()
+                   ) -> Profile:
     """The profile fitted on `runs`: the sync runs' device ops and CPU terms, and, where an
     async run is among them, what vLLM's async path costs beyond its sync path (fit_async);
-    with its residuals."""
+    with its residuals. `unused`: what among the inputs no run took (`load_runs`), said where
+    no sync run has a timeline."""
     sync = [r for r in runs if infer_mode(r) == "sync"]
     asyncs = [r for r in runs if r not in sync and r.spans]
     skipped = [r.name for r in runs if r not in sync and r not in asyncs]
     timed = [r for r in sync if r.spans]
-    if not timed:
-        raise UserError("no timeline for any sync run: give the runs' torch-profiler traces "
-                        "(a profiled run per setup) or bench/vllm/stepgap_hooks span files; "
-                        "a bench file alone does not determine the per-op costs")
+    if not timed:   # why, naming the file: a trace that failed, or that matched no run
+        why = [f"{r.path}: {n}" for r in sync for n in r.notes] + list(unused)
+        said = f" ({why[0]}{f'; and {len(why) - 1} more' if len(why) > 1 else ''})" \
+            if why else ""
+        raise UserError(f"no timeline for any sync run{said}: give the runs' torch-profiler "
+                        "traces (a profiled run per setup) or bench/vllm/stepgap_hooks span "
+                        "files; a bench file alone does not determine the per-op costs")
     fits, missing = fit_device_ops(timed)
     jitter = fit_jitter([step_series(device_points(r.spans, r.k), {(f.op, f.i, f.k): f
                                                                      for f in fits})
@@ -609,39 +620,76 @@ undetermined is printed and kept in the profile's `undetermined`.
 
 
 def register(sub) -> None:
+    """`stepgap calibrate`: the options of a simulated setup and its workload, as `simulate`
+    takes them (common/run_spec.py, spelled as vLLM spells them); bench_fit.extend adds the
+    options of calibrating on bench files alone."""
+    from stepgap.common.options import (add_engine_args, add_load_args, add_model_args,
+                                        add_scheduler_args)
     c = add_command(sub, "calibrate", help="fit the simulator to your vLLM runs, to predict the "
                     "rest", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
                     epilog=CALIBRATE_EPILOG)
     c.add_argument("measured", nargs="+", metavar="MEASURED")
-    c.add_argument("--model", required=True, metavar="DIR|CONFIG",
-                   help="the target's config (the runs are re-simulated to fit the client's "
-                        "latency and the device level)")
-    c.add_argument("--draft", metavar="DIR|CONFIG", help="the EAGLE-3 head's config")
-    add_option(c, "max_num_seqs", help="the server's --max-num-seqs (the runs are re-simulated "
-                                       "with it)")
-    add_option(c, "max_model_len", help="the server's --max-model-len")
-    add_option(c, "block_size", help="the server's KV block size (vLLM's CPU default is 128)")
+    add_model_args(c, draft_help=" (the EAGLE-3 head's config: the runs are re-simulated with "
+                                 "it)")
+    add_engine_args(c)
+    add_scheduler_args(c)
+    add_load_args(c)
     c.add_argument("--out", required=True, metavar="PROFILE.json")
     c.set_defaults(func=cmd_calibrate)
 
 
+# What calibrating on timelines reads from the command line: the rest of a run's settings and
+# its workload come from its own files (its --save-detailed bench file).
+TIMELINE_SETTINGS = ("model", "draft", "max_num_seqs", "max_model_len", "block_size")
+
+
+def refuse_unread(args, used=TIMELINE_SETTINGS) -> None:
+    """A setting given that the timeline path does not read is refused, naming it: nothing on
+    the command line is dropped silently."""
+    from stepgap.common.options import WORKLOAD_FLAGS, settings_from_args
+    from stepgap.common.run_spec import RunSpec, flag
+    given = [flag(n) for n in settings_from_args(args, RunSpec) if n not in used]
+    given += [f for f, *_ in WORKLOAD_FLAGS if getattr(args, f.lstrip("-").replace("-", "_"),
+                                                       None) is not None]
+    given += [f for f, dest in (("--speculative-config", "speculative_config"),
+                                ("--spec-model", "spec_model"), ("--spec-tokens", "spec_tokens"),
+                                ("--trace", "trace"), ("--dataset-name", "dataset_name"),
+                                ("--dataset-path", "dataset_path"),
+                                ("--async-scheduling", "async_scheduling"),
+                                ("--distributed-executor-backend",
+                                 "distributed_executor_backend"),
+                                ("--acceptance", "acceptance"), ("--topology", "topology"),
+                                ("--noise", "noise"))
+              if getattr(args, dest, None) is not None]
+    if given:
+        raise UserError(f"{given[0]}: calibrate on vLLM timelines reads each run's settings and "
+                        "workload from its own files (its --save-detailed bench file, traces "
+                        "and scrapes); this option is for bench files alone: give --gpu (the "
+                        "GPU, or cpu) to fit on them")
+
+
 def cmd_calibrate(args) -> int:
-    from stepgap.common.fileio import check_writable
+    from stepgap.common.fileio import check_not_walked, check_writable
+    if args.model is None:
+        raise UserError("--model: required (the target's config: the runs are re-simulated to "
+                        "fit the client's latency and the device level)")
+    refuse_unread(args)
     check_writable(args.out, "--out")
+    check_not_walked("--out", args.out, args.measured)
     from stepgap.common.vllm_bench import merged_chunks
     runs, unused = load_runs(args.measured)
     for r in runs:   # first: what such a run cannot be held to
         merged = merged_chunks(r.doc, r.name)
         if merged:
             print(f"warning: {merged}; left out of the level fits", flush=True)
-    for line in unused + [f"{r.name}: {n}" for r in runs for n in r.notes]:
-        print(f"  note: {line}", file=sys.stderr)
     meta = {"model": {"target": args.model, "draft": args.draft},
             "scheduler": {k: v for k, v in (("max_num_seqs", args.max_num_seqs),
                                              ("max_model_len", args.max_model_len),
                                              ("block_size", args.block_size))
                           if v is not None}}
-    profile = calibrate_runs(runs, meta)
+    profile = calibrate_runs(runs, meta, unused)   # (a refusal says why, in its one line)
+    for line in unused + [f"{r.name}: {n}" for r in runs for n in r.notes]:
+        print(f"  note: {line}", file=sys.stderr)
     save_profile(args.out, profile)
     cal = profile.about["calibration"]
     print(f"profile: {args.out}: {len(profile.fits)} device op fits, CPU terms "

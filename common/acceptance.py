@@ -72,6 +72,27 @@ class AcceptanceProfile:
         """1 + expected accepted drafts per step for the median request."""
         return 1.0 + float(sum(np.cumprod(self.conditional(k))))
 
+    def shifted(self, d: float, k: int) -> tuple[float, ...]:
+        """The rates to depth k with every conditional rate shifted by d on the logit scale."""
+        rates, prev = [], 1.0
+        for c in self.conditional(k):
+            c = 0.0 if c <= 0 else 1.0 if c >= 1 else 1 / (1 + math.exp(-(_logit(c) + d)))
+            prev *= c
+            rates.append(prev)
+        return tuple(rates)
+
+    def shift_for(self, ratio: float, k: int = 3) -> float:
+        """The logit shift that makes the acceptance length at depth k `ratio` x this one's
+        (within +-6)."""
+        if ratio == 1.0:
+            return 0.0
+        target = self.acceptance_length(k) * ratio
+        lo, hi = -6.0, 6.0
+        for _ in range(50):   # the length grows with the shift: bisect
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if 1.0 + sum(self.shifted(mid, k)) < target else (lo, mid)
+        return (lo + hi) / 2
+
     @classmethod
     def from_length(cls, name: str, length: float, k: int, source: str = "") -> AcceptanceProfile:
         """Rates r_i = c^i whose acceptance length at depth k is `length`: where only the mean
@@ -118,9 +139,31 @@ PROFILES: dict[str, AcceptanceProfile] = {p.name: p for p in (
                f"EAGLE3-LLaMA3.1-Instruct-8B, {ds}, T=1, k=7, acceptance length {al}; "
                "geometric rates")
       for ds, al in (("mtbench", 2.77), ("humaneval", 3.49), ("gsm8k", 3.34))),
+    # yuhuili's EAGLE (-1) head for Llama-3.1-8B on MT-bench: the rates are the differences of
+    # the acceptance lengths at k = 2..7 of vLLM #20780 (2.10, 2.29, 2.39, 2.43, 2.45, 2.47; a
+    # chain's rates do not depend on k), the first from vLLM #24343's length at k = 1 (1.71)
+    AcceptanceProfile("vllm-llama-3.1-8b-eagle", (0.71, 0.39, 0.19, 0.10, 0.04, 0.02, 0.02),
+                      spread=0.50, source="vLLM #20780 (lengths at k = 2..7) and #24343 (k = 1):"
+                                          " Llama-3.1-8B + yuhuili EAGLE, MT-bench"),
+    # n-gram matching (prompt_lookup_min 3, max 7) on Llama-3.1-8B-Instruct's outputs, greedy,
+    # per step (steps without a match count as none accepted): SpecDecode-Bench's published
+    # per-token profile (arXiv:2601.11580; bench/published/acceptance.md section 1)
+    *(AcceptanceProfile(f"sdb-ngram-{ds}", rates,
+                        source=f"SpecDecode-Bench's Llama-3.1-8B profile, n-gram on {title}, "
+                               f"k = {len(rates)} (bench/published/acceptance.md)")
+      for ds, title, rates in (
+          ("sharegpt", "ShareGPT", (0.132, 0.101, 0.083, 0.072, 0.063)),
+          ("cnndailymail", "CNN/DailyMail", (0.123, 0.089, 0.068, 0.054, 0.043)),
+          ("gsm8k", "GSM8K", (0.078, 0.044, 0.026, 0.017, 0.012)),
+          ("instructcoder", "InstructCoder",
+           (0.263, 0.231, 0.214, 0.201, 0.189, 0.182, 0.168)))),
+    # suffix decoding on MT-bench at k = 1 (vLLM #24852's test: acceptance at token 0 0.62)
+    AcceptanceProfile("vllm-suffix-mtbench", (0.62,),
+                      source="vLLM #24852: suffix decoding, MT-bench, k = 1, acceptance 0.62"),
 )}
 # The published profile of each (model preset, method); others fall back to `mtbench`.
 PUBLISHED = {("llama-3.1-8b", "eagle3"): "mtbench",
+             ("llama-3.1-8b", "eagle"): "vllm-llama-3.1-8b-eagle",
              ("qwen3-8b", "eagle3"): "vllm-qwen3-8b-eagle3",
              ("gpt-oss-20b", "eagle3"): "vllm-gpt-oss-20b-eagle3",
              ("deepseek-v3", "mtp"): "vllm-deepseek-v3-mtp"}
@@ -137,11 +180,141 @@ def default_profile(model: str, method: str) -> tuple[str, str | None]:
                        "or --acceptance-rates")
 
 
+# -- by dataset ---------------------------------------------------------------------------------
+# What `vllm bench serve` sends, and what each dataset does to acceptance
+# (bench/published/acceptance.md has every number and its source). For a drafter model (EAGLE,
+# EAGLE-3, MTP, a draft model): its acceptance length at k = 3 as a ratio of its own on MT-bench,
+# (nominal, low, high), applied as one logit shift of every conditional rate; for n-gram
+# matching, the dataset's own profile and a ratio range around it. The range is the band's
+# (sim/bands.py): the published spread for that dataset, wide where the evidence is thin.
+@dataclass(frozen=True)
+class DatasetAcceptance:
+    name: str
+    ratio: tuple[float, float, float]        # a drafter model's AL at k = 3 / MT-bench's
+    source: str
+    ngram: str                               # the n-gram profile of this dataset
+    ngram_ratio: tuple[float, float, float]  # around it
+    ngram_source: str
+
+
+SDB = "SpecDecode-Bench's Llama-3.1-8B profile (vLLM 0.10.1, greedy)"
+DATASETS: dict[str, DatasetAcceptance] = {d.name: d for d in (
+    DatasetAcceptance(
+        "mtbench", (1.0, 0.96, 1.08),
+        "MT-bench itself: the Llama-3.1-8B EAGLE-3 heads' lengths at k = 3 from 2.61 (vLLM CI) "
+        "to 2.79 (vLLM #20780), #26191's 2.69 between; the simulated mean over requests runs "
+        "about 3 % under a profile's own length (its rates are the median request's)",
+        "sdb-ngram-sharegpt", (1.0, 0.95, 1.25),
+        "chat: TensorRT-LLM's n-gram on Magpie first turns 1.37-1.40, second turns 1.66-1.77 "
+        "(tech blog 7), against ShareGPT's 1.40 (SpecDecode-Bench)"),
+    DatasetAcceptance(
+        "sharegpt", (0.98, 0.83, 1.02),
+        f"{SDB}: ShareGPT 2.25 against EAGLE's 2.29 on MT-bench (vLLM #20780); SPEED-Bench's "
+        "writing domain 0.83 x its mean",
+        "sdb-ngram-sharegpt", (1.0, 0.95, 1.05),
+        f"{SDB}; TensorRT-LLM's Magpie chat 1.37-1.40 against its 1.40 at k = 3"),
+    DatasetAcceptance(
+        "code", (1.03, 0.83, 1.26),
+        f"{SDB}: InstructCoder 2.35 against 2.29; HumanEval 0.98 x MT-bench (gpt-oss-20b, "
+        "P-EAGLE blog) to 1.26 x (nebius model card, T = 1, k = 7); SPEED-Bench's long-output "
+        "coding 0.83 x MT-bench (P-EAGLE blog)",
+        "sdb-ngram-instructcoder", (1.0, 0.8, 1.2),
+        f"{SDB}: InstructCoder (code editing, where copying pays); code generation copies less"),
+    DatasetAcceptance(
+        "math", (1.04, 1.0, 1.21),
+        f"{SDB}: GSM8K 2.39 against 2.29; GSM8K 1.21 x MT-bench (nebius model card, T = 1); "
+        "SPEED-Bench's math domain 1.12 x its mean",
+        "sdb-ngram-gsm8k", (1.0, 0.95, 1.1), f"{SDB}: GSM8K"),
+    DatasetAcceptance(
+        "summarization", (1.02, 0.98, 1.06),
+        f"{SDB}: CNN/DailyMail 2.33 against 2.29; SPEED-Bench's summarisation 1.02 x its mean",
+        "sdb-ngram-cnndailymail", (1.0, 0.95, 1.1), f"{SDB}: CNN/DailyMail"),
+    DatasetAcceptance(
+        "long", (1.0, 0.7, 1.02),
+        "long context: MiniMax-M3's EAGLE-3 head 2.69 at 1K to 2.65 at 32K input (AMD's "
+        "SPEED-Bench run); a head trained on short sequences falls (P-EAGLE blog), by how much "
+        "unpublished: the low end is a guess",
+        "sdb-ngram-cnndailymail", (1.0, 0.9, 1.3),
+        f"{SDB}: CNN/DailyMail's long prompts stand in; longer contexts hold more to match"),
+    DatasetAcceptance(
+        "random", (1.0, 0.6, 1.25),
+        "random tokens: no published acceptance; SPEED-Bench finds random-token prompts "
+        "overestimate speculation's throughput by about 23 % against real ones of the same "
+        "lengths; the low end is a guess",
+        "sdb-ngram-sharegpt", (1.0, 0.76, 1.3),
+        "random tokens: no published n-gram acceptance; ShareGPT's stands in, from nothing "
+        "accepted to 1.3 x"),
+)}
+# Spellings of datasets as benchmarks and papers name them
+DATASET_ALIASES = {"mt-bench": "mtbench", "philschmid/mt-bench": "mtbench", "hf": "mtbench",
+                   "gsm8k": "math", "aime": "math", "math": "math", "humaneval": "code",
+                   "instructcoder": "code", "likaixin/instructcoder": "code",
+                   "cnn/dailymail": "summarization", "cnn_dailymail": "summarization",
+                   "prefix_repetition": "random", "generated-shared-prefix": "random",
+                   "multi-turn": "random", "random (inference-perf)": "random"}
+NGRAM_METHODS = ("ngram", "ngram_gpu")
+NGRAM_MODEL = "llama-3.1-8b"   # whose outputs the n-gram profiles matched
+
+
+def workload_dataset(spec: str | None) -> str | None:
+    """The dataset a workload spec sends (common/workloads.py): random tokens for the
+    generated ones; None for a trace file, whose dataset stepgap cannot tell."""
+    from stepgap.common.workloads import BUILTIN
+    name = (spec or "").split(":")[0]
+    return dataset_name(name) if name in BUILTIN else None
+
+
+def dataset_name(text: str) -> str | None:
+    """A dataset's profile name (DATASETS) from how a benchmark or paper names it; None: not
+    one stepgap has."""
+    t = text.strip().lower()
+    t = DATASET_ALIASES.get(t, t)
+    return t if t in DATASETS else None
+
+
+@dataclass(frozen=True)
+class AcceptanceChoice:
+    """A run's default acceptance: the profile (its rates shifted to the dataset), what it
+    was borrowed from, and the band's logit shifts around it (low, high)."""
+    profile: AcceptanceProfile
+    dataset: str
+    borrowed: bool                 # another model's or method's profile stands in
+    band: tuple[float, float]      # the dataset's published spread, as logit shifts
+    note: str | None
+    band_source: str
+
+
+def dataset_acceptance(model: str, method: str, dataset: str) -> AcceptanceChoice:
+    """The acceptance of `model` with `method` on `dataset` (DATASETS): n-gram matching takes
+    the dataset's own profile; suffix decoding its MT-bench one; a drafter model its published
+    MT-bench profile (else `mtbench`, borrowed), shifted on the logit scale to the dataset's
+    length ratio. The band is the dataset's range, as shifts of that profile."""
+    d = DATASETS[dataset]
+    note = None
+    if method in NGRAM_METHODS:   # (the profiles are Llama-3.1-8B's outputs matched)
+        base, (nom, lo, hi), src = PROFILES[d.ngram], d.ngram_ratio, d.ngram_source
+        borrowed = model != NGRAM_MODEL
+    elif method == "suffix":
+        base, borrowed = PROFILES["vllm-suffix-mtbench"], dataset != "mtbench"
+        (nom, lo, hi), src = (1.0, 1.0, 1.0), PROFILES["vllm-suffix-mtbench"].source
+    else:
+        name, note = default_profile(model, method)
+        base, borrowed = PROFILES[name], note is not None
+        (nom, lo, hi), src = d.ratio, d.source
+    shift = base.shift_for(nom)
+    prof = base if shift == 0.0 else AcceptanceProfile(
+        f"{base.name}@{dataset}", base.shifted(shift, max(3, len(base.rates))), base.spread,
+        f"{base.source}; shifted to {dataset} (length x {nom:g} at k = 3: {src})")
+    band = (base.shift_for(lo) - shift, base.shift_for(hi) - shift)
+    return AcceptanceChoice(prof, dataset, borrowed, band, note, src)
+
+
 FILE_FORMAT = "stepgap-acceptance/1"
 
 
 def get_profile(name: str) -> AcceptanceProfile:
-    """A named profile, or an acceptance file (`stepgap ingest vllm-metrics` writes them)."""
+    """A named profile, or a measured acceptance file (`stepgap ingest vllm-metrics` writes
+    them; a bench file with vLLM's spec_decode_* counters is one too)."""
     if name in PROFILES:
         return PROFILES[name]
     from pathlib import Path
@@ -152,13 +325,30 @@ def get_profile(name: str) -> AcceptanceProfile:
 
 
 def load_profile_file(path) -> AcceptanceProfile:
-    """An acceptance file: {"format": "stepgap-acceptance/1", "rates": [...], ...}."""
+    """The acceptance a user measured: a file of `stepgap ingest vllm-metrics` ({"format":
+    "stepgap-acceptance/1", "rates": [...], ...}), or a `vllm bench serve --save-result` file
+    whose spec_decode_* counters vLLM wrote (its per-position rates). Named by its path, so that
+    it is never taken for a borrowed profile (sim/bands.py)."""
     from stepgap.common.errors import where
     from stepgap.common.fileio import read_json
+    from stepgap.common.vllm_bench import check_bench, is_bench
     doc = read_json(path)
+    if is_bench(doc):
+        check_bench(doc, path)
+        rates = doc.get("spec_decode_per_position_acceptance_rates")
+        if not rates or not doc.get("spec_decode_num_drafts"):
+            raise UserError(f"{where(path, field='spec_decode_per_position_acceptance_rates')}: "
+                            "missing: this bench file holds no acceptance (vLLM writes its "
+                            "spec_decode_* counters when the server speculates; else scrape "
+                            "/metrics around a run: stepgap ingest vllm-metrics)")
+        return AcceptanceProfile(str(path), tuple(rates), 0.0,
+                                 f"{path}: spec_decode_per_position_acceptance_rates (vLLM's "
+                                 f"counters around the run, {doc['spec_decode_num_drafts']:,} "
+                                 "drafts)")
     if not isinstance(doc, dict) or doc.get("format") != FILE_FORMAT:
         raise UserError(f"{where(path, field='format')}: expected {FILE_FORMAT!r} (a file of "
-                        "`stepgap ingest vllm-metrics`)")
+                        "`stepgap ingest vllm-metrics`) or a `vllm bench serve --save-result` "
+                        "file with spec_decode_* counters")
     rates = doc.get("rates")
     if not isinstance(rates, list) or not rates:
         raise UserError(f"{where(path, field='rates')}: expected per-position rates")

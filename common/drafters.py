@@ -15,7 +15,7 @@ from stepgap.common.model_presets import (DRAFT_PRESETS, EAGLE_IDS, MODEL_PRESET
 from stepgap.common.modelcfg import ModelConfig
 
 
-SPEC_METHODS = ("eagle3", "eagle", "mtp", "draft_model", "ngram", "ngram_gpu")
+SPEC_METHODS = ("eagle3", "eagle", "mtp", "draft_model", "ngram", "ngram_gpu", "suffix")
 DERIVED_HEADS = {"eagle3": eagle3_for, "eagle": eagle_for}
 
 
@@ -35,8 +35,8 @@ def load_drafter(method: str, spec: str | None, target: ModelConfig,
                  k: int = 1) -> EagleHeadConfig | ModelConfig | None:
     """What drafts for `method` (speculative_config's model `spec`), checked against the
     target: an EAGLE head (None, or the method's name, shapes one from the target), the draft
-    model of `draft_model`, or None (mtp drafts with the target's own MTP layers; n-gram needs
-    no model)."""
+    model of `draft_model`, or None (mtp drafts with the target's own MTP layers; n-gram and
+    suffix decoding need no model)."""
     src = f"--speculative-config method {method}"
     if method not in SPEC_METHODS:
         raise UserError(f"{src}: not modelled (methods: {', '.join(SPEC_METHODS)})")

@@ -412,6 +412,19 @@ def check_not_input(outputs, inputs) -> None:
                                 "output would overwrite; give the output another path")
 
 
+def check_not_walked(option: str, out, paths) -> None:
+    """An output file inside a folder the command walks for its inputs (`input_files`: calibrate's
+    folders of bench files and timelines) is refused whether or not it exists yet: the next run
+    would read it as an input (`calibrate DIR --out DIR/p.json` read p.json back as a bench
+    file)."""
+    for src in paths:
+        if os.path.isdir(src) and os.path.realpath(out).startswith(
+                os.path.realpath(src).rstrip(os.sep) + os.sep):
+            raise UserError(f"{option} {out}: inside {src}, a folder this command reads every "
+                            "file of: the next run would read the output as an input; give the "
+                            "output a path outside it")
+
+
 def write_bytes(path, data: bytes) -> None:
     """Write atomically: a temporary file in the same folder, then a rename over `path`."""
     path = Path(path)

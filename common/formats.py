@@ -12,6 +12,7 @@ Both halves import this module, and nothing else defines these formats:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, NamedTuple
@@ -19,7 +20,7 @@ from typing import Iterable, NamedTuple
 import numpy as np
 
 from stepgap.common.breakdown import idle_events, ranks as by_rank
-from stepgap.common.errors import UserError, where
+from stepgap.common.errors import UserError, shown, where
 from stepgap.common.limits import MAX_ARRIVAL_S, is_finite, is_int, is_number
 from stepgap.common.fileio import (NONFINITE, check_file, dumps_json, json_lines,
                                    write_json, write_text)
@@ -468,24 +469,55 @@ def check_result(res, path) -> dict:
         if v is None and key not in REQUIRED_RESULT_KEYS:
             continue   # vLLM writes null for a metric it did not take (goodput)
         if is_metric(key) and v in NONFINITE:
-            res[key] = float(v)   # as save_result wrote it
-        elif is_metric(key) and not is_number(v):
-            raise UserError(f"{where(path, field=key)}: expected a number, got {v!r}")
+            v = res[key] = float(v)   # as save_result wrote it
+        if is_metric(key) and not (is_number(v) and (math.isnan(v) or 0 <= v < math.inf)):
+            raise UserError(f"{where(path, field=key)}: expected a number >= 0 (NaN where the "
+                            f"run took none), got {shown(v)}")
+    if math.isnan(res["completed"]):
+        raise UserError(f"{where(path, field='completed')}: expected a count >= 0, got nan")
+    if res["completed"] and not res["duration"] > 0:
+        raise UserError(f"{where(path, field='duration')}: {res['duration']!r} s for "
+                        f"{res['completed']} requests completed")
     for key, kind in RESULT_SECTIONS.items():
         if res.get(key) is not None and not isinstance(res[key], kind):
             raise UserError(f"{where(path, field=key)}: expected an object, got "
                             f"{type(res[key]).__name__}")
     for key, v in (res.get("step_gaps") or {}).items():
-        ok = all(is_number(x) for x in v) if key == "values_us" and isinstance(v, list) \
-            else is_number(v)
+        ok = all(is_finite(x) and x >= 0 for x in v) if key == "values_us" and \
+            isinstance(v, list) else is_number(v) and not v < 0 and v != math.inf
         if not ok:
             raise UserError(f"{where(path, field=f'step_gaps.{key}')}: expected "
                             f"{'a list of numbers' if key == 'values_us' else 'a number'}, "
                             f"got {v!r}")
-    if res["completed"] < 0:
-        raise UserError(f"{where(path, field='completed')}: expected a count >= 0, got "
-                        f"{res['completed']!r}")
+    _check_config(res.get("config") or {}, path)
     return res
+
+
+def _check_config(config: dict, path) -> None:
+    """What readers take from a result's `config` (common/run_record.py): the simulator's plan
+    (`resolved`) an object, the prefix-cache counters (`queries`, `hits`: tokens, hits at most
+    queries) and the preemptions counts, wherever the layout put them."""
+    resolved = config.get("resolved")
+    if resolved is not None and not isinstance(resolved, dict):
+        raise UserError(f"{where(path, field='config.resolved')}: expected an object (the "
+                        f"simulator's plan), got {shown(resolved)}")
+    for at, section in (("config", config), ("config.resolved", resolved or {})):
+        cache = section.get("prefix_cache")
+        if cache is not None and not (
+                isinstance(cache, dict) and all(is_int(cache.get(k)) and cache[k] >= 0
+                                                for k in ("queries", "hits"))
+                and cache["hits"] <= cache["queries"]):
+            raise UserError(f"{where(path, field=at + '.prefix_cache')}: expected {{queries, "
+                            f"hits}}, token counts with hits <= queries, got {shown(cache)}")
+        n = section.get("num_preemptions")
+        if n is not None and not (is_int(n) and n >= 0):
+            raise UserError(f"{where(path, field=at + '.num_preemptions')}: expected a count, "
+                            f"got {shown(n)}")
+        notes = section.get("notes")
+        if notes is not None and not (isinstance(notes, list)
+                                      and all(isinstance(x, str) for x in notes)):
+            raise UserError(f"{where(path, field=at + '.notes')}: expected a list of lines, got "
+                            f"{shown(notes)}")
 
 
 def format_summary(res: dict, title: str = "Serving Benchmark Result") -> str:

@@ -46,6 +46,17 @@ MAX_YAML_DEPTH = 100
 # minute). The largest committed one (RTXPRO6000's hardware.yaml) holds 3,307; 1 M is the
 # limit (common/fileio.py read_yaml counts them on the event stream).
 MAX_YAML_NODES = 1_000_000
+# The load points of one `stepgap advise` question (its concurrencies x its rates): each is a
+# column of sync cells and one of async and zero-bubble cells at every k, and their bands'
+# searches. The default question's six loads run 340 simulations
+# (docs/reports/2026-12-03-advise-speed.md): 100 loads are about 5,700, hours of simulation; a
+# list of 3,000 would be 170,000.
+MAX_LOADS = 100
+# The bench files one `stepgap calibrate` fits: every fit step simulates every run (each of up
+# to 250 prompts, calibrate/bench_fit.py MAX_FIT_PROMPTS), dozens of steps, and keeps each run's
+# recorded steps; 1,000 files held 3.7 GB and ran past 240 s to a MemoryError (issue 55). One
+# run of 80 prompts took 10.2 s to fit (calibrate/bench_fit.py), so 100 runs are about 17 min.
+MAX_BENCH_FILES = 100
 # The cells of one sweep grid: each is validated before any runs (0.3 ms a cell, 10,000 cells in
 # 3 s for `stepgap sweep --preset seed-l20 --grid max_num_seqs=1..100 --grid
 # max_concurrency=1..100 --dry-run`), then simulated (0.1-1 s a cell). 100,000 cells is half a
@@ -58,6 +69,12 @@ MAX_CSV_FIELD = 131_072
 # GPUs of one node running one model replica (--tensor-parallel-size, a perf bundle's
 # tp_degrees): multi-node parallelism is not modelled.
 MAX_TP = 8
+# A token count of one sequence or one step, and a KV cache's blocks or a block's tokens
+# (--max-model-len, --max-num-batched-tokens, --block-size, --num-gpu-blocks-override): 2^24,
+# 16.8 M, past the longest context any served model has (10 M tokens). A --block-size of 400
+# digits overflowed the KV cache's sizing (a float); the others ran with exit 0.
+MAX_TOKENS = 1 << 24
+# The most requests one step may hold (--max-num-seqs): a run's requests (MAX_PROMPTS).
 # A count on a measured table's grid (tokens, sequences, a prefill chunk, decodes, a KV history:
 # sim/tables.py): 2^24, 16.8 M, past the longest context any served model has (10 M tokens); a
 # kv_decode of 1e300 made every request fit the tables' KV grid.

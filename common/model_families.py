@@ -132,8 +132,10 @@ def _deepseek_v3(d: dict, source) -> dict:
 
 
 # The families the simulator models, each with the reader of the fields it adds.
-FAMILIES = {"llama": _dense, "qwen3": _dense, "qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss,
-            "deepseek_v3": _deepseek_v3}
+# Qwen2 (and Qwen2.5, QwQ) is Llama's dense GQA layer with biases on q, k and v, which add no
+# GEMM and are not modelled.
+FAMILIES = {"llama": _dense, "qwen2": _dense, "qwen3": _dense, "qwen3_moe": _qwen3_moe,
+            "gpt_oss": _gpt_oss, "deepseek_v3": _deepseek_v3}
 # ModelConfig's fields of the other families: counts, 0 where the family has none.
 FAMILY_COUNTS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
                  "shared_expert_intermediate_size", "num_moe_layers", "kv_lora_rank",

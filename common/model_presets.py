@@ -52,6 +52,13 @@ HF_PRESETS = {
                                               ("qwen3-1.7b", 2048, 28, 16, 6144, True),
                                               ("qwen3-8b", 4096, 36, 32, 12288, False),
                                               ("qwen3-32b", 5120, 64, 64, 25600, False))},
+    # Qwen2.5-72B-Instruct's and QwQ-32B's config.json (model_type qwen2)
+    **{name: {"model_type": "qwen2", "hidden_size": h, "num_hidden_layers": n,
+              "num_attention_heads": heads, "num_key_value_heads": 8, "intermediate_size": inter,
+              "vocab_size": 152064, "rope_theta": 1000000.0, "max_position_embeddings": ctx,
+              "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "use_sliding_window": False}
+       for name, h, n, heads, inter, ctx in (("qwen2.5-72b", 8192, 80, 64, 29568, 32768),
+                                             ("qwq-32b", 5120, 64, 40, 27648, 40960))},
     "qwen3-30b-a3b": {
         "model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48,
         "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
@@ -86,6 +93,10 @@ HF_PRESETS = {
         "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
                                 "activation_scheme": "dynamic", "weight_block_size": [128, 128]}},
 }
+# gpt-oss-120b: gpt-oss-20b's layers, 36 of them, over 128 experts (its config.json)
+HF_PRESETS["gpt-oss-120b"] = {**HF_PRESETS["gpt-oss-20b"], "num_hidden_layers": 36,
+                               "num_local_experts": 128,
+                               "layer_types": ["sliding_attention", "full_attention"] * 18}
 # Qwen3-30B-A3B-Instruct-2507: Qwen3-30B-A3B's layers with a 256K context (its config.json, as
 # LLMServingSim's configs/model/Qwen/ copies it: rope_theta 1e7, max_position_embeddings 262144)
 HF_PRESETS["qwen3-30b-a3b-instruct-2507"] = {**HF_PRESETS["qwen3-30b-a3b"], "rope_theta": 10000000,
@@ -109,6 +120,11 @@ DRAFT_PRESETS: dict[str, EagleHeadConfig] = {
     # AngelSlim's qwen3-8b-eagle3.json: hidden 4096, intermediate 12288, 32/8 heads of 128,
     # draft vocab 32000 (the RedHatAI head's config was not found).
     "qwen3-8b-eagle3": eagle3_for(MODEL_PRESETS["qwen3-8b"], name="qwen3-8b-eagle3"),
+    # The heads vLLM's gpt-oss threads run (RedHatAI's speculators head for gpt-oss-20b,
+    # NVIDIA's for gpt-oss-120b), shaped from their targets: their own configs were not found
+    # in a source we could read.
+    **{f"{t}-eagle3": eagle3_for(MODEL_PRESETS[t], name=f"{t}-eagle3")
+       for t in ("gpt-oss-20b", "gpt-oss-120b")},
 }
 
 
@@ -123,7 +139,8 @@ MODEL_IDS = {
     "Qwen/Qwen3-0.6B": "qwen3-0.6b", "Qwen/Qwen3-1.7B": "qwen3-1.7b", "Qwen/Qwen3-8B": "qwen3-8b",
     "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen/Qwen3-32B": "qwen3-32b",
     "Qwen/Qwen3-30B-A3B-Instruct-2507": "qwen3-30b-a3b-instruct-2507",
-    "openai/gpt-oss-20b": "gpt-oss-20b",
+    "openai/gpt-oss-20b": "gpt-oss-20b", "openai/gpt-oss-120b": "gpt-oss-120b",
+    "Qwen/Qwen2.5-72B-Instruct": "qwen2.5-72b", "Qwen/QwQ-32B": "qwq-32b",
     "deepseek-ai/DeepSeek-V3": "deepseek-v3",
 }
 DRAFT_IDS = {
@@ -134,6 +151,9 @@ DRAFT_IDS = {
     "RedHatAI/Llama-3.3-70B-Instruct-speculator.eagle3": "llama-3.3-70b-eagle3",
     "RedHatAI/Qwen3-8B-speculator.eagle3": "qwen3-8b-eagle3",
     "AngelSlim/Qwen3-8B_eagle3": "qwen3-8b-eagle3",
+    "RedHatAI/gpt-oss-20b-speculator.eagle3": "gpt-oss-20b-eagle3",
+    **{f"nvidia/gpt-oss-120b-Eagle3{v}": "gpt-oss-120b-eagle3"
+       for v in ("", "-v2", "-short-context", "-long-context", "-throughput")},
 }
 # EAGLE (-1) heads, each one layer shaped as its target with the target's lm_head: the head
 # `--speculative-config method eagle` shapes from the target (common/model_heads.py eagle_for).
@@ -206,11 +226,21 @@ def read_config(spec: str) -> tuple[dict, str]:
     return read_json(path), str(path)
 
 
+def not_shadowed(spec: str, preset: str, what: str) -> None:
+    """A name that is both a preset (or its Hugging Face id) and a path here: vLLM would read
+    the path, stepgap the preset, so neither is taken silently."""
+    if Path(spec).exists():
+        raise UserError(f"{what} {spec!r}: both the preset {preset} and the "
+                        f"{'folder' if Path(spec).is_dir() else 'file'} {spec} here; give "
+                        f"./{spec} for the path, or run where no such path is for the preset")
+
+
 def load_model_config(spec: str) -> ModelConfig:
     """A target by preset name, Hugging Face id (MODEL_IDS, else one in this machine's Hugging
     Face cache), model folder, or config.json path."""
     preset = preset_of(spec)
     if preset is not None:
+        not_shadowed(spec, preset, "model")
         return MODEL_PRESETS[preset]
     if not Path(spec).exists():
         cached = hf_cache_file(spec, "config.json")   # a model this machine already has
@@ -226,12 +256,20 @@ def load_draft_config(spec: str, target: ModelConfig | None = None) -> EagleHead
     `eagle3` derives one from target."""
     preset = preset_of(spec, DRAFT_IDS)
     if preset is not None:
+        not_shadowed(spec, preset, "draft")
         return DRAFT_PRESETS[preset]
     if spec == "eagle3":
         if target is None:
             raise UserError("draft 'eagle3' derives a head from the target; give a target")
         return eagle3_for(target)
     if not Path(spec).exists():
+        model = preset_of(spec)
+        if model is not None:   # a model preset, not a head's
+            heads = [p for p in DRAFT_PRESETS if p.startswith(f"{model}-")]
+            raise UserError(f"draft {spec!r}: the model preset {model}, not an EAGLE head "
+                            f"(heads: {', '.join(heads or DRAFT_PRESETS)}, or eagle3, a head "
+                            "shaped like the target); a whole model as the drafter is "
+                            "--spec-method draft_model")
         raise unknown(spec, "draft", DRAFT_IDS, DRAFT_PRESETS,
                       ", or eagle3 (a head shaped like the target)")
     d, source = read_config(spec)

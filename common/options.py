@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from stepgap.common.drafters import SPEC_METHODS
-from stepgap.common.errors import UserError
+from stepgap.common.errors import UserError, shown
 from stepgap.common.formats import METRICS
 from stepgap.common.limits import MAX_K, first_repeat, is_int
 from stepgap.common.run_spec import Option, RunSpec, options_of
@@ -45,6 +45,8 @@ from stepgap.common.run_spec import Option, RunSpec, options_of
 # vLLM's --distributed-executor-backend: one process (the worker inline) or a worker process.
 EXECUTOR_BACKENDS = {"uni": "inline", "mp": "process"}
 SPEC_KEYS = ("method", "model", "num_speculative_tokens")
+# speculative_config's keys the simulator models besides (sim/drafter_costs.py), each a bool
+DRAFTER_SPEC_KEYS = ("disable_padded_drafter_batch", "parallel_drafting", "enforce_eager")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,7 +109,9 @@ def at_most(parse, hi: float):
     def bounded(text: str):
         v = parse(text)
         if v > hi:
-            raise argparse.ArgumentTypeError(f"must be at most {hi:g}, got {text}")
+            top = f"{hi:g}" if float(f"{hi:g}") == hi else f"{hi:,}"   # (2^24, not 1.67772e+07)
+            raise argparse.ArgumentTypeError(f"must be at most {top}, got "
+                                             f"{text if len(text) <= 60 else shown(text)}")
         return v
     bounded.__name__ = parse.__name__
     return bounded
@@ -200,6 +204,9 @@ def speculative_config_arg(text: str) -> dict:
     if k is not None and (not is_int(k) or not 0 <= k <= MAX_K):
         raise argparse.ArgumentTypeError(f"num_speculative_tokens: expected an integer from 0 "
                                          f"to {MAX_K}, got {k!r}")
+    for key in DRAFTER_SPEC_KEYS:
+        if key in d and not isinstance(d[key], bool):
+            raise argparse.ArgumentTypeError(f"{key}: expected true or false, got {d[key]!r}")
     return d
 
 
@@ -522,12 +529,13 @@ def add_result_args(p, timeline_help: str = ""):
 # Resolving what was given
 
 
-def speculative_from_args(args) -> tuple[str | None, str | None, int | None]:
+def speculative_from_args(args, modelled: tuple[str, ...] = SPEC_KEYS
+                          ) -> tuple[str | None, str | None, int | None]:
     """(method, draft, k) from --speculative-config and its shortcuts (--spec-method,
     --num-speculative-tokens, --draft): each given once, or given alike. None where none of
-    them says."""
+    them says. Its keys past `modelled` are named in a note and ignored."""
     spec = getattr(args, "speculative_config", None) or {}
-    ignored = sorted(set(spec) - set(SPEC_KEYS))
+    ignored = sorted(set(spec) - set(modelled))
     if ignored:
         note(args, f"ignoring speculative_config key{'s' * (len(ignored) > 1)} "
                    f"{', '.join(ignored)} (not modelled)")
@@ -553,6 +561,17 @@ def speculative_from_args(args) -> tuple[str | None, str | None, int | None]:
                             f"num_speculative_tokens {k} differ; give one")
         k = args.k
     return method, draft, k
+
+
+def drafter_without_k(draft: str | None, k: int | None) -> str | None:
+    """One line where a drafter is given but no draft tokens (k 0, or num_speculative_tokens
+    not given): vLLM refuses an EAGLE head without num_speculative_tokens, and k = 0 runs no
+    speculation at all, so the drafter given would be dropped silently. None otherwise."""
+    if draft is None or k:
+        return None
+    said = "num_speculative_tokens is 0" if k == 0 else "no num_speculative_tokens is given"
+    return (f"the drafter {draft} is given but {said}: this runs without speculative decoding "
+            "(give num_speculative_tokens in --speculative-config, or -k)")
 
 
 def mode_from_args(args) -> str | None:

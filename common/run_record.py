@@ -27,9 +27,11 @@ from typing import Mapping
 
 import numpy as np
 
-from stepgap.common.errors import UserError
+from stepgap.common.errors import UserError, shown, where
 from stepgap.common.fileio import check_file, read_json_object
 from stepgap.common.formats import RequestTiming, check_result, is_metric, save_result
+from stepgap.common.limits import is_int
+from stepgap.common.vllm_bench import check_details
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +151,15 @@ class RunRecord:
         if is_peer_requests(path):
             return cls.of(peer_result(path), path)
         check_file(path, "result file")
-        return cls.of(check_result(read_json_object(path, "a run result"), path), path)
+        doc = check_result(read_json_object(path, "a run result"), path)
+        if any(key in doc for key in (*DETAIL_KEYS, "output_lens")):   # one entry a prompt
+            first = next(doc[k] for k in (*DETAIL_KEYS, "output_lens") if k in doc)
+            n = doc.get("num_prompts", len(first) if isinstance(first, list) else None)
+            if not (is_int(n) and n >= 0):
+                raise UserError(f"{where(path, field='num_prompts')}: expected a count (the "
+                                f"per-request lists hold one entry a prompt), got {shown(n)}")
+            check_details(doc, path, n)
+        return cls.of(doc, path)
 
     def to_json(self) -> dict:
         """The document, as `save` writes it (formats.save_result: keys in their order)."""

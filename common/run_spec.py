@@ -27,10 +27,10 @@ from dataclasses import MISSING, dataclass, field, fields
 from functools import cache
 
 from stepgap.common.drafters import SPEC_METHODS
-from stepgap.common.errors import UserError
+from stepgap.common.errors import UserError, shown
 from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES, OLD_DEVICES
-from stepgap.common.limits import (MAX_K, MAX_PARAM, MAX_PROMPTS, MAX_TP, MIN_BURSTINESS,
-                                   first_repeat, is_finite, is_int, is_number)
+from stepgap.common.limits import (MAX_K, MAX_PARAM, MAX_PROMPTS, MAX_TOKENS, MAX_TP,
+                                   MIN_BURSTINESS, first_repeat, is_finite, is_int, is_number)
 from stepgap.common.scheduler import BLOCK_SIZE
 
 
@@ -87,7 +87,7 @@ def option_of(f) -> Option | None:
 
 
 def bad(option: str, what: str, v) -> UserError:
-    return UserError(f"{option}: {what}, got {v!r}")
+    return UserError(f"{option}: {what}, got {shown(v)}")
 
 
 def _complaint(o: Option, v) -> str | None:
@@ -184,19 +184,22 @@ class SchedulerSpec:
 
     mode: str = opt("sync", "--mode", kind="choice", choices=MODES,
                     help="step scheduling (docs/explanation/design.md §1)")
-    max_num_seqs: int = opt(256, "--max-num-seqs", kind="int", lo=1, metavar="N",
-                            help="most requests in one step")
+    max_num_seqs: int = opt(256, "--max-num-seqs", kind="int", lo=1, hi=MAX_PROMPTS,
+                            metavar="N", help="most requests in one step")
     max_num_batched_tokens: int = opt(8192, "--max-num-batched-tokens", kind="int", lo=1,
-                                      metavar="N", help="token budget of one step; longer "
-                                                        "prompts are chunked")
-    max_model_len: int = opt(2048, "--max-model-len", kind="int", lo=1, metavar="N",
-                             help="longest prompt + output, in tokens (vLLM's default is "
-                                  "the model's context; stepgap's is the seed's)")
-    block_size: int = opt(BLOCK_SIZE, "--block-size", kind="int", lo=1, metavar="N",
-                          help="tokens per KV block")
+                                      hi=MAX_TOKENS, metavar="N",
+                                      help="token budget of one step; longer prompts are "
+                                           "chunked")
+    max_model_len: int = opt(2048, "--max-model-len", kind="int", lo=1, hi=MAX_TOKENS,
+                             metavar="N", help="longest prompt + output, in tokens (vLLM's "
+                                               "default is the model's context; stepgap's is "
+                                               "the seed's)")
+    block_size: int = opt(BLOCK_SIZE, "--block-size", kind="int", lo=1, hi=MAX_TOKENS,
+                          metavar="N", help="tokens per KV block")
     num_gpu_blocks_override: int | None = opt(
         None, "--num-gpu-blocks-override", "--num-kv-blocks", "--num-blocks", kind="int", lo=1,
-        metavar="N", old=("num_kv_blocks",), shown=False, help="KV cache size in blocks")
+        hi=MAX_TOKENS, metavar="N", old=("num_kv_blocks",), shown=False,
+        help="KV cache size in blocks")
     gpu_memory_utilization: float = opt(
         0.9, "--gpu-memory-utilization", kind="fraction", metavar="FRAC",
         help="fraction of device memory for weights and the KV cache")

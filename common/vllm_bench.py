@@ -110,7 +110,7 @@ def check_bench(doc: dict, path) -> dict:
             isinstance(rates, list) and all(_number(r) and 0 <= r <= 1 for r in rates)):
         bad("spec_decode_per_position_acceptance_rates", "a list of rates from 0 to 1")
     if any(key in doc for key in DETAIL_KEYS):
-        _check_details(doc, path, n)
+        check_details(doc, path, n)
     return doc
 
 
@@ -127,7 +127,7 @@ def bench_k(doc: dict) -> int | None:
     return k if is_int(k) and 0 <= k <= MAX_K else None
 
 
-def _check_details(doc: dict, path, n: int) -> None:
+def check_details(doc: dict, path, n: int) -> None:
     """The per-request lists of --save-detailed: as many entries as prompts, each of its type."""
     def bad(field, expected, v=None):
         raise UserError(f"{where(path, field=field)}: expected {expected}, got {_short(v)}")

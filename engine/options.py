@@ -77,13 +77,16 @@ def sampling_from_args(args):
 
 def engine_args_from(args):
     """The EngineArgs of a command line (run, serve): what it gives, else the defaults."""
-    from stepgap.common.options import (executor_from_args, mode_from_args, settings_from_args,
-                                        speculative_from_args)
+    from stepgap.common.options import (drafter_without_k, executor_from_args, mode_from_args,
+                                        note, settings_from_args, speculative_from_args)
     from stepgap.engine.args import EngineArgs, refuse_method
     if not args.model:
         raise UserError("--model is required (a Llama folder, a preset, or tiny)")
     given = "--spec-method" if getattr(args, "method", None) else "--speculative-config method"
     args.method, args.draft, args.k = speculative_from_args(args)
+    warning = drafter_without_k(args.draft, args.k)
+    if warning:
+        note(args, f"warning: {warning}")
     refuse_method(args.method, given)   # (EngineArgs would too, naming speculative_config)
     args.mode, args.executor = mode_from_args(args), executor_from_args(args)
     return EngineArgs(sampling=sampling_from_args(args), **settings_from_args(args, EngineArgs))

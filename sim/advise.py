@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from stepgap.common.errors import UserError
+from stepgap.common.limits import MAX_LOADS
 from stepgap.sim.bands import Band, BandInput, band_inputs, combine, int_band
 
 MODES = ("sync", "async", "zero-bubble")
@@ -78,6 +79,7 @@ class Advice:
     seconds: float = 0.0
     cells: list = field(default_factory=list)   # the settings of every simulation run
     yours: dict | None = None   # the user's own mode and k, and where they came from (`Yours`)
+    next_run: object = None     # the run to make next (calibrate/bench_fit.py NextRun), if asked
 
     def to_dict(self) -> dict:
         """The document `--result-json` writes (docs/reference/advise.md, "stepgap advise": its
@@ -87,7 +89,8 @@ class Advice:
                 "modes": list(MODES), "metric": METRIC, "rests_on": self.rests_on,
                 "band_inputs": [i.to_dict() for i in self.inputs],
                 "loads": [a.to_dict() for a in self.answers], "notes": self.notes,
-                "simulations": self.sims, "yours": yours_dict(self)}
+                "simulations": self.sims, "yours": yours_dict(self),
+                **({"next_run": self.next_run.to_dict()} if self.next_run is not None else {})}
 
 
 FORMAT = "stepgap-advise/1"
@@ -110,6 +113,12 @@ def loads_of(concurrency: list | None, rates: list | None) -> list[dict]:
     if not cs or not rs:
         raise UserError("--max-concurrency / --request-rate: the load list is empty; give at "
                         "least one load point (e.g. --max-concurrency 1,2,4,8,16,32)")
+    if len(cs) * len(rs) > MAX_LOADS:
+        given = " x ".join(f"{len(v)} {name}" for v, name in (
+            (concurrency, "--max-concurrency"), (rates, "--request-rate")) if v is not None)
+        raise UserError(f"{given}: {len(cs) * len(rs):,} load points, past the {MAX_LOADS} one "
+                        "question judges (each is two columns of simulations at every k); "
+                        "ask about fewer loads at a time")
     return [{k: v for k, v in (("max_concurrency", c), ("request_rate", r)) if v is not None}
             for r in rs for c in cs]
 
@@ -230,6 +239,7 @@ def advise(base: dict, loads: list[dict], ks: list[int], band: bool = True, jobs
             axes[name] = values
     grid = Grid(axes, {k: v for k, v in base.items() if k not in axes})
     checked = grid.cells(keyed=False)   # every cell built, resolved, its workload checked
+    check_tokens_to_time(cell(base, loads[0], "sync", 0))
     inputs = band_inputs(base, max(ks)) if band else []
     # a column per load and mode (zero-bubble with async, whose best k it is judged at), the
     # longest first (the fewest requests at once: the most steps), so that the processes end
@@ -252,6 +262,21 @@ def advise(base: dict, loads: list[dict], ks: list[int], band: bool = True, jobs
     advice.sims, advice.seconds = len(cells.done), time.perf_counter() - t0
     advice.cells = [json.loads(key) for key in cells.done]
     return advice
+
+
+def check_tokens_to_time(settings: dict) -> None:
+    """The question is the mean TPOT: a workload whose every request ends at its first token
+    (--output-len 1, one prompt of one token) has none, so no k or mode is better than another.
+    Refused before the simulations, not divided by."""
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.loop import build_workload
+    cfg = SimConfig(**settings)
+    if all(r.output_len <= 1 for r in build_workload(cfg)):
+        given = f"--output-len {cfg.output_len}" if cfg.output_len is not None else \
+            f"the workload {cfg.workload}"
+        raise UserError(f"{given}: every request ends at its first token, so there is no time "
+                        "per output token to choose k or the scheduling by; ask with 2 or more "
+                        "output tokens")
 
 
 def answer(cells: Cells, base: dict, load: dict, ks: list[int], inputs: list[BandInput],
@@ -356,8 +381,12 @@ def rests_on(base: dict, ks: list[int], inputs: list[BandInput]) -> dict:
     r = resolve(cfg)
     hw, measured = r.hw, r.measured
     sources = getattr(r.device_costs, "sources", None)
-    if cfg.device_profile:
-        device = (f"measured operator tables {cfg.device_profile}; the roofline of {hw.name} "
+    from stepgap.sim.tables import TableCosts, repo_relative
+    # tables given (--device-profile, `none` apart) or committed for the GPU (a TableCosts)
+    tables = repo_relative(r.device_costs.path) if isinstance(r.device_costs, TableCosts) \
+        else cfg.device_profile if cfg.device_profile not in (None, "none") else None
+    if tables:
+        device = (f"measured operator tables {tables}; the roofline of {hw.name} "
                   "for " + ", ".join(sorted(op for op, s in (sources or {}).items()
                                             if "roofline" in s))
                   + " (docs/explanation/measured-tables.md)")

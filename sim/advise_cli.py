@@ -29,8 +29,11 @@ defaults x a factor, or your calibration) and the seed. It warns when a best k s
 of the range or past the measured acceptance, and when a band is wider than the effect it bounds.
 
 The setup takes `stepgap simulate`'s options, spelled as `vllm serve` spells them, so a vLLM
-command line pastes. Without --profile the CPU costs are stepgap's defaults x 2.42 (the seed's
-L20 host), as said in the output; `stepgap calibrate` on one sync run of yours pins them."""
+command line pastes. Without --profile the CPU costs are stepgap's defaults x 2.42 (the nominal
+host, as simulate and sweep take it), as said in the output; `stepgap calibrate` on runs of
+yours pins them. After the answer it names the next `vllm bench serve` run to make: the one
+whose calibration narrows the widest band of what async saves most, with the band to expect
+after it (--no-next-run leaves it out)."""
 
 EPILOG = """\
 examples:
@@ -95,7 +98,6 @@ def question(args) -> tuple[dict, list[dict], list[int], list[str]]:
     from stepgap.common.limits import MAX_PROMPTS
     from stepgap.common.options import at_most, load_list, positive_int, rate_arg
     from stepgap.sim.advise import DEFAULT_CONCURRENCY, depths, loads_of
-    from stepgap.sim.bands import CPU_SEED, CPU_SEED_SOURCE
     from stepgap.sim.setup_args import config_from_args
     from stepgap.sim.config import resolve, SimConfig
     from stepgap.sim.presets import get_preset
@@ -111,13 +113,9 @@ def question(args) -> tuple[dict, list[dict], list[int], list[str]]:
             list(DEFAULT_CONCURRENCY)
         notes.append(f"no --max-concurrency or --request-rate: judging concurrency "
                      f"{', '.join(map(str, conc))}")
-    base = config_from_args(args).to_dict()
+    base = config_from_args(args, one_k=False).to_dict()
     for key in ("timeline", "detailed"):
         base.pop(key, None)
-    if not base.get("profile") and args.cpu_scale is None and "cpu_scale" not in preset:
-        base["cpu_scale"] = CPU_SEED
-        notes.append(f"CPU costs: stepgap's defaults x {CPU_SEED:g}, {CPU_SEED_SOURCE} "
-                     "(--cpu-scale to change them; stepgap calibrate measures yours)")
     ks = depths(base, args.max_k)
     resolve(SimConfig(**{**base, "k": max(ks)}))   # an unknown GPU or model: one line, now
     return base, loads_of(conc, rates), ks, notes
@@ -145,7 +143,10 @@ def your_choice(args) -> dict | None:
     return {"mode": mode, "k": k, "mode_from": mode_from, "k_from": k_from}
 
 
-def run(args) -> int:
+def run(args, next_run=None) -> int:
+    """The answer; `next_run`: a function of the answer that names the next run to make
+    (calibrate/bench_fit.py `plan_next_run`, which the layer above passes in: sim/ does not
+    import it)."""
     from stepgap.common.fileio import check_distinct, check_writable, write_json
     from stepgap.common.options import note
     from stepgap.sim.advise import advise
@@ -180,6 +181,8 @@ def run(args) -> int:
         note(args, line)
     advice.notes = notes + advice.notes
     advice.yours = mine
+    if next_run is not None and args.band and getattr(args, "next_run", True):
+        advice.next_run = next_run(advice)
     figure = None
     if args.plot:
         from stepgap.common.timeline_plots import render
@@ -187,6 +190,8 @@ def run(args) -> int:
         figure = render(advise_figure(advice), fmt)
     if not args.quiet:
         print(format_advice(advice))
+        if advice.next_run is not None:
+            print(format_next_run(advice.next_run))
         sys.stdout.flush()
     if args.result_json:
         write_json(args.result_json, advice.to_dict())
@@ -338,3 +343,38 @@ def warning_lines(advice) -> list[str]:
 
 def _span(ks: list[int]) -> str:
     return str(ks[0]) if len(ks) == 1 else f"{ks[0]}-{ks[-1]}"
+
+
+def format_next_run(nxt) -> str:
+    """The next run to make (calibrate/bench_fit.py NextRun), as printed after the answer."""
+    from stepgap.sim.advise import load_label
+
+    def pct(b):
+        return f"{100 * b[0]:.1f} to {100 * b[1]:.1f} %"
+    c = nxt.best
+    made = (f" with the profile's runs ({', '.join(_cell(m) for m in nxt.made)})"
+            if nxt.made else "")
+    now = nxt.now[1] - nxt.now[0]
+    lines = ["", "The next run to make (what narrows the widest band of what async saves):",
+             f"  at {load_label(nxt.load)} that band is dominated by {nxt.input}: "
+             f"{pct(nxt.now)} now, {100 * now:.1f} points wide (judged on {PROMPTS_NOTE})",
+             f"  run {_cell(c.cell())} ({c.cost_s:.1f} s of GPU time at this workload):",
+             f"    {c.command(nxt.base)}",
+             f"  expected after calibrating on it{made}: a band {100 * nxt.width_after():.1f} "
+             f"points wide ({100 * nxt.width_after() / now:.0f} % of now), calibrated on "
+             f"the runs simulated at the ends and the middle of {nxt.input}'s range: "
+             + "; ".join(f"{end} {pct(b)}" for end, b in c.ends.items()),
+             "  then: stepgap calibrate YOUR-RUNS.json --gpu ... --out P.json, and advise again "
+             "with --profile P.json: it names the run after it"]
+    others = [f"{_cell(o.cell())} {100 * o.width:.1f}" for o in nxt.candidates if o is not c]
+    if others:
+        lines.append(f"  (the others judged, the points wide each leaves: {'; '.join(others)})")
+    return "\n".join(lines)
+
+
+PROMPTS_NOTE = "the question's first prompts, short outputs, each mode at its best k"
+
+
+def _cell(c: dict) -> str:
+    conc = f" at concurrency {c['max_concurrency']}" if c.get("max_concurrency") else ""
+    return f"{c['mode']} k={c['k']}{conc}"

@@ -18,9 +18,11 @@ ops by the spread of its own residuals; measured tables by their error on real r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from stepgap.common.acceptance import PUBLISHED, AcceptanceProfile
+from stepgap.common.errors import UserError
+from stepgap.sim.tables import repo_relative
 
 # The host's CPU costs, as a factor on stepgap's defaults (sim/cpu_costs.py), from the hosts there
 # is evidence for: the lowest and the highest whose CPU side was measured on its own (a gap in a
@@ -37,6 +39,37 @@ CPU_HIGH = 3.1
 CPU_HIGH_SOURCE = ("SpecDecode-Bench's H100 fit of vLLM with Llama-3.1-8B: 1.21 ms per step "
                    "besides the forwards (arXiv:2601.11580), 3.1 x the defaults' 0.39 ms "
                    "(bench/cpu_evidence.py)")
+# The nominal host: the CPU factor `simulate`, `sweep` and `advise` take where neither
+# --cpu-scale nor a profile's CPU costs say (one for every GPU: a host's CPU is the host's, not
+# its GPU's, and the evidence is one host per GPU class; docs/explanation/pinning.md).
+NOMINAL_CPU = CPU_SEED
+NOMINAL_CPU_SOURCE = CPU_SEED_SOURCE
+
+
+def nominal_host(settings: dict, given: bool) -> tuple[dict, str | None]:
+    """`settings` with the nominal host's CPU factor where the run has none of its own (no
+    --cpu-scale given, `given` False, and no --profile: a profile brings its CPU costs), and the
+    line that says so; else (settings, None)."""
+    if given or settings.get("profile") or "cpu_scale" in settings:
+        return settings, None
+    return ({**settings, "cpu_scale": NOMINAL_CPU},
+            f"host CPU: stepgap's defaults x {NOMINAL_CPU:g}, the nominal host ("
+            f"{NOMINAL_CPU_SOURCE}); --cpu-scale sets another, `stepgap calibrate` on a run of "
+            "yours measures it")
+
+
+def host_line(config: dict) -> str:
+    """What a result's CPU costs are, in one line: a profile's, or the defaults x a factor."""
+    scale = config.get("cpu_scale", 1.0)
+    if config.get("profile"):
+        return (f"host CPU: the profile {config['profile']}'s CPU costs"
+                + (f" x {scale:g}" if scale != 1 else ""))
+    why = (f" (the nominal host: {NOMINAL_CPU_SOURCE}; --cpu-scale sets another, `stepgap "
+           "calibrate` on a run of yours measures it)" if scale == NOMINAL_CPU else
+           " (stepgap's defaults as they are)" if scale == 1 else "")
+    return f"host CPU: stepgap's defaults x {scale:g}{why}"
+
+
 # The roofline's device times against real GPUs where no table prices an op: with the L20's
 # efficiencies, +9.2 % mean TPOT on the RTX 4090, -11.8 % on the RTX PRO 6000
 # (docs/explanation/measured-tables.md, "Measured operator tables"): the true device time is the
@@ -158,8 +191,7 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
     """The uncertain inputs of runs of `settings` (SimConfig fields) up to depth `max_k`: the
     host's CPU and the device (or what a measured profile or tables leave of them), and the
     acceptance where it is borrowed or extrapolated."""
-    from stepgap.sim.config import SimConfig, acceptance_profile, resolve
-    from stepgap.sim.tables import TableCosts
+    from stepgap.sim.config import SimConfig, resolve
 
     cfg = SimConfig(**settings)
     r = resolve(cfg)
@@ -172,23 +204,133 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
     else:
         inputs.append(cpu_input(cfg.cpu_scale))
     if measured is None or not measured.fits:
-        if isinstance(r.device_costs, TableCosts):   # (always the outer costs: config.py)
-            inputs.append(BandInput("device", "the device ops the measured tables price",
-                                    1.0, TABLES_LOW, TABLES_HIGH, "x device time",
-                                    TABLES_SOURCE, {"speed": TABLES_LOW},
-                                    {"speed": TABLES_HIGH}))
-        elif not isinstance(split, dict):
-            inputs.append(BandInput(
-                "device", f"the roofline's device op times ({r.hw.name}: bw_eff "
-                f"{r.hw.bw_eff:g}, flop_eff {r.hw.flop_eff:g}, {r.hw.kernel_us:g} us a kernel)",
-                1.0, DEVICE_LOW, DEVICE_HIGH, "x device time", DEVICE_SOURCE,
-                {"speed": DEVICE_LOW}, {"speed": DEVICE_HIGH}))
-    prof, note = acceptance_profile(cfg, r.target)
-    acc = acceptance_input(cfg, r.target.name, prof, note is not None,
-                           max_k if max_k is not None else cfg.k)
-    if acc is not None:
-        inputs.append(acc)
+        device = device_input(r, isinstance(split, dict))
+        if device is not None:
+            inputs.append(device)
+    for link in (collectives_input(cfg, r), kernel_input(cfg, r)):
+        if link is not None:
+            inputs.append(link)
+    deep = max_k if max_k is not None else cfg.k
+    inputs += acceptance_inputs(cfg, r.target, deep)
+    # the drafter's as the deepest run prices it (advise and sweep pass k = 0 with max_k)
+    drafted = r if cfg.k or not deep else resolve(replace(cfg, k=deep))
+    if drafted.drafter_host:
+        inputs.append(drafter_input(drafted.drafter, cfg.drafter_host_scale))
+    check_ends(inputs, settings)
     return inputs
+
+
+def check_ends(inputs: list[BandInput], settings: dict) -> None:
+    """Each input's ends keep the run's --cpu-scale and --speed within their limits: a band
+    that would take them past is refused naming the option the user gave and the input, not
+    with the derived value as if the user had given it."""
+    from stepgap.common.limits import MAX_SCALE, MIN_SPEED
+    limits = {"cpu_scale": ("--cpu-scale", 0.0, MAX_SCALE), "speed": ("--speed", MIN_SPEED,
+                                                                     MAX_SCALE)}
+    for inp in inputs:
+        for end in ("low", "high"):
+            at = inp.settings(settings, end)
+            for key, (option, lo, hi) in limits.items():
+                v = at.get(key, 1.0)
+                if not lo <= v <= hi:
+                    given, edge = settings.get(key, 1.0), hi if v > hi else lo
+                    value = inp.low if end == "low" else inp.high
+                    raise UserError(f"{option} {given:g}: the band's {inp.name} input at its "
+                                    f"{end} end ({value:g} {inp.unit}) takes it to {v:g}, past "
+                                    f"{edge:g}; give a {option} nearer 1, or leave the band out")
+
+
+def device_input(r, split: bool) -> BandInput | None:
+    """The device's input, by what prices it: measured tables that price every kernel, their
+    error on real runs; a GPU whose roofline was fitted on tables (`Hardware.device_band`), the
+    fit's spread, also under tables that price part of a step (the roofline prices the rest);
+    a datasheet GPU, the datasheet roofline's error on the two GPUs with real runs. None where
+    a bench-file calibration's `split` already holds the device."""
+    from stepgap.sim.tables import TableCosts
+
+    hw, costs = r.hw, r.device_costs   # (always the outer costs: config.py)
+    tables = costs.tables if isinstance(costs, TableCosts) else None
+    if tables is not None and not tables.not_measured:
+        return BandInput("device", "the device ops the measured tables price", 1.0, TABLES_LOW,
+                         TABLES_HIGH, "x device time", TABLES_SOURCE, {"speed": TABLES_LOW},
+                         {"speed": TABLES_HIGH})
+    if split and tables is None:
+        return None
+    roof = (f"{hw.name}: bw_eff {hw.bw_eff:g}, flop_eff {hw.flop_eff:g}, {hw.kernel_us:g} us "
+            "a kernel")
+    what = (f"the tables' device ops and the roofline's of the kernels they did not measure "
+            f"({', '.join(tables.not_measured)}; {roof})" if tables is not None
+            else f"the roofline's device op times ({roof})")
+    lo, hi, source = (*hw.device_band, hw.device_band_source) if hw.device_band is not None \
+        else (DEVICE_LOW, DEVICE_HIGH, DEVICE_SOURCE)
+    return BandInput("device", what, 1.0, lo, hi, "x device time", source, {"speed": lo},
+                     {"speed": hi})
+
+
+def collectives_input(cfg, r) -> BandInput | None:
+    """Where this repository holds more than one measurement of the run's link (the same GPU
+    over as many GPUs: sim/hardware_file.py other_measurements), the collectives priced by
+    each: the band spans the measurement that prices a decode's all-reduce fastest and the one
+    that prices it slowest, and names every one."""
+    from stepgap.sim.hardware import MeasuredLink
+    from stepgap.sim.hardware_file import load_collectives, other_measurements
+
+    link = r.hw.interconnect
+    n = cfg.tensor_parallel_size if cfg.tensor_parallel_size > 1 else \
+        cfg.data_parallel_size if r.target.is_moe else 1
+    if n < 2 or not isinstance(link, MeasuredLink) or not link.path:
+        return None
+    others = other_measurements(link.path)
+    if not others:
+        return None
+    nbytes = 2 * 8 * r.target.hidden_size   # a decode step of 8 tokens' all-reduce
+
+    def speed(path) -> float:
+        m = load_collectives(path, link.fully_connected, link.p2p, model=link.model)
+        return m.all_reduce_us(nbytes, n) if n == m.npus else math.inf
+    times = sorted((speed(p), str(p)) for p in [link.path, *others])
+    (t_lo, fast), (t_hi, slow) = times[0], times[-1]
+    named = "; ".join(f"{repo_relative(p)} ({t:.1f} us)" for t, p in times)
+    return BandInput("collectives", f"the collectives over {n} GPUs, as each measurement of "
+                     f"the link prices them (a {nbytes // 1024} KiB all-reduce: {named})",
+                     t_lo if link.path == fast else t_hi, t_lo, t_hi, "us a decode all-reduce",
+                     f"{len(times)} measurements of one link disagree: {named}",
+                     {"collectives": fast}, {"collectives": slow})
+
+
+def kernel_input(cfg, r) -> BandInput | None:
+    """Which all-reduce vLLM issues, where the link's NCCL was measured and vLLM's own kernel
+    was not (the interconnect model prices it: vLLM's own benchmarks of its custom and
+    symmetric-memory kernels, sim/hardware.py): the measured NCCL at every size is the other
+    end (vLLM without its kernel: --disable-custom-all-reduce, GPUs without peer access, or a
+    version that takes NCCL), the two measurements of one link's small all-reduce."""
+    from stepgap.sim.hardware import MeasuredLink
+
+    link, tp = r.hw.interconnect, cfg.tensor_parallel_size
+    if tp < 2 or not isinstance(link, MeasuredLink) or link.model is None or not link.p2p \
+            or "all_reduce" not in link.sizes:
+        return None
+    nbytes = 2 * 8 * r.target.hidden_size   # a decode step of 8 tokens' all-reduce
+    ours, nccl = link.all_reduce_us(nbytes, tp), link.at("all_reduce", nbytes)
+    return BandInput("allreduce", f"the all-reduce vLLM issues over {tp} GPUs: its own kernel "
+                     f"({link.model.name}'s model, {ours:.1f} us at {nbytes // 1024} KiB) or "
+                     f"NCCL's ({link.path and repo_relative(link.path)}, {nccl:.1f} us)", ours,
+                     min(ours, nccl), max(ours, nccl), "us a decode all-reduce",
+                     f"{link.model.source}; {link.source}",
+                     {}, {"disable_custom_all_reduce": True})
+
+
+def drafter_input(d, nominal: float) -> BandInput:
+    """The drafter's host costs (sim/drafter_costs.py): its dispatch a pass and its first
+    inputs, or a CPU proposer's matching, over the range of their evidence."""
+    lo, hi = d.host_range()
+    what = (f"the {d.method} proposer's matching on the host" if d.on_cpu else
+            f"the drafter's host costs ({d.graphs} drafter graphs, "
+            f"{'padded' if d.padded else 'unpadded'} drafter batch: "
+            f"{d.host_pass_us():.0f} us a pass)")
+    return BandInput("drafter", what, nominal, nominal * lo, nominal * hi, "x host costs",
+                     d.source(), {"drafter_host_scale": nominal * lo},
+                     {"drafter_host_scale": nominal * hi}, 1)
 
 
 def cpu_input(nominal: float) -> BandInput:
@@ -228,34 +370,49 @@ def profile_input(measured) -> BandInput:
                      {"speed": hi, "cpu_factor": hi})
 
 
-def acceptance_input(cfg, model: str, prof: AcceptanceProfile, borrowed: bool, max_k: int
-                     ) -> BandInput | None:
-    """Borrowed (the published profile of another model or method stands in, or a named one
-    that is not this model's): every conditional rate shifted on the logit scale; else
-    extrapolated past its depth (k > the rates measured): the later positions' rates.
-    `model`: the target's catalog name, whatever spelling the command line used (a Hugging
-    Face id, a folder), as the published profiles are keyed."""
+def acceptance_inputs(cfg, target, max_k: int) -> list[BandInput]:
+    """The acceptance's inputs: `acceptance`, where it is borrowed (the published profile of
+    another model or method, or a named one that is not this model's: every conditional rate
+    shifted on the logit scale) or else extrapolated past its depth (k > the rates measured:
+    the later positions' rates); and `dataset`, the published spread of the run's dataset
+    (common/acceptance.py DATASETS) where the acceptance is the default one."""
+    from stepgap.sim.config import acceptance_choice, acceptance_profile
+    prof, _ = acceptance_profile(cfg, target)
     if max_k < 1 or prof.name in SYNTHETIC:
-        return None
-    own = PUBLISHED.get((model, cfg.method))
-    if cfg.acceptance_rates is None and (borrowed or (own is not None and prof.name != own)
-                                         or (own is None and prof.name in _named())):
-        rates = lambda d: shifted(prof, d, max(max_k, len(prof.rates)))  # noqa: E731
-        return BandInput("acceptance", f"acceptance borrowed from {prof.name} ({prof.source})",
-                         0.0, -BORROWED_SHIFT, BORROWED_SHIFT, "logit shift", BORROWED_SOURCE,
-                         {"acceptance_rates": rates(-BORROWED_SHIFT),
-                          "acceptance_spread": prof.spread},
-                         {"acceptance_rates": rates(BORROWED_SHIFT),
-                          "acceptance_spread": prof.spread}, 1)
-    depth = len(prof.rates)
-    if max_k <= depth:
-        return None
-    return BandInput("acceptance", f"acceptance past position {depth} of {prof.name}, "
-                     "extrapolated", 1.0, EXTRAPOLATED_LOW, 1.0, "x conditional rate per "
-                     "position", EXTRAPOLATED_SOURCE,
-                     {"acceptance_rates": extrapolated(prof, EXTRAPOLATED_LOW, max_k),
-                      "acceptance_spread": prof.spread},
-                     {}, depth + 1)   # the high end is stepgap's rule: the nominal run
+        return []
+    out = []
+    choice = None if cfg.acceptance_rates is not None or cfg.acceptance is not None else \
+        acceptance_choice(cfg, target)[0]
+    own = PUBLISHED.get((target.name, cfg.method))
+    # (a profile not among the named ones is the user's own: rates, or a file they measured)
+    borrowed = choice.borrowed if choice is not None else cfg.acceptance_rates is None and \
+        prof.name in _named() and (own is None or prof.name != own)
+    depth, deep = len(prof.rates), max(max_k, len(prof.rates))
+    if borrowed:
+        out.append(BandInput("acceptance", f"acceptance borrowed from {prof.name} "
+                             f"({prof.source})", 0.0, -BORROWED_SHIFT, BORROWED_SHIFT,
+                             "logit shift", BORROWED_SOURCE,
+                             {"acceptance_rates": prof.shifted(-BORROWED_SHIFT, deep),
+                              "acceptance_spread": prof.spread},
+                             {"acceptance_rates": prof.shifted(BORROWED_SHIFT, deep),
+                              "acceptance_spread": prof.spread}, 1))
+    elif max_k > depth:
+        out.append(BandInput("acceptance", f"acceptance past position {depth} of {prof.name}, "
+                             "extrapolated", 1.0, EXTRAPOLATED_LOW, 1.0, "x conditional rate "
+                             "per position", EXTRAPOLATED_SOURCE,
+                             {"acceptance_rates": extrapolated(prof, EXTRAPOLATED_LOW, max_k),
+                              "acceptance_spread": prof.spread},
+                             {}, depth + 1))   # the high end is stepgap's rule: the nominal run
+    if choice is not None and choice.band != (0.0, 0.0):
+        lo, hi = choice.band
+        out.append(BandInput("dataset", f"the {choice.dataset} dataset's effect on "
+                             f"acceptance ({prof.name})", 0.0, lo, hi, "logit shift",
+                             choice.band_source,
+                             {"acceptance_rates": prof.shifted(lo, deep),
+                              "acceptance_spread": prof.spread},
+                             {"acceptance_rates": prof.shifted(hi, deep),
+                              "acceptance_spread": prof.spread}, 1))
+    return out
 
 
 def _named() -> set[str]:
@@ -275,13 +432,8 @@ def extrapolated(prof: AcceptanceProfile, r: float, k: int) -> tuple[float, ...]
 
 def shifted(prof: AcceptanceProfile, d: float, k: int) -> tuple[float, ...]:
     """The profile's rates to depth k with every conditional rate shifted by d on the logit
-    scale."""
-    rates, prev = [], 1.0
-    for c in prof.conditional(k):
-        c = 0.0 if c <= 0 else 1.0 if c >= 1 else 1 / (1 + math.exp(-(math.log(c / (1 - c)) + d)))
-        prev *= c
-        rates.append(prev)
-    return tuple(rates)
+    scale (AcceptanceProfile.shifted)."""
+    return prof.shifted(d, k)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -93,9 +93,117 @@ def register(sub) -> None:
     (sim/explain_cli.py), and `sweep` and `plot` (sim/sweep_cli.py)."""
     from stepgap.sim import advise_cli, explain_cli, sweep_cli
     register_simulate(sub)
+    register_gpus(sub)
     advise_cli.register(sub)
     explain_cli.register(sub)
     sweep_cli.register(sub)
+
+
+def register_gpus(sub) -> None:
+    p = add_command(sub, "gpus", help="every GPU of the catalog, what prices it, the sources",
+                    description=(
+                        "Every GPU of the catalog: its roofline (datasheet peaks, and the "
+                        "efficiencies and per-kernel cost fitted on measured tables or taken "
+                        "from a like GPU) and the range of its `device` band input; the "
+                        "measured operator tables committed for it, the models (presets) and "
+                        "tensor-parallel sizes they price by default and the kernels they "
+                        "leave to the roofline; its collectives, measured over how many GPUs "
+                        "and by whom, else the interconnect model (docs/reference/gpus.md)."),
+                    epilog="examples:\n  stepgap gpus\n  stepgap gpus h100 --json")
+    p.add_argument("gpu", nargs="*", help="catalog entries (default: every GPU)")
+    p.add_argument("--json", action="store_true", help="print the listing as JSON")
+    p.set_defaults(func=run_gpus)
+
+
+def gpu_listing(name: str) -> dict:
+    """What prices catalog GPU `name`, and the sources: its roofline, the committed tables and
+    the presets each prices at each TP, and its collectives by group size."""
+    from stepgap.common.model_presets import MODEL_PRESETS
+    from stepgap.sim.bands import DEVICE_HIGH, DEVICE_LOW, DEVICE_SOURCE
+    from stepgap.sim.hardware import get_hardware
+    from stepgap.sim.hardware_file import committed_link, link_key, other_measurements
+    from stepgap.sim.tables import (LAYER_GEMMS, bundle_meta, committed_bundles, read_meta,
+                                    repo_relative, shape_mismatch)
+    hw = get_hardware(name)
+    fitted = hw.device_band is not None
+    lo, hi, why = (*hw.device_band, hw.device_band_source) if fitted else \
+        (DEVICE_LOW, DEVICE_HIGH, DEVICE_SOURCE)
+    tables, taken = [], set()   # (preset, tp) a bundle before this one prices
+    for root in committed_bundles(hw.name):
+        bm, meta = bundle_meta(root), read_meta(root)
+        lack = set(meta.get("not_measured") or ())
+        fits = [m for m, c in MODEL_PRESETS.items()
+                if shape_mismatch(bm, c, c.hidden_size) is None and not lack & set(LAYER_GEMMS)
+                and "fp8" not in str(meta.get("variant") or root.name)]
+        prices = {tp: [m for m in fits if (m, tp) not in taken] for tp in bm.tp_folders}
+        taken |= {(m, tp) for tp, ms in prices.items() for m in ms}
+        tables.append({"bundle": repo_relative(root), "model": bm.model,
+                       "tp": list(bm.tp_folders),
+                       "prices": {tp: ms for tp, ms in prices.items() if ms},
+                       "not_measured": list(meta.get("not_measured") or []),
+                       "source": str(meta.get("source") or
+                                     f"LLMServingSim's perf bundle (vLLM "
+                                     f"{meta.get('vllm_version', '?')})")})
+    links = {}
+    model = hw.interconnect
+    for n in (2, 4, 8):
+        found = committed_link(hw.name, n)
+        if found is not None:
+            key = link_key(found)
+            others = [p for p in other_measurements(found) if link_key(p) == key]
+            links[n] = [repo_relative(p) for p in (found, *others)]
+    return {"gpu": hw.name, "device_names": list(hw.device_names),
+            "peaks": {"bf16_tflops": hw.flops / 1e12, "fp8_tflops": hw.fp8_flops / 1e12,
+                      "memory_bw_gbps": hw.mem_bw / 1e9, "memory_gb": hw.mem_bytes / 1e9},
+            "roofline": {"kind": "fitted on measured tables" if fitted else "datasheet",
+                         "bw_eff": hw.bw_eff, "flop_eff": hw.flop_eff,
+                         "kernel_us": hw.kernel_us, "source": hw.source},
+            "device_band": {"low": lo, "high": hi, "source": why},
+            "tables": tables,
+            "collectives": {"model": None if model is None else
+                            {"name": model.name, "source": model.source},
+                            "measured": links}}
+
+
+def run_gpus(args) -> int:
+    import json
+    from stepgap.common.errors import UserError
+    from stepgap.sim.hardware import CATALOG
+    from stepgap.sim.tables import LAYER_GEMMS
+    names = args.gpu or [n for n, h in CATALOG.items() if h.kind == "gpu"]
+    for n in names:
+        if n.lower() not in CATALOG:
+            raise UserError(f"stepgap gpus: unknown GPU {n!r} (known: {', '.join(CATALOG)})")
+    listing = [gpu_listing(n.lower()) for n in names]
+    if args.json:
+        print(json.dumps(listing, indent=1))
+        return 0
+    for g in listing:
+        r, b, pk = g["roofline"], g["device_band"], g["peaks"]
+        print(f"{g['gpu']}: {pk['bf16_tflops']:g} TFLOP/s bf16, {pk['memory_bw_gbps']:g} GB/s, "
+              f"{pk['memory_gb']:g} GB")
+        print(f"  roofline ({r['kind']}): bw_eff {r['bw_eff']:g}, flop_eff {r['flop_eff']:g}, "
+              f"{r['kernel_us']:g} us a kernel; {r['source']}")
+        print(f"  device band: x{b['low']:.3g} .. x{b['high']:.3g} ({b['source']})")
+        for t in g["tables"]:
+            priced = "; ".join(f"TP {tp}: {', '.join(ms)}" for tp, ms in t["prices"].items()) \
+                or ("no preset by default: they do not time every GEMM of a layer (fit data of "
+                    "the roofline; --device-profile to price from them)"
+                    if set(t["not_measured"]) & set(LAYER_GEMMS) else "no preset of these shapes")
+            lack = f"; the fitted roofline for {', '.join(t['not_measured'])}" \
+                if t["not_measured"] else ""
+            print(f"  tables {t['bundle']} ({t['model']}, TP {', '.join(map(str, t['tp']))}): "
+                  f"price {priced}{lack}; {t['source']}")
+        if not g["tables"]:
+            print("  tables: none committed (every model from the roofline)")
+        c = g["collectives"]
+        for n, files in c["measured"].items():
+            print(f"  collectives over {n}: measured, {' and '.join(files)}"
+                  + (" (they disagree: the band spans them)" if len(files) > 1 else ""))
+        if c["model"] is not None:
+            print(f"  collectives otherwise: the interconnect model {c['model']['name']} "
+                  f"({c['model']['source']})")
+    return 0
 
 
 def register_simulate(sub) -> None:
@@ -134,6 +242,7 @@ def run(args) -> int:
     from stepgap.common.formats import format_summary, save_chrome_trace, save_timeline
     from stepgap.common.options import check_outputs, note, result_path
     from stepgap.common.run_record import RunRecord
+    from stepgap.sim.bands import host_line
 
     cfg = config_from_args(args)
     out = result_path(args, "stepgap-sim", cfg.model)
@@ -149,6 +258,7 @@ def run(args) -> int:
         note(args, line)
     if not args.quiet:
         print(format_summary(res, title=f"Simulated Serving Result ({cfg.mode}, k={cfg.k})"))
+        print(host_line(res["config"]))
         if args.band:
             print(format_bands(inputs, bands))
         preset = get_preset(args.preset) if args.preset else None

@@ -15,19 +15,24 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from stepgap.common.acceptance import PROFILES, AcceptanceProfile, default_profile, get_profile
+from stepgap.common.acceptance import (DATASETS, PROFILES, AcceptanceChoice, AcceptanceProfile,
+                                       dataset_acceptance, get_profile, workload_dataset)
 from stepgap.sim.costs import DeviceCosts, LevelCosts
 from stepgap.sim.cpu_costs import CPU_COSTS, CpuCosts, OpCost
-from stepgap.sim.roofline import RooflineCosts
+from stepgap.sim.drafter_costs import CPU_PROPOSERS as DRAFTER_CPU_PROPOSERS
+from stepgap.sim.drafter_costs import (DRAFTER_GRAPHS, LATEST, PROPOSE, DrafterCosts,
+                                       parse_version)
+from stepgap.sim.roofline import BF16, MTP_EXTRA_KERNELS, RooflineCosts, _ceil
 from stepgap.sim.profile import Noise, Profile, load_profile
 from stepgap.sim.profile_costs import ProfileCosts
-from stepgap.sim.tables import (TableCosts, bundle_meta, find_bundle, find_variant,
-                                load_tables, read_meta, refuse_another_model)
+from stepgap.sim.tables import (TableCosts, bundle_meta, committed_bundle, find_bundle,
+                                find_variant, load_tables, read_meta, refuse_another_model,
+                                repo_relative)
 from stepgap.sim.expert_parallel import MoeCosts, MoeParallel
-from stepgap.sim.moe_tables import check_moe_bundle, moe_only, moe_parts
-from stepgap.sim.hardware import CATALOG, Hardware, MeasuredLink
-from stepgap.sim.hardware_file import (collectives_beside, load_collectives, load_gpu,
-                                       with_link)
+from stepgap.sim.moe_tables import check_moe_bundle, moe_only, moe_parts, mtp_path
+from stepgap.sim.hardware import CATALOG, Hardware, MeasuredLink, is_gpu_file
+from stepgap.sim.hardware_file import (collectives_beside, committed_link, load_collectives,
+                                       load_gpu, other_measurements, with_link)
 from stepgap.common.errors import UserError, where
 from stepgap.common.limits import (MAX_MS, MAX_SCALE, MAX_SKEW, MAX_SPREAD, MAX_US, MIN_SPEED,
                                    is_finite)
@@ -46,7 +51,7 @@ from stepgap.common.scheduler import SchedulerConfig
 TOPOLOGIES = ("stepgap", "vllm", "served")
 # Methods whose drafter proposes from the sampled tokens on the host: vLLM runs them with sync
 # scheduling only (vllm/config/vllm.py; docs/explanation/past-one-gpu.md).
-CPU_PROPOSERS = ("ngram",)
+CPU_PROPOSERS = DRAFTER_CPU_PROPOSERS
 # vLLM's --quantization and --kv-cache-dtype values the simulator models, and the element size
 # of a KV cache of each (auto: the model's bf16).
 QUANTIZATIONS = ("fp8",)
@@ -78,7 +83,9 @@ class SimConfig(RunSpec):
         "profiler/perf/RTX4090/meta-llama/Llama-3.1-8B/bf16): they price the target forward "
         "over the step's real mix, the sampler and an EAGLE-3 head or draft model of the same "
         "shapes; the roofline prices the rest, and the result's config says which op came from "
-        "where (docs/explanation/measured-tables.md, 'Measured operator tables')"))
+        "where (docs/explanation/measured-tables.md, 'Measured operator tables'). Default: the "
+        "tables committed for a catalog --gpu that time the model's layers, where there are "
+        "any (`stepgap gpus`); `none`: the roofline alone (docs/reference/gpus.md)"))
     quantization: str | None = opt(
         None, "--quantization", "-q", kind="choice", choices=QUANTIZATIONS,
         refusal="is not modelled: stepgap models fp8 (or none: the checkpoint's own "
@@ -114,16 +121,58 @@ class SimConfig(RunSpec):
              "at decode (default: the --gpu interconnect's; 6 on NVLink, 20 on PCIe; "
              "docs/explanation/past-one-gpu.md). Not with measured collectives (a "
              "hardware.yaml), which it would contradict")
+    collectives: str | None = opt(
+        None, "--collectives", metavar="FILE.yaml", help=(
+            "a measurement of the collectives between the GPUs (LLMServingSim's hardware.yaml: "
+            "measured.interconnect over as many GPUs as --tensor-parallel-size, or a MoE "
+            "target's --data-parallel-size) to price them with, in place of the one found "
+            "for the --gpu (its file's, the one beside --device-profile, the one committed "
+            "for the GPU), or of the interconnect model; `stepgap gpus` lists them"))
+    disable_custom_all_reduce: bool = opt(
+        False, "--disable-custom-all-reduce", kind="bool", action="store_true", help=(
+            "as vLLM's: every all-reduce is NCCL's, none vLLM's own kernel (priced by the "
+            "measured NCCL all_reduce where a measurement of the link has one, else the "
+            "interconnect model's ring)"))
     jitter: bool = opt(
         True, "--no-jitter", kind="bool", action="store_false", label="--jitter", shown=False,
         help="ignore the profile's measured speed noise (by default device ops vary from step "
              "to step as measured; seeded by --seed)")
+    # the drafter as vLLM runs it (sim/drafter_costs.py)
+    vllm_version: str | None = opt(
+        None, "--vllm-version", metavar="X.Y.Z", help=(
+            f"the vLLM whose drafter to price (default {LATEST}, its main branch: the padded "
+            "drafter batch, PIECEWISE drafter graphs); before 0.11.0 the drafter waits for "
+            "each step's tokens on the host (no padded drafter batch, #24539)"))
+    disable_padded_drafter_batch: bool | None = opt(
+        None, kind="bool", label="speculative_config's disable_padded_drafter_batch",
+        help="the drafter waits for the step's sampled tokens on the host (default: vLLM's "
+             "for --vllm-version: false from 0.11.0)")
+    parallel_drafting: bool = opt(
+        False, kind="bool", label="speculative_config's parallel_drafting",
+        help="one drafter pass for the k drafts (P-EAGLE, PARD; vLLM #32887)")
+    drafter_cudagraph_mode: str | None = opt(
+        None, "--drafter-cudagraph-mode", kind="choice", choices=DRAFTER_GRAPHS, help=(
+            "the drafter's CUDA graphs: FULL (vLLM's model runner V2, #37588; "
+            "VLLM_USE_V2_MODEL_RUNNER=1), PIECEWISE (the V1 model runner's: attention eager "
+            "between the graph's pieces) or NONE (eager). Default: what vLLM derives from "
+            "--compilation-config's cudagraph_mode and speculative_config's enforce_eager, "
+            "PIECEWISE unless either says otherwise"))
+    drafter_host_scale: float = opt(
+        1.0, "--drafter-host-scale", kind="float", lo=0.0, hi=MAX_SCALE, metavar="X",
+        shown=False, help="multiply the drafter's host costs (its dispatch a pass, its first "
+                          "inputs, a CPU proposer's matching; default 1)")
     # acceptance (None: the published profile of this model and method)
     acceptance: str | None = opt(
         None, "--acceptance", metavar="PROFILE",
         help=f"named per-position acceptance profile: {', '.join(PROFILES)} (default: the "
              "published one of the model and method, else mtbench: vLLM #26191, Llama-3.1-8B "
              "EAGLE-3 on MT-bench; docs/explanation/acceptance.md)")
+    acceptance_dataset: str | None = opt(
+        None, "--acceptance-dataset", kind="choice", choices=tuple(DATASETS), help=(
+            "the dataset the acceptance is of (common/acceptance.py DATASETS: each one's "
+            "published effect on acceptance, and its spread as the band): default the "
+            "workload's (--dataset-name random: random; sharegpt; hf mt-bench: mtbench), "
+            "mtbench for a trace; docs/explanation/acceptance-by-dataset.md)"))
     acceptance_rates: tuple[float, ...] | None = opt(
         None, "--acceptance-rates", kind="rates", metavar="R1,R2,...",
         help="per-position acceptance rates as vLLM reports them (cumulative: the fraction of "
@@ -138,8 +187,9 @@ class SimConfig(RunSpec):
     # CPU (op cost = A + B*num_reqs + C*num_tokens microseconds)
     cpu_scale: float = opt(
         1.0, "--cpu-scale", kind="float", hi=MAX_SCALE, metavar="X", shown=False,
-        help="multiply every default CPU cost and latency (default 1; the seed-l20 preset's "
-             "value is fitted on its sync row)")
+        help="multiply every default CPU cost and latency (default on the command line: the "
+             "nominal host, x 2.42, without --profile; 1 with one, and in SimConfig; the "
+             "seed-l20 preset's value is fitted on its sync row)")
     cpu_costs: dict = opt({}, kind="table", label="--cpu-cost",   # op -> [a, b, c]
                           refusal="must be a table of OP = [A, B, C]")
     launch_latency_us: float | None = opt(
@@ -158,6 +208,8 @@ class SimConfig(RunSpec):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.vllm_version is not None:
+            parse_version(self.vllm_version)
         for op, abc in self.cpu_costs.items():
             if op not in CPU_COSTS:
                 raise UserError(f"--cpu-cost: unknown op {op!r} (ops: {', '.join(CPU_COSTS)})")
@@ -183,17 +235,23 @@ class SimConfig(RunSpec):
 CONFIG_KEYS = (
     "mode", "k", "gpu", "model", "method", "draft", "executor", "device", "tensor_parallel_size",
     "data_parallel_size", "enable_expert_parallel", "moe_routing_skew", "all_reduce_latency_us",
-    "topology", "profile", "device_profile", "jitter", "speed", "acceptance", "acceptance_rates",
+    "collectives", "disable_custom_all_reduce", "topology", "profile", "device_profile",
+    "jitter", "speed", "acceptance", "acceptance_rates",
     "acceptance_spread", "replay", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
     "block_size", "num_gpu_blocks_override", "gpu_memory_utilization", "quantization",
     "kv_cache_dtype", "scheduler_reserve_full_isl", "enable_prefix_caching", "cpu_scale",
     "cpu_costs", "launch_latency_us", "wake_us", "ipc_us", "output_latency_ms", "workload",
     "num_prompts", "output_len", "shared_fraction", "request_rate", "burstiness",
     "max_concurrency", "seed", "metric_percentiles", "percentile_metrics", "detailed",
-    "timeline", "timeseries_interval_s")
+    "timeline", "timeseries_interval_s", "vllm_version", "disable_padded_drafter_batch",
+    "parallel_drafting", "drafter_cudagraph_mode", "drafter_host_scale", "acceptance_dataset")
 # Fields written into a result only where they differ from their default (SimConfig.to_dict).
 OPTIONAL_FIELDS = {"quantization": None, "kv_cache_dtype": "auto", "data_parallel_size": 1,
-                   "enable_expert_parallel": False}
+                   "enable_expert_parallel": False, "collectives": None,
+                   "disable_custom_all_reduce": False, "vllm_version": None,
+                   "disable_padded_drafter_batch": None, "parallel_drafting": False,
+                   "drafter_cudagraph_mode": None, "drafter_host_scale": 1.0,
+                   "acceptance_dataset": None}
 
 
 # -------------------------------------------------------------------------------------------
@@ -241,6 +299,10 @@ class Resolved:
     cpu_propose: bool = False         # drafts proposed on the host (n-gram)
     rpc_share: float = 1.0            # of vLLM's sync-fitted RPC turnaround, waited
     noise: Noise | None = None        # the measured noise replayed on the device ops
+    # the drafter as vLLM runs it: its passes, and its host costs where priced (a GPU, no
+    # measured CPU fit, which holds them already); None: k = 0
+    drafter: DrafterCosts | None = None
+    drafter_host: bool = False
 
     @property
     def device_async(self) -> bool:
@@ -255,14 +317,26 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
     hw = load_gpu(cfg.gpu)
     target, notes = quantized(load_model_config(cfg.model), cfg, hw)
     tp = cfg.tensor_parallel_size
+    cfg, priced = with_committed_tables(cfg, hw, target, profile)
     hw = collectives(cfg, hw, notes, target.is_moe)
+    if cfg.disable_custom_all_reduce and hw.interconnect is not None:
+        hw = replace(hw, interconnect=replace(hw.interconnect, p2p=False))
+        notes.append("--disable-custom-all-reduce: every all-reduce is NCCL's")
     if cfg.all_reduce_latency_us is not None and hw.interconnect is not None:
-        if isinstance(hw.interconnect, MeasuredLink):
+        link = hw.interconnect
+        if isinstance(link, MeasuredLink) and link.model is None:
             raise UserError(f"--all-reduce-latency-us: the collectives are measured "
-                            f"({hw.interconnect.name}); it sets the interconnect model's "
+                            f"({link.name}); it sets the interconnect model's "
                             "latency, which they replace")
-        hw = replace(hw, interconnect=replace(hw.interconnect,
-                                              latency_us=cfg.all_reduce_latency_us))
+        if isinstance(link, MeasuredLink):   # the model prices what was not measured
+            link = replace(link, model=replace(link.model,
+                                               latency_us=cfg.all_reduce_latency_us))
+            notes.append(f"--all-reduce-latency-us {cfg.all_reduce_latency_us:g}: the "
+                         "interconnect model's latency, for the collectives it prices beside "
+                         f"the measured ones ({link.name})")
+        else:
+            link = replace(link, latency_us=cfg.all_reduce_latency_us)
+        hw = replace(hw, interconnect=link)
     target.check_tensor_parallel(tp)
     draft = None
     if cfg.k > 0:
@@ -307,6 +381,13 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
     prof, note = acceptance_profile(cfg, target)
     if note and cfg.k:
         notes.append(note)
+    drafter = DrafterCosts.of(cfg, draft, target) if cfg.k else None
+    drafter_host = drafter is not None and topo.device_async and \
+        (measured is None or measured.cpu is None)
+    if drafter_host:
+        notes.append(drafter.describe())
+    if priced:
+        notes.append(priced)
     async_ = mode != "sync"
     return Resolved(
         hw, target, draft, costs, cpu_costs(cfg, measured), prof,
@@ -320,7 +401,41 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
         # core sends the next only then) and in one message in async (the next is already
         # queued): the share of the sync-fitted turnaround it waits (docs/explanation/vllm.md)
         rpc_share=0.5 if engine == "vllm" and async_ else 1.0,
-        noise=measured.jitter if cfg.jitter and measured is not None else None)
+        noise=measured.jitter if cfg.jitter and measured is not None else None,
+        drafter=drafter, drafter_host=drafter_host)
+
+
+NO_TABLES = "none"   # --device-profile none: the roofline alone, no committed tables
+
+
+def committed_tables(cfg: SimConfig, hw: Hardware, target: ModelConfig,
+                     profile: Profile | None = None) -> Path | None:
+    """The operator tables committed under traces/peers/ that price this run by default
+    (sim/tables.py committed_bundle): a catalog GPU (not a GPU file) as a CUDA device, no
+    --device-profile (`none` refuses them) and no --profile (its fits or level were made over
+    the roofline), a bundle of the GPU measured for the model's shapes at the run's TP."""
+    if cfg.device_profile is not None or cfg.profile is not None or profile is not None \
+            or is_gpu_file(cfg.gpu) or hw.kind != "gpu" or (cfg.device or "cuda") != "cuda":
+        return None
+    return committed_bundle(hw.name, target, cfg.tensor_parallel_size,
+                            target.quantization == "fp8", KV_CACHE_DTYPES[cfg.kv_cache_dtype] == 1)
+
+
+def with_committed_tables(cfg: SimConfig, hw: Hardware, target: ModelConfig,
+                          profile: Profile | None) -> tuple[SimConfig, str | None]:
+    """The run's config as it is priced, and the note that says what prices it (for the end of
+    the run's notes): --device-profile none as none given; the committed tables of the GPU
+    (committed_tables) as if given."""
+    if cfg.device_profile == NO_TABLES:
+        return replace(cfg, device_profile=None), None
+    found = committed_tables(cfg, hw, target, profile)
+    if found is None:   # (a fitted roofline says so in the result's device_costs)
+        return cfg, None
+    return replace(cfg, device_profile=str(found)), (
+        f"--gpu {hw.name}: the measured operator tables {repo_relative(found)} price "
+        f"{target.name} at TP {cfg.tensor_parallel_size} (committed with their source and "
+        "licence; the result's device_costs say which kernels, and what the fitted roofline "
+        f"prices; --device-profile {NO_TABLES} for the roofline alone)")
 
 
 def profile_defaults(settings: dict, given, measured: Profile | None = None
@@ -339,7 +454,8 @@ def profile_defaults(settings: dict, given, measured: Profile | None = None
     if "executor" in where and "executor" not in given:
         out["executor"] = where["executor"]
     if "acceptance_rates" in where:
-        chosen = [n for n in ("acceptance", "acceptance_rates", "acceptance_spread") if n in given]
+        chosen = [n for n in ("acceptance", "acceptance_rates", "acceptance_spread",
+                              "acceptance_dataset") if n in given]
         if chosen:
             rates = ", ".join(f"{r:.3g}" for r in where["acceptance_rates"])
             notes.append(f"--profile {settings['profile']} measured its acceptance (rates "
@@ -370,27 +486,39 @@ def collectives(cfg: SimConfig, hw: Hardware, notes: list[str], moe: bool) -> Ha
     """The collectives of a run over several GPUs, tensor parallelism's (all-reduces, the
     logits' all-gather over the tp GPUs) and a MoE target's under data parallelism (`moe`: its
     dispatch and combine over the dp ranks, sim/expert_parallel.py): measured where a
-    hardware.yaml gives them (`--gpu FILE.yaml`, or the one LLMServingSim keeps beside the
-    --device-profile tables, profiler/perf/<GPU>/hardware.yaml) over as many GPUs as each group
-    has, else the --gpu's interconnect model; said in the notes when measured."""
+    hardware.yaml gives them (--collectives; `--gpu FILE.yaml`; the one LLMServingSim keeps
+    beside the --device-profile tables, profiler/perf/<GPU>/hardware.yaml; the one committed
+    for a catalog GPU, sim/hardware_file.py COMMITTED_LINKS) over as many GPUs as each group
+    has, else the --gpu's interconnect model; said in the notes when measured, with the other
+    measurements of the same link this repository holds."""
     tp, link = cfg.tensor_parallel_size, hw.interconnect
     dp = cfg.data_parallel_size if moe else 1
     groups = {n: option for n, option in ((dp, "--data-parallel-size"),
                                           (tp, "--tensor-parallel-size")) if n > 1}
     if not groups:
         return hw
-    if isinstance(link, MeasuredLink):
-        for n, option in groups.items():
-            if link.npus != n:
-                raise UserError(f"{where(cfg.gpu, field='measured.interconnect.npus')}: the "
-                                f"collectives were measured over {link.npus} GPUs; {option} {n} "
-                                f"needs them measured over {n} (or a catalog --gpu, whose "
-                                "interconnect model prices them)")
-    elif cfg.device_profile is not None:
-        root = find_bundle(cfg.device_profile)
-        label = read_meta(root).get("hardware")
-        found = collectives_beside(root, str(label)) if label else None
-        measured = load_collectives(found) if found else None
+    found = None
+    if cfg.collectives is not None:
+        found = Path(cfg.collectives)
+        if not found.is_file():
+            raise UserError(f"--collectives {cfg.collectives}: no such file (a hardware.yaml "
+                            "with measured.interconnect)")
+        measured = load_collectives(found, model=_model_of(hw))
+        if measured is None:
+            raise UserError(f"{where(found, field='measured.interconnect')}: missing "
+                            "(--collectives needs the measured collectives)")
+        _check_npus(measured, groups, str(found))
+        hw = with_link(hw, measured)
+    elif isinstance(link, MeasuredLink):
+        _check_npus(link, groups, cfg.gpu)
+    else:
+        if cfg.device_profile is not None:
+            root = find_bundle(cfg.device_profile)
+            label = read_meta(root).get("hardware")
+            found = collectives_beside(root, str(label)) if label else None
+        if found is None and len(groups) == 1 and not is_gpu_file(cfg.gpu):
+            found = committed_link(hw.name, next(iter(groups)))
+        measured = load_collectives(found, model=_model_of(hw)) if found else None
         if measured is None:
             return hw
         if any(measured.npus != n for n in groups):
@@ -399,22 +527,46 @@ def collectives(cfg: SimConfig, hw: Hardware, notes: list[str], moe: bool) -> Ha
                          f"({link.name}) prices them")
             return hw
         hw = with_link(hw, measured)
-    else:
-        return hw
     link = hw.interconnect
     said = [f"collectives: {link.source}"]
     if tp > 1:
-        said.append("each all-reduce takes vLLM's path (its custom one-shot kernel under 8 MiB "
-                    "where the GPUs have peer access, priced as the measured all_gather of the "
-                    "same bytes; NCCL's measured all_reduce above)" if link.p2p else
-                    "each all-reduce is NCCL's (no peer access, so no custom all-reduce)")
+        if not link.p2p:
+            said.append("each all-reduce is NCCL's (no peer access, so no custom all-reduce)")
+        elif "all_gather" in link.sizes:
+            said.append("each all-reduce takes vLLM's path (its custom one-shot kernel under "
+                        "8 MiB where the GPUs have peer access, priced as the measured "
+                        "all_gather of the same bytes; NCCL's measured all_reduce above)")
+        else:
+            said.append("each all-reduce takes vLLM's path (its custom kernel under 8 MiB "
+                        "where the GPUs have peer access, from the interconnect model, which "
+                        "no table measured; NCCL's measured all_reduce above)")
     if dp > 1:
         said.append("the MoE layers' dispatch and combine over the DP ranks as the measured "
                     "all_gather and " + ("reduce_scatter" if "reduce_scatter" in link.sizes
                                          else "all_gather of the same bytes (no reduce_scatter "
                                               "samples)"))
+    others = other_measurements(link.path) if link.path else []
+    if others:
+        said.append(f"another measurement of this link: "
+                    f"{', '.join(map(repo_relative, others))} (the `collectives` band input "
+                    "spans them)")
     notes.append("; ".join(said))
     return hw
+
+
+def _model_of(hw: Hardware):
+    """The GPU's interconnect model (under measured collectives, the model they keep)."""
+    link = hw.interconnect
+    return link.model if isinstance(link, MeasuredLink) else link
+
+
+def _check_npus(link: MeasuredLink, groups: dict, source: str) -> None:
+    for n, option in groups.items():
+        if link.npus != n:
+            raise UserError(f"{where(source, field='measured.interconnect.npus')}: the "
+                            f"collectives were measured over {link.npus} GPUs; {option} {n} "
+                            f"needs them measured over {n} (or a catalog --gpu, whose "
+                            "interconnect model prices them)")
 
 
 def quantized(target: ModelConfig, cfg: SimConfig, hw: Hardware) -> tuple[ModelConfig, list]:
@@ -468,7 +620,7 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
         if measured.roofline_level is not None:   # the device it was measured on, its level
             on = measured.measured_on().get("gpu", "the device measured")
             costs = LevelCosts(costs, measured.roofline_level, "the level `stepgap calibrate` "
-                               f"fitted on {on}'s runs", measured.path)
+                               f"fitted on {on}'s runs", measured.path, measured.draft_level)
         costs = ProfileCosts(measured, cfg.k, costs, cfg.block_size)
     if cfg.device_profile is not None:   # a GPU's measured operator tables (sim/tables.py)
         device = cfg.device or ("cuda" if hw.kind == "gpu" else "cpu")
@@ -499,7 +651,22 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
             costs.sources = {**sources,
                              "target_forward": f"{under} (the bundle, {about}: {only})"}
     attach_moe(cfg, target, hw, costs, bundle)
+    roofline = roofline_of(costs)
+    if bundle is not None and roofline is not None:   # the tables against the model's shapes
+        check_tables(costs, roofline, bundle, cfg.tensor_parallel_size)
+    src = getattr(costs, "sources", None)
+    if hw.device_band is not None and "target_forward" not in (src or {}):
+        costs.sources = {**fitted_sources(hw), **(src or {})}
     return costs
+
+
+def fitted_sources(hw: Hardware) -> dict[str, str]:
+    """What prices each device op of a run on a GPU whose roofline was fitted on measured tables
+    (`Hardware.device_band`) and that no table or profile prices (the result's device_costs)."""
+    roof = (f"roofline fitted on measured tables ({hw.name}: bw_eff {hw.bw_eff:g}, flop_eff "
+            f"{hw.flop_eff:g}, {hw.kernel_us:g} us a kernel; {hw.source}; `stepgap gpus`)")
+    return {"target_forward": roof, "rejection_sample": roof, "draft_forward": roof,
+            "d2h": f"roofline (the catalog's copy time, {hw.d2h_us:g} us)", "fixup": roof}
 
 
 def attach_moe(cfg: SimConfig, target: ModelConfig, hw: Hardware, costs,
@@ -618,32 +785,222 @@ def table_notes(cfg: SimConfig, costs: DeviceCosts, hw: Hardware,
     return notes
 
 
+# ---------------------------------------------------------------------------------------------
+# Measured tables held to physics, once the model they price is known
+#
+# As a perf bundle is read (sim/tables.py, sim/moe_tables.py) every time is a number above 0 and
+# under MAX_TIME_US; that alone lets through a table whose units are wrong (nanoseconds or
+# milliseconds written as microseconds) or whose recorder broke: an mtp.csv at 10^9 us gave a
+# mean TPOT of 2.8 x 10^6 ms with exit 0 (issue 55). Each point of the tables a run reads is
+# held to the model's own shapes at that point (the roofline's bytes and FLOPs): no faster than
+# a device of PEAK_FLOPS and PEAK_BW with no per-kernel cost could run it (past any GPU's
+# physics: a unit error, or a kernel that did not run), no slower than SLOWEST x the --gpu's
+# roofline of the same kernels at the same size. Each refusal is one line naming the table's
+# file and the point; checked once a process for the same tables, GPU and model (a grid's cells
+# each resolve the same run).
+
+# No device is this fast: 44 x a B200's dense bf16 peak (2.25 PFLOP/s) and 22 x its fp8 one;
+# 12.5 x its memory bandwidth (8 TB/s), above any GPU's L2 bandwidth too.
+PEAK_FLOPS = 1e17
+PEAK_BW = 1e14
+# A point this many times slower than the --gpu's roofline at the datasheet peak is not a
+# measurement. The committed bundles' points (on their own GPUs; DeepSeek's on --gpu h200) lie
+# at 19 x the ideal device's time or more and at 23 x the roofline or less (attention.csv's
+# long prefills; the rest within 3.3 x): docs/reference/robustness-round4.md has the script.
+SLOWEST = 1000.0
+
+_TABLES_CHECKED: set = set()
+
+
+def ideal_hardware(hw):
+    """`hw` as no device is: PEAK_FLOPS, PEAK_BW, every kernel free of fixed costs."""
+    return replace(hw, flops=PEAK_FLOPS, fp8_flops=PEAK_FLOPS, mem_bw=PEAK_BW, flop_eff=1.0,
+                   bw_eff=1.0, kernel_us=0.0)
+
+
+class TableJudge:
+    """One table's points against the fast bound (`fast`, us) and the slow one (SLOWEST x
+    `ref`, us)."""
+
+    def __init__(self, path, gpu: str):
+        self.path, self.gpu = path, gpu
+
+    def __call__(self, what: str, t: float, fast: float, ref: float) -> None:
+        if t < fast:
+            raise UserError(f"{self.path}: {what}: {t:g} us, faster than any device runs it "
+                            f"(at {PEAK_FLOPS / 1e15:g} PFLOP/s and {PEAK_BW / 1e12:g} TB/s it "
+                            f"takes {fast:.3g} us): a unit error (ns as us?) or a kernel that "
+                            "did not run")
+        if t > SLOWEST * ref:
+            raise UserError(f"{self.path}: {what}: {t:g} us, over {SLOWEST:g} x the roofline "
+                            f"of --gpu {self.gpu} ({ref:.3g} us): a unit error (ms or ns as "
+                            "us?) or a broken recorder")
+
+
+def check_tables(costs, roofline: RooflineCosts, bundle: Path | None, tp: int) -> None:
+    """Hold the measured tables under `costs` (sim/tables.py TableCosts) and the MoE block's and
+    MTP module's (roofline.moe) to physics (the comment above)."""
+    tables = getattr(costs, "tables", None)
+    moe = roofline.moe
+    grid_table = moe.table if moe is not None else None
+    mtp = moe.mtp if moe is not None else None
+    if tables is None and grid_table is None and mtp is None:
+        return
+    c, hw = roofline.t, roofline.hw
+    key = (id(tables), id(grid_table), id(mtp), c.name, tp, roofline.kv_bytes,
+           hw.name, hw.flops, hw.mem_bw, hw.flop_eff, hw.bw_eff, hw.kernel_us)
+    if key in _TABLES_CHECKED:
+        return
+    ref = RooflineCosts(c, None, hw, 0, tp, kv_bytes=roofline.kv_bytes)
+    fast = RooflineCosts(c, None, ideal_hardware(hw), 0, tp, kv_bytes=roofline.kv_bytes)
+    if tables is not None:
+        _dense(costs, ref, fast, tp)
+        _attention(tables, ref, fast, tp)
+    if grid_table is not None:
+        _moe(moe, ref, hw.name)
+    if mtp is not None and bundle is not None:
+        _mtp(mtp, ref, fast, bundle, tp)
+    _TABLES_CHECKED.add(key)
+
+
+def _attention_side(r: RooflineCosts, m: int) -> float:
+    """One GQA layer's projections and elementwise kernels over m tokens (no MLP, no attention
+    kernel), on one rank."""
+    c = r.t
+    heads, kv = r._heads(c)
+    q, kvw, h, w = heads * c.head_dim, kv * c.head_dim, c.hidden_size, c.weight_bytes
+    return (r.gemm(m, h, q + 2 * kvw, w) + r.gemm(m, q, h, w)
+            + r._elementwise(m, h, q, kvw, 0, 1))
+
+
+def _dense(costs, ref: RooflineCosts, fast: RooflineCosts, tp: int) -> None:
+    """dense.csv: each kernel's point no slower than SLOWEST x the roofline's whole layer there;
+    a layer's kernels summed no faster than its projections on the ideal device.
+    per_sequence.csv: lm_head as its GEMM, the sampler as its read of the logits."""
+    tables, c = costs.tables, ref.t
+    judge = TableJudge(Path(tables.path) / f"tp{tp}" / "dense.csv", ref.hw.name)
+    for name, f in (tables.dense or {}).items():
+        for m, t in zip(f.xs, f.ys):
+            judge(f"{name} at {m:g} tokens", t, 0.0, ref._dense_layer(c, int(m)))
+    # (a partial bundle's roofline stand-ins for the kernels it lacks have no points)
+    for m in sorted({x for f in costs._layer for x in getattr(f, "xs", ())}):
+        layer = sum(f(m) for f in costs._layer)
+        judge(f"one layer's kernels at {m:g} tokens", layer, _attention_side(fast, int(m)),
+              ref._dense_layer(c, int(m)))
+    judge.path = Path(tables.path) / f"tp{tp}" / "per_sequence.csv"
+    vocab = _ceil(c.vocab_size, tp)
+    for name, f in (tables.per_sequence or {}).items():
+        for rows, t in zip(f.xs, f.ys):
+            n = int(rows)
+            if name == "lm_head":
+                judge(f"lm_head at {rows:g} sequences", t, fast.gemm(n, c.hidden_size, vocab),
+                      ref.gemm(n, c.hidden_size, vocab))
+            else:
+                judge(f"{name} at {rows:g} sequences", t,
+                      fast.streaming(4 * n * c.vocab_size),
+                      ref.streaming(4 * n * c.vocab_size) + ref.gemm(n, c.hidden_size, vocab))
+
+
+def _attention(tables, ref: RooflineCosts, fast: RooflineCosts, tp: int) -> None:
+    """attention.csv: each shot as one layer's attention over its (query, key) pairs and the
+    KV it reads: a prefill chunk of pc tokens after kp, and nd decodes after kd each."""
+    c = ref.t
+    if tables.attention is None:   # a partial bundle (meta.yaml not_measured): the roofline's
+        return
+    judge = TableJudge(Path(tables.path) / f"tp{tp}" / "attention.csv", ref.hw.name)
+    for (pc, nd), rows in tables.attention.slices.items():
+        for kp, (kds, ts) in rows.items():
+            for kd, t in zip(kds, ts):
+                pairs = pc * kp + pc * (pc + 1) / 2 + nd * (kd + 1)
+                kv = int((kp + pc if pc else 0) + nd * (kd + 1))
+                reqs = (1 if pc else 0) + int(nd)
+                tokens = int(pc + nd)
+                judge(f"prefill_chunk {pc:g}, kv_prefill {kp:g}, n_decode {nd:g}, kv_decode "
+                      f"{kd:g}", t, fast._attention(c, tokens, reqs, pairs, kv, 1),
+                      ref._attention(c, tokens, reqs, pairs, kv, 1))
+
+
+def _moe(moe, ref: RooflineCosts, gpu: str) -> None:
+    """moe.csv: each point no faster than the ideal device reads its activated experts' weights
+    and runs their FLOPs, no slower than SLOWEST x the roofline's block at its EP degree."""
+    c = ref.t
+    judge = TableJudge(moe.table.path, gpu)
+    moe_tp = moe.plan.moe_tp
+    inter = c.moe_intermediate_size // moe_tp
+    per = 3 * c.hidden_size * inter * c.expert_weight_bytes   # one expert's weights
+    for ep, grid in moe.table.grids.items():
+        for tok, (xs, ys) in zip(grid.tokens, grid.rows):
+            block = ref.moe_block(c, int(tok), int(tok), ep, moe_tp)
+            for a, t in zip(xs, ys):
+                flops = 2.0 * tok * c.num_experts_per_tok * 3 * c.hidden_size * inter / ep
+                least = max(flops / PEAK_FLOPS, a * per / PEAK_BW) * 1e6
+                judge(f"ep {ep}, {tok:g} tokens, {a:g} activated experts", t, least, block)
+
+
+def _mtp(mtp: dict, ref: RooflineCosts, fast: RooflineCosts, bundle: Path, tp: int) -> None:
+    """mtp.csv: each kernel's point no slower than SLOWEST x the roofline's MTP wrapper there
+    (its eh_proj and the kernels around it); eh_proj no faster than its GEMM on the ideal
+    device."""
+    c = ref.t
+    h = c.hidden_size
+    judge = TableJudge(mtp_path(bundle, tp), ref.hw.name)
+    for name, f in mtp.items():
+        for rows, t in zip(f.xs, f.ys):
+            n = int(rows)
+            wrapper = ref.gemm(n, 2 * h, h) + ref.streaming(BF16 * 5 * n * h, MTP_EXTRA_KERNELS)
+            judge(f"{name} at {rows:g} sequences", t,
+                  fast.gemm(n, 2 * h, h) if name == "mtp_eh_proj" else 0.0, wrapper)
+
+
 def cpu_costs(cfg: SimConfig, measured: Profile | None = None) -> CpuCosts:
     """The defaults, or the measured profile's CPU costs, times --cpu-scale; explicit
     latencies and op costs are taken as given."""
     latencies = {name: getattr(cfg, name) for name in ("launch_latency_us", "wake_us", "ipc_us")
                  if getattr(cfg, name) is not None}
     base = (measured.cpu_costs(k=cfg.k) if measured is not None else None) or CpuCosts()
+    if cfg.k and cfg.method in CPU_PROPOSERS and cfg.method != "ngram" and not (
+            measured is not None and measured.cpu is not None
+            and "propose" in measured.cpu.terms):   # the method's own matching cost
+        base = replace(base, propose=PROPOSE[cfg.method])
     costs = replace(base.scaled(cfg.cpu_scale * cfg.speed), **latencies)
+    if cfg.drafter_host_scale != 1.0:   # (the band's `drafter` input, a CPU proposer's part)
+        p, x = costs.propose, cfg.drafter_host_scale
+        costs = replace(costs, propose=OpCost(p.a * x, p.b * x, p.c * x))
     return costs.with_ops({op: OpCost(*abc) for op, abc in cfg.cpu_costs.items()})
 
 
 def acceptance_profile(cfg: SimConfig, target: ModelConfig | None = None
                        ) -> tuple[AcceptanceProfile, str | None]:
-    """The run's acceptance: --acceptance-rates, the named profile, or the published one of
-    this model and method (with a note when there is none and another stands in)."""
-    note = None
+    """The run's acceptance: --acceptance-rates, the named profile, or by model, method and
+    dataset (`acceptance_choice`), with a note saying which."""
     if cfg.acceptance_rates is not None:
         prof = AcceptanceProfile("custom", cfg.acceptance_rates, cfg.acceptance_spread or 0.0,
                                  "--acceptance-rates")
         return prof, None
-    name = cfg.acceptance
-    if name is None:
-        name, note = default_profile(target.name if target else cfg.model, cfg.method)
-    prof = get_profile(name)
+    if cfg.acceptance is not None:
+        prof, note = get_profile(cfg.acceptance), None
+    else:
+        choice, how = acceptance_choice(cfg, target)
+        prof = choice.profile
+        note = (f"{choice.note}; " if choice.note else "acceptance: ") + \
+            f"{prof.name} for the {choice.dataset} dataset ({how})"
     if cfg.acceptance_spread is not None:
         prof = AcceptanceProfile(prof.name, prof.rates, cfg.acceptance_spread, prof.source)
     return prof, note
+
+
+def acceptance_choice(cfg: SimConfig, target: ModelConfig | None = None
+                      ) -> tuple[AcceptanceChoice, str]:
+    """The default acceptance of the run's model and method on its dataset (--acceptance-
+    dataset, else the workload's, else mtbench), and how the dataset was chosen."""
+    dataset, how = cfg.acceptance_dataset, "--acceptance-dataset"
+    if dataset is None:
+        dataset = workload_dataset(cfg.workload)
+        how = f"the workload {cfg.workload.split(':')[0]}"
+    if dataset is None:
+        dataset, how = "mtbench", "a trace, whose dataset is not known: give --acceptance-dataset"
+    model = target.name if target is not None else cfg.model
+    return dataset_acceptance(model, cfg.method, dataset), how
 
 
 def scheduler_config(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
@@ -656,12 +1013,17 @@ def scheduler_config(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
     if blocks is None:
         weights = weight_bytes(target, draft, tp, method,
                                tp * cfg.data_parallel_size if target.is_moe else None)
+        per_token = kv_bytes_per_token(target, draft, tp, method,
+                                       KV_CACHE_DTYPES[cfg.kv_cache_dtype])
         blocks = kv_cache_blocks(hw.mem_bytes, cfg.gpu_memory_utilization, weights,
-                                 RESERVED_BYTES, cfg.block_size,
-                                 kv_bytes_per_token(target, draft, tp, method,
-                                                    KV_CACHE_DTYPES[cfg.kv_cache_dtype]))
+                                 RESERVED_BYTES, cfg.block_size, per_token)
+        usable = hw.mem_bytes * cfg.gpu_memory_utilization / 1e9
+        if blocks < 1 and cfg.block_size * per_token > hw.mem_bytes:
+            raise UserError(f"--block-size {cfg.block_size}: one block's KV cache takes "
+                            f"{cfg.block_size * per_token / 1e9:.3g} GB, more than --gpu "
+                            f"{hw.name}'s {hw.mem_bytes / 1e9:.1f} GB (vLLM's blocks hold 16 "
+                            "to 128 tokens)")
         if blocks < 1:
-            usable = hw.mem_bytes * cfg.gpu_memory_utilization / 1e9
             per = f" per GPU at --tensor-parallel-size {tp}" if tp > 1 else ""
             raise UserError(f"--gpu {hw.name}: the weights ({weights / 1e9:.1f} GB{per}) leave "
                             f"no room for a KV cache in {usable:.1f} GB; give "

@@ -69,15 +69,20 @@ class ConstantCosts:
 
 class LevelCosts:
     """Another source's device op times x `level`: the roofline at the level of a device that
-    was measured (a profile fitted on `vllm bench serve` files: `Profile.roofline_level`)."""
+    was measured (a profile fitted on `vllm bench serve` files: `Profile.roofline_level`); the
+    drafter's passes x `draft_level` more where the runs told them apart (`Profile.draft_level`)."""
 
-    def __init__(self, costs: DeviceCosts, level: float, source: str, path: str | None = None):
+    def __init__(self, costs: DeviceCosts, level: float, source: str, path: str | None = None,
+                 draft_level: float | None = None):
         self.costs, self.level, self.path = costs, level, path
+        # the drafter's passes at a level of their own, where runs at two depths measured it
+        self.draft = level * (draft_level if draft_level is not None else 1.0)
         self.sources = {op: f"roofline x {level:.4g} ({source})" for op in
-                        ("target_forward", "rejection_sample", "draft_forward", "d2h", "fixup")}
+                        ("target_forward", "rejection_sample", "d2h", "fixup")}
+        self.sources["draft_forward"] = f"roofline x {self.draft:.4g} ({source})"
 
     def target_forward(self, b): return self.costs.target_forward(b) * self.level
     def rejection_sample(self, b): return self.costs.rejection_sample(b) * self.level
-    def draft_forward(self, b, i): return self.costs.draft_forward(b, i) * self.level
+    def draft_forward(self, b, i): return self.costs.draft_forward(b, i) * self.draft
     def d2h(self, b): return self.costs.d2h(b) * self.level
     def fixup(self, b): return self.costs.fixup(b) * self.level

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from stepgap.common.errors import UserError
-from stepgap.common.limits import is_finite, is_number
+from stepgap.common.errors import UserError, shown
+from stepgap.common.limits import MAX_US, is_finite, is_number
 
 CPU_OPS = ("schedule", "update_from_output", "prepare_inputs", "launch")
 # Terms of the same form that are not ops (no span): a `process` worker on a synchronous device
@@ -146,8 +146,8 @@ class CpuCosts:
             raise UserError(f"cpu costs: unknown key {sorted(unknown)[0]!r} "
                             f"(known: {', '.join(sorted(known))})")
 
-        def us(x) -> bool:
-            return is_finite(x) and x >= 0
+        def us(x) -> bool:   # (the limit of the command line's own costs: MAX_US)
+            return is_finite(x) and 0 <= x <= MAX_US
 
         kw = {}
         for key, v in d.items():
@@ -155,10 +155,11 @@ class CpuCosts:
                 if v is not None and (not isinstance(v, (list, tuple)) or not 1 <= len(v) <= 3
                                       or not all(us(x) for x in v)):
                     raise UserError(f"cpu costs: {key}: expected [a, b, c], finite "
-                                    f"microseconds >= 0, got {v!r}")
+                                    f"microseconds from 0 to {MAX_US:g}, got {shown(v)}")
                 kw[key] = None if v is None else OpCost(*v)
             else:
                 if v is not None and not us(v):
-                    raise UserError(f"cpu costs: {key}: expected microseconds >= 0, got {v!r}")
+                    raise UserError(f"cpu costs: {key}: expected microseconds from 0 to "
+                                    f"{MAX_US:g}, got {shown(v)}")
                 kw[key] = v
         return replace(base, **kw)

@@ -117,6 +117,11 @@ class MeasuredLink:
     fully_connected: bool
     p2p: bool
     source: str
+    # what prices a collective that was not measured (NCCL's all_reduce alone, as Vidur
+    # measured it: vLLM's own all-reduce kernel and the all-gather from the GPU's interconnect
+    # model); None: every collective used must have been measured
+    model: Interconnect | None = None
+    path: str = ""   # the file it was read from
 
     def at(self, collective: str, nbytes: float) -> float:
         xs, ys = self.sizes[collective], self.times[collective]
@@ -126,6 +131,8 @@ class MeasuredLink:
         if n <= 1:
             return 0.0
         path = all_reduce_path(nbytes, n, self.fully_connected, self.p2p)
+        if path != "nccl" and "all_gather" not in self.sizes and self.model is not None:
+            return self.model.all_reduce_us(nbytes, n)   # vLLM's own kernel, not measured
         if path == "one_shot":
             return self.at("all_gather", nbytes)
         if path == "two_shot":
@@ -133,6 +140,8 @@ class MeasuredLink:
         return self.at("all_reduce", nbytes)
 
     def all_gather_us(self, nbytes: float, n: int) -> float:
+        if n > 1 and "all_gather" not in self.sizes and self.model is not None:
+            return self.model.all_gather_us(nbytes, n)
         return 0.0 if n <= 1 else self.at("all_gather", nbytes / n)
 
     def reduce_scatter_us(self, nbytes: float, n: int) -> float:
@@ -140,6 +149,9 @@ class MeasuredLink:
         that output, else (none measured) the all_gather that moves the same bytes."""
         if n <= 1:
             return 0.0
+        if "reduce_scatter" not in self.sizes and "all_gather" not in self.sizes \
+                and self.model is not None:
+            return self.model.reduce_scatter_us(nbytes, n)
         return self.at("reduce_scatter" if "reduce_scatter" in self.sizes else "all_gather",
                        nbytes / n)
 
@@ -197,6 +209,11 @@ class Hardware:
     interconnect: Interconnect | MeasuredLink | None = None   # between a node's GPUs
     gpus_per_node: int = 8
     device_names: tuple[str, ...] = ()   # as CUDA names the device (a file's spec.gpu_name)
+    # the range of the true device time over this roofline's (the `device` band input,
+    # sim/bands.py), where the efficiencies were fitted on measured tables: None takes the
+    # datasheet GPUs' range
+    device_band: tuple[float, float] | None = None
+    device_band_source: str = ""
 
     def __post_init__(self):
         if self.kind not in ("gpu", "cpu"):
@@ -235,22 +252,45 @@ CATALOG: dict[str, Hardware] = {h.name: h for h in (
              interconnect=INTERCONNECTS["pcie4"],
              source="NVIDIA L20 datasheet: 864 GB/s GDDR6, 119.5 TFLOP/s dense bf16, 48 GB",
              device_names=("NVIDIA L20",)),
-    Hardware("a100", "gpu", flops=312e12, mem_bw=2039 * GB, flop_eff=0.75, bw_eff=0.85,
-             kernel_us=2.0, d2h_us=15.0, mem_bytes=80 * GB, interconnect=INTERCONNECTS["nvlink3"],
-             source="NVIDIA A100-80GB SXM datasheet: 2039 GB/s HBM2e, 312 TFLOP/s bf16",
-             device_names=("NVIDIA A100-SXM4-80GB",)),
-    Hardware("h100", "gpu", flops=989e12, mem_bw=3350 * GB, flop_eff=0.75, bw_eff=0.85,
-             kernel_us=2.0, d2h_us=15.0, mem_bytes=80 * GB, fp8_flops=1979e12,
+    # The A100's and H100's efficiencies and per-kernel cost are fitted on the measured
+    # operator tables of traces/peers/ (bench/fit_gpu_roofline.py, which prints these numbers;
+    # tests/test_gpus.py fits them again): bw_eff and kernel_us on the GEMMs of at most 8
+    # tokens, flop_eff on those of at least 1024; the band is the spread of a layer's fitted
+    # time over its measured one (5th to 95th percentile, the widest over decode, the knee
+    # between the bounds and prefill), docs/reference/gpus.md.
+    Hardware("a100", "gpu", flops=312e12, mem_bw=2039 * GB, flop_eff=0.719, bw_eff=0.786,
+             kernel_us=4.55, d2h_us=15.0, mem_bytes=80 * GB, interconnect=INTERCONNECTS["nvlink3"],
+             source="NVIDIA A100-80GB SXM datasheet (2039 GB/s HBM2e, 312 TFLOP/s bf16); "
+                    "efficiencies and per-kernel cost fitted on Vidur's A100 operator tables "
+                    "(7 models, TP 1-8; bench/fit_gpu_roofline.py)",
+             device_names=("NVIDIA A100-SXM4-80GB",), device_band=(0.961, 1.392),
+             device_band_source="the fitted roofline against Vidur's A100 tables: a layer's "
+                                "time -7 to +4 % at decode, -28 to +0 % at the knee, -10 to "
+                                "+2 % at prefill (bench/fit_gpu_roofline.py)"),
+    Hardware("h100", "gpu", flops=989e12, mem_bw=3350 * GB, flop_eff=0.76, bw_eff=0.934,
+             kernel_us=4.89, d2h_us=15.0, mem_bytes=80 * GB, fp8_flops=1979e12,
              interconnect=NVLINK4,
-             source="NVIDIA H100 SXM datasheet: 3350 GB/s HBM3, 989 TFLOP/s dense bf16",
-             device_names=("NVIDIA H100 80GB HBM3",)),
-    # Measured on one H200 (docs/explanation/design.md §6): 4.3 TB/s copy (0.90), 790 TFLOP/s GEMM
-    # (0.80).
+             source="NVIDIA H100 SXM datasheet (3350 GB/s HBM3, 989 TFLOP/s dense bf16); "
+                    "efficiencies and per-kernel cost fitted on Vidur's and LLMServingSim's "
+                    "H100 operator tables (8 models, TP 1-8; bench/fit_gpu_roofline.py)",
+             device_names=("NVIDIA H100 80GB HBM3",), device_band=(0.875, 1.586),
+             device_band_source="the fitted roofline against Vidur's H100 tables: a layer's "
+                                "time -7 to +14 % at decode, -37 to -6 % at the knee, -21 to "
+                                "-6 % at prefill (bench/fit_gpu_roofline.py)"),
+    # Measured on one H200 (docs/explanation/design.md §6): 4.3 TB/s copy (0.90), 790 TFLOP/s
+    # GEMM (0.80).
+    # No operator table of an H200 was found: its own two measurements, the H100's fitted
+    # per-kernel cost (the same Hopper kernels and clocks), and a band as wide as the H100's
+    # fitted one and the datasheet GPUs' together.
     Hardware("h200", "gpu", flops=989e12, mem_bw=4800 * GB, flop_eff=0.80, bw_eff=0.86,
-             kernel_us=2.0, d2h_us=15.0, mem_bytes=141 * GB, fp8_flops=1979e12,
+             kernel_us=4.89, d2h_us=15.0, mem_bytes=141 * GB, fp8_flops=1979e12,
              interconnect=NVLINK4,
-             source="NVIDIA H200 SXM datasheet: 4800 GB/s HBM3e, 989 TFLOP/s; docs/explanation/design.md §6",
-             device_names=("NVIDIA H200",)),
+             source="NVIDIA H200 SXM datasheet: 4800 GB/s HBM3e, 989 TFLOP/s; "
+                    "docs/explanation/design.md §6 (one H200's copy bandwidth and GEMM rate); "
+                    "per-kernel cost the H100's fitted one",
+             device_names=("NVIDIA H200",), device_band=(0.875, 1.586),
+             device_band_source="no H200 table: the H100's fitted band (the same kernels), "
+                                "which holds the datasheet GPUs' range"),
     Hardware("b200", "gpu", flops=2250e12, mem_bw=8000 * GB, flop_eff=0.75, bw_eff=0.85,
              kernel_us=2.0, d2h_us=15.0, mem_bytes=180 * GB, fp8_flops=4500e12,
              interconnect=INTERCONNECTS["nvlink5"],

@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from stepgap.common.errors import UserError, shown, where
-from stepgap.common.fileio import read_yaml
+from stepgap.common.fileio import parsed_once, read_yaml
 from stepgap.common.limits import is_finite
 from stepgap.sim.hardware import (CATALOG, GB, GIB, INTERCONNECTS, Hardware, Interconnect,
                                   MeasuredLink, catalog_entry, get_hardware, is_gpu_file)
@@ -52,6 +52,14 @@ RANGES = {"bf16_tflops": (1e-3, 1e5), "fp8_tflops": (0.0, 1e5), "memory_gb": (1e
           "d2h_us": (0.0, 1e6), "bw_gbps": (1e-3, 1e6), "latency_us": (0.0, 1e6),
           "bytes": (0.0, 2.0 ** 50), "us": (0.0, 1e9), "us_graphed": (0.0, 1e9),
           "npus": (1.0, 1024.0)}
+# What a collective of a node's GPUs may take, by physics and by the slowest link there is: no
+# link moves a GPU's bytes faster than 100 TB/s (NVLink 5 moves 1.8 TB/s a GPU; the committed
+# hardware.yaml files reach 0.036 TB/s over PCIe), and none is slower than a 1 GB/s link with
+# 10 ms of latency (their slowest sample: 13 us for 4 KiB). Past either, the sample is a unit
+# error or a broken recorder (every sample at 10^9 us gave Llama-3.1-8B at TP 2 a mean TPOT of
+# 6.6 x 10^7 ms, with exit 0).
+LINK_MAX_BYTES_PER_US = 1e8
+LINK_MIN_BYTES_PER_US, LINK_MAX_LATENCY_US = 1e3, 1e4
 
 
 def _number(path, field: str, v, zero: bool = False, integer: bool = False) -> float:
@@ -85,10 +93,13 @@ def _mapping(path, doc: dict, key: str, at: str = "") -> dict:
 
 
 def load_collectives(path, fully_connected: bool = False, p2p: bool = True,
-                     doc: dict | None = None) -> MeasuredLink | None:
+                     doc: dict | None = None, model: Interconnect | None = None
+                     ) -> MeasuredLink | None:
     """The collectives a hardware.yaml measured (`measured.interconnect`), or None where it
     measured none. A block without its GPU count, or without the all_reduce or all_gather
-    samples tensor parallelism needs, is an error naming the field."""
+    samples tensor parallelism needs, is an error naming the field; with an interconnect
+    `model`, all_reduce alone will do (the model prices vLLM's own all-reduce kernel and the
+    all-gather, MeasuredLink)."""
     path = Path(path)
     doc = read_yaml(path, WHAT) if doc is None else doc
     block = _mapping(path, _mapping(path, doc, "measured"), "interconnect", "measured.")
@@ -117,23 +128,38 @@ def load_collectives(path, fully_connected: bool = False, p2p: bool = True,
                  for key in ("us_graphed", "us") if s.get(key) is not None}
         if not times:
             raise UserError(f"{where(path, field=at + '.us')}: missing (the time, in us)")
+        t = times.get("us_graphed", times.get("us"))
+        if size / t > LINK_MAX_BYTES_PER_US:   # (t > 0: RANGES)
+            raise UserError(f"{where(path, field=at)}: {c} of {size:g} bytes in {t:g} us is "
+                            f"{size / t / 1e6:g} TB/s, past any link "
+                            f"({LINK_MAX_BYTES_PER_US / 1e6:g} TB/s)")
+        if t > LINK_MAX_LATENCY_US + size / LINK_MIN_BYTES_PER_US:
+            raise UserError(f"{where(path, field=at)}: {c} of {size:g} bytes in {t:g} us, "
+                            f"slower than a {LINK_MIN_BYTES_PER_US / 1e3:g} GB/s link with "
+                            f"{LINK_MAX_LATENCY_US / 1e3:g} ms of latency: not a measurement "
+                            "of a node's GPUs (us for ns or ms?)")
         if size in points[c]:
             raise UserError(f"{where(path, field=at + '.bytes')}: {c} at {size:g} bytes twice")
-        points[c][size] = times.get("us_graphed", times.get("us"))
-    for c in NEEDED:
+        points[c][size] = t
+    for c in NEEDED if model is None else ("all_reduce",):
         if not points[c]:
             raise UserError(f"{where(path, field=base + '.samples')}: no {c} samples "
                             "(tensor parallelism all-reduces the hidden states and all-gathers "
                             "the logits)")
     measured = {c: p for c, p in points.items() if p}
+    from stepgap.sim.tables import repo_relative
     label = _text(path, doc, "hardware") or path.parent.name
+    at = repo_relative(path)
     return MeasuredLink(
-        f"measured ({path})", npus,
+        f"measured ({at})", npus,
         {c: tuple(sorted(p)) for c, p in measured.items()},
         {c: tuple(p[x] for x in sorted(p)) for c, p in measured.items()},
         fully_connected, p2p,
-        f"{path}: {label}'s {', '.join(measured)} measured over {npus} GPUs "
-        f"({block.get('communicator') or 'NCCL'}; {doc['measured'].get('at') or 'undated'})")
+        f"{at}: {label}'s {', '.join(measured)} measured over {npus} GPUs "
+        f"({block.get('communicator') or 'NCCL'}; {doc['measured'].get('at') or 'undated'})"
+        + (f"; what it did not measure from the interconnect model ({model.name})"
+           if model is not None and "all_gather" not in measured else ""),
+        model if "all_gather" not in measured else None, str(path))
 
 
 def _interconnect(path, v) -> Interconnect:
@@ -188,6 +214,8 @@ def load_gpu_file(path) -> Hardware:
             values[field] = _number(path, key, doc[key],
                                     zero=field in ("kernel_us", "d2h_us", "fp8_flops")) * unit
             taken.append(f"{key} {doc[key]}")
+            if field in ("flops", "mem_bw", "flop_eff", "bw_eff", "kernel_us"):
+                values["device_band"] = None   # the base's fitted band was of its own roofline
     for field, key in REQUIRED.items():
         if field not in values:
             why = f"spec.gpu_name {gpu_name!r} is not in the catalog" \
@@ -198,7 +226,8 @@ def load_gpu_file(path) -> Hardware:
         values["interconnect"] = _interconnect(path, doc["interconnect"])
     model = values["interconnect"]
     link = load_collectives(path, model.fully_connected if model is not None else False,
-                            model.p2p if model is not None else True, doc)
+                            model.p2p if model is not None else True, doc,
+                            model if isinstance(model, Interconnect) else None)
     if link is not None:
         values["interconnect"] = link
     values["name"] = _text(path, doc, "name") or _text(path, doc, "hardware") or path.stem
@@ -230,6 +259,67 @@ def with_link(hw: Hardware, link: MeasuredLink) -> Hardware:
     """`hw` with measured collectives in place of its interconnect model (which says whether
     its GPUs are fully connected and have peer access, for vLLM's choice of all-reduce)."""
     model = hw.interconnect
-    if model is not None and not isinstance(model, MeasuredLink):
-        link = replace(link, fully_connected=model.fully_connected, p2p=model.p2p)
+    if isinstance(model, MeasuredLink):
+        model = model.model
+    if model is not None:
+        link = replace(link, fully_connected=model.fully_connected, p2p=model.p2p,
+                       model=link.model if "all_gather" in link.sizes else model)
     return replace(hw, interconnect=link)
+
+
+# The collectives measured on a catalog GPU's node that this repository commits
+# (traces/peers/, bench/convert_peer_tables.py): a folder of tp<N>.yaml files, one a group
+# size. The H200's node is the H100's NVLink 4 and NVSwitch: measured on H100s.
+COMMITTED_LINKS = {"h100": "vidur/network/h100_dgx", "h200": "vidur/network/h100_dgx",
+                   "a100": "vidur/network/a100_dgx"}
+
+
+def committed_link(gpu: str, npus: int) -> Path | None:
+    """The committed measurement of catalog GPU `gpu`'s collectives over `npus` GPUs, or None:
+    COMMITTED_LINKS' file, else a peer's profiler/perf/<GPU>/hardware.yaml of the same device
+    (its newest commit's, under traces/peers/<peer>/, before older ones kept under at-*/)."""
+    from stepgap.sim.tables import PEERS
+    folder = COMMITTED_LINKS.get(gpu)
+    path = PEERS / folder / f"tp{npus}.yaml" if folder else None
+    if path is not None and path.is_file():
+        return path
+    names = {n.lower() for n in CATALOG[gpu].device_names} if gpu in CATALOG else set()
+    for f in sorted(_peer_hardware_files(), key=lambda f: ("/at-" in str(f), str(f))):
+        key = link_key(f)
+        if key is not None and key[0].lower() in names and key[1] == npus:
+            return f
+    return None
+
+
+def _peer_hardware_files() -> list[Path]:
+    from stepgap.sim.tables import PEERS
+    return sorted(PEERS.glob("*/**/profiler/perf/*/hardware.yaml"))
+
+
+def link_key(path) -> tuple[str, int] | None:
+    """What a measurement of collectives is of: (the GPU as CUDA names it, the GPU count)."""
+    path = Path(path)
+    return parsed_once(("link_key",), [path], lambda: _link_key(path))
+
+
+def _link_key(path: Path) -> tuple[str, int] | None:
+    doc = read_yaml(path, WHAT)
+    block = _mapping(path, _mapping(path, doc, "measured"), "interconnect", "measured.")
+    name = _text(path, _mapping(path, doc, "spec"), "gpu_name", "spec.")
+    return (name, int(block["npus"])) if name and block.get("npus") is not None else None
+
+
+def other_measurements(path) -> list[Path]:
+    """The committed measurements of the same link as `path` (the same GPU over as many GPUs,
+    link_key) that this repository holds besides it: LLMServingSim's profiler/perf/<GPU>/
+    hardware.yaml under traces/peers/ (at each commit kept) and COMMITTED_LINKS' files. Two
+    measurements of one link that disagree are the `collectives` band input (sim/bands.py)."""
+    from stepgap.sim.tables import PEERS
+    key = link_key(path)
+    if key is None:
+        return []
+    files = set(_peer_hardware_files())
+    files |= {PEERS / f / f"tp{key[1]}.yaml" for f in set(COMMITTED_LINKS.values())}
+    here = Path(path).resolve()
+    return sorted(f for f in files if f.is_file() and f.resolve() != here
+                  and link_key(f) == key)

@@ -56,9 +56,10 @@ from dataclasses import dataclass
 import simpy
 
 from stepgap.common.acceptance import Acceptance
-from stepgap.sim.config import CPU_PROPOSERS, SimConfig, resolve
+from stepgap.sim.config import SimConfig, resolve
 from stepgap.sim.costs import Batch, DeviceCosts
 from stepgap.sim.data_parallel import DP_SYNC_US, Lockstep, Router, dummy_batch
+from stepgap.sim.drafter_costs import DrafterCosts
 from stepgap.sim.jitter import Jitter
 from stepgap.sim.profile import Profile
 from stepgap.common.errors import UserError
@@ -150,14 +151,23 @@ class Clock(simpy.Environment):
         return self.timeout(dt)
 
 
+# A device-lane entry that is no device op: the device idles while the host prepares the
+# drafter's inputs (no padded drafter batch). Falsy, as the RPC pause (None): noise skips it.
+DRAFTER_INPUTS = ""
+
+
 class Device:
     """The device lane: steps run in launch order, each as soon as it is launched and the
     previous one is done. Records step gaps and, when asked, one span per op."""
 
     def __init__(self, costs: DeviceCosts, k: int, fixup: bool, spans: list | None,
-                 jitter: Jitter | None = None, method: str = "eagle3"):
+                 jitter: Jitter | None = None, drafter: DrafterCosts | None = None,
+                 waits_us: float | None = None):
         self.costs, self.k, self.fixup, self.spans = costs, k, fixup, spans
-        self.jitter, self.method = jitter, method
+        self.jitter, self.drafter = jitter, drafter
+        # a drafter that waits for the step's tokens on the host (no padded drafter batch):
+        # the host's wake after the step's tokens land; None: it does not wait
+        self.waits_us = waits_us
         self.draft_forwards = getattr(costs, "draft_forwards", None)   # all passes in one call
         self.step_key = getattr(costs, "step_key", None)
         # step_key -> `times`' answer: a step's times looked up, not computed again, where the
@@ -243,9 +253,16 @@ class Device:
         nverify = len(durs)
         passes = self.draft_passes(b)
         if passes:
-            ops += ["draft_forward"] * passes
+            d = self.drafter
+            pb = d.parallel_batch(b) if d.parallel else b
             many = self.draft_forwards
-            durs += many(b, passes) if many else [c.draft_forward(b, i) for i in range(passes)]
+            times = many(pb, passes) if many else [c.draft_forward(pb, i) for i in range(passes)]
+            if self.waits_us is not None:   # the host prepares the drafter's inputs first,
+                idle, times = d.serialized(times, self.waits_us)   # then dispatches each pass
+                ops.append(DRAFTER_INPUTS)
+                durs.append(idle)
+            ops += ["draft_forward"] * passes
+            durs += times
         ops.append("d2h")
         durs.append(c.d2h(b))
         return ops, durs, sample, nverify
@@ -261,6 +278,8 @@ class Device:
                 t = starts[j]
             if op is None:
                 self.spans.append(Span(WORKER, "wait", n, t, t + d, {"on": "sample_tokens RPC"}))
+            elif op == DRAFTER_INPUTS:
+                pass   # the device idles; the worker's wait on the step covers the time
             elif op == "target_forward+rejection_sample":
                 self.spans.append(Span(DEVICE, "target_forward", n, t, t + d - sample, None))
                 self.spans.append(Span(DEVICE, "rejection_sample", n, t + d - sample, t + d,
@@ -273,13 +292,8 @@ class Device:
             t += d
 
     def draft_passes(self, b: Batch) -> int:
-        """k passes of a device drafter (one over a step that only prefills, to fill its KV);
-        one n-gram matching pass of ngram_gpu; none for a CPU proposer."""
-        if not self.k or self.method in CPU_PROPOSERS:
-            return 0
-        if self.method == "ngram_gpu":
-            return 1 if b.num_sampling else 0
-        return self.k if b.num_sampling else 1
+        """The step's draft passes (sim/drafter_costs.py `DrafterCosts.passes`)."""
+        return self.drafter.passes(b) if self.drafter is not None else 0
 
 
 @dataclass(slots=True)
@@ -294,7 +308,8 @@ class Planned:
 
 # Settings that change how long things take, or what a result holds, never which steps run:
 # runs that differ in these alone take the same steps (`Recording`; a band's CPU and device ends)
-TIME_ONLY = ("cpu_scale", "speed", "timeline", "detailed")
+TIME_ONLY = ("cpu_scale", "speed", "cpu_costs", "launch_latency_us", "wake_us", "ipc_us",
+             "timeline", "detailed", "drafter_host_scale")
 
 
 class Recording:
@@ -372,7 +387,13 @@ class Sim:
         if recording is not None and self.same_steps():
             self.recording = recording.start(cfg, requests)
             if self.recording is not None and device_costs is None:
-                self.device.ops = recording.device_ops
+                self.device.ops = self.shared_ops(recording)
+
+    def shared_ops(self, recording: Recording) -> dict:
+        """The step ops a recording's runs share: those of runs whose drafter's host costs are
+        the same (a drafter that waits for the step's tokens has them on the device lane)."""
+        return recording.device_ops.setdefault(
+            (self.device.waits_us, self.cfg.drafter_host_scale), {})
 
     def _init_engine(self) -> None:
         """The engine core's, its worker's and its device's state (one DP rank's:
@@ -397,7 +418,11 @@ class Sim:
             jitter = Jitter(j.trace, j.bin_ms * 1e3, j.sigma_step, cfg.speed, cfg.seed)
         elif cfg.speed != 1.0:
             jitter = Jitter([], 1.0, 0.0, cfg.speed, cfg.seed)
-        self.device = Device(r.device_costs, cfg.k, r.fixup, self.spans, jitter, cfg.method)
+        waits = r.drafter_host and r.drafter.waits_for_tokens()
+        self.device = Device(r.device_costs, cfg.k, r.fixup, self.spans, jitter, r.drafter,
+                             r.cpu.wake_us if waits else None)
+        # the drafter's host work in each launch (the padded drafter batch), where priced
+        self.drafter_launch = r.drafter.launch_us if r.drafter_host else None
         self.inbox: deque[TraceRequest] = deque()
         self.accepted_hist = [0] * (cfg.k + 1)   # decode steps by accepted count
         self.num_draft_tokens = 0
@@ -749,6 +774,8 @@ class Sim:
         if (ev := self.busy(WORKER, "prepare_inputs", out.step, prep)) is not env.passed:
             yield ev
         dur = cpu.launch(out.num_reqs, out.num_batched_tokens)
+        if self.drafter_launch is not None and not step.dummy:
+            dur += self.drafter_launch(step.batch)
         if self.device_async:
             lat = cpu.launch_latency_us
             if self.lockstep is None:
@@ -783,6 +810,8 @@ class Sim:
             "target": r.target.name, "draft": r.draft.name if r.draft else None,
             "num_kv_blocks": r.scheduler.num_blocks,
             "acceptance_rates": list(r.profile.rates), "acceptance_spread": r.profile.spread,
+            **({"acceptance_profile": r.profile.name} if cfg.k else {}),
+            **({"drafter": r.drafter.to_dict()} if r.drafter_host else {}),
             "cpu_costs_us": r.cpu.to_dict(), "num_steps": steps,
             "num_preemptions": preemptions,
         }
@@ -835,7 +864,7 @@ class Replayed(Sim):
         if not self.same_steps():
             raise RuntimeError("a replayed run must take the same steps whatever the times")
         if device_costs is None:
-            self.device.ops = recording.device_ops
+            self.device.ops = self.shared_ops(recording)
         self.sched = ReplayedScheduler(recording.totals)
         self.plans, self.outcomes = iter(recording.plans), iter(recording.outcomes)
         self.accepted_hist = list(recording.totals["accepted_hist"])
@@ -848,7 +877,11 @@ class Replayed(Sim):
         return step
 
     def outcome(self, out: Planned) -> list:
-        emitted = next(self.outcomes)
+        # NOTE: the run ends when the client has its last chunk, and the engine may or may not
+        # have applied a step launched after it by then (async: a step in flight for requests
+        # its predecessor finished), as the times fall: one update more or fewer than the
+        # recording. Such an update is of finished requests only, so it emits nothing.
+        emitted = next(self.outcomes, [])
         for o in emitted:
             if o.finished:
                 self.sched.unfinished -= 1
@@ -856,7 +889,7 @@ class Replayed(Sim):
 
     def run(self) -> tuple[dict, list[Span]]:
         res = super().run()
-        if next(self.plans, None) is not None or next(self.outcomes, None) is not None:
+        if next(self.plans, None) is not None or any(self.outcomes):   # (see outcome)
             raise RuntimeError("the replayed run ended before the recorded steps did")
         return res
 

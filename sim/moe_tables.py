@@ -146,11 +146,15 @@ def moe_parts(root: Path, tp: int, moe_tp: int, mtp: bool) -> tuple[MoeTable | N
     kernels (when it drafts with MTP) of its TP degree, else TP 1's (its eh_proj is a plain
     Linear that vLLM does not shard, and its norms are replicated); None where absent.
     `root`: the bundle's variant folder (sim/tables.py find_variant)."""
-    moe, mtp_file = root / f"tp{moe_tp}" / "moe.csv", root / f"tp{tp}" / "mtp.csv"
-    if not mtp_file.is_file():
-        mtp_file = root / "tp1" / "mtp.csv"
+    moe, mtp_file = root / f"tp{moe_tp}" / "moe.csv", mtp_path(root, tp)
     return (load_moe_table(moe) if moe.is_file() else None,
             load_mtp_table(mtp_file) if mtp and mtp_file.is_file() else None)
+
+
+def mtp_path(root: Path, tp: int) -> Path:
+    """The mtp.csv a run at TP `tp` reads: its TP degree's, else TP 1's (`moe_parts`)."""
+    own = root / f"tp{tp}" / "mtp.csv"
+    return own if own.is_file() else root / "tp1" / "mtp.csv"
 
 
 def moe_only(root: Path, tp: int, target) -> str | None:

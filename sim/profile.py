@@ -35,9 +35,9 @@ import numpy as np
 
 from stepgap.sim.costs import Batch
 from stepgap.sim.cpu_costs import CpuCosts
-from stepgap.common.errors import UserError, where
-from stepgap.common.fileio import not_a_file, read_json_object, write_json
-from stepgap.common.limits import is_finite, is_int, is_number
+from stepgap.common.errors import UserError, shown, where
+from stepgap.common.fileio import dumps_json, not_a_file, read_json_object, write_json
+from stepgap.common.limits import MAX_SCALE, is_finite, is_int, is_number
 
 FORMAT = "stepgap-profile/1"
 FEATURES = ("1", "tokens", "reqs", "padded")
@@ -161,7 +161,8 @@ class Noise:
 
 # The sections the type holds, in the file's order; the rest is `about` (before them) or
 # `notes` (after them), kept as written.
-TYPED = ("format", "features", "device_ops", "roofline_level", "cpu", "cpu_fit_quality",
+TYPED = ("format", "features", "device_ops", "roofline_level", "draft_level", "cpu",
+         "cpu_fit_quality",
          "cpu_by_k", "cpu_fit_quality_by_k", "jitter", "undetermined")
 
 
@@ -183,6 +184,8 @@ class Profile:
     # The roofline's device op times x this: the level of the device measured, where the
     # profile has no fits of its own (`stepgap calibrate` on bench files alone fits it)
     roofline_level: float | None = None
+    # the drafter's passes x this more, where bench files at two depths told them apart
+    draft_level: float | None = None
 
     @property
     def engine(self) -> str | None:
@@ -251,6 +254,8 @@ class Profile:
                "device_ops": [f.to_dict() for f in self.fits]}
         if self.roofline_level is not None:
             doc["roofline_level"] = self.roofline_level
+        if self.draft_level is not None:
+            doc["draft_level"] = self.draft_level
         if self.cpu is not None:
             doc["cpu"] = self.cpu.terms
             if self.cpu.quality is not None:
@@ -282,6 +287,12 @@ class Profile:
         if level is not None and not (is_finite(level) and 0 < level <= 100):
             raise UserError(f"{where(source, field='roofline_level')}: expected a number in "
                             f"(0, 100] (the roofline's device times x it), got {level!r}")
+        draft = doc.get("draft_level")
+        if draft is not None and not (level is not None and is_finite(draft)
+                                      and 0 < draft <= 100):
+            raise UserError(f"{where(source, field='draft_level')}: expected a number in (0, "
+                            "100] beside a roofline_level (the drafter's passes x it more), got "
+                            f"{draft!r}")
         cpu = doc.get("cpu")
         if cpu is not None:
             _cpu_costs(cpu, where(source, field="cpu"))
@@ -296,6 +307,8 @@ class Profile:
                 raise UserError(f"{where(source, field='cpu_by_k')}: key {k!r} is not a k")
             _cpu_costs(c, where(source, field=f"cpu_by_k.{k}"))
         _about(doc, source)
+        _bands(doc.get("bands"), source)
+        _residuals(doc.get("residuals"), source)
         quality_by_k = doc.get("cpu_fit_quality_by_k")
         keys = list(doc)
         first = min((keys.index(k) for k in TYPED[1:] if k in doc), default=len(keys))
@@ -306,7 +319,8 @@ class Profile:
                     for k, c in by_k.items()},
                    jitter, doc.get("undetermined"), about, notes,
                    None if path is None else str(path),
-                   None if level is None else float(level))
+                   None if level is None else float(level),
+                   None if draft is None else float(draft))
 
 
 def load_profile(path) -> Profile:
@@ -320,8 +334,15 @@ def load_profile(path) -> Profile:
 
 
 def save_profile(path, profile: Profile) -> None:
-    """Write a profile (atomically, common/fileio.py)."""
-    write_json(path, profile.to_dict())
+    """Write a profile (atomically, common/fileio.py), after the checks its reader holds it to:
+    a fit that its own reader would refuse is not written."""
+    import json
+    doc = profile.to_dict()
+    try:
+        Profile.from_dict(json.loads(dumps_json(doc)), "the fitted profile")
+    except UserError as e:
+        raise UserError(f"{path}: not written: {e}") from None
+    write_json(path, doc)
 
 
 def _about(doc: dict, source) -> None:
@@ -359,6 +380,74 @@ def _about(doc: dict, source) -> None:
     if executor is not None and executor not in EXECUTORS:
         raise UserError(f"{where(source, field='topology.executor')}: expected "
                         f"{' or '.join(EXECUTORS)}, got {executor!r}")
+
+
+# The notes a reader takes numbers from (sim/bands.py): `bands.split`, what a bench-file
+# calibration left open (calibrate/bench_fit.py), and each run's `residuals` (relative errors of
+# the runs re-simulated: calibrate/bench_fit.py and vllm_fit.py). Each is checked here, where
+# the file is read, like every other section: no reader trusts a file because stepgap wrote it.
+SPLIT_ENDS = ("low", "high")
+SPLIT_FACTORS = ("cpu", "device")
+
+
+def _factor(v) -> bool:
+    """A factor on the CPU costs or the device's times: within what --cpu-scale and --speed
+    may be (MAX_SCALE either way; a fit that ran to CPU x 0 wrote 10^9 and more)."""
+    return is_finite(v) and 1 / MAX_SCALE <= v <= MAX_SCALE
+
+
+def _bands(bands, source) -> None:
+    """`bands`: {split: {low: {cpu, device}, high: {cpu, device}, source}}, each end a factor
+    on the fitted CPU costs and device level, low's CPU at most high's."""
+    if bands is None:
+        return
+    if not isinstance(bands, dict) or not isinstance(bands.get("split"), dict):
+        got = bands.get("split") if isinstance(bands, dict) else bands
+        field_ = "bands.split" if isinstance(bands, dict) else "bands"
+        raise UserError(f"{where(source, field=field_)}: expected {{split: {{low: {{cpu, "
+                        f"device}}, high: {{cpu, device}}}}}} (what calibrate left open), got "
+                        f"{shown(got)}")
+    split = bands["split"]
+    for end in SPLIT_ENDS:
+        e = split.get(end)
+        if not isinstance(e, dict):
+            raise UserError(f"{where(source, field=f'bands.split.{end}')}: "
+                            f"{'missing' if e is None else f'got {shown(e)}'}; expected "
+                            "{cpu, device}: factors on the fitted CPU costs and device level")
+        for f in SPLIT_FACTORS:
+            if not _factor(e.get(f)):
+                raise UserError(f"{where(source, field=f'bands.split.{end}.{f}')}: expected a "
+                                f"factor from {1 / MAX_SCALE:g} to {MAX_SCALE:g}, got "
+                                f"{shown(e.get(f))}")
+    if split["low"]["cpu"] > split["high"]["cpu"]:
+        raise UserError(f"{where(source, field='bands.split')}: low.cpu "
+                        f"{split['low']['cpu']:g} is above high.cpu {split['high']['cpu']:g}")
+    if not isinstance(split.get("source", ""), str):
+        raise UserError(f"{where(source, field='bands.split.source')}: expected text, got "
+                        f"{shown(split['source'])}")
+
+
+def _residuals(residuals, source) -> None:
+    """`residuals`: a list of objects, one per run, whose `*_ms` fields are relative errors
+    (simulated - measured) / measured: above -1 (a simulated time of 0), and such that 1 / (1 +
+    error), the band's factor on a profile's level (sim/bands.py), is a factor (`_factor`; a
+    run whose chunks were merged has a TPOT error of +1522, the client's, not the server's);
+    null where not taken."""
+    if residuals is None:
+        return
+    if not isinstance(residuals, list):
+        raise UserError(f"{where(source, field='residuals')}: expected a list of runs' relative "
+                        f"errors, got {shown(residuals)}")
+    for n, r in enumerate(residuals):
+        if not isinstance(r, dict):
+            raise UserError(f"{where(source, field=f'residuals[{n}]')}: expected an object, got "
+                            f"{shown(r)}")
+        for key, v in r.items():
+            ok = v is None or (is_finite(v) and v > -1 and _factor(1 / (1 + v)))
+            if key.endswith("_ms") and not ok:
+                raise UserError(f"{where(source, field=f'residuals[{n}].{key}')}: expected a "
+                                f"relative error above -1, at most {MAX_SCALE - 1:g}, got "
+                                f"{shown(v)}")
 
 
 def _index(v) -> bool:

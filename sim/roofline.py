@@ -14,6 +14,7 @@ import numpy as np
 from stepgap.common.errors import UserError
 from stepgap.common.modelcfg import ModelConfig
 from stepgap.sim.costs import Batch
+from stepgap.sim.drafter_costs import NGRAM_GPU_KERNELS, NGRAM_N, DrafterCosts
 from stepgap.sim.hardware import Hardware
 from stepgap.sim.moe_tables import mtp_wrapper
 
@@ -26,14 +27,10 @@ TARGET_EXTRA = 2               # embedding gather, final norm (the lm_head is a 
 SAMPLE_KERNELS = 3             # plain greedy sampling (k = 0): argmax and output assembly
 REJECTION_KERNELS = 6          # greedy rejection: argmax, compare, accept prefix, bonus, output
 DRAFT_LAYER_ELEMENTWISE = 8    # 2 input norms, concat, rotary, KV write, add+norm, SiLU, norm
-DRAFT_FIRST_BOOKKEEPING = 6    # padded inputs, hidden-state gather, argmax, d2t, ...
-DRAFT_NEXT_BOOKKEEPING = 10    # positions, seq lens, slot mapping, input ids, argmax, d2t, ...
 FIXUP_KERNELS = 3              # zero-bubble: positions, seq lens, slot mapping from the count
 MLA_EXTRA_KERNELS = 3          # latent attention: q_a and kv_a norms, the absorbed V up-projection
 MOE_ROUTING_KERNELS = 4        # top-k softmax, align and sort by expert, sum of the k outputs
 MTP_EXTRA_KERNELS = 4          # MTP: embedding gather, enorm, hnorm, the concatenation
-NGRAM_N = 5                    # vLLM's prompt_lookup_min = max default
-NGRAM_GPU_KERNELS = 16         # ngram_gpu: windows, compares, argmaxes, gathers, masks (compiled)
 
 
 def expected_experts(num_experts: int, top_k: int, tokens: int, skew: float = 0.0) -> float:
@@ -336,7 +333,7 @@ class RooflineCosts:
         return t
 
     def _draft_pass(self, first: bool, m: int, sampling: int, rows: int = 0) -> float:
-        kernels = DRAFT_FIRST_BOOKKEEPING if first else DRAFT_NEXT_BOOKKEEPING
+        kernels = DrafterCosts.sample_and_prepare_kernels(first)   # the sampling, next inputs
         tp = self.tp
         if self.method == "draft_model":
             d = self.d

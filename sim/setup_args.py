@@ -5,15 +5,19 @@ line, then what a --profile was measured on where the command line does not say)
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
+from stepgap.common.errors import UserError
 from stepgap.common.model_presets import DRAFT_PRESETS
 from stepgap.common.limits import MAX_US
-from stepgap.common.options import (add_engine_args, add_model_args, add_option,
+from stepgap.common.options import (DRAFTER_SPEC_KEYS, SPEC_KEYS, add_engine_args,
+                                    add_model_args, add_option,
                                     add_scheduler_args, executor_from_args, mode_from_args,
                                     settings_from_args, speculative_from_args, workload_spec)
 from stepgap.sim.config import SimConfig
 from stepgap.sim.cpu_costs import CPU_COSTS, CPU_OPS, CpuCosts
+from stepgap.sim.drafter_costs import CUDAGRAPH_MODES, drafter_graphs
 from stepgap.sim.presets import PRESETS
 
 D = SimConfig()
@@ -33,6 +37,46 @@ def cost_arg(text: str) -> tuple[str, list[float]]:
         raise argparse.ArgumentTypeError(f"{op}: expected 1 to 3 numbers from 0 to {MAX_US:g} "
                                          f"(microseconds), got {vals!r}")
     return op, abc
+
+
+def compilation_config_arg(text: str) -> dict:
+    """`--compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}'`, as vLLM takes it."""
+    try:
+        d = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}") from None
+    if not isinstance(d, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    mode = d.get("cudagraph_mode")
+    if mode is not None and mode not in CUDAGRAPH_MODES:
+        raise argparse.ArgumentTypeError(f"cudagraph_mode: expected one of "
+                                         f"{', '.join(CUDAGRAPH_MODES)}, got {mode!r}")
+    return d
+
+
+def drafter_settings(args) -> dict:
+    """The drafter's settings from speculative_config's keys (disable_padded_drafter_batch,
+    parallel_drafting, enforce_eager) and --compilation-config's cudagraph_mode, as vLLM reads
+    them; --drafter-cudagraph-mode, where given, must agree."""
+    from stepgap.common.options import note
+    spec = getattr(args, "speculative_config", None) or {}
+    comp = getattr(args, "compilation_config", None) or {}
+    out = {key: spec[key] for key in ("disable_padded_drafter_batch", "parallel_drafting")
+           if key in spec}
+    ignored = sorted(set(comp) - {"cudagraph_mode"})
+    if ignored:
+        note(args, f"ignoring compilation_config keys {', '.join(ignored)} (not modelled)")
+    if "cudagraph_mode" in comp or spec.get("enforce_eager"):
+        derived = drafter_graphs(comp.get("cudagraph_mode"), bool(spec.get("enforce_eager")))
+        given = args.drafter_cudagraph_mode
+        if given is not None and given != derived:
+            raise UserError(f"--drafter-cudagraph-mode {given} and vLLM's settings "
+                            f"(cudagraph_mode, enforce_eager) giving {derived} differ; give one")
+        out["drafter_cudagraph_mode"] = derived
+    if "cudagraph_mode" in comp:
+        note(args, "compilation_config's cudagraph_mode sets the drafter's graphs; the target's "
+                   "forward is priced as graph-launched kernels whatever the mode")
+    return out
 
 
 def add_setup_args(p) -> None:
@@ -55,10 +99,21 @@ def add_setup_args(p) -> None:
                                       "--gpu (cpu for --gpu cpu, else cuda)")
     g = p.add_argument_group("hardware and measured costs")
     for name in ("gpu", "profile", "device_profile", "quantization", "kv_cache_dtype", "speed",
-                 "topology", "moe_routing_skew", "all_reduce_latency_us", "jitter"):
+                 "topology", "moe_routing_skew", "all_reduce_latency_us", "collectives",
+                 "disable_custom_all_reduce", "jitter"):
+        add_option(g, name, D)
+    g = p.add_argument_group("the drafter, as vLLM runs it (sim/drafter_costs.py)")
+    add_option(g, "vllm_version", D)
+    g.add_argument("--compilation-config", type=compilation_config_arg, metavar="JSON",
+                   help="vLLM's compilation config: its cudagraph_mode (NONE, PIECEWISE, FULL, "
+                        "FULL_DECODE_ONLY, FULL_AND_PIECEWISE, the default) gives the drafter's "
+                        "graphs (PIECEWISE, or NONE where its mixed mode is NONE); other keys "
+                        "are ignored, with a note")
+    for name in ("drafter_cudagraph_mode", "drafter_host_scale"):
         add_option(g, name, D)
     g = p.add_argument_group("acceptance")
-    for name in ("acceptance", "acceptance_rates", "acceptance_spread", "replay"):
+    for name in ("acceptance", "acceptance_dataset", "acceptance_rates", "acceptance_spread",
+                 "replay"):
         add_option(g, name, D)
     add_scheduler_args(p, D, blocks_help=" (default: what device memory holds after the "
                                          "weights)")
@@ -75,9 +130,11 @@ def add_setup_args(p) -> None:
         add_option(g, name, D)
 
 
-def config_from_args(args) -> SimConfig:
-    """Defaults, then the preset, then what the command line gives."""
-    from stepgap.common.options import note
+def config_from_args(args, one_k: bool = True) -> SimConfig:
+    """Defaults, then the preset, then what the command line gives. `one_k`: the run is of the
+    k given (simulate; advise tries every k): a drafter without draft tokens is warned about."""
+    from stepgap.common.options import drafter_without_k, note
+    from stepgap.sim.bands import nominal_host
     from stepgap.sim.config import profile_defaults
     from stepgap.sim.presets import get_preset
 
@@ -85,10 +142,15 @@ def config_from_args(args) -> SimConfig:
     settings.update(run_settings(args, args.model or settings.get("model") or D.model))
     args.mode = mode_from_args(args)
     args.executor = executor_from_args(args)
-    args.method, args.draft, args.k = speculative_from_args(args)
+    args.method, args.draft, args.k = speculative_from_args(args, SPEC_KEYS + DRAFTER_SPEC_KEYS)
+    warning = drafter_without_k(args.draft or settings.get("draft"),
+                                args.k if args.k is not None else settings.get("k"))
+    if one_k and warning:
+        note(args, f"warning: {warning}")
     if args.device == "cpu" and args.gpu is None:
         settings["gpu"] = "cpu"
     settings.update(settings_from_args(args, SimConfig))
+    settings.update(drafter_settings(args))
     spec = workload_spec(args)
     if spec is not None:
         settings["workload"] = spec
@@ -98,9 +160,13 @@ def config_from_args(args) -> SimConfig:
         settings["cpu_costs"] = {**settings.get("cpu_costs", {}), **dict(args.cpu_cost)}
     settings["timeline"] = args.timeline is not None
     given = {name for name in ("gpu", "device", "executor", "acceptance", "acceptance_rates",
-                               "acceptance_spread") if getattr(args, name, None) is not None}
+                               "acceptance_spread", "acceptance_dataset")
+             if getattr(args, name, None) is not None}
     settings, notes = profile_defaults(settings, given | set(get_preset(args.preset).settings
                                                              if args.preset else ()))
+    # the nominal host, said where the result is (simulate's `host CPU:` line, advise's
+    # "CPU costs", the result's config): a note here would come before an error of the output
+    settings, _ = nominal_host(settings, args.cpu_scale is not None)
     for line in notes:
         note(args, line)
     return SimConfig(**settings)

@@ -72,7 +72,9 @@ def run_sweep(grid: Grid, out, jobs: int = 1, cluster: str | None = None, fresh:
     stored = 0
     try:
         try:
-            with tqdm(total=len(cells), initial=len(cells) - len(todo), disable=not progress,
+            # (a bar on a terminal only, as advise's: in a log its \r-updates are lines of noise)
+            with tqdm(total=len(cells), initial=len(cells) - len(todo),
+                      disable=None if progress else True,
                       unit="cell", desc="sweep", dynamic_ncols=True) as bar:
                 for j, metrics in runner:
                     store.add(todo[j], metrics)

@@ -274,6 +274,7 @@ class Grid:
         """Every cell, validated: its SimConfig is built and resolved and its workload checked,
         so that no run starts unless all can. `keyed`: with its store key (`cell_key`, which
         hashes the simulator's source once a process); advise keeps no store and skips it."""
+        from stepgap.sim.bands import nominal_host
         from stepgap.sim.loop import build_workload, check_requests
 
         from stepgap.sim.presets import get_preset
@@ -296,6 +297,7 @@ class Grid:
                     profiles[path] = load_profile(path)
                 measured = profiles.get(path)
                 settings, _ = profile_defaults(settings, set(settings), measured)
+                settings, nominal = nominal_host(settings, False)   # (simulate's, advise's)
                 cfg = SimConfig(**settings)
                 r = resolve(cfg, measured)
                 wkey = (cfg.workload, cfg.num_prompts, cfg.output_len, cfg.seed,
@@ -307,7 +309,8 @@ class Grid:
                 raise UserError(f"grid cell {format_cell(values)}: {e}") from None
             except (TypeError, ValueError) as e:   # a value of the wrong shape from a file
                 raise UserError(f"grid cell {format_cell(values)}: bad value ({e})") from None
-            cells.append(GridCell(values, settings, cell_key(cfg) if keyed else None, r.notes))
+            notes = r.notes + ((nominal,) if nominal else ())
+            cells.append(GridCell(values, settings, cell_key(cfg) if keyed else None, notes))
         return cells
 
 

@@ -78,6 +78,24 @@ def model_digest(roots: tuple[str, ...] = MODEL_ROOTS, root: Path = PACKAGE_ROOT
     return h.hexdigest()[:16]
 
 
+def tables_of(cfg: SimConfig):
+    """The operator tables a cell is priced from: its --device-profile, else the ones committed
+    for its GPU and model (sim/config.py committed_tables; --device-profile none: none)."""
+    from stepgap.sim.config import NO_TABLES, committed_tables, quantized
+    if cfg.device_profile == NO_TABLES:
+        return None
+    if cfg.device_profile is not None:
+        return cfg.device_profile
+    from stepgap.common.errors import UserError
+    from stepgap.common.model_presets import load_model_config
+    from stepgap.sim.hardware_file import load_gpu
+    try:
+        hw = load_gpu(cfg.gpu)
+        return committed_tables(cfg, hw, quantized(load_model_config(cfg.model), cfg, hw)[0])
+    except UserError:   # (the cell's run says what is wrong)
+        return None
+
+
 def cell_key(cfg: SimConfig) -> str:
     """The cell's hash: its whole config, the files it names and the simulator's code."""
     h = hashlib.sha256(f"{STORE_VERSION}:{model_digest()}:".encode())
@@ -89,10 +107,11 @@ def cell_key(cfg: SimConfig) -> str:
         path = path / "config.json" if path.is_dir() else path
         if path.is_file():
             h.update(read_bytes(path))
-    if cfg.device_profile:   # the tables it may price from, found as sim/config.py finds them
+    bundle = tables_of(cfg)
+    if bundle is not None:   # the tables it may price from, found as sim/config.py finds them
         from stepgap.sim.hardware_file import collectives_beside
         from stepgap.sim.tables import find_bundle, read_meta
-        root = find_bundle(cfg.device_profile)
+        root = find_bundle(bundle)
         # every variant beside it (find_variant takes a sibling for fp8 weights or KV cache):
         # its meta.yaml and every tp<N> table
         for variant in sorted(d for d in root.parent.iterdir() if (d / "meta.yaml").is_file()):

@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import signal
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -152,6 +153,11 @@ def run_local(settings: list[dict], jobs: int, fn: Callable = run_cell
         futures = {ex.submit(fn, s): i for i, s in enumerate(settings)}
         for f in as_completed(futures):
             yield futures[f], f.result()
+    except BrokenProcessPool:   # a worker killed (SIGKILL, the OOM killer): one line
+        stop_pool(ex)
+        raise UserError(f"--jobs {jobs}: a worker process died while it ran cells (killed from "
+                        "outside, or by the OOM killer when memory ran out); run again, with "
+                        "fewer --jobs if memory is short") from None
     except BaseException:   # interrupted, or the consumer stopped (GeneratorExit)
         stop_pool(ex)
         raise

@@ -57,6 +57,7 @@ points. A request whose context exceeds the tables' KV grid is refused before th
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,7 @@ from pathlib import Path
 from stepgap.common.errors import UserError, shown, where
 from stepgap.common.fileio import csv_rows, mark_input, parsed_once, read_yaml
 from stepgap.common.limits import MAX_SKEW_ALPHA, MAX_TABLE_COUNT, MAX_TP, is_finite, is_int
+from stepgap.sim.drafter_costs import DrafterCosts
 from stepgap.sim.hardware import MeasuredLink, axis_interp
 
 DENSE_LAYERS = ("embedding", "layernorm", "qkv_proj", "rotary_emb", "o_proj", "gate_up_proj",
@@ -85,6 +87,10 @@ FAMILY_LAYERS = {
 FAMILY_OF = {"deepseek_v32": "deepseek_v3"}
 VOCAB_PADDING = 64   # vLLM pads a vocabulary-parallel embedding to a multiple of 64, then splits
 PER_SEQUENCE = ("lm_head", "sampler")
+# What a bundle converted from another peer's measurements may lack (meta.yaml `not_measured`,
+# stepgap's own key): each such kernel is priced by the roofline, and the run's sources say so.
+# A bundle without the key is held to every table, as LLMServingSim writes them.
+MAY_LACK = (*DENSE_LAYERS, "qk_norm", *PER_SEQUENCE, "attention")
 ATTENTION_COLUMNS = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us")
 MAX_TIME_US = 1e9   # one kernel of 1000 s is a unit error (ns or ms written as us)
 
@@ -312,10 +318,11 @@ class OpTables:
     shapes_tp: int
     dense: dict[str, Table1D]
     per_sequence: dict[str, Table1D]
-    attention: AttentionTable
+    attention: AttentionTable | None   # None: not measured (the roofline's)
     skew: SkewFit | None = None
     meta: dict = field(default_factory=dict)
     family: str = "llama"  # meta.yaml's architecture: which kernels make a layer
+    not_measured: tuple[str, ...] = ()   # kernels of a layer it lacks (meta.yaml), by design
 
     @property
     def max_tokens(self) -> float:
@@ -323,6 +330,8 @@ class OpTables:
 
     def describe(self) -> str:
         m = self.meta
+        if m.get("source"):   # a bundle converted from another peer's measurements
+            return f"{self.hardware} ({self.gpu}), {self.model}, tp{self.tp}; {m['source']}"
         return (f"{self.hardware} ({self.gpu}), {self.model}, tp{self.tp}; vLLM "
                 f"{m.get('vllm_version', '?')}, CUDA {m.get('cuda_version', '?')}, measured "
                 f"{'eager' if (m.get('engine_effective') or {}).get('enforce_eager') else '?'}")
@@ -360,10 +369,12 @@ def _number(path: Path, n: int, row: dict, key: str, integer: bool = False) -> f
         x = float(v)
     except ValueError:
         raise UserError(f"{where(path, n, key)}: expected a number, got {v!r}") from None
-    if not math.isfinite(x) or x < 0 or (key == "time_us" and x > MAX_TIME_US) \
+    # (a kernel of 0 us is no measurement: an all-zero moe.csv divided by zero)
+    if not math.isfinite(x) or x < 0 or (key == "time_us" and not 0 < x <= MAX_TIME_US) \
             or (integer and (not x.is_integer() or x > MAX_TABLE_COUNT)):
         what = f"a whole count from 0 to {MAX_TABLE_COUNT}" if integer else \
-            f"microseconds from 0 to {MAX_TIME_US:g}" if key == "time_us" else "a number >= 0"
+            f"microseconds above 0, at most {MAX_TIME_US:g}" if key == "time_us" else \
+            "a number >= 0"
         raise UserError(f"{where(path, n, key)}: expected {what}, got {v!r}")
     return x
 
@@ -424,7 +435,7 @@ def find_bundle(path) -> Path:
 SHAPE_KEYS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads",
               "intermediate_size", "vocab_size", "head_dim", "hidden_size")
 NAME_KEYS = ("gpu", "hardware", "model", "variant", "architecture", "vllm_version",
-             "cuda_version")
+             "cuda_version", "source")
 
 
 def read_meta(root: Path) -> dict:
@@ -461,6 +472,9 @@ def _checked_meta(path: Path) -> dict:
     if degrees is not None and not (isinstance(degrees, list) and degrees and all(
             is_int(d) and 1 <= d <= MAX_TP for d in degrees)):
         raise bad("tp_degrees", f"a list of tensor-parallel sizes from 1 to {MAX_TP}", degrees)
+    gaps = meta.get("not_measured")
+    if gaps is not None and not (isinstance(gaps, list) and all(g in MAY_LACK for g in gaps)):
+        raise bad("not_measured", f"a list of kernels among {', '.join(MAY_LACK)}", gaps)
     return meta
 
 
@@ -543,15 +557,71 @@ def _load_tables(root: Path, tp: int) -> OpTables:
                         f"stepgap prices the layers of {', '.join(FAMILY_LAYERS)} from tables "
                         "(of another MoE family, moe.csv and mtp.csv alone); drop "
                         "--device-profile to price it from the roofline")
+    lack = tuple(meta.get("not_measured") or ())
+    dense = ("embedding", *dict.fromkeys(FAMILY_LAYERS[family]), "final_layernorm")
+    seq = tuple(n for n in PER_SEQUENCE if n not in lack)
     return OpTables(
         str(root), str(meta.get("gpu", "?")), str(meta.get("hardware", root.parts[-4]
                                                          if len(root.parts) > 3 else "?")),
         bm.model, tp, bm.shapes, bm.shapes_tp,
-        _tables_1d(folder / "dense.csv", "tokens",
-                   ("embedding", *dict.fromkeys(FAMILY_LAYERS[family]), "final_layernorm"),
+        _tables_1d(folder / "dense.csv", "tokens", tuple(n for n in dense if n not in lack),
                    f"a {family} layer"),
-        _tables_1d(folder / "per_sequence.csv", "sequences", PER_SEQUENCE, "the head"),
-        _attention(folder / "attention.csv"), _skew(meta, root, tp, meta_path), meta, family)
+        _tables_1d(folder / "per_sequence.csv", "sequences", seq, "the head") if seq else {},
+        None if "attention" in lack else _attention(folder / "attention.csv"),
+        _skew(meta, root, tp, meta_path), meta, family,
+        tuple(n for n in (*dense, *PER_SEQUENCE, "attention") if n in lack))
+
+
+# Where the measured tables this repository commits live (traces/peers/<source>/, each with its
+# licence and source commit); an installed wheel has none, and then no GPU is priced from them.
+PEERS = Path(__file__).resolve().parents[1] / "traces" / "peers"
+
+
+def repo_relative(path) -> str:
+    """A path as results show it: from the repository's root where it lies in it."""
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(PEERS.parent.parent))
+    except ValueError:
+        return str(path)
+
+
+@functools.cache
+def committed_bundles(gpu: str) -> tuple[Path, ...]:
+    """The perf bundles committed under traces/peers/ that were measured on catalog GPU `gpu`
+    (meta.yaml's `gpu`, the device as CUDA names it, is that entry's): variant folders, those
+    that measured more of a step first (fewer `not_measured`), then by path."""
+    from stepgap.sim.hardware import catalog_entry
+    found = []
+    for meta in sorted(PEERS.glob("*/**/profiler/perf/*/*/*/*/meta.yaml")):
+        m = read_meta(meta.parent)
+        if catalog_entry(str(m.get("gpu") or "")) == gpu:
+            found.append((len(m.get("not_measured") or ()), str(meta.parent), meta.parent))
+    return tuple(p for *_, p in sorted(found))
+
+
+# The GEMMs of a layer, which stream its weights: a committed bundle prices a model by default
+# only where it timed all of them (one that times fewer is fit data of the GPU's roofline, and
+# prices a run that names it with --device-profile).
+LAYER_GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+def committed_bundle(gpu: str, target, tp: int, fp8_weights: bool, fp8_kv: bool) -> Path | None:
+    """The committed bundle (committed_bundles) that prices `target` on `gpu` at this TP: it
+    timed every GEMM of a layer (LAYER_GEMMS), the model's family and per-rank shapes
+    (shape_mismatch), a tp<N>/ folder, and weights and KV cache of the bundle's precision (a
+    bundle that names no fp8 is taken for bf16 or fp16); None where none does."""
+    for root in committed_bundles(gpu):
+        meta = read_meta(root)
+        if set(LAYER_GEMMS) & set(meta.get("not_measured") or ()):
+            continue
+        weight, _, kv = str(meta.get("variant") or root.name).partition("-kv")
+        if (weight == "fp8", kv.startswith("fp8")) != (fp8_weights, fp8_kv):
+            continue
+        bm = bundle_meta(root)
+        if tp in bm.tp_folders and shape_mismatch(bm, target, target.hidden_size) is None:
+            return root
+    return None
 
 
 def per_rank(c, tp: int) -> dict[str, int]:
@@ -596,15 +666,80 @@ def shape_mismatch(tables: OpTables | BundleMeta, c, hidden: int,
 
 
 def refuse_another_model(tables: OpTables | BundleMeta, target) -> None:
-    """One line naming each field where the tables were measured for another model."""
+    """One line naming each field where the tables were measured for another model; and where
+    meta.yaml's `model` is one stepgap knows (a preset, or its Hugging Face id), that model's
+    shapes against the target's (a MoE bundle's expert counts are the profiler's own, so its
+    shapes alone let a bundle that names another model through)."""
     why = shape_mismatch(tables, target, target.hidden_size)
     if why is not None:
         raise UserError(f"{Path(tables.path) / 'meta.yaml'}: tables of {tables.model}, not "
                         f"of --model {target.name}: {why}")
+    from stepgap.common.model_presets import load_model_config, preset_of
+    named = preset_of(str(tables.model))
+    if named is None or named == target.name:
+        return
+    other = load_model_config(named)
+    differ = [f"{k} {getattr(other, k)} vs {getattr(target, k)}" for k in MODEL_SHAPE
+              if getattr(other, k) != getattr(target, k)]
+    if differ:
+        raise UserError(f"{where(Path(tables.path) / 'meta.yaml', field='model')}: "
+                        f"{tables.model!r} ({named}), not --model {target.name}: "
+                        f"{', '.join(differ)}")
+
+
+MODEL_SHAPE = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "vocab_size",
+               "num_experts")
 
 
 # -------------------------------------------------------------------------------------------
 # As DeviceCosts
+
+
+class RooflineKernels:
+    """The roofline of each kernel a bundle may lack (meta.yaml `not_measured`), on one rank:
+    the kernels RooflineCosts sums for a layer, one by one (`roof`: the run's RooflineCosts,
+    whose hardware entry is the GPU's fitted or datasheet roofline)."""
+
+    BF16 = 2
+
+    def __init__(self, roof, c, tp: int):
+        self.roof, self.c = roof, c
+        heads, kvh = max(1, c.num_heads // tp), max(1, c.num_kv_heads // tp)
+        self.heads, self.kvh, self.hd = heads, kvh, c.head_dim
+        self.q, self.kv, self.h = heads * c.head_dim, kvh * c.head_dim, c.hidden_size
+        self.inter = c.intermediate_size // tp
+        self.vocab = -(-c.vocab_size // tp)
+
+    def kernel(self, name: str):
+        """A function of the token (or row) count: the roofline's time of kernel `name`."""
+        g, st, w, B = self.roof.gemm, self.roof.streaming, self.c.weight_bytes, self.BF16
+        h, q, kv, i = self.h, self.q, self.kv, self.inter
+        return {
+            "embedding": lambda m: st(B * 2 * m * h),
+            "layernorm": lambda m: st(B * 4 * m * h),          # fused add + RMSNorm
+            "qkv_proj": lambda m: g(m, h, q + 2 * kv, w),
+            "qk_norm": lambda m: st(B * 2 * m * (q + kv)),
+            "rotary_emb": lambda m: st(B * 2 * m * (q + kv)),
+            "o_proj": lambda m: g(m, q, h, w),
+            "gate_up_proj": lambda m: g(m, h, 2 * i, w),
+            "act_fn": lambda m: st(B * 3 * m * i),
+            "down_proj": lambda m: g(m, i, h, w),
+            "final_layernorm": lambda m: st(B * 2 * m * h),
+            "lm_head": lambda m: g(m, h, self.vocab),
+            "sampler": lambda m: st(4 * m * self.c.vocab_size, 3),
+        }[name]
+
+    def attention(self, prefills, num_decode: int, decode_kv: float) -> float:
+        """One layer's attention kernel and its KV-cache write (vLLM writes the cache in the
+        attention layer), over the pairs and the KV the mix reads."""
+        pairs = float(decode_kv)
+        kv_read, new = decode_kv, num_decode
+        for chunk, history in prefills:
+            pairs += chunk * history + chunk * (chunk + 1) / 2
+            kv_read += history + chunk
+            new += chunk
+        return self.roof.attention(pairs, kv_read, self.heads, self.kvh, self.hd) \
+            + self.roof.streaming(self.BF16 * 2 * new * self.kv)
 
 
 class TableCosts:
@@ -616,7 +751,13 @@ class TableCosts:
         refuse_another_model(tables, target)
         self.tables, self.t, self.d, self.k, self.fallback = tables, target, draft, k, fallback
         self.method, self.tp = method, tp
-        dense, seq = tables.dense, tables.per_sequence
+        roof = RooflineKernels(fallback, target, tp)
+        self.roof_kernels = roof
+        # a kernel the bundle lacks by design (meta.yaml not_measured): the roofline's
+        lack = [n for n in tables.not_measured if n != "attention"]
+        dense = {**tables.dense, **{n: roof.kernel(n) for n in lack if n not in PER_SEQUENCE}}
+        seq = {**tables.per_sequence, **{n: roof.kernel(n) for n in lack if n in PER_SEQUENCE}}
+        self._kernels = dense
         self._layer = [dense[n] for n in FAMILY_LAYERS[tables.family]]
         # a MoE target: the layers above are each layer's attention side; the dense layers'
         # MLP (DeepSeek's first layers) from the MLP rows, the MoE blocks from `moe`
@@ -635,11 +776,17 @@ class TableCosts:
         self._dense: dict[int, float] = {}
         self._draft_dense: dict[tuple[bool, int, int], float] = {}
         self.draft_tables = draft is not None and method in ("eagle3", "draft_model") \
-            and all(n in dense for n in MLP_LAYERS) \
+            and not tables.not_measured and all(n in dense for n in MLP_LAYERS) \
             and shape_mismatch(tables, draft, target.hidden_size,
                                family=method == "draft_model") is None
         at = f"tables ({tables.describe()})"
-        self.sources = {"target_forward": at, "rejection_sample": f"{at}: the sampler",
+        lack = tables.not_measured
+        forward = at if not lack else (
+            f"{at}; from the roofline ({fallback.hw.name}: {fallback.hw.source}), what they "
+            f"did not measure: {', '.join(n for n in lack if n != 'sampler')}")
+        self.sources = {"target_forward": forward,
+                        "rejection_sample": f"{at}: the sampler" if "sampler" not in lack else
+                        f"roofline ({fallback.hw.name}; the tables did not time the sampler)",
                         "d2h": "roofline (no table: the catalog's copy time)",
                         "fixup": "roofline (no table: the catalog's per-kernel cost)"}
         if tp > 1:
@@ -674,7 +821,10 @@ class TableCosts:
 
     def attention(self, prefills, num_decode: int, decode_kv: float, kv_min: float = 0.0,
                   kv_max: float = 0.0) -> float:
-        """One layer's attention for the mix (rules in the module docstring)."""
+        """One layer's attention for the mix (rules in the module docstring); the roofline's
+        where the bundle measured none."""
+        if self.attn is None:
+            return self.roof_kernels.attention(prefills, num_decode, decode_kv)
         kd = decode_kv / num_decode if num_decode else 0.0
         big = max(prefills) if prefills else (0, 0)
         pc, kp = big
@@ -717,7 +867,7 @@ class TableCosts:
         """An EAGLE-3 head's decoder layer over m tokens, from the target's tables: its two
         input norms, qkv over [embedding ‖ hidden] (twice the qkv_proj), rotary, o_proj, the
         post-attention norm and the MLP (attention apart)."""
-        d = self.tables.dense
+        d = self._kernels
         return (3 * d["layernorm"](m) + 2 * d["qkv_proj"](m) + d["rotary_emb"](m)
                 + d["o_proj"](m) + d["gate_up_proj"](m) + d["act_fn"](m) + d["down_proj"](m))
 
@@ -725,17 +875,17 @@ class TableCosts:
         key = (first, m, rows)
         t = self._draft_dense.get(key)
         if t is None:
-            d, fb = self.tables.dense, self.fallback
+            d, fb = self._kernels, self.fallback
             if self.method == "draft_model":
                 c = self.d
                 t = self.embedding(m) + c.num_layers * sum(f(m) for f in self._layer) \
                     + self.final_norm(m) + self.lm_head(rows) \
-                    + fb.streaming(4 * rows * c.vocab_size, 6 if first else 10)
+                    + fb.streaming(4 * rows * c.vocab_size, DrafterCosts.sample_and_prepare_kernels(first))
             else:   # an EAGLE-3 head: embedding, its layer, its norm and lm_head
                 c = self.d
                 t = self.embedding(m) + self._head_layer(m) + d["final_layernorm"](rows) \
                     + self.lm_head(rows) * c.draft_vocab_size / self.t.vocab_size \
-                    + fb.streaming(4 * rows * c.draft_vocab_size, 6 if first else 10)
+                    + fb.streaming(4 * rows * c.draft_vocab_size, DrafterCosts.sample_and_prepare_kernels(first))
                 if first:   # the three target taps fused once: fc(3h -> h), three o_proj
                     t += c.fc_inputs * d["o_proj"](m)
             self._draft_dense[key] = t
@@ -769,7 +919,7 @@ class TableCosts:
 
     def check_request(self, request_id: str, total_tokens: int) -> None:
         """Refuse a request whose context runs past the tables' KV grid."""
-        if total_tokens > self.attn.max_kv:
+        if self.attn is not None and total_tokens > self.attn.max_kv:
             raise UserError(f"request {request_id!r}: prompt_len + output_len = {total_tokens} "
                             f"tokens, past the KV lengths the --device-profile tables measured "
                             f"(up to {self.attn.max_kv:g} in {self.tables.path}); the tables "

@@ -175,6 +175,18 @@ def _terminate(signum, frame):
     raise Terminated()
 
 
+def interruption(e: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM behind `e`: itself, or one that Python wrapped on its way out (a
+    SIGTERM while an import builds a class was once `RuntimeError: Error calling __set_name__
+    on 'Field' instance 'base' in 'Grid'`, its cause the Terminated); None for another error."""
+    seen = 0
+    while e is not None and seen < 20:
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return None
+
+
 class StdoutError(UserError):
     """stdout cannot take what the command prints: it is closed (`>&-`) or its disk is full
     (`> /dev/full`). Bad output, as a file that cannot be written is: one line, status 2."""
@@ -262,10 +274,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         say(f"{name}: error: {shown(e.filename)}: a file name longer than this system holds")
         return 2
-    except KeyboardInterrupt as e:
-        how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+    except (KeyboardInterrupt, RuntimeError) as e:
+        stop = interruption(e)
+        if stop is None:
+            raise
+        how = "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
         say(f"{name}: {how}")
-        return 143 if isinstance(e, Terminated) else 130
+        return 143 if isinstance(stop, Terminated) else 130
     finally:
         if on_main_thread:
             signal.signal(signal.SIGTERM, old if old is not None else signal.SIG_DFL)

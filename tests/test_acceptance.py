@@ -67,3 +67,53 @@ def test_the_engine_applies_a_profile_s_per_request_spread():
         out = run_trace(ex, REQS, ea.engine_config(), vocab_size=512, max_concurrency=8)
     means = sorted(sum(a) / len(a) for a in out.accepted.values())
     assert means[-1] - means[0] > 0.8     # spread 0.5 on the logit scale: easy and hard requests
+
+
+# -- by dataset (common/acceptance.py DATASETS) ---------------------------------------------
+
+DS = dict(gpu="h100", model="llama-3.1-8b", draft="llama-3.1-8b-eagle3", k=3, num_prompts=2,
+          output_len=16)
+
+
+def test_a_workload_picks_its_datasets_acceptance_and_the_result_says_which():
+    from stepgap.sim.config import resolve
+    for workload, dataset in (("random", "random"), ("mtbench", "mtbench"),
+                              ("sharegpt", "sharegpt")):
+        r = resolve(SimConfig(**DS, workload=workload))
+        assert any(f"for the {dataset} dataset (the workload {workload})" in n for n in r.notes)
+
+
+def test_a_trace_takes_mtbench_and_asks_for_its_dataset(tmp_path):
+    from stepgap.sim.config import resolve
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"request_id": "a", "arrival_s": 0, "prompt_len": 8, "output_len": 8}\n')
+    notes = resolve(SimConfig(**DS, workload=str(trace))).notes
+    assert any("mtbench dataset" in n and "give --acceptance-dataset" in n for n in notes)
+
+
+@pytest.mark.parametrize("dataset, ratio", [("math", 1.04), ("sharegpt", 0.98), ("mtbench", 1.0)])
+def test_a_drafter_models_dataset_scales_its_mtbench_length_at_k3(dataset, ratio):
+    from stepgap.sim.config import resolve
+    r = resolve(SimConfig(**DS, acceptance_dataset=dataset))
+    assert r.profile.acceptance_length(3) == pytest.approx(
+        ratio * PROFILES["mtbench"].acceptance_length(3), rel=1e-6)
+
+
+def test_the_dataset_band_spans_the_published_spread_for_that_dataset():
+    from stepgap.common.acceptance import DATASETS
+    from stepgap.sim.bands import band_inputs
+    inp = {i.name: i for i in band_inputs(SimConfig(**DS, acceptance_dataset="code").to_dict())}
+    mt = PROFILES["mtbench"].acceptance_length(3)
+    lengths = [1 + sum(inp["dataset"].settings({}, end)["acceptance_rates"][:3])
+               for end in ("low", "high")]
+    _, low, high = DATASETS["code"].ratio
+    assert lengths == pytest.approx([low * mt, high * mt], rel=1e-6)
+
+
+def test_ngram_takes_the_datasets_own_matching_profile():
+    from stepgap.sim.config import resolve
+    settings = {**DS, "draft": None, "method": "ngram"}
+    code = resolve(SimConfig(**settings, acceptance_dataset="code")).profile
+    math_ = resolve(SimConfig(**settings, acceptance_dataset="math")).profile
+    assert (code.name, math_.name) == ("sdb-ngram-instructcoder", "sdb-ngram-gsm8k")
+    assert code.acceptance_length(3) > 1.5 > 1.2 > math_.acceptance_length(3)

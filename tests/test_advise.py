@@ -43,7 +43,10 @@ def test_a_best_k_band_is_the_range_of_the_best_k_not_a_sum():
 
 def test_the_default_setup_bands_the_host_the_device_and_the_extrapolated_acceptance():
     inputs = {i.name: i for i in band_inputs(dict(SMALL, cpu_scale=2.42), max_k=8)}
-    assert set(inputs) == {"cpu", "device", "acceptance"}
+    assert set(inputs) == {"cpu", "device", "acceptance", "dataset", "drafter"}
+    # MT-bench's own published spread (2.61 to 2.79 at k = 3) around the default profile
+    assert inputs["dataset"].low < 0 < inputs["dataset"].high
+    assert inputs["drafter"].low < inputs["drafter"].nominal == 1.0 < inputs["drafter"].high
     assert (inputs["cpu"].low, inputs["cpu"].nominal, inputs["cpu"].high) == (1.0, 2.42, 3.1)
     assert inputs["device"].low < 1 < inputs["device"].high
     # mtbench measured 7 positions: the band moves runs with k >= 8 only
@@ -80,7 +83,7 @@ def test_simulate_band_puts_every_metric_inside_its_band(tmp_path):
                  "--result-json", str(out)]) == 0
     res = json.loads(out.read_text())
     names = {i["name"] for i in res["bands"]["inputs"]}
-    assert names == {"cpu", "device"}
+    assert names == {"cpu", "device", "dataset", "drafter"}
     for m, b in res["bands"]["metrics"].items():
         assert b["low"] <= b["value"] <= b["high"], m
         assert b["value"] == pytest.approx(res[m], rel=1e-3)
@@ -175,7 +178,7 @@ def test_the_result_json_holds_the_answer_and_what_it_rests_on(advice):
     assert {"sync", "async", "zero_bubble", "async_saving", "zero_bubble_saving",
             "warnings"} <= set(load)
     assert {"value", "low", "high", "dominant"} <= set(load["async_saving"])
-    assert {i["name"] for i in doc["band_inputs"]} == {"cpu", "device"}
+    assert {i["name"] for i in doc["band_inputs"]} == {"cpu", "device", "dataset", "drafter"}
 
 
 def test_advise_prints_what_it_rests_on_and_writes_its_figure(tmp_path, capsys):
@@ -255,8 +258,9 @@ def test_two_cells_tell_the_host_from_the_device(tmp_path):
     assert p.roofline_level == pytest.approx(1.05, rel=0.02)
     assert p.about["calibration"]["cpu_scale"] == pytest.approx(2.0, rel=0.05)
     split = p.notes["bands"]["split"]
-    # within the CPU range of sim/bands.py, 1.0 to 3.1 of the defaults: x 0.5 to 1.55 of 2.0
-    assert 0.5 - 1e-9 <= split["low"]["cpu"] < 1 < split["high"]["cpu"] <= 1.55 + 1e-9
+    # within the CPU range of sim/bands.py, 1.0 to 3.1 of the defaults
+    cpu = p.about["calibration"]["cpu_scale"]
+    assert 1.0 - 1e-3 <= cpu * split["low"]["cpu"] < cpu < cpu * split["high"]["cpu"] <= 3.1 + 1e-3
 
 
 @pytest.mark.parametrize("args, extra, says", [
@@ -288,8 +292,9 @@ def test_a_bench_input_given_twice_or_no_file_is_refused_naming_it(tmp_path, cap
     FIFO is named for what it is, not read (a read would block)."""
     res = {"completed": 4, "duration": 1.0, "mean_tpot_ms": 3.0, "p99_tpot_ms": 4.0,
            "mean_itl_ms": 9.0, "p99_itl_ms": 9.5, "mean_ttft_ms": 20.0}
-    run = bench_file(tmp_path / "b.json", res, 1, num_speculative_tokens="3")
-    inputs = {"twice": [run, run], "in its folder": [run, str(tmp_path)]}.get(how)
+    (tmp_path / "runs").mkdir()
+    run = bench_file(tmp_path / "runs" / "b.json", res, 1, num_speculative_tokens="3")
+    inputs = {"twice": [run, run], "in its folder": [run, str(tmp_path / "runs")]}.get(how)
     if how == "fifo":
         os.mkfifo(tmp_path / "pipe.json")
         inputs = [str(tmp_path / "pipe.json")]
@@ -527,7 +532,10 @@ def test_zero_bubble_is_judged_at_the_k_each_input_end_favours():
     a = advise(base, loads_of([1], None), [0, 1, 2, 3, 4], jobs=1).answers[0]
     moved = a.modes["async"].best_k
     assert moved.low < moved.value or moved.high > moved.value   # the case this is about
-    assert a.zero_bubble_saving.low > -0.005, a.zero_bubble_saving
+    from stepgap.sim.hardware import get_hardware
+    from stepgap.sim.roofline import FIXUP_KERNELS
+    fixup_ms = FIXUP_KERNELS * get_hardware("h100").kernel_us / 1000
+    assert a.zero_bubble_saving.low > -fixup_ms, a.zero_bubble_saving
 
 
 def test_jobs_past_the_cells_start_no_more_processes_than_cells(monkeypatch):

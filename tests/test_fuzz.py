@@ -1494,9 +1494,151 @@ def round3_files(rng: random.Random, d: Path, base: Base) -> Case:
                 small_gzip_limit, (bomb_path,))
 
 
+# A calibrate profile's fields (issue 55), each broken as a hostile user would: (path, value,
+# the field the one line names).
+BAD_PROFILE_NOTES = [("bands.split", {}, "bands.split.low"), ("bands.split.high", None,
+                                                        "bands.split.high"),
+               ("bands.split.low", 3, "bands.split.low"),
+               ("bands.split.low.device", 0, "bands.split.low.device"),
+               ("bands.split.high.device", None, "bands.split.high.device"),
+               ("bands.split.low.cpu", "0.4", "bands.split.low.cpu"),
+               ("bands.split.high.cpu", float("inf"), "bands.split.high.cpu"),
+               ("bands.split.low.cpu", 9.0, "bands.split"), ("bands", [1], "bands"),
+               ("bands", "x", "bands"), ("residuals", {"a": 1}, "residuals"),
+               ("residuals.0.mean_itl_ms", -1, "residuals[0].mean_itl_ms"),
+               ("residuals.0.mean_itl_ms", float("nan"), "residuals[0].mean_itl_ms"),
+               ("residuals.0.mean_itl_ms", 1e300, "residuals[0].mean_itl_ms"),
+               ("cpu.launch_latency_us", 1e300, "cpu"), ("cpu.schedule", [-1], "cpu")]
+# A run result's sections as compare reads them: (path, value, the field named).
+BAD_RESULT_SECTIONS = [("config.resolved", [1], "config.resolved"), ("config.resolved", "x",
+                                                            "config.resolved"),
+              ("config.resolved.prefix_cache", [1], "config.resolved.prefix_cache"),
+              ("config.prefix_cache", {"queries": 1, "hits": 2}, "config.prefix_cache"),
+              ("config.resolved.notes", "x", "config.resolved.notes"),
+              ("mean_tpot_ms", -1.0, "mean_tpot_ms"), ("p99_itl_ms", "inf", "p99_itl_ms"),
+              ("duration", 0, "duration"), ("ttfts", [0.1], "ttfts"),
+              ("itls", [["x"], []], "itls[0]")]
+
+
+def set_path(doc, dotted: str, value) -> None:
+    """doc with the dotted path (list indices as digits) set to value; None deletes a key."""
+    *parents, last = dotted.split(".")
+    for part in parents:
+        doc = doc[int(part)] if isinstance(doc, list) else doc.setdefault(part, {})
+    if value is None and isinstance(doc, dict) and last in ("high",):
+        doc.pop(last, None)
+    elif isinstance(doc, list):
+        doc[int(last)] = value
+    else:
+        doc[last] = value
+
+
+def round4(rng: random.Random, d: Path, base: Base) -> Case:
+    """The classes of round 4 (issue 55): files stepgap wrote and reads back (a calibrate
+    profile's bands, split, residuals and CPU costs; a result's sections), measured tables of
+    zero or impossible times, one-token workloads, sizes past their bounds, an output inside a
+    folder the command reads, one run given twice, a band past --speed's limit. Each one line
+    naming the file and field (or the option), exit 2, nothing written, inputs unchanged."""
+    from tests.test_bad_input_round4 import bench_profile
+    out = d / "out"
+    how = rng.choice(["profile", "result", "table", "one token", "size", "output in input",
+                      "run twice", "band limit"])
+    if how == "profile":
+        path, value, field_ = rng.choice(BAD_PROFILE_NOTES)
+        prof = bench_profile(d)
+        doc = json.loads(prof.read_text())
+        set_path(doc, path, value)
+        prof.write_text(json.dumps(doc))
+        argv = rng.choice([
+            ["simulate", "--profile", str(prof), "--band", *sim_args(base, out)],
+            ["advise", "--profile", str(prof), "--model", "llama-3.1-8b", "--max-k", "1",
+             "--num-prompts", "2", "--output-len", "4", "--max-concurrency", "1", "--jobs",
+             "1", "--quiet", "--result-json", str(out / "a.json")],
+            ["sweep", "--set", f"profile={prof}", "--set", "num_prompts=2", "--grid", "k=0,1",
+             "--band", "--jobs", "1", "--out", str(out / "sw")]])
+        return Case(f"{how}: {path} {value!r} ({argv[0]})", argv,
+                    (f"{prof}: field '{field_}'",), inputs=(prof,))
+    if how == "result":
+        path, value, field_ = rng.choice(BAD_RESULT_SECTIONS)
+        doc = json.loads(base.result.read_text())
+        set_path(doc, path, value)
+        bad = write_json(d / "r.json", doc)
+        return Case(f"{how}: {path} {value!r}", ["compare", str(base.result), str(bad)],
+                    (f"{bad}: field '{field_}'",), inputs=(bad,))
+    if how == "table":
+        from tests.test_tables import DENSE_LAYERS, TOKENS, write_bundle
+        layer, v = rng.choice([("qkv_proj", 0), ("qkv_proj", 1e9), ("embedding", 1e9),
+                               ("lm_head", 1e-3), ("lm_head", 0)])
+        if layer == "lm_head":
+            b = write_bundle(d / "bf16", per_seq=[("lm_head", n, v) for n in (1, 10)]
+                             + [("sampler", n, 1 + n) for n in (1, 10)])
+            file = "per_sequence.csv"
+        else:
+            b = write_bundle(d / "bf16", dense=[(x, n, v if x == layer else 10 + n)
+                                                for x in DENSE_LAYERS for n in TOKENS])
+            file = "dense.csv"
+        return Case(f"{how}: {layer} at {v:g} us", ["simulate", "--gpu", "h100",
+                                                    "--device-profile", str(b), "--num-prompts",
+                                                    "2", "--quiet", "--result-json",
+                                                    str(out / "r.json")],
+                    (f"{b / 'tp1' / file}",), inputs=tuple((b / "tp1").glob("*.csv")))
+    if how == "one token":
+        bench = write_json(d / "b.json", json.loads(SEED_BENCH.read_text()))
+        argv = rng.choice([
+            ["advise", "--model", "llama-3.1-8b", "--max-k", "1", "--num-prompts",
+             str(rng.choice([1, 4])), "--output-len", "1", "--max-concurrency", "1", "--jobs",
+             "1", "--cpu-scale", "2.42", "--result-json", str(out / "a.json")],
+            ["calibrate", str(bench), "--gpu", "l20", "--model", "llama-3.1-8b", "--draft",
+             "llama-3.1-8b-eagle3", "-k", "4", "--output-len", "1", "--out",
+             str(out / "p.json")]])
+        return Case(f"{how}: {argv[0]}", argv, ("--output-len 1",), inputs=(bench,))
+    if how == "size":
+        what = rng.choice(["option", "loads", "bench files"])
+        if what == "option":
+            option = rng.choice(["--block-size", "--max-model-len", "--max-num-seqs",
+                                 "--max-num-batched-tokens", "--num-gpu-blocks-override"])
+            return Case(f"{how}: {option} 10^170", ["simulate", *sim_args(base, out), option,
+                                                    "1" + "0" * 170], (option,))
+        if what == "loads":
+            return Case(f"{how}: 3,000 loads", ["advise", "--model", "llama-3.1-8b",
+                                                "--max-k", "1", "--jobs", "1",
+                                                "--max-concurrency",
+                                                ",".join(map(str, range(1, 3001)))],
+                        ("--max-concurrency",))
+        runs = d / "runs"
+        runs.mkdir()
+        for i in range(101):
+            (runs / f"b{i}.json").write_text("")
+        return Case(f"{how}: 101 bench files", ["calibrate", str(runs), "--model",
+                                               str(base.target), "--out", str(out / "p.json")],
+                    (f"{runs}: 101 bench files",))
+    if how == "output in input":
+        runs = d / "runs"
+        write_json(runs / "bench.json", bench_doc())
+        target = runs / rng.choice(["p.json", "sub/p.json"])
+        return Case(f"{how}: {target.name}", ["calibrate", str(runs), "--model",
+                                              str(base.target), "--out", str(target)],
+                    (f"--out {target}",), inputs=(runs / "bench.json",))
+    if how == "run twice":
+        doc = json.loads(SEED_BENCH.read_text())
+        a = write_json(d / "a.json", doc)
+        b = write_json(d / "b.json", {**doc, **rng.choice([{}, {"max_concurrency": 8},
+                                                           {"num_prompts": 81}])})
+        return Case(f"{how}", ["calibrate", str(a), str(b), "--gpu", "l20", "--model",
+                               "llama-3.1-8b", "--draft", "llama-3.1-8b-eagle3", "-k", "4",
+                               "--out", str(out / "p.json")],
+                    (f"{b}: the same run as {a}",), inputs=(a, b))
+    option, v = rng.choice([("--speed", "1e6"), ("--speed", "1e-6"), ("--cpu-scale", "1e6")])
+    return Case(f"{how}: {option} {v}", ["simulate", *sim_args(base, out), "--band", option, v],
+                (f"{option} {float(v):g}: the band's",))
+
+
+SEED_BENCH = Path(__file__).resolve().parents[1] / "traces" / "seed" / "vllm-pr25872-sync.json"
+
+
 GENERATORS = (broken_file, broken_file, mistyped_field, mistyped_field, mistyped_field,
               bad_option, too_large, bad_output, small_ones, same_or_empty_path, stdout_fault,
-              round3, round3_files)
+              round3, round3_files, round4)
 
 
 # -------------------------------------------------------------------------------------------
@@ -1682,7 +1824,10 @@ def test_a_non_finite_metric_is_written_as_valid_json_and_read_back(literal, rea
     """vLLM writes NaN for a metric with no samples (Python's json writes it bare; no other JSON
     reader takes it), and 1e400 reads as infinity. Whatever stepgap writes is JSON: compare
     --json, every result and a sweep's store map a non-finite number to "nan", "inf" or "-inf"
-    (fileio.py dumps_json), which RunRecord.load and the store read back as the float."""
+    (fileio.py dumps_json), which RunRecord.load and the store read back as the float. A
+    latency no run takes (infinite, or negative) is refused where a result is read, naming the
+    field (issue 55); NaN, vLLM's "no samples", is read."""
+    from stepgap.common.formats import save_result
     from stepgap.common.run_record import RunRecord
     rng = random.Random(literal)
     keys = rng.sample(sorted(k for k, v in result_doc().items()
@@ -1692,15 +1837,22 @@ def test_a_non_finite_metric_is_written_as_valid_json_and_read_back(literal, rea
         text = re.sub(rf'"{key}": [^,]+', f'"{key}": {literal}', text)
     path = tmp_path / "r.json"
     path.write_text(text)
-    assert main(["compare", str(path), str(base.result), "--json"]) == 0
-    rows = {r["metric"]: r for r in strict_json(capsys.readouterr().out)["metrics"]}
-    assert any(r["measured"] == read for r in rows.values())
     again = tmp_path / "again.json"
-    RunRecord.load(path).save(again)
-    doc = strict_json(again.read_text())
-    for key in keys:
-        assert doc[key] == read
-        assert str(RunRecord.load(again).metrics[key]) == read
+    if read != "nan":
+        assert main(["compare", str(path), str(base.result), "--json"]) == 2
+        assert f"field '{min(keys, key=list(result_doc()).index)}'" in capsys.readouterr().err
+        save_result(again, json.loads(text))
+        doc = strict_json(again.read_text())
+        assert all(doc[key] == read for key in keys)
+    else:
+        assert main(["compare", str(path), str(base.result), "--json"]) == 0
+        rows = {r["metric"]: r for r in strict_json(capsys.readouterr().out)["metrics"]}
+        assert any(r["measured"] == read for r in rows.values())
+        RunRecord.load(path).save(again)
+        doc = strict_json(again.read_text())
+        for key in keys:
+            assert doc[key] == read
+            assert str(RunRecord.load(again).metrics[key]) == read
     # a sweep's store too (sim/sweep_store.py), line by line, read back by a resumed sweep
     from stepgap.sim.sweep_grid import GridCell
     from stepgap.sim.sweep_store import CellStore

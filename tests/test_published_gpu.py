@@ -101,3 +101,15 @@ def test_a_point_is_simulated_with_its_band_and_a_ratio_moves_both_runs_together
     # the same band inputs move both runs of a ratio: its band is far narrower than a run's
     assert (r.high - r.low) / r.nominal < (v.high - v.low) / v.nominal
     assert math.isfinite(r.rel_error)
+
+
+def test_a_points_run_takes_its_sources_vllm_version_and_its_dataset_unless_its_args_say():
+    p = pg.Point(id="s/a", source="s", args="--model llama-3.1-8b -k 2", metric="mean_tpot_ms",
+                 measured=1.0, file="f.yaml", dataset="GSM8K", engine="vLLM 0.9.2 (V1)")
+    assert p.run(p.args).split()[-4:] == ["--vllm-version", "0.9.2", "--acceptance-dataset",
+                                          "math"]
+    given = "--model llama-3.1-8b --vllm-version 0.11.0 --acceptance-dataset code"
+    assert p.run(given) == given
+    other = pg.Point(id="s/b", source="s", args="--model x", metric="mean_tpot_ms", measured=1.0,
+                     file="f.yaml", dataset="a dataset stepgap lacks", engine="SGLang 0.4.6")
+    assert other.run(other.args) == "--model x"

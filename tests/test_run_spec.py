@@ -25,14 +25,15 @@ def engine(**kw):
 
 @pytest.mark.parametrize("make", [sim, engine])
 @pytest.mark.parametrize("setting, value, message", [
-    ("max_model_len", 0, "--max-model-len: must be an integer >= 1, got 0"),
-    ("max_num_seqs", 2.5, "--max-num-seqs: must be an integer >= 1, got 2.5"),
+    ("max_model_len", 0, "--max-model-len: must be an integer from 1 to 16777216, got 0"),
+    ("max_num_seqs", 2.5, "--max-num-seqs: must be an integer from 1 to 1000000, got 2.5"),
     ("k", 65, "--num-speculative-tokens: must be an integer from 0 to 64, got 65"),
     ("mode", "fast", "--mode: must be one of sync, async, zero-bubble, got 'fast'"),
     ("executor", "thread", "--executor: must be one of inline, process, got 'thread'"),
     ("gpu_memory_utilization", 1.5, "--gpu-memory-utilization: must be in (0, 1], got 1.5"),
     ("enable_prefix_caching", "yes", "--enable-prefix-caching: must be true or false, got 'yes'"),
-    ("num_gpu_blocks_override", 0, "--num-gpu-blocks-override: must be an integer >= 1, got 0"),
+    ("num_gpu_blocks_override", 0,
+     "--num-gpu-blocks-override: must be an integer from 1 to 16777216, got 0"),
     ("seed", -1, "--seed: must be an integer >= 0, got -1"),
 ])
 def test_both_halves_refuse_a_bad_setting_with_one_message(make, setting, value, message):

@@ -130,7 +130,9 @@ LLAMA8B_LINEAR = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)   #
 
 def fp8_run(tmp_path, capsys, name, *extra):
     path = tmp_path / f"{name}.json"
+    # (the roofline alone, --device-profile none: the H100's tables of this model are bf16)
     assert main(["simulate", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h100",
+                 "--device-profile", "none",
                  "--num-prompts", "4", "--max-concurrency", "1", "--output-len", "64", *extra,
                  "--result-json", str(path)]) == 0
     return RunRecord.load(path).to_json(), capsys.readouterr().err
@@ -152,8 +154,10 @@ def test_fp8_weights_free_a_byte_a_linear_weight_and_run_at_the_fp8_peak(tmp_pat
     per_block = 16 * 32 * 2 * 8 * 128 * 2   # tokens x layers x K,V x KV heads x dim x bf16
     assert abs((b - a) - LLAMA8B_LINEAR / per_block) <= 1
     assert "the fp8 GEMM peak of h100 (1979 TFLOP/s dense)" in err
-    # decode streams the weights: about half of them read, so the step takes about half
-    assert 0.45 < fp8["mean_tpot_ms"] / bf16["mean_tpot_ms"] < 0.65
+    # decode streams the weights: half of their bytes read, so the step takes about half, less
+    # what does not halve (each of its ~330 kernels' fixed cost, 4.89 us on the fitted H100,
+    # and the host's step)
+    assert 0.45 < fp8["mean_tpot_ms"] / bf16["mean_tpot_ms"] < 0.72
 
 
 def test_a_gpu_without_fp8_tensor_cores_says_it_multiplies_at_the_bf16_rate(tmp_path, capsys):

@@ -81,8 +81,9 @@ def test_kernel_overhead_and_context_add_time():
     lean = RooflineCosts(TARGET, HEAD, Hardware(**{**{f: getattr(get_hardware("h100"), f)
                                                       for f in Hardware.__slots__},
                                                    "kernel_us": 0.0}), k=4)
-    # 32 layers x 10 kernels + embedding, final norm, lm_head
-    assert short - lean.target_forward(decode(5, 100)) == pytest.approx(323 * 2.0)
+    # 32 layers x 10 kernels + embedding, final norm, lm_head, each the entry's kernel_us
+    assert short - lean.target_forward(decode(5, 100)) == \
+        pytest.approx(323 * get_hardware("h100").kernel_us)
 
 
 def test_cpu_op_cost_is_affine_and_scales():
@@ -141,7 +142,7 @@ def test_replay_then_rates_past_the_end_of_the_record():
     (dict(mode="fast"), "--mode: must be one of sync, async, zero-bubble, got 'fast'"),
     (dict(executor="thread"), "--executor: must be one of inline, process"),
     (dict(request_rate=-1.0), "--request-rate: must be > 0 (or inf), got -1.0"),
-    (dict(max_num_seqs=0), "--max-num-seqs: must be an integer >= 1, got 0"),
+    (dict(max_num_seqs=0), "--max-num-seqs: must be an integer from 1 to 1000000, got 0"),
     (dict(gpu_memory_utilization=1.5), "--gpu-memory-utilization: must be in (0, 1]"),
     (dict(cpu_costs={"nap": [1]}), "--cpu-cost: unknown op 'nap'"),
 ])

@@ -21,7 +21,10 @@ def cfg(**kw) -> SimConfig:
     base = dict(model="llama-3.2-1b", num_gpu_blocks_override=4096, max_model_len=4096,
                 cpu_costs={"schedule": [S], "update_from_output": [U], "prepare_inputs": [P],
                            "launch": [L]},
-                launch_latency_us=L, wake_us=0.0, ipc_us=0.0, acceptance_rates=(0.0,))
+                launch_latency_us=L, wake_us=0.0, ipc_us=0.0, acceptance_rates=(0.0,),
+                # the step loop's structure alone: the drafter's own host costs
+                # (sim/drafter_costs.py) are tests/test_drafter_costs.py's
+                drafter_host_scale=0.0)
     base.update(kw)
     return SimConfig(**base)
 

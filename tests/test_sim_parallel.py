@@ -37,9 +37,10 @@ def decode(tokens=1, ctx=0, reqs=1) -> Batch:
 # -- TP = 1 is what it was ----------------------------------------------------------------
 
 @pytest.mark.parametrize("mode, tpot, itl", [("sync", 9.711165559914344, 28.140309292933605),
-                                             ("async", 9.382561845435792, 27.18810534756962)])
+                                             ("async", 9.38398563182831, 27.19223109222977)])
 def test_one_gpu_reproduces_the_seed_to_the_last_bit(mode, tpot, itl):
-    # The values the simulator gave before tensor parallelism existed (the seed table).
+    # The values the simulator gave before tensor parallelism existed (the seed table); async
+    # +0.015 % since the drafter's host pass (sim/drafter_costs.py, issue 49) was priced.
     for tp in ({}, {"tensor_parallel_size": 1}):
         res, _ = simulate(SimConfig(**PRESETS["seed-l20"].settings, mode=mode, **tp))
         assert (res["mean_tpot_ms"], res["mean_itl_ms"]) == (tpot, itl)
@@ -179,13 +180,46 @@ def test_moe_decode_reads_the_experts_its_tokens_touch():
 
 def test_published_parameter_counts():
     billions = {"llama-3.3-70b": 70.55, "qwen3-8b": 8.19, "qwen3-30b-a3b": 30.5,
-                "gpt-oss-20b": 20.9, "deepseek-v3": 671.0}
+                "gpt-oss-20b": 20.9, "gpt-oss-120b": 116.8, "deepseek-v3": 671.0}
     for name, b in billions.items():
         assert MODEL_PRESETS[name].num_params / 1e9 == pytest.approx(b, rel=0.01), name
     # DeepSeek-V3: 671 B + 14 B of MTP module; gpt-oss-20b's MXFP4 checkpoint about 13 GB
     assert MODEL_PRESETS["deepseek-v3"].mtp_params / 1e9 == pytest.approx(14, rel=0.05)
     assert MODEL_PRESETS["gpt-oss-20b"].weight_bytes_per_rank(1) / 1e9 == \
         pytest.approx(13.7, abs=0.1)
+
+
+# openai/gpt-oss-20b's config.json as published (every field, gpt-oss's own names included)
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+    "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02,
+    "intermediate_size": 2880, "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
+    "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
+    "num_local_experts": 32, "output_router_logits": False, "pad_token_id": 199999,
+    "quantization_config": {"modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+        "lm_head"], "quant_method": "mxfp4"},
+    "rms_norm_eps": 1e-05, "rope_scaling": {
+        "beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+        "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False},
+    "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128,
+    "swiglu_limit": 7.0, "tie_word_embeddings": False, "transformers_version": "4.55.0.dev0",
+    "use_cache": True, "vocab_size": 201088}
+
+
+def test_gpt_oss_config_json_and_ids_run_as_vllms_spec_decode_threads_name_them(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(GPT_OSS_20B))
+    read = load_model_config(str(tmp_path))
+    assert (read.num_params, read.weight_bytes_per_rank(1)) == \
+        (MODEL_PRESETS["gpt-oss-20b"].num_params,
+         MODEL_PRESETS["gpt-oss-20b"].weight_bytes_per_rank(1))
+    big = load_model_config("openai/gpt-oss-120b")
+    assert (big.num_layers, big.num_experts, big.num_sliding_layers) == (36, 128, 18)
+    cfg = SimConfig(model="openai/gpt-oss-120b", draft="nvidia/gpt-oss-120b-Eagle3-v2", k=3,
+                    num_prompts=2)
+    assert simulate(cfg)[0]["completed"] == 2
 
 
 QWEN_MOE = {"model_type": "qwen3_moe", "hidden_size": 256, "num_hidden_layers": 4,

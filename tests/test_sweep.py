@@ -487,7 +487,8 @@ def test_a_grid_file_takes_the_speculative_config_as_a_table(tmp_path):
 
 def test_data_parallel_size_is_an_axis(tmp_path):
     """A MoE target at DP 1 and 2 with expert parallelism: each row is the simulator's
-    cell, the DP 2 one run by two engine cores."""
+    cell, the DP 2 one run by two engine cores (at the nominal host, the sweep's default)."""
+    from stepgap.sim.bands import NOMINAL_CPU
     from stepgap.sim.config import SimConfig
     from stepgap.sim.loop import simulate
     sets = ["model=qwen3-30b-a3b", "gpu=h100", "enable_expert_parallel=true", "num_prompts=6",
@@ -499,7 +500,7 @@ def test_data_parallel_size_is_an_axis(tmp_path):
         dp = int(r["data_parallel_size"])
         res = simulate(SimConfig(model="qwen3-30b-a3b", gpu="h100", enable_expert_parallel=True,
                                  num_prompts=6, output_len=24, workload="mtbench", k=2,
-                                 data_parallel_size=dp))[0]
+                                 data_parallel_size=dp, cpu_scale=NOMINAL_CPU))[0]
         assert float(r["mean_tpot_ms"]) == pytest.approx(res["mean_tpot_ms"], rel=1e-12)
         assert (res["config"]["resolved"].get("data_parallel") is not None) == (dp == 2)
     assert rows[0]["mean_tpot_ms"] != rows[1]["mean_tpot_ms"]

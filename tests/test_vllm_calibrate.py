@@ -97,8 +97,9 @@ def test_calibrate_from_the_command_line_then_simulate_another_k(tmp_path, capsy
 
 
 def test_calibrate_refuses_inputs_that_do_not_determine_a_fit(tmp_path, capsys):
-    shutil.copy(DATA / "bench.json", tmp_path / "bench.json")
-    assert main(["calibrate", str(tmp_path), "--model", str(PAIR / "target"), "--out",
+    (tmp_path / "runs").mkdir()
+    shutil.copy(DATA / "bench.json", tmp_path / "runs" / "bench.json")
+    assert main(["calibrate", str(tmp_path / "runs"), "--model", str(PAIR / "target"), "--out",
                  str(tmp_path / "p.json")]) != 0
     assert "no timeline for any sync run" in capsys.readouterr().err
     assert not (tmp_path / "p.json").exists()
