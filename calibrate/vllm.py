@@ -27,6 +27,7 @@ from stepgap.common.acceptance import FILE_FORMAT
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import decode_text, gunzip, parse_json, read_bytes
 from stepgap.common.formats import LANES, Span
+from stepgap.common.limits import is_finite
 from stepgap.common.options import MAX_K, add_command
 
 # vLLM 0.32's annotations (VLLM_CUSTOM_SCOPES_FOR_PROFILING=1; vllm/v1/worker/gpu_model_runner.py
@@ -94,8 +95,7 @@ def read_trace(path, data: bytes | None = None) -> Source:
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise UserError(f"{path}: not a torch-profiler trace (no traceEvents list)")
     base = doc.get("baseTimeNanoseconds") or 0
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) \
-            or base < 0:
+    if not is_finite(base) or base < 0:
         raise UserError(f"{where(path, field='baseTimeNanoseconds')}: expected nanoseconds "
                         f">= 0, got {base!r}")
     events = []
@@ -110,8 +110,7 @@ def read_trace(path, data: bytes | None = None) -> Source:
             raise UserError(f"{where(path, field=f'{at}.name')}: expected an event name, "
                             f"got {name!r}")
         for key, v in (("ts", ts), ("dur", dur)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                    or (key == "dur" and v < 0):
+            if not is_finite(v) or (key == "dur" and v < 0):
                 raise UserError(f"{where(path, field=f'{at}.{key}')}: expected microseconds"
                                 f"{' >= 0' if key == 'dur' else ''}, got {v!r} (event "
                                 f"{name!r})")
@@ -179,7 +178,7 @@ HOOK_LINE = re.compile(rb'(?:\xef\xbb\xbf)?\s*\{\s*"lane"\s*:')   # a stepgap_ho
 
 def _span_time(d: dict, key: str, path, n: int) -> float:
     v = d.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if not is_finite(v):
         raise UserError(f"{where(path, n, key)}: expected microseconds (a finite number), got "
                         f"{v!r}")
     return float(v)

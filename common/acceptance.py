@@ -26,7 +26,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from stepgap.common.errors import UserError
+from stepgap.common.errors import UserError, shown
 from stepgap.common.formats import TraceRequest
 from stepgap.common.limits import is_finite, is_number
 
@@ -56,7 +56,7 @@ class AcceptanceProfile:
                                 "cannot increase")
             prev = r
         if not (is_finite(self.spread) and self.spread >= 0):
-            raise UserError(f"acceptance spread must be a number >= 0, got {self.spread!r}")
+            raise UserError(f"acceptance spread must be a number >= 0, got {shown(self.spread)}")
 
     def conditional(self, k: int) -> list[float]:
         """P(accept position i | position i-1 accepted), for i < k; the last rate repeats."""

@@ -102,8 +102,12 @@ def is_number(v) -> bool:
 
 
 def is_finite(v) -> bool:
-    """A number that is neither inf nor NaN."""
-    return is_number(v) and math.isfinite(v)
+    """A number that is neither inf nor NaN, nor an integer past a float's range (10^400 in a
+    JSON or YAML file reads as an int that every reader's float arithmetic overflows on)."""
+    try:
+        return is_number(v) and math.isfinite(v)
+    except OverflowError:
+        return False
 
 # `stepgap serve`'s HTTP edge (engine/api_server.py), checked before a body is parsed or a prompt
 # tokenized. A request line and headers up to vLLM's h11 limit (H11_MAX_INCOMPLETE_EVENT_SIZE,

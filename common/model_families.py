@@ -7,10 +7,9 @@ ModelConfig's fields (common/modelcfg.py), and the quantizations it models.
 
 from __future__ import annotations
 
-import math
 
 from stepgap.common.errors import UserError, where
-from stepgap.common.limits import is_int, is_number
+from stepgap.common.limits import is_finite, is_int
 from stepgap.common.model_fields import LLAMA_ROPES, bool_field, check_rope_scaling, int_field
 
 
@@ -24,7 +23,7 @@ def _need(d: dict, source, key, kind=int, default=None):
         v = default
     if v is None:
         raise UserError(f"{where(source, field=key)}: missing")
-    if not is_number(v) or not math.isfinite(v) or v <= 0:
+    if not is_finite(v) or v <= 0:
         raise UserError(f"{where(source, field=key)}: expected a positive number, got {v!r}")
     return v
 

@@ -7,11 +7,10 @@ each error naming the file and the field.
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 
 from stepgap.common.errors import UserError, where
-from stepgap.common.limits import is_int, is_number
+from stepgap.common.limits import is_finite, is_int
 
 # The RoPE scalings the engine implements (its Llama rotary embedding); the simulator's costs do
 # not depend on RoPE, so the other families take any (their known keys still checked).
@@ -133,7 +132,7 @@ def check_rope_scaling(scaling, what: str, kinds=LLAMA_ROPES) -> dict | None:
             raise UserError(f"{what}: rope_type {kind} needs '{key}' "
                             f"({', '.join(ROPE_KEYS[kind])})")
         integral = key == "original_max_position_embeddings"
-        if not (is_int(v) if integral else is_number(v)) or not math.isfinite(v) or v <= 0:
+        if (integral and not is_int(v)) or not is_finite(v) or v <= 0:
             raise UserError(f"{what}: '{key}' must be {'an integer' if integral else 'a number'}"
                             f" > 0, got {v!r}")
     if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
@@ -166,6 +165,6 @@ def check_layer_fields(cfg, who: str, extra_ints: tuple[str, ...] = (),
         raise UserError(f"{who}: head_dim ({cfg.head_dim}) must be even (RoPE rotates pairs)")
     for f in ("rope_theta", "rms_norm_eps"):
         v = getattr(cfg, f)
-        if not is_number(v) or not math.isfinite(v) or v <= 0:
+        if not is_finite(v) or v <= 0:
             raise UserError(f"{who}: field '{f}' must be a positive number, got {v!r}")
     check_rope_scaling(cfg.rope_scaling, f"{who}: field 'rope_scaling'", rope_kinds)

@@ -29,13 +29,12 @@ for each speculation method); named presets are common/model_presets.py's.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from stepgap.common.errors import UserError, where
 from stepgap.common.model_families import (FAMILIES, FAMILY_COUNTS, QUANTIZATIONS, llama_fields,
                                            quantization_fields)
-from stepgap.common.limits import is_int, is_number
+from stepgap.common.limits import is_finite, is_int
 from stepgap.common.model_fields import (LLAMA_ROPES, architectures, bool_field,
                                          check_config_object, check_layer_fields,
                                          check_layer_kind, check_token_ids, named)
@@ -143,7 +142,7 @@ class ModelConfig:
             raise UserError(f"{who}: sliding layers need a sliding_window >= 1")
         for f in ("weight_bytes", "expert_weight_bytes"):
             v = getattr(self, f)
-            if not is_number(v) or not math.isfinite(v) or v <= 0:
+            if not is_finite(v) or v <= 0:
                 raise UserError(f"{who}: field '{f}' (bytes per weight) must be a number > 0, "
                                 f"got {v!r}")
         if self.quantization not in QUANTIZATIONS:

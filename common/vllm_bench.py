@@ -11,7 +11,6 @@ so that it pools and compares like any result), `bench_requests` into the trace 
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json
 from stepgap.common.formats import MODES, RequestTiming, TraceRequest, run_result
-from stepgap.common.limits import MAX_K, MAX_PARAM, MAX_PROMPTS, is_int
+from stepgap.common.limits import MAX_K, MAX_PARAM, MAX_PROMPTS, is_finite, is_int
 
 BENCH_KEYS = ("date", "backend", "model_id", "num_prompts", "completed", "duration",
               "mean_tpot_ms")
@@ -44,7 +43,7 @@ def read_bench(path) -> dict:
 
 
 def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return is_finite(v)
 
 
 def _count(v) -> bool:

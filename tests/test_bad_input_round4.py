@@ -370,3 +370,47 @@ def test_a_real_runtime_error_is_not_taken_for_a_signal():
     with mock.patch("stepgap.cli.build_parser", parser), pytest.raises(RuntimeError):
         main(["simulate"])
 
+
+# -- a fresh sweep after issue 55's fixes (bench/hostile_round4.py; docs/reports/
+# 2026-12-07-hostile-round4-main.md) ------------------------------------------------------------
+
+HUGE = 10 ** 400   # JSON and YAML read it as an int; every float conversion of it overflows
+
+
+def test_an_integer_past_a_floats_range_is_not_a_finite_number():
+    from stepgap.common.limits import is_finite
+    assert not is_finite(HUGE) and not is_finite(-HUGE)
+    assert is_finite(10 ** 300) and is_finite(1e308)
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d["bands"]["split"]["low"].update(device=HUGE), "bands.split.low.device"),
+    (lambda d: d["residuals"][0].update(mean_tpot_ms=HUGE), "residuals[0].mean_tpot_ms"),
+    (lambda d: d.update(acceptance={"rates": [0.8, 0.6], "spread": HUGE}), "acceptance"),
+])
+def test_a_profile_number_of_400_digits_is_refused_naming_its_field(tmp_path, edit, field):
+    path = edited(bench_profile(tmp_path), edit)
+    with pytest.raises(UserError, match=rf"p\.json: field '{re.escape(field)}'") as e:
+        load_profile(path)
+    assert len(str(e.value)) < 400   # the value cut short, not written out
+
+
+@pytest.mark.parametrize("text, field", [
+    (f"memory_gb: {HUGE}\n", "memory_gb"),
+    (f"d2h_us: {HUGE}\n", "d2h_us"),
+])
+def test_a_gpu_file_number_past_any_device_is_refused_naming_its_field(tmp_path, text, field):
+    from stepgap.sim.hardware_file import load_gpu_file
+    path = tmp_path / "g.yaml"
+    path.write_text("base: h100\nname: mine\n" + text)
+    with pytest.raises(UserError, match=rf"g\.yaml: field '{field}'"):
+        load_gpu_file(path)
+
+
+def test_a_bench_file_number_of_400_digits_is_refused_naming_its_field(tmp_path, capsys):
+    doc = json.loads(SEED_BENCH.read_text())
+    (tmp_path / "b.json").write_text(json.dumps({**doc, "mean_itl_ms": HUGE}))
+    assert main(["calibrate", str(tmp_path / "b.json"), "--gpu", "l20", "--model",
+                 "llama-3.1-8b", "--draft", "llama-3.1-8b-eagle3", "-k", "4", "--out",
+                 str(tmp_path / "p.json")]) == 2
+    one_error(capsys, "b.json", "mean_itl_ms")
