@@ -398,6 +398,10 @@ def test_a_profile_number_of_400_digits_is_refused_naming_its_field(tmp_path, ed
 @pytest.mark.parametrize("text, field", [
     (f"memory_gb: {HUGE}\n", "memory_gb"),
     (f"d2h_us: {HUGE}\n", "d2h_us"),
+    ("flop_eff: 1.0e-300\n", "flop_eff"),  # every ITL's spread inf, exit 0 (YAML reads
+                                           # 1e-300, without its point, as text)
+    ("bw_eff: 1.0e-300\n", "bw_eff"),
+    ("kernel_us: 900000\n", "kernel_us"),  # Llama-3.1-8B at a mean TPOT of 293 s, exit 0
 ])
 def test_a_gpu_file_number_past_any_device_is_refused_naming_its_field(tmp_path, text, field):
     from stepgap.sim.hardware_file import load_gpu_file
