@@ -160,8 +160,8 @@ class EngineArgs(TopologySpec, SchedulerSpec, ModelSpec):
                                 f"weights ({weights / 1e9:.2f} GB) leave no room for a KV cache")
             return blocks
         want = self.max_num_seqs * cdiv(self.max_model_len + self.k, self.block_size)
-        return max(1, min(want, int(self.kv_cache_gib * 2 ** 30
-                                    // (self.block_size * per_token))))
+        cap = self.kv_cache_gib * 2 ** 30 / (self.block_size * per_token)   # inf: no cap
+        return max(1, want if cap >= want else int(cap))
 
 
 def refuse_method(method: str | None, option: str = "--speculative-config method") -> None:

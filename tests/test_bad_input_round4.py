@@ -418,3 +418,12 @@ def test_a_bench_file_number_of_400_digits_is_refused_naming_its_field(tmp_path,
                  "llama-3.1-8b", "--draft", "llama-3.1-8b-eagle3", "-k", "4", "--out",
                  str(tmp_path / "p.json")]) == 2
     one_error(capsys, "b.json", "mean_itl_ms")
+
+
+def test_a_kv_cache_cap_past_a_floats_range_caps_nothing():
+    from stepgap.engine.args import EngineArgs
+    huge = EngineArgs(model="tiny", kv_cache_gib=1e308).create_engine_config()
+    wide = EngineArgs(model="tiny", kv_cache_gib=1e6).create_engine_config()
+    a = huge.args
+    assert huge.num_blocks == wide.num_blocks
+    assert huge.num_blocks * a.block_size >= a.max_num_seqs * a.max_model_len
