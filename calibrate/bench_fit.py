@@ -417,13 +417,19 @@ def run_workload(path, doc: dict, base: dict, k: int, conc) -> tuple[list, str |
     n, note = doc["num_prompts"], None
     if all(key in doc for key in DETAIL_KEYS):
         reqs = bench_requests(doc, path)
+        if len(reqs) > MAX_FIT_PROMPTS:   # every step-th request: the spread of lengths kept
+            step = math.ceil(len(reqs) / MAX_FIT_PROMPTS)
+            note = (f"{path}: {len(reqs):,} requests: simulated with every {step:,}th, "
+                    f"{len(reqs[::step]):,} of them (at most {MAX_FIT_PROMPTS:,} a run: each fit "
+                    "step a simulation)")
+            reqs = reqs[::step]
         if spec is not None or out_len is not None:
             cfg = SimConfig(**settings(base, k, workload=spec or "mtbench", num_prompts=n,
                                        output_len=out_len, seed=seed))
             drawn = build_workload(cfg)
             check_tokens(path, doc, drawn, describe(spec, out_len), spec is not None,
                          out_len is not None)
-        return apply_request_rate(reqs, None if rate == math.inf else rate, burst, seed), None
+        return apply_request_rate(reqs, None if rate == math.inf else rate, burst, seed), note
     totals = doc.get("total_input_tokens") and doc.get("total_output_tokens") \
         and doc.get("completed")
     if spec is None and out_len is None and totals:

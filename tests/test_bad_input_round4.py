@@ -427,3 +427,17 @@ def test_a_kv_cache_cap_past_a_floats_range_caps_nothing():
     a = huge.args
     assert huge.num_blocks == wide.num_blocks
     assert huge.num_blocks * a.block_size >= a.max_num_seqs * a.max_model_len
+
+
+def test_a_bench_file_of_more_requests_than_a_fit_simulates_is_spread_over_them(tmp_path):
+    from stepgap.calibrate.bench_fit import MAX_FIT_PROMPTS, run_workload
+    n = 4 * MAX_FIT_PROMPTS + 3
+    doc = {**json.loads(SEED_BENCH.read_text()), "num_prompts": n, "completed": n,
+           "input_lens": list(range(1, n + 1)), "output_lens": [64] * n, "ttfts": [0.05] * n,
+           "itls": [[0.028] * 2] * n, "errors": [""] * n}
+    reqs, note = run_workload(tmp_path / "b.json", doc, {"_workload": None, "_output_len": None,
+                                                         "_seed": 0}, 4, 1)
+    assert len(reqs) <= MAX_FIT_PROMPTS
+    lens = [r.prompt_len for r in reqs]
+    assert lens[0] == 1 and lens[-1] > n - n // MAX_FIT_PROMPTS - 5   # first to last, spread
+    assert f"{n:,} requests" in note and f"{len(reqs):,} of them" in note
