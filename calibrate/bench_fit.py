@@ -1140,9 +1140,14 @@ class NextRun:
 
 def plan_next_run(advice) -> NextRun | None:
     """The next run for `advice` (sim/advise.py Advice, with bands), or None where its bands
-    have no input that a run narrows."""
+    have no input that a run narrows. A profile that prices the device from its own op fits (a
+    measured engine's, or vLLM traces') is one that no bench file narrows: calibrating on one
+    fits the roofline's level, which such a profile does not use."""
     from stepgap.sim.bands import band_inputs
     from stepgap.sim.config import profile_defaults
+    from stepgap.sim.profile import load_profile
+    if advice.base.get("profile") and load_profile(advice.base["profile"]).fits:
+        return None
     answers = [a for a in advice.answers if a.async_saving.dominant]
     if not answers:
         return None

@@ -441,3 +441,14 @@ def test_a_bench_file_of_more_requests_than_a_fit_simulates_is_spread_over_them(
     lens = [r.prompt_len for r in reqs]
     assert lens[0] == 1 and lens[-1] > n - n // MAX_FIT_PROMPTS - 5   # first to last, spread
     assert f"{n:,} requests" in note and f"{len(reqs):,} of them" in note
+
+
+def test_advise_on_a_measured_engine_profile_plans_no_bench_run_and_answers(capsys):
+    # the next run's projection fits a bench file's roofline level, which a profile of device op
+    # fits does not use: it refused the answer, naming a projected run no user made
+    profile = ROOT / "traces/measured/cpu/profile.json"
+    assert main(["advise", "--device", "cpu", "--gpu", "cpu", "--profile", str(profile),
+                 "--num-prompts", "3", "--output-len", "8", "--max-k", "2",
+                 "--max-concurrency", "1", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "The answer" in out and "next run" not in out.lower()
