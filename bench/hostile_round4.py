@@ -1660,8 +1660,21 @@ def past_physics(folder: Path) -> str | None:
     return None
 
 
+def resume_store_only(why: str) -> bool:
+    """Whether a "failed, and wrote [...]" wrote nothing but `sweep`'s store of finished cells
+    (OUT/cells.jsonl and its folder), which a sweep keeps after an interruption by design, for
+    its rerun to go on from (sim/sweep_cli.py); the list is whole (hostile.py shows three)."""
+    import ast
+    written = ast.literal_eval(why.removeprefix("failed, and wrote "))
+    return len(written) < 3 and all(p.endswith("/cells.jsonl") or any(
+        q.startswith(p + "/") for q in written) for p in written)
+
+
 def judge_signal(res: H.Result, case: Case, state: dict) -> H.Result:
     target, signum, _ = case.signal
+    if res.why.startswith("failed, and wrote") and target != "main" \
+            and resume_store_only(res.why):
+        res = replace(res, why="failed, keeping the sweep's finished cells")   # judged below
     if res.why.startswith(("traceback", "still running", "fixtures", "input changed",
                            "failed, and wrote")):
         return res
