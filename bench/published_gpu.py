@@ -270,7 +270,9 @@ def evaluate(point: Point, band: bool = True) -> Verdict:
                                                   v and i.settings(v, end))
                                             for end in ("low", "high")) for i in inputs})
         return Verdict(**head, nominal=nominal, low=b.low, high=b.high, dominant=b.dominant)
-    except (UserError, KeyError, ValueError) as e:
+    except Exception as e:   # a refusal or a crash: the point failed, named in the summary
+        if not isinstance(e, (UserError, KeyError, ValueError)):
+            e = RuntimeError(f"stepgap crashed: {type(e).__name__}: {e}")
         return Verdict(**head, nominal=math.nan, low=None, high=None, dominant=[],
                        error=f"{type(e).__name__}: {e}")
 

@@ -563,6 +563,10 @@ class Host:
 # The fit's bounds, far outside any host's range, each factor's log
 BOUNDS = {"cpu": (math.log(1e-3), math.log(50.0)), "per": (math.log(1e-3), math.log(50.0)),
           "device": (math.log(0.1), math.log(10.0)), "draft": (math.log(0.1), math.log(20.0))}
+# One cell's CPU factor, solved alone, within the same bounds: a run the device alone explains
+# (a fast host on a slow device) would otherwise solve to a CPU of ~0, and its band's ends, as
+# factors of that, past any a profile may hold (advise's next run on an H100 did)
+CPU_LIMITS = (math.exp(BOUNDS["cpu"][0]), math.exp(BOUNDS["cpu"][1]))
 
 
 class Fitter:
@@ -736,7 +740,7 @@ def fit_bench(runs: list[BenchRun], base: dict, noise: float):
                                  "logit scale: the simulated TPOT / ITL is the runs'")
         if names == ("cpu",):
             s = solve(lambda x: statistics.fmean(fit.itl_error(Host(x))), host.cpu,
-                      host.cpu * 1.1, 0.0, 50.0)
+                      host.cpu * 1.1, *CPU_LIMITS)
             host = Host(s)
         else:
             host = least_squares(fit, host, names)
@@ -933,8 +937,10 @@ def split_one(fit: Fitter, host: Host, noise: float, cpu: tuple, device: tuple
     def itl(x, y):
         return statistics.fmean(fit.itl_error(Host(x, y)))
     # the most CPU: the fastest device within its range, the ITL at the top of its noise
-    s_hi = min(max(cpu[1], s), solve(lambda x: itl(x, device[0]) - noise, s, s * 1.1, 0.0, 50.0))
-    s_lo = max(min(cpu[0], s), solve(lambda x: itl(x, device[1]) + noise, s, s * 0.9, 0.0, 50.0))
+    s_hi = min(max(cpu[1], s), solve(lambda x: itl(x, device[0]) - noise, s, s * 1.1,
+                                     *CPU_LIMITS))
+    s_lo = max(min(cpu[0], s), solve(lambda x: itl(x, device[1]) + noise, s, s * 0.9,
+                                     *CPU_LIMITS))
     ends = {}
     for name, x in (("low", s_lo), ("high", s_hi)):
         y = solve(lambda v: itl(x, v), e, e * 1.02, device[0] * 0.5, device[1] * 2)

@@ -263,9 +263,10 @@ def read_yaml(path, what: str) -> dict:
     naming the line."""
     import yaml
     text = read_text(path)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # libyaml's, where PyYAML has it
     try:
-        _yaml_size(path, yaml.parse(text, Loader=yaml.SafeLoader), yaml)
-        doc = yaml.safe_load(text)
+        _yaml_size(path, yaml.parse(text, Loader=loader), yaml)
+        doc = yaml.load(text, Loader=loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""

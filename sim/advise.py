@@ -376,7 +376,7 @@ def search(cells: Cells, base: dict, load: dict, modes: tuple, ks: list[int],
 
 def rests_on(base: dict, ks: list[int], inputs: list[BandInput]) -> dict:
     """The sources of the answer: the device costs, the acceptance, the CPU costs, the seed."""
-    from stepgap.sim.config import SimConfig, acceptance_profile, resolve, roofline_of
+    from stepgap.sim.config import SimConfig, acceptance_choice, acceptance_profile, resolve, roofline_of
     cfg = SimConfig(**{**base, "k": max(ks)})
     r = resolve(cfg)
     hw, measured = r.hw, r.measured
@@ -403,6 +403,10 @@ def rests_on(base: dict, ks: list[int], inputs: list[BandInput]) -> dict:
     if moe is not None:   # a MoE target's blocks from moe.csv, or under data/expert parallelism
         device += f"; {moe.source()}"
     prof, note = acceptance_profile(cfg, r.target)
+    # the note says how the default was chosen (by dataset); only another's profile is borrowed
+    borrowed = note is not None and (cfg.acceptance is not None
+                                     or cfg.acceptance_rates is not None
+                                     or acceptance_choice(cfg, r.target)[0].borrowed)
     depth = len(prof.rates)
     name, source = prof.name, prof.source
     if measured is not None and cfg.acceptance_rates is not None \
@@ -414,7 +418,7 @@ def rests_on(base: dict, ks: list[int], inputs: list[BandInput]) -> dict:
     acc = {"profile": name, "source": source, "rates": list(prof.rates),
            "spread": prof.spread, "measured_depth": depth,
            "extrapolated_positions": [k for k in range(depth + 1, max(ks) + 1)],
-           "borrowed": note}
+           "borrowed": note if borrowed else None, "chosen": None if borrowed else note}
     if measured is not None and measured.cpu is not None:
         cal = measured.about.get("calibration") if isinstance(measured.about, dict) else None
         cpu = f"the profile {measured.path}" + (f" ({cal['what']})" if isinstance(cal, dict)

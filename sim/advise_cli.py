@@ -247,7 +247,8 @@ def format_advice(advice) -> str:
              f"{acc['measured_depth']}" + (
                  f"; positions {_span(acc['extrapolated_positions'])} extrapolated (the last "
                  "conditional rate repeats)" if acc["extrapolated_positions"] else "")
-             + (f"; BORROWED: {acc['borrowed']}" if acc.get("borrowed") else ""),
+             + (f"; BORROWED: {acc['borrowed']}" if acc.get("borrowed") else "")
+             + (f"; {acc['chosen']}" if acc.get("chosen") else ""),
              f"  CPU costs   {r['cpu']}",
              f"  seed        {r['seed']} (the workload's prompts and the acceptance draws)"]
     if advice.inputs:

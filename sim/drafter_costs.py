@@ -219,7 +219,7 @@ class DrafterCosts:
         batch = "the padded drafter batch" if self.padded else \
             "no padded drafter batch (the drafter waits for the step's tokens)"
         how = "one pass for the k drafts (parallel drafting)" if self.parallel else \
-            f"{self.k} passes"
+            "a pass a draft"   # (not k: advise's cells at every k share one line)
         return (f"drafter: vLLM {self.version}'s, {batch}, {self.graphs} drafter CUDA graphs, "
                 f"{how}; host {self.host_pass_us():.0f} us a pass, "
                 f"{self.host_prep_us():.0f} us for the first inputs")
