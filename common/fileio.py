@@ -270,7 +270,10 @@ def read_yaml(path, what: str) -> dict:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
-        raise UserError(f"{path}{line}: not valid YAML ({getattr(e, 'problem', e)})") from None
+        problem = getattr(e, "problem", e)
+        if "maximum nesting depth" in str(problem):   # libyaml's own limit, past ours
+            problem = f"nested more than {MAX_YAML_DEPTH} deep"
+        raise UserError(f"{path}{line}: not valid YAML ({problem})") from None
     except RecursionError:
         raise UserError(f"{path}: not valid YAML (nested too deeply)") from None
     except ValueError:   # an integer longer than Python converts, as in JSON

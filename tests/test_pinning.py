@@ -121,6 +121,18 @@ def test_a_host_factor_outside_its_documented_range_is_warned_with_the_range(tmp
     assert load_profile(prof).notes["warnings"]
 
 
+def test_a_run_the_device_alone_explains_calibrates_within_the_fits_bounds(tmp_path, capsys):
+    # a device 5 % faster than the roofline and almost no host: one cell's CPU factor solved to
+    # ~0 and its band's top, as a factor of it, to x 4.4e6, past what a profile may hold
+    # (advise's next run on an H100 then ended in an error)
+    run = truth(tmp_path, 1, 3, {"cpu_scale": 1e-7, "speed": 0.95}, "no-host.json")
+    prof = tmp_path / "p.json"
+    assert main(["calibrate", run, *CAL, "--out", str(prof)]) == 0
+    split = load_profile(prof).notes["bands"]["split"]
+    assert split["high"]["cpu"] <= 3.1 / 1e-3   # the band's top over the fit's floor, x 1e-3
+    assert "x 1 to x 3.1" in capsys.readouterr().err   # the factor is warned about
+
+
 # -- several runs ---------------------------------------------------------------------------
 
 
