@@ -1144,9 +1144,10 @@ class NextRun:
                 "made": self.made}
 
 
-def plan_next_run(advice) -> NextRun | None:
+def plan_next_run(advice, progress=None) -> NextRun | None:
     """The next run for `advice` (sim/advise.py Advice, with bands), or None where its bands
-    have no input that a run narrows. A profile that prices the device from its own op fits (a
+    have no input that a run narrows (`progress`, where given, is called with 1 after each
+    candidate run's calibration at each end). A profile that prices the device from its own op fits (a
     measured engine's, or vLLM traces') is one that no bench file narrows: calibrating on one
     fits the roofline's level, which such a profile does not use."""
     from stepgap.sim.bands import band_inputs
@@ -1193,6 +1194,8 @@ def plan_next_run(advice) -> NextRun | None:
                 after, _ = profile_defaults({**fit_setup(small), "profile": str(prof)}, set())
                 cand.ends[end] = saving_band(after, ans.load, ks,
                                              band_inputs(after, max(ks.values())))
+                if progress is not None:
+                    progress(1)
     narrowest = min(c.width for c in cands)
     best = min((c for c in cands if c.width <= narrowest * (1 + NEAR)), key=lambda c: c.cost_s)
     return NextRun(ans.load, name, now, best, cands, made, base)

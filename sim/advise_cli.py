@@ -182,7 +182,15 @@ def run(args, next_run=None) -> int:
     advice.notes = notes + advice.notes
     advice.yours = mine
     if next_run is not None and args.band and getattr(args, "next_run", True):
-        advice.next_run = next_run(advice)
+        bar = None
+        if not args.quiet and sys.stderr.isatty():   # (a calibration a candidate run's end)
+            from tqdm import tqdm
+            bar = tqdm(unit="fit", desc="advise: the next run", dynamic_ncols=True, leave=False)
+        try:
+            advice.next_run = next_run(advice, progress=bar.update if bar is not None else None)
+        finally:
+            if bar is not None:
+                bar.close()
     figure = None
     if args.plot:
         from stepgap.common.timeline_plots import render

@@ -10,6 +10,7 @@ numbers of docs/reports/2026-12-07-pinning.md (which has them, with their comman
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -191,14 +192,18 @@ def one_run_profile(tmp_path_factory):
 
 
 def test_advise_names_the_run_that_narrows_its_band_and_the_band_after_it(one_run_profile,
-                                                                           tmp_path, capsys):
+                                                                           tmp_path, capsys,
+                                                                           monkeypatch):
     out = tmp_path / "a.json"
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)   # a terminal: the bars show
     assert main(["advise", "--profile", one_run_profile, "--model", "llama-3.1-8b", "--draft",
                  "llama-3.1-8b-eagle3", "--trace", "mtbench", "--num-prompts", "4",
                  "--output-len", "24", "--max-concurrency", "1", "--max-k", "3", "-j", "1",
                  "--result-json", str(out)]) == 0
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert "The next run to make" in text and "vllm bench serve" in text
+    assert "advise: the next run" in captured.err   # its calibrations have a bar of their own
     nxt = json.loads(out.read_text())["next_run"]
     assert nxt["input"] == "split"
     # the run already made is not proposed again
