@@ -2679,8 +2679,11 @@ def serve_sweep(fx: Path, work: Path) -> list[Result]:
 # The sweep
 
 
-def all_cases(only: set[str] | None) -> list[Case]:
-    cases = [c for name, make in FAMILIES.items() if not only or name in only for c in make()]
+def all_cases(only: set[str] | None, families: dict | None = None) -> list[Case]:
+    """Every case of `families` (name -> maker; default this file's FAMILIES) among `only`,
+    each named once."""
+    cases = [c for name, make in (families or FAMILIES).items() if not only or name in only
+             for c in make()]
     seen = Counter((c.family, c.name) for c in cases)
     dup = [k for k, n in seen.items() if n > 1]
     assert not dup, f"cases named twice: {dup[:5]}"

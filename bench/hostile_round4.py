@@ -1504,7 +1504,8 @@ FAMILIES = {"profile": profiles, "options": options, "gpu": gpus, "moe": moe,
 SIGNAL_STATE: dict[str, dict] = {}
 
 
-def _children(ppid: int) -> list[int]:
+def _procs(keep) -> list[int]:
+    """The pids whose /proc/PID/stat fields after the name (state, ppid, pgrp, ...) `keep`."""
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -1512,11 +1513,15 @@ def _children(ppid: int) -> list[int]:
         try:
             with open(f"/proc/{entry}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[1]) == ppid:
+            if keep(fields):
                 out.append(int(entry))
         except (OSError, IndexError, ValueError):
             continue
     return out
+
+
+def _children(ppid: int) -> list[int]:
+    return _procs(lambda fields: int(fields[1]) == ppid)
 
 
 def _cwd(pid: int) -> str | None:
@@ -1589,18 +1594,7 @@ def _watch(folder: Path, target: str, signum: int, delay: float, state: dict) ->
 
 
 def _leftovers(pgid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                out.append(int(entry))
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
+    return _procs(lambda fields: int(fields[2]) == pgid and fields[0] != "Z")
 
 
 def past_physics(folder: Path) -> str | None:
@@ -1752,11 +1746,7 @@ def run4(case: Case, fx: Path, work: Path, fx_before: dict) -> H.Result:
 
 
 def all_cases(only: set[str] | None) -> list[Case]:
-    cases = [c for name, make in FAMILIES.items() if not only or name in only for c in make()]
-    seen = Counter((c.family, c.name) for c in cases)
-    dup = [k for k, n in seen.items() if n > 1]
-    assert not dup, f"cases named twice: {dup[:5]}"
-    return cases
+    return H.all_cases(only, FAMILIES)
 
 
 def sample(cases: list[Case], n: int) -> list[Case]:
