@@ -241,17 +241,40 @@ class Hardware:
         return self.mem_bw * self.bw_eff
 
 
-# Every GPU entry: kernel_us 2.0 (graph-launched kernels: about 1 us between kernels plus about
-# 1 us of ramp/drain for a memory-bound kernel) and d2h_us 15 (two small pinned copies over PCIe
-# or NVLink-C2C, about 7 us each with their stream synchronisation).
+# Every GPU entry: d2h_us 15 (two small pinned copies over PCIe or NVLink-C2C, about 7 us each
+# with their stream synchronisation).
+# A GPU known by its datasheet alone (no operator table fitted): kernel_us 2.0 (graph-launched
+# kernels: about 1 us between kernels plus about 1 us of ramp/drain for a memory-bound kernel),
+# and the efficiencies of its kind of memory (the L20's for GDDR).
+DATASHEET_EFFICIENCIES = {"gddr": (0.70, 0.80), "hbm": (0.75, 0.85)}   # flop_eff, bw_eff
+
+
+def datasheet_gpu(name: str, device_name: str, memory: str, **peaks) -> Hardware:
+    """A catalog GPU from its datasheet peaks (`flops`, `mem_bw`, `mem_bytes`, `fp8_flops`),
+    interconnect and source; `memory` ("gddr" or "hbm") picks its efficiencies."""
+    flop_eff, bw_eff = DATASHEET_EFFICIENCIES[memory]
+    return Hardware(name, "gpu", flop_eff=flop_eff, bw_eff=bw_eff, kernel_us=2.0, d2h_us=15.0,
+                    device_names=(device_name,), **peaks)
+
+
+H100 = Hardware("h100", "gpu", flops=989e12, mem_bw=3350 * GB, flop_eff=0.76, bw_eff=0.934,
+                kernel_us=4.89, d2h_us=15.0, mem_bytes=80 * GB, fp8_flops=1979e12,
+                interconnect=NVLINK4,
+                source="NVIDIA H100 SXM datasheet (3350 GB/s HBM3, 989 TFLOP/s dense bf16); "
+                       "efficiencies and per-kernel cost fitted on Vidur's and LLMServingSim's "
+                       "H100 operator tables (8 models, TP 1-8; bench/fit_gpu_roofline.py)",
+                device_names=("NVIDIA H100 80GB HBM3",), device_band=(0.875, 1.586),
+                device_band_source="the fitted roofline against Vidur's H100 tables: a layer's "
+                                   "time -7 to +14 % at decode, -37 to -6 % at the knee, -21 "
+                                   "to -6 % at prefill (bench/fit_gpu_roofline.py)")
+
 CATALOG: dict[str, Hardware] = {h.name: h for h in (
     # GDDR6 with ECC: copy bandwidth about 83% of peak (the L40S, same memory system, is
     # validated against 0.72 TB/s = 83% of 864 GB/s); GEMV-like streaming ~96% of copy.
-    Hardware("l20", "gpu", flops=119.5e12, mem_bw=864 * GB, flop_eff=0.70, bw_eff=0.80,
-             kernel_us=2.0, d2h_us=15.0, mem_bytes=48 * GB, fp8_flops=239e12,
-             interconnect=INTERCONNECTS["pcie4"],
-             source="NVIDIA L20 datasheet: 864 GB/s GDDR6, 119.5 TFLOP/s dense bf16, 48 GB",
-             device_names=("NVIDIA L20",)),
+    datasheet_gpu("l20", "NVIDIA L20", "gddr", flops=119.5e12, mem_bw=864 * GB,
+                  mem_bytes=48 * GB, fp8_flops=239e12,
+                  interconnect=INTERCONNECTS["pcie4"],
+                  source="NVIDIA L20 datasheet: 864 GB/s GDDR6, 119.5 TFLOP/s dense bf16, 48 GB"),
     # The A100's and H100's efficiencies and per-kernel cost are fitted on the measured
     # operator tables of traces/peers/ (bench/fit_gpu_roofline.py, which prints these numbers;
     # tests/test_gpus.py fits them again): bw_eff and kernel_us on the GEMMs of at most 8
@@ -267,102 +290,82 @@ CATALOG: dict[str, Hardware] = {h.name: h for h in (
              device_band_source="the fitted roofline against Vidur's A100 tables: a layer's "
                                 "time -7 to +4 % at decode, -28 to +0 % at the knee, -10 to "
                                 "+2 % at prefill (bench/fit_gpu_roofline.py)"),
-    Hardware("h100", "gpu", flops=989e12, mem_bw=3350 * GB, flop_eff=0.76, bw_eff=0.934,
-             kernel_us=4.89, d2h_us=15.0, mem_bytes=80 * GB, fp8_flops=1979e12,
-             interconnect=NVLINK4,
-             source="NVIDIA H100 SXM datasheet (3350 GB/s HBM3, 989 TFLOP/s dense bf16); "
-                    "efficiencies and per-kernel cost fitted on Vidur's and LLMServingSim's "
-                    "H100 operator tables (8 models, TP 1-8; bench/fit_gpu_roofline.py)",
-             device_names=("NVIDIA H100 80GB HBM3",), device_band=(0.875, 1.586),
-             device_band_source="the fitted roofline against Vidur's H100 tables: a layer's "
-                                "time -7 to +14 % at decode, -37 to -6 % at the knee, -21 to "
-                                "-6 % at prefill (bench/fit_gpu_roofline.py)"),
+    H100,
     # Measured on one H200 (docs/explanation/design.md §6): 4.3 TB/s copy (0.90), 790 TFLOP/s
     # GEMM (0.80).
-    # No operator table of an H200 was found: its own two measurements, the H100's fitted
-    # per-kernel cost (the same Hopper kernels and clocks), and a band as wide as the H100's
-    # fitted one and the datasheet GPUs' together.
-    Hardware("h200", "gpu", flops=989e12, mem_bw=4800 * GB, flop_eff=0.80, bw_eff=0.86,
-             kernel_us=4.89, d2h_us=15.0, mem_bytes=141 * GB, fp8_flops=1979e12,
-             interconnect=NVLINK4,
-             source="NVIDIA H200 SXM datasheet: 4800 GB/s HBM3e, 989 TFLOP/s; "
-                    "docs/explanation/design.md §6 (one H200's copy bandwidth and GEMM rate); "
-                    "per-kernel cost the H100's fitted one",
-             device_names=("NVIDIA H200",), device_band=(0.875, 1.586),
-             device_band_source="no H200 table: the H100's fitted band (the same kernels), "
-                                "which holds the datasheet GPUs' range"),
-    Hardware("b200", "gpu", flops=2250e12, mem_bw=8000 * GB, flop_eff=0.75, bw_eff=0.85,
-             kernel_us=2.0, d2h_us=15.0, mem_bytes=180 * GB, fp8_flops=4500e12,
-             interconnect=INTERCONNECTS["nvlink5"],
-             source="NVIDIA B200 datasheet: 8 TB/s HBM3e, 2.25 PFLOP/s dense bf16",
-             device_names=("NVIDIA B200",)),
+    # No operator table of an H200 was found: its own two measurements; the H100's peaks (the
+    # same Hopper die), fitted per-kernel cost (the same kernels and clocks), NVLink, and its
+    # band, as wide as the H100's fitted one and the datasheet GPUs' together.
+    replace(H100, name="h200", mem_bw=4800 * GB, flop_eff=0.80, bw_eff=0.86, mem_bytes=141 * GB,
+            source="NVIDIA H200 SXM datasheet: 4800 GB/s HBM3e, 989 TFLOP/s; "
+                   "docs/explanation/design.md §6 (one H200's copy bandwidth and GEMM rate); "
+                   "per-kernel cost the H100's fitted one",
+            device_names=("NVIDIA H200",),
+            device_band_source="no H200 table: the H100's fitted band (the same kernels), "
+                               "which holds the datasheet GPUs' range"),
+    datasheet_gpu("b200", "NVIDIA B200", "hbm", flops=2250e12, mem_bw=8000 * GB,
+                  mem_bytes=180 * GB, fp8_flops=4500e12,
+                  interconnect=INTERCONNECTS["nvlink5"],
+                  source="NVIDIA B200 datasheet: 8 TB/s HBM3e, 2.25 PFLOP/s dense bf16"),
     # Two GDDR cards of the peer runs (docs/explanation/measured-tables.md, "Measured operator
     # tables"): datasheet peaks, the L20's efficiencies (the same kind of memory system); memory as
     # CUDA reports it.
-    Hardware("rtx4090", "gpu", flops=165.2e12, mem_bw=1008 * GB, flop_eff=0.70, bw_eff=0.80,
-             kernel_us=2.0, d2h_us=15.0, mem_bytes=25_250_627_584, fp8_flops=330.3e12,
-             interconnect=replace(INTERCONNECTS["pcie4"], name="pcie4, no P2P", p2p=False),
-             source="NVIDIA Ada architecture whitepaper, GeForce RTX 4090: 1008 GB/s GDDR6X, "
-                    "165.2 TFLOP/s dense bf16 (FP32 accumulate), 330.3 fp8; 24 GB "
-                    "(25,250,627,584 bytes as CUDA reports it in the peer run's meta.json); "
-                    "GeForce cards have no peer-to-peer access",
-             device_names=("NVIDIA GeForce RTX 4090",)),
-    Hardware("rtxpro6000", "gpu", flops=500e12, mem_bw=1792 * GB, flop_eff=0.70, bw_eff=0.80,
-             kernel_us=2.0, d2h_us=15.0, mem_bytes=96 * GIB, fp8_flops=1000e12,
-             interconnect=INTERCONNECTS["pcie5"],
-             source="NVIDIA RTX PRO 6000 Blackwell Server Edition datasheet: 1792 GB/s GDDR7, "
-                    "96 GB, 4000 AI TOPS (fp4, sparse): 1000 TFLOP/s dense fp8, 500 dense bf16",
-             device_names=("NVIDIA RTX PRO 6000 Blackwell Server Edition",)),
+    datasheet_gpu("rtx4090", "NVIDIA GeForce RTX 4090", "gddr", flops=165.2e12, mem_bw=1008 * GB,
+                  mem_bytes=25_250_627_584, fp8_flops=330.3e12,
+                  interconnect=replace(INTERCONNECTS["pcie4"], name="pcie4, no P2P", p2p=False),
+                  source="NVIDIA Ada architecture whitepaper, GeForce RTX 4090: 1008 GB/s GDDR6X, "
+                         "165.2 TFLOP/s dense bf16 (FP32 accumulate), 330.3 fp8; 24 GB "
+                         "(25,250,627,584 bytes as CUDA reports it in the peer run's meta.json); "
+                         "GeForce cards have no peer-to-peer access"),
+    datasheet_gpu("rtxpro6000", "NVIDIA RTX PRO 6000 Blackwell Server Edition", "gddr",
+                  flops=500e12, mem_bw=1792 * GB, mem_bytes=96 * GIB, fp8_flops=1000e12,
+                  interconnect=INTERCONNECTS["pcie5"],
+                  source="NVIDIA RTX PRO 6000 Blackwell Server Edition datasheet: 1792 GB/s "
+                         "GDDR7, 96 GB, 4000 AI TOPS (fp4, sparse): 1000 TFLOP/s dense fp8, "
+                         "500 dense bf16"),
     # GPUs people serve on, so that their command lines name a modelled GPU: datasheet peaks,
     # dense (NVIDIA prints the sparse rate first; half of it is the dense one); the
-    # efficiencies of the catalog's own entries of the same kind of memory (GDDR: the L20's,
-    # HBM: the H100's).
-    Hardware("l40s", "gpu", flops=362.05e12, mem_bw=864 * GB, flop_eff=0.70, bw_eff=0.80,
-             kernel_us=2.0, d2h_us=15.0, mem_bytes=48 * GB, fp8_flops=733e12,
-             interconnect=INTERCONNECTS["pcie4"],
-             source="NVIDIA L40S datasheet: 864 GB/s GDDR6, 48 GB, 362.05 TFLOP/s bf16 (733 "
-                    "with sparsity), 733 fp8; PCIe Gen4 x16, no NVLink",
-             device_names=("NVIDIA L40S",)),
-    Hardware("l4", "gpu", flops=121e12, mem_bw=300 * GB, flop_eff=0.70, bw_eff=0.80,
-             kernel_us=2.0, d2h_us=15.0, mem_bytes=24 * GB, fp8_flops=242.5e12,
-             interconnect=INTERCONNECTS["pcie4"],
-             source="NVIDIA L4 datasheet: 300 GB/s GDDR6, 24 GB, 242 TFLOP/s bf16 and 485 fp8 "
-                    "with sparsity (121 and 242.5 dense); PCIe Gen4 x16",
-             device_names=("NVIDIA L4",)),
-    Hardware("a10g", "gpu", flops=70e12, mem_bw=600 * GB, flop_eff=0.70, bw_eff=0.80,
-             kernel_us=2.0, d2h_us=15.0, mem_bytes=24 * GB,
-             interconnect=INTERCONNECTS["pcie4"],
-             source="AWS's A10G (G5 instances; no NVIDIA datasheet): 600 GB/s GDDR6, 24 GB, 70 "
-                    "TFLOP/s bf16 tensor (Baseten, 'NVIDIA A10 vs A10G for ML model "
-                    "inference'); Ampere: no fp8",
-             device_names=("NVIDIA A10G",)),
-    Hardware("h100-pcie", "gpu", flops=756e12, mem_bw=2000 * GB, flop_eff=0.75, bw_eff=0.85,
-             kernel_us=2.0, d2h_us=15.0, mem_bytes=80 * GB, fp8_flops=1513e12,
-             interconnect=INTERCONNECTS["pcie5"],
-             source="NVIDIA H100 PCIe datasheet: 2 TB/s HBM2e, 80 GB, 1513 TFLOP/s bf16 and "
-                    "3026 fp8 with sparsity (756 and 1513 dense); PCIe Gen5 (the optional "
-                    "NVLink bridge is not modelled)",
-             device_names=("NVIDIA H100 PCIe",)),
-    Hardware("h100-nvl", "gpu", flops=835e12, mem_bw=3900 * GB, flop_eff=0.75, bw_eff=0.85,
-             kernel_us=2.0, d2h_us=15.0, mem_bytes=94 * GB, fp8_flops=1670e12,
-             interconnect=INTERCONNECTS["nvlink-bridge"],
-             source="NVIDIA H100 NVL datasheet (per GPU): 3.9 TB/s HBM3, 94 GB, 1671 TFLOP/s "
-                    "bf16 and 3341 fp8 with sparsity (835 and 1670 dense); pairs joined by an "
-                    "NVLink bridge",
-             device_names=("NVIDIA H100 NVL",)),
-    Hardware("h20", "gpu", flops=148e12, mem_bw=4000 * GB, flop_eff=0.75, bw_eff=0.85,
-             kernel_us=2.0, d2h_us=15.0, mem_bytes=96 * GB, fp8_flops=296e12,
-             interconnect=NVLINK4,
-             source="NVIDIA H20 (HGX H20 datasheet): 4.0 TB/s HBM3, 96 GB, 148 TFLOP/s dense "
-                    "bf16, 296 fp8; NVLink 900 GB/s",
-             device_names=("NVIDIA H20",)),
-    Hardware("mi300x", "gpu", flops=1307.4e12, mem_bw=5300 * GB, flop_eff=0.75, bw_eff=0.85,
-             kernel_us=2.0, d2h_us=15.0, mem_bytes=192 * GB, fp8_flops=2614.9e12,
-             interconnect=INTERCONNECTS["xgmi"],
-             source="AMD Instinct MI300X datasheet: 5.3 TB/s HBM3, 192 GB, 1307.4 TFLOP/s "
-                    "dense bf16, 2614.9 fp8; the H100's efficiencies (no ROCm kernel "
-                    "measurement read)",
-             device_names=("AMD Instinct MI300X",)),
+    # efficiencies of their kind of memory (DATASHEET_EFFICIENCIES; HBM: the H100's before its
+    # roofline was fitted, docs/reference/gpus.md).
+    datasheet_gpu("l40s", "NVIDIA L40S", "gddr", flops=362.05e12, mem_bw=864 * GB,
+                  mem_bytes=48 * GB, fp8_flops=733e12,
+                  interconnect=INTERCONNECTS["pcie4"],
+                  source="NVIDIA L40S datasheet: 864 GB/s GDDR6, 48 GB, 362.05 TFLOP/s bf16 (733 "
+                         "with sparsity), 733 fp8; PCIe Gen4 x16, no NVLink"),
+    datasheet_gpu("l4", "NVIDIA L4", "gddr", flops=121e12, mem_bw=300 * GB,
+                  mem_bytes=24 * GB, fp8_flops=242.5e12,
+                  interconnect=INTERCONNECTS["pcie4"],
+                  source="NVIDIA L4 datasheet: 300 GB/s GDDR6, 24 GB, 242 TFLOP/s bf16 and 485 fp8 "
+                         "with sparsity (121 and 242.5 dense); PCIe Gen4 x16"),
+    datasheet_gpu("a10g", "NVIDIA A10G", "gddr", flops=70e12, mem_bw=600 * GB,
+                  mem_bytes=24 * GB,
+                  interconnect=INTERCONNECTS["pcie4"],
+                  source="AWS's A10G (G5 instances; no NVIDIA datasheet): 600 GB/s GDDR6, 24 "
+                         "GB, 70 TFLOP/s bf16 tensor (Baseten, 'NVIDIA A10 vs A10G for ML "
+                         "model inference'); Ampere: no fp8"),
+    datasheet_gpu("h100-pcie", "NVIDIA H100 PCIe", "hbm", flops=756e12, mem_bw=2000 * GB,
+                  mem_bytes=80 * GB, fp8_flops=1513e12,
+                  interconnect=INTERCONNECTS["pcie5"],
+                  source="NVIDIA H100 PCIe datasheet: 2 TB/s HBM2e, 80 GB, 1513 TFLOP/s bf16 and "
+                         "3026 fp8 with sparsity (756 and 1513 dense); PCIe Gen5 (the optional "
+                         "NVLink bridge is not modelled)"),
+    datasheet_gpu("h100-nvl", "NVIDIA H100 NVL", "hbm", flops=835e12, mem_bw=3900 * GB,
+                  mem_bytes=94 * GB, fp8_flops=1670e12,
+                  interconnect=INTERCONNECTS["nvlink-bridge"],
+                  source="NVIDIA H100 NVL datasheet (per GPU): 3.9 TB/s HBM3, 94 GB, 1671 TFLOP/s "
+                         "bf16 and 3341 fp8 with sparsity (835 and 1670 dense); pairs joined by an "
+                         "NVLink bridge"),
+    datasheet_gpu("h20", "NVIDIA H20", "hbm", flops=148e12, mem_bw=4000 * GB,
+                  mem_bytes=96 * GB, fp8_flops=296e12,
+                  interconnect=NVLINK4,
+                  source="NVIDIA H20 (HGX H20 datasheet): 4.0 TB/s HBM3, 96 GB, 148 TFLOP/s dense "
+                         "bf16, 296 fp8; NVLink 900 GB/s"),
+    datasheet_gpu("mi300x", "AMD Instinct MI300X", "hbm", flops=1307.4e12, mem_bw=5300 * GB,
+                  mem_bytes=192 * GB, fp8_flops=2614.9e12,
+                  interconnect=INTERCONNECTS["xgmi"],
+                  source="AMD Instinct MI300X datasheet: 5.3 TB/s HBM3, 192 GB, 1307.4 TFLOP/s "
+                         "dense bf16, 2614.9 fp8; the H100's efficiencies (no ROCm kernel "
+                         "measurement read)"),
     # A generic 16-core AVX-512 server socket running torch eagerly: ~2.5 TFLOP/s fp32 peak,
     # ~100 GB/s DRAM; kernel_us is torch's per-op dispatch overhead on the CPU. A placeholder
     # until the engine's measured CPU profile replaces it.
