@@ -49,27 +49,27 @@ class ProfileCosts:
             fit = self.fits[(op, max(later))] if later else None
         return fit
 
-    def _time(self, op: str, i: int | None, b: Batch) -> float | None:
+    def _time(self, op: str, b: Batch, i: int | None = None) -> float:
+        """The profile's fit of `op` (draft pass i) at b; the fallback's price where the profile
+        has none."""
         fit = self._fit(op, i)
-        return None if fit is None else fit(batch_features(op, i, b, self.block_size))
+        if fit is None:
+            fallback = getattr(self.fallback, op)
+            return fallback(b) if i is None else fallback(b, i)
+        return fit(batch_features(op, i, b, self.block_size))
 
     def target_forward(self, b: Batch) -> float:
-        t = self._time("target_forward", None, b)
-        return self.fallback.target_forward(b) if t is None else t
+        return self._time("target_forward", b)
 
     def rejection_sample(self, b: Batch) -> float:
         """The engine's rejection sampler, which also samples at k = 0."""
-        t = self._time("rejection_sample", None, b)
-        return self.fallback.rejection_sample(b) if t is None else t
+        return self._time("rejection_sample", b)
 
     def draft_forward(self, b: Batch, i: int) -> float:
-        t = self._time("draft_forward", i, b)
-        return self.fallback.draft_forward(b, i) if t is None else t
+        return self._time("draft_forward", b, i)
 
     def d2h(self, b: Batch) -> float:
-        t = self._time("d2h", None, b)
-        return self.fallback.d2h(b) if t is None else t
+        return self._time("d2h", b)
 
     def fixup(self, b: Batch) -> float:
-        t = self._time("fixup", None, b)
-        return self.fallback.fixup(b) if t is None else t
+        return self._time("fixup", b)
