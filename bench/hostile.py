@@ -2690,20 +2690,28 @@ def all_cases(only: set[str] | None, families: dict | None = None) -> list[Case]
     return cases
 
 
-def report(results: list[Result]) -> str:
-    fams = sorted({r.family for r in results})
+def tally(results: list[Result]) -> tuple[dict[str, Counter], Counter]:
+    """Each family's count of every class (OK, POOR, BAD), and all families' together."""
     counts = defaultdict(Counter)
     for r in results:
         counts[r.family][r.cls] += 1
+    return counts, Counter(r.cls for r in results)
+
+
+def failures(results: list[Result]) -> list[tuple[str, list[Result]]]:
+    """The BAD cases, then the POOR ones."""
+    return [(cls, [r for r in results if r.cls == cls]) for cls in ("BAD", "POOR")]
+
+
+def report(results: list[Result]) -> str:
+    counts, total = tally(results)
     lines = [f"{'family':<11}{'cases':>6}{'OK':>6}{'POOR':>6}{'BAD':>6}"]
-    for f in fams:
+    for f in sorted(counts):
         c = counts[f]
         lines.append(f"{f:<11}{sum(c.values()):>6}{c['OK']:>6}{c['POOR']:>6}{c['BAD']:>6}")
-    total = Counter(r.cls for r in results)
     lines.append(f"{'all':<11}{len(results):>6}{total['OK']:>6}{total['POOR']:>6}"
                  f"{total['BAD']:>6}")
-    for cls in ("BAD", "POOR"):
-        chosen = [r for r in results if r.cls == cls]
+    for cls, chosen in failures(results):
         if chosen:
             lines += ["", f"{cls} ({len(chosen)}):"]
             for r in chosen:
@@ -2714,45 +2722,45 @@ def report(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def sweep_parser(doc: str, families, results: str) -> argparse.ArgumentParser:
+    """A sweep's command line (this one's, and bench/hostile_round4.py's): its docstring's first
+    paragraph, then the rest as the epilog; the options every sweep takes."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n\n", 1)[1])
+                                 epilog=doc.split("\n\n", 1)[1])
     ap.add_argument("--work", default=None, help="working folder (default: a new one in /tmp)")
     ap.add_argument("--only", default=None, help=f"families, comma-separated: "
-                                                 f"{', '.join(FAMILIES)} (default all)")
+                                                 f"{', '.join(families)} (default all)")
     ap.add_argument("--match", default=None, help="only cases whose name holds this")
     ap.add_argument("--jobs", type=int, default=2, help="cases at once (default 2)")
-    ap.add_argument("--serve", action="store_true", help="also the server's part")
-    ap.add_argument("--serve-only", action="store_true", help="only the server's part")
     ap.add_argument("--list", action="store_true", help="list the cases, run nothing")
-    ap.add_argument("--out", default=None, help="results as JSON lines (default: "
-                                                "WORK/hostile-results.jsonl)")
-    args = ap.parse_args(argv)
-    only = set(args.only.split(",")) if args.only else None
-    cases = [] if args.serve_only else all_cases(only)
-    if args.match:
-        cases = [c for c in cases if args.match in c.name]
-    if args.list:
-        for c in cases:
-            print(f"[{c.family}] {c.name}")
-        print(f"{len(cases)} cases; the server's part: {len(hostile_requests())} requests")
-        return 0
+    ap.add_argument("--out", default=None, help=f"results as JSON lines (default: WORK/{results})")
+    return ap
+
+
+def work_folder(work: str | None, prefix: str) -> tuple[Path, Path]:
+    """The sweep's working folder (a new one in /tmp where `work` is None) and its fixtures,
+    built there once."""
     if not STEPGAP.exists():
         raise SystemExit(f"{STEPGAP}: missing; run `make install` first")
-    work = Path(args.work or tempfile.mkdtemp(prefix="stepgap-hostile-"))
-    work.mkdir(parents=True, exist_ok=True)
-    fx = work / "fixtures"
+    folder = Path(work or tempfile.mkdtemp(prefix=prefix))
+    folder.mkdir(parents=True, exist_ok=True)
+    fx = folder / "fixtures"
     if not (fx / "bomb.gz").exists():
         if fx.exists():
             shutil.rmtree(fx)
         build_fixtures(fx)
-    fx_before = snapshot(fx)
-    print(f"{len(cases)} cases in {work}, {args.jobs} at a time", flush=True)
+    return folder, fx
+
+
+def run_cases(cases: list[Case], run, fx: Path, work: Path, fx_before: dict, jobs: int,
+              t0: float) -> list[Result]:
+    """Every case through run(case, fx, work, fx_before), `jobs` at a time; what is not OK is
+    printed as it comes."""
+    print(f"{len(cases)} cases in {work}, {jobs} at a time", flush=True)
     results: list[Result] = []
-    t0 = time.monotonic()
-    with cf.ThreadPoolExecutor(args.jobs) as pool:
-        futures = {pool.submit(run_case, c, fx, work, fx_before): c for c in cases}
+    with cf.ThreadPoolExecutor(jobs) as pool:
+        futures = {pool.submit(run, c, fx, work, fx_before): c for c in cases}
         for i, fut in enumerate(cf.as_completed(futures), 1):
             c = futures[fut]
             try:
@@ -2765,16 +2773,42 @@ def main(argv=None) -> int:
                 print(f"  {r.cls:<4} [{r.family}] {r.name}: {r.why[:100]}", flush=True)
             if i % 50 == 0:
                 print(f"{i}/{len(cases)} cases, {time.monotonic() - t0:.0f} s", flush=True)
-    if args.serve or args.serve_only:
-        print("the server's part", flush=True)
-        results += serve_sweep(fx, work)
+    return results
+
+
+def write_results(results: list[Result], cases: list[Case], out: Path, t0: float) -> None:
+    """The results in the cases' order, as JSON lines to `out`; the report printed."""
     order = {(c.family, c.name): i for i, c in enumerate(cases)}
     results.sort(key=lambda r: order.get((r.family, r.name), len(order)))
-    out = Path(args.out) if args.out else work / "hostile-results.jsonl"
     out.write_text("".join(json.dumps(r.__dict__) + "\n" for r in results))
     print()
     print(report(results))
     print(f"\n{len(results)} results in {time.monotonic() - t0:.0f} s; each as JSON in {out}")
+
+
+def main(argv=None) -> int:
+    ap = sweep_parser(__doc__, FAMILIES, "hostile-results.jsonl")
+    ap.add_argument("--serve", action="store_true", help="also the server's part")
+    ap.add_argument("--serve-only", action="store_true", help="only the server's part")
+    args = ap.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else None
+    cases = [] if args.serve_only else all_cases(only)
+    if args.match:
+        cases = [c for c in cases if args.match in c.name]
+    if args.list:
+        for c in cases:
+            print(f"[{c.family}] {c.name}")
+        print(f"{len(cases)} cases; the server's part: {len(hostile_requests())} requests")
+        return 0
+    work, fx = work_folder(args.work, "stepgap-hostile-")
+    fx_before = snapshot(fx)
+    t0 = time.monotonic()
+    results = run_cases(cases, run_case, fx, work, fx_before, args.jobs, t0)
+    if args.serve or args.serve_only:
+        print("the server's part", flush=True)
+        results += serve_sweep(fx, work)
+    write_results(results, cases, Path(args.out) if args.out else work / "hostile-results.jsonl",
+                  t0)
     return 1 if any(r.cls == "BAD" for r in results) else 0
 
 

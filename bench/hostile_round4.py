@@ -38,8 +38,6 @@ every result as JSON lines (--out) and, with --md, the summary as Markdown.
 
 from __future__ import annotations
 
-import argparse
-import concurrent.futures as cf
 import json
 import math
 import os
@@ -47,7 +45,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
@@ -712,6 +709,17 @@ def scaled(f: float):
     return lambda t: repr(float(t) * f)
 
 
+# Every row's time broken alike: what each table family starts its edits from.
+EVERY_TIME = {
+    "every time 0": column(lambda t: "0"),
+    "every time x1e9": column(scaled(1e9)),
+    "every time 1e300": column(lambda t: "1e300"),
+    "every time 1e-300": column(lambda t: "1e-300"),
+    "every time negative": column(lambda t: "-" + t),
+    "every time NaN": column(lambda t: "nan"),
+}
+
+
 def moe() -> list[Case]:
     """moe.csv and mtp.csv broken in whole (every time 0, x1e9, 1e300, negative, NaN; empty,
     header only, gone; counts past the model), under DeepSeek-V3 at TP 1 with MTP, DP 2 and
@@ -720,12 +728,7 @@ def moe() -> list[Case]:
     out = []
     moe_p, mtp_p = DSB + "/tp1/moe.csv", DSB + "/tp1/mtp.csv"
     table_muts = {
-        "every time 0": column(lambda t: "0"),
-        "every time x1e9": column(scaled(1e9)),
-        "every time 1e300": column(lambda t: "1e300"),
-        "every time 1e-300": column(lambda t: "1e-300"),
-        "every time negative": column(lambda t: "-" + t),
-        "every time NaN": column(lambda t: "nan"),
+        **EVERY_TIME,
         "one time 0": lambda h, r: [h, H.cell(r[0], -1, "0"), *r[1:]],
         "empty": lambda h, r: [],
         "header only": lambda h, r: [h],
@@ -807,12 +810,7 @@ def tables() -> list[Case]:
     over some; a peer run's requests.jsonl under simulate --trace."""
     out = []
     muts = {
-        "every time 0": column(lambda t: "0"),
-        "every time x1e9": column(scaled(1e9)),
-        "every time 1e300": column(lambda t: "1e300"),
-        "every time 1e-300": column(lambda t: "1e-300"),
-        "every time negative": column(lambda t: "-" + t),
-        "every time NaN": column(lambda t: "nan"),
+        **EVERY_TIME,
         "every time inf": column(lambda t: "inf"),
         "every time 10^399": column(lambda t: D400),
         "header only": lambda h, r: [h],
@@ -1778,19 +1776,15 @@ def reason(r: H.Result) -> str:
 
 
 def markdown(results: list[H.Result], cases: dict, head: str) -> str:
-    counts = defaultdict(Counter)
-    for r in results:
-        counts[r.family][r.cls] += 1
+    counts, t = H.tally(results)
     lines = [head, "", "| family | cases | OK | POOR | BAD |", "|---|---:|---:|---:|---:|"]
     for f in FAMILIES:
         if f in counts:
             c = counts[f]
             lines.append(f"| {f} | {sum(c.values())} | {c['OK']} | {c['POOR']} | {c['BAD']} |")
-    t = Counter(r.cls for r in results)
     lines.append(f"| **all** | **{len(results)}** | **{t['OK']}** | **{t['POOR']}** | "
                  f"**{t['BAD']}** |")
-    for cls in ("BAD", "POOR"):
-        chosen = [r for r in results if r.cls == cls]
+    for cls, chosen in H.failures(results):
         groups = defaultdict(list)
         for r in chosen:
             groups[(r.family, reason(r))].append(r)
@@ -1812,23 +1806,13 @@ def markdown(results: list[H.Result], cases: dict, head: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--work", default=None, help="working folder (default: a new one in /tmp)")
-    ap.add_argument("--only", default=None, help=f"families, comma-separated: "
-                                                 f"{', '.join(FAMILIES)} (default all)")
-    ap.add_argument("--match", default=None, help="only cases whose name holds this")
+    ap = H.sweep_parser(__doc__, FAMILIES, "round4-results.jsonl")
     ap.add_argument("--sample", type=int, default=None, help="a spread of about N cases")
     ap.add_argument("--rerun", default=None, help="only the BAD cases of this results file")
     ap.add_argument("--hangs", action="store_true",
                     help="with --rerun: only those still running at their timeout")
-    ap.add_argument("--jobs", type=int, default=2, help="cases at once (default 2)")
     ap.add_argument("--timeout-scale", type=float, default=1.0,
                     help="multiply every case's timeout (a loaded machine; default 1)")
-    ap.add_argument("--list", action="store_true", help="list the cases, run nothing")
-    ap.add_argument("--out", default=None, help="results as JSON lines (default: "
-                                                "WORK/round4-results.jsonl)")
     ap.add_argument("--md", default=None, help="also write the summary as Markdown here")
     ap.add_argument("--summarize", nargs="+", default=None, metavar="RESULTS",
                     help="run nothing: summarize these results files (a later file's result of "
@@ -1868,41 +1852,13 @@ def main(argv=None) -> int:
         fam = Counter(c.family for c in cases)
         print(f"{len(cases)} cases: " + ", ".join(f"{f} {n}" for f, n in fam.items()))
         return 0
-    if not H.STEPGAP.exists():
-        raise SystemExit(f"{H.STEPGAP}: missing; run `make install` first")
-    work = Path(args.work or tempfile.mkdtemp(prefix="stepgap-round4-"))
-    work.mkdir(parents=True, exist_ok=True)
-    fx = work / "fixtures"
-    if not (fx / "bomb.gz").exists():
-        if fx.exists():
-            shutil.rmtree(fx)
-        H.build_fixtures(fx)
+    work, fx = H.work_folder(args.work, "stepgap-round4-")
     build_round4(fx)
     fx_before = H.snapshot(fx)
-    print(f"{len(cases)} cases in {work}, {args.jobs} at a time", flush=True)
-    results: list[H.Result] = []
     t0 = time.monotonic()
-    with cf.ThreadPoolExecutor(args.jobs) as pool:
-        futures = {pool.submit(run4, c, fx, work, fx_before): c for c in cases}
-        for i, fut in enumerate(cf.as_completed(futures), 1):
-            c = futures[fut]
-            try:
-                r = fut.result()
-            except Exception as e:   # the harness's own failure: say which case
-                r = H.Result(c.family, c.name, "BAD", f"harness: {type(e).__name__}: {e}", "",
-                             None, 0.0)
-            results.append(r)
-            if r.cls != "OK":
-                print(f"  {r.cls:<4} [{r.family}] {r.name}: {r.why[:100]}", flush=True)
-            if i % 50 == 0:
-                print(f"{i}/{len(cases)} cases, {time.monotonic() - t0:.0f} s", flush=True)
-    order = {(c.family, c.name): i for i, c in enumerate(cases)}
-    results.sort(key=lambda r: order.get((r.family, r.name), len(order)))
-    out = Path(args.out) if args.out else work / "round4-results.jsonl"
-    out.write_text("".join(json.dumps(r.__dict__) + "\n" for r in results))
-    print()
-    print(H.report(results))
-    print(f"\n{len(results)} results in {time.monotonic() - t0:.0f} s; each as JSON in {out}")
+    results = H.run_cases(cases, run4, fx, work, fx_before, args.jobs, t0)
+    H.write_results(results, cases,
+                    Path(args.out) if args.out else work / "round4-results.jsonl", t0)
     if args.md:
         by_name = {(c.family, c.name): c for c in cases}
         Path(args.md).write_text(markdown(results, by_name, "# Hostile sweep, round 4"))
