@@ -181,14 +181,8 @@ def test_a_table_priced_past_any_devices_physics_is_refused_naming_file_and_poin
 
 
 def test_an_mtp_table_at_a_second_a_kernel_is_refused(tmp_path, capsys):
-    from tests.test_moe import META, write_bundle
-    meta = META.replace("Qwen/Qwen3-30B-A3B", "deepseek-ai/DeepSeek-V3.2-Exp").replace(
-        "qwen3_moe", "deepseek_v32\nvariant: fp8").replace(
-        "intermediate_size: 6144, num_attention_heads: 32,\n                 "
-        "num_key_value_heads: 4, vocab_size: 151936",
-        "intermediate_size: 18432, num_attention_heads: 128,\n                 "
-        "num_key_value_heads: 128, vocab_size: 129280")
-    b = write_bundle(tmp_path / "fp8", meta=meta, dense=False, mtp=1e9)
+    from tests.test_moe import DEEPSEEK_META, write_bundle
+    b = write_bundle(tmp_path / "fp8", meta=DEEPSEEK_META, dense=False, mtp=1e9)
     with pytest.raises(UserError, match=r"tp1/mtp\.csv: mtp_embed at 1 sequences: 1e\+09 us, "
                                         r"over 1000 x the roofline of --gpu h200"):
         resolve(SimConfig(model="deepseek-v3", gpu="h200", tensor_parallel_size=8,

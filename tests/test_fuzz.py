@@ -367,6 +367,14 @@ def mistyped(doc: dict, rng: random.Random, table: dict) -> tuple[str, object]:
     return key, value
 
 
+def mistyped_line(lines: list, rng: random.Random, table: dict, path: Path):
+    """One line of a JSON-lines file with one field mistyped (as `mistyped`), written to path:
+    the line's number (from 1), the key, the value and the path."""
+    n = rng.randrange(len(lines))
+    key, value = mistyped(lines[n], rng, table)
+    return n + 1, key, value, write_lines(path, lines)
+
+
 DELETE = object()
 BAD_TRACE = {
     "request_id": ["", None, [1], 1.5, True, {}],
@@ -657,22 +665,17 @@ def mistyped_field(rng: random.Random, d: Path, base: Base) -> Case:
             ["compare", str(base.result), str(path)]
         return Case(f"run result {key}={value!r}", argv, (str(path),))
     if which == "span":
-        lines = span_lines()
-        n = rng.randrange(len(lines))
-        key, value = mistyped(lines[n], rng, BAD_SPAN)
-        path = write_lines(d / "tl.jsonl", lines)
-        return Case(f"timeline line {n + 1} {key}={value!r}",
+        n, key, value, path = mistyped_line(span_lines(), rng, BAD_SPAN, d / "tl.jsonl")
+        return Case(f"timeline line {n} {key}={value!r}",
                     ["plot", "timeline", str(path), "--out", str(out / "t.png"), "--quiet"],
-                    (f"{path}:{n + 1}",))
+                    (f"{path}:{n}",))
     if which == "store":
-        lines = store_lines()
-        n = rng.randrange(len(lines))
-        key, value = mistyped(lines[n], rng, BAD_STORE)
-        path = write_lines(d / "sw" / "cells.jsonl", lines)
-        return Case(f"sweep store line {n + 1} {key}={value!r}",
+        n, key, value, path = mistyped_line(store_lines(), rng, BAD_STORE,
+                                            d / "sw" / "cells.jsonl")
+        return Case(f"sweep store line {n} {key}={value!r}",
                     ["sweep", "--set", f"workload={base.trace}", "--set", "num_prompts=2",
                      "--grid", "k=0,1", "--jobs", "1", "--out", str(path.parent), "--quiet"],
-                    (f"{path}:{n + 1}",))
+                    (f"{path}:{n}",))
     if which == "profile":
         doc = profile_doc()
         key, value = mistyped(doc, rng, BAD_PROFILE)
@@ -731,13 +734,10 @@ def mistyped_vllm(which: str, rng: random.Random, d: Path, base: Base) -> Case:
                                               if key == "errors" else ())
         return Case(f"vllm bench {key}={str(value)[:40]}", argv, names)
     if which == "vllm hooks":
-        lines = hook_lines()
-        n = rng.randrange(len(lines))
-        key, value = mistyped(lines[n], rng, BAD_HOOK)
-        path = write_lines(d / "h" / "1.jsonl", lines)
-        return Case(f"hook line {n + 1} {key}={value!r}",
+        n, key, value, path = mistyped_line(hook_lines(), rng, BAD_HOOK, d / "h" / "1.jsonl")
+        return Case(f"hook line {n} {key}={value!r}",
                     ["ingest", "vllm-profile", str(vllm_trace(d)), str(path), "--out",
-                     str(out / "tl.jsonl")], (f"{path}:{n + 1}",))
+                     str(out / "tl.jsonl")], (f"{path}:{n}",))
     if which == "vllm trace event":
         doc = vllm_trace_doc()
         n = rng.randrange(1, len(doc["traceEvents"]))
@@ -1344,10 +1344,8 @@ BAD_META_YAML = [   # (text of tests/test_tables.py's SKEW_META, what replaces i
      "engine_effective: [eager]\nhf_overrides:", "engine_effective"),
     ("engine_effective:\n  enforce_eager: true\n  hf_overrides:",
      "engine_effective: eager\nhf_overrides:", "engine_effective"),
-    ("tp_degrees: [1]", "tp_degrees: [a, 1]", "tp_degrees"),
-    ("tp_degrees: [1]", "tp_degrees: [1000000000000]", "tp_degrees"),
-    ("tp_degrees: [1]", "tp_degrees: '1'", "tp_degrees"),
-    ("tp_degrees: [1]", "tp_degrees: {1: 1}", "tp_degrees"),
+    *[("tp_degrees: [1]", f"tp_degrees: {v}", "tp_degrees")
+      for v in ("[a, 1]", "[1000000000000]", "'1'", "{1: 1}")],
     ("num_attention_heads: 32", "num_attention_heads: '32'",
      "engine_effective.hf_overrides.num_attention_heads"),
     ("vocab_size: 128256", "vocab_size: [128256]", "engine_effective.hf_overrides.vocab_size"),
@@ -1358,11 +1356,8 @@ BAD_META_YAML = [   # (text of tests/test_tables.py's SKEW_META, what replaces i
     ("n_labels: [n<=2, n>2]", "n_labels: [n<=2, 2]", "skew_fit.bucket_axes.n_labels"),
     (SKEW_ENTRY, "  per_tp: [{alpha_default: 0.1}]\n", "skew_fit.per_tp"),
     (SKEW_ENTRY, "  per_tp:\n    1: [0.1]\n", "skew_fit.per_tp.1"),
-    ("alpha_default: 0.1", "alpha_default: -1e6", "skew_fit.per_tp.1.alpha_default"),
-    ("alpha_default: 0.1", "alpha_default: -1.0e+6", "skew_fit.per_tp.1.alpha_default"),
-    ("alpha_default: 0.1", "alpha_default: .nan", "skew_fit.per_tp.1.alpha_default"),
-    ("alpha_default: 0.1", "alpha_default: .inf", "skew_fit.per_tp.1.alpha_default"),
-    ("alpha_default: 0.1", "alpha_default: '0.1'", "skew_fit.per_tp.1.alpha_default"),
+    *[("alpha_default: 0.1", f"alpha_default: {v}", "skew_fit.per_tp.1.alpha_default")
+      for v in ("-1e6", "-1.0e+6", ".nan", ".inf", "'0.1'")],
     ("enabled: true", "enabled: 'yes'", "skew_fit.enabled"),
 ]
 BAD_PEER_META = [   # (a field of the RTX 4090 run's meta.json, its bad value)

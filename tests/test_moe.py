@@ -41,6 +41,14 @@ engine_effective:
                  num_experts_per_tok: 1}
 """
 
+# The same bundle's meta.yaml for DeepSeek-V3.2 in fp8 (its MTP layer priced by mtp.csv).
+DEEPSEEK_META = META.replace("Qwen/Qwen3-30B-A3B", "deepseek-ai/DeepSeek-V3.2-Exp").replace(
+    "qwen3_moe", "deepseek_v32\nvariant: fp8").replace(
+    "intermediate_size: 6144, num_attention_heads: 32,\n                 "
+    "num_key_value_heads: 4, vocab_size: 151936",
+    "intermediate_size: 18432, num_attention_heads: 128,\n                 "
+    "num_key_value_heads: 128, vocab_size: 129280")
+
 
 def write_moe(path, rows, header="ep,tokens,activated_experts,time_us"):
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -259,15 +267,9 @@ def test_a_bundle_of_moe_tables_alone_prices_the_rest_from_the_roofline(tmp_path
 
 
 def test_an_mtp_pass_adds_what_mtp_csv_measured(tmp_path):
-    meta = META.replace("Qwen/Qwen3-30B-A3B", "deepseek-ai/DeepSeek-V3.2-Exp").replace(
-        "qwen3_moe", "deepseek_v32\nvariant: fp8").replace(
-        "intermediate_size: 6144, num_attention_heads: 32,\n                 "
-        "num_key_value_heads: 4, vocab_size: 151936",
-        "intermediate_size: 18432, num_attention_heads: 128,\n                 "
-        "num_key_value_heads: 128, vocab_size: 129280")
     passes = []
     for us in (10, 20):   # every MTP kernel 10 us, then 20: five of them
-        b = write_bundle(tmp_path / f"b{us}", meta=meta, dense=False, mtp=us)
+        b = write_bundle(tmp_path / f"b{us}", meta=DEEPSEEK_META, dense=False, mtp=us)
         c = resolve(SimConfig(model="deepseek-v3", gpu="h200", tensor_parallel_size=8,
                               method="mtp", k=1, device_profile=str(b))).device_costs
         batch = Batch(4, 4, 4, 8, 4, 4000, 4000.0, num_decode=4, decode_kv=4000)

@@ -286,6 +286,12 @@ def edit_file(name: str, text: str):
     return lambda b: (b / "tp1" / name).write_text(text)
 
 
+def alpha_default(text: str):
+    """The skew fit's alpha_default written as `text` in meta.yaml."""
+    return edit_meta("alpha_default: 0.1", f"alpha_default: {text}", SKEW_META)
+
+
+ALPHA_RANGE = r"field 'skew_fit.per_tp.1.alpha_default': expected a number from -100 to 100, got "
 EFFECTIVE = "engine_effective:\n  enforce_eager: true\n  hf_overrides:"
 DENSE_HEAD = "layer,tokens,time_us\n"
 
@@ -331,14 +337,9 @@ DENSE_HEAD = "layer,tokens,time_us\n"
     (edit_meta("  per_tp:\n    1: {alpha_default: 0.1, bucket_table: tp1/skew_fit.csv}\n",
                "  per_tp: [{alpha_default: 0.1}]\n", SKEW_META),
      r"field 'skew_fit.per_tp': expected a mapping of tensor-parallel size to its fit"),
-    (edit_meta("alpha_default: 0.1", "alpha_default: -1e6", SKEW_META),
-     r"field 'skew_fit.per_tp.1.alpha_default': expected a number from -100 to 100, got "
-     r"'-1e6' \(YAML reads -1e6 as a string"),
-    (edit_meta("alpha_default: 0.1", "alpha_default: -1.0e+6", SKEW_META),
-     r"field 'skew_fit.per_tp.1.alpha_default': expected a number from -100 to 100, got "
-     r"-1000000.0$"),
-    (edit_meta("alpha_default: 0.1", "alpha_default: .nan", SKEW_META),
-     r"field 'skew_fit.per_tp.1.alpha_default': expected a number from -100 to 100, got nan$"),
+    (alpha_default("-1e6"), ALPHA_RANGE + r"'-1e6' \(YAML reads -1e6 as a string"),
+    (alpha_default("-1.0e+6"), ALPHA_RANGE + r"-1000000.0$"),
+    (alpha_default(".nan"), ALPHA_RANGE + r"nan$"),
     (edit_meta("enabled: true", "enabled: 'no'", SKEW_META), r"field 'skew_fit.enabled'"),
 ])
 def test_a_bundle_of_the_wrong_types_is_one_line_naming_the_field(tmp_path, edit, message):
