@@ -47,6 +47,11 @@ CALIBRATION_PROMPTS = 16      # one calibration run of 16 prompts (fewer for a s
 # A short grid: one request, the pair's context range, prefill chunks and the decode shape.
 QUICK_GRID = dict(reqs=(1,), contexts=(64, 160, 240), queries=(16, 64), repeats=3)
 
+DESCRIPTION = (
+    "Run the reference engine on the committed trained target + EAGLE-3 head over held-out "
+    "Python code, print its measured acceptance, TPOT and ITL, and the simulator's prediction "
+    "for the same trace and acceptance.")
+
 EPILOG = """\
 examples:
   stepgap demo                                  # k = 4, 48 held-out prompts, concurrency 1
@@ -59,12 +64,8 @@ tells how.
 
 
 def register(sub) -> None:
-    p = add_command(
-        sub, "demo", help="the engine on the trained pair, next to the simulator's prediction",
-        description="Run the reference engine on the committed trained target + EAGLE-3 head "
-                    "over held-out Python code, print its measured acceptance, TPOT and ITL, "
-                    "and the simulator's prediction for the same trace and acceptance.",
-        epilog=EPILOG)
+    p = add_command(sub, "demo", description=DESCRIPTION, epilog=EPILOG,
+                    help="the engine on the trained pair, next to the simulator's prediction")
     p.add_argument("--pair", default=str(PAIR), metavar="DIR",
                    help="folder with target/, eagle3/ and heldout.jsonl (default: the committed "
                         "checkpoints/pystdlib)")

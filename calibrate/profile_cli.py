@@ -15,6 +15,11 @@ from stepgap.calibrate.validate import (MAX_REPEATS, add_calibration_args, add_g
                                        plan_from_args)
 from stepgap.common.options import add_command, at_most, positive_int
 
+DESCRIPTION = (
+    "Measure the engine's device op costs (a microbenchmark grid and in-situ calibration runs) "
+    "and its CPU costs (fitted from the calibration runs' timelines) on this machine, and write "
+    "them as a profile JSON for `stepgap simulate --profile`.")
+
 EPILOG = """\
 examples:
   stepgap profile --out out/profile.json                 # the trained pair, k 0,2,4
@@ -28,13 +33,8 @@ held-out prompts that `stepgap validate` judges on are never used here. A run ta
 
 
 def register(sub) -> None:
-    p = add_command(
-        sub, "profile", help="measure device op and CPU costs on this machine, for the simulator",
-        description="Measure the engine's device op costs (a microbenchmark grid and in-situ "
-                    "calibration runs) and its CPU costs (fitted from the calibration runs' "
-                    "timelines) on this machine, and write them as a profile JSON for "
-                    "`stepgap simulate --profile`.",
-        epilog=EPILOG)
+    p = add_command(sub, "profile", description=DESCRIPTION, epilog=EPILOG,
+                    help="measure device op and CPU costs on this machine, for the simulator")
     add_grid_args(p, "to calibrate on")
     g = p.add_argument_group("calibration")
     add_calibration_args(g, 16, 16)

@@ -31,6 +31,11 @@ from stepgap.common.options import MAX_K, add_command, add_option, at_most, posi
 MAX_REPEATS = 1000
 MAX_CALIBRATION_PROMPTS = 10_000   # about 3 s to cut from the corpus
 
+DESCRIPTION = (
+    "Calibrate the simulator on this machine (or take --profile), run the engine over a grid of "
+    "modes x k x max-concurrency on the judged trace, re-simulate every run with the engine's "
+    "accepted counts, and write a report of the errors (report.md, tpot.png, timeline.png).")
+
 EPILOG = """\
 grid:
   --modes, --ks and --concurrency give the grid's axes (default: the three modes x k 0,2,4 x
@@ -162,13 +167,8 @@ def plan_from_args(args, judged: bool = True):
 
 
 def register(sub) -> None:
-    p = add_command(
-        sub, "validate", help="run the engine and the simulator on the same traces, cell by cell",
-        description="Calibrate the simulator on this machine (or take --profile), run the "
-                    "engine over a grid of modes x k x max-concurrency on the judged trace, "
-                    "re-simulate every run with the engine's accepted counts, and write a "
-                    "report of the errors (report.md, tpot.png, timeline.png).",
-        epilog=EPILOG)
+    p = add_command(sub, "validate", description=DESCRIPTION, epilog=EPILOG,
+                    help="run the engine and the simulator on the same traces, cell by cell")
     add_grid_args(p, "of the grid")
     g = p.add_argument_group("traces and repeats")
     g.add_argument("--trace", default=None, metavar="FILE",

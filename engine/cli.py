@@ -13,6 +13,11 @@ from stepgap.common.errors import UserError
 from stepgap.common.options import add_command, add_load_args, add_result_args
 from stepgap.engine.options import add_run_args, engine_args_from
 
+RUN_DESCRIPTION = (
+    "Run a workload through the reference engine (a Llama target, an EAGLE-3 head, a paged KV "
+    "cache, the shared vLLM V1 scheduler) and measure what `vllm bench serve` measures, plus "
+    "the step timeline and its gaps.")
+
 RUN_EPILOG = """\
 examples:
   stepgap make-tiny out/tiny
@@ -41,12 +46,8 @@ def register(sub) -> None:
 
 
 def register_run(sub) -> None:
-    p = add_command(
-        sub, "run", help="run a trace through the real torch engine and measure it",
-        description="Run a workload through the reference engine (a Llama target, an EAGLE-3 "
-                    "head, a paged KV cache, the shared vLLM V1 scheduler) and measure what "
-                    "`vllm bench serve` measures, plus the step timeline and its gaps.",
-        epilog=RUN_EPILOG, allow_abbrev=False)
+    p = add_command(sub, "run", description=RUN_DESCRIPTION, epilog=RUN_EPILOG, allow_abbrev=False,
+                    help="run a trace through the real torch engine and measure it")
     add_run_args(p)
     add_load_args(p)
     add_result_args(p, timeline_help="write the spans as JSON lines")

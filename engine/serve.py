@@ -14,6 +14,11 @@ import sys
 
 from stepgap.common.errors import UserError
 
+SERVE_DESCRIPTION = (
+    "Serve the reference engine behind an OpenAI-compatible streaming server (FastAPI + "
+    "uvicorn), so that the real `vllm bench serve` can drive it unchanged: one SSE chunk per "
+    "engine step, usage, vLLM's /metrics.")
+
 SERVE_EPILOG = """\
 examples:
   stepgap serve checkpoints/pystdlib/target --port 8000
@@ -44,12 +49,9 @@ timeline and result, and stops every process within a few seconds.
 def register(sub) -> None:
     from stepgap.common.options import add_command, add_option
     from stepgap.engine.options import add_run_args
-    p = add_command(
-        sub, "serve", help="serve the engine over HTTP with the OpenAI API, as `vllm serve`",
-        description="Serve the reference engine behind an OpenAI-compatible streaming server "
-                    "(FastAPI + uvicorn), so that the real `vllm bench serve` can drive it "
-                    "unchanged: one SSE chunk per engine step, usage, vLLM's /metrics.",
-        epilog=SERVE_EPILOG, allow_abbrev=False)
+    p = add_command(sub, "serve", description=SERVE_DESCRIPTION, epilog=SERVE_EPILOG,
+                    allow_abbrev=False,
+                    help="serve the engine over HTTP with the OpenAI API, as `vllm serve`")
     p.add_argument("model_tag", nargs="?", metavar="MODEL",
                    help="the target, as `vllm serve MODEL` takes it (the same as --model)")
     add_run_args(p)

@@ -7,6 +7,11 @@ import sys
 
 from stepgap.common.options import add_command, nonneg_int, positive_int
 
+DESCRIPTION = (
+    "Train a byte-level BPE tokenizer, a small Llama target and its EAGLE-3 head (training-time "
+    "test, soft cross-entropy over the draft vocabulary) on the Python standard library's "
+    "source, offline and deterministically.")
+
 EPILOG = """\
 examples:
   stepgap train checkpoints/pystdlib            # the committed pair (8-13 min on 2 cores)
@@ -21,12 +26,8 @@ has the recipe.
 
 
 def register(sub) -> None:
-    p = add_command(
-        sub, "train", help="train a small Llama target and its EAGLE-3 head on the Python stdlib",
-        description="Train a byte-level BPE tokenizer, a small Llama target and its EAGLE-3 "
-                    "head (training-time test, soft cross-entropy over the draft vocabulary) on "
-                    "the Python standard library's source, offline and deterministically.",
-        epilog=EPILOG)
+    p = add_command(sub, "train", description=DESCRIPTION, epilog=EPILOG,
+                    help="train a small Llama target and its EAGLE-3 head on the Python stdlib")
     p.add_argument("out", metavar="OUT", help="output folder")
     p.add_argument("--preset", default="pystdlib", choices=("pystdlib", "smoke"),
                    help="sizes and steps (default pystdlib: the committed pair)")
