@@ -376,7 +376,9 @@ def search(cells: Cells, base: dict, load: dict, modes: tuple, ks: list[int],
 
 def rests_on(base: dict, ks: list[int], inputs: list[BandInput]) -> dict:
     """The sources of the answer: the device costs, the acceptance, the CPU costs, the seed."""
-    from stepgap.sim.config import SimConfig, acceptance_choice, acceptance_profile, resolve, roofline_of
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.plan import acceptance_choice, acceptance_profile, resolve
+    from stepgap.sim.device_choice import roofline_of
     cfg = SimConfig(**{**base, "k": max(ks)})
     r = resolve(cfg)
     hw, measured = r.hw, r.measured

@@ -191,7 +191,8 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
     """The uncertain inputs of runs of `settings` (SimConfig fields) up to depth `max_k`: the
     host's CPU and the device (or what a measured profile or tables leave of them), and the
     acceptance where it is borrowed or extrapolated."""
-    from stepgap.sim.config import SimConfig, resolve
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.plan import resolve
 
     cfg = SimConfig(**settings)
     r = resolve(cfg)
@@ -376,7 +377,7 @@ def acceptance_inputs(cfg, target, max_k: int) -> list[BandInput]:
     shifted on the logit scale) or else extrapolated past its depth (k > the rates measured:
     the later positions' rates); and `dataset`, the published spread of the run's dataset
     (common/acceptance.py DATASETS) where the acceptance is the default one."""
-    from stepgap.sim.config import acceptance_choice, acceptance_profile
+    from stepgap.sim.plan import acceptance_choice, acceptance_profile
     prof, _ = acceptance_profile(cfg, target)
     if max_k < 1 or prof.name in SYNTHETIC:
         return []

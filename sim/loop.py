@@ -56,7 +56,8 @@ from dataclasses import dataclass
 import simpy
 
 from stepgap.common.acceptance import Acceptance
-from stepgap.sim.config import SimConfig, resolve
+from stepgap.sim.config import SimConfig
+from stepgap.sim.plan import resolve
 from stepgap.sim.costs import Batch, DeviceCosts
 from stepgap.sim.data_parallel import DP_SYNC_US, Lockstep, Router, dummy_batch
 from stepgap.sim.drafter_costs import DrafterCosts

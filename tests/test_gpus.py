@@ -14,7 +14,8 @@ import pytest
 from stepgap.cli import main
 from stepgap.common.model_presets import MODEL_PRESETS
 from stepgap.sim.bands import DEVICE_HIGH, DEVICE_LOW, band_inputs
-from stepgap.sim.config import SimConfig, resolve
+from stepgap.sim.config import SimConfig
+from stepgap.sim.plan import resolve
 from stepgap.sim.hardware import CATALOG, MeasuredLink, get_hardware
 from stepgap.sim.hardware_file import load_gpu_file
 from stepgap.sim.roofline import RooflineCosts
