@@ -383,7 +383,8 @@ def rests_on(base: dict, ks: list[int], inputs: list[BandInput]) -> dict:
     r = resolve(cfg)
     hw, measured = r.hw, r.measured
     sources = getattr(r.device_costs, "sources", None)
-    from stepgap.sim.tables import TableCosts, repo_relative
+    from stepgap.sim.table_costs import TableCosts
+    from stepgap.sim.tables import repo_relative
     # tables given (--device-profile, `none` apart) or committed for the GPU (a TableCosts)
     tables = repo_relative(r.device_costs.path) if isinstance(r.device_costs, TableCosts) \
         else cfg.device_profile if cfg.device_profile not in (None, "none") else None

@@ -247,7 +247,7 @@ def device_input(r, split: bool) -> BandInput | None:
     fit's spread, also under tables that price part of a step (the roofline prices the rest);
     a datasheet GPU, the datasheet roofline's error on the two GPUs with real runs. None where
     a bench-file calibration's `split` already holds the device."""
-    from stepgap.sim.tables import TableCosts
+    from stepgap.sim.table_costs import TableCosts
 
     hw, costs = r.hw, r.device_costs   # (always the outer costs: config.py)
     tables = costs.tables if isinstance(costs, TableCosts) else None

@@ -12,8 +12,9 @@ from stepgap.sim.costs import DeviceCosts, LevelCosts
 from stepgap.sim.roofline import RooflineCosts
 from stepgap.sim.profile import Profile
 from stepgap.sim.profile_costs import ProfileCosts
-from stepgap.sim.tables import (TableCosts, bundle_meta, committed_bundle, find_bundle,
-                                find_variant, load_tables, read_meta, refuse_another_model,
+from stepgap.sim.bundle_match import committed_bundle, refuse_another_model
+from stepgap.sim.table_costs import TableCosts
+from stepgap.sim.tables import (bundle_meta, find_bundle, find_variant, load_tables, read_meta,
                                 repo_relative)
 from stepgap.sim.expert_parallel import MoeCosts, MoeParallel
 from stepgap.sim.moe_tables import check_moe_bundle, moe_only, moe_parts
@@ -31,7 +32,7 @@ NO_TABLES = "none"   # --device-profile none: the roofline alone, no committed t
 def committed_tables(cfg: SimConfig, hw: Hardware, target: ModelConfig,
                      profile: Profile | None = None) -> Path | None:
     """The operator tables committed under traces/peers/ that price this run by default
-    (sim/tables.py committed_bundle): a catalog GPU (not a GPU file) as a CUDA device, no
+    (sim/bundle_match.py committed_bundle): a catalog GPU (not a GPU file) as a CUDA device, no
     --device-profile (`none` refuses them) and no --profile (its fits or level were made over
     the roofline), a bundle of the GPU measured for the model's shapes at the run's TP."""
     if cfg.device_profile is not None or cfg.profile is not None or profile is not None \

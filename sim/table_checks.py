@@ -61,7 +61,7 @@ class TableJudge:
 
 
 def check_tables(costs, roofline: RooflineCosts, bundle: Path | None, tp: int) -> None:
-    """Hold the measured tables under `costs` (sim/tables.py TableCosts) and the MoE block's and
+    """Hold the measured tables under `costs` (sim/table_costs.py TableCosts) and the MoE block's and
     MTP module's (roofline.moe) to physics (the comment above)."""
     tables = getattr(costs, "tables", None)
     moe = roofline.moe

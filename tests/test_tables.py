@@ -21,7 +21,8 @@ from stepgap.sim.config import SimConfig
 from stepgap.sim.plan import resolve
 from stepgap.sim.costs import Batch
 from stepgap.sim.loop import simulate
-from stepgap.sim.tables import DENSE_LAYERS, Table1D, load_tables
+from stepgap.sim.tables import DENSE_LAYERS, load_tables
+from stepgap.sim.table_interp import Table1D
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT / "traces" / "peers" / "llmservingsim"
