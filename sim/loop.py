@@ -56,7 +56,8 @@ from stepgap.common.formats import SpecStats, Span, TraceRequest, run_result, ti
 from stepgap.common.scheduler import Scheduler, SchedulerConfig
 from stepgap.common.workloads import apply_request_rate, load_workload
 from stepgap.sim.cluster import Client, DataParallel, Series
-from stepgap.sim.config import SimConfig, resolve
+from stepgap.sim.config import SimConfig
+from stepgap.sim.plan import resolve
 from stepgap.sim.core import EngineCore
 from stepgap.sim.costs import DeviceCosts
 from stepgap.sim.device_lane import Clock

@@ -210,7 +210,7 @@ class Profile:
         catalog entry, where it says; `device`, cpu or cuda) and the executor; `acceptance_rates`
         and `acceptance_spread` where it measured the acceptance (the deepest k measured: its
         later positions are extrapolated). A `--profile` run takes these unless told otherwise
-        (sim/cli.py), and says so when told otherwise (sim/config.py `resolve`)."""
+        (sim/cli.py), and says so when told otherwise (sim/plan.py `resolve`)."""
         from stepgap.common.formats import DEVICES, EXECUTORS, OLD_DEVICES
         topo = self.about.get("topology") if isinstance(self.about.get("topology"), dict) else {}
         device = topo.get("device") or self.about.get("device")
