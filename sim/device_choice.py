@@ -201,7 +201,7 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
             about = check_moe_bundle(bundle, target)
             costs = roofline   # (a profile's level over it, where it has one)
             costs.path = str(bundle)
-            sources = getattr(costs, "sources", None) or {}
+            sources = costs.sources or {}
             under = sources.get("target_forward", "roofline")
             costs.sources = {**sources,
                              "target_forward": f"{under} (the bundle, {about}: {only})"}
@@ -209,7 +209,7 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
     roofline = roofline_of(costs)
     if bundle is not None and roofline is not None:   # the tables against the model's shapes
         check_tables(costs, roofline, bundle, cfg.tensor_parallel_size)
-    src = getattr(costs, "sources", None)
+    src = costs.sources
     if hw.device_band is not None and "target_forward" not in (src or {}):
         costs.sources = {**fitted_sources(hw), **(src or {})}
     return costs
@@ -249,7 +249,7 @@ def attach_moe(cfg: SimConfig, target: ModelConfig, hw: Hardware, costs,
     roofline.moe = moe
     if isinstance(costs, TableCosts):
         costs.moe = moe
-    sources = getattr(costs, "sources", None)
+    sources = costs.sources
     if sources is None:
         costs.sources = sources = {}
     sources["moe"] = moe.source()
@@ -262,7 +262,7 @@ def roofline_of(costs) -> RooflineCosts | None:
     """The roofline under a run's device costs: itself, the fallback of a profile's fits or of
     measured tables, the roofline a profile's level scales (None: another source)."""
     while not isinstance(costs, RooflineCosts):
-        costs = getattr(costs, "fallback", None) or getattr(costs, "costs", None)
+        costs = costs.fallback
         if costs is None:
             return None
     return costs

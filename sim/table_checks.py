@@ -63,7 +63,7 @@ class TableJudge:
 def check_tables(costs, roofline: RooflineCosts, bundle: Path | None, tp: int) -> None:
     """Hold the measured tables under `costs` (sim/table_costs.py TableCosts) and the MoE block's and
     MTP module's (roofline.moe) to physics (the comment above)."""
-    tables = getattr(costs, "tables", None)
+    tables = costs.tables
     moe = roofline.moe
     grid_table = moe.table if moe is not None else None
     mtp = moe.mtp if moe is not None else None

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 
 from stepgap.common.errors import UserError
+from stepgap.sim.costs import DeviceCosts
 from stepgap.sim.drafter_costs import DrafterCosts
 from stepgap.sim.hardware import MeasuredLink
 from stepgap.sim.tables import FAMILY_LAYERS, MLP_LAYERS, PER_SEQUENCE, OpTables
@@ -88,7 +89,7 @@ class RooflineKernels:
             + self.roof.streaming(self.BF16 * 2 * new * self.kv)
 
 
-class TableCosts:
+class TableCosts(DeviceCosts):
     """Device op times from measured operator tables; `fallback` (the roofline) prices what
     the tables do not cover, and `sources` says which op came from where."""
 
