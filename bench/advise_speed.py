@@ -108,14 +108,16 @@ def child_cells(path: str) -> None:
 
 
 def child_share() -> None:
+    from stepgap.sim import loop
     from stepgap.sim.config import SimConfig
-    from stepgap.sim.loop import Run, build_workload
     from stepgap.sim.presets import get_preset
     cfg = SimConfig(**get_preset("sharegpt-h100").settings)
-    sim = Run(cfg, build_workload(cfg))
+    run = getattr(loop, "Run", None) or loop.Sim   # (a checkout before 53's split: Sim)
+    sim = run(cfg, loop.build_workload(cfg))
     c0 = time.process_time()
     sim.run()
-    print(json.dumps({"steps": sim.num_steps, "cpu_s": time.process_time() - c0}))
+    steps = sim.num_steps
+    print(json.dumps({"steps": steps, "cpu_s": time.process_time() - c0}))
 
 
 # -- the parent --------------------------------------------------------------------------------

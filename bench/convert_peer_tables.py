@@ -122,7 +122,7 @@ def write_meta(folder: Path, meta: dict) -> None:
 
 
 def per_rank(heads: int, kv: int, inter: int, vocab: int, hidden: int, tp: int) -> dict:
-    """The model's shapes on one of tp ranks, as the profilers wrote them (sim/tables.py
+    """The model's shapes on one of tp ranks, as the profilers wrote them (sim/bundle_match.py
     per_rank: heads, MLP and the vocabulary padded to 64 split; KV heads at least 1)."""
     padded = -(-vocab // 64) * 64
     return {"num_attention_heads": heads // tp, "num_key_value_heads": max(1, kv // tp),

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from stepgap.calibrate.peers import load_peers, peer_config  # noqa: E402
 from stepgap.common.peer_run import load_peer_requests, load_timeseries  # noqa: E402
-from stepgap.sim.config import resolve  # noqa: E402
+from stepgap.sim.plan import resolve  # noqa: E402
 from stepgap.sim.costs import Batch  # noqa: E402
 from stepgap.sim.hardware import all_reduce_path  # noqa: E402
 from stepgap.sim.hardware_file import load_collectives  # noqa: E402

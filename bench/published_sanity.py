@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stepgap.common.formats import TraceRequest  # noqa: E402
 from stepgap.common.run_record import RunRecord  # noqa: E402
-from stepgap.sim.config import SimConfig, resolve  # noqa: E402
+from stepgap.sim.config import SimConfig  # noqa: E402
+from stepgap.sim.plan import resolve  # noqa: E402
 from stepgap.sim.costs import Batch
 from stepgap.sim.loop import simulate  # noqa: E402
 

@@ -26,7 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stepgap.sim.config import SimConfig, resolve  # noqa: E402
+from stepgap.sim.config import SimConfig  # noqa: E402
+from stepgap.sim.plan import resolve  # noqa: E402
 from stepgap.common.run_record import RunRecord  # noqa: E402
 from stepgap.sim.roofline import RooflineCosts
 from stepgap.sim.loop import build_workload, simulate  # noqa: E402

@@ -136,7 +136,8 @@ def extend(c) -> None:
 def cmd_bench(args) -> int:
     from stepgap.common.fileio import check_not_walked, check_writable
     from stepgap.common.options import note
-    from stepgap.sim.config import SimConfig, resolve
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.plan import resolve
     from stepgap.sim.profile import save_profile
     check_writable(args.out, "--out")
     check_not_walked("--out", args.out, args.measured)
@@ -704,7 +705,8 @@ def fit_bench(runs: list[BenchRun], base: dict, noise: float):
     """The profile of the runs (module docstring)."""
     from stepgap.common.acceptance import PROFILES
     from stepgap.sim.bands import CPU_SEED, shifted
-    from stepgap.sim.config import SimConfig, acceptance_profile, resolve
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.plan import acceptance_profile, resolve
 
     noise = repeats_noise(runs) or noise
     base = {**base, "_noise": noise}

@@ -29,7 +29,7 @@ from stepgap.common.cpu_load import OtherCpu
 from stepgap.common.errors import UserError
 from stepgap.common.formats import MODES, TraceRequest
 from stepgap.common.run_record import RunRecord
-from stepgap.common.scheduler import cdiv
+from stepgap.common.scheduler import BLOCK_SIZE, cdiv
 from stepgap.engine.args import EngineArgs
 from stepgap.calibrate.fit import GridShape, add_device, build_profile, measure_grid
 from stepgap.calibrate.samples import device_points
@@ -99,7 +99,7 @@ class Plan:
 
 
 def limits(requests: list[TraceRequest], k: int, max_concurrency: int | None,
-           block_size: int = 16) -> dict:
+           block_size: int = BLOCK_SIZE) -> dict:
     """Scheduler limits that fit a trace: both halves use the same."""
     longest = max(r.prompt_len + r.output_len for r in requests)
     return {"num_blocks": sum(cdiv(r.prompt_len + r.output_len + k + 1, block_size)

@@ -23,7 +23,8 @@ from stepgap.common.fileio import read_json_object, read_text
 from stepgap.common.run_record import RunRecord
 from stepgap.common.peer_run import (find_dataset, load_timeseries, peer_result,
                                      peer_settings)
-from stepgap.sim.config import NO_TABLES, SimConfig
+from stepgap.sim.device_choice import NO_TABLES
+from stepgap.sim.config import SimConfig
 from stepgap.sim.hardware import is_gpu_file
 from stepgap.sim.loop import simulate
 

@@ -79,7 +79,7 @@ MAX_TOKENS = 1 << 24
 # sim/tables.py): 2^24, 16.8 M, past the longest context any served model has (10 M tokens); a
 # kv_decode of 1e300 made every request fit the tables' KV grid.
 MAX_TABLE_COUNT = 1 << 24
-# A skew fit's alpha (sim/tables.py SkewFit: the share of the gap between the attention at the
+# A skew fit's alpha (sim/table_interp.py SkewFit: the share of the gap between the attention at the
 # decodes' mean history and at their longest that a mix of unequal histories adds). The
 # committed fits' bucket alphas run from -14.0 to 4.3 (buckets of one sample), their pooled
 # alpha_default from 0.054 to 0.065; past 100 either way it is a broken fit, not a measurement

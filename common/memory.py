@@ -1,5 +1,5 @@
 """What one GPU holds, sized alike by both halves: the weights, a reserve, and in what is left
-the KV cache's blocks (sim/config.py `scheduler_config`, engine/args.py `EngineSetup`)."""
+the KV cache's blocks (sim/plan.py `scheduler_config`, engine/args.py `EngineSetup`)."""
 
 from __future__ import annotations
 

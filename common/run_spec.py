@@ -31,7 +31,8 @@ from stepgap.common.errors import UserError, shown
 from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES, OLD_DEVICES
 from stepgap.common.limits import (MAX_K, MAX_PARAM, MAX_PROMPTS, MAX_TOKENS, MAX_TP,
                                    MIN_BURSTINESS, first_repeat, is_finite, is_int, is_number)
-from stepgap.common.scheduler import BLOCK_SIZE
+from stepgap.common.scheduler import (BLOCK_SIZE, MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS,
+                                      MAX_NUM_SEQS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,13 +185,13 @@ class SchedulerSpec:
 
     mode: str = opt("sync", "--mode", kind="choice", choices=MODES,
                     help="step scheduling (docs/explanation/design.md §1)")
-    max_num_seqs: int = opt(256, "--max-num-seqs", kind="int", lo=1, hi=MAX_PROMPTS,
+    max_num_seqs: int = opt(MAX_NUM_SEQS, "--max-num-seqs", kind="int", lo=1, hi=MAX_PROMPTS,
                             metavar="N", help="most requests in one step")
-    max_num_batched_tokens: int = opt(8192, "--max-num-batched-tokens", kind="int", lo=1,
-                                      hi=MAX_TOKENS, metavar="N",
+    max_num_batched_tokens: int = opt(MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens",
+                                      kind="int", lo=1, hi=MAX_TOKENS, metavar="N",
                                       help="token budget of one step; longer prompts are "
                                            "chunked")
-    max_model_len: int = opt(2048, "--max-model-len", kind="int", lo=1, hi=MAX_TOKENS,
+    max_model_len: int = opt(MAX_MODEL_LEN, "--max-model-len", kind="int", lo=1, hi=MAX_TOKENS,
                              metavar="N", help="longest prompt + output, in tokens (vLLM's "
                                                "default is the model's context; stepgap's is "
                                                "the seed's)")

@@ -41,7 +41,11 @@ from dataclasses import dataclass, field
 from stepgap.common.errors import UserError
 from stepgap.common.limits import is_int
 
-BLOCK_SIZE = 16   # tokens per KV block by default, as vLLM's
+# The scheduler's defaults, declared here once (RunSpec's options, both halves' configs):
+BLOCK_SIZE = 16                 # tokens per KV block, as vLLM's
+MAX_NUM_SEQS = 256              # requests in one step, as vLLM's
+MAX_NUM_BATCHED_TOKENS = 8192   # the token budget of one step, as vLLM's for online serving
+MAX_MODEL_LEN = 2048            # prompt + output (vLLM's is the model's context; the seed's)
 
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
 
@@ -115,9 +119,9 @@ class EngineCoreOutput:
 class SchedulerConfig:
     num_blocks: int
     block_size: int = BLOCK_SIZE
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int = 2048
+    max_num_seqs: int = MAX_NUM_SEQS
+    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS
+    max_model_len: int = MAX_MODEL_LEN
     num_spec_tokens: int = 0        # k
     async_scheduling: bool = False
     max_position_embeddings: int | None = None   # the target's context (its config.json's)

@@ -30,7 +30,8 @@ from stepgap.common.acceptance import Acceptance, check_replay
 from stepgap.common.errors import UserError
 from stepgap.common.formats import (METRICS, PERCENTILES, RequestTiming, Span, SpecStats, TraceRequest,
                             run_result, step_gaps)
-from stepgap.common.scheduler import (FINISHED, EngineCoreOutput, Request, Scheduler,
+from stepgap.common.scheduler import (FINISHED, MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS,
+                                      MAX_NUM_SEQS, EngineCoreOutput, Request, Scheduler,
                                       SchedulerConfig, SchedulerOutput)
 from stepgap.common.workloads import LoadGenerator
 from stepgap.engine.kv_cache import BLOCK_SIZE
@@ -46,9 +47,9 @@ class EngineConfig:
     mode: str = "sync"
     k: int = 0
     num_blocks: int = 1024
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int = 2048
+    max_num_seqs: int = MAX_NUM_SEQS
+    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS
+    max_model_len: int = MAX_MODEL_LEN
     sampling: SamplingConfig = SamplingConfig()
     block_size: int = BLOCK_SIZE
     max_position_embeddings: int | None = None   # the target's context

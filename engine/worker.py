@@ -30,6 +30,7 @@ import torch
 
 from stepgap.common.errors import UserError
 from stepgap.common.formats import MODES, Span
+from stepgap.common.scheduler import MAX_MODEL_LEN, MAX_NUM_SEQS
 from stepgap.engine.checkpoint import load_draft, load_target
 from stepgap.engine.drafter import Eagle3Drafter
 from stepgap.engine.graphs import DecodeGraphs, GraphPlan, capture
@@ -50,8 +51,8 @@ class WorkerSpec:
     device: str = "cpu"
     dtype: str | None = None      # default: bfloat16 on CUDA, float32 on the CPU
     num_blocks: int = 1024
-    max_model_len: int = 2048
-    max_num_seqs: int = 256
+    max_model_len: int = MAX_MODEL_LEN
+    max_num_seqs: int = MAX_NUM_SEQS
     max_k: int = 8
     cuda_graphs: bool = True      # on CUDA: replay decode steps from CUDA graphs
     block_size: int = BLOCK_SIZE  # tokens per KV block

@@ -377,12 +377,15 @@ def search(cells: Cells, base: dict, load: dict, modes: tuple, ks: list[int],
 
 def rests_on(base: dict, ks: list[int], inputs: list[BandInput]) -> dict:
     """The sources of the answer: the device costs, the acceptance, the CPU costs, the seed."""
-    from stepgap.sim.config import SimConfig, acceptance_choice, acceptance_profile, resolve, roofline_of
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.plan import acceptance_choice, acceptance_profile, resolve
+    from stepgap.sim.device_choice import roofline_of
     cfg = SimConfig(**{**base, "k": max(ks)})
     r = resolve(cfg)
     hw, measured = r.hw, r.measured
-    sources = getattr(r.device_costs, "sources", None)
-    from stepgap.sim.tables import TableCosts, repo_relative
+    sources = r.device_costs.sources
+    from stepgap.sim.table_costs import TableCosts
+    from stepgap.sim.tables import repo_relative
     # tables given (--device-profile, `none` apart) or committed for the GPU (a TableCosts)
     tables = repo_relative(r.device_costs.path) if isinstance(r.device_costs, TableCosts) \
         else cfg.device_profile if cfg.device_profile not in (None, "none") else None
@@ -400,7 +403,8 @@ def rests_on(base: dict, ks: list[int], inputs: list[BandInput]) -> dict:
                   f"{hw.kernel_us:g} us a kernel" + (
                       f", x {level:.4g} (the device level calibrated in {measured.path})"
                       if level is not None else "; no measured table or profile"))
-    moe = getattr(roofline_of(r.device_costs), "moe", None)
+    roofline = roofline_of(r.device_costs)
+    moe = roofline.moe if roofline is not None else None
     if moe is not None:   # a MoE target's blocks from moe.csv, or under data/expert parallelism
         device += f"; {moe.source()}"
     prof, note = acceptance_profile(cfg, r.target)

@@ -99,7 +99,8 @@ def question(args) -> tuple[dict, list[dict], list[int], list[str]]:
     from stepgap.common.options import at_most, load_list, positive_int, rate_arg
     from stepgap.sim.advise import DEFAULT_CONCURRENCY, depths, loads_of
     from stepgap.sim.setup_args import config_from_args
-    from stepgap.sim.config import resolve, SimConfig
+    from stepgap.sim.plan import resolve
+    from stepgap.sim.config import SimConfig
     from stepgap.sim.presets import get_preset
 
     conc = load_list("--max-concurrency", args.max_concurrency,

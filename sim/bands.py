@@ -191,7 +191,8 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
     """The uncertain inputs of runs of `settings` (SimConfig fields) up to depth `max_k`: the
     host's CPU and the device (or what a measured profile or tables leave of them), and the
     acceptance where it is borrowed or extrapolated."""
-    from stepgap.sim.config import SimConfig, resolve
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.plan import resolve
 
     cfg = SimConfig(**settings)
     r = resolve(cfg)
@@ -246,7 +247,7 @@ def device_input(r, split: bool) -> BandInput | None:
     fit's spread, also under tables that price part of a step (the roofline prices the rest);
     a datasheet GPU, the datasheet roofline's error on the two GPUs with real runs. None where
     a bench-file calibration's `split` already holds the device."""
-    from stepgap.sim.tables import TableCosts
+    from stepgap.sim.table_costs import TableCosts
 
     hw, costs = r.hw, r.device_costs   # (always the outer costs: config.py)
     tables = costs.tables if isinstance(costs, TableCosts) else None
@@ -376,7 +377,7 @@ def acceptance_inputs(cfg, target, max_k: int) -> list[BandInput]:
     shifted on the logit scale) or else extrapolated past its depth (k > the rates measured:
     the later positions' rates); and `dataset`, the published spread of the run's dataset
     (common/acceptance.py DATASETS) where the acceptance is the default one."""
-    from stepgap.sim.config import acceptance_choice, acceptance_profile
+    from stepgap.sim.plan import acceptance_choice, acceptance_profile
     prof, _ = acceptance_profile(cfg, target)
     if max_k < 1 or prof.name in SYNTHETIC:
         return []

@@ -122,8 +122,8 @@ def gpu_listing(name: str) -> dict:
     from stepgap.sim.bands import DEVICE_HIGH, DEVICE_LOW, DEVICE_SOURCE
     from stepgap.sim.hardware import get_hardware
     from stepgap.sim.hardware_file import committed_link, link_key, other_measurements
-    from stepgap.sim.tables import (LAYER_GEMMS, bundle_meta, committed_bundles, read_meta,
-                                    repo_relative, shape_mismatch)
+    from stepgap.sim.bundle_match import LAYER_GEMMS, committed_bundles, shape_mismatch
+    from stepgap.sim.tables import bundle_meta, read_meta, repo_relative
     hw = get_hardware(name)
     fitted = hw.device_band is not None
     lo, hi, why = (*hw.device_band, hw.device_band_source) if fitted else \
@@ -169,7 +169,7 @@ def run_gpus(args) -> int:
     import json
     from stepgap.common.errors import UserError
     from stepgap.sim.hardware import CATALOG
-    from stepgap.sim.tables import LAYER_GEMMS
+    from stepgap.sim.bundle_match import LAYER_GEMMS
     names = args.gpu or [n for n, h in CATALOG.items() if h.kind == "gpu"]
     for n in names:
         if n.lower() not in CATALOG:

@@ -13,10 +13,11 @@ from stepgap.common.acceptance import Acceptance
 from stepgap.common.formats import RequestTiming, TraceRequest
 from stepgap.common.scheduler import Scheduler
 from stepgap.common.workloads import LoadGenerator
-from stepgap.sim.config import Resolved, SimConfig
+from stepgap.sim.config import SimConfig
 from stepgap.sim.core import EngineCore
 from stepgap.sim.data_parallel import DP_SYNC_US, Lockstep, Router
 from stepgap.sim.device_lane import Clock, Step
+from stepgap.sim.plan import Resolved
 from stepgap.sim.steps import LiveSteps
 
 

@@ -14,10 +14,11 @@ import simpy
 
 from stepgap.common.formats import Span, TraceRequest
 from stepgap.common.scheduler import Request
-from stepgap.sim.config import Resolved, SimConfig
+from stepgap.sim.config import SimConfig
 from stepgap.sim.data_parallel import Lockstep, dummy_batch
 from stepgap.sim.device_lane import ENGINE, FRONTEND, WORKER, Clock, Device, Step
 from stepgap.sim.jitter import Jitter
+from stepgap.sim.plan import Resolved
 from stepgap.sim.steps import LiveSteps, ReplayedSteps
 
 

@@ -10,7 +10,6 @@ falls back to the roofline where the profile has none; `ConstantCosts` gives fix
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
 
 @dataclass(slots=True)
@@ -40,18 +39,44 @@ class Batch:
     draft_moe_rows: int = 0
 
 
-class DeviceCosts(Protocol):
-    """Microseconds per device op for a batch. Implemented by RooflineCosts and ConstantCosts."""
+class DeviceCosts:
+    """Microseconds per device op for a batch, one method per op, and what else a run asks of
+    its source: these defaults are a source's that has none of it. Implemented by
+    RooflineCosts, ProfileCosts, TableCosts, LevelCosts and ConstantCosts."""
 
-    def target_forward(self, b: Batch) -> float: ...
-    def rejection_sample(self, b: Batch) -> float: ...
-    def draft_forward(self, b: Batch, i: int) -> float: ...
-    def d2h(self, b: Batch) -> float: ...
-    def fixup(self, b: Batch) -> float: ...
+    sources: dict[str, str] | None = None   # op -> what prices it (the result's device_costs)
+    path: str | None = None       # the profile or bundle it read
+    fallback: DeviceCosts | None = None   # the source under it: the roofline of a profile's
+    # fits or of tables, or the one a level scales (sim/device_choice.py roofline_of)
+    moe = None        # a MoE target's blocks (sim/expert_parallel.py MoeCosts)
+    tables = None     # measured operator tables (sim/tables.py OpTables)
+    # (Batch) -> tuple | None: a key that fixes the step's op times (sim/device_lane.py
+    # Device.known); None: every step priced
+    step_key = None
+    # (Batch, passes) -> [times]: every draft pass priced in one call; None: one call a pass
+    draft_forwards = None
+
+    def target_forward(self, b: Batch) -> float:
+        raise NotImplementedError
+
+    def rejection_sample(self, b: Batch) -> float:
+        raise NotImplementedError
+
+    def draft_forward(self, b: Batch, i: int) -> float:
+        raise NotImplementedError
+
+    def d2h(self, b: Batch) -> float:
+        raise NotImplementedError
+
+    def fixup(self, b: Batch) -> float:
+        raise NotImplementedError
+
+    def check_request(self, request_id: str, total_tokens: int) -> None:
+        """Refuse, naming it, a request this source cannot price (tables past their grid)."""
 
 
 @dataclass(frozen=True, slots=True)
-class ConstantCosts:
+class ConstantCosts(DeviceCosts):
     """Fixed microseconds per device op, whatever the batch (for closed-form tests)."""
 
     target: float = 1000.0
@@ -67,22 +92,22 @@ class ConstantCosts:
     def fixup(self, b): return self.fix
 
 
-class LevelCosts:
+class LevelCosts(DeviceCosts):
     """Another source's device op times x `level`: the roofline at the level of a device that
     was measured (a profile fitted on `vllm bench serve` files: `Profile.roofline_level`); the
     drafter's passes x `draft_level` more where the runs told them apart (`Profile.draft_level`)."""
 
     def __init__(self, costs: DeviceCosts, level: float, source: str, path: str | None = None,
                  draft_level: float | None = None):
-        self.costs, self.level, self.path = costs, level, path
+        self.fallback, self.level, self.path = costs, level, path
         # the drafter's passes at a level of their own, where runs at two depths measured it
         self.draft = level * (draft_level if draft_level is not None else 1.0)
         self.sources = {op: f"roofline x {level:.4g} ({source})" for op in
                         ("target_forward", "rejection_sample", "d2h", "fixup")}
         self.sources["draft_forward"] = f"roofline x {self.draft:.4g} ({source})"
 
-    def target_forward(self, b): return self.costs.target_forward(b) * self.level
-    def rejection_sample(self, b): return self.costs.rejection_sample(b) * self.level
-    def draft_forward(self, b, i): return self.costs.draft_forward(b, i) * self.draft
-    def d2h(self, b): return self.costs.d2h(b) * self.level
-    def fixup(self, b): return self.costs.fixup(b) * self.level
+    def target_forward(self, b): return self.fallback.target_forward(b) * self.level
+    def rejection_sample(self, b): return self.fallback.rejection_sample(b) * self.level
+    def draft_forward(self, b, i): return self.fallback.draft_forward(b, i) * self.draft
+    def d2h(self, b): return self.fallback.d2h(b) * self.level
+    def fixup(self, b): return self.fallback.fixup(b) * self.level

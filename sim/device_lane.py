@@ -118,8 +118,8 @@ class Device:
         # a drafter that waits for the step's tokens on the host (no padded drafter batch):
         # the host's wake after the step's tokens land; None: it does not wait
         self.waits_us = waits_us
-        self.draft_forwards = getattr(costs, "draft_forwards", None)   # all passes in one call
-        self.step_key = getattr(costs, "step_key", None)
+        self.draft_forwards = costs.draft_forwards   # all passes in one call, where it can
+        self.step_key = costs.step_key
         # step_key -> `times`' answer: a step's times looked up, not computed again, where the
         # noise is none or one constant factor (--speed alone), so that they are the same floats
         self.known: dict = {}

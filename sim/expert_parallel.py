@@ -29,7 +29,7 @@ the roofline grows from there (counted in the result); the roofline alone where 
 given. The dispatch and combine (`MoeCosts.exchange`): one all-gather of rows x (hidden +
 experts) bf16 and one reduce-scatter of rows x hidden bf16 per MoE layer, over `MoeCosts.link`:
 the collectives measured over the dp GPUs where a hardware.yaml gives them (sim/hardware.py
-`MeasuredLink`, found by sim/config.py `collectives`), else the GPU's interconnect model
+`MeasuredLink`, found by sim/device_choice.py `collectives`), else the GPU's interconnect model
 (`Interconnect`); both answer `all_gather_us` and `reduce_scatter_us`.
 """
 

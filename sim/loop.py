@@ -56,7 +56,8 @@ from stepgap.common.formats import SpecStats, Span, TraceRequest, run_result, ti
 from stepgap.common.scheduler import Scheduler, SchedulerConfig
 from stepgap.common.workloads import apply_request_rate, load_workload
 from stepgap.sim.cluster import Client, DataParallel, Series
-from stepgap.sim.config import SimConfig, resolve
+from stepgap.sim.config import SimConfig
+from stepgap.sim.plan import resolve
 from stepgap.sim.core import EngineCore
 from stepgap.sim.costs import DeviceCosts
 from stepgap.sim.device_lane import Clock
@@ -77,10 +78,8 @@ class Run:
         self.cfg, self.requests = cfg, requests
         self.r = r = resolve(cfg, profile, device_costs)
         check_requests(requests, r.scheduler, r.target.vocab_size)
-        check = getattr(r.device_costs, "check_request", None)
-        if check is not None:   # measured tables cover contexts up to their grid
-            for tr in requests:
-                check(tr.request_id, tr.prompt_len + tr.output_len)
+        for tr in requests:   # (measured tables cover contexts up to their grid)
+            r.device_costs.check_request(tr.request_id, tr.prompt_len + tr.output_len)
         self.env = env = Clock()
         acc = Acceptance(r.profile, cfg.k, requests, cfg.seed, cfg.replay)
         self.client = Client(env, requests, cfg.max_concurrency, acc,
@@ -176,11 +175,10 @@ class Run:
             j = r.measured.jitter
             resolved["jitter"] = {"bin_ms": j.bin_ms, "sigma_step": j.sigma_step,
                                   "trace_bins": len(j.trace), "offset": jitter.offset}
-        sources = getattr(r.device_costs, "sources", None)
-        if sources is not None:   # a measured profile or tables: which ops each priced
-            resolved["device_costs"] = {"profile": getattr(r.device_costs, "path", None),
-                                        **sources}
-            moe = getattr(r.device_costs, "moe", None)
+        costs = r.device_costs
+        if costs.sources is not None:   # a measured profile or tables: which ops each priced
+            resolved["device_costs"] = {"profile": costs.path, **costs.sources}
+            moe = costs.moe
             if moe is not None and moe.grid is not None:   # how much moe.csv covered
                 resolved["device_costs"]["moe_coverage"] = moe.coverage()
         if isinstance(self.engine, DataParallel):

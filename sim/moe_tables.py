@@ -35,8 +35,9 @@ from pathlib import Path
 
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import parsed_once
-from stepgap.sim.tables import (FAMILY_LAYERS, Table1D, _number, _read_csv, _tables_1d,
-                                bundle_meta, refuse_another_model)
+from stepgap.sim.bundle_match import refuse_another_model
+from stepgap.sim.table_interp import Table1D
+from stepgap.sim.tables import FAMILY_LAYERS, _number, _read_csv, _tables_1d, bundle_meta
 
 MOE_COLUMNS = ("tokens", "activated_experts", "time_us")
 MTP_LAYERS = ("mtp_embed", "mtp_enorm_hnorm", "mtp_eh_proj", "mtp_glue", "mtp_shared_head")

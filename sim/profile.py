@@ -38,6 +38,7 @@ from stepgap.sim.cpu_costs import CpuCosts
 from stepgap.common.errors import UserError, shown, where
 from stepgap.common.fileio import dumps_json, not_a_file, read_json_object, write_json
 from stepgap.common.limits import MAX_SCALE, is_finite, is_int, is_number
+from stepgap.common.scheduler import BLOCK_SIZE
 
 FORMAT = "stepgap-profile/1"
 FEATURES = ("1", "tokens", "reqs", "padded")
@@ -45,14 +46,15 @@ DEVICE_OPS = ("target_forward", "rejection_sample", "draft_forward", "d2h", "fix
 
 
 def features(op: str, i: int | None, tokens: int, reqs: int, query: int, blocks: int,
-             block_size: int = 16) -> list[float]:
+             block_size: int = BLOCK_SIZE) -> list[float]:
     """The fit's features of one op: [1, tokens, reqs, padded attention grid]."""
     if op == "draft_forward" and i:   # a one-token pass over every row
         tokens, query = reqs, 1
     return [1.0, float(tokens), float(reqs), float(reqs * query * blocks * block_size)]
 
 
-def batch_features(op: str, i: int | None, b: Batch, block_size: int = 16) -> list[float]:
+def batch_features(op: str, i: int | None, b: Batch,
+                   block_size: int = BLOCK_SIZE) -> list[float]:
     query = b.max_query or -(-b.num_tokens // max(b.num_reqs, 1))
     blocks = b.max_blocks or -(-b.kv_tokens // max(b.num_reqs, 1) // block_size)
     return features(op, i, b.num_tokens, b.num_reqs, query, blocks, block_size)
@@ -208,7 +210,7 @@ class Profile:
         catalog entry, where it says; `device`, cpu or cuda) and the executor; `acceptance_rates`
         and `acceptance_spread` where it measured the acceptance (the deepest k measured: its
         later positions are extrapolated). A `--profile` run takes these unless told otherwise
-        (sim/cli.py), and says so when told otherwise (sim/config.py `resolve`)."""
+        (sim/cli.py), and says so when told otherwise (sim/plan.py `resolve`)."""
         from stepgap.common.formats import DEVICES, EXECUTORS, OLD_DEVICES
         topo = self.about.get("topology") if isinstance(self.about.get("topology"), dict) else {}
         device = topo.get("device") or self.about.get("device")

@@ -8,7 +8,7 @@ from stepgap.sim.costs import Batch, DeviceCosts
 from stepgap.sim.profile import DEVICE_OPS, Fit, Profile, batch_features
 
 
-class ProfileCosts:
+class ProfileCosts(DeviceCosts):
     """Device op times from a profile's fits at depth k; `fallback` answers for the rest."""
 
     def __init__(self, profile: Profile, k: int, fallback: DeviceCosts, block_size: int = 16):
@@ -26,7 +26,7 @@ class ProfileCosts:
             for f in pick:
                 self.fits[(op, f.i if op == "draft_forward" else None)] = f
             if not pick:
-                self.sources[op] = getattr(fallback, "sources", {}).get(
+                self.sources[op] = (fallback.sources or {}).get(
                     op, "roofline (not in the profile)")
             else:
                 at = "any k" if pick[0].k is None else f"k={pick[0].k}" + (

@@ -13,7 +13,7 @@ import numpy as np
 
 from stepgap.common.errors import UserError
 from stepgap.common.modelcfg import ModelConfig
-from stepgap.sim.costs import Batch
+from stepgap.sim.costs import Batch, DeviceCosts
 from stepgap.sim.drafter_costs import NGRAM_GPU_KERNELS, NGRAM_N, DrafterCosts
 from stepgap.sim.hardware import Hardware
 from stepgap.sim.moe_tables import mtp_wrapper
@@ -67,7 +67,7 @@ def _routing_probs(num_experts: int, top_k: int, skew: float) -> np.ndarray:
     return q
 
 
-class RooflineCosts:
+class RooflineCosts(DeviceCosts):
     """Device op times from first principles: the model's shapes on a hardware entry.
 
     Weight-streaming GEMMs dominate decode; attention reads the KV of every context token; each

@@ -30,7 +30,8 @@ from stepgap.common.fileio import check_file, read_json, read_toml
 from stepgap.common.limits import MAX_GRID_CELLS
 from stepgap.common.options import WORKLOAD_FLAGS
 from stepgap.common.run_spec import ALIASES
-from stepgap.sim.config import CONFIG_KEYS, SimConfig, profile_defaults, resolve
+from stepgap.sim.config import CONFIG_KEYS, SimConfig, profile_defaults
+from stepgap.sim.plan import resolve
 from stepgap.sim.profile import load_profile
 from stepgap.sim.sweep_keys import cell_key
 
@@ -246,7 +247,7 @@ class GridCell:
     values: dict          # axis -> value
     settings: dict        # the whole SimConfig settings of the cell
     key: str | None       # hash of the cell's config (None: not asked for)
-    notes: tuple = ()     # what resolving the cell chose for the user (sim/config.py)
+    notes: tuple = ()     # what resolving the cell chose for the user (sim/plan.py)
 
 
 @dataclass(slots=True)

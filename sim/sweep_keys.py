@@ -80,8 +80,9 @@ def model_digest(roots: tuple[str, ...] = MODEL_ROOTS, root: Path = PACKAGE_ROOT
 
 def tables_of(cfg: SimConfig):
     """The operator tables a cell is priced from: its --device-profile, else the ones committed
-    for its GPU and model (sim/config.py committed_tables; --device-profile none: none)."""
-    from stepgap.sim.config import NO_TABLES, committed_tables, quantized
+    for its GPU and model (sim/device_choice.py committed_tables; --device-profile none: none)."""
+    from stepgap.sim.device_choice import NO_TABLES, committed_tables
+    from stepgap.sim.plan import quantized
     if cfg.device_profile == NO_TABLES:
         return None
     if cfg.device_profile is not None:
@@ -108,7 +109,7 @@ def cell_key(cfg: SimConfig) -> str:
         if path.is_file():
             h.update(read_bytes(path))
     bundle = tables_of(cfg)
-    if bundle is not None:   # the tables it may price from, found as sim/config.py finds them
+    if bundle is not None:   # the tables it may price from, found as sim/device_choice.py finds them
         from stepgap.sim.hardware_file import collectives_beside
         from stepgap.sim.tables import find_bundle, read_meta
         root = find_bundle(bundle)

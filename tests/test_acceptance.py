@@ -76,7 +76,7 @@ DS = dict(gpu="h100", model="llama-3.1-8b", draft="llama-3.1-8b-eagle3", k=3, nu
 
 
 def test_a_workload_picks_its_datasets_acceptance_and_the_result_says_which():
-    from stepgap.sim.config import resolve
+    from stepgap.sim.plan import resolve
     for workload, dataset in (("random", "random"), ("mtbench", "mtbench"),
                               ("sharegpt", "sharegpt")):
         r = resolve(SimConfig(**DS, workload=workload))
@@ -84,7 +84,7 @@ def test_a_workload_picks_its_datasets_acceptance_and_the_result_says_which():
 
 
 def test_a_trace_takes_mtbench_and_asks_for_its_dataset(tmp_path):
-    from stepgap.sim.config import resolve
+    from stepgap.sim.plan import resolve
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"request_id": "a", "arrival_s": 0, "prompt_len": 8, "output_len": 8}\n')
     notes = resolve(SimConfig(**DS, workload=str(trace))).notes
@@ -93,7 +93,7 @@ def test_a_trace_takes_mtbench_and_asks_for_its_dataset(tmp_path):
 
 @pytest.mark.parametrize("dataset, ratio", [("math", 1.04), ("sharegpt", 0.98), ("mtbench", 1.0)])
 def test_a_drafter_models_dataset_scales_its_mtbench_length_at_k3(dataset, ratio):
-    from stepgap.sim.config import resolve
+    from stepgap.sim.plan import resolve
     r = resolve(SimConfig(**DS, acceptance_dataset=dataset))
     assert r.profile.acceptance_length(3) == pytest.approx(
         ratio * PROFILES["mtbench"].acceptance_length(3), rel=1e-6)
@@ -111,7 +111,7 @@ def test_the_dataset_band_spans_the_published_spread_for_that_dataset():
 
 
 def test_ngram_takes_the_datasets_own_matching_profile():
-    from stepgap.sim.config import resolve
+    from stepgap.sim.plan import resolve
     settings = {**DS, "draft": None, "method": "ngram"}
     code = resolve(SimConfig(**settings, acceptance_dataset="code")).profile
     math_ = resolve(SimConfig(**settings, acceptance_dataset="math")).profile

@@ -375,7 +375,7 @@ def test_another_device_with_a_profile_is_a_choice_the_result_states(l20_profile
 def test_measured_tables_price_the_device_under_a_profiles_level(l20_profile):
     """--device-profile with a bench-file profile: the tables price the device ops (over the
     plain roofline, not the level of the profile's own device), the profile the CPU."""
-    from stepgap.sim.config import resolve
+    from stepgap.sim.plan import resolve
     bundle = (ROOT / "traces/peers/llmservingsim/profiler/perf/RTX4090/meta-llama/"
               "Llama-3.1-8B/bf16")
     cfg = SimConfig(**{**SMALL, "gpu": "rtx4090", "k": 2, "max_concurrency": 1,

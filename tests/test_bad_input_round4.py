@@ -18,7 +18,8 @@ import pytest
 
 from stepgap.cli import Terminated, main
 from stepgap.common.errors import UserError
-from stepgap.sim.config import SimConfig, resolve
+from stepgap.sim.config import SimConfig
+from stepgap.sim.plan import resolve
 from stepgap.sim.cpu_costs import CpuCosts
 from stepgap.sim.loop import simulate
 from stepgap.sim.profile import CpuFit, Profile, load_profile, save_profile

@@ -8,7 +8,8 @@ import pytest
 
 from stepgap.cli import main
 from stepgap.sim.bands import band_inputs
-from stepgap.sim.config import SimConfig, resolve
+from stepgap.sim.config import SimConfig
+from stepgap.sim.plan import resolve
 from stepgap.sim.drafter_costs import (HOST_LAYER_US, HOST_PASS_US, HOST_PREP_US, HOST_RANGE,
                                        PROPOSE)
 from stepgap.sim.loop import simulate

@@ -143,7 +143,8 @@ def test_both_halves_size_the_kv_cache_by_one_definition():
     from stepgap.common.memory import (RESERVED_BYTES, kv_bytes_per_token, kv_cache_blocks,
                                        weight_bytes)
     from stepgap.engine.args import EngineArgs, device_memory
-    from stepgap.sim.config import SimConfig, resolve
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.plan import resolve
     r = resolve(SimConfig(gpu="h100", model="llama-3.1-8b", k=0))
     t = r.target
     assert r.scheduler.num_blocks == kv_cache_blocks(

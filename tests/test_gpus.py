@@ -14,11 +14,13 @@ import pytest
 from stepgap.cli import main
 from stepgap.common.model_presets import MODEL_PRESETS
 from stepgap.sim.bands import DEVICE_HIGH, DEVICE_LOW, band_inputs
-from stepgap.sim.config import SimConfig, resolve
+from stepgap.sim.config import SimConfig
+from stepgap.sim.plan import resolve
 from stepgap.sim.hardware import CATALOG, MeasuredLink, get_hardware
 from stepgap.sim.hardware_file import load_gpu_file
 from stepgap.sim.roofline import RooflineCosts
-from stepgap.sim.tables import PEERS, TableCosts
+from stepgap.sim.tables import PEERS
+from stepgap.sim.table_costs import TableCosts
 
 ROOT = Path(__file__).resolve().parents[1]
 VIDUR_A100_8B = PEERS / "vidur/profiler/perf/A100/meta-llama/Meta-Llama-3-8B/fp16"

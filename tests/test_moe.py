@@ -15,7 +15,8 @@ import pytest
 
 from stepgap.common.errors import UserError
 from stepgap.common.model_presets import MODEL_PRESETS
-from stepgap.sim.config import SimConfig, resolve
+from stepgap.sim.config import SimConfig
+from stepgap.sim.plan import resolve
 from stepgap.sim.costs import Batch
 from stepgap.sim.expert_parallel import MoeCosts, MoeParallel
 from stepgap.sim.hardware import Interconnect, MeasuredLink, get_hardware

@@ -162,7 +162,7 @@ def test_all_draft_passes_at_once_are_the_passes_one_by_one(model, method, draft
     """The device lane asks for a step's passes in one call: the same floats, bit for bit,
     an fp8 KV cache's reads too; a data-parallel MoE group's step (its gathered rows set)
     takes the passes one by one."""
-    from stepgap.sim.config import resolve
+    from stepgap.sim.plan import resolve
     k = 1 if method == "mtp" else 5
     r = resolve(SimConfig(model=model, method=method, draft=draft, k=k, kv_cache_dtype=kv,
                           tensor_parallel_size=8 if model == "deepseek-v3" else 1,
@@ -211,7 +211,7 @@ def test_batches_with_one_step_key_have_the_same_times(k):
     ("gpt-oss-20b", "eagle3", None)])
 def test_no_step_key_where_times_read_more_of_the_batch(model, method, draft):
     """A MoE target, a draft model's own forward, windowed layers: times computed every step."""
-    from stepgap.sim.config import resolve
+    from stepgap.sim.plan import resolve
     r = resolve(SimConfig(model=model, method=method, draft=draft, k=3, gpu="h200"))
     assert r.device_costs.step_key(decode(4, 100)) is None
 

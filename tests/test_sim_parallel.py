@@ -14,7 +14,8 @@ from stepgap.common.formats import LANES, OPS
 from stepgap.common.drafters import load_drafter
 from stepgap.common.model_presets import MODEL_PRESETS, load_model_config
 from stepgap.common.modelcfg import ModelConfig
-from stepgap.sim.config import SimConfig, resolve
+from stepgap.sim.config import SimConfig
+from stepgap.sim.plan import resolve
 from stepgap.sim.costs import Batch
 from stepgap.sim.roofline import RooflineCosts, expected_experts
 from stepgap.sim.hardware import (CATALOG, Hardware, Interconnect, MeasuredLink,

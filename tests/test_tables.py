@@ -17,10 +17,12 @@ import pytest
 from stepgap.common.errors import UserError
 from stepgap.common.peer_run import (load_peer_requests, load_peer_trace, peer_result,
                                      peer_settings)
-from stepgap.sim.config import SimConfig, resolve
+from stepgap.sim.config import SimConfig
+from stepgap.sim.plan import resolve
 from stepgap.sim.costs import Batch
 from stepgap.sim.loop import simulate
-from stepgap.sim.tables import DENSE_LAYERS, Table1D, load_tables
+from stepgap.sim.tables import DENSE_LAYERS, load_tables
+from stepgap.sim.table_interp import Table1D
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT / "traces" / "peers" / "llmservingsim"

@@ -318,7 +318,8 @@ def test_sharegpt_shuffles_with_pythons_random_as_vllm_does(tmp_path):
 
 
 def test_without_a_tokenizer_the_estimate_is_named_in_the_runs_notes(tmp_path):
-    from stepgap.sim.config import SimConfig, resolve
+    from stepgap.sim.config import SimConfig
+    from stepgap.sim.plan import resolve
     path, _ = sharegpt(tmp_path)
     notes = resolve(SimConfig(workload=f"sharegpt:path={path}")).notes
     assert any("lengths estimated at 4 characters a token" in n for n in notes)
