@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from stepgap.common.vllm_bench import read_bench  # noqa: E402
+from stepgap.sim.band_runs import difference_band  # noqa: E402
 from stepgap.sim.bands import (CPU_HIGH, CPU_HIGH_SOURCE, CPU_LOW, CPU_LOW_SOURCE,  # noqa: E402
-                                difference_band, split_input)
+                                split_input)
 from stepgap.sim.config import SimConfig  # noqa: E402
 from stepgap.sim.loop import simulate  # noqa: E402
 from stepgap.sim.presets import get_preset  # noqa: E402

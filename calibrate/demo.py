@@ -95,7 +95,8 @@ def headline(out=print, **settings):
     in words: its verdict, and the PR's k in sync and async next to what the PR measured.
     The Advice."""
     import os
-    from stepgap.sim.advise import DEFAULT_MAX_K, advise, depths, loads_of, verdict
+    from stepgap.sim.advise import DEFAULT_MAX_K, advise, depths, loads_of
+    from stepgap.sim.advise_report import verdict
     from stepgap.sim.config import SimConfig
     from stepgap.sim.presets import get_preset
     preset = get_preset(SEED)

@@ -292,8 +292,8 @@ def format_advice(advice) -> str:
 
 
 def verdict_lines(advice) -> list[str]:
-    """The answer in words, one line a load (sim/advise.py `verdict`)."""
-    from stepgap.sim.advise import verdict
+    """The answer in words, one line a load (sim/advise_report.py `verdict`)."""
+    from stepgap.sim.advise_report import verdict
     width = max(len(a.label) for a in advice.answers)
     head = "The answer" + (" (nominal: no bands)" if not advice.inputs else
                            ", each number's band over the inputs below") + ":"
@@ -302,7 +302,7 @@ def verdict_lines(advice) -> list[str]:
 
 def near_best_lines(advice) -> list[str]:
     """Every k within 1 % of each mode's best mean TPOT, per load."""
-    from stepgap.sim.advise import near_best, ks_text
+    from stepgap.sim.advise_report import near_best, ks_text
     rows = [[a.label] + [f"{ks_text(near_best(a.modes[m].grid))} (best {_k(a.modes[m].best_k)})"
                          for m in ("sync", "async")] for a in advice.answers]
     return [""] + table([["load", "sync: k within 1 % of its best", "async: the same"]], rows)
@@ -310,7 +310,7 @@ def near_best_lines(advice) -> list[str]:
 
 def yours_lines(advice) -> list[str]:
     """The user's own mode and k against the best of sync and async, per load."""
-    from stepgap.sim.advise import yours
+    from stepgap.sim.advise_report import yours
     y = advice.yours
     if y is None:
         return ["", "Your setup: no k or mode given (paste your --speculative-config and "
@@ -340,7 +340,7 @@ def yours_lines(advice) -> list[str]:
 
 def warning_lines(advice) -> list[str]:
     """Each warning once, with the loads it holds at (and each load's detail)."""
-    from stepgap.sim.advise import warning_parts
+    from stepgap.sim.advise_report import warning_parts
     seen: dict = {}
     for a in advice.answers:
         for message, detail in warning_parts(a, advice.ks, advice.inputs):
@@ -357,7 +357,7 @@ def _span(ks: list[int]) -> str:
 
 def format_next_run(nxt) -> str:
     """The next run to make (calibrate/bench_fit.py NextRun), as printed after the answer."""
-    from stepgap.sim.advise import load_label
+    from stepgap.sim.advise_report import load_label
 
     def pct(b):
         return f"{100 * b[0]:.1f} to {100 * b[1]:.1f} %"

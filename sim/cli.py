@@ -248,7 +248,7 @@ def run(args) -> int:
     out = result_path(args, "stepgap-sim", cfg.model)
     check_outputs(args, out, args.timeline and (args.timeline, chrome_path(args.timeline)))
     if args.band:
-        from stepgap.sim.bands import bands_doc, format_bands, run_bands
+        from stepgap.sim.band_runs import bands_doc, format_bands, run_bands
         res, inputs, bands, spans = run_bands(cfg.to_dict())
         res["bands"] = bands_doc(inputs, bands)
     else:

@@ -228,8 +228,6 @@ OPTIONAL_FIELDS = {"quantization": None, "kv_cache_dtype": "auto", "data_paralle
                    "acceptance_dataset": None}
 
 
-
-
 def profile_defaults(settings: dict, given, measured: Profile | None = None
                      ) -> tuple[dict, list[str]]:
     """`settings` with what their profile was measured on (`Profile.measured_on`: its gpu,

@@ -59,7 +59,6 @@ def with_committed_tables(cfg: SimConfig, hw: Hardware, target: ModelConfig,
         f"prices; --device-profile {NO_TABLES} for the roofline alone)")
 
 
-
 def collectives(cfg: SimConfig, hw: Hardware, notes: list[str], moe: bool) -> Hardware:
     """The collectives of a run over several GPUs, tensor parallelism's (all-reduces, the
     logits' all-gather over the tp GPUs) and a MoE target's under data parallelism (`moe`: its
@@ -145,7 +144,6 @@ def _check_npus(link: MeasuredLink, groups: dict, source: str) -> None:
                             f"collectives were measured over {link.npus} GPUs; {option} {n} "
                             f"needs them measured over {n} (or a catalog --gpu, whose "
                             "interconnect model prices them)")
-
 
 
 def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
@@ -338,4 +336,3 @@ def table_notes(cfg: SimConfig, costs: DeviceCosts, hw: Hardware,
                      f"--gpu {cfg.gpu} gives the memory size and the roofline of what the "
                      "tables lack")
     return notes
-

@@ -184,7 +184,6 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
         drafter=drafter, drafter_host=drafter_host)
 
 
-
 def elsewhere_notes(cfg: SimConfig, measured: Profile, gpu: str, device: str) -> list[str]:
     """A profile run on another device than the one it was measured on: an explicit choice
     (the command line takes the profile's device unless told otherwise), said in the result."""

@@ -406,7 +406,7 @@ def saving_plot(view, metric: str = "mean_tpot_ms") -> Figure:
 def advise_figure(advice) -> Figure:
     """The best k of sync and async (their bands as bars) and what async and zero-bubble save
     (their bands shaded), against the load points of a `stepgap advise` answer."""
-    from stepgap.sim.advise import near_best
+    from stepgap.sim.advise_report import near_best
     answers = advice.answers
     xs = np.arange(len(answers))
     fig = Figure(figsize=(11.5, 4.4), dpi=DPI, layout="constrained")

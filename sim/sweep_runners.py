@@ -37,7 +37,7 @@ def run_cell(settings: dict) -> dict:
 def run_band_cell(settings: dict) -> dict:
     """Simulate one cell and its bands (sim/bands.py): its metrics, with the low and high end
     of each BANDED metric and the inputs that dominate its band."""
-    from stepgap.sim.bands import run_bands
+    from stepgap.sim.band_runs import run_bands
     res, _, bands, _ = run_bands(settings, metrics=BANDED)
     row = metrics_of(res)
     for m, b in bands.items():

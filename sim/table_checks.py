@@ -61,8 +61,8 @@ class TableJudge:
 
 
 def check_tables(costs, roofline: RooflineCosts, bundle: Path | None, tp: int) -> None:
-    """Hold the measured tables under `costs` (sim/table_costs.py TableCosts) and the MoE block's and
-    MTP module's (roofline.moe) to physics (the comment above)."""
+    """Hold the measured tables under `costs` (sim/table_costs.py TableCosts) and the MoE
+    block's and MTP module's (roofline.moe) to physics (the comment above)."""
     tables = costs.tables
     moe = roofline.moe
     grid_table = moe.table if moe is not None else None
@@ -173,4 +173,3 @@ def _mtp(mtp: dict, ref: RooflineCosts, fast: RooflineCosts, bundle: Path, tp: i
             wrapper = ref.gemm(n, 2 * h, h) + ref.streaming(BF16 * 5 * n * h, MTP_EXTRA_KERNELS)
             judge(f"{name} at {rows:g} sequences", t,
                   fast.gemm(n, 2 * h, h) if name == "mtp_eh_proj" else 0.0, wrapper)
-

@@ -98,4 +98,3 @@ class SkewFit:
                         self.label(a["kv_big_bins"], a["kv_big_labels"], kv_big),
                         self.label(a["kp_bins"], a["kp_labels"], kp)))
         return self.alphas.get(key, self.alpha_default)
-

@@ -462,5 +462,3 @@ def repo_relative(path) -> str:
         return str(p.resolve().relative_to(PEERS.parent.parent))
     except ValueError:
         return str(path)
-
-

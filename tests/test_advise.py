@@ -429,7 +429,7 @@ def test_combine_of_no_inputs_is_the_value():
 
 def test_zero_bubble_is_simulated_wherever_it_could_beat_async(advice):
     """The ks zero-bubble skips could not have beaten async's best: the full grid agrees."""
-    from stepgap.sim.advise import MODES
+    from stepgap.sim.advise_report import MODES
     for a in advice.answers:
         zb = a.modes["zero-bubble"].grid
         full = {k: simulate(SimConfig(**{**SMALL, "cpu_scale": 2.42, "mode": "zero-bubble",
@@ -556,7 +556,8 @@ def answer_of(saving: tuple, zb: tuple = (-0.001, -0.001, 0.0), sync=None, async
               label: int = 1):
     """A LoadAnswer built by hand: `saving` and `zb` as (value, low, high), each mode's grid
     k -> mean TPOT (its best k and TPOT taken from it)."""
-    from stepgap.sim.advise import LoadAnswer, ModeAnswer, best_of
+    from stepgap.sim.advise_report import LoadAnswer, ModeAnswer
+    from stepgap.sim.advise import best_of
     sync = sync or {0: 3.0, 1: 2.0, 2: 1.9}
     async_ = async_ or {k: v * (1 - saving[0]) for k, v in sync.items()}
     modes = {}
@@ -577,31 +578,31 @@ def answer_of(saving: tuple, zb: tuple = (-0.001, -0.001, 0.0), sync=None, async
     ((-0.03, -0.05, -0.02), "async: no, costs 3.0 % (2.0-5.0 %) of TPOT"),
 ])
 def test_the_verdict_says_yes_or_no_only_where_the_whole_band_does(saving, says):
-    from stepgap.sim.advise import verdict
+    from stepgap.sim.advise_report import verdict
     assert verdict(answer_of(saving)).startswith(says + ";")
 
 
 def test_the_verdict_gives_every_k_within_1_percent_of_the_best():
-    from stepgap.sim.advise import verdict
+    from stepgap.sim.advise_report import verdict
     grid = {0: 3.0, 1: 2.6, 2: 2.5, 3: 2.49, 4: 2.51, 5: 2.53, 6: 2.7}
     v = verdict(answer_of((0.1, 0.05, 0.15), sync=grid))
     assert "; k: 2-4 (within 1 % of the best); zero-bubble: no gain" in v   # 2.53 > 2.49 x 1.01
 
 
 def test_the_k_range_is_read_in_sync_where_async_does_not_pay():
-    from stepgap.sim.advise import verdict
+    from stepgap.sim.advise_report import verdict
     grid = {0: 3.0, 1: 2.0, 2: 2.3}
     v = verdict(answer_of((-0.03, -0.05, -0.02), sync=grid, async_={0: 3.1, 1: 2.06, 2: 2.0}))
     assert "; k: 1 (within 1 % of the best, in sync);" in v
 
 
 def test_ks_not_in_one_run_are_listed_as_runs():
-    from stepgap.sim.advise import ks_text
+    from stepgap.sim.advise_report import ks_text
     assert ks_text([2, 4, 5, 6, 8]) == "2, 4-6, 8"
 
 
 def test_no_warning_says_a_saving_might_not_pay_when_its_band_excludes_zero():
-    from stepgap.sim.advise import warnings
+    from stepgap.sim.advise_report import warnings
     sure = warnings(answer_of((0.105, 0.036, 0.138)), [0, 1, 2, 3], [])
     assert not any("pays" in w for w in sure), sure
     unsure = warnings(answer_of((0.02, -0.01, 0.05)), [0, 1, 2, 3], [])
@@ -621,7 +622,7 @@ def test_a_warning_that_holds_at_every_load_is_printed_once_naming_them(advice):
 
 
 def test_advise_answers_in_words_before_anything_else(advice):
-    from stepgap.sim.advise import verdict
+    from stepgap.sim.advise_report import verdict
     from stepgap.sim.advise_cli import format_advice
     lines = format_advice(advice).splitlines()
     assert lines[2].startswith("The answer")

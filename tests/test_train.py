@@ -287,7 +287,7 @@ def test_the_demo_leads_with_advises_answer_on_the_seeds_setup(monkeypatch, caps
 
 def test_the_headline_is_advises_verdict_and_the_prs_k_in_both_modes():
     from stepgap.calibrate.demo import headline
-    from stepgap.sim.advise import verdict
+    from stepgap.sim.advise_report import verdict
     lines = []
     advice = headline(lines.append, num_prompts=4, output_len=32)
     a = advice.answers[0]
