@@ -66,6 +66,7 @@ from stepgap.common.errors import UserError
 from stepgap.common.formats import (RequestTiming, Span, SpecStats, TraceRequest, run_result,
                                     timeseries)
 from stepgap.common.scheduler import FINISHED, Request, Scheduler, SchedulerConfig, SchedulerOutput
+from stepgap.common.speculation import METHODS
 from stepgap.common.workloads import LoadGenerator, apply_request_rate, load_workload
 
 FRONTEND, ENGINE, WORKER, DEVICE = "cpu.frontend", "cpu.engine", "cpu.worker", "device"
@@ -959,7 +960,7 @@ class DPSim(Sim):
         self.caching = r.scheduler.enable_prefix_caching
         self.samples: list[tuple] | None = [] if cfg.timeseries_interval_s else None
         self.router = Router(self.env, n)
-        moe_drafter = cfg.k > 0 and (cfg.method == "mtp" or (
+        moe_drafter = cfg.k > 0 and (METHODS[cfg.method].uses_mtp_layers or (
             r.draft is not None and getattr(r.draft, "is_moe", False)))
         sync = r.cpu.dp_sync
         sync = sync(0, 0) if sync is not None else DP_SYNC_US * cfg.cpu_scale * cfg.speed
