@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from stepgap.common.errors import UserError
 from stepgap.common.limits import MAX_LOADS
+from stepgap.common.speculation import METHODS
 from stepgap.sim.bands import Band, BandInput, band_inputs, combine, int_band
 
 MODES = ("sync", "async", "zero-bubble")
@@ -126,7 +127,8 @@ def loads_of(concurrency: list | None, rates: list | None) -> list[dict]:
 def depths(settings: dict, max_k: int) -> list[int]:
     """k = 0..max_k, as the drafter allows (MTP: up to its layers, then multiples of them)."""
     from stepgap.common.model_presets import load_model_config
-    if settings.get("method") == "mtp":
+    method = METHODS.get(settings.get("method"))   # (None: the default, eagle3)
+    if method is not None and method.uses_mtp_layers:
         n = load_model_config(settings.get("model", "llama-3.1-8b")).num_mtp_layers or 1
         return [k for k in range(max_k + 1) if k <= n or k % n == 0]
     return list(range(max_k + 1))

@@ -364,7 +364,7 @@ class RooflineCosts:
         h = d.hidden_size
         heads, kv = self._heads(d)
         inter = d.intermediate_size // tp
-        eagle3 = d.kind == "eagle3"
+        eagle3 = d.fuses_taps
         vocab = d.draft_vocab_size
         t = (self._layer_gemms(m, h, 2 * h if eagle3 else h, heads, kv, d.head_dim, inter)
              + self._layer_elementwise(m, h, heads, kv, d.head_dim, inter,
