@@ -13,7 +13,7 @@ alternate the checkouts, so that the machine's drift falls on both:
   processes (the sweep machinery's local runner): wall time and the children's CPU time; their
   ratio is the simulator's speed on this question;
 - `sharegpt-h100`: the preset's 10,000 ShareGPT-like requests at concurrency 64 (k 4, async,
-  H100): CPU time of Sim.run, each checkout.
+  H100): CPU time of Run.run, each checkout.
 
 Usage (the baseline: main before the replay of recorded steps, 4a6030b):
     mkdir -p /tmp/base && git archive 4a6030b | tar -x -C /tmp/base
@@ -109,10 +109,10 @@ def child_cells(path: str) -> None:
 
 def child_share() -> None:
     from stepgap.sim.config import SimConfig
-    from stepgap.sim.loop import Sim, build_workload
+    from stepgap.sim.loop import Run, build_workload
     from stepgap.sim.presets import get_preset
     cfg = SimConfig(**get_preset("sharegpt-h100").settings)
-    sim = Sim(cfg, build_workload(cfg))
+    sim = Run(cfg, build_workload(cfg))
     c0 = time.process_time()
     sim.run()
     print(json.dumps({"steps": sim.num_steps, "cpu_s": time.process_time() - c0}))

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stepgap.sim.config import SimConfig  # noqa: E402
-from stepgap.sim.loop import Sim, build_workload  # noqa: E402
+from stepgap.sim.loop import Run, build_workload  # noqa: E402
 from stepgap.sim.presets import get_preset  # noqa: E402
 
 
@@ -30,7 +30,7 @@ def measure(cfg: SimConfig, repeat: int) -> tuple[int, int, float, float]:
     reqs = build_workload(cfg)
     best_cpu = best_wall = float("inf")
     for _ in range(repeat):
-        sim = Sim(cfg, reqs)
+        sim = Run(cfg, reqs)
         c0, w0 = time.process_time(), time.perf_counter()
         sim.run()
         best_cpu = min(best_cpu, time.process_time() - c0)
@@ -61,7 +61,7 @@ def main() -> int:
         import cProfile
         import pstats
         cfg = scenarios[-1][1]
-        sim = Sim(cfg, build_workload(cfg))
+        sim = Run(cfg, build_workload(cfg))
         prof = cProfile.Profile()
         prof.runcall(sim.run)
         print(f"\n{scenarios[-1][0]}, under cProfile ({sim.num_steps} steps):")

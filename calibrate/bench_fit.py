@@ -577,7 +577,7 @@ class Fitter:
         self.rates, self.spread = None, 0.0
         self.sims = 0
         # (run, acceptance) -> its steps: the fit moves how long things take alone, so each
-        # run's later simulations replay its first one (sim/loop.py `Recording`)
+        # run's later simulations replay its first one (sim/steps.py `Recording`)
         self.steps: dict = {}
 
     def results(self, host: Host) -> list[RunRecord]:

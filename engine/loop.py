@@ -8,7 +8,7 @@ concurrency), adds them to the shared vLLM V1 scheduler between steps, and runs 
 - `async` and `zero-bubble`: a batch queue of depth 2: schedule and execute N+1, then collect and
   update N. The scheduler counts placeholders for the step in flight (`async_scheduling`).
 
-The loop is vLLM's `EngineCore.step_with_batch_queue`, and sim/loop.py's engine process runs the
+The loop is vLLM's `EngineCore.step_with_batch_queue`, and sim/core.py's engine process runs the
 same rule; `stepgap serve` runs it too, with engine/core_proc.py's `ServedClient` in the client's
 place (requests from the HTTP front end instead of a trace). A chunk's time is when update_from_output emits it; TTFT and E2EL run from the
 request's send time. The run result has the keys of `vllm bench serve --save-result`, plus step
@@ -239,7 +239,7 @@ class EngineCore:
 
 
 def step_loop(core: EngineCore, client: Client, on_step=None) -> None:
-    """vLLM's step_with_batch_queue (sim/loop.py runs the same rule): keep the queue of launched
+    """vLLM's step_with_batch_queue (sim/core.py runs the same rule): keep the queue of launched
     steps filled, one deep in sync and two in async; block on the oldest step's output only when
     the queue is full or nothing more could be scheduled."""
     while not (client.done and not core.queue):

@@ -141,7 +141,7 @@ def depths(settings: dict, max_k: int) -> list[int]:
 class Cells:
     """Simulated cells by their settings, each run once, in this process. A cell that differs
     from one run before only in how long things take (a band's CPU and device ends, at the k
-    of a nominal cell) replays that run's steps (sim/loop.py `Recording`, kept per steps as
+    of a nominal cell) replays that run's steps (sim/steps.py `Recording`, kept per steps as
     long as this object): the same metrics, in about half the time."""
 
     def __init__(self):
@@ -154,7 +154,8 @@ class Cells:
 
     def run(self, cells: list[dict]) -> None:
         from stepgap.sim.config import SimConfig
-        from stepgap.sim.loop import TIME_ONLY, Recording, simulate
+        from stepgap.sim.loop import Recording, simulate
+        from stepgap.sim.steps import TIME_ONLY
         from stepgap.sim.sweep_runners import metrics_of
         for s in cells:
             key = self.key(s)

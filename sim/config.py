@@ -276,8 +276,8 @@ class Topology:
 
 @dataclass(frozen=True, slots=True)
 class Resolved:
-    """Everything a run needs, resolved once from its SimConfig (sim/loop.py `Sim` reads this,
-    and derives nothing from the config itself)."""
+    """Everything a run needs, resolved once from its SimConfig (sim/core.py `EngineCore` reads
+    this, and derives nothing from the config itself)."""
 
     hw: Hardware
     target: ModelConfig

@@ -33,7 +33,7 @@ CPU_EXTRA_OPS = ("propose", "broadcast", "collect")
 # take_draft_token_ids round trip after update_from_output; `process_outputs`: the API server's work
 # on one step's outputs (num_reqs = the chunks); `add_request`: the API server taking in one request
 # (num_tokens = its prompt). The engine core and the API server share one core: their work is
-# serialised (the `host` core of sim/loop.py).
+# serialised (the `host` core of sim/core.py).
 VLLM_TERMS = ("rpc_mid", "rpc_drafts", "process_outputs", "add_request")
 # What vLLM's async path costs beyond its sync path for the same step (docs/explanation/vllm.md,
 # "What vLLM's async path costs"), each a + b·num_reqs + c·draft tokens of the step (not its

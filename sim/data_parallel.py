@@ -30,8 +30,8 @@ expert parallelism", states and tests/test_sim_dp.py checks each rule.
 - The timeline keeps docs/explanation/design.md §2's lanes; every span of a rank carries args.dp
   (its rank); the Chrome trace shows each rank as its own process.
 
-The engine cores and the run are sim/loop.py's `DPRank` and `DPSim` (the step loop's own
-classes); this module holds what they share: the routing, the lockstep, the dummy batch.
+The engine cores are sim/core.py's `EngineCore`s, the front end sim/cluster.py's `DataParallel`;
+this module holds what they share: the routing, the lockstep, the dummy batch.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from __future__ import annotations
 from stepgap.common.formats import Span
 from stepgap.common.scheduler import SchedulerOutput
 from stepgap.sim.costs import Batch
+from stepgap.sim.device_lane import WORKER
 
-WORKER = "cpu.worker"   # (sim/loop.py's lane of the worker)
 
 LB_PERIOD_US = 100e3     # the DP coordinator's least interval between publications
 WAVE_CHECK = 32          # forwards between the ranks' all-reduce of their unfinished requests
@@ -121,7 +121,7 @@ class Lockstep:
         other ranks (a `wait` span on its worker lane), then the group's forward is placed."""
         env, t0 = self.env, self.env.now
         # NOTE: an event of its own for each rank, not one they all wait on: the clock's
-        # hold (sim/loop.py Clock) may move on only when nothing is queued, and one event's
+        # hold (sim/device_lane.py Clock) may move on only when nothing is queued, and one event's
         # waiters would resume one after another outside the queue
         met = env.event()
         self.arrived.append((rank, step, dur, lat, met))

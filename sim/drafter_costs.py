@@ -17,7 +17,7 @@ vLLM's proposer (vllm/v1/spec_decode/llm_base_proposer.py `propose`) runs, for e
   buffers): `sample_and_prepare_kernels`, which the roofline and the tables both add.
 The host runs ahead of the device wherever nothing waits: with the padded batch the drafter's
 host work follows the target's launch, so it costs a step only where the host's whole launch
-outlasts the device's step (sim/loop.py adds it to the worker's `launch`); without it the
+outlasts the device's step (sim/core.py adds it to the worker's `launch`); without it the
 drafter waits for the step's tokens, so each pass takes the longer of its host and its device
 time, after the wait (`Device.step_ops`).
 

@@ -278,7 +278,7 @@ class RooflineCosts:
         """What a step's op times depend on, where that is a few of the batch's numbers: a GQA
         target without MoE blocks or windowed layers, and an EAGLE head or no drafter.
         Two batches with the same key have the same times, so the device lane looks a step's
-        times up by it (sim/loop.py `Device.place`); None: compute them every step."""
+        times up by it (sim/device_lane.py `Device.place`); None: compute them every step."""
         if not self._keyed or self.moe is not None:
             return None
         return (b.num_tokens, b.num_sampling, b.num_logits, b.num_drafts, b.kv_tokens,

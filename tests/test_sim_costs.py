@@ -195,7 +195,7 @@ def test_batches_with_one_step_key_have_the_same_times(k):
     """The device lane looks a step's times up by `step_key`: batches that differ only where
     the key does not look (requests, the longest chunk, block tables, the mix) have the same
     op times, bit for bit, computed afresh."""
-    from stepgap.sim.loop import Device
+    from stepgap.sim.device_lane import Device
     costs = RooflineCosts(TARGET, HEAD if k else None, get_hardware("h100"), k)
     a = Batch(2 + 2 * k, 2, 2, 2 + 2 * k, 2 * k, 700, 1400.5, 1 + k, 30, 2, 690, 300, 390)
     b = Batch(2 + 2 * k, 1, 2, 2 + 2 * k, 2 * k, 700, 1400.5, 2 + 2 * k, 9, 1, 5, 5, 5,

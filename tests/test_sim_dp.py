@@ -1,4 +1,4 @@
-"""Data parallelism (sim/data_parallel.py, sim/loop.py `DPSim`): vLLM's DP front end routing,
+"""Data parallelism (sim/data_parallel.py, sim/cluster.py `DataParallel`): vLLM's DP front end routing,
 a MoE target's lockstep with dummy batches, dense ranks left independent, the timeline, and the
 options and files that set it; the invariants hold with N engine cores."""
 

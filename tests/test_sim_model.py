@@ -7,7 +7,8 @@ import pytest
 
 from stepgap.sim.config import SimConfig
 from stepgap.sim.costs import ConstantCosts
-from stepgap.sim.loop import Clock, simulate
+from stepgap.sim.device_lane import Clock
+from stepgap.sim.loop import simulate
 from stepgap.common.errors import UserError
 from stepgap.common.formats import LANES, OPS, TraceRequest, save_result, step_gaps
 from stepgap.common.workloads import sharegpt_like
@@ -309,12 +310,13 @@ def test_a_finished_run_is_freed_at_once(kw):
     (`Clock.close`): their frames no longer hold the run in a cycle, which only the cycle
     collector would free, after scanning everything the run made."""
     import gc
-    from stepgap.sim.loop import Sim
+    from stepgap.sim.core import EngineCore
+    from stepgap.sim.loop import Run
     gc.collect()
     gc.disable()
     try:
         simulate(cfg(**{"k": 2, "num_prompts": 6, "workload": "sharegpt",
                         "max_concurrency": 2, **kw}))
-        assert not [o for o in gc.get_objects() if isinstance(o, Sim)]
+        assert not [o for o in gc.get_objects() if isinstance(o, (Run, EngineCore))]
     finally:
         gc.enable()

@@ -1,4 +1,4 @@
-"""Replaying a run's steps (sim/loop.py `Recording`): a run that differs from a recorded one only
+"""Replaying a run's steps (sim/steps.py `Recording`): a run that differs from a recorded one only
 in how long things take gives the same result, byte for byte, as simulating it in full; a run
 whose steps could depend on time, or that differs in anything else, is simulated in full."""
 
@@ -119,18 +119,18 @@ def test_a_replay_that_runs_past_or_short_of_the_recorded_steps_is_an_error():
 
 
 def test_a_recording_whose_run_failed_part_way_is_filled_afresh_by_the_next(monkeypatch):
-    from stepgap.sim.loop import Sim
+    from stepgap.sim.steps import LiveSteps
     rec = Recording()
-    real = Sim.outcome
+    real = LiveSteps.outcome
 
     def fail(self, out):
         if len(rec.outcomes) > 5:
             raise RuntimeError("a run that fails")
         return real(self, out)
-    monkeypatch.setattr(Sim, "outcome", fail)
+    monkeypatch.setattr(LiveSteps, "outcome", fail)
     with pytest.raises(RuntimeError, match="a run that fails"):
         text(BASE, rec)
-    monkeypatch.setattr(Sim, "outcome", real)
+    monkeypatch.setattr(LiveSteps, "outcome", real)
     assert rec.totals is None and rec.plans
     text(BASE, rec)
     other = {**BASE, "cpu_scale": 2.0}
@@ -141,17 +141,16 @@ def test_advise_cells_give_each_cell_what_it_gives_alone(monkeypatch):
     """advise's Cells keep one recording per steps: the nominal cell and its CPU and device
     ends run once in full, every other cell of those steps replays it."""
     from stepgap.sim.advise import Cells
-    from stepgap.sim.loop import Replayed, Sim
+    from stepgap.sim.loop import Run
+    from stepgap.sim.steps import LiveSteps, ReplayedSteps
     runs = []
-    for cls in (Sim, Replayed):
-        real = cls.run
-        monkeypatch.setattr(cls, "run", lambda self, real=real: runs.append(type(self)) or
-                            real(self))
+    real = Run.run
+    monkeypatch.setattr(Run, "run", lambda self: runs.append(type(self.steps)) or real(self))
     cells = [{**BASE, "cpu_scale": c, "speed": s, "k": k}
              for k in (2, 3) for c, s in ((1.0, 1.0), (3.1, 1.0), (1.0, 0.9), (2.4, 1.1))]
     got = Cells()
     got.run(cells)
-    assert runs.count(Sim) == 2 and Replayed in runs   # one full run for each k
+    assert runs.count(LiveSteps) == 2 and ReplayedSteps in runs   # one full run for each k
     assert [got.done[got.key(c)] for c in cells] == [run_cell(c) for c in cells]
 
 
@@ -159,7 +158,7 @@ def test_a_replay_prices_no_step_its_recording_priced(monkeypatch):
     """A step's device op times before the noise depend on the step alone (its key), and the
     runs of one recording have the same device costs: a replay reads them back (`Device.ops`),
     with the same result as a run in full (above)."""
-    from stepgap.sim.loop import Device
+    from stepgap.sim.device_lane import Device
     rec = Recording()
     text(BASE, rec)
     assert rec.device_ops

@@ -169,13 +169,13 @@ def stepgap_child(trace: Path, k: int, mode: str, root: Path) -> None:
     t0 = time.perf_counter()
     sys.path.insert(0, str(root))
     from stepgap.sim.config import SimConfig
-    from stepgap.sim.loop import Sim
+    from stepgap.sim.loop import Run
     t_import = time.perf_counter()
     reqs = read_trace(trace)
     cfg = SimConfig(gpu="h100", model="llama-3.1-8b", draft="llama-3.1-8b-eagle3", k=k,
                     mode=mode, acceptance="mtbench", max_num_seqs=MAX_BATCH,
                     max_num_batched_tokens=MAX_TOKENS)
-    sim = Sim(cfg, reqs)
+    sim = Run(cfg, reqs)
     t_setup = time.perf_counter()
     marks = {}
     result = sim.result   # the loop ends where the metrics begin: time the two apart
