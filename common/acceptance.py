@@ -29,6 +29,7 @@ import numpy as np
 from stepgap.common.errors import UserError, shown
 from stepgap.common.formats import TraceRequest
 from stepgap.common.limits import is_finite, is_number
+from stepgap.common.speculation import BY_NGRAM, BY_SUFFIX, METHODS
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +253,6 @@ DATASET_ALIASES = {"mt-bench": "mtbench", "philschmid/mt-bench": "mtbench", "hf"
                    "cnn/dailymail": "summarization", "cnn_dailymail": "summarization",
                    "prefix_repetition": "random", "generated-shared-prefix": "random",
                    "multi-turn": "random", "random (inference-perf)": "random"}
-NGRAM_METHODS = ("ngram", "ngram_gpu")
 NGRAM_MODEL = "llama-3.1-8b"   # whose outputs the n-gram profiles matched
 
 
@@ -290,11 +290,11 @@ def dataset_acceptance(model: str, method: str, dataset: str) -> AcceptanceChoic
     MT-bench profile (else `mtbench`, borrowed), shifted on the logit scale to the dataset's
     length ratio. The band is the dataset's range, as shifts of that profile."""
     d = DATASETS[dataset]
-    note = None
-    if method in NGRAM_METHODS:   # (the profiles are Llama-3.1-8B's outputs matched)
+    note, model_of = None, METHODS[method].acceptance
+    if model_of == BY_NGRAM:   # (the profiles are Llama-3.1-8B's outputs matched)
         base, (nom, lo, hi), src = PROFILES[d.ngram], d.ngram_ratio, d.ngram_source
         borrowed = model != NGRAM_MODEL
-    elif method == "suffix":
+    elif model_of == BY_SUFFIX:
         base, borrowed = PROFILES["vllm-suffix-mtbench"], dataset != "mtbench"
         (nom, lo, hi), src = (1.0, 1.0, 1.0), PROFILES["vllm-suffix-mtbench"].source
     else:

@@ -8,15 +8,12 @@ from pathlib import Path
 from stepgap.common.errors import UserError
 from stepgap.common.model_families import llama_fields
 from stepgap.common.model_fields import check_config_object, named
-from stepgap.common.model_heads import EagleHeadConfig, eagle3_for, eagle_for
+from stepgap.common.model_heads import EagleHeadConfig
 from stepgap.common.model_presets import (DRAFT_PRESETS, EAGLE_IDS, MODEL_PRESETS,
                                           load_draft_config, load_model_config, preset_of,
                                           read_config)
 from stepgap.common.modelcfg import ModelConfig
-
-
-SPEC_METHODS = ("eagle3", "eagle", "mtp", "draft_model", "ngram", "ngram_gpu", "suffix")
-DERIVED_HEADS = {"eagle3": eagle3_for, "eagle": eagle_for}
+from stepgap.common.speculation import METHODS
 
 
 def default_draft_model(target: ModelConfig) -> str:
@@ -38,15 +35,16 @@ def load_drafter(method: str, spec: str | None, target: ModelConfig,
     model of `draft_model`, or None (mtp drafts with the target's own MTP layers; n-gram and
     suffix decoding need no model)."""
     src = f"--speculative-config method {method}"
-    if method not in SPEC_METHODS:
-        raise UserError(f"{src}: not modelled (methods: {', '.join(SPEC_METHODS)})")
-    if method in DERIVED_HEADS:
-        if spec is None or spec == method or (method == "eagle" and spec in EAGLE_IDS):
+    if method not in METHODS:
+        raise UserError(f"{src}: not modelled (methods: {', '.join(METHODS)})")
+    m = METHODS[method]
+    if m.derive_head is not None:
+        if spec is None or spec == method or (m.eagle1_heads and spec in EAGLE_IDS):
             if spec in EAGLE_IDS and preset_of(target.name) != EAGLE_IDS[spec]:
                 raise UserError(f"{src}: {spec} is a head of {EAGLE_IDS[spec]}, not of "
                                 f"{target.name}")
-            head = DERIVED_HEADS[method](target)
-        elif method == "eagle" and spec not in DRAFT_PRESETS and Path(spec).exists():
+            head = m.derive_head(target)
+        elif m.eagle1_heads and spec not in DRAFT_PRESETS and Path(spec).exists():
             d, source = read_config(spec)   # an EAGLE head's config is a 1-layer Llama's
             check_config_object(d, source)
             fields = llama_fields(d, source)
@@ -57,11 +55,11 @@ def load_drafter(method: str, spec: str | None, target: ModelConfig,
                                     **fields)
         else:
             head = load_draft_config(spec, target)
-            if method == "eagle":
+            if m.eagle1_heads:
                 raise UserError(f"{src}: {spec} is an EAGLE-3 head (use method eagle3)")
         head.check_target(target, f"--draft {spec or method}")
         return head
-    if method == "draft_model":
+    if m.needs_checkpoint:
         if spec is None:
             raise UserError(f"{src} needs the draft model: speculative_config's model "
                             "(or --draft), a preset or a model folder")
@@ -73,7 +71,7 @@ def load_drafter(method: str, spec: str | None, target: ModelConfig,
         return draft
     if spec is not None and spec != target.name and preset_of(spec) != target.name:
         raise UserError(f"{src} takes no draft model (got {spec})")
-    if method == "mtp":
+    if m.uses_mtp_layers:
         if not target.num_mtp_layers:
             raise UserError(f"{src}: model {target.name!r} has no MTP layers "
                             "(num_nextn_predict_layers); mtp drafts with the target's own "

@@ -4,6 +4,7 @@ the KV cache's blocks (sim/plan.py `scheduler_config`, engine/args.py `EngineSet
 from __future__ import annotations
 
 from stepgap.common.modelcfg import BF16, ModelConfig
+from stepgap.common.speculation import METHODS
 
 RESERVED_BYTES = 2 * 2 ** 30   # per GPU: CUDA context, CUDA graphs and peak activations, kept
                                # out of the KV cache
@@ -16,7 +17,7 @@ def kv_bytes_per_token(target: ModelConfig, draft, tp: int = 1, method: str | No
     per = target.kv_bytes_per_token(tp, dtype_bytes)
     if draft is not None:
         per += draft.kv_bytes_per_token(tp, dtype_bytes)
-    elif method == "mtp":
+    elif method is not None and METHODS[method].uses_mtp_layers:
         per += target.num_mtp_layers * target.kv_bytes_per_layer(tp, dtype_bytes)
     return per
 
@@ -28,7 +29,7 @@ def weight_bytes(target: ModelConfig, draft, tp: int = 1, method: str | None = "
     w = target.weight_bytes_per_rank(tp, moe_shards)
     if draft is not None:
         w += draft.weight_bytes_per_rank(tp)
-    elif method == "mtp":
+    elif method is not None and METHODS[method].uses_mtp_layers:
         w += target.mtp_bytes_per_rank(tp, moe_shards)
     return w
 

@@ -87,10 +87,16 @@ class EagleHeadConfig:
         return fc + attn + mlp + 4 * h + self.draft_vocab_size * h
 
     @property
+    def fuses_taps(self) -> bool:
+        """EAGLE-3: fc fuses three tapped hidden states once, on the first pass, and the layer
+        runs over [embedding ‖ fused hidden]; EAGLE's fc runs every pass."""
+        return self.kind == "eagle3"
+
+    @property
     def fc_inputs(self) -> int:
         """Target-width inputs of fc: three tapped hidden states (EAGLE-3), or the embedding
         and the last hidden state (EAGLE)."""
-        return 3 if self.kind == "eagle3" else 2
+        return 3 if self.fuses_taps else 2
 
     def check_tensor_parallel(self, tp: int) -> None:
         check_shards(f"draft head {self.name!r}", tp, self.num_heads, self.num_kv_heads,

@@ -36,11 +36,11 @@ import sys
 import time
 from pathlib import Path
 
-from stepgap.common.drafters import SPEC_METHODS
 from stepgap.common.errors import UserError, shown
 from stepgap.common.formats import METRICS
 from stepgap.common.limits import MAX_K, first_repeat, is_int
 from stepgap.common.run_spec import Option, RunSpec, options_of
+from stepgap.common.speculation import METHODS
 
 # vLLM's --distributed-executor-backend: one process (the worker inline) or a worker process.
 EXECUTOR_BACKENDS = {"uni": "inline", "mp": "process"}
@@ -193,9 +193,9 @@ def speculative_config_arg(text: str) -> dict:
     if not isinstance(d, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
     method = d.get("method")
-    if method is not None and method not in SPEC_METHODS:
+    if method is not None and method not in METHODS:
         raise argparse.ArgumentTypeError(
-            f"method {method!r} is not modelled (stepgap models {', '.join(SPEC_METHODS)}; "
+            f"method {method!r} is not modelled (stepgap models {', '.join(METHODS)}; "
             "the engine eagle3 only)")
     model = d.get("model")
     if model is not None and not isinstance(model, str):
@@ -274,7 +274,7 @@ def add_model_args(p, defaults=None, draft_help: str | None = None, tp_help: str
     g.add_argument("--speculative-config", type=speculative_config_arg, metavar="JSON",
                    help='speculative decoding as vLLM takes it: {"method": METHOD, "model": '
                         'DIR|PRESET, "num_speculative_tokens": K}, METHOD one of '
-                        f"{', '.join(SPEC_METHODS)}; other keys are ignored, with a note")
+                        f"{', '.join(METHODS)}; other keys are ignored, with a note")
     add_option(g, "method", defaults)
     g.add_argument("--spec-model", metavar="DIR|PRESET",
                    help="vLLM's shortcut for speculative_config's model (as --draft)")

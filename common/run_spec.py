@@ -26,7 +26,7 @@ import math
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cache
 
-from stepgap.common.drafters import SPEC_METHODS
+from stepgap.common.speculation import METHODS
 from stepgap.common.errors import UserError, shown
 from stepgap.common.formats import DEVICES, EXECUTORS, METRICS, MODES, OLD_DEVICES
 from stepgap.common.limits import (MAX_K, MAX_PARAM, MAX_PROMPTS, MAX_TOKENS, MAX_TP,
@@ -163,7 +163,7 @@ class ModelSpec:
                           "a Hugging Face id stepgap knows (meta-llama/Llama-3.1-8B-Instruct, "
                           "Qwen/Qwen3-8B, ...: nothing is downloaded), a model folder, its "
                           "config.json, or a preset")
-    method: str = opt("eagle3", "--spec-method", kind="choice", choices=SPEC_METHODS,
+    method: str = opt("eagle3", "--spec-method", kind="choice", choices=METHODS,
                       label="--speculative-config method", old=("spec_method",),
                       help="vLLM's shortcut for speculative_config's method")
     # speculative_config's model: an EAGLE head (None: the simulator shapes one from the

@@ -34,6 +34,7 @@ from stepgap.common.modelcfg import ModelConfig
 from stepgap.common.run_spec import (LoadSpec, ModelSpec, SchedulerSpec, TopologySpec,
                                      check_fields, opt, same)
 from stepgap.common.scheduler import cdiv
+from stepgap.common.speculation import METHODS
 from stepgap.engine.sampling_params import SamplingConfig
 
 if TYPE_CHECKING:   # engine/loop.py imports torch
@@ -166,7 +167,7 @@ class EngineArgs(TopologySpec, SchedulerSpec, ModelSpec):
 
 def refuse_method(method: str | None, option: str = "--speculative-config method") -> None:
     """The engine drafts with EAGLE-3 heads only; `option`: how the command line gave it."""
-    if method not in (None, "eagle3"):
+    if method is not None and not (method in METHODS and METHODS[method].engine):
         raise UserError(f"{option} {method}: the engine drafts with EAGLE-3 heads only (method "
                         "eagle3); `stepgap simulate` models the others")
 

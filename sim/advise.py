@@ -22,6 +22,7 @@ import time
 
 from stepgap.common.errors import UserError
 from stepgap.common.limits import MAX_LOADS
+from stepgap.common.speculation import METHODS
 from stepgap.sim.advise_report import (METRIC, MODES, Advice, LoadAnswer, ModeAnswer, rests_on,
                                        warnings)
 from stepgap.sim.bands import Band, BandInput, band_inputs, combine, int_band
@@ -51,7 +52,8 @@ def loads_of(concurrency: list | None, rates: list | None) -> list[dict]:
 def depths(settings: dict, max_k: int) -> list[int]:
     """k = 0..max_k, as the drafter allows (MTP: up to its layers, then multiples of them)."""
     from stepgap.common.model_presets import load_model_config
-    if settings.get("method") == "mtp":
+    method = METHODS.get(settings.get("method"))   # (None: the default, eagle3)
+    if method is not None and method.uses_mtp_layers:
         n = load_model_config(settings.get("model", "llama-3.1-8b")).num_mtp_layers or 1
         return [k for k in range(max_k + 1) if k <= n or k % n == 0]
     return list(range(max_k + 1))

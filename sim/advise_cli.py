@@ -239,10 +239,14 @@ def table(head: list[list[str]], rows: list[list[str]]) -> list[str]:
 
 
 def format_advice(advice) -> str:
+    from dataclasses import fields
+
+    from stepgap.common.run_spec import ModelSpec
     r = advice.rests_on
     acc = r["acceptance"]
+    default = next(f.default for f in fields(ModelSpec) if f.name == "method")   # (eagle3)
     draft = f" + {r['draft']} ({r['method']})" if r.get("draft") else \
-        (f" ({r['method']})" if r.get("method") not in ("eagle3", None) else "")
+        (f" ({r['method']})" if r.get("method") not in (default, None) else "")
     tp = f" x {r['tensor_parallel_size']} (TP)" if r["tensor_parallel_size"] > 1 else ""
     dp = r.get("data_parallel_size", 1)
     tp += (f" x {dp} (DP)" if dp > 1 else "") + \

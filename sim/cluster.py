@@ -12,6 +12,7 @@ from __future__ import annotations
 from stepgap.common.acceptance import Acceptance
 from stepgap.common.formats import RequestTiming, TraceRequest
 from stepgap.common.scheduler import Scheduler
+from stepgap.common.speculation import METHODS
 from stepgap.common.workloads import LoadGenerator
 from stepgap.sim.config import SimConfig
 from stepgap.sim.core import EngineCore
@@ -106,7 +107,7 @@ class DataParallel:
         n = cfg.data_parallel_size
         self.env = env
         self.router = Router(env, n)
-        moe_drafter = cfg.k > 0 and (cfg.method == "mtp" or (
+        moe_drafter = cfg.k > 0 and (METHODS[cfg.method].uses_mtp_layers or (
             r.draft is not None and getattr(r.draft, "is_moe", False)))
         sync = r.cpu.dp_sync
         sync = sync(0, 0) if sync is not None else DP_SYNC_US * cfg.cpu_scale * cfg.speed

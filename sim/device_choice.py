@@ -23,6 +23,7 @@ from stepgap.sim.hardware_file import (collectives_beside, committed_link, load_
                                        other_measurements, with_link)
 from stepgap.common.errors import UserError, where
 from stepgap.common.modelcfg import ModelConfig
+from stepgap.common.speculation import METHODS
 from stepgap.sim.config import KV_CACHE_DTYPES, SimConfig
 from stepgap.sim.table_checks import check_tables
 
@@ -159,7 +160,7 @@ def device_costs_of(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
     bundle = None   # the --device-profile variant folder the run reads
     if measured is not None:
         if measured.fits and (cfg.tensor_parallel_size > 1 or cfg.data_parallel_size > 1
-                              or (cfg.k and cfg.method != "eagle3")):
+                              or (cfg.k and not METHODS[cfg.method].profiled)):
             raise UserError(f"--profile {cfg.profile or measured.path}: a measured profile "
                             "times one device running EAGLE-3 drafts; --tensor-parallel-size "
                             "or --data-parallel-size > 1 and other methods use the roofline "
@@ -236,7 +237,8 @@ def attach_moe(cfg: SimConfig, target: ModelConfig, hw: Hardware, costs,
         return
     table = mtp = None
     if bundle is not None:
-        table, mtp = moe_parts(bundle, tp, plan.moe_tp, cfg.k > 0 and cfg.method == "mtp")
+        table, mtp = moe_parts(bundle, tp, plan.moe_tp,
+                               cfg.k > 0 and METHODS[cfg.method].uses_mtp_layers)
     if not isinstance(costs, TableCosts) and table is None and mtp is None and plan.dp == 1 \
             and not plan.expert_parallel:
         return

@@ -22,7 +22,8 @@ drafter waits for the step's tokens, so each pass takes the longer of its host a
 time, after the wait (`Device.step_ops`).
 
 A CPU proposer (n-gram, suffix decoding) matches on the host after the step's tokens arrive
-(vLLM runs them in sync): its cost by requests and context tokens is `PROPOSE`.
+(vLLM runs them in sync): its cost by requests and context tokens is its method's `propose_us`
+(common/speculation.py), as are ngram_gpu's host pass and the sources of both.
 
 Parallel drafting (`parallel_drafting`, vLLM #32887: P-EAGLE, PARD) drafts all k tokens in one
 pass over k slots a request.
@@ -36,6 +37,7 @@ import re
 from dataclasses import dataclass, replace
 
 from stepgap.common.errors import UserError
+from stepgap.common.speculation import METHODS, Speculation
 from stepgap.sim.costs import Batch
 from stepgap.sim.cpu_costs import OpCost
 
@@ -61,18 +63,14 @@ HOST_SOURCE = {
     "FULL": "vLLM #37588 and #34880 (FULL drafter graphs take the per-pass dispatch away; "
             "the metadata build stays)",
     "NONE": "vLLM #49488: an eager draft loop leaves the H100 idle between kernels",
-    "ngram_gpu": "NgramProposerGPU: its compiled kernels, launched without CUDA graphs",
 }
 # The first pass's inputs: padded, a few kernels launched with no wait; not padded, CPU work
 # after the sampled tokens reach the host (numpy indices, a copy up).
 HOST_PREP_US = {True: 150.0, False: 900.0}
-# ngram_gpu's one pass: its compiled kernels launched without graphs (NgramProposerGPU)
-HOST_NGRAM_GPU_US = 150.0
 # The band: every host cost here x LOW .. HIGH (sim/bands.py `drafter`), by graph mode: the
 # PIECEWISE host pass is the one with published evidence (two sources within 30 % of each
 # other); FULL and eager ones rest on a structure, not a timing.
-HOST_RANGE = {"PIECEWISE": (0.6, 1.6), "FULL": (0.4, 2.5), "NONE": (0.5, 2.0),
-              "ngram_gpu": (0.5, 2.0)}
+HOST_RANGE = {"PIECEWISE": (0.6, 1.6), "FULL": (0.4, 2.5), "NONE": (0.5, 2.0)}
 
 # -- the device, per pass (kernels besides the forward's) ------------------------------------
 SAMPLE_FIRST_KERNELS = 6    # padded inputs, hidden-state gather, argmax, d2t, ...
@@ -80,21 +78,13 @@ SAMPLE_NEXT_KERNELS = 10    # positions, seq lens, slot mapping, input ids, argm
 NGRAM_GPU_KERNELS = 16      # ngram_gpu: windows, compares, argmaxes, gathers, masks (compiled)
 NGRAM_N = 5                 # vLLM's prompt_lookup_min = max default
 
-# -- CPU proposers: a + b·requests + c·context tokens a step (microseconds) ------------------
-PROPOSE = {
-    # vLLM's NgramProposer: numba KMP over each request's whole context (batch_propose_numba)
-    "ngram": OpCost(20.0, 1.0, 0.002),
-    # SuffixDecodingProposer: Arctic Inference's suffix tree per request, about 20 us a
-    # request's speculation (arXiv:2411.04975), and a Python loop over the batch
-    "suffix": OpCost(30.0, 20.0, 0.0),
-}
-PROPOSE_SOURCE = {
-    "ngram": "vLLM's NgramProposer (numba KMP over the context; sim/cpu_costs.py's default)",
-    "suffix": "SuffixDecoding (arXiv:2411.04975): about 20 us of speculation a request",
-}
+# -- CPU proposers (their cost a step: common/speculation.py `propose_us`) -------------------
 PROPOSE_RANGE = (0.5, 3.0)   # no measurement of either on a serving host: wide
-CPU_PROPOSERS = tuple(PROPOSE)
-UNPADDED_METHODS = ("eagle", "eagle3", "mtp")   # vLLM's use_eagle(): the unpadded path exists
+
+
+def propose_cost(spec: Speculation) -> OpCost:
+    """A CPU proposer's cost a step: a + b·requests + c·context tokens (microseconds)."""
+    return OpCost(*spec.propose_us)
 
 
 def parse_version(text: str) -> tuple[int, ...]:
@@ -121,8 +111,8 @@ def drafter_graphs(cudagraph_mode: str | None, enforce_eager: bool,
 class DrafterCosts:
     """A run's drafter as vLLM runs it (`of` resolves it once from the config)."""
 
-    method: str
-    k: int
+    spec: Speculation
+    k: int                        # the drafts a request carries into a step (its method's)
     graphs: str = "PIECEWISE"     # the drafter's CUDA graphs (DRAFTER_GRAPHS)
     padded: bool = True           # the padded drafter batch (no wait before drafting)
     parallel: bool = False        # parallel drafting: one pass for the k tokens
@@ -135,17 +125,22 @@ class DrafterCosts:
         version = cfg.vllm_version or LATEST
         unpadded = cfg.disable_padded_drafter_batch if cfg.disable_padded_drafter_batch \
             is not None else parse_version(version) < PADDED_SINCE
+        spec = METHODS[cfg.method]
         # (a draft model and ngram_gpu run padded only: vLLM refuses them otherwise)
-        padded = not (unpadded and cfg.method in UNPADDED_METHODS)
-        layers = draft.num_layers if cfg.method == "draft_model" else 1
-        return cls(cfg.method, cfg.k, cfg.drafter_cudagraph_mode or "PIECEWISE", padded,
+        padded = not (unpadded and spec.unpadded)
+        layers = spec.pass_layers(draft) if draft is not None else 1
+        return cls(spec, spec.draft_tokens(cfg.k), cfg.drafter_cudagraph_mode or "PIECEWISE", padded,
                    cfg.parallel_drafting, layers, cfg.drafter_host_scale, version)
 
     # -- what runs ------------------------------------------------------------------------
 
     @property
+    def method(self) -> str:
+        return self.spec.name
+
+    @property
     def on_cpu(self) -> bool:
-        return self.method in CPU_PROPOSERS
+        return self.spec.on_cpu
 
     def passes(self, b: Batch) -> int:
         """The device's draft passes of a step: k (one over a step that only prefills, to
@@ -153,7 +148,7 @@ class DrafterCosts:
         proposer."""
         if not self.k or self.on_cpu:
             return 0
-        if self.method == "ngram_gpu" or self.parallel:
+        if self.spec.one_pass or self.parallel:
             return 1 if b.num_sampling else 0
         return self.k if b.num_sampling else 1
 
@@ -173,8 +168,8 @@ class DrafterCosts:
     # -- the host -------------------------------------------------------------------------
 
     def host_pass_us(self) -> float:
-        if self.method == "ngram_gpu":
-            return HOST_NGRAM_GPU_US * self.host_scale
+        if self.spec.host_pass_us is not None:   # a proposer's kernels, without graphs
+            return self.spec.host_pass_us * self.host_scale
         return (HOST_PASS_US[self.graphs] + HOST_LAYER_US[self.graphs] * self.layers) \
             * self.host_scale
 
@@ -202,20 +197,19 @@ class DrafterCosts:
 
     # -- what it says ---------------------------------------------------------------------
 
-    def _kind(self) -> str:
-        return "ngram_gpu" if self.method == "ngram_gpu" else self.graphs
-
     def host_range(self) -> tuple[float, float]:
-        return PROPOSE_RANGE if self.on_cpu else HOST_RANGE[self._kind()]
+        if self.on_cpu:
+            return PROPOSE_RANGE
+        return self.spec.host_range or HOST_RANGE[self.graphs]
 
     def source(self) -> str:
-        return PROPOSE_SOURCE[self.method] if self.on_cpu else HOST_SOURCE[self._kind()]
+        return self.spec.source or HOST_SOURCE[self.graphs]
 
     def describe(self) -> str:
         """One line for the result's notes: what the drafter's price models."""
         if self.on_cpu:
             return (f"drafter: {self.method} proposes on the host after each step's tokens "
-                    f"arrive ({PROPOSE_SOURCE[self.method]})")
+                    f"arrive ({self.spec.source})")
         batch = "the padded drafter batch" if self.padded else \
             "no padded drafter batch (the drafter waits for the step's tokens)"
         how = "one pass for the k drafts (parallel drafting)" if self.parallel else \

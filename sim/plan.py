@@ -14,8 +14,7 @@ from stepgap.common.acceptance import (AcceptanceChoice, AcceptanceProfile, data
                                        get_profile, workload_dataset)
 from stepgap.sim.costs import DeviceCosts
 from stepgap.sim.cpu_costs import CpuCosts, OpCost
-from stepgap.sim.drafter_costs import CPU_PROPOSERS as DRAFTER_CPU_PROPOSERS
-from stepgap.sim.drafter_costs import PROPOSE, DrafterCosts
+from stepgap.sim.drafter_costs import DrafterCosts, propose_cost
 from stepgap.sim.profile import Noise, Profile, load_profile
 from stepgap.sim.hardware import Hardware, MeasuredLink
 from stepgap.sim.hardware_file import load_gpu
@@ -28,14 +27,10 @@ from stepgap.common.memory import (RESERVED_BYTES, kv_bytes_per_token, kv_cache_
                                    weight_bytes)
 from stepgap.common.run_spec import bad
 from stepgap.common.scheduler import SchedulerConfig
-from stepgap.sim.config import KV_CACHE_DTYPES, TOPOLOGIES, SimConfig
+from stepgap.common.speculation import METHODS
+from stepgap.sim.config import _CPU, KV_CACHE_DTYPES, TOPOLOGIES, SimConfig
 from stepgap.sim.device_choice import (collectives, device_costs_of, parallel_notes, table_notes,
                                        with_committed_tables)
-
-# Methods whose drafter proposes from the sampled tokens on the host: vLLM runs them with sync
-# scheduling only (vllm/config/vllm.py; docs/explanation/past-one-gpu.md).
-CPU_PROPOSERS = DRAFTER_CPU_PROPOSERS
-
 
 @dataclass(frozen=True, slots=True)
 class Topology:
@@ -70,7 +65,7 @@ class Resolved:
     scheduler: SchedulerConfig
     topology: Topology
     measured: Profile | None = None   # the --profile, when given
-    mode: str = "sync"                # the mode the run has (see CPU_PROPOSERS)
+    mode: str = "sync"                # the mode the run has (a CPU proposer's: sync)
     notes: tuple[str, ...] = ()       # what was chosen for the user, one line each
     # the step loop's rules, from the mode, the method and the topology (sim/loop.py)
     wait_accepted: bool = False       # async with drafts: step N+1 waits for N's counts
@@ -117,22 +112,24 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
             link = replace(link, latency_us=cfg.all_reduce_latency_us)
         hw = replace(hw, interconnect=link)
     target.check_tensor_parallel(tp)
-    draft = None
+    draft, method = None, METHODS[cfg.method]
     if cfg.k > 0:
         spec = cfg.draft
-        if cfg.method == "draft_model" and spec is None:
+        if method.needs_checkpoint and spec is None:
             spec = default_draft_model(target)
             notes.append(f"draft_model: no draft model given; using {spec}, the smallest "
                          "preset with the target's vocabulary (give speculative_config's model)")
         draft = load_drafter(cfg.method, spec, target, cfg.k)
         if draft is not None:
             draft.check_tensor_parallel(tp)
-        if cfg.method == "mtp" and cfg.k > target.num_mtp_layers:
+        if method.uses_mtp_layers and cfg.k > target.num_mtp_layers:
             notes.append(f"mtp: k={cfg.k} runs the model's {target.num_mtp_layers} MTP "
                          f"layer(s) {cfg.k // target.num_mtp_layers} times in turn, as vLLM "
                          "does; acceptance past the layers' own depth is extrapolated")
     mode = cfg.mode
-    if cfg.k > 0 and cfg.method in CPU_PROPOSERS and mode != "sync":
+    # a proposer from the sampled tokens on the host: vLLM runs it with sync scheduling only
+    # (vllm/config/vllm.py; docs/explanation/past-one-gpu.md)
+    if cfg.k > 0 and method.on_cpu and mode != "sync":
         mode = "sync"
         notes.append(f"method {cfg.method} proposes on the CPU from the sampled tokens on the "
                      f"host, so vLLM runs it with sync scheduling (async takes EAGLE, MTP, "
@@ -175,7 +172,7 @@ def resolve(cfg: SimConfig, profile: Profile | None = None,
         # a process worker on a synchronous device has computed step N (and knows its counts)
         # before it prepares N+1: zero-bubble then has nothing to fix up
         fixup=mode == "zero-bubble" and not topo.computes_ahead,
-        cpu_propose=cfg.k > 0 and cfg.method in CPU_PROPOSERS,
+        cpu_propose=cfg.k > 0 and method.on_cpu,
         # vLLM's worker turns an RPC around in a round trip in sync (it replies, and the engine
         # core sends the next only then) and in one message in async (the next is already
         # queued): the share of the sync-fitted turnaround it waits (docs/explanation/vllm.md)
@@ -229,10 +226,12 @@ def cpu_costs(cfg: SimConfig, measured: Profile | None = None) -> CpuCosts:
     latencies = {name: getattr(cfg, name) for name in ("launch_latency_us", "wake_us", "ipc_us")
                  if getattr(cfg, name) is not None}
     base = (measured.cpu_costs(k=cfg.k) if measured is not None else None) or CpuCosts()
-    if cfg.k and cfg.method in CPU_PROPOSERS and cfg.method != "ngram" and not (
+    method = METHODS[cfg.method]
+    own = propose_cost(method) if cfg.k and method.on_cpu else _CPU.propose
+    if own != _CPU.propose and not (   # the method's own matching cost (the default: ngram's)
             measured is not None and measured.cpu is not None
-            and "propose" in measured.cpu.terms):   # the method's own matching cost
-        base = replace(base, propose=PROPOSE[cfg.method])
+            and "propose" in measured.cpu.terms):
+        base = replace(base, propose=own)
     costs = replace(base.scaled(cfg.cpu_scale * cfg.speed), **latencies)
     if cfg.drafter_host_scale != 1.0:   # (the band's `drafter` input, a CPU proposer's part)
         p, x = costs.propose, cfg.drafter_host_scale
@@ -300,7 +299,8 @@ def scheduler_config(cfg: SimConfig, target: ModelConfig, draft, hw: Hardware,
                             f"no room for a KV cache in {usable:.1f} GB; give "
                             "--num-gpu-blocks-override, a larger --gpu-memory-utilization, more "
                             "GPUs (--tensor-parallel-size) or a --gpu with more memory")
-    return SchedulerConfig.for_run(mode or cfg.mode, cfg.k, blocks, cfg.block_size,
+    drafts = METHODS[cfg.method].draft_tokens(cfg.k)   # a decoding request's, each step
+    return SchedulerConfig.for_run(mode or cfg.mode, drafts, blocks, cfg.block_size,
                                    cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    cfg.max_model_len, target.max_position_embeddings,
                                    scheduler_reserve_full_isl=cfg.scheduler_reserve_full_isl,

@@ -13,6 +13,7 @@ import numpy as np
 
 from stepgap.common.errors import UserError
 from stepgap.common.modelcfg import ModelConfig
+from stepgap.common.speculation import METHODS
 from stepgap.sim.costs import Batch, DeviceCosts
 from stepgap.sim.drafter_costs import NGRAM_GPU_KERNELS, NGRAM_N, DrafterCosts
 from stepgap.sim.hardware import Hardware
@@ -93,6 +94,7 @@ class RooflineCosts(DeviceCosts):
         self.kv_bytes = kv_bytes          # a KV-cache element (--kv-cache-dtype)
         self.tp, self.method, self.skew, self.max_model_len = tp, method, routing_skew, \
             max_model_len
+        self.spec = spec = METHODS[method]
         self.flops = hw.flops_eff / 1e6   # FLOP per microsecond
         self.fp8 = hw.fp8_flops_eff / 1e6
         self.bw = hw.bw / 1e6             # bytes per microsecond
@@ -112,7 +114,7 @@ class RooflineCosts(DeviceCosts):
         self._plain = None if t.is_mla or t.num_sliding_layers else \
             (t.num_layers, *self._heads(t), t.head_dim)
         self._keyed = self._plain is not None and not t.is_moe and \
-            (not k or method in ("eagle", "eagle3"))   # step_key
+            (not k or spec.uses_head)   # step_key
 
     # -- kernels --------------------------------------------------------------------------
 
@@ -335,11 +337,12 @@ class RooflineCosts(DeviceCosts):
     def _draft_pass(self, first: bool, m: int, sampling: int, rows: int = 0) -> float:
         kernels = DrafterCosts.sample_and_prepare_kernels(first)   # the sampling, next inputs
         tp = self.tp
-        if self.method == "draft_model":
+        spec = self.spec
+        if spec.needs_checkpoint:
             d = self.d
             return (self._forward(d, m, sampling)
                     + self.streaming(4 * sampling * d.vocab_size, kernels))
-        if self.method == "mtp":   # eh_proj over [embedding ‖ hidden], the target's own layer
+        if spec.uses_mtp_layers:   # eh_proj over [embedding ‖ hidden], the target's own layer
             c = self.t
             h = c.hidden_size
             mtp = self.moe.mtp if self.moe is not None else None
@@ -361,7 +364,7 @@ class RooflineCosts(DeviceCosts):
         h = d.hidden_size
         heads, kv = self._heads(d)
         inter = d.intermediate_size // tp
-        eagle3 = d.kind == "eagle3"
+        eagle3 = d.fuses_taps
         vocab = d.draft_vocab_size
         t = (self._layer_gemms(m, h, 2 * h if eagle3 else h, heads, kv, d.head_dim, inter)
              + self._layer_elementwise(m, h, heads, kv, d.head_dim, inter,
@@ -377,7 +380,8 @@ class RooflineCosts(DeviceCosts):
     def draft_forward(self, b: Batch, i: int) -> float:
         """Pass 0 runs over every token of the step (padded); passes 1..k-1 one per request.
         ngram_gpu's one pass matches n-grams over every request's token history."""
-        if self.method == "ngram_gpu":
+        spec = self.spec
+        if spec.one_pass:   # the GPU n-gram proposer's kernels
             nbytes = 4 * b.num_reqs * self.max_model_len * (NGRAM_N + 2)
             return self.streaming(nbytes, NGRAM_GPU_KERNELS)
         if i == 0:
@@ -385,14 +389,13 @@ class RooflineCosts(DeviceCosts):
         else:
             m, kv, rows = b.num_sampling, b.kv_tokens + i * b.num_sampling, b.draft_moe_rows
             pairs = float(kv)
-        c = self.d if self.method in ("draft_model", "eagle", "eagle3") else self.t
-        layers = c.num_layers if self.method == "draft_model" else 1
-        sliding = c.num_sliding_layers if self.method == "draft_model" else 0
-        if self.method in ("eagle", "eagle3"):
+        c = spec.pass_model(self.t, self.d)
+        if spec.uses_head:
             heads, kvh = self._heads(c)
             attn = self.attention(pairs, kv, heads, kvh, c.head_dim)
         else:
-            attn = self._attention(c, m, b.num_reqs, pairs, kv, layers, sliding)
+            attn = self._attention(c, m, b.num_reqs, pairs, kv, spec.pass_layers(c),
+                                   spec.sliding_layers(c))
         return self._draft_dense(i == 0, m, b.num_sampling, rows) + attn
 
     def draft_forwards(self, b: Batch, n: int) -> list[float]:
@@ -400,7 +403,7 @@ class RooflineCosts(DeviceCosts):
         step's passes at once): an EAGLE head's passes computed here as draft_forward computes
         them, term for term, so the times are the same floats; other drafters, and the passes
         of a data-parallel MoE group's step (`draft_moe_rows`), pass by pass."""
-        if self.method not in ("eagle", "eagle3") or b.draft_moe_rows:
+        if not self.spec.uses_head or b.draft_moe_rows:
             return [self.draft_forward(b, i) for i in range(n)]
         heads, kvh = self._heads(self.d)
         hd, flops, bw, kernel = self.d.head_dim, self.flops, self.bw, self.hw.kernel_us

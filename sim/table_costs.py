@@ -35,6 +35,7 @@ from __future__ import annotations
 
 
 from stepgap.common.errors import UserError
+from stepgap.common.speculation import METHODS
 from stepgap.sim.costs import DeviceCosts
 from stepgap.sim.drafter_costs import DrafterCosts
 from stepgap.sim.hardware import MeasuredLink
@@ -98,6 +99,7 @@ class TableCosts(DeviceCosts):
         refuse_another_model(tables, target)
         self.tables, self.t, self.d, self.k, self.fallback = tables, target, draft, k, fallback
         self.method, self.tp = method, tp
+        self.spec = spec = METHODS[method]
         roof = RooflineKernels(fallback, target, tp)
         self.roof_kernels = roof
         # a kernel the bundle lacks by design (meta.yaml not_measured): the roofline's
@@ -122,10 +124,10 @@ class TableCosts(DeviceCosts):
         self.attn = tables.attention
         self._dense: dict[int, float] = {}
         self._draft_dense: dict[tuple[bool, int, int], float] = {}
-        self.draft_tables = draft is not None and method in ("eagle3", "draft_model") \
+        self.draft_tables = draft is not None and spec.tables \
             and not tables.not_measured and all(n in dense for n in MLP_LAYERS) \
             and shape_mismatch(tables, draft, target.hidden_size,
-                               family=method == "draft_model") is None
+                               family=spec.needs_checkpoint) is None
         at = f"tables ({tables.describe()})"
         lack = tables.not_measured
         forward = at if not lack else (
@@ -223,7 +225,7 @@ class TableCosts(DeviceCosts):
         t = self._draft_dense.get(key)
         if t is None:
             d, fb = self._kernels, self.fallback
-            if self.method == "draft_model":
+            if self.spec.needs_checkpoint:
                 c = self.d
                 t = self.embedding(m) + c.num_layers * sum(f(m) for f in self._layer) \
                     + self.final_norm(m) + self.lm_head(rows) \
@@ -241,7 +243,8 @@ class TableCosts(DeviceCosts):
     def draft_forward(self, b, i: int) -> float:
         if not self.draft_tables:
             return self.fallback.draft_forward(b, i)
-        layers = self.d.num_layers if self.method == "draft_model" else 1
+        spec = self.spec
+        layers = spec.pass_layers(self.d)
         if i == 0:   # every token of the step, the step's own mix
             m = b.num_tokens
             attn = self.attention(b.prefills, b.num_decode, b.decode_kv, b.decode_kv_min,
@@ -251,9 +254,8 @@ class TableCosts(DeviceCosts):
             mean = b.kv_tokens / max(b.num_reqs, 1) + i
             attn = self.attention((), m, m * mean, min(b.decode_kv_min + i, mean),
                                   max(b.decode_kv_max + i, mean))
-        c = self.d if self.method == "draft_model" else self.t
         fb = self.fallback   # an EAGLE-3 pass: three all-reduces and its own logits' gather
-        coll = self._collectives(m, b.num_sampling, c) if self.method == "draft_model" else \
+        coll = self._collectives(m, b.num_sampling, self.d) if spec.needs_checkpoint else \
             (3 * fb.all_reduce(m, self.t.hidden_size)
              + fb.gather_logits(b.num_sampling, self.d.draft_vocab_size) if self.tp > 1 else 0.0)
         return self._draft_pass(i == 0, m, b.num_sampling) + layers * attn + coll
