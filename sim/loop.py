@@ -63,6 +63,7 @@ from stepgap.sim.drafter_costs import DrafterCosts
 from stepgap.sim.jitter import Jitter
 from stepgap.sim.profile import Profile
 from stepgap.common.errors import UserError
+from stepgap.common.run_result import RunResult
 from stepgap.common.formats import (RequestTiming, Span, SpecStats, TraceRequest, run_result,
                                     timeseries)
 from stepgap.common.scheduler import FINISHED, Request, Scheduler, SchedulerConfig, SchedulerOutput
@@ -1055,9 +1056,9 @@ def build_workload(cfg: SimConfig) -> list[TraceRequest]:
 
 def simulate(cfg: SimConfig, requests: list[TraceRequest] | None = None,
              device_costs: DeviceCosts | None = None, profile: Profile | None = None,
-             recording: Recording | None = None) -> tuple[dict, list[Span]]:
-    """Simulate one serving run: the run result (docs/explanation/design.md §4) and the timeline's
-    spans.
+             recording: Recording | None = None) -> tuple[RunResult, list[Span]]:
+    """Simulate one serving run: the run result (common/run_result.py RunResult,
+    docs/explanation/design.md §4) and the timeline's spans.
 
     `requests` defaults to the workload `cfg` names, with its request rate applied; requests
     given here are used with their own arrival times. `device_costs` replaces the roofline
@@ -1068,7 +1069,11 @@ def simulate(cfg: SimConfig, requests: list[TraceRequest] | None = None,
     """
     reqs = requests if requests is not None else build_workload(cfg)
     if cfg.data_parallel_size > 1:   # N engine cores behind vLLM's DP front end
-        return DPSim(cfg, reqs, device_costs, profile).run()
-    if recording is not None and recording.replays(cfg, reqs):
-        return Replayed(cfg, reqs, device_costs, profile, recording).run()
-    return Sim(cfg, reqs, device_costs, profile, recording).run()
+        sim = DPSim(cfg, reqs, device_costs, profile)
+    elif recording is not None and recording.replays(cfg, reqs):
+        sim = Replayed(cfg, reqs, device_costs, profile, recording)
+    else:
+        sim = Sim(cfg, reqs, device_costs, profile, recording)
+    res, spans = sim.run()
+    # Sim.result still writes the document (formats.run_result); read once, as a typed result
+    return (res if isinstance(res, RunResult) else RunResult.from_dict(res)), spans
