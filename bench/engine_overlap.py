@@ -29,7 +29,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stepgap.common.formats import MODES  # noqa: E402
-from stepgap.common.run_record import RunRecord  # noqa: E402
 from stepgap.engine.args import EngineArgs  # noqa: E402
 from stepgap.engine.loop import run_trace  # noqa: E402
 from stepgap.engine.tiny import TINY_TARGET  # noqa: E402
@@ -80,7 +79,7 @@ def main() -> None:
                 cfg = setup.engine_config(mode)
                 out = run_trace(ex, reqs, cfg, vocab_size=BENCH_TARGET.vocab_size,
                                 max_concurrency=args.concurrency)
-                rec = RunRecord.of(out.result)
+                rec = out.result
                 r, gaps = rec.metrics, rec.step_gaps
                 rows.setdefault(mode, []).append({
                     "tpot": r["mean_tpot_ms"], "p99_tpot": r["p99_tpot_ms"],

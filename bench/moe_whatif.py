@@ -31,7 +31,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stepgap.common.run_record import RunRecord  # noqa: E402
 from stepgap.sim.config import SimConfig  # noqa: E402
 from stepgap.sim.loop import simulate  # noqa: E402
 
@@ -73,8 +72,7 @@ def scenarios(no_mtp: Path, unmeasured: Path) -> list[tuple[str, dict]]:
 
 
 def row(name: str, res: dict) -> str:
-    rec = RunRecord.of(res)
-    r, m = rec.resolved, rec.metrics
+    r, m = res.plan, res.metrics
     cov = (r.get("device_costs") or {}).get("moe_coverage")
     past = f"{cov['past_grid']}/{cov['row_counts']}" if cov else "-"
     dp = r.get("data_parallel")

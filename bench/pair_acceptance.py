@@ -19,7 +19,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stepgap.calibrate.demo import run_engine  # noqa: E402
 from stepgap.calibrate.pair import PAIR, load_heldout  # noqa: E402
-from stepgap.common.run_record import RunRecord  # noqa: E402
 
 
 def main() -> None:
@@ -36,7 +35,7 @@ def main() -> None:
     print("|---:|---:|" + "---:|" * width + "---:|")
     for k in ks:
         t = time.perf_counter()
-        spec = RunRecord.of(run_engine(args.pair, reqs, k, max_concurrency=8).result).spec_decode
+        spec = run_engine(args.pair, reqs, k, max_concurrency=8).result.spec_decode
         rates = [f"{100 * r:.1f}" for r in spec["acceptance_rate_per_pos"]]
         rates += [""] * (width - k)
         print(f"| {k} | {spec['acceptance_length']:.2f} | " + " | ".join(rates)

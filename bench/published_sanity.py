@@ -27,7 +27,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stepgap.common.formats import TraceRequest  # noqa: E402
-from stepgap.common.run_record import RunRecord  # noqa: E402
 from stepgap.sim.config import SimConfig  # noqa: E402
 from stepgap.sim.plan import resolve  # noqa: E402
 from stepgap.sim.costs import Batch
@@ -66,7 +65,7 @@ def specdecode_bench() -> None:
         res, _ = simulate(SimConfig(gpu="h100", model="llama-3.1-8b", k=3, mode="sync",
                                     draft="llama-3.1-8b-eagle3", cpu_scale=scale,
                                     num_prompts=16, max_concurrency=1))
-        gap = RunRecord.of(res).step_gaps["mean_us"] / 1e3
+        gap = res.step_gaps["mean_us"] / 1e3
         print(f"per-step overhead: fit {OVERHEAD_MS:.2f} ms; sim's sync step gap at cpu_scale "
               f"{scale:g}: {gap:.2f} ms ({err(gap, OVERHEAD_MS)})")
 

@@ -28,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stepgap.sim.config import SimConfig  # noqa: E402
 from stepgap.sim.plan import resolve  # noqa: E402
-from stepgap.common.run_record import RunRecord  # noqa: E402
 from stepgap.sim.roofline import RooflineCosts
 from stepgap.sim.loop import build_workload, simulate  # noqa: E402
 from stepgap.sim.presets import SEED_COLUMNS, get_preset  # noqa: E402
@@ -136,7 +135,7 @@ def main() -> int:
     error = 100 * (saving - measured_saving) / measured_saving
     print(f"\npredicted async saving in mean ITL: {saving:.2f} ms (measured "
           f"{measured_saving:.2f} ms, error {error:+.0f}%)")
-    gaps = {mode: RunRecord.of(res).step_gaps for mode, res in results.items()}
+    gaps = {mode: res.step_gaps for mode, res in results.items()}
     print(f"simulated sync step gap: mean {gaps['sync']['mean_us']:.0f} us; async: "
           f"{gaps['async']['mean_us']:.0f} us")
     if not args.quick:

@@ -57,7 +57,7 @@ from stepgap.calibrate.harness import limits  # noqa: E402
 from stepgap.calibrate.judge import BOUNDS as JUDGE_BOUNDS  # noqa: E402
 from stepgap.common.fileio import write_json  # noqa: E402
 from stepgap.common.formats import load_trace, save_result  # noqa: E402
-from stepgap.common.run_record import RunRecord  # noqa: E402
+from stepgap.common.run_result import RunResult  # noqa: E402
 
 PAIR = ROOT / "checkpoints" / "pystdlib"
 MODES = ("sync", "async")
@@ -238,7 +238,7 @@ def measure(args, out: Path, modes, ks, lim: dict, datasets: dict, traces: dict)
                 acc: dict = {}   # its device ops, summed: the machine's level during it
                 add_device(acc, device_points(inproc.spans, k))
                 write_json(out / f"{run}.inproc.device.json", acc, indent=None)
-                rec = RunRecord.of(inproc.result)
+                rec = inproc.result
                 if k and served["spec_decode_num_drafts"] != rec.spec_decode["num_drafts"]:
                     raise SystemExit(f"{run}: served and in-process acceptance differ")
                 line += (f" in-process {rec.metrics['mean_tpot_ms']:.3f} ms; TTFT "
@@ -279,9 +279,9 @@ def analyse(out: Path, profile: Path, reqs, lim: dict) -> tuple[list, dict]:
             "served": [], "server": [], "inproc": [], "errors": [],
             "accepted": json.loads((out / f"{run}.accepted.json").read_text())})
         # each run's metrics (RunRecord): the client's vLLM file, the in-process run, the server
-        got = {"served": RunRecord.load(out / f"{run}.vllm.json").metrics,
-               "inproc": RunRecord.load(out / f"{run}.inproc.json").metrics}
-        c["server"].append(RunRecord.load(out / f"{run}.server.json").metrics)
+        got = {"served": RunResult.load(out / f"{run}.vllm.json").metrics,
+               "inproc": RunResult.load(out / f"{run}.inproc.json").metrics}
+        c["server"].append(RunResult.load(out / f"{run}.server.json").metrics)
         level = {"served": run_level(load_timeline(out / f"{run}.server.jsonl"), k, base),
                  "inproc": 1.0 + (device_vs_profile(json.loads(
                      (out / f"{run}.inproc.device.json").read_text()), base, k) or 0.0)}

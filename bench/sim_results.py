@@ -116,7 +116,8 @@ def main() -> int:
             simulate(SimConfig(**{**settings, "cpu_scale": 1.7 * settings.get("cpu_scale", 1.0),
                                   "speed": 0.9 * settings.get("speed", 1.0)}), recording=steps)
         res, spans = simulate(cfg, recording=steps)
-        text = json.dumps(jsonable(res), sort_keys=True)
+        doc = res if isinstance(res, dict) else res.to_dict()   # a RunResult, or (before) its dict
+        text = json.dumps(jsonable(doc), sort_keys=True)
         digest = hashlib.sha256(repr([(s.lane, s.op, s.step, s.start_us, s.end_us, s.args)
                                       for s in spans]).encode()).hexdigest()[:16]
         (out / f"{name}.json").write_text(text)

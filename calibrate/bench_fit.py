@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stepgap.common.errors import UserError, where
-from stepgap.common.run_record import RunRecord
+from stepgap.common.run_result import Metrics, RunResult
 
 NOISE = 0.01   # a GPU bench's mean ITL from run to run, unless repeats of a cell measure it
 MAX_ITER = 30
@@ -71,8 +71,13 @@ class BenchRun:
         return (self.k, self.conc, self.mode, self.doc.get("request_rate", "inf"))
 
     @property
+    def metrics(self) -> Metrics:
+        """The file's numbers, by vLLM's names."""
+        return Metrics.from_dict(self.doc)
+
+    @property
     def itl(self) -> float:
-        return self.doc["mean_itl_ms"]
+        return self.metrics.mean_itl_ms
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,10 +284,11 @@ def load_bench_runs(paths, args, base: dict) -> list[BenchRun]:
             raise UserError(f"{where(path, field='mode')}: {doc['mode']!r}, but the command "
                             f"line says {base['_mode']} scheduling")
         check_load(path, doc, base)
-        if doc.get("mean_itl_ms") is None or not doc["mean_itl_ms"] > 0:
+        m = Metrics.from_dict(doc)
+        if m.mean_itl_ms is None or not m.mean_itl_ms > 0:
             raise UserError(f"{where(path, field='mean_itl_ms')}: missing or 0; calibrate fits "
                             "the runs' mean ITL")
-        if not doc["mean_tpot_ms"] > 0:
+        if not m.mean_tpot_ms > 0:
             raise UserError(f"{where(path, field='mean_tpot_ms')}: 0; calibrate fits the runs' "
                             "tokens per step as their mean ITL over their mean TPOT")
         if is_bursty(doc):
@@ -294,7 +300,7 @@ def load_bench_runs(paths, args, base: dict) -> list[BenchRun]:
         if all(q.output_len <= 1 for q in reqs):   # (its mean ITL > 0: two tokens or more)
             why = f"--output-len {base['_output_len']}" if base["_output_len"] is not None \
                 else "its output lengths"
-            raise UserError(f"{where(path, field='mean_itl_ms')}: {doc['mean_itl_ms']:g} ms "
+            raise UserError(f"{where(path, field='mean_itl_ms')}: {m.mean_itl_ms:g} ms "
                             f"between tokens, but {why} ends every request at its first token; "
                             "give the runs' output length")
         runs.append(BenchRun(path, doc, k, conc, mode, reqs, tuple(rates) if rates else None))
@@ -431,12 +437,12 @@ def run_workload(path, doc: dict, base: dict, k: int, conc) -> tuple[list, str |
             check_tokens(path, doc, drawn, describe(spec, out_len), spec is not None,
                          out_len is not None)
         return apply_request_rate(reqs, None if rate == math.inf else rate, burst, seed), note
-    totals = doc.get("total_input_tokens") and doc.get("total_output_tokens") \
-        and doc.get("completed")
+    counts = Metrics.from_dict(doc)
+    totals = counts.total_input_tokens and counts.total_output_tokens and counts.completed
     if spec is None and out_len is None and totals:
-        done = doc["completed"]
-        plen = max(1, round(doc["total_input_tokens"] / done))
-        olen = max(1, round(doc["total_output_tokens"] / done))
+        done = counts.completed
+        plen = max(1, round(counts.total_input_tokens / done))
+        olen = max(1, round(counts.total_output_tokens / done))
         m = min(n, MAX_FIT_PROMPTS)
         reqs = [TraceRequest(f"req-{i}", 0.0, plen, olen) for i in range(m)]
         note = (f"{path}: no per-request lengths (--save-detailed) and no workload named: "
@@ -472,15 +478,17 @@ def describe(spec: str | None, out_len: int | None) -> str:
 def check_tokens(path, doc: dict, reqs: list, what: str, prompts: bool, outputs: bool) -> None:
     """The file's mean prompt and output (its token totals, or its per-request lists) against
     those of `reqs` (the workload the command line or the file names, drawn again)."""
-    done = doc.get("completed") or 0
-    if "input_lens" in doc:
-        ok = [i for i, e in enumerate(doc.get("errors") or [""] * len(doc["input_lens"]))
+    res = RunResult.from_dict(doc)
+    m, lists = res.metrics, res.requests
+    done = m.completed or 0
+    if lists is not None:
+        ok = [i for i, e in enumerate(doc.get("errors") or [""] * len(lists.input_lens))
               if not e]
-        ins = sum(doc["input_lens"][i] for i in ok)
-        outs = sum(doc["output_lens"][i] for i in ok)
+        ins = sum(lists.input_lens[i] for i in ok)
+        outs = sum(lists.output_lens[i] for i in ok)
         done = len(ok)
     else:
-        ins, outs = doc.get("total_input_tokens"), doc.get("total_output_tokens")
+        ins, outs = m.total_input_tokens, m.total_output_tokens
     if not done or not reqs:
         return
     for key, total, mine, check in (
@@ -581,7 +589,7 @@ class Fitter:
         # run's later simulations replay its first one (sim/steps.py `Recording`)
         self.steps: dict = {}
 
-    def results(self, host: Host) -> list[RunRecord]:
+    def results(self, host: Host) -> list[RunResult]:
         """Each run simulated on `host`; repeats of a cell over the same prompts (and at the
         same acceptance) are one simulation."""
         from stepgap.common.limits import MAX_SCALE, MIN_SPEED
@@ -606,8 +614,7 @@ class Fitter:
                 # (a recording keeps its device ops: another device level takes its own)
                 steps = self.steps.setdefault(
                     key + ((host.device, host.draft) if prof else ()), Recording())
-                done[key] = RunRecord.of(simulate(cfg, r.requests, recording=steps,
-                                                  profile=prof)[0])
+                done[key] = simulate(cfg, r.requests, recording=steps, profile=prof)[0]
                 self.sims += 1
             out.append(done[key])
         return out
@@ -619,7 +626,7 @@ class Fitter:
 
     def itl_error(self, host: Host) -> list[float]:
         """log(simulated / measured mean ITL) of every run."""
-        return [math.log(res.metrics["mean_itl_ms"] / r.itl)
+        return [math.log(res.metrics.mean_itl_ms / r.itl)
                 for r, res in zip(self.runs, self.results(host))]
 
 
@@ -656,11 +663,11 @@ def check_reachable(fit: Fitter, host: Host, shift: float) -> None:
     if not bounds:
         return
     for r, x in zip(fit.runs, fit.results(host)):
-        sim = x.metrics["mean_itl_ms"]
+        sim = x.metrics.mean_itl_ms
         if abs(math.log(sim / r.itl)) > math.log(1 + REACH):
             raise UserError(
                 f"{where(r.path, field='mean_itl_ms')}: {r.itl:g} ms (mean TPOT "
-                f"{r.doc['mean_tpot_ms']:g}), which this setup does not reach: at "
+                f"{r.metrics.mean_tpot_ms:g}), which this setup does not reach: at "
                 f"{' and '.join(bounds)} it simulates {sim:.4g} ms; check --gpu, --model and "
                 "-k against the run, and the file's numbers")
 
@@ -733,8 +740,8 @@ def fit_bench(runs: list[BenchRun], base: dict, noise: float):
                 fit.rates, fit.spread = shifted(prof, d, max(k_max, len(prof.rates))), prof.spread
                 res = fit.results(host)
                 return statistics.fmean(
-                    math.log((x.metrics["mean_itl_ms"] / x.metrics["mean_tpot_ms"])
-                             / (r.itl / r.doc["mean_tpot_ms"]))
+                    math.log((x.metrics.mean_itl_ms / x.metrics.mean_tpot_ms)
+                             / (r.itl / r.metrics.mean_tpot_ms))
                     for r, x in zip(runs, res) if r.k)
             shift = solve(tokens_per_step, shift, shift + 0.1, -4.0, 4.0, 2e-4)
             tokens_per_step(shift)
@@ -1002,9 +1009,10 @@ def make_profile(runs, base, fit: Fitter, host: Host, prof, shift, how, split, u
     residuals = []
     for r, res in zip(runs, fit.results(host)):
         residuals.append({"run": r.path.name, "k": r.k, "conc": r.conc, "mode": r.mode,
-                          **{m: round((res.metrics[m] - r.doc[m]) / r.doc[m], 4)
+                          **{m: round((res.metrics.get(m) - r.metrics.get(m))
+                                      / r.metrics.get(m), 4)
                              for m in ("mean_tpot_ms", "mean_itl_ms", "p99_tpot_ms",
-                                       "mean_ttft_ms") if r.doc.get(m)}})
+                                       "mean_ttft_ms") if r.metrics.get(m)}})
     acc = None
     if fit.rates is not None:
         acc = {"rates": [round(x, 6) for x in fit.rates], "spread": fit.spread,
@@ -1245,22 +1253,24 @@ def duration(settings: dict, cand: Candidate) -> float:
     from stepgap.sim.loop import simulate
     res = simulate(SimConfig(**{**settings, "mode": cand.mode, "k": cand.k,
                                 "max_concurrency": cand.conc}))[0]
-    return res["duration"]
+    return res.metrics.duration
 
 
-def bench_doc(res: dict, cell: dict) -> dict:
+def bench_doc(res: RunResult, cell: dict) -> dict:
     """A simulated run as the `vllm bench serve --save-result` file vLLM 0.32 writes of it
     (its spec_decode_* counters included, as it writes them for a server that speculates)."""
+    m = res.metrics
     doc = {"date": "20260101-000000", "backend": "vllm", "model_id": "projected",
-           "num_prompts": res["completed"], "completed": res["completed"],
+           "num_prompts": m.completed, "completed": m.completed,
            "request_rate": "inf", "burstiness": 1.0, "max_concurrency": cell["max_concurrency"],
-           "duration": res["duration"], "mode": cell["mode"],
+           "duration": m.duration, "mode": cell["mode"],
            "num_speculative_tokens": str(cell["k"]),
-           **{m: res[m] for m in ("mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "mean_ttft_ms")}}
-    spec = res.get("spec_decode")
+           **{k: m.get(k) for k in ("mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms",
+                                    "mean_ttft_ms")}}
+    spec = res.spec_decode
     if cell["k"] and spec:
-        doc["spec_decode_num_drafts"] = spec["num_drafts"]
-        doc["spec_decode_per_position_acceptance_rates"] = spec["acceptance_rate_per_pos"]
+        doc["spec_decode_num_drafts"] = spec.num_drafts
+        doc["spec_decode_per_position_acceptance_rates"] = spec.acceptance_rate_per_pos
     return doc
 
 
@@ -1298,7 +1308,7 @@ def saving_band(settings: dict, load: dict, ks: dict, inputs: list) -> tuple[flo
 
     def tpot(s, m):
         cell = {**s, **load, "mode": m, "k": ks[m]}
-        return simulate(SimConfig(**cell), recording=steps[m])[0]["mean_tpot_ms"]
+        return simulate(SimConfig(**cell), recording=steps[m])[0].metrics.mean_tpot_ms
 
     def saving(s_sync, s_async):
         return 1 - tpot(s_async, "async") / tpot(s_sync, "sync")

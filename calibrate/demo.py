@@ -38,7 +38,7 @@ from stepgap.calibrate.pair import PAIR, ROOT, load_heldout, pair_paths
 from stepgap.common.errors import UserError
 from stepgap.common.limits import MAX_K
 from stepgap.common.options import add_command, add_option, at_most, positive_int
-from stepgap.common.run_record import RunRecord
+from stepgap.common.run_result import RunResult
 from stepgap.sim.profile import Profile
 
 PROFILE = ROOT / "traces" / "measured" / "cpu" / "profile.json"
@@ -105,14 +105,13 @@ def headline(out=print, **settings):
                     depths(base, DEFAULT_MAX_K), jobs=min(2, os.cpu_count() or 1))
     a, k = advice.answers[0], preset.settings["k"]
     sync, asyn = a.modes["sync"].grid[k], a.modes["async"].grid[k]
-    m = preset.measured
+    tpot = {mode: preset.measured[mode]["mean_tpot_ms"] for mode in ("sync", "async")}
     out(f"stepgap demo: does async scheduling pay, and which k? On the seed's setup "
         f"({preset.description})")
     out(f"  {verdict(a)}")
     out(f"  at the PR's k={k}: sync {sync:.2f} ms, async {asyn:.2f} ms mean TPOT (async saves "
-        f"{100 * (1 - asyn / sync):.1f} %); the PR measured {m['sync']['mean_tpot_ms']:.2f} "
-        f"and {m['async']['mean_tpot_ms']:.2f} ms (saves "
-        f"{100 * (1 - m['async']['mean_tpot_ms'] / m['sync']['mean_tpot_ms']):.1f} %)")
+        f"{100 * (1 - asyn / sync):.1f} %); the PR measured {tpot['sync']:.2f} "
+        f"and {tpot['async']:.2f} ms (saves {100 * (1 - tpot['async'] / tpot['sync']):.1f} %)")
     out(f"  ({advice.sims} simulations in {advice.seconds:.1f} s; `stepgap advise --preset "
         f"{SEED}` prints the whole answer: its bands, what it rests on, your own k)")
     return advice
@@ -194,22 +193,22 @@ ROWS = (("Acceptance length", "acceptance_length", "{:.2f}"),
         ("Mean step gap (us)", "step_gap", "{:.0f}"), ("Duration (s)", "duration", "{:.2f}"))
 
 
-def _value(res: RunRecord, key: str):
+def _value(res: RunResult, key: str):
     if key == "acceptance_length":
-        return (res.spec_decode or {}).get(key)
+        return res.spec_decode.acceptance_length if res.spec_decode else None
     if key == "step_gap":
-        return res.step_gaps.get("mean_us")
+        return res.step_gaps.mean_us
     return res.metrics.get(key)
 
 
-def side_by_side(engine: RunRecord, sim: RunRecord) -> str:
+def side_by_side(engine: RunResult, sim: RunResult) -> str:
     lines = [f"{'':28}{'engine (measured)':>20}{'sim (predicted)':>18}{'sim error':>12}"]
     for label, key, fmt in ROWS:
         e, s = _value(engine, key), _value(sim, key)
         err = f"{100 * (s - e) / e:+.1f} %" if e and s is not None else "-"
         lines.append(f"{label:28}{fmt.format(e) if e is not None else '-':>20}"
                      f"{fmt.format(s) if s is not None else '-':>18}{err:>12}")
-    per = (engine.spec_decode or {}).get("acceptance_rate_per_pos")
+    per = engine.spec_decode.acceptance_rate_per_pos if engine.spec_decode else None
     if per:
         lines.append(f"{'Per-position acceptance (%)':28}  "
                      + ", ".join(f"{100 * r:.1f}" for r in per))
@@ -299,7 +298,7 @@ def run_demo(pair=PAIR, k: int = 4, num_prompts: int | None = None,
         engine, outputs, prof, lim = measure_and_run(pair, reqs, k, max_concurrency, mode,
                                                      progress)
         first = outputs[0]   # in trace order
-        accepted = dict(zip(engine["request_ids"], engine["accepted"]))
+        accepted = dict(zip(engine.requests.ids, engine.requests.accepted))
         sim = simulate_trace(pair, reqs, accepted, k, max_concurrency, device_costs, mode,
                              prof, lim)
         costs = ("costs: measured on this machine just before, in the same worker (a short\n"
@@ -316,7 +315,7 @@ def run_demo(pair=PAIR, k: int = 4, num_prompts: int | None = None,
                  + ("\n  (measured on the machine of docs/explanation/validation.md, not this one)"
                     if Path(path).resolve() == PROFILE.resolve() else ""))
     out("")
-    out(side_by_side(RunRecord.of(engine), RunRecord.of(sim)))
+    out(side_by_side(engine, sim))
     out("")
     out("  sim: same trace, k, concurrency, mode, scheduler and topology (process worker, CPU")
     out("  device); the engine's accepted counts replayed;")

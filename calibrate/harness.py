@@ -28,7 +28,6 @@ from pathlib import Path
 from stepgap.common.cpu_load import OtherCpu
 from stepgap.common.errors import UserError
 from stepgap.common.formats import MODES, TraceRequest
-from stepgap.common.run_record import RunRecord
 from stepgap.common.scheduler import BLOCK_SIZE, cdiv
 from stepgap.engine.args import EngineArgs
 from stepgap.calibrate.fit import GridShape, add_device, build_profile, measure_grid
@@ -222,7 +221,7 @@ def run_plan(plan: Plan, progress: bool = True, log=None, desc: str | None = Non
                                         "max_concurrency": conc})
                 out.loads.append(os.getloadavg()[0])
                 # what every other process used meanwhile (the engine and its worker measured)
-                run.result["config"]["other_cpu"] = other.stop({os.getpid(), *worker_pids(ex)})
+                run.result.config["other_cpu"] = other.stop({os.getpid(), *worker_pids(ex)})
                 if kind == "calibration":
                     calib_runs.append((mode, k, run.spans))
                     calib_info.append({"mode": mode, "k": k, "conc": conc, "slice": rep,
@@ -231,11 +230,10 @@ def run_plan(plan: Plan, progress: bool = True, log=None, desc: str | None = Non
                     keep_judged(out, plan, name, k, conc, run, load0)
                     took.append(time.monotonic() - t_unit)
                     if log is not None:
-                        rec = RunRecord.of(run.result)
-                        r, g = rec.metrics, rec.step_gaps
-                        log(f"{name:22} TPOT {r['mean_tpot_ms']:7.2f} ms  P99 "
-                            f"{r['p99_tpot_ms']:7.2f}  ITL {r['mean_itl_ms']:7.2f}  gap p50 "
-                            f"{g.get('median_us', 0):7.0f} us  p90 {g.get('p90_us', 0):7.0f}  "
+                        r, g = run.result.metrics, run.result.step_gaps
+                        log(f"{name:22} TPOT {r.mean_tpot_ms:7.2f} ms  P99 "
+                            f"{r.percentile('tpot', 99):7.2f}  ITL {r.mean_itl_ms:7.2f}  gap "
+                            f"p50 {g.median_us or 0:7.0f} us  p90 {g.p90_us or 0:7.0f}  "
                             f"({took[-1]:.1f}s)")
                 bar.update(sum(r.output_len for r in reqs))
     out.calibration_runs = len(calib_runs)
@@ -266,8 +264,9 @@ def keep_judged(out: Measured, plan: Plan, name: str, k: int, conc: int, run, lo
     """A judged run's result, its device points (for the drift diagnostic) and, for the
     timeline group's first run, the middle of its timeline."""
     res = run.result
-    out.outputs.setdefault(name, res.pop("output_token_ids", None))
-    res["config"]["load_avg_1m"] = [round(load0, 2), round(out.loads[-1], 2)]
+    out.outputs.setdefault(name, res.requests.output_token_ids)
+    res.requests.output_token_ids = None   # (kept once a cell, in the folder's outputs)
+    res.config["load_avg_1m"] = [round(load0, 2), round(out.loads[-1], 2)]
     out.runs[name].append(res)
     add_device(out.device.setdefault(name, {}), device_points(run.spans, k))
     if name not in out.timelines and (k, conc) == plan.timeline_group:

@@ -25,7 +25,7 @@ from stepgap.calibrate.measured import MeasuredCell, Setup, load_measured, reque
 from stepgap.common.compare import compare, pool_results
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_toml
-from stepgap.common.run_record import RunRecord
+from stepgap.common.run_result import RunResult
 from stepgap.sim.config import SimConfig
 from stepgap.sim.jitter import run_levels
 from stepgap.sim.loop import simulate
@@ -48,7 +48,7 @@ SAVING_BOUND = 0.25   # of the measured saving of async / zero-bubble over sync 
 SYNC_ONLY_PROFILE = "profile-sync-only.json"
 
 
-def sim_config(setup: Setup, run: RunRecord, timeline: bool = False,
+def sim_config(setup: Setup, run: RunResult, timeline: bool = False,
                **overrides) -> SimConfig:
     """The simulator's configuration of one measured run: the folder's topology and costs, the
     run's mode, k, concurrency and scheduler limits."""
@@ -93,7 +93,7 @@ def resimulate(setup: Setup, cell: MeasuredCell, timeline: bool = False,
         cfg = sim_config(setup, run, timeline and n == 0,
                          **{"speed": levels[n] * device_scale, "seed": n, **overrides})
         res, sp = simulate(cfg, requests_of(run, setup.prompts))
-        results.append(RunRecord.of(res))
+        results.append(res)
         if n == 0 and timeline:
             spans = sp
     return pool_results(results), spans, results
@@ -106,8 +106,8 @@ def resimulate(setup: Setup, cell: MeasuredCell, timeline: bool = False,
 @dataclass
 class Verdict:
     cell: MeasuredCell
-    measured: RunRecord   # pooled
-    simulated: RunRecord  # pooled
+    measured: RunResult   # pooled
+    simulated: RunResult  # pooled
     errors: dict          # metric -> relative error
     passed: dict          # metric -> bool
     comparison: dict      # common.compare.compare(measured, simulated)
@@ -124,14 +124,14 @@ def bounds_of(rules: str) -> tuple:
     return BOUNDS + ((TTFT_BOUND,) if RULES[rules]["prefix"] else ())
 
 
-def judge_cell(cell: MeasuredCell, simulated: RunRecord, bounds: tuple = BOUNDS,
-               runs: list[RunRecord] | None = None) -> Verdict:
+def judge_cell(cell: MeasuredCell, simulated: RunResult, bounds: tuple = BOUNDS,
+               runs: list[RunResult] | None = None) -> Verdict:
     """A cell's pooled errors against `bounds`; with its simulated `runs`, each run's
     prefix-cache counts beside the measured run's."""
     measured = pool_results(cell.runs)
     errors, passed = {}, {}
     for key, _, bound in bounds:
-        e = (simulated.metrics[key] - measured.metrics[key]) / measured.metrics[key]
+        e = (simulated.metrics.get(key) - measured.metrics.get(key)) / measured.metrics.get(key)
         errors[key], passed[key] = e, abs(e) <= bound
     caches = None
     if runs is not None:
@@ -146,7 +146,7 @@ def prefix_counts(pc: dict | None) -> dict | None:
     return None if pc is None else {"queries": pc["queries"], "hits": pc["hits"]}
 
 
-def p99_interval(runs: list[RunRecord], n: int = 2000, seed: int = 0) -> tuple | None:
+def p99_interval(runs: list[RunResult], n: int = 2000, seed: int = 0) -> tuple | None:
     """The 95 % interval of a cell's pooled P99 TPOT (ms): a bootstrap over its requests."""
     import numpy as np
     tpots = []
@@ -165,12 +165,12 @@ def p99_interval(runs: list[RunRecord], n: int = 2000, seed: int = 0) -> tuple |
     return float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))
 
 
-def paired_half_width(base_runs: list[RunRecord], runs: list[RunRecord]) -> float | None:
+def paired_half_width(base_runs: list[RunResult], runs: list[RunResult]) -> float | None:
     """Half-width (ms) of the 95 % interval of a measured saving: the spread of the per-run
     differences in mean ITL between runs of the two modes on the same slice (they ran back to
     back), over the square root of their number. None with fewer than 3 pairs."""
     def by_slice(rs):
-        return {r.config.get("slice", i): r.metrics["mean_itl_ms"] for i, r in enumerate(rs)}
+        return {r.config.get("slice", i): r.metrics.mean_itl_ms for i, r in enumerate(rs)}
     a, b = by_slice(base_runs), by_slice(runs)
     d = [a[i] - b[i] for i in sorted(a.keys() & b.keys())]
     if len(d) < 3:
@@ -189,12 +189,12 @@ def savings(verdicts: list[Verdict]) -> list[dict]:
         base = by.get(("sync", k, conc))
         if mode == "sync" or base is None:
             continue
-        m = base.measured.metrics["mean_itl_ms"] - v.measured.metrics["mean_itl_ms"]
-        s = base.simulated.metrics["mean_itl_ms"] - v.simulated.metrics["mean_itl_ms"]
+        m = base.measured.metrics.mean_itl_ms - v.measured.metrics.mean_itl_ms
+        s = base.simulated.metrics.mean_itl_ms - v.simulated.metrics.mean_itl_ms
         err = (s - m) / abs(m) if m else math.inf
         half = paired_half_width(base.cell.runs, v.cell.runs)
         rows.append({"mode": mode, "k": k, "conc": conc, "measured_ms": m, "simulated_ms": s,
-                     "measured_pct": 100 * m / base.measured.metrics["mean_itl_ms"],
+                     "measured_pct": 100 * m / base.measured.metrics.mean_itl_ms,
                      "half_width_ms": half,
                      "within_noise": half is not None and abs(s - m) <= half,
                      "error": err, "passed": abs(err) <= SAVING_BOUND})
@@ -399,7 +399,8 @@ def bound_failures(verdicts: list[Verdict], rows: list[dict],
     """Every bound the judged folder breaks, one line each ([] when all hold)."""
     rule = RULES[rules]
     out = []
-    p99 = {v.cell.name: (v.simulated.metrics["p99_tpot_ms"], v.p99_interval) for v in verdicts}
+    p99 = {v.cell.name: (v.simulated.metrics.percentile("tpot", 99), v.p99_interval)
+           for v in verdicts}
     noise = {saving_cell(r): r.get("within_noise") for r in rows}
 
     def check(cell: str, key: str, label: str, e: float, bound: float) -> None:

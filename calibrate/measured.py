@@ -23,7 +23,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from stepgap.common.cpu_load import summary as cpu_summary
@@ -31,7 +31,7 @@ from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json, read_json_object, write_json
 from stepgap.common.formats import (TraceRequest, check_result, load_trace, save_timeline,
                                     save_trace)
-from stepgap.common.run_record import RunRecord
+from stepgap.common.run_result import RunResult
 from stepgap.calibrate.fit import device_vs_profile
 from stepgap.calibrate.harness import Measured, Plan, cell_name, machine_info
 from stepgap.sim.profile import save_profile
@@ -46,7 +46,7 @@ class MeasuredCell:
     mode: str
     k: int
     conc: int | None
-    runs: list[RunRecord]                 # the measured results of its repeats
+    runs: list[RunResult]                 # the measured results of its repeats
     info: dict = field(default_factory=dict)   # diagnostics recorded when it ran
 
     @property
@@ -120,18 +120,18 @@ def read_manifest(folder: Path) -> dict:
     return man
 
 
-def load_runs(path: Path) -> list[RunRecord]:
+def load_runs(path: Path) -> list[RunResult]:
     """A cell's runs: a gzip-compressed JSON list of run results."""
     if not path.is_file():
         raise UserError(f"{path}: not found (a cell's runs)")
     runs = read_json(path)
     if not isinstance(runs, list):
         raise UserError(f"{path}: expected a list of run results")
-    return [RunRecord.of(check_result(r, f"{path} (run {n})"), f"{path} (run {n})")
+    return [RunResult.from_dict(check_result(r, f"{path} (run {n})"), f"{path} (run {n})")
             for n, r in enumerate(runs)]
 
 
-def requests_of(result: RunRecord, prompts: dict | None = None) -> list[TraceRequest]:
+def requests_of(result: RunResult, prompts: dict | None = None) -> list[TraceRequest]:
     """A judged run's trace, rebuilt from its detailed result, with the engine's accepted counts
     (all requests arrive at 0, as the held-out trace) and, from `prompts` (Setup.prompts), each
     prompt's token ids where the folder has them."""
@@ -205,7 +205,7 @@ def write_measured(plan: Plan, m: Measured, out: Path, command: str,
                     save_timeline(out / "timelines" / f"{name}.measured.jsonl",
                                   m.timelines[name])
     lim = plan.limits()
-    configs = [RunRecord.of(r).config for rs in m.runs.values() for r in rs]
+    configs = [r.config for rs in m.runs.values() for r in rs]
     manifest = {
         "format": FORMAT, "device": plan.device_name, "machine": machine_info(),
         "worker": m.worker, "commit": git_commit(),
@@ -246,14 +246,12 @@ def save_runs(path: Path, results: list[dict]) -> None:
     write_json(path, results)
 
 
-def trim(res: dict) -> dict:
+def trim(res: RunResult) -> dict:
     """A judged result as committed: every per-request list the simulator and the comparison
     need; times rounded to the microsecond (they are measured to about that)."""
-    r = dict(res)
-    r["ttfts"] = [round(x, 6) for x in r["ttfts"]]
-    r["itls"] = [[round(x, 6) for x in xs] for xs in r["itls"]]
-    gaps = dict(r.get("step_gaps") or {})
-    if "values_us" in gaps:
-        gaps["values_us"] = [round(x, 1) for x in gaps["values_us"]]
-    r["step_gaps"] = gaps
-    return r
+    lists, gaps = res.requests, res.step_gaps
+    lists = replace(lists, ttfts=[round(x, 6) for x in lists.ttfts],
+                    itls=[[round(x, 6) for x in xs] for xs in lists.itls])
+    if gaps.values_us is not None:
+        gaps = replace(gaps, values_us=[round(x, 1) for x in gaps.values_us])
+    return replace(res, requests=lists, step_gaps=gaps).to_dict()

@@ -20,7 +20,6 @@ from pathlib import Path
 
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json_object, read_text
-from stepgap.common.run_record import RunRecord
 from stepgap.common.peer_run import (find_dataset, load_timeseries, peer_result,
                                      peer_settings)
 from stepgap.sim.device_choice import NO_TABLES
@@ -106,20 +105,21 @@ def errors(measured: dict, simulated: dict) -> dict[str, float]:
 
 def judge_run(run: PeerRun, tables: bool = True, **overrides) -> dict:
     """Simulate a peer run and hold it against the measurement: {"measured", "simulated" (both
-    RunRecords), "running_peak": {"measured" (None without timeseries.csv), "simulated"},
+    RunResults), "running_peak": {"measured" (None without timeseries.csv), "simulated"},
     "errors", "series": {"measured", "simulated"}, "notes", "config"}."""
     cfg, notes = peer_config(run, tables, **overrides)
     res, _ = simulate(cfg)
-    sim = RunRecord.of(res)
-    meas = RunRecord.of(peer_result(run.requests, PERCENTILES), run.requests)
-    series = {"simulated": res["timeseries"]}
+    sim = res
+    meas = peer_result(run.requests, PERCENTILES)
+    meas.source = str(run.requests)
+    series = {"simulated": res.timeseries}
     peak = {"measured": None, "simulated": max(series["simulated"]["running"])}
     ts = run.requests.with_name("timeseries.csv")
     if ts.is_file():
         series["measured"] = load_timeseries(ts)
         peak["measured"] = max(series["measured"]["running"])
-    errs = errors({**meas.metrics, "running_peak": peak["measured"]},
-                  {**sim.metrics, "running_peak": peak["simulated"]})
+    errs = errors({**meas.metrics.to_dict(), "running_peak": peak["measured"]},
+                  {**sim.metrics.to_dict(), "running_peak": peak["simulated"]})
     return {"measured": meas, "simulated": sim, "running_peak": peak, "errors": errs,
             "series": series, "notes": notes + sim.notes, "config": cfg}
 

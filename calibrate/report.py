@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ from stepgap.sim.profile import load_profile
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+ROW_METRICS = ("mean_tpot_ms", "mean_itl_ms", "p99_tpot_ms")   # each cell's row: measured / simulated, error
 TIMELINE_STEPS = (60, 100)   # the steps of the timeline cells kept, when the manifest says none
 
 
@@ -51,19 +53,15 @@ def report_table(verdicts: list[Verdict], rules: str = "engine") -> str:
         cols = ""
         if interval:
             cols = "- | " if iv is None else f"{iv[0]:.3f}–{iv[1]:.3f} | "
-            if iv is not None and iv[0] <= s.metrics["p99_tpot_ms"] <= iv[1]:
+            if iv is not None and iv[0] <= s.metrics.percentile("tpot", 99) <= iv[1]:
                 passed["p99_tpot_ms"] = True
         mark = _mark(True) if all(passed.values()) else \
             ", ".join(n for k, n, _ in bounds_of(rules) if not passed[k]) + " MISS"
         lines.append(
             f"| {c.mode} | {c.k} | {c.conc} "
-            f"| {m.metrics['mean_tpot_ms']:.3f} / {s.metrics['mean_tpot_ms']:.3f} "
-            f"| {_pct(e['mean_tpot_ms'])} "
-            f"| {m.metrics['mean_itl_ms']:.3f} / {s.metrics['mean_itl_ms']:.3f} "
-            f"| {_pct(e['mean_itl_ms'])} "
-            f"| {m.metrics['p99_tpot_ms']:.3f} / {s.metrics['p99_tpot_ms']:.3f} "
-            f"| {_pct(e['p99_tpot_ms'])} "
-            f"| {cols}{gm.get('median_us', 0):.0f} / {gs.get('median_us', 0):.0f} "
+            + "".join(f"| {m.metrics.get(k):.3f} / {s.metrics.get(k):.3f} | {_pct(e[k])} "
+                      for k in ROW_METRICS)
+            + f"| {cols}{gm.median_us or 0:.0f} / {gs.median_us or 0:.0f} "
             f"| {'-' if ks is None else f'{ks:.2f}'} | {_pct(dev)} | {mark} |")
     return "\n".join(lines)
 
@@ -89,7 +87,7 @@ def summary_counts(verdicts: list[Verdict], saving_rows: list[dict],
              for k, name, b in bounds_of(rules)]
     if RULES[rules]["p99_interval"]:
         inside = sum(v.p99_interval is not None
-                     and v.p99_interval[0] <= v.simulated.metrics["p99_tpot_ms"]
+                     and v.p99_interval[0] <= v.simulated.metrics.percentile("tpot", 99)
                      <= v.p99_interval[1]
                      for v in verdicts)
         parts.append(f"{inside}/{n} simulated P99 TPOT inside the measured 95 % interval")
@@ -113,10 +111,9 @@ def write_report(folder: Path, command: str | None = None, quiet: bool = False) 
     tl_cells = tuple(tl.get("cells", []))
     setup, verdicts, spans = judge_folder(folder, tl_cells)
     rows = savings(verdicts)
-    for v in verdicts:
-        sim = {k: x for k, x in v.simulated.to_json().items() if k not in (
-            "request_ids", "input_lens", "output_lens", "ttfts", "itls", "chunk_tokens")}
-        sim["step_gaps"] = {k: x for k, x in v.simulated.step_gaps.items() if k != "values_us"}
+    for v in verdicts:   # without the per-request lists and every gap
+        sim = replace(v.simulated, requests=None,
+                      step_gaps=replace(v.simulated.step_gaps, values_us=None))
         save_result(folder / "simulated" / f"{v.cell.name}.json", sim)
     points = [{"mode": v.cell.mode, "k": v.cell.k, "conc": v.cell.conc,
                "measured": v.measured, "simulated": v.simulated} for v in verdicts]
@@ -225,8 +222,8 @@ def prefix_section(verdicts: list[Verdict], rules: str) -> list[str]:
         sim = (pcs[0][1] or {}) if pcs else {}
         equal = sum(a is not None and a == b for a, b in pcs)
         lines.append(f"| {v.cell.mode} | {v.cell.k} | {v.cell.conc} | "
-                     f"{v.measured.metrics['mean_ttft_ms']:.3f} / "
-                     f"{v.simulated.metrics['mean_ttft_ms']:.3f} | "
+                     f"{v.measured.metrics.mean_ttft_ms:.3f} / "
+                     f"{v.simulated.metrics.mean_ttft_ms:.3f} | "
                      f"{_pct(v.errors['mean_ttft_ms'])} | {m.get('hits')} / {m.get('queries')} "
                      f"| {sim.get('hits')} / {sim.get('queries')} | {equal}/{len(pcs)} |")
     return lines + ["", "(hits / queries: the first run's; every run must match its own.)", ""]
@@ -320,7 +317,7 @@ MODE_MARKERS = {"sync": "o", "async": "s", "zero-bubble": "^"}
 
 def sim_vs_measured_figure(points: list[dict], title: str | None = None) -> Figure:
     """Simulated against measured, one point per cell: mean TPOT (with the ±5 % band) and
-    P99 TPOT (±10 %). `points`: {mode, k, conc, measured, simulated} (RunRecords)."""
+    P99 TPOT (±10 %). `points`: {mode, k, conc, measured, simulated} (RunResults)."""
     import numpy as np
     from matplotlib.figure import Figure
 

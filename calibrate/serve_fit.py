@@ -32,7 +32,7 @@ from stepgap.calibrate.samples import cpu_samples
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json_object
 from stepgap.common.formats import load_timeline
-from stepgap.common.run_record import RunRecord
+from stepgap.common.run_result import Metrics, RunResult
 from stepgap.common.options import add_command
 from stepgap.sim.profile import CpuFit, Profile, save_profile
 
@@ -109,16 +109,17 @@ def load_served_run(server_result: Path) -> dict:
                         "beside RUN.server.jsonl and RUN.vllm.json)")
     stem = server_result.with_name(server_result.name[:-len(".server.json")])
     timeline, client_path = Path(f"{stem}.server.jsonl"), Path(f"{stem}.vllm.json")
-    server = RunRecord.load(server_result)   # its mean_ttft_ms a number (check_result)
+    server = RunResult.load(server_result)   # its mean_ttft_ms a number (check_result)
     client = read_json_object(client_path, "a `vllm bench serve --save-result` file")
-    if not isinstance(client.get("mean_ttft_ms"), (int, float)):
+    client_ttft = Metrics.from_dict(client).mean_ttft_ms
+    if not isinstance(client_ttft, (int, float)):
         raise UserError(f"{where(client_path, field='mean_ttft_ms')}: expected a number")
     k = server.config.get("k")
     if not isinstance(k, int):
         raise UserError(f"{where(server_result, field='config.k')}: expected the run's k")
     return {"timeline": load_timeline(timeline), "k": k, "mode": server.config.get("mode"),
-            "name": stem.name, "client_ttft_ms": client["mean_ttft_ms"],
-            "server_ttft_ms": server.metrics["mean_ttft_ms"]}
+            "name": stem.name, "client_ttft_ms": client_ttft,
+            "server_ttft_ms": server.metrics.mean_ttft_ms}
 
 
 # ---------------------------------------------------------------------------------------------

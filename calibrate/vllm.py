@@ -448,7 +448,8 @@ def acceptance_from_scrapes(after: str, before: str | None = None, source="scrap
     if any(x < 0 for x in [*d.values(), *per]):
         raise UserError(f"{before_source}: its counters exceed {source}'s: is it the scrape "
                         "before the run, of the same server?")
-    if d["num_drafts"] <= 0:
+    drafts, draft_tokens, accepted = (d[key] for key in SPEC)
+    if drafts <= 0:
         raise UserError(f"{source}: no drafts between the two scrapes (give --before the "
                         "scrape taken before the run, and check the run used the server)")
     if not pos:
@@ -460,15 +461,14 @@ def acceptance_from_scrapes(after: str, before: str | None = None, source="scrap
         raise UserError(f"{source}: vllm:spec_decode_num_accepted_tokens_per_pos has no "
                         f"position {missing} (it has {', '.join(map(str, pos))}): positions "
                         "run from 0 to k-1")
-    rates = [c / d["num_drafts"] for c in per]
+    rates = [c / drafts for c in per]
     over = [(p, r) for p, r in zip(pos, rates) if r > 1]
     if over:
         raise UserError(f"{source}: position {over[0][0]} accepted {over[0][1]:.2f} tokens per "
                         "draft (at most 1): the counters are not of one server's run")
     return {"format": FILE_FORMAT, "k": len(pos), "rates": rates,
-            "num_drafts": int(d["num_drafts"]), "num_draft_tokens": int(d["num_draft_tokens"]),
-            "num_accepted_tokens": int(d["num_accepted_tokens"]),
-            "acceptance_length": 1 + d["num_accepted_tokens"] / d["num_drafts"],
+            "num_drafts": int(drafts), "num_draft_tokens": int(draft_tokens),
+            "num_accepted_tokens": int(accepted), "acceptance_length": 1 + accepted / drafts,
             "source": f"vllm:spec_decode_* counters, {before_source} -> {source}"}
 
 

@@ -37,7 +37,7 @@ from stepgap.common.acceptance import FILE_FORMAT
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_text
 from stepgap.common.options import add_command
-from stepgap.common.run_record import RunRecord
+from stepgap.common.run_result import Metrics, RunResult
 from stepgap.sim.profile import CpuFit, Fit, Profile, save_profile
 
 # A device fit's columns (sim/profile.py FEATURES), as what is not determined names them.
@@ -63,12 +63,17 @@ class Run:
     acceptance: dict | None = None  # from its scrapes, else its bench file
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def metrics(self) -> Metrics:
+        """The bench file's numbers, by vLLM's names."""
+        return Metrics.from_dict(self.doc)
+
 
 def bench_window(doc: dict) -> tuple[float, float]:
     """The run's wall-clock window, epoch microseconds: the bench writes its finishing time
     (`date`, local, to the second) and its duration."""
     end = time.mktime(time.strptime(doc["date"], "%Y%m%d-%H%M%S")) + 1.0
-    return (end - float(doc["duration"]) - 2.0) * 1e6, (end + 1.0) * 1e6
+    return (end - float(Metrics.from_dict(doc).duration) - 2.0) * 1e6, (end + 1.0) * 1e6
 
 
 def classify(paths) -> dict[str, list]:
@@ -216,7 +221,7 @@ def match_traces(runs: list[Run], traces) -> dict[str, list[Path]]:
         if t.role != "worker" or not t.events:
             continue
         tokens, end = prefill_tokens(t), t.events[-1]["ts"]
-        mine = [r for r in runs if r.doc.get("total_input_tokens") == tokens] or \
+        mine = [r for r in runs if r.metrics.total_input_tokens == tokens] or \
             [r for r in runs if r.window[0] <= end and t.events[0]["ts"] <= r.window[1]]
         if not mine:
             continue
@@ -458,7 +463,7 @@ def calibrate_runs(runs: list[Run], meta: dict | None = None, unused: list[str] 
     return fit_levels(profile, sync)
 
 
-def resimulate_run(profile: Profile, run: Run, **settings) -> RunRecord:
+def resimulate_run(profile: Profile, run: Run, **settings) -> RunResult:
     """One measured run re-simulated with the profile (its own accepted counts where known)."""
     from stepgap.common.vllm_bench import bench_requests
     from stepgap.sim.config import SimConfig
@@ -469,8 +474,7 @@ def resimulate_run(profile: Profile, run: Run, **settings) -> RunRecord:
                     draft=settings.pop("draft", "eagle3"), max_concurrency=run.conc,
                     acceptance_rates=tuple(run.acceptance["rates"]) if run.acceptance else None,
                     jitter=False, **settings)
-    res, _ = simulate(cfg, reqs, profile=profile)
-    return RunRecord.of(res)
+    return simulate(cfg, reqs, profile=profile)[0]
 
 
 # The CPU terms a worker's torch-profiler trace times: the profiler's overhead inflates them as
@@ -491,7 +495,7 @@ def profiled_levels(runs: list[Run], simulated: list[float], has_api_server: boo
     per_request = not has_api_server and len(set(flight)) > 1
     if per_request:
         x = [row + [n * 1e-3] for row, n in zip(x, flight)]   # us per request, in ms
-    y = [r.doc["mean_itl_ms"] for r in runs]
+    y = [r.metrics.mean_itl_ms for r in runs]
     coef = np.linalg.lstsq(np.array(x), np.array(y), rcond=None)[0]
     if per_request and coef[-1] < 0:   # no cost per request: the levels alone
         return profiled_levels(runs, simulated, True)[0], 0.0
@@ -547,13 +551,13 @@ def fit_levels(profile: Profile, runs: list[Run]) -> Profile:
     ttft, itl = [], []
     for r in steady:
         res = resimulate_run(profile, r, **kw)
-        ttft.append(r.doc["mean_ttft_ms"] - res.metrics["mean_ttft_ms"])
-        itl.append(r.doc["mean_itl_ms"] / res.metrics["mean_itl_ms"])
+        ttft.append(r.metrics.mean_ttft_ms - res.metrics.mean_ttft_ms)
+        itl.append(r.metrics.mean_itl_ms / res.metrics.mean_itl_ms)
     if not steady:
         undetermined.append("client_latency_us, level: no run with a steady client")
         notes["level"] = {"device_ops_scaled_by": 1.0, "why": "no run with a steady client"}
     elif scale:
-        sims = [r.doc["mean_itl_ms"] / x for r, x in zip(steady, itl)]
+        sims = [r.metrics.mean_itl_ms / x for r, x in zip(steady, itl)]
         levels, per_req = profiled_levels(steady, sims, "process_outputs" in profile.cpu.terms)
         apply_levels(profile, levels, per_req)
         notes["level"] = {
@@ -587,10 +591,16 @@ def fit_levels(profile: Profile, runs: list[Run]) -> Profile:
             "run": r.name, "k": r.k, "conc": r.conc,
             **({"profiled": True} if r.profiled else {}),
             **({"merged_chunks": True} if r not in steady else {}),
-            **{m: round((res.metrics[m] - r.doc[m]) / r.doc[m], 4)
+            **{m: round((res.metrics.get(m) - r.metrics.get(m)) / r.metrics.get(m), 4)
                for m in ("mean_tpot_ms", "mean_itl_ms", "mean_ttft_ms", "mean_e2el_ms",
                          "p99_tpot_ms")}})
     return profile
+
+
+def errors(residual: dict, metrics: tuple) -> str:
+    """A residual's errors of the mean of `metrics`, as printed: "mean TPOT +1.2 %, ..."."""
+    return ", ".join(f"mean {m.upper()} {100 * residual[f'mean_{m}_ms']:+.1f} %"
+                     for m in metrics)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -698,12 +708,10 @@ def cmd_calibrate(args) -> int:
     for r in profile.notes.get("residuals", []):
         what = " (profiled: the profiler's overhead in it)" if r.get("profiled") else ""
         if r.get("merged_chunks"):   # its TPOT and ITL are the client's
-            print(f"  {r['run']}: mean TTFT {100 * r['mean_ttft_ms']:+.1f} %, mean E2EL "
-                  f"{100 * r['mean_e2el_ms']:+.1f} % (merged chunks: no TPOT, no ITL)")
+            print(f"  {r['run']}: {errors(r, ('ttft', 'e2el'))} (merged chunks: no TPOT, no "
+                  "ITL)")
             continue
-        print(f"  {r['run']}: mean TPOT {100 * r['mean_tpot_ms']:+.1f} %, mean ITL "
-              f"{100 * r['mean_itl_ms']:+.1f} %, mean TTFT {100 * r['mean_ttft_ms']:+.1f} %"
-              + what)
+        print(f"  {r['run']}: {errors(r, ('tpot', 'itl', 'ttft'))}" + what)
     for m in profile.undetermined:
         print(f"  undetermined: {m}", file=sys.stderr)
     return 0

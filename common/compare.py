@@ -1,13 +1,13 @@
 """How far one run result is from another (`stepgap compare`, stepgap/compare.py).
 
-Both sides are run records (`common.run_record.RunRecord`): the engine's, the simulator's,
+Both sides are run results (`common.run_result.RunResult`): the engine's, the simulator's,
 one saved by `vllm bench serve --save-result` (no step gaps) or a peer's vLLM run. The
 table has the mean, median and P99 of TPOT, ITL, TTFT and E2EL, each simulated against measured
 with the error in % of measured, and the step-gap distributions: median, P90 and mean, and the
 Kolmogorov-Smirnov distance between the two when both results carry every gap (`values_us`,
 written with `--detailed`).
 
-`pool_results` makes one record out of repeated runs of one configuration, as if they were one
+`pool_results` makes one result out of repeated runs of one configuration, as if they were one
 longer benchmark: every request of every run counts once.
 """
 
@@ -17,8 +17,8 @@ import math
 
 import numpy as np
 
-from stepgap.common.formats import METRICS, SpecStats, compute_metrics, gap_summary
-from stepgap.common.run_record import RunRecord
+from stepgap.common.formats import METRICS, SpecStats, compute_metrics
+from stepgap.common.run_result import Metrics, RunResult, SpecDecode, StepGaps
 
 STATS = ("mean", "median", "p99")
 GAP_STATS = (("median", "median_us"), ("P90", "p90_us"), ("mean", "mean_us"))
@@ -41,7 +41,7 @@ def ks_distance(a: list[float], b: list[float]) -> float:
     return float(np.max(np.abs(fa - fb)))
 
 
-def percentiles_in(*records: RunRecord) -> list[str]:
+def percentiles_in(*records: RunResult) -> list[str]:
     """The percentile stats ('p90', 'p99', ...) every record carries for some metric, in order
     (p99 always: a record without it shows '-')."""
     have = [{k.split("_", 1)[0] for k in r.metrics if k.startswith("p") and k.endswith("_ms")
@@ -50,7 +50,7 @@ def percentiles_in(*records: RunRecord) -> list[str]:
     return sorted(common - {"p50"}, key=lambda s: float(s[1:]))
 
 
-def compare(measured: RunRecord, simulated: RunRecord) -> dict:
+def compare(measured: RunResult, simulated: RunResult) -> dict:
     """{"rows": [(label, measured, simulated, error)], "gaps": [...], "ks": float | None}.
     Rows: the mean, median and every percentile both records carry, of each metric."""
     rows = []
@@ -64,13 +64,12 @@ def compare(measured: RunRecord, simulated: RunRecord) -> dict:
     ga, gb = measured.step_gaps, simulated.step_gaps
     gaps = []
     for label, key in GAP_STATS:
-        a, b = ga.get(key), gb.get(key)
+        a, b = getattr(ga, key), getattr(gb, key)
         gaps.append((f"{label.capitalize() if label != 'P90' else label} step gap (us)", a, b,
                      rel_err(b, a)))
-    va, vb = ga.get("values_us"), gb.get("values_us")
+    va, vb = ga.values_us, gb.values_us
     ks = ks_distance(va, vb) if va and vb else None
-    return {"rows": rows, "gaps": gaps, "ks": ks,
-            "gap_counts": (ga.get("count", 0), gb.get("count", 0))}
+    return {"rows": rows, "gaps": gaps, "ks": ks, "gap_counts": (ga.count, gb.count)}
 
 
 # What must match for two results to be of the same run: the trace (its size, its tokens) and
@@ -82,12 +81,12 @@ SAME_CONFIG_KEYS = ("mode", "k", "executor", "device", "block_size", "max_num_se
                     "max_num_batched_tokens")
 
 
-def mismatches(a: RunRecord, b: RunRecord) -> list[str]:
+def mismatches(a: RunResult, b: RunResult) -> list[str]:
     """Why two results may not be comparable (they ran different traces or configs, or one
     finished no request), one line each; [] when nothing says so."""
     out = []
     for name, res in (("MEASURED", a), ("SIMULATED", b)):
-        if res.metrics.get("completed") == 0:
+        if res.metrics.completed == 0:
             out.append(f"{name} completed no request: its metrics are zeros, not measurements")
 
     def differ(keys, get):
@@ -137,29 +136,39 @@ def cmp_to_json(cmp: dict) -> dict:
 # Repeated runs as one
 
 
-def pool_results(results: list[RunRecord]) -> RunRecord:
-    """Repeated runs of one configuration as one record: requests and step gaps concatenated,
+POOLED_HEAD = ("backend", "request_rate", "burstiness", "max_concurrency", "num_prompts")
+
+
+def pool_results(results: list[RunResult]) -> RunResult:
+    """Repeated runs of one configuration as one result: requests and step gaps concatenated,
     durations added, acceptance counters summed; the config is the first run's."""
     if len(results) == 1:
         return results[0]
     timings, gaps = [], []
     for n, r in enumerate(results):
         timings += r.timings(f"#{n}")
-        gaps += r.step_gaps.get("values_us") or []
-    first = results[0].to_json()
-    out = {k: first[k] for k in ("backend", "request_rate", "burstiness", "max_concurrency")
-           if k in first}
-    out["num_prompts"] = sum(r.num_prompts or len(r.requests.ttfts) for r in results)
-    out.update(compute_metrics(timings, sum(r.metrics["duration"] for r in results)))
-    out["step_gaps"] = gap_summary(gaps, detailed=True) if gaps else {"count": 0}
+        gaps += r.step_gaps.values_us or []
+    first = results[0]
+    spec = None
     specs = [r.spec_decode for r in results if r.spec_decode]
     if specs:
-        s = SpecStats(specs[0]["k"])
-        s.num_drafts = sum(x["num_drafts"] for x in specs)
-        s.num_draft_tokens = sum(x["num_draft_tokens"] for x in specs)
-        s.num_accepted_tokens = sum(x["num_accepted_tokens"] for x in specs)
-        s.accepted_per_pos = [round(sum(x["acceptance_rate_per_pos"][i] * x["num_drafts"]
+        s = SpecStats(specs[0].k)
+        s.num_drafts = sum(x.num_drafts for x in specs)
+        s.num_draft_tokens = sum(x.num_draft_tokens for x in specs)
+        s.num_accepted_tokens = sum(x.num_accepted_tokens for x in specs)
+        s.accepted_per_pos = [round(sum(x.acceptance_rate_per_pos[i] * x.num_drafts
                                         for x in specs)) for i in range(s.k)]
-        out["spec_decode"] = s.to_dict()
-    out["config"] = {**(first.get("config") or {}), "pooled_runs": len(results)}
-    return RunRecord.of(out)
+        spec = SpecDecode.of(s)
+    pooled = RunResult(
+        backend=first.backend, request_rate=first.request_rate, burstiness=first.burstiness,
+        max_concurrency=first.max_concurrency,
+        num_prompts=sum(r.num_prompts or len(r.requests.ttfts) for r in results),
+        metrics=Metrics.from_dict(compute_metrics(timings,
+                                                  sum(r.metrics.duration for r in results))),
+        step_gaps=StepGaps.of(gaps, detailed=True), spec_decode=spec,
+        config={**first.config, "pooled_runs": len(results)}, resolved=first.resolved)
+    # written as pooled results always were: the load before the prompts, the plan before the
+    # count of runs
+    pooled.order = (*POOLED_HEAD, *(k for k in pooled.to_dict() if k not in POOLED_HEAD))
+    pooled.config_order = (*(first.config_order or (*first.config, "resolved")), "pooled_runs")
+    return pooled

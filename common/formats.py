@@ -6,7 +6,7 @@ Both halves import this module, and nothing else defines these formats:
 - timeline spans (JSON lines, plus a Chrome-trace/Perfetto export) and step gaps,
 - run results (the keys of `vllm bench serve --save-result`, plus `step_gaps`, `spec_decode`,
   `config`) and the metric computations behind them, as written and checked (a result is read
-  as a `RunRecord`, common/run_record.py),
+  as a `RunResult`, common/run_result.py),
 - the printed summary in the layout of `vllm bench serve`.
 """
 
@@ -271,16 +271,10 @@ def step_gaps(spans: Iterable[Span]) -> list[float]:
 
 
 def gap_summary(gaps_us: list[float], detailed: bool = False) -> dict:
-    """Summary of a step-gap distribution (microseconds)."""
-    if not gaps_us:
-        return {"count": 0}
-    g = np.asarray(gaps_us, dtype=float)
-    out = {"count": int(g.size), "mean_us": float(g.mean()), "median_us": float(np.median(g)),
-           "p90_us": float(np.percentile(g, 90)), "p99_us": float(np.percentile(g, 99)),
-           "max_us": float(g.max())}
-    if detailed:
-        out["values_us"] = [round(float(x), 3) for x in g]
-    return out
+    """Summary of a step-gap distribution (microseconds), as a result writes it
+    (run_result.StepGaps)."""
+    from stepgap.common.run_result import StepGaps
+    return StepGaps.of(gaps_us, detailed).to_dict()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,28 +380,12 @@ def run_result(timings: list[RequestTiming], duration_s: float, *, backend: str,
                spec: SpecStats | None = None, detailed: bool = False,
                percentiles: Iterable[float] = PERCENTILES,
                percentile_metrics: Iterable[str] = METRICS) -> dict:
-    """One run's result: `vllm bench serve` keys plus `step_gaps`, `spec_decode` and `config`.
-
-    With `detailed`, the per-request lists (`request_ids`, `input_lens`, `output_lens`, `ttfts`,
-    `itls`, in seconds as vLLM writes them) and every step gap are included too.
-    """
-    res = {"backend": backend, "num_prompts": len(timings),
-           "request_rate": config.get("request_rate", "inf"),
-           "burstiness": config.get("burstiness", 1.0),
-           "max_concurrency": config.get("max_concurrency")}
-    res.update(compute_metrics(timings, duration_s, percentiles, percentile_metrics))
-    res["step_gaps"] = gap_summary(gaps_us or [], detailed=detailed)
-    if spec is not None:
-        res["spec_decode"] = spec.to_dict()
-    res["config"] = config
-    if detailed:
-        res["request_ids"] = [t.request_id for t in timings]
-        res["input_lens"] = [t.prompt_len for t in timings]
-        res["output_lens"] = [t.output_len for t in timings]
-        res["ttfts"] = [t.chunk_s[0] - t.send_s if t.chunk_s else 0.0 for t in timings]
-        res["itls"] = [[b - a for a, b in zip(t.chunk_s, t.chunk_s[1:])] for t in timings]
-        res["chunk_tokens"] = [t.chunk_tokens for t in timings]
-    return res
+    """One run's result as a document (`RunResult.build(...).to_dict()`, common/run_result.py),
+    for the callers that still take a dict."""
+    from stepgap.common.run_result import RunResult
+    return RunResult.build(timings, duration_s, backend=backend, config=config, gaps_us=gaps_us,
+                           spec=spec, detailed=detailed, percentiles=percentiles,
+                           percentile_metrics=percentile_metrics).to_dict()
 
 
 # Once a tick, as vLLM's stat logger reports it (LLMServingSim's bench writes these columns to
@@ -437,10 +415,11 @@ def timeseries(samples: list[tuple], tick_s: float) -> dict[str, list[float]]:
     return out
 
 
-def save_result(path, result: dict) -> None:
-    """Write a run result. Same input, same bytes: keys keep their order, floats their repr.
-    A path ending in `.gz` is written gzip-compressed (compact JSON, no timestamp)."""
-    write_json(path, result)
+def save_result(path, result) -> None:
+    """Write a run result (a RunResult, or its document). Same input, same bytes: keys keep
+    their order, floats their repr. A path ending in `.gz` is written gzip-compressed (compact
+    JSON, no timestamp)."""
+    write_json(path, result if isinstance(result, dict) else result.to_dict())
 
 
 REQUIRED_RESULT_KEYS = ("completed", "duration", "mean_tpot_ms", "mean_itl_ms", "mean_ttft_ms")
@@ -494,7 +473,7 @@ def check_result(res, path) -> dict:
 
 
 def _check_config(config: dict, path) -> None:
-    """What readers take from a result's `config` (common/run_record.py): the simulator's plan
+    """What readers take from a result's `config` (common/run_result.py): the simulator's plan
     (`resolved`) an object, the prefix-cache counters (`queries`, `hits`: tokens, hits at most
     queries) and the preemptions counts, wherever the layout put them."""
     resolved = config.get("resolved")
@@ -520,49 +499,51 @@ def _check_config(config: dict, path) -> None:
                             f"{shown(notes)}")
 
 
-def format_summary(res: dict, title: str = "Serving Benchmark Result") -> str:
-    """A printed summary in the layout of `vllm bench serve`."""
+def format_summary(res, title: str = "Serving Benchmark Result") -> str:
+    """A printed summary of a RunResult (common/run_result.py) in the layout of `vllm bench
+    serve`."""
     lines = [f"{' ' + title + ' ':=^50}"]
 
     def row(label, value, fmt="{:<10.2f}"):
         lines.append("{:<40} ".format(label) + (fmt.format(value) if value is not None else "-"))
 
-    row("Successful requests:", res.get("completed"), "{:<10}")
-    if res.get("max_concurrency") is not None:
-        row("Maximum request concurrency:", res["max_concurrency"], "{:<10}")
-    row("Benchmark duration (s):", res.get("duration"))
-    row("Total input tokens:", res.get("total_input_tokens"), "{:<10}")
-    row("Total generated tokens:", res.get("total_output_tokens"), "{:<10}")
-    row("Request throughput (req/s):", res.get("request_throughput"))
-    row("Output token throughput (tok/s):", res.get("output_throughput"))
-    row("Total Token throughput (tok/s):", res.get("total_token_throughput"))
+    m = res.metrics
+    row("Successful requests:", m.completed, "{:<10}")
+    if res.max_concurrency is not None:
+        row("Maximum request concurrency:", res.max_concurrency, "{:<10}")
+    row("Benchmark duration (s):", m.duration)
+    row("Total input tokens:", m.total_input_tokens, "{:<10}")
+    row("Total generated tokens:", m.total_output_tokens, "{:<10}")
+    row("Request throughput (req/s):", m.request_throughput)
+    row("Output token throughput (tok/s):", m.output_throughput)
+    row("Total Token throughput (tok/s):", m.total_token_throughput)
     sections = (("ttft", "Time to First Token", "TTFT"),
                 ("tpot", "Time per Output Token (excl. 1st token)", "TPOT"),
                 ("itl", "Inter-token Latency", "ITL"), ("e2el", "End-to-end Latency", "E2EL"))
     for key, head, short in sections:
         lines.append(f"{head:-^50}")
-        row(f"Mean {short} (ms):", res.get(f"mean_{key}_ms"))
-        row(f"Median {short} (ms):", res.get(f"median_{key}_ms"))
-        for k in sorted(res):
-            if k.startswith("p") and k.endswith(f"_{key}_ms"):
-                row(f"P{k[1:-len(key) - 4]} {short} (ms):", res[k])
-    spec = res.get("spec_decode")
-    if spec and spec.get("num_drafts"):
+        row(f"Mean {short} (ms):", m.get(f"mean_{key}_ms"))
+        row(f"Median {short} (ms):", m.get(f"median_{key}_ms"))
+        for k in sorted(m.percentiles):
+            if k.endswith(f"_{key}_ms"):
+                row(f"P{k[1:-len(key) - 4]} {short} (ms):", m.percentiles[k])
+    spec = res.spec_decode
+    if spec and spec.num_drafts:
         lines.append(f"{'Speculative Decoding':-^50}")
-        row("Acceptance rate (%):", 100 * spec["acceptance_rate"])
-        row("Acceptance length:", spec["acceptance_length"])
-        row("Drafts:", spec["num_drafts"], "{:<10}")
-        row("Draft tokens:", spec["num_draft_tokens"], "{:<10}")
-        row("Accepted tokens:", spec["num_accepted_tokens"], "{:<10}")
-        per_pos = ", ".join(f"{100 * r:.1f}" for r in spec["acceptance_rate_per_pos"])
+        row("Acceptance rate (%):", 100 * spec.acceptance_rate)
+        row("Acceptance length:", spec.acceptance_length)
+        row("Drafts:", spec.num_drafts, "{:<10}")
+        row("Draft tokens:", spec.num_draft_tokens, "{:<10}")
+        row("Accepted tokens:", spec.num_accepted_tokens, "{:<10}")
+        per_pos = ", ".join(f"{100 * r:.1f}" for r in spec.acceptance_rate_per_pos)
         lines.append("{:<40} {}".format("Per-position acceptance (%):", per_pos))
-    gaps = res.get("step_gaps") or {}
-    if gaps.get("count"):
+    gaps = res.step_gaps
+    if gaps.count:
         lines.append(f"{'Step gaps (device idle)':-^50}")
-        row("Steps:", gaps["count"] + 1, "{:<10}")
-        row("Mean step gap (us):", gaps["mean_us"])
-        row("Median step gap (us):", gaps["median_us"])
-        row("P90 step gap (us):", gaps["p90_us"])
-        row("P99 step gap (us):", gaps["p99_us"])
+        row("Steps:", gaps.count + 1, "{:<10}")
+        row("Mean step gap (us):", gaps.mean_us)
+        row("Median step gap (us):", gaps.median_us)
+        row("P90 step gap (us):", gaps.p90_us)
+        row("P99 step gap (us):", gaps.p99_us)
     lines.append("=" * 50)
     return "\n".join(lines)

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from stepgap.common.errors import UserError, shown, where
 from stepgap.common.fileio import csv_rows, json_lines, mark_input, read_json_object, read_text
-from stepgap.common.formats import (MAX_ARRIVAL_S, TIMESERIES, RequestTiming, TraceRequest,
-                                    compute_metrics)
+from stepgap.common.formats import MAX_ARRIVAL_S, TIMESERIES, RequestTiming, TraceRequest
 from stepgap.common.limits import MAX_TIMESTAMP_S, MAX_TP, is_finite, is_int
+from stepgap.common.run_result import RunResult
 
 STAMPS = ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
 KEYS = ("request_id", "input_toks", "output_toks", *STAMPS)
@@ -164,8 +164,9 @@ def load_peer_trace(path) -> list[TraceRequest]:
                          r["output_toks"], ids.get(r["request_id"])) for r in order]
 
 
-def peer_result(path, percentiles=PERCENTILES) -> dict:
-    """The run as a measured run result (the keys of `vllm bench serve --save-result`)."""
+def peer_result(path, percentiles=PERCENTILES) -> RunResult:
+    """The run as a measured run result (the keys of `vllm bench serve --save-result`): no step
+    gaps, no ITLs (NaN: only each request's first and last token are timed)."""
     reqs = load_peer_requests(path)
     t0 = min(r["queued_ts"] for r in reqs)
     timings = []
@@ -176,13 +177,12 @@ def peer_result(path, percentiles=PERCENTILES) -> dict:
             t.add_chunk(r["last_token_ts"] - t0, r["output_toks"] - 1)
         timings.append(t)
     duration = max(r["last_token_ts"] for r in reqs) - t0
-    res = {"backend": "vllm", "num_prompts": len(reqs), "request_rate": "trace",
-           "burstiness": 1.0, "max_concurrency": None}
-    res.update(compute_metrics(timings, duration, percentiles))
-    for key in [k for k in res if k.endswith("_itl_ms")]:
-        res[key] = math.nan   # only the first and last token of each request are timed
-    res["step_gaps"] = {"count": 0}
-    res["config"] = {"source": str(path)}
+    res = RunResult.build(timings, duration, backend="vllm", config={"source": str(path)},
+                          percentiles=percentiles)
+    res.request_rate = "trace"
+    m = res.metrics
+    m.mean_itl_ms = m.median_itl_ms = m.std_itl_ms = math.nan
+    m.percentiles.update((k, math.nan) for k in m.percentiles if k.endswith("_itl_ms"))
     return res
 
 

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json
-from stepgap.common.formats import MODES, RequestTiming, TraceRequest, run_result
+from stepgap.common.formats import MODES, RequestTiming, TraceRequest
 from stepgap.common.limits import MAX_K, MAX_PARAM, MAX_PROMPTS, is_finite, is_int
+from stepgap.common.run_result import RunResult, SpecDecode
 
 BENCH_KEYS = ("date", "backend", "model_id", "num_prompts", "completed", "duration",
               "mean_tpot_ms")
@@ -205,7 +206,7 @@ def bench_requests(doc: dict, path, chunk_tokens: list[list[int]] | None = None,
 
 
 def bench_result(doc: dict, path, chunk_tokens: list[list[int]] | None = None,
-                 ids: list[str] | None = None, config: dict | None = None) -> dict:
+                 ids: list[str] | None = None, config: dict | None = None) -> RunResult:
     """The run as a stepgap run result: the bench's own numbers recomputed from its
     per-request lists (so that it pools and compares like any result), chunk sizes where known."""
     reqs = bench_requests(doc, path, chunk_tokens, ids)
@@ -225,15 +226,14 @@ def bench_result(doc: dict, path, chunk_tokens: list[list[int]] | None = None,
             t.add_chunk(tm, k)
         timings.append(t)
     cfg = {**bench_config(doc), **(config or {})}
-    res = run_result(timings, doc["duration"], backend=f"vllm-{doc['backend']}", config=cfg,
-                     detailed=True, percentiles=(50, 99))
+    res = RunResult.build(timings, doc["duration"], backend=f"vllm-{doc['backend']}",
+                          config=cfg, detailed=True, percentiles=(50, 99))
     if doc.get("spec_decode_num_drafts"):
-        res["spec_decode"] = {
-            **spec_counts(doc),
-            "acceptance_rate": doc["spec_decode_acceptance_rate"] / 100,
-            "acceptance_rate_per_pos": doc["spec_decode_per_position_acceptance_rates"]}
+        res.spec_decode = SpecDecode(
+            **spec_counts(doc), acceptance_rate=doc["spec_decode_acceptance_rate"] / 100,
+            acceptance_rate_per_pos=doc["spec_decode_per_position_acceptance_rates"])
     if all(r.accepted is not None for r in reqs):
-        res["accepted"] = [r.accepted for r in reqs]
+        res.requests.accepted = [r.accepted for r in reqs]
     return res
 
 

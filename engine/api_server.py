@@ -43,9 +43,10 @@ from starlette.requests import ClientDisconnect
 
 from stepgap.common.cpu_load import cpu_state
 from stepgap.common.errors import UserError
-from stepgap.common.formats import (RequestTiming, Span, run_result, save_chrome_trace,
+from stepgap.common.formats import (RequestTiming, Span, save_chrome_trace,
                             save_result, save_timeline, step_gaps)
 from stepgap.common.limits import MAX_BODY_BYTES, MAX_HTTP_HEAD_BYTES, MAX_URL_BYTES
+from stepgap.common.run_result import RunResult
 from stepgap.engine.core_messages import (Abort, AddRequest, Bye, DumpSpans, Failed, FromCore,
                                           Idle, Ready, Rejected, Shutdown, SpansDump,
                                           SpecCounts, StepOutputs)
@@ -491,14 +492,14 @@ class EngineClient:
         except UserError as e:
             self.save_error = f"{why}; the served run is lost ({e})"
 
-    def window_result(self, spans: list[Span], config: dict) -> dict:
+    def window_result(self, spans: list[Span], config: dict) -> RunResult:
         timings = sorted(self.timings, key=lambda t: t.send_s)
         first = timings[0].send_s if timings else 0.0
         spec = self.spec.since(self.spec_at_t0, self.cfg.k) if self.cfg.k else None
-        res = run_result(timings, max(self.last_done - first, 0.0), backend="stepgap-serve",
-                         config={**config, "aborted": self.num_aborted},
-                         gaps_us=step_gaps(spans), spec=spec, detailed=True)
-        return res
+        return RunResult.build(timings, max(self.last_done - first, 0.0),
+                               backend="stepgap-serve",
+                               config={**config, "aborted": self.num_aborted},
+                               gaps_us=step_gaps(spans), spec=spec, detailed=True)
 
 
 # ---------------------------------------------------------------------------------------------

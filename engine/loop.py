@@ -29,7 +29,8 @@ import numpy as np
 from stepgap.common.acceptance import Acceptance, check_replay
 from stepgap.common.errors import UserError
 from stepgap.common.formats import (METRICS, PERCENTILES, RequestTiming, Span, SpecStats, TraceRequest,
-                            run_result, step_gaps)
+                            step_gaps)
+from stepgap.common.run_result import RunResult
 from stepgap.common.scheduler import (FINISHED, MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS,
                                       MAX_NUM_SEQS, EngineCoreOutput, Request, Scheduler,
                                       SchedulerConfig, SchedulerOutput)
@@ -66,7 +67,7 @@ class EngineConfig:
 
 @dataclass
 class RunOutput:
-    result: dict
+    result: RunResult
     spans: list[Span]
     output_token_ids: dict[str, list[int]]
     accepted: dict[str, list[int]] = field(default_factory=dict)
@@ -296,21 +297,21 @@ def run_output(core: EngineCore, client: Client, requests: list[TraceRequest], c
     spans = sorted((s._replace(start_us=s.start_us - t0_us, end_us=s.end_us - t0_us)
                     for s in core.spans + core.host.take()), key=lambda s: (s.start_us, s.end_us))
     order = [r.request_id for r in requests]
-    result = run_result([client.timings[rid] for rid in order if rid in client.timings],
-                        client.last_done, backend="stepgap-engine", config=dict(config or {}),
-                        gaps_us=step_gaps(spans), spec=core.spec if cfg.k else None,
-                        detailed=detailed, percentiles=percentiles,
-                        percentile_metrics=percentile_metrics)
-    result["config"].setdefault("mode", cfg.mode)
-    result["config"].setdefault("k", cfg.k)
-    result["config"].setdefault("enable_prefix_caching", cfg.enable_prefix_caching)
-    result["config"]["num_preemptions"] = core.sched.num_preemptions
-    if core.sched.caching:   # vLLM's prefix-cache counters (tokens), as the simulator's
-        result["config"]["prefix_cache"] = core.sched.prefix_cache_counts()
+    given = dict(config or {})
+    defaults = {"mode": cfg.mode, "k": cfg.k, "enable_prefix_caching": cfg.enable_prefix_caching}
+    counters = {"num_preemptions": core.sched.num_preemptions,   # and vLLM's prefix-cache
+                **({"prefix_cache": core.sched.prefix_cache_counts()}   # counters (tokens)
+                   if core.sched.caching else {})}
+    config = {**given, **{k: v for k, v in defaults.items() if k not in given}, **counters}
+    result = RunResult.build([client.timings[rid] for rid in order if rid in client.timings],
+                             client.last_done, backend="stepgap-engine", config=config,
+                             gaps_us=step_gaps(spans), spec=core.spec if cfg.k else None,
+                             detailed=detailed, percentiles=percentiles,
+                             percentile_metrics=percentile_metrics)
     if detailed:
-        result["output_token_ids"] = [client.outputs[rid] for rid in order]
+        result.requests.output_token_ids = [client.outputs[rid] for rid in order]
         if cfg.k:
-            result["accepted"] = [core.accepted[rid] for rid in order]
+            result.requests.accepted = [core.accepted[rid] for rid in order]
     return RunOutput(result, spans, client.outputs, core.accepted, core.sched.num_free_blocks,
                      cfg.num_blocks, core.discarded)
 

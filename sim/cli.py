@@ -241,7 +241,6 @@ def run(args) -> int:
     from stepgap.sim.presets import comparison_table, get_preset
     from stepgap.common.formats import format_summary, save_chrome_trace, save_timeline
     from stepgap.common.options import check_outputs, note, result_path
-    from stepgap.common.run_record import RunRecord
     from stepgap.sim.bands import host_line
 
     cfg = config_from_args(args)
@@ -250,25 +249,24 @@ def run(args) -> int:
     if args.band:
         from stepgap.sim.band_runs import bands_doc, format_bands, run_bands
         res, inputs, bands, spans = run_bands(cfg.to_dict())
-        res["bands"] = bands_doc(inputs, bands)
+        res.extra["bands"] = bands_doc(inputs, bands)
     else:
         res, spans = simulate(cfg)
-    rec = RunRecord.of(res)
-    for line in rec.notes:
+    for line in res.notes:
         note(args, line)
     if not args.quiet:
         print(format_summary(res, title=f"Simulated Serving Result ({cfg.mode}, k={cfg.k})"))
-        print(host_line(res["config"]))
+        print(host_line(res.config))
         if args.band:
             print(format_bands(inputs, bands))
         preset = get_preset(args.preset) if args.preset else None
         if preset and cfg.mode in preset.measured and same_scenario(cfg, preset.settings):
-            print(comparison_table(rec.metrics, preset.measured[cfg.mode],
+            print(comparison_table(res.metrics, preset.measured[cfg.mode],
                                    f"{preset.name} {cfg.mode}: vs measured"))
             print(f"measured: {preset.source}")
         sys.stdout.flush()   # a stdout that cannot take it fails here, before any file is written
     if out:
-        rec.save(out)
+        res.save(out)
     if args.timeline:
         save_timeline(args.timeline, spans)
         save_chrome_trace(chrome_path(args.timeline), spans, process_name="stepgap-sim")

@@ -100,7 +100,7 @@ def runs_of(args) -> tuple[list[tuple[str, list]], str]:
     runs = []
     for mode in args.modes:
         res, spans = simulate(replace(cfg, mode=mode, timeline=True))
-        for line in res.get("config", {}).get("resolved", {}).get("notes", []):
+        for line in res.notes:
             note(args, line)
         runs.append((mode, spans))
     load = ", ".join(f"{k.replace('_', ' ')} {getattr(cfg, k)}" for k in

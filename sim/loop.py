@@ -52,7 +52,8 @@ from __future__ import annotations
 
 from stepgap.common.acceptance import Acceptance
 from stepgap.common.errors import UserError
-from stepgap.common.formats import SpecStats, Span, TraceRequest, run_result, timeseries
+from stepgap.common.run_result import ResolvedPlan, RunResult
+from stepgap.common.formats import SpecStats, Span, TraceRequest, timeseries
 from stepgap.common.scheduler import Scheduler, SchedulerConfig
 from stepgap.common.workloads import apply_request_rate, load_workload
 from stepgap.sim.cluster import Client, DataParallel, Series
@@ -122,7 +123,7 @@ class Run:
                 and not cfg.timeseries_interval_s
                 and all(tr.arrival_s == 0 for tr in self.requests))
 
-    def run(self) -> tuple[dict, list[Span]]:
+    def run(self) -> tuple[RunResult, list[Span]]:
         env = self.env
         client = env.process(self.client.run())
         self.engine.start()
@@ -148,49 +149,51 @@ class Run:
             self.engine.close()
         return res, sorted(spans, key=lambda s: s.start_us)
 
-    def result(self, duration_s: float) -> dict:
-        cfg, r, cores = self.cfg, self.r, self.cores
+    def result(self, duration_s: float) -> RunResult:
+        """The run's result: the client's timings, the cores' gaps and counters, the plan."""
+        cfg, cores = self.cfg, self.cores
         timings = [self.client.timings[tr.request_id] for tr in self.requests]
         config = cfg.to_dict()
-        caching = r.scheduler.enable_prefix_caching
         if config["request_rate"] is None:
             config["request_rate"] = ("inf" if all(tr.arrival_s == 0 for tr in self.requests)
                                       else "trace")
-        resolved = config["resolved"] = {
-            "hardware": r.hw.name, "device": "cuda" if r.device_async else "cpu",
-            "mode": r.mode, "notes": list(r.notes),
-            "target": r.target.name, "draft": r.draft.name if r.draft else None,
-            "num_kv_blocks": r.scheduler.num_blocks,
-            "acceptance_rates": list(r.profile.rates), "acceptance_spread": r.profile.spread,
-            **({"acceptance_profile": r.profile.name} if cfg.k else {}),
-            **({"drafter": r.drafter.to_dict()} if r.drafter_host else {}),
-            "cpu_costs_us": r.cpu.to_dict(), "num_steps": sum(c.num_steps for c in cores),
-            "num_preemptions": sum(c.sched.num_preemptions for c in cores),
-        }
-        if caching:   # vLLM's prefix-cache counters (tokens)
+        gaps = [g for c in cores for g in c.device.gaps]
+        return RunResult.build(
+            timings, duration_s, backend="stepgap-sim", config=config, resolved=self.plan(),
+            gaps_us=gaps, spec=self.spec_stats() if cfg.k else None, detailed=cfg.detailed,
+            percentiles=cfg.metric_percentiles, percentile_metrics=cfg.percentile_metrics,
+            timeseries=timeseries(self.series.samples, cfg.timeseries_interval_s)
+            if self.series is not None else None)
+
+    def plan(self) -> ResolvedPlan:
+        """What the run rested on (written as config.resolved) and its counters."""
+        cfg, r, cores = self.cfg, self.r, self.cores
+        plan = ResolvedPlan(
+            hardware=r.hw.name, device="cuda" if r.device_async else "cpu", mode=r.mode,
+            notes=list(r.notes), target=r.target.name, draft=r.draft.name if r.draft else None,
+            num_kv_blocks=r.scheduler.num_blocks, acceptance_rates=list(r.profile.rates),
+            acceptance_spread=r.profile.spread,
+            acceptance_profile=r.profile.name if cfg.k else None,
+            drafter=r.drafter.to_dict() if r.drafter_host else None,
+            cpu_costs_us=r.cpu.to_dict(), num_steps=sum(c.num_steps for c in cores),
+            num_preemptions=sum(c.sched.num_preemptions for c in cores))
+        if r.scheduler.enable_prefix_caching:   # vLLM's prefix-cache counters (tokens)
             counts = [c.sched.prefix_cache_counts() for c in cores]
-            resolved["prefix_cache"] = {k: sum(c[k] for c in counts) for k in counts[0]}
+            plan.prefix_cache = {k: sum(c[k] for c in counts) for k in counts[0]}
         jitter = cores[0].device.jitter
         if r.measured is not None and r.measured.jitter and jitter is not None:
             j = r.measured.jitter
-            resolved["jitter"] = {"bin_ms": j.bin_ms, "sigma_step": j.sigma_step,
-                                  "trace_bins": len(j.trace), "offset": jitter.offset}
+            plan.jitter = {"bin_ms": j.bin_ms, "sigma_step": j.sigma_step,
+                           "trace_bins": len(j.trace), "offset": jitter.offset}
         costs = r.device_costs
         if costs.sources is not None:   # a measured profile or tables: which ops each priced
-            resolved["device_costs"] = {"profile": costs.path, **costs.sources}
+            plan.device_costs = {"profile": costs.path, **costs.sources}
             moe = costs.moe
             if moe is not None and moe.grid is not None:   # how much moe.csv covered
-                resolved["device_costs"]["moe_coverage"] = moe.coverage()
+                plan.device_costs["moe_coverage"] = moe.coverage()
         if isinstance(self.engine, DataParallel):
-            resolved["data_parallel"] = self.engine.summary()
-        gaps = [g for c in cores for g in c.device.gaps]
-        res = run_result(timings, duration_s, backend="stepgap-sim", config=config,
-                         gaps_us=gaps, spec=self.spec_stats() if cfg.k else None,
-                         detailed=cfg.detailed, percentiles=cfg.metric_percentiles,
-                         percentile_metrics=cfg.percentile_metrics)
-        if self.series is not None:
-            res["timeseries"] = timeseries(self.series.samples, cfg.timeseries_interval_s)
-        return res
+            plan.data_parallel = self.engine.summary()
+        return plan
 
     def spec_stats(self) -> SpecStats:
         """The acceptance counters of vLLM's SpecDecodingStats, from the cores' histograms."""
@@ -230,9 +233,9 @@ def build_workload(cfg: SimConfig) -> list[TraceRequest]:
 
 def simulate(cfg: SimConfig, requests: list[TraceRequest] | None = None,
              device_costs: DeviceCosts | None = None, profile: Profile | None = None,
-             recording: Recording | None = None) -> tuple[dict, list[Span]]:
-    """Simulate one serving run: the run result (docs/explanation/design.md §4) and the timeline's
-    spans.
+             recording: Recording | None = None) -> tuple[RunResult, list[Span]]:
+    """Simulate one serving run: the run result (common/run_result.py RunResult,
+    docs/explanation/design.md §4) and the timeline's spans.
 
     `requests` defaults to the workload `cfg` names, with its request rate applied; requests
     given here are used with their own arrival times. `device_costs` replaces the roofline

@@ -7,7 +7,6 @@ the simulated ones.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from stepgap.common.errors import UserError
 
@@ -58,8 +57,8 @@ def get_preset(name: str) -> Preset:
             from None
 
 
-def comparison_table(metrics: Mapping[str, float], measured: dict, title: str) -> str:
-    """The seed's four columns: simulated (a RunRecord's metrics), measured and the error of
+def comparison_table(metrics, measured: dict, title: str) -> str:
+    """The seed's four columns: simulated (a RunResult's metrics), measured and the error of
     each."""
     lines = [f"{' ' + title + ' ':-^50}",
              f"{'':<18}{'simulated':>11}{'measured':>11}{'error':>9}"]
@@ -67,7 +66,7 @@ def comparison_table(metrics: Mapping[str, float], measured: dict, title: str) -
               "mean_itl_ms": "Mean ITL (ms)", "p99_itl_ms": "P99 ITL (ms)"}
     for key in SEED_COLUMNS:
         if key in measured:
-            sim, meas = metrics[key], measured[key]
+            sim, meas = metrics.get(key), measured[key]
             lines.append(f"{labels[key]:<18}{sim:>11.2f}{meas:>11.2f}"
                          f"{100 * (sim - meas) / meas:>+8.1f}%")
     return "\n".join(lines)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from stepgap.common.errors import UserError
-from stepgap.common.run_record import RunRecord
+from stepgap.common.run_result import RunResult
 from stepgap.sim.config import SimConfig
 from stepgap.sim.sweep_table import BANDED, RESULT_METRICS
 
@@ -47,19 +47,19 @@ def run_band_cell(settings: dict) -> dict:
     return row
 
 
-def metrics_of(res: dict) -> dict:
+def metrics_of(res: RunResult) -> dict:
     """A simulated result's row of the sweep's table (sweep_table.COLUMNS)."""
-    rec = RunRecord.of(res)
-    row = {m: rec.metrics[m] for m in RESULT_METRICS}
-    for stat in ("mean", "median", "p90", "p99"):
-        row[f"{stat}_step_gap_us"] = rec.step_gaps.get(f"{stat}_us")
-    row["acceptance_length"] = rec.spec_decode["acceptance_length"] if rec.spec_decode else None
-    row["num_steps"] = rec.resolved["num_steps"]
-    row["num_preemptions"] = rec.num_preemptions
-    row["num_kv_blocks"] = rec.resolved["num_kv_blocks"]
-    pc = rec.prefix_cache   # vLLM's counters: prompt tokens found / looked up
+    row = {m: res.metrics.get(m) for m in RESULT_METRICS}
+    gaps = res.step_gaps
+    row.update(mean_step_gap_us=gaps.mean_us, median_step_gap_us=gaps.median_us,
+               p90_step_gap_us=gaps.p90_us, p99_step_gap_us=gaps.p99_us)
+    row["acceptance_length"] = res.spec_decode.acceptance_length if res.spec_decode else None
+    row["num_steps"] = res.plan.num_steps
+    row["num_preemptions"] = res.num_preemptions
+    row["num_kv_blocks"] = res.plan.num_kv_blocks
+    pc = res.prefix_cache   # vLLM's counters: prompt tokens found / looked up
     row["prefix_cache_hit_rate"] = pc["hits"] / pc["queries"] if pc and pc["queries"] else None
-    row["simulated_mode"] = rec.mode
+    row["simulated_mode"] = res.mode
     return row
 
 

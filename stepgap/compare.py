@@ -8,7 +8,7 @@ import sys
 from stepgap.common.compare import cmp_to_json, compare, format_compare, mismatches
 from stepgap.common.fileio import dumps_json
 from stepgap.common.options import add_command
-from stepgap.common.run_record import RunRecord
+from stepgap.common.run_result import RunResult
 
 DESCRIPTION = (
     "Print the error of a simulated run result against a measured one: mean, median, P99 (and "
@@ -34,7 +34,7 @@ def register(sub) -> None:
 
 
 def cmd_compare(args) -> int:
-    measured, simulated = RunRecord.load(args.measured), RunRecord.load(args.simulated)
+    measured, simulated = RunResult.load(args.measured), RunResult.load(args.simulated)
     for line in mismatches(measured, simulated):
         print(f"stepgap compare: warning: {line}", file=sys.stderr)
     cmp = compare(measured, simulated)

@@ -9,7 +9,7 @@ from stepgap.sim.loop import simulate
 from stepgap.cli import main
 from stepgap.common.compare import compare, ks_distance, pool_results
 from stepgap.common.formats import save_result
-from stepgap.common.run_record import RunRecord
+from stepgap.common.run_result import RunResult
 
 # The keys `vllm bench serve --save-result` writes (no step gaps, no config).
 VLLM_RESULT = {
@@ -33,7 +33,7 @@ def sim_result(**kw):
 
 
 def test_a_result_against_itself_has_no_error():
-    res = RunRecord.of(sim_result())
+    res = sim_result()
     cmp = compare(res, res)
     assert all(e == 0 for _, _, _, e in cmp["rows"] + cmp["gaps"])
     assert cmp["ks"] == 0.0
@@ -44,8 +44,8 @@ def test_a_result_against_itself_has_no_error():
 
 
 def test_error_is_relative_to_the_measured_value():
-    measured = RunRecord.of(dict(VLLM_RESULT))
-    simulated = RunRecord.of(dict(VLLM_RESULT, mean_tpot_ms=9.91 * 1.1, p99_itl_ms=28.52 * 0.95))
+    measured = RunResult.from_dict(dict(VLLM_RESULT))
+    simulated = RunResult.from_dict(dict(VLLM_RESULT, mean_tpot_ms=9.91 * 1.1, p99_itl_ms=28.52 * 0.95))
     rows = {label: e for label, _, _, e in compare(measured, simulated)["rows"]}
     assert rows["Mean TPOT (ms)"] == pytest.approx(0.10)
     assert rows["P99 ITL (ms)"] == pytest.approx(-0.05)
@@ -80,14 +80,14 @@ def test_compare_names_a_file_that_is_not_a_result(tmp_path, capsys):
 def test_gzip_results_round_trip(tmp_path):
     res = sim_result()
     save_result(tmp_path / "r.json.gz", res)
-    assert RunRecord.load(tmp_path / "r.json.gz").metrics["mean_tpot_ms"] == res["mean_tpot_ms"]
+    assert RunResult.load(tmp_path / "r.json.gz").metrics["mean_tpot_ms"] == res["mean_tpot_ms"]
     save_result(tmp_path / "s.json.gz", res)   # no timestamp in the gzip header
     assert (tmp_path / "r.json.gz").read_bytes() == (tmp_path / "s.json.gz").read_bytes()
 
 
 def test_pooled_runs_count_every_request_once():
     a, b = sim_result(seed=0), sim_result(seed=1)
-    pooled = pool_results([RunRecord.of(a), RunRecord.of(b)])
+    pooled = pool_results([a, b])
     assert pooled.metrics["completed"] == a["completed"] + b["completed"]
     assert pooled.metrics["duration"] == pytest.approx(a["duration"] + b["duration"])
     # equal request counts: the pooled mean TPOT is the mean of the two
@@ -97,7 +97,7 @@ def test_pooled_runs_count_every_request_once():
     spec = pooled.spec_decode
     assert spec["num_drafts"] == a["spec_decode"]["num_drafts"] + b["spec_decode"]["num_drafts"]
     assert pooled.config["pooled_runs"] == 2 and pooled.num_prompts == 12
-    one = RunRecord.of(a)
+    one = a
     assert pool_results([one]) is one
 
 

@@ -7,7 +7,7 @@ import pytest
 from tests.helpers import tiny_checkpoints
 from stepgap.cli import main
 from stepgap.common.formats import load_timeline, save_trace, TraceRequest
-from stepgap.common.run_record import RunRecord
+from stepgap.common.run_result import RunResult
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_run_writes_result_timeline_and_output_ids_in_trace_order(tmp_path, path
             "--timeline", str(tmp_path / "t.jsonl"), "--chrome-trace", str(tmp_path / "c.json")]
     assert main(args) == 0
     assert "Engine Benchmark Result" in capsys.readouterr().out
-    res = RunRecord.load(tmp_path / "r.json")
+    res = RunResult.load(tmp_path / "r.json")
     assert res.backend == "stepgap-engine"
     assert res.metrics["completed"] == 3 and res.max_concurrency == 2
     assert res.requests.ids == ["b", "a", "c"]
@@ -97,7 +97,7 @@ def test_run_with_the_process_executor_and_synthetic_acceptance(tmp_path, paths,
             "--result-json", str(tmp_path / "r.json"), "--quiet"]
     assert main(args) == 0
     assert capsys.readouterr().out == ""
-    res = RunRecord.load(tmp_path / "r.json")
+    res = RunResult.load(tmp_path / "r.json")
     assert res.config["executor"] == "process" and res.mode == "zero-bubble"
     assert res.metrics["completed"] == 3 and res.spec_decode["num_accepted_tokens"] > 0
 

@@ -3,7 +3,7 @@
 import pytest
 
 from stepgap.common.errors import UserError
-from stepgap.common.run_record import RunRecord
+from stepgap.common.run_result import RunResult
 from stepgap.common.formats import (RequestTiming, Span, SpecStats, chrome_trace, compute_metrics,
                              format_summary, load_timeline, load_trace, run_result,
                              save_result, save_timeline, save_trace, step_gaps, TraceRequest)
@@ -107,12 +107,12 @@ def test_result_round_trip_and_summary(tmp_path):
     res = run_result(t, 0.2, backend="test", config={"mode": "sync"}, gaps_us=[1.0, 3.0],
                      spec=SpecStats(2), detailed=True)
     save_result(tmp_path / "r.json", res)
-    back = RunRecord.load(tmp_path / "r.json")
+    back = RunResult.load(tmp_path / "r.json")
     assert back.metrics["mean_tpot_ms"] == pytest.approx(res["mean_tpot_ms"])
     assert back.step_gaps["values_us"] == [1.0, 3.0]
     assert back.requests.itls == [[pytest.approx(0.1)]]
-    text = format_summary(back.to_json())
+    text = format_summary(back)
     assert "Mean TPOT (ms):" in text and "P99 ITL (ms):" in text and "Median step gap" in text
 
 
-# A file `vllm bench serve` wrote, and one that is not a result: tests/test_run_record.py
+# A file `vllm bench serve` wrote, and one that is not a result: tests/test_run_result.py

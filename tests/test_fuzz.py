@@ -1823,7 +1823,7 @@ def test_a_non_finite_metric_is_written_as_valid_json_and_read_back(literal, rea
     latency no run takes (infinite, or negative) is refused where a result is read, naming the
     field (issue 55); NaN, vLLM's "no samples", is read."""
     from stepgap.common.formats import save_result
-    from stepgap.common.run_record import RunRecord
+    from stepgap.common.run_result import RunResult
     rng = random.Random(literal)
     keys = rng.sample(sorted(k for k, v in result_doc().items()
                              if k.endswith("_ms") and isinstance(v, float)), 3)
@@ -1843,11 +1843,11 @@ def test_a_non_finite_metric_is_written_as_valid_json_and_read_back(literal, rea
         assert main(["compare", str(path), str(base.result), "--json"]) == 0
         rows = {r["metric"]: r for r in strict_json(capsys.readouterr().out)["metrics"]}
         assert any(r["measured"] == read for r in rows.values())
-        RunRecord.load(path).save(again)
+        RunResult.load(path).save(again)
         doc = strict_json(again.read_text())
         for key in keys:
             assert doc[key] == read
-            assert str(RunRecord.load(again).metrics[key]) == read
+            assert str(RunResult.load(again).metrics[key]) == read
     # a sweep's store too (sim/sweep_store.py), line by line, read back by a resumed sweep
     from stepgap.sim.sweep_grid import GridCell
     from stepgap.sim.sweep_store import CellStore

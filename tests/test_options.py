@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from stepgap.common.run_record import RunRecord
+from stepgap.common.run_result import RunResult
 from stepgap.cli import main
 from tests.helpers import tiny_checkpoints
 
@@ -17,14 +17,14 @@ SIM = ["simulate", "--model", "llama-3.2-1b", "--num-prompts", "4", "--output-le
 def sim_result(tmp_path, name, *extra):
     path = tmp_path / f"{name}.json"
     assert main([*SIM, *extra, "--result-json", str(path)]) == 0
-    return RunRecord.load(path).to_json()
+    return RunResult.load(path).to_dict()
 
 
 def run_result(tmp_path, name, *extra):
     path = tmp_path / f"{name}.json"
     assert main(["run", "--model", tiny_checkpoints()["target"], "--num-prompts", "3",
                  "--output-len", "12", "--quiet", *extra, "--result-json", str(path)]) == 0
-    return RunRecord.load(path).to_json()
+    return RunResult.load(path).to_dict()
 
 
 def exits_2(argv, capsys) -> str:
@@ -110,7 +110,7 @@ def test_save_result_names_the_file_as_vllm_does(tmp_path):
                  "--max-concurrency", "2"]) == 0
     (path,) = (tmp_path / "d").iterdir()
     assert path.name.startswith("stepgap-sim-infqps-concurrency2-llama-3.2-1b-")
-    assert RunRecord.load(path).max_concurrency == 2
+    assert RunResult.load(path).max_concurrency == 2
     assert main([*SIM, "--save-result", "--result-dir", str(tmp_path / "e"),
                  "--result-filename", "x.json"]) == 0
     assert (tmp_path / "e" / "x.json").is_file()
@@ -159,7 +159,7 @@ def test_the_issues_command_line_pastes_with_the_target_and_head_by_id(tmp_path)
     assert main(["simulate", "--model", "meta-llama/Llama-3.1-8B-Instruct",
                  "--speculative-config", spec, "--num-prompts", "2", "--quiet",
                  "--result-json", str(path)]) == 0
-    resolved = RunRecord.load(path).resolved
+    resolved = RunResult.load(path).resolved
     assert (resolved["target"], resolved["draft"]) == ("llama-3.1-8b", "llama-3.1-8b-eagle3")
 
 
@@ -167,7 +167,7 @@ def test_model_is_the_word_after_the_command_as_vllm_serve_takes_it(tmp_path, ca
     path = tmp_path / "r.json"
     assert main(["simulate", "meta-llama/Llama-3.2-1B-Instruct", "--num-prompts", "2",
                  "--quiet", "--result-json", str(path)]) == 0
-    assert RunRecord.load(path).resolved["target"] == "llama-3.2-1b"
+    assert RunResult.load(path).resolved["target"] == "llama-3.2-1b"
     err = exits_2(["simulate", "Qwen/Qwen3-8B", "--model", "llama-3.2-1b"], capsys)
     assert err.strip() == ("stepgap simulate: error: MODEL Qwen/Qwen3-8B and --model "
                            "llama-3.2-1b: give one")
@@ -189,7 +189,7 @@ def test_model_may_stand_among_the_options_as_vllms_positional_does(tmp_path, ca
     path = tmp_path / "r.json"
     assert main(["simulate", "--num-prompts", "2", "--quiet", "--result-json", str(path),
                  "meta-llama/Llama-3.2-1B-Instruct"]) == 0
-    assert RunRecord.load(path).resolved["target"] == "llama-3.2-1b"
+    assert RunResult.load(path).resolved["target"] == "llama-3.2-1b"
     err = exits_2(["simulate", "--num-prompts", "2", "Qwen/Qwen3-8B", "--model",
                    "llama-3.2-1b"], capsys)
     assert err.strip() == ("stepgap simulate: error: MODEL Qwen/Qwen3-8B and --model "

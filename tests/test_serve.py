@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stepgap.common.run_record import RunRecord
+from stepgap.common.run_result import RunResult
 from stepgap.engine.tokenizer import Detokenizer, ServedTokenizer
 from stepgap.cli import main
 from tests.helpers import (HANG_S, PAIR, SERVED_K as K, Server, alive, get, post, stream,
@@ -72,7 +72,7 @@ def test_greedy_text_and_acceptance_counters_equal_stepgap_runs(pair_server, tok
                  "-k", str(K), "--max-model-len", "256", "--max-num-seqs", "8", "--num-gpu-blocks-override", "256", "--trace",
                  str(trace), "--max-concurrency", "1", "--detailed", "--quiet",
                  "--result-json", str(tmp_path / "run.json")]) == 0
-    run = RunRecord.load(tmp_path / "run.json")
+    run = RunResult.load(tmp_path / "run.json")
 
     before = pair_server.metrics()
     for r, want in zip(reqs, run.requests.output_token_ids):
@@ -361,7 +361,7 @@ def test_a_recorded_window_is_a_timeline_and_result_the_served_fit_reads(pair_se
     assert ops.count(("cpu.frontend", "process_outputs")) == \
         ops.count(("cpu.engine", "update_from_output"))
     assert all(s.step == -1 for s in spans if s.op == "add_request")
-    served = RunRecord.load(f"{run}.server.json")
+    served = RunResult.load(f"{run}.server.json")
     assert served.backend == "stepgap-serve" and served.metrics["completed"] == 6
     # the client's own result: the server's, 2 ms later (what a client file gives)
     client = json.loads(Path(f"{run}.server.json").read_text())

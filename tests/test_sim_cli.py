@@ -6,7 +6,7 @@ import pytest
 
 from stepgap.cli import build_parser, main
 from stepgap.common.formats import load_timeline
-from stepgap.common.run_record import RunRecord
+from stepgap.common.run_result import RunResult
 
 
 def simulate_parser():
@@ -53,7 +53,7 @@ def test_result_json_and_timeline_files(tmp_path, capsys):
     assert main(["simulate", "--gpu", "h200", "-k", "2", "--mode", "async", "--trace",
                  "sharegpt", "--num-prompts", "5", "--detailed", "--result-json",
                  str(res_path), "--timeline", str(tl), "--quiet"]) == 0
-    res = RunRecord.load(res_path)
+    res = RunResult.load(res_path)
     assert res.metrics["completed"] == 5 and res.config["mode"] == "async" and res.requests
     assert load_timeline(tl)
     chrome = json.loads((tmp_path / "run.chrome.json").read_text())
@@ -96,7 +96,7 @@ def test_model_from_a_config_json_with_a_derived_head(tmp_path, capsys):
     assert main(["simulate", "--model", str(tmp_path), "--draft", "eagle3", "-k", "2",
                  "--gpu", "a100", "--num-prompts", "3", "--result-json",
                  str(tmp_path / "r.json"), "--quiet"]) == 0
-    res = RunRecord.load(tmp_path / "r.json")
+    res = RunResult.load(tmp_path / "r.json")
     assert res.metrics["completed"] == 3 and res.resolved["draft"].endswith("-eagle3")
 
 
@@ -135,7 +135,7 @@ def fp8_run(tmp_path, capsys, name, *extra):
                  "--device-profile", "none",
                  "--num-prompts", "4", "--max-concurrency", "1", "--output-len", "64", *extra,
                  "--result-json", str(path)]) == 0
-    return RunRecord.load(path).to_json(), capsys.readouterr().err
+    return RunResult.load(path).to_dict(), capsys.readouterr().err
 
 
 def test_an_fp8_kv_cache_holds_twice_the_blocks(tmp_path, capsys):
@@ -197,4 +197,4 @@ def test_measured_tables_take_the_variant_of_the_kv_caches_dtype(tmp_path, capsy
     path = tmp_path / "r.json"
     assert main([*argv, "--device-profile", str(tmp_path / "bf16"), "--result-json",
                  str(path)]) == 0
-    assert RunRecord.load(path).resolved["device_costs"]["profile"] == str(kv)
+    assert RunResult.load(path).resolved["device_costs"]["profile"] == str(kv)

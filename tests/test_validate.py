@@ -13,7 +13,7 @@ from stepgap.calibrate.harness import Plan, chunk, units_of
 from stepgap.sim.config import SimConfig
 from stepgap.sim.loop import simulate
 from stepgap.calibrate.measured import requests_of
-from stepgap.common.run_record import RunRecord
+from stepgap.common.run_result import RunResult
 from stepgap.cli import main
 from stepgap.common.formats import load_trace, save_trace
 from tests.helpers import mixed_requests
@@ -47,7 +47,7 @@ def test_the_simulator_replays_the_engines_chunks_exactly(tiny_executor, mode):
                                 executor="process", device="cpu", num_gpu_blocks_override=blocks,
                                 max_num_seqs=8, max_num_batched_tokens=8192, max_model_len=512,
                                 max_concurrency=4, detailed=True),
-                      requests_of(RunRecord.of(res)))
+                      requests_of(res))
     assert sim["chunk_tokens"] == res["chunk_tokens"]
     assert sim["config"]["resolved"]["num_preemptions"] == res["config"]["num_preemptions"]
     assert sim["spec_decode"]["num_drafts"] == res["spec_decode"]["num_drafts"]
@@ -107,7 +107,7 @@ def test_the_modes_of_a_group_take_every_place_and_follow_each_other_equally_oft
 def test_a_saving_s_interval_comes_from_the_paired_runs():
     from stepgap.calibrate.judge import paired_half_width
     def run(i, itl):   # what paired_half_width reads of a run: its slice, its mean ITL
-        return RunRecord.of({"config": {"slice": i}, "mean_itl_ms": itl})
+        return RunResult.from_dict({"config": {"slice": i}, "mean_itl_ms": itl})
     base = [run(i, 10.0 + i) for i in range(4)]
     same = [run(i, 9.0 + i) for i in range(4)]
     assert paired_half_width(base, same) == 0.0        # the drift cancels in the pairs

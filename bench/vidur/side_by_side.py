@@ -192,8 +192,9 @@ def stepgap_child(trace: Path, k: int, mode: str, root: Path) -> None:
         "import_s": t_import - t0, "setup_s": t_setup - t_import,
         "loop_s": marks["loop"] - t_setup, "loop_cpu_s": marks["loop_cpu"] - c_loop,
         "output_s": t_end - marks["loop"], "batches": sim.num_steps,
-        "simulated_s": res["duration"], "requests": res["completed"],
-        "mean_ttft_ms": res["mean_ttft_ms"], "mean_tpot_ms": res["mean_tpot_ms"]}), flush=True)
+        "simulated_s": res.metrics.duration, "requests": res.metrics.completed,
+        "mean_ttft_ms": res.metrics.mean_ttft_ms, "mean_tpot_ms": res.metrics.mean_tpot_ms}),
+        flush=True)
 
 
 def timed(cmd: list[str], env: dict | None, tag: str, cwd: Path) -> dict:

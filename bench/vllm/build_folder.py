@@ -44,7 +44,6 @@ from stepgap.calibrate.vllm import acceptance_from_scrapes, read_source, vllm_ti
 from stepgap.calibrate.vllm_fit import Run, calibrate_runs  # noqa: E402
 from stepgap.common.fileio import write_json  # noqa: E402
 from stepgap.common.formats import gap_summary, save_timeline, step_gaps  # noqa: E402
-from stepgap.common.run_record import RunRecord  # noqa: E402
 from stepgap.common.vllm_bench import bench_result, is_bursty, read_bench  # noqa: E402
 from stepgap.sim.profile import save_profile  # noqa: E402
 
@@ -242,7 +241,7 @@ def profiled_figure(src: Path, out: Path, plan: dict, k: int = 2, conc: int = 1)
         doc = read_bench(path)
         sizes = chunks_of(src, f"{p['mode']}-k{k}", "calibration")
         mine = ids[:len(doc["output_lens"])]   # the bench took the first prompts, in order
-        run = RunRecord.of(bench_result(doc, path, [sizes[i] for i in mine], mine,
+        run = (bench_result(doc, path, [sizes[i] for i in mine], mine,
                                         {"mode": p["mode"], "k": k, "max_concurrency": conc}))
         t0, t1 = p["window_s"]
         traces = [src / t for t in p["traces"] if t.endswith(".gz")]

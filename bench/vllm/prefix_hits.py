@@ -31,7 +31,7 @@ from bench.vllm.measure import PAIR, Server  # noqa: E402
 from stepgap.calibrate.pair import shared_prefix_trace  # noqa: E402
 from stepgap.common.fileio import write_json  # noqa: E402
 from stepgap.common.formats import save_trace  # noqa: E402
-from stepgap.common.run_record import RunRecord  # noqa: E402
+from stepgap.common.run_result import RunResult  # noqa: E402
 
 BLOCK_SIZE = 32   # the CPU attention backend takes multiples of 32 only
 COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
@@ -62,7 +62,7 @@ def send(server: Server, reqs) -> None:
 def stepgap_counts(cmd: list[str], path: Path) -> dict:
     subprocess.run([sys.executable, "-m", "stepgap", *cmd, "--result-json", str(path),
                     "--quiet"], check=True, cwd=ROOT)
-    pc = RunRecord.load(path).prefix_cache
+    pc = RunResult.load(path).prefix_cache
     return {"queries": pc["queries"], "hits": pc["hits"]}
 
 

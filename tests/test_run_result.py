@@ -1,4 +1,5 @@
-"""RunRecord (common/run_record.py): every result layout read once, written back byte for byte."""
+"""RunResult (common/run_result.py): every result layout read once, typed, written back byte for
+byte."""
 
 import json
 import math
@@ -9,7 +10,7 @@ import pytest
 from stepgap.common.errors import UserError
 from stepgap.common.fileio import read_json
 from stepgap.common.formats import RequestTiming, SpecStats, run_result, save_result
-from stepgap.common.run_record import RunRecord
+from stepgap.common.run_result import RunResult
 from stepgap.sim.config import SimConfig
 from stepgap.sim.loop import simulate
 
@@ -21,7 +22,7 @@ def saved_and_loaded(tmp_path, doc, name="r.json"):
     """The record of `doc` saved as a file and read back, and whether saving the record wrote
     the file's bytes again."""
     save_result(tmp_path / name, doc)
-    rec = RunRecord.load(tmp_path / name)
+    rec = RunResult.load(tmp_path / name)
     rec.save(tmp_path / f"again-{name}")
     return rec, (tmp_path / name).read_bytes() == (tmp_path / f"again-{name}").read_bytes()
 
@@ -35,7 +36,7 @@ def test_a_simulated_result_reads_its_plan_and_prefix_cache_and_keeps_its_bytes(
     assert same and rec.backend == "stepgap-sim" and rec.source == str(tmp_path / "r.json")
     pc = res["config"]["resolved"]["prefix_cache"]
     assert rec.prefix_cache == pc and pc["hits"] > 0
-    assert rec.resolved["hardware"] == "l20" and "resolved" not in rec.config
+    assert rec.resolved.hardware == "l20" and "resolved" not in rec.config
     assert rec.num_preemptions == res["config"]["resolved"]["num_preemptions"]
     assert rec.metrics["mean_tpot_ms"] == res["mean_tpot_ms"] and rec.k == 2
     assert rec.mode == res["config"]["resolved"]["mode"]
@@ -53,7 +54,7 @@ def test_a_measured_folders_run_reads_its_counters_and_keeps_its_bytes(tmp_path,
     runs = sorted((ROOT / "traces/measured" / folder / "runs").glob("*.json.gz"))
     run = read_json(runs[-1])[0]
     rec, same = saved_and_loaded(tmp_path, run, "r.json.gz")
-    assert same and rec.backend == backend and rec.resolved == {}
+    assert same and rec.backend == backend and rec.resolved is None
     assert rec.prefix_cache == run["config"].get("prefix_cache")
     assert rec.num_preemptions == run["config"].get("num_preemptions")
     assert rec.mode == run["config"]["mode"] and rec.k == run["config"]["k"]
@@ -84,35 +85,64 @@ def test_a_file_vllm_wrote_reads_with_no_config_and_no_gaps(tmp_path):
             "input_lens": [3, 4], "output_lens": [2, 1], "ttfts": [0.02, 0.03],
             "itls": [[0.028], []], "goodput": None}
     (tmp_path / "v.json").write_text(json.dumps(vllm))
-    rec = RunRecord.load(tmp_path / "v.json")
-    assert rec.backend == "vllm" and rec.config == {} and rec.resolved == {}
-    assert rec.step_gaps == {"count": 0} and rec.spec_decode is None
+    rec = RunResult.load(tmp_path / "v.json")
+    assert rec.backend == "vllm" and rec.config == {} and rec.resolved is None
+    assert rec.step_gaps.count == 0 and rec.spec_decode is None
     assert rec.prefix_cache is None and rec.mode is None and rec.k == 0
     assert rec.metrics["mean_tpot_ms"] == 9.91 and math.isnan(rec.metrics["p99_itl_ms"])
-    assert "date" not in rec.metrics and rec.to_json()["date"] == vllm["date"]
+    assert "date" not in rec.metrics and rec.to_dict()["date"] == vllm["date"]
+    assert list(rec.to_dict()) == list(vllm)   # written back in vLLM's order
     assert [t.output_len for t in rec.timings()] == [2, 1]   # no chunk sizes: the lengths
 
 
 def test_a_peers_requests_file_reads_as_a_measured_run():
-    rec = RunRecord.load(PEER)
+    rec = RunResult.load(PEER)
     assert rec.backend == "vllm" and rec.config == {"source": str(PEER)}
     assert rec.metrics["completed"] > 0 and rec.requests is None
     with pytest.raises(UserError, match="pooling needs detailed results"):
         rec.timings()
 
 
-def test_a_record_is_frozen_and_its_parts_read_only(tmp_path):
+def test_a_built_result_writes_the_keys_in_vllms_order_then_stepgaps():
     t = [RequestTiming("a", 4, 0.0, [0.1, 0.2], [1, 1])]
-    rec = RunRecord.of(run_result(t, 0.2, backend="x", config={"mode": "sync"}))
-    with pytest.raises(AttributeError):
-        rec.backend = "y"
-    with pytest.raises(TypeError):
-        rec.config["mode"] = "async"
+    spec = SpecStats(2)
+    spec.observe(2, 1)
+    res = RunResult.build(t, 0.2, backend="x", config={"mode": "sync"}, gaps_us=[5.0, 7.0],
+                          spec=spec, detailed=True)
+    keys = list(res.to_dict())
+    assert keys[:5] == ["backend", "num_prompts", "request_rate", "burstiness",
+                        "max_concurrency"]
+    assert keys[5:13] == ["duration", "completed", "failed", "total_input_tokens",
+                          "total_output_tokens", "request_throughput", "output_throughput",
+                          "total_token_throughput"]
+    assert keys.index("p99_ttft_ms") == keys.index("std_ttft_ms") + 1
+    assert keys[keys.index("step_gaps"):] == ["step_gaps", "spec_decode", "config",
+                                              "request_ids", "input_lens", "output_lens",
+                                              "ttfts", "itls", "chunk_tokens"]
+    assert res.metrics.mean_tpot_ms == pytest.approx(100.0)
+    assert res.spec_decode.num_accepted_tokens == 1 and res.step_gaps.max_us == 7.0
+
+
+def test_the_plan_is_written_last_in_config_and_read_back_typed(tmp_path):
+    from stepgap.common.run_result import ResolvedPlan
+    t = [RequestTiming("a", 4, 0.0, [0.1], [1])]
+    plan = ResolvedPlan(hardware="l20", device="cuda", mode="async", notes=["n"], target="t",
+                        num_steps=3, prefix_cache={"queries": 8, "hits": 4})
+    res = RunResult.build(t, 0.1, backend="stepgap-sim", config={"mode": "async", "k": 0},
+                          resolved=plan)
+    doc = res.to_dict()
+    assert list(doc["config"]) == ["mode", "k", "resolved"]
+    assert doc["config"]["resolved"]["draft"] is None          # always written
+    assert "jitter" not in doc["config"]["resolved"]           # written only when set
+    res.save(tmp_path / "r.json")
+    back = RunResult.load(tmp_path / "r.json")
+    assert back.resolved.prefix_cache == {"queries": 8, "hits": 4} and back.notes == ["n"]
+    assert back.prefix_cache == {"queries": 8, "hits": 4} and back.mode == "async"
 
 
 def test_a_file_that_is_not_a_result_is_named(tmp_path):
     (tmp_path / "bad.json").write_text('{"completed": 1}')
     with pytest.raises(UserError, match=r"bad.json: field 'duration': missing"):
-        RunRecord.load(tmp_path / "bad.json")
+        RunResult.load(tmp_path / "bad.json")
     with pytest.raises(UserError, match="not found"):
-        RunRecord.load(tmp_path / "none.json")
+        RunResult.load(tmp_path / "none.json")
