@@ -105,7 +105,7 @@ def headline(out=print, **settings):
                     depths(base, DEFAULT_MAX_K), jobs=min(2, os.cpu_count() or 1))
     a, k = advice.answers[0], preset.settings["k"]
     sync, asyn = a.modes["sync"].grid[k], a.modes["async"].grid[k]
-    tpot = {mode: preset.measured[mode]["mean_tpot_ms"] for mode in ("sync", "async")}
+    tpot = {mode: preset.measured[mode].mean_tpot_ms for mode in ("sync", "async")}
     out(f"stepgap demo: does async scheduling pay, and which k? On the seed's setup "
         f"({preset.description})")
     out(f"  {verdict(a)}")

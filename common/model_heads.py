@@ -24,6 +24,12 @@ from stepgap.common.model_fields import (architectures, bool_field, check_config
                                          int_field, named)
 from stepgap.common.modelcfg import BF16, ModelConfig, check_shards
 
+# An EAGLE head's kinds (its `kind`, the speculation method it drafts for), and whether its fc
+# fuses the target's three tapped hidden states once, on the first pass (EAGLE-3), or runs
+# over [embedding ‖ last hidden state] every pass (EAGLE-1).
+FUSES_TAPS = {"eagle3": True, "eagle": False}
+
+
 @dataclass(frozen=True, slots=True)
 class EagleHeadConfig:
     """An EAGLE draft head for a target of hidden size `target_hidden_size`, of either kind:
@@ -61,7 +67,7 @@ class EagleHeadConfig:
                             f"exceeds vocab_size ({self.vocab_size})")
         if self.layout not in ("yuhuili", "speculators"):
             raise UserError(f"{who}: layout must be 'yuhuili' or 'speculators'")
-        if self.kind not in ("eagle3", "eagle"):
+        if self.kind not in FUSES_TAPS:
             raise UserError(f"{who}: kind must be 'eagle3' or 'eagle'")
         if not isinstance(self.norm_before_residual, bool):
             raise UserError(f"{who}: field 'norm_before_residual' must be true or false, got "
@@ -78,7 +84,7 @@ class EagleHeadConfig:
         """Parameters without the (shared) embedding: fc, the layer, norms and lm_head (an
         EAGLE-1 head uses the target's lm_head)."""
         h, d = self.hidden_size, self.head_dim
-        if self.kind == "eagle":
+        if not self.fuses_taps:   # EAGLE-1
             attn = h * d * (2 * self.num_heads + 2 * self.num_kv_heads)
             return 2 * self.target_hidden_size * h + attn + 3 * h * self.intermediate_size + 2 * h
         fc = 3 * self.target_hidden_size * h
@@ -90,7 +96,7 @@ class EagleHeadConfig:
     def fuses_taps(self) -> bool:
         """EAGLE-3: fc fuses three tapped hidden states once, on the first pass, and the layer
         runs over [embedding ‖ fused hidden]; EAGLE's fc runs every pass."""
-        return self.kind == "eagle3"
+        return FUSES_TAPS[self.kind]
 
     @property
     def fc_inputs(self) -> int:

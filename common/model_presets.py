@@ -251,6 +251,10 @@ def load_model_config(spec: str) -> ModelConfig:
     return ModelConfig.from_hf_dict(d, source, name=Path(spec).name)
 
 
+# The draft spec that names no head but asks for one shaped from the target (eagle3_for).
+DERIVED_HEAD = "eagle3"
+
+
 def load_draft_config(spec: str, target: ModelConfig | None = None) -> EagleHeadConfig:
     """An EAGLE-3 head by preset name, Hugging Face id (DRAFT_IDS), folder or config.json;
     `eagle3` derives one from target."""
@@ -258,7 +262,7 @@ def load_draft_config(spec: str, target: ModelConfig | None = None) -> EagleHead
     if preset is not None:
         not_shadowed(spec, preset, "draft")
         return DRAFT_PRESETS[preset]
-    if spec == "eagle3":
+    if spec == DERIVED_HEAD:
         if target is None:
             raise UserError("draft 'eagle3' derives a head from the target; give a target")
         return eagle3_for(target)

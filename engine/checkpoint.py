@@ -25,8 +25,8 @@ from stepgap.engine.tiny import TINY_TARGET, build_tiny, tiny_draft_config
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json_object, write_bytes, write_json
 from stepgap.common.model_heads import EagleHeadConfig
-from stepgap.common.model_presets import (DRAFT_IDS, load_draft_config, load_model_config,
-                                          preset_of)
+from stepgap.common.model_presets import (DERIVED_HEAD, DRAFT_IDS, load_draft_config,
+                                          load_model_config, preset_of)
 from stepgap.common.modelcfg import ModelConfig
 
 
@@ -247,7 +247,7 @@ def load_draft(spec: str, target: Llama, device: torch.device, dtype: torch.dtyp
         head.embed_tokens = target.embed_tokens
         target.aux_layers = tuple(cfg.aux_layers_for(tcfg))
         return head.eval(), cfg
-    folder = None if preset_of(spec, DRAFT_IDS) is not None or spec == "eagle3" \
+    folder = None if preset_of(spec, DRAFT_IDS) is not None or spec == DERIVED_HEAD \
         or random_weights else Path(spec)
     own_embedding = False
     if folder is not None:

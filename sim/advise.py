@@ -71,6 +71,7 @@ class Cells:
 
     def __init__(self):
         self.done: dict = {}
+        self.idle: dict = {}    # the share of each cell's run the device sat idle
         self.steps: dict = {}   # the settings but TIME_ONLY -> the first such run's Recording
 
     @staticmethod
@@ -87,7 +88,11 @@ class Cells:
             if key not in self.done:
                 steps = self.key({k: v for k, v in s.items() if k not in TIME_ONLY})
                 rec = self.steps.setdefault(steps, Recording())
-                self.done[key] = metrics_of(simulate(SimConfig(**s), recording=rec)[0])
+                res = simulate(SimConfig(**s), recording=rec)[0]
+                self.done[key] = metrics_of(res)
+                gap, duration = res.step_gaps.mean_us, res.metrics.duration
+                self.idle[key] = gap * res.plan.num_steps / (duration * 1e6) \
+                    if gap and duration else 0.0
 
     def tpot(self, settings: dict) -> float:
         """The cell's mean TPOT; inf where it has none, or was not simulated."""
@@ -125,13 +130,12 @@ def zero_bubble_ks(cells: Cells, base: dict, load: dict, ks: list[int]) -> list[
     time async left the device idle, a share f of its run; a k where async's TPOT x (1 - 2f) is
     still above async's best is not simulated (twice the bound, for safety). Async's best k is
     always simulated, to say what zero-bubble adds there."""
-    runs = {k: cells.done[cells.key(cell(base, load, "async", k))] for k in ks}
-    best = min(r[METRIC] for r in runs.values())
+    keys = {k: cells.key(cell(base, load, "async", k)) for k in ks}
+    best = min(cells.done[key][METRIC] for key in keys.values())
     keep = []
-    for k, r in runs.items():
-        idle = r["mean_step_gap_us"] * r["num_steps"] / (r["duration"] * 1e6) \
-            if r.get("mean_step_gap_us") and r.get("duration") else 0.0
-        if r[METRIC] == best or r[METRIC] * (1 - 2 * idle) <= best:
+    for k, key in keys.items():
+        tpot = cells.done[key][METRIC]
+        if tpot == best or tpot * (1 - 2 * cells.idle[key]) <= best:
             keep.append(k)
     return keep
 

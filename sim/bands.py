@@ -358,8 +358,9 @@ def split_input(split: dict) -> BandInput:
 def profile_input(measured) -> BandInput:
     """A profile with measured device fits or CPU costs: its own residuals' spread on mean
     ITL, as a level on the whole step, else the validation bound."""
-    errors = [r.get("mean_itl_ms") for r in measured.notes.get("residuals") or []
-              if isinstance(r, dict) and isinstance(r.get("mean_itl_ms"), (int, float))]
+    residuals = measured.notes.get("residuals") or []
+    errors = [e for e in (r.get("mean_itl_ms") for r in residuals if isinstance(r, dict))
+              if isinstance(e, (int, float))]
     if errors:
         lo, hi = 1 / (1 + max(max(errors), 0.0)), 1 / (1 + min(min(errors), 0.0))
         source = (f"its own runs re-simulated: mean ITL {100 * min(errors):+.1f} to "

@@ -14,13 +14,13 @@ from stepgap.sim.profile import Profile
 from stepgap.sim.profile_costs import ProfileCosts
 from stepgap.sim.bundle_match import committed_bundle, refuse_another_model
 from stepgap.sim.table_costs import TableCosts
-from stepgap.sim.tables import (bundle_meta, find_bundle, find_variant, load_tables, read_meta,
-                                repo_relative)
+from stepgap.sim.tables import (bundle_collectives, bundle_meta, find_bundle, find_variant,
+                                load_tables, repo_relative)
 from stepgap.sim.expert_parallel import MoeCosts, MoeParallel
 from stepgap.sim.moe_tables import check_moe_bundle, moe_only, moe_parts
 from stepgap.sim.hardware import Hardware, MeasuredLink, is_gpu_file
-from stepgap.sim.hardware_file import (collectives_beside, committed_link, load_collectives,
-                                       other_measurements, with_link)
+from stepgap.sim.hardware_file import (committed_link, load_collectives, other_measurements,
+                                       with_link)
 from stepgap.common.errors import UserError, where
 from stepgap.common.modelcfg import ModelConfig
 from stepgap.common.speculation import METHODS
@@ -91,9 +91,7 @@ def collectives(cfg: SimConfig, hw: Hardware, notes: list[str], moe: bool) -> Ha
         _check_npus(link, groups, cfg.gpu)
     else:
         if cfg.device_profile is not None:
-            root = find_bundle(cfg.device_profile)
-            label = read_meta(root).get("hardware")
-            found = collectives_beside(root, str(label)) if label else None
+            found = bundle_collectives(find_bundle(cfg.device_profile))
         if found is None and len(groups) == 1 and not is_gpu_file(cfg.gpu):
             found = committed_link(hw.name, next(iter(groups)))
         measured = load_collectives(found, model=_model_of(hw)) if found else None

@@ -31,6 +31,16 @@ TIME_ONLY = ("cpu_scale", "speed", "cpu_costs", "launch_latency_us", "wake_us", 
              "timeline", "detailed", "drafter_host_scale")
 
 
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """A recorded run's counters, which a replay of it reports as its own."""
+
+    num_preemptions: int
+    prefix_cache: dict | None
+    accepted_hist: list[int]
+    num_draft_tokens: int
+
+
 class Recording:
     """The steps of one run, kept so that a run that differs from it only in how long things
     take (TIME_ONLY settings, the device's costs) replays them instead of scheduling and drawing
@@ -49,7 +59,7 @@ class Recording:
         self.requests: list[TraceRequest] | None = None
         self.plans: list[tuple[Planned, Batch | None]] = []   # every schedule()'s
         self.outcomes: list[list] = []   # every update's chunks (EngineCoreOutput: read only)
-        self.totals: dict | None = None   # the counters the result reads, once it is complete
+        self.totals: Totals | None = None   # the counters the result reads, once complete
         self.device_ops: dict = {}   # its runs' Device.ops, where the costs come from the config
 
     @staticmethod
@@ -68,10 +78,8 @@ class Recording:
 
     def close(self, steps: LiveSteps) -> None:
         sched = steps.sched
-        self.totals = {"num_preemptions": sched.num_preemptions,
-                       "prefix_cache": sched.prefix_cache_counts(),
-                       "accepted_hist": list(steps.accepted_hist),
-                       "num_draft_tokens": steps.num_draft_tokens}
+        self.totals = Totals(sched.num_preemptions, sched.prefix_cache_counts(),
+                             list(steps.accepted_hist), steps.num_draft_tokens)
 
     def replays(self, cfg: SimConfig, requests: list[TraceRequest]) -> bool:
         """Whether a run of `cfg` over `requests` takes the recorded steps."""
@@ -131,8 +139,8 @@ class ReplayedSteps:
     def __init__(self, recording: Recording):
         self.sched = ReplayedScheduler(recording.totals)
         self.plans, self.outcomes = iter(recording.plans), iter(recording.outcomes)
-        self.accepted_hist = list(recording.totals["accepted_hist"])
-        self.num_draft_tokens = recording.totals["num_draft_tokens"]
+        self.accepted_hist = list(recording.totals.accepted_hist)
+        self.num_draft_tokens = recording.totals.num_draft_tokens
 
     def plan(self) -> tuple:
         step = next(self.plans, None)
@@ -160,10 +168,10 @@ class ReplayedScheduler:
     """What a replayed run's engine asks of its scheduler besides the steps: whether any
     request is unfinished, and the recorded run's counters."""
 
-    def __init__(self, totals: dict):
+    def __init__(self, totals: Totals):
         self.unfinished = 0
-        self.num_preemptions = totals["num_preemptions"]
-        self.prefix_cache = totals["prefix_cache"]
+        self.num_preemptions = totals.num_preemptions
+        self.prefix_cache = totals.prefix_cache
 
     def add_request(self, req: Request) -> None:
         self.unfinished += 1

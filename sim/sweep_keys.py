@@ -110,8 +110,7 @@ def cell_key(cfg: SimConfig) -> str:
             h.update(read_bytes(path))
     bundle = tables_of(cfg)
     if bundle is not None:   # the tables it may price from, found as sim/device_choice.py finds them
-        from stepgap.sim.hardware_file import collectives_beside
-        from stepgap.sim.tables import find_bundle, read_meta
+        from stepgap.sim.tables import bundle_collectives, find_bundle
         root = find_bundle(bundle)
         # every variant beside it (find_variant takes a sibling for fp8 weights or KV cache):
         # its meta.yaml and every tp<N> table
@@ -119,8 +118,7 @@ def cell_key(cfg: SimConfig) -> str:
             for path in sorted([variant / "meta.yaml", *variant.glob("tp*/*.csv")]):
                 h.update(str(path.relative_to(root.parent)).encode())
                 h.update(read_bytes(path))
-        label = read_meta(root).get("hardware")   # the GPU's hardware.yaml, as collectives()
-        found = collectives_beside(root, str(label)) if label else None
+        found = bundle_collectives(root)   # the GPU's collectives, as collectives() finds them
         if found is not None:
             h.update(read_bytes(found))
     return h.hexdigest()[:16]
