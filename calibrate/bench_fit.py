@@ -538,18 +538,19 @@ class Host:
         return replace(d, **ops, **{lat: getattr(d, lat) * self.cpu for lat in LATENCIES})
 
     def settings(self) -> dict:
-        """SimConfig settings that run this host (the device's level as `speed`, which scales
-        the CPU too: taken back); with a drafter's level, `profile` runs it instead."""
+        """SimConfig settings that run this host (the device's level as `device_scale`, the
+        CPU's as `cpu_scale` or its costs; `speed`, which scales both, at 1); with a drafter's
+        level, `profile` runs it instead."""
         from stepgap.sim.cpu_costs import CPU_COSTS, LATENCIES
         if self.draft is not None:
             return {}
         if self.per is None:
-            return {"cpu_scale": self.cpu / self.device, "speed": self.device}
+            return {"cpu_scale": self.cpu, "speed": 1.0, "device_scale": self.device}
         c = self.costs()
         return {"cpu_costs": {op: [o.a, o.b, o.c] for op in CPU_COSTS
                               if (o := getattr(c, op)) is not None},
                 **{lat: getattr(c, lat) for lat in LATENCIES if lat != "client_latency_us"},
-                "cpu_scale": 1.0 / self.device, "speed": self.device}
+                "cpu_scale": 1.0, "speed": 1.0, "device_scale": self.device}
 
     def profile(self):
         """The host as a profile (a drafter's level needs one: sim/costs.py LevelCosts)."""
@@ -1095,8 +1096,8 @@ def report(profile, out) -> str:
 NEXT_PROMPTS = 16
 NEXT_OUTPUT = 64
 NEAR = 0.10          # candidates within this share of the narrowest band: the cheapest wins
-SETUP_ONLY = ("profile", "cpu_scale", "speed", "cpu_costs", "launch_latency_us", "wake_us",
-              "ipc_us", "acceptance", "acceptance_rates", "acceptance_spread", "mode", "k",
+SETUP_ONLY = ("profile", "cpu_scale", "speed", "device_scale", "cpu_costs", "launch_latency_us",
+              "wake_us", "ipc_us", "acceptance", "acceptance_rates", "acceptance_spread", "mode", "k",
               "max_concurrency", "request_rate", "detailed", "timeline")
 
 
@@ -1215,8 +1216,8 @@ def middle(inp, settings: dict) -> dict:
     """`settings` with `inp` (sim/bands.py BandInput) halfway between its ends: each factor of
     the host at the geometric mean of its two ends (an acceptance at its nominal value)."""
     from dataclasses import replace
-    over = {key: math.sqrt(inp.at_low[key] * inp.at_high[key]) for key in ("cpu_factor", "speed")
-            if key in inp.at_low and key in inp.at_high}
+    over = {key: math.sqrt(inp.at_low[key] * inp.at_high[key])
+            for key in ("cpu_factor", "device_scale") if key in inp.at_low and key in inp.at_high}
     return replace(inp, at_low=over).settings(settings, "low")
 
 

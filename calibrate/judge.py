@@ -79,9 +79,9 @@ def resimulate(setup: Setup, cell: MeasuredCell, timeline: bool = False,
     jitter seed, as the measured runs met the machine at different moments. `device_scale`
     and `cpu_factor` multiply every device op and every CPU cost (the tests show the bounds
     catch a 10 % error in either)."""
-    if device_scale != 1.0 or cpu_factor != 1.0:   # speed scales both; cpu_scale takes it back
+    if cpu_factor != 1.0:
         base = overrides.get("cpu_scale", setup.settings.get("cpu_scale", 1.0))
-        overrides["cpu_scale"] = base * cpu_factor / device_scale
+        overrides["cpu_scale"] = base * cpu_factor
     results, spans = [], None
     levels = [1.0] * len(cell.runs)
     prof = overrides.get("profile", setup.settings.get("profile"))
@@ -91,7 +91,8 @@ def resimulate(setup: Setup, cell: MeasuredCell, timeline: bool = False,
             levels = run_levels(jitter.run_log_factors, len(cell.runs))
     for n, run in enumerate(cell.runs):
         cfg = sim_config(setup, run, timeline and n == 0,
-                         **{"speed": levels[n] * device_scale, "seed": n, **overrides})
+                         **{"speed": levels[n], "device_scale": device_scale, "seed": n,
+                            **overrides})
         res, sp = simulate(cfg, requests_of(run, setup.prompts))
         results.append(res)
         if n == 0 and timeline:

@@ -125,9 +125,8 @@ class BandInput:
         over = self.at_low if end == "low" else self.at_high
         out = dict(base)
         for key, v in over.items():
-            if key == "speed":   # device time x v (`speed` scales the CPU too: taken back)
-                out["cpu_scale"] = out.get("cpu_scale", 1.0) / v
-                out["speed"] = out.get("speed", 1.0) * v
+            if key == "device_scale":   # device time x v
+                out["device_scale"] = out.get("device_scale", 1.0) * v
             elif key == "cpu_factor":
                 out["cpu_scale"] = out.get("cpu_scale", 1.0) * v
             else:
@@ -222,12 +221,12 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
 
 
 def check_ends(inputs: list[BandInput], settings: dict) -> None:
-    """Each input's ends keep the run's --cpu-scale and --speed within their limits: a band
+    """Each input's ends keep the run's --cpu-scale and --device-scale within their limits: a band
     that would take them past is refused naming the option the user gave and the input, not
     with the derived value as if the user had given it."""
     from stepgap.common.limits import MAX_SCALE, MIN_SPEED
-    limits = {"cpu_scale": ("--cpu-scale", 0.0, MAX_SCALE), "speed": ("--speed", MIN_SPEED,
-                                                                     MAX_SCALE)}
+    limits = {"cpu_scale": ("--cpu-scale", 0.0, MAX_SCALE),
+              "device_scale": ("--device-scale", MIN_SPEED, MAX_SCALE)}
     for inp in inputs:
         for end in ("low", "high"):
             at = inp.settings(settings, end)
@@ -253,8 +252,8 @@ def device_input(r, split: bool) -> BandInput | None:
     tables = costs.tables if isinstance(costs, TableCosts) else None
     if tables is not None and not tables.not_measured:
         return BandInput("device", "the device ops the measured tables price", 1.0, TABLES_LOW,
-                         TABLES_HIGH, "x device time", TABLES_SOURCE, {"speed": TABLES_LOW},
-                         {"speed": TABLES_HIGH})
+                         TABLES_HIGH, "x device time", TABLES_SOURCE, {"device_scale": TABLES_LOW},
+                         {"device_scale": TABLES_HIGH})
     if split and tables is None:
         return None
     roof = (f"{hw.name}: bw_eff {hw.bw_eff:g}, flop_eff {hw.flop_eff:g}, {hw.kernel_us:g} us "
@@ -264,8 +263,8 @@ def device_input(r, split: bool) -> BandInput | None:
             else f"the roofline's device op times ({roof})")
     lo, hi, source = (*hw.device_band, hw.device_band_source) if hw.device_band is not None \
         else (DEVICE_LOW, DEVICE_HIGH, DEVICE_SOURCE)
-    return BandInput("device", what, 1.0, lo, hi, "x device time", source, {"speed": lo},
-                     {"speed": hi})
+    return BandInput("device", what, 1.0, lo, hi, "x device time", source, {"device_scale": lo},
+                     {"device_scale": hi})
 
 
 def collectives_input(cfg, r) -> BandInput | None:
@@ -351,8 +350,8 @@ def split_input(split: dict) -> BandInput:
     return BandInput("split", "host CPU against device, as far as the measured runs allow "
                      "(the profile's calibration)", 1.0, lo["cpu"], hi["cpu"], "x fitted CPU",
                      split.get("source", "the profile's calibration"),
-                     {"cpu_factor": lo["cpu"], "speed": lo["device"]},
-                     {"cpu_factor": hi["cpu"], "speed": hi["device"]})
+                     {"cpu_factor": lo["cpu"], "device_scale": lo["device"]},
+                     {"cpu_factor": hi["cpu"], "device_scale": hi["device"]})
 
 
 def profile_input(measured) -> BandInput:
@@ -368,8 +367,8 @@ def profile_input(measured) -> BandInput:
     else:
         lo, hi, source = 1 - PROFILE_BOUND, 1 + PROFILE_BOUND, PROFILE_SOURCE
     return BandInput("profile", f"the measured profile's level ({measured.path})", 1.0, lo, hi,
-                     "x step time", source, {"speed": lo, "cpu_factor": lo},
-                     {"speed": hi, "cpu_factor": hi})
+                     "x step time", source, {"device_scale": lo, "cpu_factor": lo},
+                     {"device_scale": hi, "cpu_factor": hi})
 
 
 def acceptance_inputs(cfg, target, max_k: int) -> list[BandInput]:

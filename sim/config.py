@@ -78,6 +78,11 @@ class SimConfig(RunSpec):
         1.0, "--speed", kind="float", lo=MIN_SPEED, hi=MAX_SCALE, metavar="X", shown=False,
         help=f"the machine's level for this run: device ops and CPU costs take X times as long, "
              f"{MIN_SPEED:g} to {MAX_SCALE:g} (default 1, the profile's mean)")
+    device_scale: float = opt(
+        1.0, "--device-scale", kind="float", lo=MIN_SPEED, hi=MAX_SCALE, metavar="X",
+        shown=False, help="multiply every device op's time, and only those (--cpu-scale the "
+                          "CPU's; --speed both): a band's device end, a fitted device level "
+                          "(default 1)")
     topology: str | None = opt(
         None, "--topology", kind="choice", choices=TOPOLOGIES,
         help="whose step loop: stepgap's engine, vLLM's (its RPCs, its API server sharing the "
@@ -210,7 +215,7 @@ CONFIG_KEYS = (
     "mode", "k", "gpu", "model", "method", "draft", "executor", "device", "tensor_parallel_size",
     "data_parallel_size", "enable_expert_parallel", "moe_routing_skew", "all_reduce_latency_us",
     "collectives", "disable_custom_all_reduce", "topology", "profile", "device_profile",
-    "jitter", "speed", "acceptance", "acceptance_rates",
+    "jitter", "speed", "device_scale", "acceptance", "acceptance_rates",
     "acceptance_spread", "replay", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
     "block_size", "num_gpu_blocks_override", "gpu_memory_utilization", "quantization",
     "kv_cache_dtype", "scheduler_reserve_full_isl", "enable_prefix_caching", "cpu_scale",
@@ -225,6 +230,7 @@ OPTIONAL_FIELDS = {"quantization": None, "kv_cache_dtype": "auto", "data_paralle
                    "disable_custom_all_reduce": False, "vllm_version": None,
                    "disable_padded_drafter_batch": None, "parallel_drafting": False,
                    "drafter_cudagraph_mode": None, "drafter_host_scale": 1.0,
+                   "device_scale": 1.0,
                    "acceptance_dataset": None}
 
 

@@ -25,12 +25,12 @@ from stepgap.sim.steps import LiveSteps, ReplayedSteps
 def device_of(cfg: SimConfig, r: Resolved, spans: list | None) -> Device:
     """The engine core's device lane: the plan's costs, the machine's noise (or --speed alone)
     and the drafter's host work where it waits for the step's tokens."""
-    jitter = None
+    jitter, level = None, cfg.speed * cfg.device_scale
     if r.noise is not None:
         j = r.noise
-        jitter = Jitter(j.trace, j.bin_ms * 1e3, j.sigma_step, cfg.speed, cfg.seed)
-    elif cfg.speed != 1.0:
-        jitter = Jitter([], 1.0, 0.0, cfg.speed, cfg.seed)
+        jitter = Jitter(j.trace, j.bin_ms * 1e3, j.sigma_step, level, cfg.seed)
+    elif level != 1.0:
+        jitter = Jitter([], 1.0, 0.0, level, cfg.seed)
     waits = r.drafter_host and r.drafter.waits_for_tokens()
     return Device(r.device_costs, cfg.k, r.fixup, spans, jitter, r.drafter,
                   r.cpu.wake_us if waits else None)

@@ -99,6 +99,7 @@ def add_setup_args(p) -> None:
                                       "--gpu (cpu for --gpu cpu, else cuda)")
     g = p.add_argument_group("hardware and measured costs")
     for name in ("gpu", "profile", "device_profile", "quantization", "kv_cache_dtype", "speed",
+                 "device_scale",
                  "topology", "moe_routing_skew", "all_reduce_latency_us", "collectives",
                  "disable_custom_all_reduce", "jitter"):
         add_option(g, name, D)

@@ -27,8 +27,8 @@ class Planned:
 
 # Settings that change how long things take, or what a result holds, never which steps run:
 # runs that differ in these alone take the same steps (`Recording`; a band's CPU and device ends)
-TIME_ONLY = ("cpu_scale", "speed", "cpu_costs", "launch_latency_us", "wake_us", "ipc_us",
-             "timeline", "detailed", "drafter_host_scale")
+TIME_ONLY = ("cpu_scale", "speed", "device_scale", "cpu_costs", "launch_latency_us", "wake_us",
+             "ipc_us", "timeline", "detailed", "drafter_host_scale")
 
 
 @dataclass(frozen=True, slots=True)
