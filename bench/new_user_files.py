@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from stepgap.calibrate.bench_fit import Host  # noqa: E402
 from stepgap.common.acceptance import get_profile  # noqa: E402
-from stepgap.common.vllm_bench import bench_result  # noqa: E402
+from stepgap.common.run_result import bench_result  # noqa: E402
 from stepgap.sim.bands import shifted  # noqa: E402
 from stepgap.sim.config import SimConfig  # noqa: E402
 from stepgap.sim.loop import simulate  # noqa: E402

@@ -28,7 +28,7 @@ from pathlib import Path
 from stepgap.common.cpu_load import OtherCpu
 from stepgap.common.errors import UserError
 from stepgap.common.formats import MODES, TraceRequest
-from stepgap.common.scheduler import BLOCK_SIZE, cdiv
+from stepgap.common.scheduler import BLOCK_SIZE, MAX_NUM_BATCHED_TOKENS, cdiv
 from stepgap.engine.args import EngineArgs
 from stepgap.calibrate.fit import GridShape, add_device, build_profile, measure_grid
 from stepgap.calibrate.samples import device_points
@@ -104,7 +104,7 @@ def limits(requests: list[TraceRequest], k: int, max_concurrency: int | None,
     return {"num_blocks": sum(cdiv(r.prompt_len + r.output_len + k + 1, block_size)
                               for r in requests),
             "max_num_seqs": max_concurrency or len(requests),
-            "max_num_batched_tokens": 8192, "max_model_len": longest + k + 1}
+            "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "max_model_len": longest + k + 1}
 
 
 @dataclass

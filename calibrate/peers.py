@@ -20,8 +20,8 @@ from pathlib import Path
 
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json_object, read_text
-from stepgap.common.peer_run import (find_dataset, load_timeseries, peer_result,
-                                     peer_settings)
+from stepgap.common.peer_run import find_dataset, load_timeseries, peer_settings
+from stepgap.common.run_result import peer_result
 from stepgap.sim.device_choice import NO_TABLES
 from stepgap.sim.config import SimConfig
 from stepgap.sim.hardware import is_gpu_file

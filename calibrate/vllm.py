@@ -566,7 +566,8 @@ def cmd_ingest_metrics(args) -> int:
 
 
 def cmd_ingest_bench(args) -> int:
-    from stepgap.common.vllm_bench import bench_requests, bench_result, merged_chunks, read_bench
+    from stepgap.common.run_result import bench_result
+    from stepgap.common.vllm_bench import bench_requests, merged_chunks, read_bench
     from stepgap.common.fileio import check_distinct, check_writable
     from stepgap.common.formats import format_summary, save_result, save_trace
     check_distinct([("--out", args.out), ("--trace-out", args.trace_out)])

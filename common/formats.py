@@ -270,13 +270,6 @@ def step_gaps(spans: Iterable[Span]) -> list[float]:
     return [max(0.0, first[b] - last[a]) for a, b in zip(steps, steps[1:])]
 
 
-def gap_summary(gaps_us: list[float], detailed: bool = False) -> dict:
-    """Summary of a step-gap distribution (microseconds), as a result writes it
-    (run_result.StepGaps)."""
-    from stepgap.common.run_result import StepGaps
-    return StepGaps.of(gaps_us, detailed).to_dict()
-
-
 # ---------------------------------------------------------------------------------------------
 # Metrics, as `vllm bench serve` computes them
 
@@ -373,19 +366,6 @@ class SpecStats:
 
 # ---------------------------------------------------------------------------------------------
 # Run results
-
-
-def run_result(timings: list[RequestTiming], duration_s: float, *, backend: str,
-               config: dict, gaps_us: list[float] | None = None,
-               spec: SpecStats | None = None, detailed: bool = False,
-               percentiles: Iterable[float] = PERCENTILES,
-               percentile_metrics: Iterable[str] = METRICS) -> dict:
-    """One run's result as a document (`RunResult.build(...).to_dict()`, common/run_result.py),
-    for the callers that still take a dict."""
-    from stepgap.common.run_result import RunResult
-    return RunResult.build(timings, duration_s, backend=backend, config=config, gaps_us=gaps_us,
-                           spec=spec, detailed=detailed, percentiles=percentiles,
-                           percentile_metrics=percentile_metrics).to_dict()
 
 
 # Once a tick, as vLLM's stat logger reports it (LLMServingSim's bench writes these columns to

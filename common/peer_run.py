@@ -24,13 +24,12 @@ from pathlib import Path
 
 from stepgap.common.errors import UserError, shown, where
 from stepgap.common.fileio import csv_rows, json_lines, mark_input, read_json_object, read_text
-from stepgap.common.formats import MAX_ARRIVAL_S, TIMESERIES, RequestTiming, TraceRequest
+from stepgap.common.formats import MAX_ARRIVAL_S, TIMESERIES, TraceRequest
 from stepgap.common.limits import MAX_TIMESTAMP_S, MAX_TP, is_finite, is_int
-from stepgap.common.run_result import RunResult
 
 STAMPS = ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
 KEYS = ("request_id", "input_toks", "output_toks", *STAMPS)
-PERCENTILES = (50, 90, 95, 99)
+PERCENTILES = (50, 90, 95, 99)   # a peer's measured side (run_result.py peer_result)
 
 
 def is_peer_requests(path) -> bool:
@@ -162,28 +161,6 @@ def load_peer_trace(path) -> list[TraceRequest]:
     order = sorted(reqs, key=lambda r: r["queued_ts"])
     return [TraceRequest(r["request_id"], r["queued_ts"] - t0, r["input_toks"],
                          r["output_toks"], ids.get(r["request_id"])) for r in order]
-
-
-def peer_result(path, percentiles=PERCENTILES) -> RunResult:
-    """The run as a measured run result (the keys of `vllm bench serve --save-result`): no step
-    gaps, no ITLs (NaN: only each request's first and last token are timed)."""
-    reqs = load_peer_requests(path)
-    t0 = min(r["queued_ts"] for r in reqs)
-    timings = []
-    for r in reqs:
-        t = RequestTiming(r["request_id"], r["input_toks"], r["queued_ts"] - t0)
-        t.add_chunk(r["first_token_ts"] - t0, 1)
-        if r["output_toks"] > 1:
-            t.add_chunk(r["last_token_ts"] - t0, r["output_toks"] - 1)
-        timings.append(t)
-    duration = max(r["last_token_ts"] for r in reqs) - t0
-    res = RunResult.build(timings, duration, backend="vllm", config={"source": str(path)},
-                          percentiles=percentiles)
-    res.request_rate = "trace"
-    m = res.metrics
-    m.mean_itl_ms = m.median_itl_ms = m.std_itl_ms = math.nan
-    m.percentiles.update((k, math.nan) for k in m.percentiles if k.endswith("_itl_ms"))
-    return res
 
 
 # -------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ same run gives the same bytes, and a file read and written again keeps its bytes
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable
@@ -40,6 +41,9 @@ from stepgap.common.fileio import check_file, dumps_json, read_json_object
 from stepgap.common.formats import (METRICS, PERCENTILES, RequestTiming, SpecStats,
                                     check_result, compute_metrics, is_metric, save_result)
 from stepgap.common.limits import is_int
+from stepgap.common.peer_run import PERCENTILES as PEER_PERCENTILES
+from stepgap.common.peer_run import is_peer_requests, load_peer_requests
+from stepgap.common.vllm_bench import bench_config, bench_requests, check_details, spec_counts
 
 
 def _layout(full: dict, always: Iterable[str], order: tuple | None) -> dict:
@@ -408,11 +412,9 @@ class RunResult(_Keys):
         """A result file of any layout: stepgap's (`.json`, `.json.gz`: the simulator's, the
         engine's, a served run's, an ingested vLLM run's), one `vllm bench serve --save-result`
         wrote, or a peer's vLLM run (its requests.jsonl, common/peer_run.py)."""
-        from stepgap.common.peer_run import is_peer_requests, peer_result
-        from stepgap.common.vllm_bench import check_details
         path = Path(path)
         if is_peer_requests(path):
-            return cls.from_dict(peer_result(path), path)
+            return cls.from_dict(peer_result(path).to_dict(), path)
         check_file(path, "result file")
         doc = check_result(read_json_object(path, "a run result"), path)
         if any(key in doc for key in (*DETAIL_KEYS, "output_lens")):   # one entry a prompt
@@ -515,3 +517,57 @@ class RunResult(_Keys):
             raise UserError(f"result has no {missing!r}: pooling needs detailed results "
                             "(--detailed)")
         return self.requests.timings(tag)
+
+
+def bench_result(doc: dict, path, chunk_tokens: list[list[int]] | None = None,
+                 ids: list[str] | None = None, config: dict | None = None) -> RunResult:
+    """The run as a stepgap run result: the bench's own numbers recomputed from its
+    per-request lists (so that it pools and compares like any result), chunk sizes where known."""
+    reqs = bench_requests(doc, path, chunk_tokens, ids)
+    ok = [i for i, (e, o) in enumerate(zip(doc.get("errors") or [""] * len(doc["input_lens"]),
+                                           doc["output_lens"])) if not e and o]
+    timings = []
+    for r, i in zip(reqs, ok):
+        t = RequestTiming(r.request_id, r.prompt_len, 0.0)
+        times = [doc["ttfts"][i]]
+        for gap in doc["itls"][i]:
+            times.append(times[-1] + gap)
+        sizes = chunk_tokens[i] if chunk_tokens else None
+        if sizes is None or len(sizes) != len(times) or sum(sizes) != r.output_len:
+            sizes = [1] * len(times)
+            sizes[-1] += r.output_len - len(times)
+        for tm, k in zip(times, sizes):
+            t.add_chunk(tm, k)
+        timings.append(t)
+    cfg = {**bench_config(doc), **(config or {})}
+    res = RunResult.build(timings, doc["duration"], backend=f"vllm-{doc['backend']}",
+                          config=cfg, detailed=True, percentiles=(50, 99))
+    if doc.get("spec_decode_num_drafts"):
+        res.spec_decode = SpecDecode(
+            **spec_counts(doc), acceptance_rate=doc["spec_decode_acceptance_rate"] / 100,
+            acceptance_rate_per_pos=doc["spec_decode_per_position_acceptance_rates"])
+    if all(r.accepted is not None for r in reqs):
+        res.requests.accepted = [r.accepted for r in reqs]
+    return res
+
+
+def peer_result(path, percentiles=PEER_PERCENTILES) -> RunResult:
+    """The run as a measured run result (the keys of `vllm bench serve --save-result`): no step
+    gaps, no ITLs (NaN: only each request's first and last token are timed)."""
+    reqs = load_peer_requests(path)
+    t0 = min(r["queued_ts"] for r in reqs)
+    timings = []
+    for r in reqs:
+        t = RequestTiming(r["request_id"], r["input_toks"], r["queued_ts"] - t0)
+        t.add_chunk(r["first_token_ts"] - t0, 1)
+        if r["output_toks"] > 1:
+            t.add_chunk(r["last_token_ts"] - t0, r["output_toks"] - 1)
+        timings.append(t)
+    duration = max(r["last_token_ts"] for r in reqs) - t0
+    res = RunResult.build(timings, duration, backend="vllm", config={"source": str(path)},
+                          percentiles=percentiles)
+    res.request_rate = "trace"
+    m = res.metrics
+    m.mean_itl_ms = m.median_itl_ms = m.std_itl_ms = math.nan
+    m.percentiles.update((k, math.nan) for k in m.percentiles if k.endswith("_itl_ms"))
+    return res

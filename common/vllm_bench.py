@@ -3,7 +3,7 @@
 A bench file holds the client's config (model_id, num_prompts, request_rate, burstiness,
 max_concurrency; `--metadata KEY=VALUE` pairs as top-level keys) and, with --save-detailed, the
 per-request input and output lengths, TTFTs and ITLs (one per streamed chunk after the first).
-`bench_result` turns it into a run result (common/formats.py keys, recomputed from those lists,
+common/run_result.py `bench_result` turns it into a run result (recomputed from those lists,
 so that it pools and compares like any result), `bench_requests` into the trace that produced it
 (all sent at 0 when the rate was inf: vLLM keeps no arrival times). `stepgap simulate --trace`,
 `stepgap compare` and `stepgap calibrate` take these files as they are.
@@ -17,9 +17,8 @@ from pathlib import Path
 
 from stepgap.common.errors import UserError, where
 from stepgap.common.fileio import read_json
-from stepgap.common.formats import MODES, RequestTiming, TraceRequest
+from stepgap.common.formats import MODES, TraceRequest
 from stepgap.common.limits import MAX_K, MAX_PARAM, MAX_PROMPTS, is_finite, is_int
-from stepgap.common.run_result import RunResult, SpecDecode
 
 BENCH_KEYS = ("date", "backend", "model_id", "num_prompts", "completed", "duration",
               "mean_tpot_ms")
@@ -203,38 +202,6 @@ def bench_requests(doc: dict, path, chunk_tokens: list[list[int]] | None = None,
         out.append(TraceRequest(ids[i] if ids else f"req-{i}", 0.0, int(plen), int(olen),
                                 accepted=acc))
     return out
-
-
-def bench_result(doc: dict, path, chunk_tokens: list[list[int]] | None = None,
-                 ids: list[str] | None = None, config: dict | None = None) -> RunResult:
-    """The run as a stepgap run result: the bench's own numbers recomputed from its
-    per-request lists (so that it pools and compares like any result), chunk sizes where known."""
-    reqs = bench_requests(doc, path, chunk_tokens, ids)
-    ok = [i for i, (e, o) in enumerate(zip(doc.get("errors") or [""] * len(doc["input_lens"]),
-                                           doc["output_lens"])) if not e and o]
-    timings = []
-    for r, i in zip(reqs, ok):
-        t = RequestTiming(r.request_id, r.prompt_len, 0.0)
-        times = [doc["ttfts"][i]]
-        for gap in doc["itls"][i]:
-            times.append(times[-1] + gap)
-        sizes = chunk_tokens[i] if chunk_tokens else None
-        if sizes is None or len(sizes) != len(times) or sum(sizes) != r.output_len:
-            sizes = [1] * len(times)
-            sizes[-1] += r.output_len - len(times)
-        for tm, k in zip(times, sizes):
-            t.add_chunk(tm, k)
-        timings.append(t)
-    cfg = {**bench_config(doc), **(config or {})}
-    res = RunResult.build(timings, doc["duration"], backend=f"vllm-{doc['backend']}",
-                          config=cfg, detailed=True, percentiles=(50, 99))
-    if doc.get("spec_decode_num_drafts"):
-        res.spec_decode = SpecDecode(
-            **spec_counts(doc), acceptance_rate=doc["spec_decode_acceptance_rate"] / 100,
-            acceptance_rate_per_pos=doc["spec_decode_per_position_acceptance_rates"])
-    if all(r.accepted is not None for r in reqs):
-        res.requests.accepted = [r.accepted for r in reqs]
-    return res
 
 
 def spec_counts(doc: dict) -> dict:

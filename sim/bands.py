@@ -221,19 +221,21 @@ def band_inputs(settings: dict, max_k: int | None = None) -> list[BandInput]:
 
 
 def check_ends(inputs: list[BandInput], settings: dict) -> None:
-    """Each input's ends keep the run's --cpu-scale and --device-scale within their limits: a band
-    that would take them past is refused naming the option the user gave and the input, not
-    with the derived value as if the user had given it."""
+    """Each input's ends keep the host's levels within their limits, the CPU's (--cpu-scale)
+    and the device's (--speed x --device-scale): a band that would take them past is refused
+    naming the option the user gave and the input, not with the derived value as if the user
+    had given it."""
     from stepgap.common.limits import MAX_SCALE, MIN_SPEED
-    limits = {"cpu_scale": ("--cpu-scale", 0.0, MAX_SCALE),
-              "device_scale": ("--device-scale", MIN_SPEED, MAX_SCALE)}
+    device = "--device-scale" if settings.get("device_scale", 1.0) != 1.0 else "--speed"
+    limits = {"--cpu-scale": (lambda s: s.get("cpu_scale", 1.0), 0.0),
+              device: (lambda s: s.get("speed", 1.0) * s.get("device_scale", 1.0), MIN_SPEED)}
     for inp in inputs:
         for end in ("low", "high"):
             at = inp.settings(settings, end)
-            for key, (option, lo, hi) in limits.items():
-                v = at.get(key, 1.0)
-                if not lo <= v <= hi:
-                    given, edge = settings.get(key, 1.0), hi if v > hi else lo
+            for option, (level, lo) in limits.items():
+                v = level(at)
+                if not lo <= v <= MAX_SCALE:
+                    given, edge = level(settings), MAX_SCALE if v > MAX_SCALE else lo
                     value = inp.low if end == "low" else inp.high
                     raise UserError(f"{option} {given:g}: the band's {inp.name} input at its "
                                     f"{end} end ({value:g} {inp.unit}) takes it to {v:g}, past "

@@ -14,13 +14,12 @@ from stepgap.sim.profile import Profile
 from stepgap.sim.profile_costs import ProfileCosts
 from stepgap.sim.bundle_match import committed_bundle, refuse_another_model
 from stepgap.sim.table_costs import TableCosts
-from stepgap.sim.tables import (bundle_collectives, bundle_meta, find_bundle, find_variant,
-                                load_tables, repo_relative)
+from stepgap.sim.tables import bundle_meta, find_bundle, find_variant, load_tables, repo_relative
 from stepgap.sim.expert_parallel import MoeCosts, MoeParallel
 from stepgap.sim.moe_tables import check_moe_bundle, moe_only, moe_parts
 from stepgap.sim.hardware import Hardware, MeasuredLink, is_gpu_file
-from stepgap.sim.hardware_file import (committed_link, load_collectives, other_measurements,
-                                       with_link)
+from stepgap.sim.hardware_file import (bundle_collectives, committed_link, load_collectives,
+                                       other_measurements, with_link)
 from stepgap.common.errors import UserError, where
 from stepgap.common.modelcfg import ModelConfig
 from stepgap.common.speculation import METHODS

@@ -247,6 +247,14 @@ def load_gpu(name: str) -> Hardware:
     return load_gpu_file(name) if is_gpu_file(name) else get_hardware(name)
 
 
+def bundle_collectives(root: Path) -> Path | None:
+    """The measured collectives beside a bundle, of the GPU its meta.yaml's `hardware` names
+    (`collectives_beside`), or None."""
+    from stepgap.sim.tables import read_meta
+    label = read_meta(root).get("hardware")
+    return collectives_beside(root, str(label)) if label else None
+
+
 def collectives_beside(bundle: Path, label: str) -> Path | None:
     """The hardware.yaml of a perf bundle's GPU, where LLMServingSim keeps it:
     profiler/perf/<label>/hardware.yaml, above the bundle's <model>/<variant> folders."""

@@ -4,6 +4,7 @@ another DeviceCosts (the roofline) for the ops the profile does not cover."""
 
 from __future__ import annotations
 
+from stepgap.common.scheduler import BLOCK_SIZE
 from stepgap.sim.costs import Batch, DeviceCosts
 from stepgap.sim.profile import DEVICE_OPS, Fit, Profile, batch_features
 
@@ -11,7 +12,8 @@ from stepgap.sim.profile import DEVICE_OPS, Fit, Profile, batch_features
 class ProfileCosts(DeviceCosts):
     """Device op times from a profile's fits at depth k; `fallback` answers for the rest."""
 
-    def __init__(self, profile: Profile, k: int, fallback: DeviceCosts, block_size: int = 16):
+    def __init__(self, profile: Profile, k: int, fallback: DeviceCosts,
+                 block_size: int = BLOCK_SIZE):
         self.profile, self.k, self.fallback, self.block_size = profile, k, fallback, block_size
         self.fits: dict[tuple[str, int | None], Fit] = {}
         self.sources: dict[str, str] = {}

@@ -13,6 +13,7 @@ import numpy as np
 
 from stepgap.common.errors import UserError
 from stepgap.common.modelcfg import ModelConfig
+from stepgap.common.scheduler import MAX_MODEL_LEN
 from stepgap.common.speculation import METHODS
 from stepgap.sim.costs import Batch, DeviceCosts
 from stepgap.sim.drafter_costs import NGRAM_GPU_KERNELS, NGRAM_N, DrafterCosts
@@ -88,8 +89,8 @@ class RooflineCosts(DeviceCosts):
     """
 
     def __init__(self, target: ModelConfig, draft, hw: Hardware, k: int, tp: int = 1,
-                 method: str = "eagle3", routing_skew: float = 0.0, max_model_len: int = 2048,
-                 kv_bytes: int = BF16):
+                 method: str = "eagle3", routing_skew: float = 0.0,
+                 max_model_len: int = MAX_MODEL_LEN, kv_bytes: int = BF16):
         self.t, self.d, self.hw, self.k = target, draft, hw, k
         self.kv_bytes = kv_bytes          # a KV-cache element (--kv-cache-dtype)
         self.tp, self.method, self.skew, self.max_model_len = tp, method, routing_skew, \

@@ -110,7 +110,8 @@ def cell_key(cfg: SimConfig) -> str:
             h.update(read_bytes(path))
     bundle = tables_of(cfg)
     if bundle is not None:   # the tables it may price from, found as sim/device_choice.py finds them
-        from stepgap.sim.tables import bundle_collectives, find_bundle
+        from stepgap.sim.hardware_file import bundle_collectives
+        from stepgap.sim.tables import find_bundle
         root = find_bundle(bundle)
         # every variant beside it (find_variant takes a sibling for fp8 weights or KV cache):
         # its meta.yaml and every tp<N> table

@@ -32,7 +32,6 @@ from pathlib import Path
 from stepgap.common.errors import UserError, shown, where
 from stepgap.common.fileio import csv_rows, mark_input, parsed_once, read_yaml
 from stepgap.common.limits import MAX_SKEW_ALPHA, MAX_TABLE_COUNT, MAX_TP, is_finite, is_int
-from stepgap.sim.hardware_file import collectives_beside
 from stepgap.sim.table_interp import AttentionTable, SkewFit, Table1D
 
 DENSE_LAYERS = ("embedding", "layernorm", "qkv_proj", "rotary_emb", "o_proj", "gate_up_proj",
@@ -315,13 +314,6 @@ SHAPE_KEYS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads",
               "intermediate_size", "vocab_size", "head_dim", "hidden_size")
 NAME_KEYS = ("gpu", "hardware", "model", "variant", "architecture", "vllm_version",
              "cuda_version", "source")
-
-
-def bundle_collectives(root: Path) -> Path | None:
-    """The measured collectives beside a bundle, of the GPU its meta.yaml's `hardware` names
-    (sim/hardware_file.py `collectives_beside`), or None."""
-    label = read_meta(root).get("hardware")
-    return collectives_beside(root, str(label)) if label else None
 
 
 def read_meta(root: Path) -> dict:

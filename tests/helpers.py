@@ -306,3 +306,9 @@ def wait_idle(server: Server) -> dict:
             return m
         assert time.monotonic() < deadline, m
         time.sleep(0.05)
+
+
+def run_result(timings, duration_s: float, **kw) -> dict:
+    """One run's result as a document (common/run_result.py `RunResult.build`, written)."""
+    from stepgap.common.run_result import RunResult
+    return RunResult.build(timings, duration_s, **kw).to_dict()

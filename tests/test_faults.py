@@ -164,7 +164,8 @@ def test_a_request_too_long_is_refused_before_anything_is_built_for_it(monkeypat
 
 
 def test_a_closed_stdout_is_no_traceback(tmp_path):
-    from stepgap.common.formats import RequestTiming, run_result, save_result
+    from stepgap.common.formats import RequestTiming, save_result
+    from tests.helpers import run_result
     t = RequestTiming("a", 4, 0.0)
     t.add_chunk(0.1, 1)
     t.add_chunk(0.2, 1)

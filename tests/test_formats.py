@@ -5,8 +5,9 @@ import pytest
 from stepgap.common.errors import UserError
 from stepgap.common.run_result import RunResult
 from stepgap.common.formats import (RequestTiming, Span, SpecStats, chrome_trace, compute_metrics,
-                             format_summary, load_timeline, load_trace, run_result,
-                             save_result, save_timeline, save_trace, step_gaps, TraceRequest)
+                             format_summary, load_timeline, load_trace, save_result,
+                             save_timeline, save_trace, step_gaps, TraceRequest)
+from tests.helpers import run_result
 
 
 def write_lines(tmp_path, lines, name="t.jsonl"):

@@ -32,7 +32,8 @@ from unittest import mock
 
 import pytest
 
-from stepgap.common.formats import RequestTiming, run_result, save_result
+from stepgap.common.formats import RequestTiming, save_result
+from tests.helpers import run_result
 from stepgap.cli import build_parser, main
 
 SEED = int(os.environ.get("STEPGAP_FUZZ_SEED", "16"))
@@ -1532,8 +1533,8 @@ def round4(rng: random.Random, d: Path, base: Base) -> Case:
     """The classes of round 4 (issue 55): files stepgap wrote and reads back (a calibrate
     profile's bands, split, residuals and CPU costs; a result's sections), measured tables of
     zero or impossible times, one-token workloads, sizes past their bounds, an output inside a
-    folder the command reads, one run given twice, a band past --speed's limit. Each one line
-    naming the file and field (or the option), exit 2, nothing written, inputs unchanged."""
+    folder the command reads, one run given twice, a band past the device level's limit. Each
+    one line naming the file and field (or the option), exit 2, nothing written, inputs unchanged."""
     from tests.test_bad_input_round4 import bench_profile
     out = d / "out"
     how = rng.choice(["profile", "result", "table", "one token", "size", "output in input",
@@ -1623,7 +1624,8 @@ def round4(rng: random.Random, d: Path, base: Base) -> Case:
                                "llama-3.1-8b", "--draft", "llama-3.1-8b-eagle3", "-k", "4",
                                "--out", str(out / "p.json")],
                     (f"{b}: the same run as {a}",), inputs=(a, b))
-    option, v = rng.choice([("--speed", "1e6"), ("--speed", "1e-6"), ("--cpu-scale", "1e6")])
+    option, v = rng.choice([("--speed", "1e6"), ("--speed", "1e-6"), ("--device-scale", "1e6"),
+                            ("--device-scale", "1e-6")])
     return Case(f"{how}: {option} {v}", ["simulate", *sim_args(base, out), "--band", option, v],
                 (f"{option} {float(v):g}: the band's",))
 

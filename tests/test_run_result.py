@@ -9,7 +9,8 @@ import pytest
 
 from stepgap.common.errors import UserError
 from stepgap.common.fileio import read_json
-from stepgap.common.formats import RequestTiming, SpecStats, run_result, save_result
+from stepgap.common.formats import RequestTiming, SpecStats, save_result
+from tests.helpers import run_result
 from stepgap.common.run_result import RunResult
 from stepgap.sim.config import SimConfig
 from stepgap.sim.loop import simulate

@@ -122,7 +122,7 @@ def test_the_same_seed_gives_the_same_bytes():
                     num_prompts=20, workload="sharegpt", request_rate=50.0, detailed=True)
     a, _ = simulate(cfg)
     b, _ = simulate(cfg)
-    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    assert a.to_json() == b.to_json()
 
 
 # -- the timeline and the result -------------------------------------------------------------------

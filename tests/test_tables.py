@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from stepgap.common.errors import UserError
-from stepgap.common.peer_run import (load_peer_requests, load_peer_trace, peer_result,
-                                     peer_settings)
+from stepgap.common.peer_run import load_peer_requests, load_peer_trace, peer_settings
+from stepgap.common.run_result import peer_result
 from stepgap.sim.config import SimConfig
 from stepgap.sim.plan import resolve
 from stepgap.sim.costs import Batch

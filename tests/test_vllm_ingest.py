@@ -13,7 +13,8 @@ import pytest
 from stepgap.calibrate.vllm import SCOPES, acceptance_from_scrapes, read_source, vllm_timeline
 from stepgap.common.errors import UserError
 from stepgap.common.formats import LANES, OPS, load_timeline, step_gaps
-from stepgap.common.vllm_bench import bench_requests, bench_result, bursty_share, read_bench
+from stepgap.common.run_result import bench_result
+from stepgap.common.vllm_bench import bench_requests, bursty_share, read_bench
 from stepgap.cli import main
 
 DATA = Path(__file__).resolve().parent / "data" / "vllm"

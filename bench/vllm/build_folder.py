@@ -43,8 +43,9 @@ from stepgap.calibrate.judge import SYNC_ONLY_PROFILE  # noqa: E402
 from stepgap.calibrate.vllm import acceptance_from_scrapes, read_source, vllm_timeline  # noqa: E402
 from stepgap.calibrate.vllm_fit import Run, calibrate_runs  # noqa: E402
 from stepgap.common.fileio import write_json  # noqa: E402
-from stepgap.common.formats import gap_summary, save_timeline, step_gaps  # noqa: E402
-from stepgap.common.vllm_bench import bench_result, is_bursty, read_bench  # noqa: E402
+from stepgap.common.formats import save_timeline, step_gaps  # noqa: E402
+from stepgap.common.run_result import StepGaps, bench_result  # noqa: E402
+from stepgap.common.vllm_bench import is_bursty, read_bench  # noqa: E402
 from stepgap.sim.profile import save_profile  # noqa: E402
 
 PAIR = ROOT / "checkpoints" / "pystdlib"
@@ -141,7 +142,7 @@ def main(argv=None) -> int:
                             "cpu_s": r["cpu_s"]})
         # the run's step gaps, from its own hook timeline (a bench file has none)
         spans = run_of(src, r).spans
-        res["step_gaps"] = gap_summary(step_gaps(spans), detailed=True)
+        res["step_gaps"] = StepGaps.of(step_gaps(spans), detailed=True).to_dict()
         name = cell_name(r["mode"], r["k"], r["conc"])
         runs.setdefault(name, []).append(trim(res))
         add_device(device.setdefault(name, {}), device_points(spans, r["k"]))
