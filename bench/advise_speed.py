@@ -13,12 +13,19 @@ alternate the checkouts, so that the machine's drift falls on both:
   processes (the sweep machinery's local runner): wall time and the children's CPU time; their
   ratio is the simulator's speed on this question;
 - `sharegpt-h100`: the preset's 10,000 ShareGPT-like requests at concurrency 64 (k 4, async,
-  H100): CPU time of Run.run, each checkout.
+  H100): CPU time of Run.run, each checkout;
+- `startup`: `python -m stepgap --help` and `stepgap simulate --preset seed-l20` as a user
+  types them: wall and CPU time of the whole process, each checkout.
+
+Over the whole benchmark it also says what every other process of the machine used meanwhile
+(/proc/stat's busy time less this benchmark's own processes'), and the hypervisor's steal: a
+measurement is only worth its quiet.
 
 Usage (the baseline: main before the replay of recorded steps, 4a6030b):
     mkdir -p /tmp/base && git archive 4a6030b | tar -x -C /tmp/base
     python bench/advise_speed.py --baseline /tmp/base --rounds 3
     python bench/advise_speed.py --rounds 1            # this checkout alone
+    python bench/advise_speed.py --baseline /tmp/base --rounds 5 --parts startup,share
 """
 
 from __future__ import annotations
@@ -123,6 +130,30 @@ def child_share() -> None:
 # -- the parent --------------------------------------------------------------------------------
 
 
+def startup(path: Path, out: Path) -> dict:
+    """Each start-up command once, as a user types it, with stepgap from `path`: wall and CPU
+    seconds of its process."""
+    import resource
+    env = {**os.environ, "PYTHONPATH": str(path)}
+    row = {}
+    for name, argv in (("help", ["--help"]),
+                       ("seed", ["simulate", "--preset", "seed-l20", "--quiet",
+                                 "--result-json", str(out / "seed.json")])):
+        ru0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+        subprocess.run([sys.executable, "-m", "stepgap", *argv], env=env, cwd=ROOT, check=True,
+                       stdout=subprocess.DEVNULL)
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        row[f"{name}_wall_s"] = time.perf_counter() - t0
+        row[f"{name}_cpu_s"] = ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime
+    return row
+
+
+def own_cpu_s() -> float:
+    import resource
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1].startswith("--child-"):
         which, rest = sys.argv[1], sys.argv[2:]
@@ -133,13 +164,18 @@ def main() -> int:
     ap.add_argument("--baseline", type=Path, metavar="CHECKOUT",
                     help="another checkout (e.g. git archive f9c02e3), timed in the same rounds")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--parts", default="advise,share,startup",
+                    help="what to time, of advise (with its cells), share, startup (default all)")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    from shared_core import busy_seconds
+    (busy0, steal0), own0, t_start = busy_seconds(), own_cpu_s(), time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="advise-speed-"))
     this = shim(ROOT, tmp / "this")
     base = shim(args.baseline.resolve(), tmp / "base") if args.baseline else None
     cells = tmp / "cells.json"
     rows = {k: [] for k in ("advise", "advise_base", "cells", "cells_base", "share",
-                            "share_base")}
+                            "share_base", "startup", "startup_base")}
     for r in range(args.rounds):
         order = [("this", this), ("base", base)] if r % 2 == 0 else [("base", base),
                                                                    ("this", this)]
@@ -147,26 +183,49 @@ def main() -> int:
             if path is None:
                 continue
             suffix = "" if who == "this" else "_base"
-            a = child(path, "--child-advise", str(cells if who == "this" else tmp / "base.json"))
-            rows["advise" + suffix].append(a)
-            print(f"round {r + 1}: {who}: advise {a['wall_s']:.2f} s wall ({a['sims']} "
-                  f"simulations, {a['cpu_s']:.1f} s CPU)", flush=True)
-            c = child(path, "--child-cells", str(cells))
-            s = child(path, "--child-share")
-            rows["cells" + suffix].append(c)
-            rows["share" + suffix].append(s)
-            print(f"round {r + 1}: {who}: the question's {c['cells']} cells {c['wall_s']:.2f} s "
-                  f"wall, {c['cpu_s']:.1f} s CPU; sharegpt-h100 {s['cpu_s']:.2f} s CPU "
-                  f"({s['steps']} steps)", flush=True)
+            if "advise" in parts:
+                a = child(path, "--child-advise",
+                          str(cells if who == "this" else tmp / "base.json"))
+                rows["advise" + suffix].append(a)
+                print(f"round {r + 1}: {who}: advise {a['wall_s']:.2f} s wall ({a['sims']} "
+                      f"simulations, {a['cpu_s']:.1f} s CPU)", flush=True)
+                c = child(path, "--child-cells", str(cells))
+                rows["cells" + suffix].append(c)
+                print(f"round {r + 1}: {who}: the question's {c['cells']} cells "
+                      f"{c['wall_s']:.2f} s wall, {c['cpu_s']:.1f} s CPU", flush=True)
+            if "share" in parts:
+                s = child(path, "--child-share")
+                rows["share" + suffix].append(s)
+                print(f"round {r + 1}: {who}: sharegpt-h100 {s['cpu_s']:.2f} s CPU "
+                      f"({s['steps']} steps)", flush=True)
+            if "startup" in parts:
+                u = startup(path, tmp)
+                rows["startup" + suffix].append(u)
+                print(f"round {r + 1}: {who}: --help {u['help_wall_s']:.2f} s wall "
+                      f"({u['help_cpu_s']:.2f} s CPU), simulate --preset seed-l20 "
+                      f"{u['seed_wall_s']:.2f} s wall ({u['seed_cpu_s']:.2f} s CPU)", flush=True)
     med = lambda key, f: statistics.median(x[f] for x in rows[key])  # noqa: E731
-    print(f"\nmedians of {args.rounds} rounds (load average now {os.getloadavg()[0]:.2f}):")
-    print(f"  advise, the default question: {med('advise', 'wall_s'):.2f} s wall")
-    print(f"  its cells, this checkout: {med('cells', 'wall_s'):.2f} s wall, "
-          f"{med('cells', 'cpu_s'):.1f} s CPU")
-    print(f"  sharegpt-h100, this checkout: {med('share', 'cpu_s'):.2f} s CPU")
+    (busy1, steal1), own1 = busy_seconds(), own_cpu_s()
+    other = (busy1 - busy0) - (own1 - own0)
+    print(f"\nmedians of {args.rounds} rounds; over its {time.perf_counter() - t_start:.0f} s "
+          f"the benchmark's processes used {own1 - own0:.1f} s CPU, every other process "
+          f"{other:.1f} s, steal {steal1 - steal0:.1f} s:")
+    if "advise" in parts:
+        print(f"  advise, the default question: {med('advise', 'wall_s'):.2f} s wall")
+        print(f"  its cells, this checkout: {med('cells', 'wall_s'):.2f} s wall, "
+              f"{med('cells', 'cpu_s'):.1f} s CPU")
+    if "share" in parts:
+        print(f"  sharegpt-h100, this checkout: {med('share', 'cpu_s'):.2f} s CPU")
+    if "startup" in parts:
+        print(f"  --help, this checkout: {med('startup', 'help_wall_s'):.2f} s wall; "
+              f"simulate --preset seed-l20: {med('startup', 'seed_wall_s'):.2f} s wall")
     if base is not None:
         for key, f in (("advise", "wall_s"), ("advise", "cpu_s"), ("cells", "wall_s"),
-                       ("cells", "cpu_s"), ("share", "cpu_s")):
+                       ("cells", "cpu_s"), ("share", "cpu_s"), ("startup", "help_wall_s"),
+                       ("startup", "help_cpu_s"), ("startup", "seed_wall_s"),
+                       ("startup", "seed_cpu_s")):
+            if not rows[key]:
+                continue
             ratios = [b[f] / t[f] for t, b in zip(rows[key], rows[key + "_base"])]
             print(f"  {key} {f}: baseline / this = {statistics.median(ratios):.2f}x "
                   f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
