@@ -12,7 +12,7 @@ drafts with must be one of the drafters below, which the device costs know how t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from stepgap.common.model_heads import eagle3_for, eagle_for
@@ -50,6 +50,22 @@ class Speculation:
     host_pass_us: float | None = None
     host_range: tuple[float, float] | None = None
     source: str = ""              # where its host cost comes from
+    # What drafts, as the step loop asks it every step: plain fields, set from `drafter`.
+    # on_cpu: proposes on the host from the sampled tokens (vLLM runs it with sync scheduling
+    # only, vllm/config/vllm.py; no device passes); one_pass: its device drafts the k tokens in
+    # one pass; uses_head: an EAGLE head drafts; needs_checkpoint: a draft model of its own
+    # (speculative_config's model); uses_mtp_layers: the target's MTP layers draft (their
+    # weights and KV cache are the drafter's).
+    on_cpu: bool = field(init=False)
+    one_pass: bool = field(init=False)
+    uses_head: bool = field(init=False)
+    needs_checkpoint: bool = field(init=False)
+    uses_mtp_layers: bool = field(init=False)
+
+    def __post_init__(self):
+        for name, drafter in (("on_cpu", HOST), ("one_pass", KERNELS), ("uses_head", HEAD),
+                              ("needs_checkpoint", MODEL), ("uses_mtp_layers", MTP)):
+            object.__setattr__(self, name, self.drafter == drafter)
 
     def draft_tokens(self, k: int) -> int:
         """Draft tokens a decoding request carries into a step (the scheduler's
@@ -59,31 +75,6 @@ class Speculation:
     def verify_tokens(self, k: int) -> int:
         """Tokens a step verifies for each decoding request: the drafts and the bonus token."""
         return 1 + self.draft_tokens(k)
-
-    @property
-    def on_cpu(self) -> bool:
-        """Proposes on the host from the sampled tokens: vLLM runs it with sync scheduling
-        only (vllm/config/vllm.py), and it has no device passes."""
-        return self.drafter == HOST
-
-    @property
-    def one_pass(self) -> bool:
-        """Its device drafts all k tokens in one pass."""
-        return self.drafter == KERNELS
-
-    @property
-    def uses_head(self) -> bool:
-        return self.drafter == HEAD
-
-    @property
-    def needs_checkpoint(self) -> bool:
-        """Drafts with a draft model of its own (speculative_config's model)."""
-        return self.drafter == MODEL
-
-    @property
-    def uses_mtp_layers(self) -> bool:
-        """Drafts with the target's MTP layers: their weights and KV cache are the drafter's."""
-        return self.drafter == MTP
 
     def pass_model(self, target, draft):
         """The config whose layers a draft pass runs: the head or the draft model, else the

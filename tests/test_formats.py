@@ -1,5 +1,7 @@
 """The shared formats: traces, timelines, run results and the vllm bench serve metrics."""
 
+import math
+
 import pytest
 
 from stepgap.common.errors import UserError
@@ -117,3 +119,18 @@ def test_result_round_trip_and_summary(tmp_path):
 
 
 # A file `vllm bench serve` wrote, and one that is not a result: tests/test_run_result.py
+
+
+def test_the_median_is_numpys_to_the_bit():
+    """formats.median stands in for np.median in every result (without its masked-array
+    import): the same float for odd and even sizes, ties, rounded times, and NaN."""
+    import numpy as np
+    from stepgap.common.formats import median
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 3, 4, 9, 10, 1000, 1001):
+        for scale in (1e-3, 1.0, 1e4):
+            v = rng.standard_normal(n) * scale
+            for x in (v, np.round(v, 3), np.abs(np.round(v))):
+                assert median(x) == float(np.median(x))
+    assert math.isnan(median(np.array([1.0, float("nan"), 2.0])))
+    assert math.isnan(median(np.array([])))
