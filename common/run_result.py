@@ -39,7 +39,7 @@ import numpy as np
 from stepgap.common.errors import UserError, shown, where
 from stepgap.common.fileio import check_file, dumps_json, read_json_object
 from stepgap.common.formats import (METRICS, PERCENTILES, RequestTiming, SpecStats, median,
-                                    check_result, compute_metrics, is_metric, save_result)
+                                    percentile, check_result, compute_metrics, is_metric, save_result)
 from stepgap.common.limits import is_int
 from stepgap.common.peer_run import PERCENTILES as PEER_PERCENTILES
 from stepgap.common.peer_run import is_peer_requests, load_peer_requests
@@ -180,7 +180,7 @@ class StepGaps(_Keys):
             return cls()
         g = np.asarray(gaps_us, dtype=float)
         return cls(int(g.size), float(g.mean()), median(g),
-                   float(np.percentile(g, 90)), float(np.percentile(g, 99)), float(g.max()),
+                   percentile(g, 90), percentile(g, 99), float(g.max()),
                    [round(float(x), 3) for x in g] if detailed else None)
 
     @classmethod

@@ -121,16 +121,20 @@ def test_result_round_trip_and_summary(tmp_path):
 # A file `vllm bench serve` wrote, and one that is not a result: tests/test_run_result.py
 
 
-def test_the_median_is_numpys_to_the_bit():
-    """formats.median stands in for np.median in every result (without its masked-array
-    import): the same float for odd and even sizes, ties, rounded times, and NaN."""
+def test_the_median_and_percentiles_are_numpys_to_the_bit():
+    """formats.median and formats.percentile stand in for np.median and np.percentile in every
+    result (without their masked-array import): the same float for odd and even sizes, ties,
+    rounded times, every percentile a result writes and the ends, and NaN."""
     import numpy as np
-    from stepgap.common.formats import median
+    from stepgap.common.formats import median, percentile
     rng = np.random.default_rng(7)
-    for n in (1, 2, 3, 4, 9, 10, 1000, 1001):
+    for n in (1, 2, 3, 4, 7, 9, 10, 99, 100, 101, 1000, 1001):
         for scale in (1e-3, 1.0, 1e4):
             v = rng.standard_normal(n) * scale
             for x in (v, np.round(v, 3), np.abs(np.round(v))):
                 assert median(x) == float(np.median(x))
-    assert math.isnan(median(np.array([1.0, float("nan"), 2.0])))
+                for p in (0, 1, 25, 33.3, 50, 90, 95, 99, 99.9, 99.99, 100):
+                    assert percentile(x, p) == float(np.percentile(x, p)), (n, p)
+    nan = np.array([1.0, float("nan"), 2.0])
+    assert math.isnan(median(nan)) and math.isnan(percentile(nan, 99))
     assert math.isnan(median(np.array([])))
