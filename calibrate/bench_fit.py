@@ -42,9 +42,12 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stepgap.common.errors import UserError, where
-from stepgap.common.run_result import Metrics, RunResult
+
+if TYPE_CHECKING:   # (read where they are used: `stepgap --help` need not load the result types)
+    from stepgap.common.run_result import Metrics, RunResult
 
 NOISE = 0.01   # a GPU bench's mean ITL from run to run, unless repeats of a cell measure it
 MAX_ITER = 30
@@ -73,6 +76,7 @@ class BenchRun:
     @property
     def metrics(self) -> Metrics:
         """The file's numbers, by vLLM's names."""
+        from stepgap.common.run_result import Metrics
         return Metrics.from_dict(self.doc)
 
     @property
@@ -242,6 +246,7 @@ def load_bench_runs(paths, args, base: dict) -> list[BenchRun]:
     """Every bench file among `paths`, checked against the command line (model, k, the load,
     the workload): a disagreement is refused, naming both values."""
     from stepgap.common.fileio import input_files
+    from stepgap.common.run_result import Metrics
     from stepgap.common.vllm_bench import bench_k, is_bursty, read_bench
 
     runs, skipped = [], []
@@ -437,6 +442,7 @@ def run_workload(path, doc: dict, base: dict, k: int, conc) -> tuple[list, str |
             check_tokens(path, doc, drawn, describe(spec, out_len), spec is not None,
                          out_len is not None)
         return apply_request_rate(reqs, None if rate == math.inf else rate, burst, seed), note
+    from stepgap.common.run_result import Metrics
     counts = Metrics.from_dict(doc)
     totals = counts.total_input_tokens and counts.total_output_tokens and counts.completed
     if spec is None and out_len is None and totals:
@@ -478,6 +484,7 @@ def describe(spec: str | None, out_len: int | None) -> str:
 def check_tokens(path, doc: dict, reqs: list, what: str, prompts: bool, outputs: bool) -> None:
     """The file's mean prompt and output (its token totals, or its per-request lists) against
     those of `reqs` (the workload the command line or the file names, drawn again)."""
+    from stepgap.common.run_result import RunResult
     res = RunResult.from_dict(doc)
     m, lists = res.metrics, res.requests
     done = m.completed or 0

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from stepgap.common.errors import UserError
-from stepgap.common.run_result import Metrics
 
 SEED_COLUMNS = ("mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms")
 
@@ -19,7 +18,7 @@ class Preset:
     name: str
     description: str
     settings: dict                      # SimConfig fields
-    measured: dict = field(default_factory=dict)   # mode -> Metrics (those it measured)
+    measured: dict = field(default_factory=dict)   # mode -> {metric: value}, vLLM's names
     source: str = ""
 
 
@@ -34,10 +33,10 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
                       # Fitted on the sync row's mean ITL only (bench/seed_calibration.py).
                       cpu_scale=2.42),
         measured={
-            "sync": Metrics.from_dict(dict(mean_tpot_ms=9.91, p99_tpot_ms=14.94,
-                                           mean_itl_ms=28.14, p99_itl_ms=28.52)),
-            "async": Metrics.from_dict(dict(mean_tpot_ms=9.57, p99_tpot_ms=14.42,
-                                            mean_itl_ms=27.17, p99_itl_ms=28.15)),
+            "sync": dict(mean_tpot_ms=9.91, p99_tpot_ms=14.94, mean_itl_ms=28.14,
+                         p99_itl_ms=28.52),
+            "async": dict(mean_tpot_ms=9.57, p99_tpot_ms=14.42, mean_itl_ms=27.17,
+                          p99_itl_ms=28.15),
         },
         source="vLLM PR #25872 (docs/explanation/design.md §6): main = sync, the PR = async"),
     Preset(

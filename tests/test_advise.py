@@ -418,7 +418,7 @@ def test_the_seed_bench_files_hold_the_prs_numbers():
     measured = get_preset("seed-l20").measured
     for mode in ("sync", "async"):
         doc = read_bench(f"traces/seed/vllm-pr25872-{mode}.json")
-        assert {m: doc[m] for m in measured[mode]} == measured[mode].to_dict()
+        assert {m: doc[m] for m in measured[mode]} == measured[mode]
         assert doc["max_concurrency"] == 1 and doc["num_prompts"] == 80
         assert not math.isnan(doc["duration"])
 
