@@ -114,11 +114,16 @@ def child_cells(path: str) -> None:
     print(json.dumps({"cells": n, "wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime}))
 
 
-def child_share() -> None:
+def child_share(num_prompts: str | None = None) -> None:
+    """The sharegpt-h100 preset's run (at `num_prompts` requests where given): the CPU time of
+    Run.run."""
     from stepgap.sim import loop
     from stepgap.sim.config import SimConfig
     from stepgap.sim.presets import get_preset
-    cfg = SimConfig(**get_preset("sharegpt-h100").settings)
+    settings = dict(get_preset("sharegpt-h100").settings)
+    if num_prompts:
+        settings["num_prompts"] = int(num_prompts)
+    cfg = SimConfig(**settings)
     run = getattr(loop, "Run", None) or loop.Sim   # (a checkout before 53's split: Sim)
     sim = run(cfg, loop.build_workload(cfg))
     c0 = time.process_time()
@@ -140,7 +145,9 @@ def startup(path: Path, out: Path) -> dict:
                        ("seed", ["simulate", "--preset", "seed-l20", "--quiet",
                                  "--result-json", str(out / "seed.json")])):
         ru0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-        subprocess.run([sys.executable, "-m", "stepgap", *argv], env=env, cwd=ROOT, check=True,
+        # (not from ROOT: `python -m` puts the working folder first on the path, before
+        # PYTHONPATH, and would import this checkout's stepgap whatever `path` says)
+        subprocess.run([sys.executable, "-m", "stepgap", *argv], env=env, cwd=out, check=True,
                        stdout=subprocess.DEVNULL)
         ru = resource.getrusage(resource.RUSAGE_CHILDREN)
         row[f"{name}_wall_s"] = time.perf_counter() - t0

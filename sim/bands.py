@@ -22,7 +22,6 @@ from dataclasses import dataclass, field, replace
 
 from stepgap.common.acceptance import PUBLISHED, AcceptanceProfile
 from stepgap.common.errors import UserError
-from stepgap.sim.tables import repo_relative
 
 # The host's CPU costs, as a factor on stepgap's defaults (sim/cpu_costs.py), from the hosts there
 # is evidence for: the lowest and the highest whose CPU side was measured on its own (a gap in a
@@ -292,6 +291,7 @@ def collectives_input(cfg, r) -> BandInput | None:
         return m.all_reduce_us(nbytes, n) if n == m.npus else math.inf
     times = sorted((speed(p), str(p)) for p in [link.path, *others])
     (t_lo, fast), (t_hi, slow) = times[0], times[-1]
+    from stepgap.sim.tables import repo_relative
     named = "; ".join(f"{repo_relative(p)} ({t:.1f} us)" for t, p in times)
     return BandInput("collectives", f"the collectives over {n} GPUs, as each measurement of "
                      f"the link prices them (a {nbytes // 1024} KiB all-reduce: {named})",
@@ -307,6 +307,7 @@ def kernel_input(cfg, r) -> BandInput | None:
     end (vLLM without its kernel: --disable-custom-all-reduce, GPUs without peer access, or a
     version that takes NCCL), the two measurements of one link's small all-reduce."""
     from stepgap.sim.hardware import MeasuredLink
+    from stepgap.sim.tables import repo_relative
 
     link, tp = r.hw.interconnect, cfg.tensor_parallel_size
     if tp < 2 or not isinstance(link, MeasuredLink) or link.model is None or not link.p2p \

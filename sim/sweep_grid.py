@@ -31,7 +31,6 @@ from stepgap.common.limits import MAX_GRID_CELLS
 from stepgap.common.options import WORKLOAD_FLAGS
 from stepgap.common.run_spec import ALIASES
 from stepgap.sim.config import CONFIG_KEYS, SimConfig, profile_defaults
-from stepgap.sim.plan import resolve
 from stepgap.sim.profile import load_profile
 from stepgap.sim.sweep_keys import cell_key
 
@@ -277,6 +276,7 @@ class Grid:
         hashes the simulator's source once a process); advise keeps no store and skips it."""
         from stepgap.sim.bands import nominal_host
         from stepgap.sim.loop import build_workload, check_requests
+        from stepgap.sim.plan import resolve
 
         from stepgap.sim.presets import get_preset
         preset = dict(get_preset(self.preset).settings) if self.preset else {}
