@@ -531,8 +531,8 @@ def format_summary(res, title: str = "Serving Benchmark Result") -> str:
                 ("itl", "Inter-token Latency", "ITL"), ("e2el", "End-to-end Latency", "E2EL"))
     for key, head, short in sections:
         lines.append(f"{head:-^50}")
-        row(f"Mean {short} (ms):", m.get(f"mean_{key}_ms"))
-        row(f"Median {short} (ms):", m.get(f"median_{key}_ms"))
+        row(f"Mean {short} (ms):", getattr(m, f"mean_{key}_ms"))
+        row(f"Median {short} (ms):", getattr(m, f"median_{key}_ms"))
         for k in sorted(m.percentiles):
             if k.endswith(f"_{key}_ms"):
                 row(f"P{k[1:-len(key) - 4]} {short} (ms):", m.percentiles[k])

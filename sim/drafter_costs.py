@@ -129,8 +129,8 @@ class DrafterCosts:
         # (a draft model and ngram_gpu run padded only: vLLM refuses them otherwise)
         padded = not (unpadded and spec.unpadded)
         layers = spec.pass_layers(draft) if draft is not None else 1
-        return cls(spec, spec.draft_tokens(cfg.k), cfg.drafter_cudagraph_mode or "PIECEWISE", padded,
-                   cfg.parallel_drafting, layers, cfg.drafter_host_scale, version)
+        return cls(spec, spec.draft_tokens(cfg.k), cfg.drafter_cudagraph_mode or "PIECEWISE",
+                   padded, cfg.parallel_drafting, layers, cfg.drafter_host_scale, version)
 
     # -- what runs ------------------------------------------------------------------------
 

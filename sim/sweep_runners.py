@@ -49,7 +49,8 @@ def run_band_cell(settings: dict) -> dict:
 
 def metrics_of(res: RunResult) -> dict:
     """A simulated result's row of the sweep's table (sweep_table.COLUMNS)."""
-    row = {m: res.metrics.get(m) for m in RESULT_METRICS}
+    metrics = res.metrics.to_dict()   # (once: the percentiles are keys, not attributes)
+    row = {m: metrics.get(m) for m in RESULT_METRICS}
     gaps = res.step_gaps
     row.update(mean_step_gap_us=gaps.mean_us, median_step_gap_us=gaps.median_us,
                p90_step_gap_us=gaps.p90_us, p99_step_gap_us=gaps.p99_us)
