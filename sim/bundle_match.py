@@ -5,12 +5,15 @@ repository commits (traces/peers/) that price a catalog GPU by default.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from stepgap.common.errors import UserError, where
 from stepgap.sim.tables import PEERS, VOCAB_PADDING, BundleMeta, OpTables, bundle_meta, read_meta
 
 
+@functools.cache   # (committed files: the glob and the reads are the same in a process;
+# advise resolves a plan per cell, and the glob alone is about 11 ms)
 def committed_bundles(gpu: str) -> tuple[Path, ...]:
     """The perf bundles committed under traces/peers/ that were measured on catalog GPU `gpu`
     (meta.yaml's `gpu`, the device as CUDA names it, is that entry's): variant folders, those
@@ -22,6 +25,12 @@ def committed_bundles(gpu: str) -> tuple[Path, ...]:
         if catalog_entry(str(m.get("gpu") or "")) == gpu:
             found.append((len(m.get("not_measured") or ()), str(meta.parent), meta.parent))
     return tuple(p for *_, p in sorted(found))
+
+
+@functools.cache   # (a committed bundle's: read once a process, as committed_bundles)
+def committed_meta(root: Path) -> tuple[dict, BundleMeta]:
+    """A committed bundle's meta.yaml, as read and as its tables read it."""
+    return read_meta(root), bundle_meta(root)
 
 
 # The GEMMs of a layer, which stream its weights: a committed bundle prices a model by default
@@ -36,13 +45,12 @@ def committed_bundle(gpu: str, target, tp: int, fp8_weights: bool, fp8_kv: bool)
     (shape_mismatch), a tp<N>/ folder, and weights and KV cache of the bundle's precision (a
     bundle that names no fp8 is taken for bf16 or fp16); None where none does."""
     for root in committed_bundles(gpu):
-        meta = read_meta(root)
+        meta, bm = committed_meta(root)
         if set(LAYER_GEMMS) & set(meta.get("not_measured") or ()):
             continue
         weight, _, kv = str(meta.get("variant") or root.name).partition("-kv")
         if (weight == "fp8", kv.startswith("fp8")) != (fp8_weights, fp8_kv):
             continue
-        bm = bundle_meta(root)
         if tp in bm.tp_folders and shape_mismatch(bm, target, target.hidden_size) is None:
             return root
     return None
