@@ -409,8 +409,10 @@ class Acceptance:
             rid = state[4]
             state[2] = np.random.default_rng([self.seed, 1, self.index[rid]])
             state[3] = self.rates_for(rid)
-        hits = state[2].random((self.BLOCK, self.k)) < state[3]
-        return np.logical_and.accumulate(hits, axis=1).sum(axis=1).tolist()   # leading hits
+        k = self.k
+        hits = np.zeros((self.BLOCK, k + 1), bool)   # a miss past the last position, so that
+        np.less(state[2].random((self.BLOCK, k)), state[3], out=hits[:, :k])
+        return hits.argmin(axis=1).tolist()   # the first miss is the count of leading hits
 
     def next(self, request_id: str, num_drafts: int) -> int:
         """Accepted count of this request's next decode step that verified `num_drafts`."""

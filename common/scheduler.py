@@ -211,18 +211,21 @@ class BlockPool:
         return self.num_blocks - self.fresh + len(self.free_ids)
 
     def allocate(self, n: int) -> list[int]:
-        new = min(n, self.num_blocks - self.fresh)
-        ids = list(range(self.fresh, self.fresh + new))
-        self.fresh += new
+        fresh = self.fresh
+        new = n if n < self.num_blocks - fresh else self.num_blocks - fresh
+        ids = list(range(fresh, fresh + new)) if new != 1 else [fresh]
+        self.fresh = fresh + new
         if not self.caching:
-            return ids + [self.free_ids.popleft() for _ in range(n - new)]
+            return ids + [self.free_ids.popleft() for _ in range(n - new)] if n > new else ids
         for _ in range(n - new):
             bid = self.free_ids.popitem(last=False)[0]
             key = self.key_of.pop(bid, None)
             if key is not None:   # evicted: handed out again
                 del self.cached[key]
             ids.append(bid)
-        self.refs.update(dict.fromkeys(ids, 1))
+        refs = self.refs
+        for bid in ids:   # (a decode step's one new block: no dict built to update from)
+            refs[bid] = 1
         return ids
 
     def free(self, ids: list[int]) -> None:

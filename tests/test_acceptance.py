@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from stepgap.common.acceptance import PROFILES, AcceptanceProfile
+from stepgap.common.acceptance import PROFILES, Acceptance, AcceptanceProfile
 from stepgap.common.formats import TraceRequest
 from stepgap.engine.args import EngineArgs
 from stepgap.engine.loop import run_trace
@@ -117,3 +117,19 @@ def test_ngram_takes_the_datasets_own_matching_profile():
     math_ = resolve(SimConfig(**settings, acceptance_dataset="math")).profile
     assert (code.name, math_.name) == ("sdb-ngram-instructcoder", "sdb-ngram-gsm8k")
     assert code.acceptance_length(3) > 1.5 > 1.2 > math_.acceptance_length(3)
+
+
+def test_a_requests_draws_count_the_leading_accepted_positions_of_its_own_stream():
+    """Each decode step's count is the number of positions accepted before the first one
+    rejected, from the request's own seeded uniforms against its rates (counted here a position
+    at a time), and at most the drafts the step verified."""
+    import numpy as np
+    profile = AcceptanceProfile(name="t", rates=(0.9, 0.7, 0.5, 0.3), spread=0.5)
+    reqs = [TraceRequest(f"r{i}", 0.0, 8, 300) for i in range(5)]
+    acc = Acceptance(profile, K, reqs, seed=7)
+    for i, r in enumerate(reqs):
+        u = np.random.default_rng([7, 1, i]).random((2 * Acceptance.BLOCK, K))
+        rates = acc.rates_for(r.request_id)
+        want = [next((j for j in range(K) if not row[j] < rates[j]), K) for row in u]
+        assert [acc.next(r.request_id, K) for _ in want] == want
+    assert acc.next("r0", 1) <= 1

@@ -712,3 +712,17 @@ def test_a_bundle_is_parsed_once_while_its_files_are_the_same(tmp_path):
     dense.write_text(edited)
     again = load_tables(b)
     assert again is not first and again.dense["embedding"](1) == 12.0
+
+
+def test_a_second_plan_of_a_catalog_gpu_reads_no_committed_bundle_again(monkeypatch):
+    """advise and sweep resolve a plan per cell: the committed bundles (a glob of traces/peers/
+    and each one's meta.yaml) are read by the first plan of a process, not by every one."""
+    from stepgap.sim import bundle_match
+    cfg = SimConfig(model="llama-3.1-8b", gpu="h100", k=3)
+    resolve(cfg)   # (whatever an earlier test read, this process has read them now)
+    reads = []
+    monkeypatch.setattr(bundle_match, "read_meta", lambda root: reads.append(root) or {})
+    monkeypatch.setattr(bundle_match, "bundle_meta", lambda root: reads.append(root))
+    for k in (3, 5):
+        resolve(SimConfig(model="llama-3.1-8b", gpu="h100", k=k))
+    assert reads == []
