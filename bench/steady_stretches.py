@@ -6,6 +6,9 @@ through them (issue 54). Skipping every steady step at no cost bounds the speed-
 Usage:
     python bench/steady_stretches.py                      # the sharegpt-h100 preset
     python bench/steady_stretches.py --preset seed-l20
+    # the cells of advise's default question (Llama-3.1-8B + EAGLE-3 on one H100, its 80
+    # MT-bench-like prompts) at k = 3, async, over its six loads
+    python bench/steady_stretches.py --question --k 3 --mode async
 """
 
 from __future__ import annotations
@@ -49,15 +52,29 @@ def stretches(rec: Recording, k: int) -> tuple[list[int], int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="sharegpt-h100", choices=sorted(PRESETS))
+    ap.add_argument("--question", action="store_true",
+                    help="advise's default question's cells instead, at --k and --mode, "
+                         "concurrency 1 to 32")
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--mode", default="async", choices=("sync", "async", "zero-bubble"))
     args = ap.parse_args()
-    cfg = SimConfig(**get_preset(args.preset).settings)
+    if not args.question:
+        return report(args.preset, SimConfig(**get_preset(args.preset).settings))
+    for c in (1, 2, 4, 8, 16, 32):
+        report(f"concurrency {c}", SimConfig(model="llama-3.1-8b", gpu="h100",
+                                             draft="llama-3.1-8b-eagle3", k=args.k,
+                                             mode=args.mode, max_concurrency=c))
+    return 0
+
+
+def report(name: str, cfg: SimConfig) -> int:
     rec = Recording()
     simulate(cfg, build_workload(cfg), recording=rec)
     runs, steps = stretches(rec, cfg.k)
     steady = sum(runs)
     share = steady / steps
     mean, longest = steady / max(len(runs), 1), max(runs, default=0)
-    print(f"{args.preset}: {steps} steps, {steady} steady ({100 * share:.1f} %) in {len(runs)} "
+    print(f"{name}: {steps} steps, {steady} steady ({100 * share:.1f} %) in {len(runs)} "
           f"stretches, mean {mean:.2f} steps, longest {longest}; skipping every steady step "
           f"at no cost: at most {1 / (1 - share):.2f}x")
     print("stretch length: count  " + ", ".join(
