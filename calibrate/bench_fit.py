@@ -1162,15 +1162,17 @@ class NextRun:
                 "made": self.made}
 
 
-def plan_next_run(advice, progress=None) -> NextRun | None:
+def plan_next_run(advice, progress=None, jobs: int = 1) -> NextRun | None:
     """The next run for `advice` (sim/advise.py Advice, with bands), or None where its bands
     have no input that a run narrows (`progress`, where given, is called with 1 after each
     candidate run's calibration at each end). A profile that prices the device from its own op fits (a
     measured engine's, or vLLM traces') is one that no bench file narrows: calibrating on one
-    fits the roofline's level, which such a profile does not use."""
+    fits the roofline's level, which such a profile does not use. The band now, each
+    candidate's duration and each candidate's calibration at each end are computed over `jobs`
+    processes (`judged`), as advise's cells are."""
     from stepgap.sim.bands import band_inputs
-    from stepgap.sim.config import profile_defaults
     from stepgap.sim.profile import load_profile
+    from stepgap.sim.sweep_runners import run_local
     if advice.base.get("profile") and load_profile(advice.base["profile"]).fits:
         return None
     answers = [a for a in advice.answers if a.async_saving.dominant]
@@ -1201,22 +1203,42 @@ def plan_next_run(advice, progress=None) -> NextRun | None:
     if not cands:
         return None
     inputs = band_inputs(small, max(ks.values()))
-    now = saving_band(small, ans.load, ks, inputs)
+    ends = ("low", "middle", "high")
     with tempfile.TemporaryDirectory(prefix="stepgap-next-") as tmp:
-        for i, cand in enumerate(cands):
-            cand.cost_s = duration(base, cand)
-            for end in ("low", "middle", "high"):
-                truth = middle(inp, small) if end == "middle" else inp.settings(small, end)
-                prof = project(truth, made + [cand.cell()], Path(tmp) / f"{i}-{end}.json",
-                               noise)
-                after, _ = profile_defaults({**fit_setup(small), "profile": str(prof)}, set())
-                cand.ends[end] = saving_band(after, ans.load, ks,
-                                             band_inputs(after, max(ks.values())))
-                if progress is not None:
-                    progress(1)
+        # the calibrations first (the longest), then each candidate's duration, the band now
+        tasks = [(judged, inp, small, made + [cand.cell()], Path(tmp) / f"{i}-{end}.json",
+                  noise, ans.load, ks, end) for i, cand in enumerate(cands) for end in ends]
+        tasks += [(duration, base, cand) for cand in cands]
+        tasks.append((saving_band, small, ans.load, ks, inputs))
+        done = [None] * len(tasks)
+        for j, value in run_local(tasks, jobs, call):
+            done[j] = value
+            if progress is not None and j < len(cands) * len(ends):
+                progress(1)
+    for i, cand in enumerate(cands):   # (in order: the same bytes however they finished)
+        cand.ends = {end: done[i * len(ends) + e] for e, end in enumerate(ends)}
+        cand.cost_s = done[len(cands) * len(ends) + i]
+    now = done[-1]
     narrowest = min(c.width for c in cands)
     best = min((c for c in cands if c.width <= narrowest * (1 + NEAR)), key=lambda c: c.cost_s)
     return NextRun(ans.load, name, now, best, cands, made, base)
+
+
+def call(task: tuple):
+    """A task of `plan_next_run`'s: (a function of this module, its arguments), in a worker."""
+    return task[0](*task[1:])
+
+
+def judged(inp, small: dict, cells: list[dict], out: Path, noise: float, load: dict,
+           ks: dict, end: str) -> tuple[float, float]:
+    """The saving's band after a calibration on runs of `cells` made where `inp` lies at `end`
+    of its range (low, middle or high): the profile `project` fits, its bands."""
+    from stepgap.sim.bands import band_inputs
+    from stepgap.sim.config import profile_defaults
+    truth = middle(inp, small) if end == "middle" else inp.settings(small, end)
+    prof = project(truth, cells, out, noise)
+    after, _ = profile_defaults({**fit_setup(small), "profile": str(prof)}, set())
+    return saving_band(after, load, ks, band_inputs(after, max(ks.values())))
 
 
 def middle(inp, settings: dict) -> dict:

@@ -188,7 +188,8 @@ def run(args, next_run=None) -> int:
             from tqdm import tqdm
             bar = tqdm(unit="fit", desc="advise: the next run", dynamic_ncols=True, leave=False)
         try:
-            advice.next_run = next_run(advice, progress=bar.update if bar is not None else None)
+            advice.next_run = next_run(advice, progress=bar.update if bar is not None else None,
+                                       jobs=args.jobs)
         finally:
             if bar is not None:
                 bar.close()

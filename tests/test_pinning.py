@@ -215,6 +215,21 @@ def test_advise_names_the_run_that_narrows_its_band_and_the_band_after_it(one_ru
     assert nxt["width_after"] < nxt["width_now"]
 
 
+def test_the_answer_and_its_next_run_are_the_same_bytes_over_two_processes(one_run_profile,
+                                                                          tmp_path):
+    """advise's cells and the next run's calibrations run over --jobs processes, finishing in
+    any order: the result file is the one a single process writes."""
+    outs = []
+    for jobs in ("1", "2"):
+        outs.append(tmp_path / f"j{jobs}.json")
+        assert main(["advise", "--profile", one_run_profile, "--model", "llama-3.1-8b",
+                     "--draft", "llama-3.1-8b-eagle3", "--trace", "mtbench", "--num-prompts",
+                     "4", "--output-len", "24", "--max-concurrency", "1", "4", "--max-k", "2",
+                     "-j", jobs, "--quiet", "--result-json", str(outs[-1])]) == 0
+    assert json.loads(outs[0].read_text())["next_run"]["candidates"]
+    assert outs[0].read_bytes() == outs[1].read_bytes()
+
+
 def test_projected_runs_calibrate_back_to_the_host_they_were_made_on(tmp_path):
     from stepgap.calibrate.bench_fit import project
     truth_host = {**SMALL, "cpu_scale": 2.0 / 1.05, "speed": 1.05}
