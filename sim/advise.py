@@ -66,13 +66,13 @@ def depths(settings: dict, max_k: int) -> list[int]:
 class Cells:
     """Simulated cells by their settings, each run once, in this process. A cell that differs
     from one run before only in how long things take (a band's CPU and device ends, at the k
-    of a nominal cell) replays that run's steps (sim/steps.py `Recording`, kept per steps as
+    of a nominal cell; zero-bubble at async's k and ends) replays that run's steps (sim/steps.py `Recording`, kept per steps as
     long as this object): the same metrics, in about half the time."""
 
     def __init__(self):
         self.done: dict = {}
         self.idle: dict = {}    # the share of each cell's run the device sat idle
-        self.steps: dict = {}   # the settings but TIME_ONLY -> the first such run's Recording
+        self.steps: dict = {}   # steps_key(settings) -> the first such run's Recording
 
     @staticmethod
     def key(settings: dict) -> str:
@@ -81,13 +81,12 @@ class Cells:
     def run(self, cells: list[dict]) -> None:
         from stepgap.sim.config import SimConfig
         from stepgap.sim.loop import Recording, simulate
-        from stepgap.sim.steps import TIME_ONLY
+        from stepgap.sim.steps import steps_key
         from stepgap.sim.sweep_runners import metrics_of
         for s in cells:
             key = self.key(s)
             if key not in self.done:
-                steps = self.key({k: v for k, v in s.items() if k not in TIME_ONLY})
-                rec = self.steps.setdefault(steps, Recording())
+                rec = self.steps.setdefault(steps_key(s), Recording())
                 res = simulate(SimConfig(**s), recording=rec)[0]
                 self.done[key] = metrics_of(res)
                 gap, duration = res.step_gaps.mean_us, res.metrics.duration

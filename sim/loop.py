@@ -102,9 +102,11 @@ class Run:
             self.cores = [self.engine]
             if same and device_costs is None:   # the step ops its runs share: those of runs
                 # whose drafter's host costs are the same (a drafter that waits for the
-                # step's tokens has them on the device lane)
-                self.engine.device.ops = recording.device_ops.setdefault(
-                    (self.engine.device.waits_us, cfg.drafter_host_scale), {})
+                # step's tokens has them on the device lane) and that fix up alike
+                # (zero-bubble's fixup op, in async's steps)
+                device = self.engine.device
+                device.ops = recording.device_ops.setdefault(
+                    (device.waits_us, cfg.drafter_host_scale, device.fixup), {})
         if self.series is not None:
             self.series.cores = self.cores
         self.client.engine = self.engine

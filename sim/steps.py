@@ -31,6 +31,17 @@ TIME_ONLY = ("cpu_scale", "speed", "device_scale", "cpu_costs", "launch_latency_
              "ipc_us", "timeline", "detailed", "drafter_host_scale")
 
 
+def steps_key(settings: dict) -> str:
+    """What a run's steps depend on, as a key: its settings but the TIME_ONLY ones, zero-bubble
+    read as async. Zero-bubble schedules as async does (a step ahead, the same placeholders)
+    and differs from it only in how long its steps take (it does not wait for the accepted
+    counts; a device fixup applies them), so it takes async's steps."""
+    kept = {k: v for k, v in settings.items() if k not in TIME_ONLY}
+    if kept.get("mode") == "zero-bubble":
+        kept["mode"] = "async"
+    return json.dumps(kept, sort_keys=True, default=str)
+
+
 @dataclass(frozen=True, slots=True)
 class Totals:
     """A recorded run's counters, which a replay of it reports as its own."""
@@ -43,7 +54,7 @@ class Totals:
 
 class Recording:
     """The steps of one run, kept so that a run that differs from it only in how long things
-    take (TIME_ONLY settings, the device's costs) replays them instead of scheduling and drawing
+    take (TIME_ONLY settings, the device's costs, zero-bubble for async: `steps_key`) replays them instead of scheduling and drawing
     acceptance again: the same results, about half the time
     (docs/reports/2026-12-03-advise-speed.md).
 
@@ -64,8 +75,7 @@ class Recording:
 
     @staticmethod
     def key_of(cfg: SimConfig) -> str:
-        return json.dumps({k: v for k, v in cfg.to_dict().items() if k not in TIME_ONLY},
-                          sort_keys=True, default=str)
+        return steps_key(cfg.to_dict())
 
     def start(self, cfg: SimConfig, requests: list[TraceRequest]) -> Recording | None:
         """This recording, to be filled by a run of `cfg` (None: it is filled already)."""

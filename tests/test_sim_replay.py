@@ -64,6 +64,20 @@ def test_a_run_that_differs_only_in_time_replays_the_steps_with_the_same_result(
     assert [text(s, rec) for s in ends] == full
 
 
+@pytest.mark.parametrize("case", [c for c in REPLAYED if REPLAYED[c].get("mode") != "sync"])
+def test_zero_bubble_replays_the_steps_of_async_with_the_same_result(case, monkeypatch):
+    """Zero-bubble schedules as async does and only times its steps otherwise (no wait for the
+    accepted counts, a fixup op on the device): it replays async's recording, at its nominal
+    settings and at each time end, and gives what it gives simulated in full."""
+    settings = {**BASE, **REPLAYED[case], "mode": "async"}
+    ends = [{**settings, **end, "mode": "zero-bubble"} for end in ({},) + TIME_ENDS]
+    full = [text(s) for s in ends]
+    rec = Recording()
+    text(settings, rec)
+    no_scheduling(monkeypatch)
+    assert [text(s, rec) for s in ends] == full
+
+
 NOT_REPLAYED = {
     "the process executor": dict(executor="process"),
     "Poisson arrivals": dict(request_rate=20.0, max_concurrency=None),
