@@ -476,22 +476,20 @@ class Scheduler:
 
     # -- update -----------------------------------------------------------------------------
 
-    def update_from_output(self, out: SchedulerOutput, sampled) -> list[EngineCoreOutput]:
-        """Apply one step's sampled tokens (1 + accepted per sampling request): `sampled` holds
-        them by request id, or is a function that gives them for a request's `Scheduled` (the
-        simulator's, which draws them in this same pass over the step).
+    def update_from_output(self, out: SchedulerOutput,
+                           sampled: dict[str, list[int]]) -> list[EngineCoreOutput]:
+        """Apply one step's sampled tokens (1 + accepted per sampling request).
 
         Returns the chunks to stream, one per request that sampled. Tokens of a request that
-        finished before this step's output arrived are discarded (and not asked for).
+        finished before this step's output arrived are discarded.
         """
         async_ = self.cfg.async_scheduling
-        tokens_of = sampled if callable(sampled) else None
         emitted = []
         for s in out.scheduled:
             req = s.request
             if req.status == FINISHED or not s.samples:
                 continue
-            ids = sampled[req.request_id] if tokens_of is None else tokens_of(s)
+            ids = sampled[req.request_id]
             n = len(ids)
             if s.num_spec:
                 rejected = s.num_spec - (n - 1)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from stepgap.common.acceptance import Acceptance
 from stepgap.common.formats import TraceRequest
-from stepgap.common.scheduler import Request, Scheduled, Scheduler, SchedulerOutput
+from stepgap.common.scheduler import FINISHED, Request, Scheduler, SchedulerOutput
 from stepgap.sim.config import SimConfig
 from stepgap.sim.costs import Batch
 from stepgap.sim.device_lane import batch_of
@@ -119,21 +119,23 @@ class LiveSteps:
         return out, batch
 
     def outcome(self, out: SchedulerOutput) -> list:
-        """The step's chunks to stream, once the scheduler has applied its tokens (drawn as
-        it asks for them: `draw`)."""
-        emitted = self.sched.update_from_output(out, self.draw)
+        """The step's chunks to stream, once the scheduler has applied its tokens."""
+        acc, tokens, hist = self.acc, self.tokens, self.accepted_hist
+        sampled, drafts = {}, 0
+        for s in out.scheduled:
+            req = s.request
+            if s.samples and req.status != FINISHED:
+                n = 0
+                if s.num_spec:
+                    n = acc.next(req.request_id, s.num_spec)
+                    hist[n] += 1
+                    drafts += s.num_spec
+                sampled[req.request_id] = tokens[n]
+        self.num_draft_tokens += drafts
+        emitted = self.sched.update_from_output(out, sampled)
         if self.recording is not None:
             self.recording.outcomes.append(emitted)
         return emitted
-
-    def draw(self, s: Scheduled) -> list[int]:
-        """The tokens of a sampling chunk: 1 + the accepted count of its drafts."""
-        if not s.num_spec:
-            return self.tokens[0]
-        n = self.acc.next(s.request.request_id, s.num_spec)
-        self.accepted_hist[n] += 1
-        self.num_draft_tokens += s.num_spec
-        return self.tokens[n]
 
     def close(self) -> None:
         if self.recording is not None:
