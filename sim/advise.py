@@ -66,8 +66,9 @@ def depths(settings: dict, max_k: int) -> list[int]:
 class Cells:
     """Simulated cells by their settings, each run once, in this process. A cell that differs
     from one run before only in how long things take (a band's CPU and device ends, at the k
-    of a nominal cell; zero-bubble at async's k and ends) replays that run's steps (sim/steps.py `Recording`, kept per steps as
-    long as this object): the same metrics, in about half the time."""
+    of a nominal cell; zero-bubble at async's k and ends) replays that run's steps
+    (sim/steps.py `Recording`, kept per `steps_key` as long as this object): the same
+    metrics, in about half the time."""
 
     def __init__(self):
         self.done: dict = {}

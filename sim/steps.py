@@ -54,9 +54,9 @@ class Totals:
 
 class Recording:
     """The steps of one run, kept so that a run that differs from it only in how long things
-    take (TIME_ONLY settings, the device's costs, zero-bubble for async: `steps_key`) replays them instead of scheduling and drawing
-    acceptance again: the same results, about half the time
-    (docs/reports/2026-12-03-advise-speed.md).
+    take (TIME_ONLY settings, the device's costs, zero-bubble for async: `steps_key`) replays
+    them instead of scheduling and drawing acceptance again: the same results, about half the
+    time (docs/reports/2026-12-03-advise-speed.md).
 
     Only where the steps cannot depend on time (`same_steps`): one thread drives the engine
     core, so the order of everything it does is fixed by the loop, and the client's requests
