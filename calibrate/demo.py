@@ -31,9 +31,9 @@ hides nothing).
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stepgap.calibrate.pair import PAIR, ROOT, load_heldout, pair_paths
 from stepgap.common.errors import UserError
@@ -99,7 +99,6 @@ def headline(out=print, **settings):
     The Advice."""
     import os
     from stepgap.sim.advise import DEFAULT_MAX_K, advise, depths, loads_of
-    from stepgap.common.run_result import Metrics
     from stepgap.sim.advise_report import verdict
     from stepgap.sim.config import SimConfig
     from stepgap.sim.presets import get_preset
@@ -109,8 +108,7 @@ def headline(out=print, **settings):
                     depths(base, DEFAULT_MAX_K), jobs=min(2, os.cpu_count() or 1))
     a, k = advice.answers[0], preset.settings["k"]
     sync, asyn = a.modes["sync"].grid[k], a.modes["async"].grid[k]
-    tpot = {mode: Metrics.from_dict(preset.measured[mode]).mean_tpot_ms
-            for mode in ("sync", "async")}
+    tpot = {mode: preset.measured[mode]["mean_tpot_ms"] for mode in ("sync", "async")}
     out(f"stepgap demo: does async scheduling pay, and which k? On the seed's setup "
         f"({preset.description})")
     out(f"  {verdict(a)}")

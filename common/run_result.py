@@ -38,8 +38,9 @@ import numpy as np
 
 from stepgap.common.errors import UserError, shown, where
 from stepgap.common.fileio import check_file, dumps_json, read_json_object
-from stepgap.common.formats import (METRICS, PERCENTILES, RequestTiming, SpecStats, median,
-                                    percentile, check_result, compute_metrics, is_metric, save_result)
+from stepgap.common.formats import (METRICS, PERCENTILES, RequestTiming, SpecStats,
+                                    check_result, compute_metrics, is_metric, median, percentile,
+                                    save_result)
 from stepgap.common.limits import is_int
 from stepgap.common.peer_run import PERCENTILES as PEER_PERCENTILES
 from stepgap.common.peer_run import is_peer_requests, load_peer_requests
