@@ -78,6 +78,32 @@ def test_zero_bubble_replays_the_steps_of_async_with_the_same_result(case, monke
     assert [text(s, rec) for s in ends] == full
 
 
+def in_simpy(monkeypatch):
+    """Every run on SimPy's loop, as runs that record a timeline are (sim/plain_loop.py)."""
+    from stepgap.sim import plain_loop
+    monkeypatch.setattr(plain_loop, "runs_plainly", lambda core: False)
+
+
+@pytest.mark.parametrize("case", [c for c in REPLAYED if not REPLAYED[c].get("timeline")])
+def test_the_plain_loop_gives_what_simpy_gives(case, monkeypatch):
+    """Where a run's steps cannot depend on time, the plain loop runs it, scheduled live or
+    replayed; SimPy's loop, which every other run takes, gives the same bytes, nominal and at
+    each time end, and runs them all without the plain loop's help."""
+    from stepgap.sim import plain_loop
+    settings = {**BASE, **REPLAYED[case]}
+    ends = [{**settings, **end} for end in TIME_ENDS]
+    calls = []
+    real = plain_loop.run
+    monkeypatch.setattr(plain_loop, "run", lambda *a: calls.append(1) or real(*a))
+    rec = Recording()
+    plain = [text(settings, rec)] + [text(s, rec) for s in ends]
+    assert len(calls) == 1 + len(ends)
+    in_simpy(monkeypatch)
+    rec = Recording()
+    assert [text(settings, rec)] + [text(s, rec) for s in ends] == plain
+    assert len(calls) == 1 + len(ends)
+
+
 NOT_REPLAYED = {
     "the process executor": dict(executor="process"),
     "Poisson arrivals": dict(request_rate=20.0, max_concurrency=None),
