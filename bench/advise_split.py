@@ -1,6 +1,7 @@
 """Where advise's default question spends its simulations' CPU: each simulation timed in one
 process (--jobs 1), summed by mode and by whether it ran live (scheduled, its acceptance drawn)
-or replayed a recording of another's steps (sim/steps.py `Recording`), and by load. A benchmark
+or replayed a recording of another's steps (sim/steps.py `Recording`), and by load; and the
+live runs by what else sets their steps apart (the acceptance band's ends, ...). A benchmark
 for one quiet machine, not a test: docs/reports/2026-12-07-simulator-speed.md reads it.
 
 Usage: python bench/advise_split.py
@@ -21,6 +22,7 @@ from advise_speed import QUESTION  # noqa: E402
 
 def main() -> int:
     runs, cpu, steps = Counter(), defaultdict(float), Counter()
+    live: list[dict] = []
     simulate = loop.simulate
 
     def timed(cfg, requests=None, recording=None, **kw):
@@ -28,6 +30,8 @@ def main() -> int:
         c0 = time.process_time()
         res = simulate(cfg, requests, recording=recording, **kw)
         key = (cfg.mode, "replayed" if replayed else "live", cfg.max_concurrency)
+        if not replayed:
+            live.append(cfg.to_dict())
         runs[key] += 1
         cpu[key] += time.process_time() - c0
         steps[key] += res[0].plan.num_steps
@@ -57,6 +61,13 @@ def main() -> int:
         keys = [k for k in cpu if k[2] == conc]
         c, n = sum(cpu[k] for k in keys), sum(steps[k] for k in keys)
         print(f"{conc:<13}{n:>10}{c:>8.1f}{100 * c / total:>6.0f}%{1e6 * c / n:>9.1f}")
+    print("\nlive runs by the settings, besides mode, k and concurrency, that differ from the "
+          "first's:")
+    apart = Counter(", ".join(f"{k}={v}" for k, v in sorted(s.items())
+                              if k not in ("mode", "k", "max_concurrency") and v != live[0][k])
+                    or "none" for s in live)
+    for what, n in apart.most_common():
+        print(f"{n:>5}  {what}")
     return 0
 
 
