@@ -45,6 +45,10 @@ event. With a synchronous device (the CPU) the device ops occupy the worker's th
 `launch`; a `process` worker there also sends each result itself (`result_latency`) and turns
 around (`worker_turnaround`) before it prepares the next step. With a measured profile, the
 machine's own noise (`Jitter`) scales each step's device ops.
+
+Where a run's steps cannot depend on time (`Run.same_steps`) and no timeline is asked for, the
+engine's thread is all that moves time, and sim/plain_loop.py runs the same loop without SimPy:
+the same result, to the byte.
 """
 
 
@@ -56,13 +60,13 @@ from stepgap.common.run_result import ResolvedPlan, RunResult
 from stepgap.common.formats import SpecStats, Span, TraceRequest, timeseries
 from stepgap.common.scheduler import Scheduler, SchedulerConfig
 from stepgap.common.workloads import apply_request_rate, load_workload
+from stepgap.sim import plain_loop
 from stepgap.sim.cluster import Client, DataParallel, Series
 from stepgap.sim.config import SimConfig
 from stepgap.sim.plan import resolve
 from stepgap.sim.core import EngineCore
 from stepgap.sim.costs import DeviceCosts
 from stepgap.sim.device_lane import Clock
-from stepgap.sim import plain_loop
 from stepgap.sim.profile import Profile
 from stepgap.sim.steps import LiveSteps, Recording, ReplayedSteps
 

@@ -78,12 +78,6 @@ def test_zero_bubble_replays_the_steps_of_async_with_the_same_result(case, monke
     assert [text(s, rec) for s in ends] == full
 
 
-def in_simpy(monkeypatch):
-    """Every run on SimPy's loop, as runs that record a timeline are (sim/plain_loop.py)."""
-    from stepgap.sim import plain_loop
-    monkeypatch.setattr(plain_loop, "runs_plainly", lambda core: False)
-
-
 @pytest.mark.parametrize("case", [c for c in REPLAYED if not REPLAYED[c].get("timeline")])
 def test_the_plain_loop_gives_what_simpy_gives(case, monkeypatch):
     """Where a run's steps cannot depend on time, the plain loop runs it, scheduled live or
@@ -98,7 +92,7 @@ def test_the_plain_loop_gives_what_simpy_gives(case, monkeypatch):
     rec = Recording()
     plain = [text(settings, rec)] + [text(s, rec) for s in ends]
     assert len(calls) == 1 + len(ends)
-    in_simpy(monkeypatch)
+    monkeypatch.setattr(plain_loop, "runs_plainly", lambda core: False)   # as with a timeline
     rec = Recording()
     assert [text(settings, rec)] + [text(s, rec) for s in ends] == plain
     assert len(calls) == 1 + len(ends)
