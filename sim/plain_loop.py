@@ -33,9 +33,9 @@ def runs_plainly(core: EngineCore) -> bool:
     return core.spans is None and not core.async_terms
 
 
-def run(core: EngineCore, client: Client) -> float:
-    """Run `core`'s steps for `client` to the last request's last chunk; that time, in
-    microseconds (the clock is left there)."""
+def run(core: EngineCore, client: Client) -> None:
+    """Run `core`'s steps for `client` to the last request's last chunk, the clock left at
+    that time."""
     env, cpu, device, steps, sched = core.env, core.cpu, core.device, core.steps, core.sched
     schedule, prepare, launch, update = (cpu.schedule, cpu.prepare_inputs, cpu.launch,
                                          cpu.update_from_output)
@@ -95,4 +95,4 @@ def run(core: EngineCore, client: Client) -> float:
         env._now = t   # (the client stamps the requests it sends now)
         deliver(t / 1e6, emitted, None)
         if gen.done:
-            return t
+            return
