@@ -5,6 +5,10 @@ An `EngineCore` is built of parts: where its steps come from (sim/steps.py: sche
 replayed from a recording), the client it streams chunks to (sim/cluster.py `Client`), and,
 as a rank of a data-parallel group, the group's `Lockstep`, `Router` and series. One engine
 core serves alone or as such a rank alike (sim/cluster.py).
+
+The inline worker's rules here (`engine`, `execute`, `await_output`, `update`) are also written
+in sim/plain_loop.py, which runs them without SimPy where a run's steps cannot depend on time:
+a change to one is a change to both (tests/test_sim_replay.py holds them to the same bytes).
 """
 
 from __future__ import annotations
