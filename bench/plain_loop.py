@@ -1,9 +1,10 @@
 """The engine loop in plain Python (sim/plain_loop.py) against SimPy's loop, side by side in one
 process: advise's kind of cell (Llama-3.1-8B + EAGLE-3 on one H100, k 3, 80 MT-bench-like
 prompts, the nominal host) at concurrency 1, 4 and 16, each mode, scheduled live and replayed
-from a recording of the same steps, each the best of --repeat runs, alternating the loops. Says
-whether the two results are the same bytes, and what every other process of the machine used
-meanwhile. A benchmark for one quiet machine, not a test: docs/reports/2026-12-07-simulator-speed.md
+from a recording of the same steps, each the best of --repeat runs, alternating the loops. SimPy's
+loop neither records nor replays, so its "replayed" row schedules every step: what a run that
+takes it costs. Says whether the two results are the same bytes, and what every other process of
+the machine used meanwhile. A benchmark for one quiet machine, not a test: docs/reports/2026-12-07-simulator-speed.md
 reads it.
 
 Usage: python bench/plain_loop.py [--repeat 3]
@@ -30,7 +31,7 @@ CELL = dict(gpu="h100", model="llama-3.1-8b", draft="llama-3.1-8b-eagle3", k=3,
 
 def timed(cfg: SimConfig, reqs: list, recording: Recording | None, plain: bool) -> tuple:
     """CPU seconds of one run on the loop asked for, its result as text, its steps."""
-    plain_loop.runs_plainly = REAL if plain else (lambda core: False)
+    plain_loop.runs_plainly = REAL if plain else (lambda cfg, r: False)
     c0 = time.process_time()
     res = simulate(cfg, reqs, recording=recording)[0]
     cpu = time.process_time() - c0

@@ -29,15 +29,15 @@ from stepgap.sim.presets import PRESETS, get_preset  # noqa: E402
 def stretches(rec: Recording, k: int) -> tuple[list[int], int]:
     """The lengths of the runs of steady steps, and the number of steps."""
     runs, cur, before = [], 0, None   # before: the batch size of a step that finished nobody
-    outcomes = rec.outcomes + [[]] * (len(rec.plans) - len(rec.outcomes))
-    for (planned, _), out in zip(rec.plans, outcomes):
-        n = planned.num_reqs
-        if planned.num_batched_tokens == n * (1 + k) and n == before:
+    cols = rec.program.columns
+    finishes = {us[-1] for us, _ in cols.chunks.values() if us}   # updates that finish one
+    for i, (n, tokens) in enumerate(zip(cols.plan_reqs.tolist(), cols.plan_tokens.tolist())):
+        if tokens == n * (1 + k) and n == before:
             cur += 1
         elif cur:
             runs.append(cur)
             cur = 0
-        if any(o.finished for o in out):   # the next step's batch is another
+        if i in finishes:   # the next step's batch is another
             before = None
             if cur:
                 runs.append(cur)
@@ -46,7 +46,7 @@ def stretches(rec: Recording, k: int) -> tuple[list[int], int]:
             before = n
     if cur:
         runs.append(cur)
-    return runs, len(rec.plans)
+    return runs, rec.program.num_plans
 
 
 def main() -> int:

@@ -7,8 +7,9 @@ as a rank of a data-parallel group, the group's `Lockstep`, `Router` and series.
 core serves alone or as such a rank alike (sim/cluster.py).
 
 The inline worker's rules here (`engine`, `execute`, `await_output`, `update`) are also written
-in sim/plain_loop.py, which runs them without SimPy where a run's steps cannot depend on time:
-a change to one is a change to both (tests/test_sim_replay.py holds them to the same bytes).
+in sim/plain_loop.py, which runs them without SimPy where a run's steps cannot depend on time
+(its decisions in `record`, its clock in `timed`): a change to one is a change to both
+(tests/test_sim_replay.py holds them to the same bytes).
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ def device_of(cfg: SimConfig, r: Resolved, spans: list | None) -> Device:
                   r.cpu.wake_us if waits else None)
 
 
+def async_terms(r: Resolved) -> bool:
+    """Whether the run takes vLLM's async path's own costs (sim/cpu_costs.py
+    VLLM_ASYNC_TERMS)."""
+    return r.topology.engine == "vllm" and r.mode != "sync"
+
+
 class EngineCore:
     """One engine core, its worker and device, and its API server where the topology has one.
     `client`: where its chunks go (sim/cluster.py `Client.deliver`); `series`: what samples it
@@ -63,8 +70,7 @@ class EngineCore:
         self.inline, self.tp, self.computes_ahead = topo.inline, topo.tp, topo.computes_ahead
         self.device_async = topo.device_async
         self.api_server, self.rpc_share = topo.api_server, r.rpc_share
-        # vLLM's async path's own costs (sim/cpu_costs.py VLLM_ASYNC_TERMS)
-        self.async_terms = topo.engine == "vllm" and r.mode != "sync"
+        self.async_terms = async_terms(r)
         self.device = device_of(cfg, r, self.spans)
         # the drafter's host work in each launch (the padded drafter batch), where priced
         self.drafter_launch = r.drafter.launch_us if r.drafter_host else None

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from stepgap.common.errors import UserError, shown
 from stepgap.common.limits import MAX_US, is_finite, is_number
 
@@ -69,6 +71,11 @@ class OpCost:
 
     def __call__(self, num_reqs: int, num_tokens: int) -> float:
         return self.a + self.b * num_reqs + self.c * num_tokens
+
+    def each(self, num_reqs: np.ndarray, num_tokens: np.ndarray) -> list[float]:
+        """The cost of each step of many (int arrays): the floats a call gives, in its order
+        of operations."""
+        return (self.a + self.b * num_reqs + self.c * num_tokens).tolist()
 
 
 @dataclass(frozen=True, slots=True)

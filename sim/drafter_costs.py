@@ -179,10 +179,13 @@ class DrafterCosts:
     def launch_us(self, b: Batch) -> float:
         """With the padded batch, the drafter's host work in the step's launch: its first
         inputs and every pass's dispatch (0 for a CPU proposer or without it)."""
-        n = self.passes(b)
-        if not n or not self.padded:
+        return self.launch_of(self.passes(b))
+
+    def launch_of(self, passes: int) -> float:
+        """`launch_us` of a step with that many draft passes."""
+        if not passes or not self.padded:
             return 0.0
-        return self.host_prep_us() + n * self.host_pass_us()
+        return self.host_prep_us() + passes * self.host_pass_us()
 
     def waits_for_tokens(self) -> bool:
         """Without the padded batch the drafter waits for the step's tokens on the host."""

@@ -92,23 +92,27 @@ class Run:
                              cfg.output_latency_ms * 1e3)
         self.series = Series(env) if cfg.timeseries_interval_s else None
         self.steps = None   # a lone core's
+        self.plain, self.recording = False, None   # run by sim/plain_loop.py, its steps'
         if cfg.data_parallel_size > 1:   # N engine cores behind vLLM's DP front end
             self.engine = DataParallel(env, cfg, r, self.client, acc, self.series)
             self.cores = self.engine.ranks
         else:
-            same = recording is not None and self.same_steps()
-            if same and recording.replays(cfg, requests):
-                self.steps = ReplayedSteps(recording)
+            # where the plain loop runs it, its steps go to a recording (the caller's, where it
+            # has one to fill, else one of its own), or come from the caller's
+            self.plain = self.same_steps() and plain_loop.runs_plainly(cfg, r)
+            if self.plain and recording is not None and recording.replays(cfg, requests):
+                self.steps, self.recording = ReplayedSteps(recording), recording
             else:
-                kept = recording.start(cfg, requests) if same else None
-                self.steps = LiveSteps(Scheduler(r.scheduler), acc, cfg.k, kept)
-                same = kept is not None
+                self.steps = LiveSteps(Scheduler(r.scheduler), acc, cfg.k)
+                kept = recording.start(cfg, requests) if self.plain and recording else None
+                self.recording = kept or (Recording().start(cfg, requests) if self.plain
+                                          else None)
             self.engine = EngineCore(env, cfg, r, self.client, self.steps, self.series)
             self.cores = [self.engine]
-            if same and device_costs is None:   # the step ops its runs share: those of runs
-                # whose drafter's host costs are the same (a drafter that waits for the
-                # step's tokens has them on the device lane) and that fix up alike
-                # (zero-bubble's fixup op, in async's steps)
+            if self.plain and self.recording is recording and device_costs is None:
+                # the step ops its runs share: those of runs whose drafter's host costs are
+                # the same (a drafter that waits for the step's tokens has them on the device
+                # lane) and that fix up alike (zero-bubble's fixup op, in async's steps)
                 device = self.engine.device
                 device.ops = recording.device_ops.setdefault(
                     (device.waits_us, cfg.drafter_host_scale, device.fixup), {})
@@ -132,8 +136,8 @@ class Run:
 
     def run(self) -> tuple[RunResult, list[Span]]:
         env = self.env
-        if self.steps is not None and self.same_steps() and plain_loop.runs_plainly(self.engine):
-            plain_loop.run(self.engine, self.client)   # the same times (sim/plain_loop.py)
+        if self.plain:
+            plain_loop.run(self.engine, self.client, self.recording)   # the same times
         else:
             client = env.process(self.client.run())
             self.engine.start()
@@ -141,8 +145,6 @@ class Run:
                 env.run(until=client)
             finally:
                 env.close()
-        if self.steps is not None:
-            self.steps.close()
         spans = []
         for core in self.cores:
             if len(self.cores) == 1:

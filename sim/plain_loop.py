@@ -3,96 +3,223 @@
 
 Where a run's steps cannot depend on time (`Run.same_steps`: one thread drives the engine core,
 every request arrives at once, and the client sends the next the moment another's last chunk
-lands), nothing happens between the engine thread's own actions. Its time is then one float,
-moved on by each thing the thread does in turn, as sim/core.py's `EngineCore.engine`, `execute`,
-`await_output` and `update` move SimPy's clock for an inline worker: the same steps, scheduled
-live or replayed (sim/steps.py), and the same sums in the same order (a hold of dt is
-`now + dt`; a wait until t is `now + (t - now)`), so the same result to the byte, in about two
-thirds of the time at low concurrency (docs/reports/2026-12-07-simulator-speed.md).
-`tests/test_sim_replay.py::test_the_plain_loop_gives_what_simpy_gives` holds the two to each
-other over every case the replays are tested on.
+lands), nothing happens between the engine thread's own actions, and what the loop decides
+never depends on the clock. Such a run, unless it records a timeline or takes vLLM's async
+terms (`runs_plainly`), runs here in two passes over sim/core.py's `EngineCore.engine`,
+`execute`, `await_output` and `update` for an inline worker:
 
-Every other run takes SimPy's loop: one that records a timeline (its spans come from
-EngineCore's `busy`), an API server, a process worker, arrivals over time, an output latency, a
-series, data parallelism.
+- `record`: the loop's decisions alone, with no clock: each turn's plan, launch and update (a
+  `Program`), the steps scheduled live (sim/steps.py `LiveSteps`) and kept as `Columns`, the
+  chunks to the client and the requests it sends back. A replay of a `Recording` skips it.
+- `timed`: the clock over those turns, every op's time looked up or computed for all steps
+  before the loop, which is then the same sums in the same order as SimPy's clock reaches (a
+  hold of dt is `now + dt`; a wait until t is `now + (t - now)`), so the same result to the
+  byte; then the client's timings.
+
+`tests/test_sim_replay.py::test_the_plain_loop_gives_what_simpy_gives` holds the two loops to
+each other over every case the replays are tested on. Every other run takes SimPy's loop: one
+that records a timeline (its spans come from EngineCore's `busy`), an API server, a process
+worker, arrivals over time, an output latency, a series, data parallelism.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
+
+from stepgap.common.formats import RequestTiming
 from stepgap.common.scheduler import Request
 from stepgap.sim.cluster import Client
-from stepgap.sim.core import EngineCore
+from stepgap.sim.config import SimConfig
+from stepgap.sim.core import EngineCore, async_terms
 from stepgap.sim.device_lane import Step
+from stepgap.sim.plan import Resolved
+from stepgap.sim.steps import (LAUNCHED, PLANNED, UPDATED, Columns, LiveSteps, Program,
+                               Recording)
 
 
-def runs_plainly(core: EngineCore) -> bool:
+def runs_plainly(cfg: SimConfig, r: Resolved) -> bool:
     """Whether a run whose steps cannot depend on time (`Run.same_steps`: an inline worker, no
     API server, alone) can go here: no timeline to record, and not vLLM's async terms."""
-    return core.spans is None and not core.async_terms
+    return not cfg.timeline and not async_terms(r)
 
 
-def run(core: EngineCore, client: Client) -> None:
+def run(core: EngineCore, client: Client, rec: Recording) -> None:
     """Run `core`'s steps for `client` to the last request's last chunk, the clock left at
-    that time."""
-    env, cpu, device, steps, sched = core.env, core.cpu, core.device, core.steps, core.sched
-    schedule, prepare, launch, update = (cpu.schedule, cpu.prepare_inputs, cpu.launch,
-                                         cpu.update_from_output)
-    propose = cpu.propose if core.cpu_propose else None
-    wake, latency = cpu.wake_us, cpu.launch_latency_us
-    drafter_launch, wait_accepted = core.drafter_launch, core.wait_accepted
-    device_async, place, inbox = core.device_async, device.place, core.inbox
-    plan, outcome, deliver, gen = steps.plan, steps.outcome, client.deliver, client.gen
+    that time: scheduled live into `rec` first (`record`), unless they are `rec`'s own."""
+    if isinstance(core.steps, LiveSteps):
+        record(core, client, rec)
+        rec.close(core.steps)
+    timed(core, client, rec)
+
+
+def record(core: EngineCore, client: Client, rec: Recording) -> None:
+    """The loop's turns with no clock, its steps scheduled live: `rec.program`."""
+    steps, sched, inbox = core.steps, core.sched, core.inbox
+    plan, outcome = steps.plan, steps.outcome
+    gen, acc, complete = client.gen, client.acc, client.complete
     depth, caching = (2 if core.async_ else 1), core.caching
-    queue: deque[Step] = deque()
-    prev: Step | None = None
-    t = 0.0
+    plan_reqs, plan_tokens, reqs, tokens, kv, drafts, batches = [], [], [], [], [], [], []
+    chunks: dict = {}   # request id -> ([update], [tokens])
+    sent: dict[str, int] = {}
+    turns: list[int] = []
+    queue: deque = deque()
+    u = 0   # the next update
     client.send_due()   # at 0, every request the concurrency lets in
+    for tr in inbox:
+        sent[tr.request_id] = -1
+        chunks[tr.request_id] = ([], [])
     while True:
         while inbox:
             tr = inbox.popleft()
             sched.add_request(Request(tr.request_id, tr.prompt_len, tr.output_len,
                                       tr.prompt_token_ids if caching else None))
         launched = False
+        turn = 0
         if sched.has_unfinished():
+            turn = PLANNED
             out, batch = plan()
-            n, tokens = out.num_reqs, out.num_batched_tokens
-            t += schedule(n, tokens)
+            plan_reqs.append(out.num_reqs)
+            plan_tokens.append(out.num_batched_tokens)
             if out.scheduled:
-                step = Step(out, batch)
-                core.num_steps += 1
-                if wait_accepted and prev is not None and prev.batch.num_drafts:
-                    ready = prev.t_accepted + wake
-                    if ready > t:
-                        t += ready - t
-                t += prepare(n, tokens)
-                dur = launch(n, tokens)
-                if drafter_launch is not None:
-                    dur += drafter_launch(batch)
-                if device_async:
-                    place(step, t + latency, t + dur + latency)
-                    t += dur
-                else:   # the device is this thread
-                    place(step, t + dur, t + dur)
-                    t += step.t_done - t
-                prev = step
-                step.t_output = step.t_done + wake
-                queue.append(step)
+                reqs.append(out.num_reqs)
+                tokens.append(out.num_batched_tokens)
+                kv.append(batch.kv_tokens)
+                drafts.append(batch.num_drafts)
+                batches.append(batch)
+                queue.append(out)
                 launched = True
+                turn = PLANNED | LAUNCHED
         if not queue:
             raise RuntimeError("simulator stalled: requests wait but nothing is in flight")
         if launched and len(queue) < depth:
+            turns.append(turn)
             continue
-        step = queue.popleft()
-        out = step.out
-        if step.t_output > t:
-            t += step.t_output - t
-        if propose is not None:
-            t += propose(out.num_reqs, step.batch.kv_tokens)
-        emitted = outcome(out)
-        t += update(out.num_reqs, out.num_batched_tokens)
-        env._now = t   # (the client stamps the requests it sends now)
-        deliver(t / 1e6, emitted, None)
+        for o in outcome(queue.popleft()):   # the chunks, as Client.deliver takes them
+            rid = o.request.request_id
+            us, ns = chunks[rid]
+            us.append(u)
+            ns.append(len(o.new_token_ids))
+            if o.finished:
+                acc.finished(rid)
+                complete()   # the client's next request, into the inbox
+        for tr in inbox:   # (sent by this update: the inbox is read at each turn's start)
+            sent[tr.request_id] = u
+            chunks[tr.request_id] = ([], [])
+        turns.append(turn | UPDATED)
+        u += 1
         if gen.done:
-            return
+            break
+    rec.program = Program(turns, sent, len(plan_reqs), u, Columns(
+        np.array(plan_reqs), np.array(plan_tokens), np.array(reqs), np.array(tokens),
+        np.array(kv), drafts, batches, chunks))
+
+
+def timed(core: EngineCore, client: Client, rec: Recording) -> None:
+    """The clock over `rec`'s turns, as sim/core.py's loop moves it for an inline worker, and
+    the client's timings."""
+    cpu, device, program = core.cpu, core.device, rec.program
+    cols = program.columns
+    sched_us = cpu.schedule.each(cols.plan_reqs, cols.plan_tokens)
+    reqs, tokens = cols.reqs, cols.tokens
+    prepare_us = cpu.prepare_inputs.each(reqs, tokens)
+    launch_us = cpu.launch.each(reqs, tokens)
+    if core.drafter_launch is not None:   # (the passes are the steps': the recording's)
+        d = core.r.drafter
+        if cols.passes is None:
+            cols.passes = [d.passes(b) for b in cols.batches]
+        of = {n: d.launch_of(n) for n in set(cols.passes)}
+        launch_us = [x + of[n] for x, n in zip(launch_us, cols.passes)]
+    update_us = cpu.update_from_output.each(reqs, tokens)
+    propose_us = cpu.propose.each(reqs, cols.kv) if core.cpu_propose else None
+    steady = device.steady
+    verify_us, device_us = _device_times(device, cols, rec) if steady else (None, None)
+    batches, drafts = cols.batches, cols.drafts
+    wake, latency = cpu.wake_us, cpu.launch_latency_us
+    wait_accepted, device_async, place = core.wait_accepted, core.device_async, device.place
+    free, last_end, gaps = device.free, device.last_end, device.gaps
+    t = 0.0
+    ip = il = iu = 0   # the next plan, launched step, update
+    accepted = 0.0   # the last launched step's t_accepted
+    outputs: list[float] = []   # each launched step's t_output
+    updates: list[float] = []   # each update's time: its chunks reach the client
+    for turn in program.turns:
+        if turn & PLANNED:
+            t += sched_us[ip]
+            ip += 1
+            if turn & LAUNCHED:
+                if wait_accepted and il and drafts[il - 1]:
+                    ready = accepted + wake
+                    if ready > t:
+                        t += ready - t
+                t += prepare_us[il]
+                dur = launch_us[il]
+                if device_async:
+                    t_first, t_last = t + latency, t + dur + latency
+                else:   # the device is this thread
+                    t_first = t_last = t + dur
+                if steady:   # Device.place, inline
+                    d = device_us[il]
+                    start = max(free, t_first, t_last - d)
+                    accepted = start + verify_us[il]
+                    done = free = start + d
+                    if last_end is not None:
+                        gaps.append(max(0.0, start - last_end))
+                    last_end = done
+                else:   # a noise that varies: each step's times drawn as it starts
+                    step = Step(None, batches[il])
+                    place(step, t_first, t_last)
+                    accepted, done = step.t_accepted, step.t_done
+                if device_async:
+                    t += dur
+                else:
+                    t += done - t
+                outputs.append(done + wake)
+                il += 1
+        if turn & UPDATED:
+            ready = outputs[iu]
+            if ready > t:
+                t += ready - t
+            if propose_us is not None:
+                t += propose_us[iu]
+            t += update_us[iu]
+            updates.append(t)
+            iu += 1
+    if steady:
+        device.free, device.last_end = free, last_end
+    core.num_steps += il
+    core.env._now = t
+    at = [u / 1e6 for u in updates]
+    timings = client.timings   # each request sent at its update (-1: at 0 s), each chunk at its
+    for tr in rec.requests:
+        rid = tr.request_id
+        u = program.sent[rid]
+        us, ns = cols.chunks[rid]
+        timings[rid] = RequestTiming(rid, tr.prompt_len, at[u] if u >= 0 else 0.0,
+                                     [at[i] for i in us], list(ns))
+
+
+def _device_times(device, cols: Columns, rec: Recording) -> tuple[list[float], list[float]]:
+    """Each launched step's time until the accepted counts are known, and its whole time, on a
+    steady device (`Device.steady`: they depend on the batch alone), as `Device.place` finds
+    them: looked up by the step's key, or computed where it has none. The keys are kept with
+    the recording for the runs whose device costs come from their configs (`Recording`'s
+    `device_ops`: their keys are the same)."""
+    key_of, known, batches = device.step_key, device.known, cols.batches
+    shared = any(device.ops is ops for ops in rec.device_ops.values())
+    keys = cols.keys if shared else None
+    if keys is None:
+        keys = [key_of(b) for b in batches] if key_of is not None else [None] * len(batches)
+        if shared:
+            cols.keys = keys
+    verify, whole = [], []
+    for key, b in zip(keys, batches):
+        times = known.get(key) if key is not None else None
+        if times is None:
+            times = device.times(b, 0.0, 0.0, key)
+            if key is not None:
+                known[key] = times
+        verify.append(times[3])
+        whole.append(times[4])
+    return verify, whole

@@ -1,28 +1,20 @@
 """Where an engine core's steps come from: `LiveSteps` schedules them and draws each step's
-acceptance (keeping them in a `Recording` where asked); `ReplayedSteps` reads a recording's back.
-Everything that takes time runs the same either way (sim/core.py)."""
+acceptance; a `Recording` keeps them as columns, where the run allows, for the runs that take the
+same steps to time them again without scheduling (sim/plain_loop.py); `ReplayedSteps` stands for
+the scheduler in such a run. Everything that takes time runs the same either way."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 
+import numpy as np
+
 from stepgap.common.acceptance import Acceptance
 from stepgap.common.formats import TraceRequest
-from stepgap.common.scheduler import FINISHED, Request, Scheduler, SchedulerOutput
+from stepgap.common.scheduler import FINISHED, Scheduler, SchedulerOutput
 from stepgap.sim.config import SimConfig
-from stepgap.sim.costs import Batch
 from stepgap.sim.device_lane import batch_of
-
-
-@dataclass(slots=True)
-class Planned:
-    """A recorded step, as the engine loop reads its SchedulerOutput (`Recording`)."""
-
-    step: int
-    scheduled: bool
-    num_reqs: int
-    num_batched_tokens: int
 
 
 # Settings that change how long things take, or what a result holds, never which steps run:
@@ -52,24 +44,59 @@ class Totals:
     num_draft_tokens: int
 
 
+@dataclass(slots=True)
+class Columns:
+    """A run's steps as columns: every plan's requests and tokens; each launched step's (and
+    its context tokens, drafts and `Batch`); each request's chunks (the updates that emitted
+    them, their tokens). Once a replay has them: each launched step's draft passes and device
+    keys (sim/plain_loop.py)."""
+
+    plan_reqs: np.ndarray
+    plan_tokens: np.ndarray
+    reqs: np.ndarray
+    tokens: np.ndarray
+    kv: np.ndarray
+    drafts: list[int]
+    batches: list
+    chunks: dict   # request id -> ([update], [tokens])
+    passes: list[int] | None = None
+    keys: list | None = None
+
+
+PLANNED, LAUNCHED, UPDATED = 1, 2, 4   # what one turn of the engine loop did (`Program`)
+
+
+@dataclass(slots=True)
+class Program:
+    """What the engine loop did, turn by turn, in a run whose steps cannot depend on time: each
+    turn's `PLANNED | LAUNCHED | UPDATED`, the update at which the client sent each request
+    (-1: at 0 s), and the steps as `Columns`. Every run of the same steps takes the same turns,
+    since nothing in the loop but the clock depends on time (sim/plain_loop.py)."""
+
+    turns: list[int]
+    sent: dict[str, int]
+    num_plans: int
+    num_updates: int
+    columns: Columns
+
+
 class Recording:
     """The steps of one run, kept so that a run that differs from it only in how long things
-    take (TIME_ONLY settings, the device's costs, zero-bubble for async: `steps_key`) replays
-    them instead of scheduling and drawing acceptance again: the same results, about half the
-    time (docs/reports/2026-12-03-advise-speed.md).
+    take (TIME_ONLY settings, the device's costs, zero-bubble for async: `steps_key`) times
+    them again instead of scheduling and drawing acceptance again: the same results, in a
+    fraction of the time (docs/reports/2026-12-07-simulator-speed.md).
 
-    Only where the steps cannot depend on time (`same_steps`): one thread drives the engine
-    core, so the order of everything it does is fixed by the loop, and the client's requests
-    come in at fixed points of it (all at once, or each as another finishes). Pass an empty
-    one to `simulate` to fill it (where the run allows), then the same one to the runs to
-    replay it; a run that differs in anything else is simulated in full, as is one given a
-    recording its first run could not fill."""
+    Only where the steps cannot depend on time and the plain loop runs them (sim/plain_loop.py
+    `runs_plainly`): one thread drives the engine core, so the order of everything it does is
+    fixed by the loop, and the client's requests come in at fixed points of it (all at once,
+    or each as another finishes). Pass an empty one to `simulate` to fill it (where the run
+    allows), then the same one to the runs to replay it; a run that differs in anything else is
+    simulated in full, as is one given a recording its first run could not fill."""
 
     def __init__(self):
         self.key: str | None = None
         self.requests: list[TraceRequest] | None = None
-        self.plans: list[tuple[Planned, Batch | None]] = []   # every schedule()'s
-        self.outcomes: list[list] = []   # every update's chunks (EngineCoreOutput: read only)
+        self.program: Program | None = None   # the steps, once a run has them all
         self.totals: Totals | None = None   # the counters the result reads, once complete
         self.device_ops: dict = {}   # its runs' Device.ops, where the costs come from the config
 
@@ -83,7 +110,7 @@ class Recording:
             return None
         self.key, self.requests = self.key_of(cfg), requests
         # (what a run that failed part way left, maybe of another run, dropped)
-        self.plans, self.outcomes, self.device_ops = [], [], {}
+        self.program, self.device_ops = None, {}
         return self
 
     def close(self, steps: LiveSteps) -> None:
@@ -100,11 +127,10 @@ class Recording:
 class LiveSteps:
     """The steps as the scheduler plans them, and the tokens each gives: 1 + accepted for each
     request that samples (the acceptance's draws), applied by the scheduler. Counts the
-    accepted tokens as vLLM's SpecDecodingStats do; keeps every step in `recording` if given."""
+    accepted tokens as vLLM's SpecDecodingStats do."""
 
-    def __init__(self, sched: Scheduler, acc: Acceptance, k: int,
-                 recording: Recording | None = None):
-        self.sched, self.acc, self.recording = sched, acc, recording
+    def __init__(self, sched: Scheduler, acc: Acceptance, k: int):
+        self.sched, self.acc = sched, acc
         self.accepted_hist = [0] * (k + 1)   # decode steps by accepted count
         self.num_draft_tokens = 0
         self.tokens = [[0] * (1 + n) for n in range(k + 1)]
@@ -112,11 +138,7 @@ class LiveSteps:
     def plan(self) -> tuple:
         """The next step: the scheduler's output and its totals (None: nothing scheduled)."""
         out = self.sched.schedule()
-        batch = batch_of(out) if out.scheduled else None
-        if self.recording is not None:
-            self.recording.plans.append((Planned(out.step, bool(out.scheduled), out.num_reqs,
-                                                 out.num_batched_tokens), batch))
-        return out, batch
+        return out, (batch_of(out) if out.scheduled else None)
 
     def outcome(self, out: SchedulerOutput) -> list:
         """The step's chunks to stream, once the scheduler has applied its tokens."""
@@ -132,62 +154,33 @@ class LiveSteps:
                     drafts += s.num_spec
                 sampled[req.request_id] = tokens[n]
         self.num_draft_tokens += drafts
-        emitted = self.sched.update_from_output(out, sampled)
-        if self.recording is not None:
-            self.recording.outcomes.append(emitted)
-        return emitted
-
-    def close(self) -> None:
-        if self.recording is not None:
-            self.recording.close(self)
+        return self.sched.update_from_output(out, sampled)
 
 
 class ReplayedSteps:
-    """A `Recording`'s steps: the scheduler's outputs and the tokens each step gave are read
-    back, not computed again."""
+    """A `Recording`'s steps, timed again from its columns (sim/plain_loop.py `timed`), with the
+    recorded run's counters for the result; nothing is scheduled."""
 
     def __init__(self, recording: Recording):
-        self.sched = ReplayedScheduler(recording.totals)
-        self.plans, self.outcomes = iter(recording.plans), iter(recording.outcomes)
-        self.accepted_hist = list(recording.totals.accepted_hist)
-        self.num_draft_tokens = recording.totals.num_draft_tokens
+        totals = recording.totals
+        self.recording = recording
+        self.sched = ReplayedScheduler(totals)
+        self.accepted_hist = list(totals.accepted_hist)
+        self.num_draft_tokens = totals.num_draft_tokens
 
-    def plan(self) -> tuple:
-        step = next(self.plans, None)
-        if step is None:
-            raise RuntimeError("the replayed run went on past the recorded steps")
-        return step
+    def plan(self):
+        raise RuntimeError("a replayed run is timed from its recording's columns, in the plain "
+                           "loop (sim/plain_loop.py)")
 
-    def outcome(self, out: Planned) -> list:
-        # NOTE: the run ends when the client has its last chunk, and the engine may or may not
-        # have applied a step launched after it by then (async: a step in flight for requests
-        # its predecessor finished), as the times fall: one update more or fewer than the
-        # recording. Such an update is of finished requests only, so it emits nothing.
-        emitted = next(self.outcomes, [])
-        for o in emitted:
-            if o.finished:
-                self.sched.unfinished -= 1
-        return emitted
-
-    def close(self) -> None:
-        if next(self.plans, None) is not None or any(self.outcomes):   # (see outcome)
-            raise RuntimeError("the replayed run ended before the recorded steps did")
+    outcome = plan
 
 
 class ReplayedScheduler:
-    """What a replayed run's engine asks of its scheduler besides the steps: whether any
-    request is unfinished, and the recorded run's counters."""
+    """What a replayed run's result reads of its scheduler: the recorded run's counters."""
 
     def __init__(self, totals: Totals):
-        self.unfinished = 0
         self.num_preemptions = totals.num_preemptions
         self.prefix_cache = totals.prefix_cache
-
-    def add_request(self, req: Request) -> None:
-        self.unfinished += 1
-
-    def has_unfinished(self) -> bool:
-        return self.unfinished > 0
 
     def prefix_cache_counts(self) -> dict | None:
         return self.prefix_cache
