@@ -35,6 +35,7 @@ from stepgap.sim.config import SimConfig
 from stepgap.sim.core import EngineCore, async_terms
 from stepgap.sim.device_lane import Step
 from stepgap.sim.plan import Resolved
+from stepgap.sim.steady import InFlight, SteadyTurns
 from stepgap.sim.steps import (LAUNCHED, PLANNED, UPDATED, Columns, LiveSteps, Program,
                                Recording)
 
@@ -65,6 +66,8 @@ def record(core: EngineCore, client: Client, rec: Recording) -> None:
     sent: dict[str, int] = {}
     turns: list[int] = []
     queue: deque = deque()
+    steady = SteadyTurns(sched, steps, acc, (plan_reqs, plan_tokens, reqs, tokens, kv, drafts,
+                                             batches, chunks))
     u = 0   # the next update
     client.send_due()   # at 0, every request the concurrency lets in
     for tr in inbox:
@@ -75,6 +78,10 @@ def record(core: EngineCore, client: Client, rec: Recording) -> None:
             tr = inbox.popleft()
             sched.add_request(Request(tr.request_id, tr.prompt_len, tr.output_len,
                                       tr.prompt_token_ids if caching else None))
+        if steady.take(queue, u):   # (sim/steady.py: the scheduler's decisions, without it)
+            turns.append(PLANNED | LAUNCHED | UPDATED)
+            u += 1
+            continue
         launched = False
         turn = 0
         if sched.has_unfinished():
@@ -96,7 +103,10 @@ def record(core: EngineCore, client: Client, rec: Recording) -> None:
         if launched and len(queue) < depth:
             turns.append(turn)
             continue
-        for o in outcome(queue.popleft()):   # the chunks, as Client.deliver takes them
+        out = queue.popleft()
+        if type(out) is InFlight:   # a steady turn's step
+            out = out.output()
+        for o in outcome(out):   # the chunks, as Client.deliver takes them
             rid = o.request.request_id
             us, ns = chunks[rid]
             us.append(u)
