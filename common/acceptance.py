@@ -20,6 +20,7 @@ the rates take over.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -284,11 +285,13 @@ class AcceptanceChoice:
     band_source: str
 
 
+@functools.cache   # (every plan asks it: advise's hundreds of runs, a few answers)
 def dataset_acceptance(model: str, method: str, dataset: str) -> AcceptanceChoice:
     """The acceptance of `model` with `method` on `dataset` (DATASETS): n-gram matching takes
     the dataset's own profile; suffix decoding its MT-bench one; a drafter model its published
     MT-bench profile (else `mtbench`, borrowed), shifted on the logit scale to the dataset's
-    length ratio. The band is the dataset's range, as shifts of that profile."""
+    length ratio. The band is the dataset's range, as shifts of that profile. Frozen,
+    computed once a (model, method, dataset)."""
     d = DATASETS[dataset]
     note, model_of = None, METHODS[method].acceptance
     if model_of == BY_NGRAM:   # (the profiles are Llama-3.1-8B's outputs matched)

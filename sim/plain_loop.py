@@ -66,8 +66,8 @@ def record(core: EngineCore, client: Client, rec: Recording) -> None:
     sent: dict[str, int] = {}
     turns: list[int] = []
     queue: deque = deque()
-    steady = SteadyTurns(sched, steps, acc, (plan_reqs, plan_tokens, reqs, tokens, kv, drafts,
-                                             batches, chunks))
+    steady = SteadyTurns(sched, steps, client, (plan_reqs, plan_tokens, reqs, tokens, kv,
+                                                drafts, batches, chunks))
     u = 0   # the next update
     client.send_due()   # at 0, every request the concurrency lets in
     for tr in inbox:
@@ -79,41 +79,40 @@ def record(core: EngineCore, client: Client, rec: Recording) -> None:
             sched.add_request(Request(tr.request_id, tr.prompt_len, tr.output_len,
                                       tr.prompt_token_ids if caching else None))
         if steady.take(queue, u):   # (sim/steady.py: the scheduler's decisions, without it)
-            turns.append(PLANNED | LAUNCHED | UPDATED)
-            u += 1
-            continue
-        launched = False
-        turn = 0
-        if sched.has_unfinished():
-            turn = PLANNED
-            out, batch = plan()
-            plan_reqs.append(out.num_reqs)
-            plan_tokens.append(out.num_batched_tokens)
-            if out.scheduled:
-                reqs.append(out.num_reqs)
-                tokens.append(out.num_batched_tokens)
-                kv.append(batch.kv_tokens)
-                drafts.append(batch.num_drafts)
-                batches.append(batch)
-                queue.append(out)
-                launched = True
-                turn = PLANNED | LAUNCHED
-        if not queue:
-            raise RuntimeError("simulator stalled: requests wait but nothing is in flight")
-        if launched and len(queue) < depth:
-            turns.append(turn)
-            continue
-        out = queue.popleft()
-        if type(out) is InFlight:   # a steady turn's step
-            out = out.output()
-        for o in outcome(out):   # the chunks, as Client.deliver takes them
-            rid = o.request.request_id
-            us, ns = chunks[rid]
-            us.append(u)
-            ns.append(len(o.new_token_ids))
-            if o.finished:
-                acc.finished(rid)
-                complete()   # the client's next request, into the inbox
+            turn = PLANNED | LAUNCHED
+        else:
+            launched = False
+            turn = 0
+            if sched.has_unfinished():
+                turn = PLANNED
+                out, batch = plan()
+                plan_reqs.append(out.num_reqs)
+                plan_tokens.append(out.num_batched_tokens)
+                if out.scheduled:
+                    reqs.append(out.num_reqs)
+                    tokens.append(out.num_batched_tokens)
+                    kv.append(batch.kv_tokens)
+                    drafts.append(batch.num_drafts)
+                    batches.append(batch)
+                    queue.append(out)
+                    launched = True
+                    turn = PLANNED | LAUNCHED
+            if not queue:
+                raise RuntimeError("simulator stalled: requests wait but nothing is in flight")
+            if launched and len(queue) < depth:
+                turns.append(turn)
+                continue
+            out = queue.popleft()
+            if type(out) is InFlight:   # a steady turn's step
+                out = out.output()
+            for o in outcome(out):   # the chunks, as Client.deliver takes them
+                rid = o.request.request_id
+                us, ns = chunks[rid]
+                us.append(u)
+                ns.append(len(o.new_token_ids))
+                if o.finished:
+                    acc.finished(rid)
+                    complete()   # the client's next request, into the inbox
         for tr in inbox:   # (sent by this update: the inbox is read at each turn's start)
             sent[tr.request_id] = u
             chunks[tr.request_id] = ([], [])

@@ -47,8 +47,8 @@ class InFlight:
 class SteadyTurns:
     """The record pass's steady turns, for one engine core's live steps."""
 
-    def __init__(self, sched: Scheduler, steps: LiveSteps, acc: Acceptance, columns: tuple):
-        self.sched, self.steps, self.acc = sched, steps, acc
+    def __init__(self, sched: Scheduler, steps: LiveSteps, client, columns: tuple):
+        self.sched, self.steps, self.acc, self.client = sched, steps, client.acc, client
         cfg = sched.cfg
         self.k, self.async_ = sched.k, cfg.async_scheduling
         self.bs, self.budget, self.last = (cfg.block_size, cfg.max_num_batched_tokens,
@@ -71,7 +71,10 @@ class SteadyTurns:
             if len(queue) != 1:
                 return False
             prev = queue[0]
-            if type(prev) is not InFlight:
+            if type(prev) is InFlight:   # (steady, but some of its requests may have finished)
+                if prev.requests != running:
+                    return False
+            else:
                 if prev.preempted or len(prev.scheduled) != len(running):
                     return False
                 for s, req in zip(prev.scheduled, running):
@@ -81,7 +84,7 @@ class SteadyTurns:
             return False
         acc, bs, last = self.acc, self.bs, self.last
         need = 0
-        for req in running:   # would schedule() give each 1 + k tokens, and its update finish none?
+        for req in running:   # would schedule() give each 1 + k tokens?
             c, p = req.num_computed_tokens, req.num_output_placeholders
             if p and c + 2 - p >= req.num_prompt_tokens + req.max_tokens:
                 return False   # skipped: its step in flight finishes it
@@ -91,8 +94,6 @@ class SteadyTurns:
             end = c + n + k
             if end > len(req.block_ids) * bs:
                 need += cdiv(end, bs) - len(req.block_ids)
-            if 1 + acc.peek(req.request_id, k) >= req.max_tokens - len(req.output_token_ids):
-                return False   # its update finishes it
         pool = sched.pool
         if need > pool.num_free:
             return False
@@ -143,26 +144,36 @@ class SteadyTurns:
         self.kv.append(kv)
         self.drafts.append(k * r)
         self.batches.append(batch)
-        # the update (update_from_output): 1 + accepted tokens each, none finishing
+        # the update (update_from_output): 1 + accepted tokens each, up to its max_tokens
         steps, chunks = self.steps, self.chunks
         hist, sampled = steps.accepted_hist, steps.tokens
-        for req in running:
+        launched = list(running)
+        done = []
+        for req in launched:
             rid = req.request_id
             a = acc.next(rid, k)
             hist[a] += 1
             rejected = k - a
             if req.status == RUNNING:
                 req.num_computed_tokens -= rejected
-            req.output_token_ids += sampled[a]
+            room = req.max_tokens - len(req.output_token_ids)
+            new = sampled[a] if a < room else sampled[room - 1]   # (ids[:room], all zeros)
+            req.output_token_ids += new
             if async_:
                 req.num_output_placeholders -= rejected + 1 + a
-            else:
-                req.num_spec_tokens = k
             us, ns = chunks[rid]
             us.append(u)
-            ns.append(1 + a)
+            ns.append(len(new))
+            if a + 1 >= room:
+                sched._finish(req)
+                done.append(rid)
+            elif not async_:
+                req.num_spec_tokens = k
         steps.num_draft_tokens += k * r
         if async_:   # this turn's step stays in flight
             queue.popleft()
-            queue.append(InFlight(step, list(running), starts, k))
+            queue.append(InFlight(step, launched, starts, k))
+        for rid in done:   # the client has the last chunks (sim/plain_loop.py `record`)
+            acc.finished(rid)
+            self.client.complete()   # its next request, into the inbox
         return True
