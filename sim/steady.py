@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepgap.common.acceptance import Acceptance
 from stepgap.common.scheduler import RUNNING, Scheduled, Scheduler, SchedulerOutput, cdiv
+from stepgap.sim.cluster import Client
 from stepgap.sim.costs import Batch
 from stepgap.sim.steps import LiveSteps
 
@@ -47,7 +47,7 @@ class InFlight:
 class SteadyTurns:
     """The record pass's steady turns, for one engine core's live steps."""
 
-    def __init__(self, sched: Scheduler, steps: LiveSteps, client, columns: tuple):
+    def __init__(self, sched: Scheduler, steps: LiveSteps, client: Client, columns: tuple):
         self.sched, self.steps, self.acc, self.client = sched, steps, client.acc, client
         cfg = sched.cfg
         self.k, self.async_ = sched.k, cfg.async_scheduling
