@@ -151,8 +151,10 @@ class SteadyTurns:
         done = []
         for req in launched:
             rid = req.request_id
-            a = acc.next(rid, k)
-            hist[a] += 1
+            a = 0
+            if k:   # (drafts verified: LiveSteps.outcome's draw)
+                a = acc.next(rid, k)
+                hist[a] += 1
             rejected = k - a
             if req.status == RUNNING:
                 req.num_computed_tokens -= rejected

@@ -35,13 +35,14 @@ def state(sched) -> str:
 
 
 def run(settings: dict, monkeypatch, on: bool) -> tuple[str, str, int]:
-    """The run's result and its scheduler's state at the end, and how many turns were steady."""
+    """The run's result, its scheduler's state and acceptance counts at the end, and how many
+    turns were steady."""
     seen, taken = [], []
     real_record, real_take = plain_loop.record, steady.SteadyTurns.take
 
     def record(core, client, rec):
         real_record(core, client, rec)
-        seen.append(state(core.sched))
+        seen.append([state(core.sched), core.steps.accepted_hist, core.steps.num_draft_tokens])
 
     def take(self, queue, u):
         ok = on and real_take(self, queue, u)
