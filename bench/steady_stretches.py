@@ -46,7 +46,7 @@ def stretches(rec: Recording, k: int) -> tuple[list[int], int]:
             before = n
     if cur:
         runs.append(cur)
-    return runs, rec.program.num_plans
+    return runs, len(cols.plan_reqs)
 
 
 def main() -> int:

@@ -428,14 +428,6 @@ class Acceptance:
         n = counts[i]
         return n if n < num_drafts else num_drafts
 
-    def peek(self, request_id: str, num_drafts: int) -> int:
-        """What `next` gives next, not taken: the same draws, in the same order."""
-        state = self._state.get(request_id) or self._start(request_id)
-        if state[1] == len(state[0]):
-            state[0], state[1] = self._draw(state), 0
-        n = state[0][state[1]]
-        return n if n < num_drafts else num_drafts
-
     def _start(self, request_id: str) -> list:
         recorded = self.recorded.get(request_id)
         state = self._state[request_id] = [list(recorded) if recorded else [], 0, None, None,

@@ -120,7 +120,7 @@ def record(core: EngineCore, client: Client, rec: Recording) -> None:
         u += 1
         if gen.done:
             break
-    rec.program = Program(turns, sent, len(plan_reqs), u, Columns(
+    rec.program = Program(turns, sent, Columns(
         np.array(plan_reqs), np.array(plan_tokens), np.array(reqs), np.array(tokens),
         np.array(kv), drafts, batches, chunks))
 

@@ -75,8 +75,6 @@ class Program:
 
     turns: list[int]
     sent: dict[str, int]
-    num_plans: int
-    num_updates: int
     columns: Columns
 
 
