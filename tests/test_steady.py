@@ -34,7 +34,7 @@ def state(sched) -> str:
                       default=str)
 
 
-def run(settings: dict, monkeypatch, on: bool) -> tuple[str, str, int]:
+def run(settings: dict, monkeypatch, on: bool) -> tuple[str, list, int]:
     """The run's result, its scheduler's state and acceptance counts at the end, and how many
     turns were steady."""
     seen, taken = [], []
