@@ -397,7 +397,10 @@ class Scheduler:
 
         # Running requests first, in order. This loop runs for every running request every
         # step (the simulator's hot path): conditionals instead of min(), and the blocks a
-        # request holds checked here before _allocate is called.
+        # request holds checked here before _allocate is called. sim/steady.py does its
+        # arithmetic (and _take's, update_from_output's) for a turn in which every running
+        # request decodes and nobody waits: a change here is a change there
+        # (tests/test_steady.py compares the two).
         running, k, last = self.running, self.k, cfg.max_model_len - 1
         i = 0
         while i < len(running) and budget > 0:

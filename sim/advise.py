@@ -68,7 +68,7 @@ class Cells:
     from one run before only in how long things take (a band's CPU and device ends, at the k
     of a nominal cell; zero-bubble at async's k and ends) replays that run's steps
     (sim/steps.py `Recording`, kept per `steps_key` as long as this object): the same
-    metrics, in about half the time."""
+    metrics, in a fraction of the time (docs/reports/2026-12-07-simulator-speed.md)."""
 
     def __init__(self):
         self.done: dict = {}

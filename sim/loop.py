@@ -105,8 +105,7 @@ class Run:
             else:
                 self.steps = LiveSteps(Scheduler(r.scheduler), acc, cfg.k)
                 kept = recording.start(cfg, requests) if self.plain and recording else None
-                self.recording = kept or (Recording().start(cfg, requests) if self.plain
-                                          else None)
+                self.recording = kept or (Recording(requests) if self.plain else None)
             self.engine = EngineCore(env, cfg, r, self.client, self.steps, self.series)
             self.cores = [self.engine]
             if self.plain and self.recording is recording and device_costs is None:

@@ -61,13 +61,12 @@ def record(core: EngineCore, client: Client, rec: Recording) -> None:
     plan, outcome = steps.plan, steps.outcome
     gen, acc, complete = client.gen, client.acc, client.complete
     depth, caching = (2 if core.async_ else 1), core.caching
-    plan_reqs, plan_tokens, reqs, tokens, kv, drafts, batches = [], [], [], [], [], [], []
+    plan_reqs, plan_tokens, batches = [], [], []
     chunks: dict = {}   # request id -> ([update], [tokens])
     sent: dict[str, int] = {}
     turns: list[int] = []
     queue: deque = deque()
-    steady = SteadyTurns(sched, steps, client, (plan_reqs, plan_tokens, reqs, tokens, kv,
-                                                drafts, batches, chunks))
+    steady = SteadyTurns(sched, steps, client, (plan_reqs, plan_tokens, batches, chunks))
     u = 0   # the next update
     client.send_due()   # at 0, every request the concurrency lets in
     for tr in inbox:
@@ -89,10 +88,6 @@ def record(core: EngineCore, client: Client, rec: Recording) -> None:
                 plan_reqs.append(out.num_reqs)
                 plan_tokens.append(out.num_batched_tokens)
                 if out.scheduled:
-                    reqs.append(out.num_reqs)
-                    tokens.append(out.num_batched_tokens)
-                    kv.append(batch.kv_tokens)
-                    drafts.append(batch.num_drafts)
                     batches.append(batch)
                     queue.append(out)
                     launched = True
@@ -120,9 +115,8 @@ def record(core: EngineCore, client: Client, rec: Recording) -> None:
         u += 1
         if gen.done:
             break
-    rec.program = Program(turns, sent, Columns(
-        np.array(plan_reqs), np.array(plan_tokens), np.array(reqs), np.array(tokens),
-        np.array(kv), drafts, batches, chunks))
+    rec.program = Program(turns, sent, Columns(np.array(plan_reqs), np.array(plan_tokens),
+                                               batches, chunks))
 
 
 def timed(core: EngineCore, client: Client, rec: Recording) -> None:

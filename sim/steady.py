@@ -1,8 +1,8 @@
 """A steady turn of the engine loop, taken without the scheduler's objects (issue 54).
 
 Most turns of a run at low concurrency change nothing but the numbers: every running request
-decodes (1 + k tokens, k drafts verified), nobody waits, nobody finishes, the pool has the
-blocks. Scheduling such a turn through `Scheduler.schedule` and `update_from_output` builds a
+decodes (1 + k tokens, k drafts verified), nobody waits, the pool has the blocks (a request
+whose update finishes it leaves as `_finish` lets it, and the client sends its next). Scheduling such a turn through `Scheduler.schedule` and `update_from_output` builds a
 `Scheduled` per request, a `SchedulerOutput`, a dict of sampled tokens, an `EngineCoreOutput`
 per chunk and a `Batch` from them, for the same arithmetic on each request every time.
 `SteadyTurns.take` does that arithmetic on the requests themselves, in the scheduler's order
@@ -14,7 +14,8 @@ It takes a turn only where it can tell before touching anything that the schedul
 decide so: else the turn goes through the scheduler, which then finds every request as it would
 have left it. Under async scheduling the step a steady turn launches stays in flight; the
 scheduler's own path reads it as the `SchedulerOutput` it would have built (`InFlight.output`).
-`tests/test_sim_replay.py` and `bench/sim_results.py` hold the results to the scheduler's.
+`tests/test_steady.py` holds the scheduler's state and the results to its own turns',
+`bench/sim_results.py` the results to those before steady turns.
 """
 
 from __future__ import annotations
@@ -54,9 +55,8 @@ class SteadyTurns:
         self.bs, self.budget, self.last = (cfg.block_size, cfg.max_num_batched_tokens,
                                            cfg.max_model_len - 1)
         # the record pass's lists: every plan's requests and tokens, each launched step's
-        # requests, tokens, context tokens, drafts and batch; request id -> its chunks
-        (self.plan_reqs, self.plan_tokens, self.reqs, self.tokens, self.kv, self.drafts,
-         self.batches, self.chunks) = columns
+        # batch; request id -> its chunks
+        self.plan_reqs, self.plan_tokens, self.batches, self.chunks = columns
 
     def take(self, queue, u: int) -> bool:
         """Take this turn if it is steady: schedule and launch a step of every running request,
@@ -139,10 +139,6 @@ class SteadyTurns:
         sched._finished_ids = []   # (the step's `finished`: only a worker reads it)
         self.plan_reqs.append(r)
         self.plan_tokens.append(n * r)
-        self.reqs.append(r)
-        self.tokens.append(n * r)
-        self.kv.append(kv)
-        self.drafts.append(k * r)
         self.batches.append(batch)
         # the update (update_from_output): 1 + accepted tokens each, up to its max_tokens
         steps, chunks = self.steps, self.chunks

@@ -46,21 +46,28 @@ class Totals:
 
 @dataclass(slots=True)
 class Columns:
-    """A run's steps as columns: every plan's requests and tokens; each launched step's (and
-    its context tokens, drafts and `Batch`); each request's chunks (the updates that emitted
-    them, their tokens). Once a replay has them: each launched step's draft passes and device
-    keys (sim/plain_loop.py)."""
+    """A run's steps as columns: every plan's requests and tokens; each launched step's
+    `Batch`, and its requests, tokens, context tokens and drafts read from it; each request's
+    chunks (the updates that emitted them, their tokens). Once a replay has them: each launched
+    step's draft passes and device keys (sim/plain_loop.py)."""
 
     plan_reqs: np.ndarray
     plan_tokens: np.ndarray
-    reqs: np.ndarray
-    tokens: np.ndarray
-    kv: np.ndarray
-    drafts: list[int]
     batches: list
     chunks: dict   # request id -> ([update], [tokens])
+    reqs: np.ndarray | None = None
+    tokens: np.ndarray | None = None
+    kv: np.ndarray | None = None
+    drafts: list[int] | None = None
     passes: list[int] | None = None
     keys: list | None = None
+
+    def __post_init__(self):
+        b = self.batches
+        self.reqs = np.array([x.num_reqs for x in b])
+        self.tokens = np.array([x.num_tokens for x in b])
+        self.kv = np.array([x.kv_tokens for x in b])
+        self.drafts = [x.num_drafts for x in b]
 
 
 PLANNED, LAUNCHED, UPDATED = 1, 2, 4   # what one turn of the engine loop did (`Program`)
@@ -91,9 +98,9 @@ class Recording:
     allows), then the same one to the runs to replay it; a run that differs in anything else is
     simulated in full, as is one given a recording its first run could not fill."""
 
-    def __init__(self):
-        self.key: str | None = None
-        self.requests: list[TraceRequest] | None = None
+    def __init__(self, requests: list[TraceRequest] | None = None):
+        self.key: str | None = None   # (None: a run's own, which nothing replays)
+        self.requests = requests
         self.program: Program | None = None   # the steps, once a run has them all
         self.totals: Totals | None = None   # the counters the result reads, once complete
         self.device_ops: dict = {}   # its runs' Device.ops, where the costs come from the config
