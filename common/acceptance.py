@@ -406,23 +406,47 @@ class Acceptance:
         return np.array([c if c <= 0.0 or c >= 1.0 or z == 0.0 else
                          1.0 / (1.0 + math.exp(-(_logit(c) + z))) for c in self.cond])
 
-    def _draw(self, state: list) -> list[int]:
-        """The next BLOCK counts of a request's own stream."""
+    def _draw(self, state: list, rows: int = BLOCK) -> np.ndarray:
+        """The next `rows` counts of a request's own stream (BLOCK at a time as `next` takes
+        them, or more at once: the same counts)."""
         if state[2] is None:
             rid = state[4]
             state[2] = np.random.default_rng([self.seed, 1, self.index[rid]])
             state[3] = self.rates_for(rid)
         k = self.k
-        hits = np.zeros((self.BLOCK, k + 1), bool)   # a miss past the last position, so that
-        np.less(state[2].random((self.BLOCK, k)), state[3], out=hits[:, :k])
-        return hits.argmin(axis=1).tolist()   # the first miss is the count of leading hits
+        hits = np.zeros((rows, k + 1), bool)   # a miss past the last position, so that
+        np.less(state[2].random((rows, k)), state[3], out=hits[:, :k])
+        return hits.argmin(axis=1)   # the first miss is the count of leading hits
+
+    def counts(self, request_id: str):
+        """`take(n)`: the next `n` counts of a request's decode steps, from its first, as
+        `next` draws them (before their min with the drafts verified): its recorded counts,
+        then its own stream. The run's own state is left alone: for a run that takes each
+        request's steps whole (sim/paths.py)."""
+        recorded = np.array(self.recorded.get(request_id) or [], np.int64)
+        state = [None, 0, None, None, request_id]
+
+        def take(n: int) -> np.ndarray:
+            nonlocal recorded
+            if len(recorded) >= n:
+                out, recorded = recorded[:n], recorded[n:]
+                return out
+            out = self._draw(state, n - len(recorded))
+            if len(recorded):
+                out, recorded = np.concatenate((recorded, out)), recorded[:0]
+            return out
+        return take
+
+    def mean_length(self) -> float:
+        """1 + the accepted count of a median request's decode step of k drafts."""
+        return 1.0 + float(sum(np.cumprod(self.cond))) if self.k else 1.0
 
     def next(self, request_id: str, num_drafts: int) -> int:
         """Accepted count of this request's next decode step that verified `num_drafts`."""
         state = self._state.get(request_id) or self._start(request_id)
         counts, i = state[0], state[1]
         if i == len(counts):
-            counts = state[0] = self._draw(state)
+            counts = state[0] = self._draw(state).tolist()
             i = 0
         state[1] = i + 1
         n = counts[i]

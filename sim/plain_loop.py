@@ -31,6 +31,7 @@ import numpy as np
 from stepgap.common.formats import RequestTiming
 from stepgap.common.scheduler import Request
 from stepgap.sim.cluster import Client
+from stepgap.sim import paths
 from stepgap.sim.config import SimConfig
 from stepgap.sim.core import EngineCore, async_terms
 from stepgap.sim.device_lane import Step
@@ -50,7 +51,8 @@ def run(core: EngineCore, client: Client, rec: Recording) -> None:
     """Run `core`'s steps for `client` to the last request's last chunk, the clock left at
     that time: scheduled live into `rec` first (`record`), unless they are `rec`'s own."""
     if isinstance(core.steps, LiveSteps):
-        record(core, client, rec)
+        if not paths.record(core, client, rec):   # (sim/paths.py: request by request)
+            record(core, client, rec)
         rec.close(core.steps)
     timed(core, client, rec)
 

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from stepgap.common.scheduler import Scheduler
+from stepgap.sim import paths
 from stepgap.sim.config import SimConfig
 from stepgap.sim.loop import Recording, simulate
 from stepgap.sim.sweep_runners import run_cell
@@ -128,9 +129,9 @@ def test_a_run_that_differs_in_anything_else_is_simulated_in_full(change, monkey
     text(BASE, rec)
     other = {**BASE, **change, "cpu_scale": 2.0}
     full = text(other)
-    calls = []
-    real = Scheduler.schedule
-    monkeypatch.setattr(Scheduler, "schedule", lambda self: calls.append(1) or real(self))
+    calls = []   # the record pass, by request paths (sim/paths.py) or by the scheduler
+    real = paths.record
+    monkeypatch.setattr(paths, "record", lambda *a: calls.append(1) or real(*a))
     assert text(other, rec) == full and calls
 
 
@@ -145,20 +146,19 @@ def test_the_same_settings_over_other_requests_are_simulated_in_full(monkeypatch
 
 
 def test_a_recording_whose_run_failed_part_way_is_filled_afresh_by_the_next(monkeypatch):
-    from stepgap.sim.steps import LiveSteps
     rec = Recording()
-    real = LiveSteps.outcome
-    updates = []
+    real = paths._path
+    admitted = []
 
-    def fail(self, out):
-        if len(updates) > 5:
+    def fail(*a):
+        if len(admitted) > 5:
             raise RuntimeError("a run that fails")
-        updates.append(out)
-        return real(self, out)
-    monkeypatch.setattr(LiveSteps, "outcome", fail)
+        admitted.append(a)
+        return real(*a)
+    monkeypatch.setattr(paths, "_path", fail)
     with pytest.raises(RuntimeError, match="a run that fails"):
         text(BASE, rec)
-    monkeypatch.setattr(LiveSteps, "outcome", real)
+    monkeypatch.setattr(paths, "_path", real)
     assert rec.totals is None and rec.program is None and rec.key is not None
     text(BASE, rec)
     other = {**BASE, "cpu_scale": 2.0}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from stepgap.sim import plain_loop, steady
+from stepgap.sim import paths, plain_loop, steady
 from stepgap.sim.config import SimConfig
 from stepgap.sim.loop import simulate
 from tests.test_sim_replay import BASE, REPLAYED
@@ -49,6 +49,7 @@ def run(settings: dict, monkeypatch, on: bool) -> tuple[str, list, int]:
         taken.append(ok)
         return ok
     monkeypatch.setattr(plain_loop, "record", record)
+    monkeypatch.setattr(paths, "record", lambda *a: False)   # (the scheduler's turns, here)
     monkeypatch.setattr(steady.SteadyTurns, "take", take)
     settings = {k: v for k, v in settings.items() if not (k == "draft" and v is None)}
     res = simulate(SimConfig(**settings))[0]

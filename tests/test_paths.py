@@ -1,0 +1,93 @@
+"""Request paths (sim/paths.py) give the scheduler's own steps: the same program, counters and
+result as the record pass that schedules every turn, wherever their premises hold, and hand
+the run to it where they do not."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from stepgap.sim import paths
+from stepgap.sim.config import SimConfig
+from stepgap.sim.loop import simulate
+from stepgap.sim.steps import Recording
+from tests.test_sim_replay import BASE, REPLAYED
+
+LONG = dict(workload="random", max_model_len=2048, num_prompts=8, max_concurrency=4)
+CASES = {**REPLAYED,
+         "sharegpt at concurrency 32": dict(num_prompts=200, max_concurrency=32),
+         "sync at concurrency 32": dict(num_prompts=200, max_concurrency=32, mode="sync"),
+         "sync, chunked prefill": dict(mode="sync", max_num_batched_tokens=64, max_num_seqs=8),
+         "a queue behind max_num_seqs": dict(max_concurrency=None, max_num_seqs=3,
+                                             num_prompts=30),
+         # prompt 1024 + output near 1024: the last steps reach --max-model-len (`_walk`)
+         "async to max-model-len": dict(LONG, output_len=1024),
+         "sync to max-model-len": dict(LONG, output_len=1024, mode="sync"),
+         "k = 1 to max-model-len": dict(LONG, output_len=1020, k=1),
+         "k = 5, every draft accepted": dict(LONG, output_len=1022, k=5, acceptance="full"),
+         "sync, k = 5, every draft accepted": dict(LONG, output_len=1022, k=5,
+                                                   acceptance="full", mode="sync"),
+         "k = 5, none accepted": dict(LONG, output_len=1023, k=5, acceptance="none"),
+         "one output token": dict(output_len=1, num_prompts=12),
+         "sync, one output token": dict(output_len=1, num_prompts=12, mode="sync"),
+         "two output tokens": dict(output_len=2, num_prompts=12),
+         # admissions wait for the pool (whole prompts reserved), no request is preempted
+         "a queue behind the pool": dict(max_concurrency=None, num_prompts=30, output_len=4,
+                                         num_gpu_blocks_override=60),
+         "chunked prompts behind the pool": dict(
+             max_concurrency=None, num_prompts=30, output_len=4, num_gpu_blocks_override=40,
+             max_num_batched_tokens=64),
+         }
+# where a premise breaks: preemption; prompt token ids under prefix caching
+SCHEDULED = {"preemption", "the CPU device, a measured profile with its noise"}
+
+
+def run(settings: dict, monkeypatch, on: bool) -> tuple[str, list, bool]:
+    """The run's result and its recording (turns, sends, columns, counters), and whether the
+    paths took it."""
+    taken = []
+    real = paths.record
+    monkeypatch.setattr(paths, "record",
+                        lambda *a: taken.append(on and real(*a)) or taken[-1])
+    settings = {k: v for k, v in settings.items() if not (k == "draft" and v is None)}
+    rec = Recording()
+    res = simulate(SimConfig(**settings), recording=rec)[0]
+    prog, cols = rec.program, rec.program.columns
+    kept = [prog.turns, prog.sent, cols.plan_reqs.tolist(), cols.plan_tokens.tolist(),
+            [repr(b) for b in cols.batches], cols.chunks, repr(rec.totals)]
+    return json.dumps(res, sort_keys=True, default=str), kept, taken == [True]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_request_paths_give_the_scheduler_s_steps(case, monkeypatch):
+    settings = {**BASE, **CASES[case]}
+    res, kept, taken = run(settings, monkeypatch, True)
+    assert taken == (case not in SCHEDULED)
+    own = run(settings, monkeypatch, False)
+    assert own[0] == res
+    assert own[1] == kept
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+def test_a_walk_gives_the_decode_steps_computed_at_once(lag):
+    """Where no step reaches --max-model-len, `_walk`'s steps one by one are `_decode`'s."""
+    from stepgap.common.acceptance import PROFILES, Acceptance
+    from stepgap.common.formats import TraceRequest
+    rng = np.random.default_rng(7)
+    reqs = [TraceRequest(f"r{i}", 0.0, int(rng.integers(1, 300)), int(rng.integers(1, 300)))
+            for i in range(60)]
+    for k in (0, 1, 3, 7):
+        acc = Acceptance(PROFILES["mtbench"], k, reqs, seed=3)
+        run = paths._Run(k, 16, 100_000, 8192, lag, 1.25 / acc.mean_length())
+        for tr in reqs:
+            held0 = -(-(tr.prompt_len + k) // 16)
+            at_once = paths._decode(tr.prompt_len, tr.output_len, held0,
+                                    acc.counts(tr.request_id), run)
+            walked = paths._walk(tr.prompt_len, tr.output_len, held0,
+                                 acc.counts(tr.request_id), run)
+            assert at_once[0] is None
+            assert np.array_equal(walked[0], np.arange(1, len(walked[0]) + 1))
+            for a, b in zip(at_once[1:], walked[1:]):
+                assert np.array_equal(a, b), (k, tr)
