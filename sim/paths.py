@@ -32,6 +32,7 @@ to the scheduler's own.
 
 from __future__ import annotations
 
+import gc
 import heapq
 from collections import deque
 from dataclasses import dataclass
@@ -57,9 +58,9 @@ class Path:
 
     prefill: list[tuple]
     steps: np.ndarray
-    tokens: np.ndarray
+    tokens: np.ndarray | int   # (an int: every decode step's)
     starts: np.ndarray
-    drafts: np.ndarray
+    drafts: np.ndarray | int
     blocks: np.ndarray
     held: np.ndarray
     emitted: tuple[list[int], list[int]]
@@ -68,32 +69,82 @@ class Path:
     verified: int
 
 
+# The columns of `_Steps`: what every step's `Batch` sums (batch_of's order of fields, the
+# prefill chunks aside), then what the admissions read
+BATCH = ("tokens", "reqs", "sampling", "logits", "drafts", "kv", "pairs", "max_query",
+         "max_blocks", "decode", "decode_kv", "kv_min", "kv_max")
+COLUMNS = BATCH + ("held", "running")
+NO_KV = 1 << 62   # kv_min of a step with no decode yet
+
+
 class _Steps:
-    """Per step, what the paths admitted so far schedule: tokens, blocks held after the
-    running requests' allocations, requests running. Grown as paths reach further."""
+    """Per step, what the paths admitted so far schedule, summed as batch_of sums a step's
+    requests (`BATCH`), and the prefill chunks; and the blocks held after the running
+    requests' allocations and the requests running, for the admissions. Every sum is of
+    integers, or of halves well under 2**53 (`pairs`): exact in any order. Grown as paths
+    reach further."""
 
     def __init__(self, size: int):
-        self.tokens = np.zeros(size, np.int64)
-        self.held = np.zeros(size, np.int64)
-        self.running = np.zeros(size, np.int64)
+        for name in COLUMNS:
+            setattr(self, name, np.zeros(size, np.float64 if name == "pairs" else np.int64))
+        self.kv_min[:] = NO_KV
+        self.prefills: dict[int, list] = {}
 
     def reach(self, end: int) -> None:
         size = len(self.tokens)
         if end > size:
-            more = np.zeros(max(end, 2 * size) - size, np.int64)
-            self.tokens = np.concatenate((self.tokens, more))
-            self.held = np.concatenate((self.held, more))
-            self.running = np.concatenate((self.running, more))
+            more = max(end, 2 * size) - size
+            for name in COLUMNS:
+                col = getattr(self, name)
+                setattr(self, name, np.concatenate(
+                    (col, np.full(more, NO_KV if name == "kv_min" else 0, col.dtype))))
 
     def add(self, s0: int, path: Path) -> None:
         end = s0 + len(path.held)
         self.reach(end + 1)
-        tokens = self.tokens
-        for s, n, _, _, _ in path.prefill:
-            tokens[s] += n
-        tokens[path.steps] += path.tokens   # (a request is in a step once)
         self.held[s0:end] += path.held
         self.running[s0:end] += 1
+        for s, n, c, samples, blocks in path.prefill:   # (as batch_of takes a chunk)
+            self._one(s, n, c, 0, samples, blocks)
+        steps = path.steps
+        if not len(steps):
+            return
+        at = slice(steps[0], steps[-1] + 1) if type(path.tokens) is int else steps
+        n, c, drafts = path.tokens, path.starts, path.drafts   # (every step samples)
+        self.tokens[at] += n
+        self.reqs[at] += 1
+        self.sampling[at] += 1
+        self.logits[at] += drafts + 1
+        self.drafts[at] += drafts
+        self.kv[at] += c + n
+        self.pairs[at] += n * (c + (n + 1) / 2)
+        self.max_query[at] = np.maximum(self.max_query[at], n)
+        self.max_blocks[at] = np.maximum(self.max_blocks[at], path.blocks)
+        if type(path.tokens) is not int and np.any(path.tokens != path.drafts + 1):
+            raise Bail   # (a decode step that is not 1 + drafts: never, by the rules)
+        self.decode[at] += 1
+        self.decode_kv[at] += c
+        self.kv_min[at] = np.minimum(self.kv_min[at], c)
+        self.kv_max[at] = np.maximum(self.kv_max[at], c)
+
+    def _one(self, s: int, n: int, c: int, drafts: int, samples: bool, blocks: int) -> None:
+        self.tokens[s] += n
+        self.reqs[s] += 1
+        if samples:
+            self.sampling[s] += 1
+            self.logits[s] += 1 + drafts
+        self.drafts[s] += drafts
+        self.kv[s] += c + n
+        self.pairs[s] += n * (c + (n + 1) / 2)
+        self.max_query[s] = max(self.max_query[s], n)
+        self.max_blocks[s] = max(self.max_blocks[s], blocks)
+        if n == 1 + drafts:   # (a one-token chunk counts as a decode)
+            self.decode[s] += 1
+            self.decode_kv[s] += c
+            self.kv_min[s] = min(self.kv_min[s], c)
+            self.kv_max[s] = max(self.kv_max[s], c)
+        else:
+            self.prefills.setdefault(s, []).append((n, c))
 
 
 class Bail(Exception):
@@ -103,10 +154,13 @@ class Bail(Exception):
 def record(core, client, rec) -> bool:
     """sim/plain_loop.py `record`'s program, by request paths; False, with nothing changed,
     where the run breaks their premises."""
-    try:
+    gc.disable()   # (it makes ~20 objects a request and no cycle: the collector's passes over
+    try:           # the heap find nothing, at about a tenth of the time)
         program, hist, drafts, queries = _record(core, client, rec)
     except Bail:
         return False
+    finally:
+        gc.enable()
     steps, sched = core.steps, core.sched
     for a, n in enumerate(hist):
         steps.accepted_hist[a] += n
@@ -152,9 +206,9 @@ def _record(core, client, rec):
         waiting.append(tr)
         sent[tr.request_id] = -1
     finishes: list = []   # (step whose update finishes it, order), a heap
-    paths: list[Path] = []
-    ids: list[str] = []
-    s = 0
+    paths: list[tuple] = []   # (request id, its chunks' steps and tokens, its finish)
+    accepted: list[np.ndarray] = []
+    verified = s = 0
     while True:
         # the requests sent by updates before this step's plan (the inbox, at the turn's start)
         while finishes and finishes[0][0] + 1 + lag <= s:
@@ -184,16 +238,18 @@ def _record(core, client, rec):
             path = _path(tr, s, first, table, acc, run)
             table.add(s, path)
             heapq.heappush(finishes, (path.finish, len(paths)))
-            paths.append(path)
-            ids.append(tr.request_id)
+            paths.append((tr.request_id, path.emitted, path.finish))
+            accepted.append(path.accepted)
+            verified += path.verified
             budget -= first
             free = nb - int(table.held[s])
             running += 1
         if waiting and not finishes:
             raise Bail   # a stall: nothing runs that could free what it waits for
         s += 1
-    program, hist = _program(paths, ids, sent, table, k, budget_max, nb, lag)
-    return (program, hist, sum(p.verified for p in paths),
+    program = _program(paths, sent, table, budget_max, nb, lag)
+    hist = np.bincount(np.concatenate(accepted), minlength=k + 1).tolist()
+    return (program, hist, verified,
             sum(tr.prompt_len for tr in requests))   # (each admitted once, none found cached)
 
 
@@ -251,7 +307,7 @@ def _decode(p: int, m: int, held0: int, take, run: _Run) -> tuple:
     k, need = run.k, m - 1   # the tokens after the prefill's one
     if need <= 0:
         e = np.zeros(0, np.int64)
-        return None, e, e, e, e, e, 0, e, 0
+        return None, 1 + k, e, k, e, e, 0, e, 0
     if k:
         a = np.minimum(take(min(need, int(need * run.per_token) + 8)), k)
         out = np.cumsum(a + 1)
@@ -282,8 +338,7 @@ def _decode(p: int, m: int, held0: int, take, run: _Run) -> tuple:
         starts[1:] = emitted[:n - 1] + (p - 1)
     blocks = (starts + (2 * k + run.block_size)) // run.block_size   # cdiv(start + 1 + 2k)
     np.maximum(blocks, held0, out=blocks)
-    return (None, np.full(n, 1 + k, np.int64), starts, np.full(n, k, np.int64), blocks,
-            e_tokens, d, a if k else a[:0], k * d)
+    return None, 1 + k, starts, k, blocks, e_tokens, d, a if k else a[:0], k * d
 
 
 def _walk(p: int, m: int, held0: int, take, run: _Run) -> tuple:
@@ -371,69 +426,36 @@ def _walk(p: int, m: int, held0: int, take, run: _Run) -> tuple:
     return off, tokens, starts, drafts, blocks, e_tokens, finish, accepted, verified
 
 
-def _program(paths: list[Path], ids: list[str], sent: dict, table: _Steps, k: int,
-             budget_max: int, nb: int, lag: int) -> tuple[Program, list[int]]:
-    """The steps summed from the paths: the recording's program, and the accepted counts."""
-    end = max(p.finish for p in paths) + lag + 1   # the turns: to the last finishing update's
+def _program(paths: list[tuple], sent: dict, table: _Steps, budget_max: int, nb: int,
+             lag: int) -> Program:
+    """The recording's program: the turns to the last finishing update's, each launched
+    step's `Batch` from the step columns, each request's chunks by update."""
+    end = max(f for _, _, f in paths) + lag + 1
     if int(table.tokens[:end].max()) > budget_max or int(table.held[:end].max()) > nb:
         raise Bail   # a decode capped by the budget, or a preemption
-    # every request's share of every step: its decode steps, then its prefill chunks
-    pre = [(s, i, n, c, smp, h) for i, p in enumerate(paths) for s, n, c, smp, h in p.prefill]
-    ps, pi, pn, pc, psmp, ph = (np.array(x, np.int64) for x in zip(*pre))
-    lens = [len(p.steps) for p in paths]
-    steps = np.concatenate([p.steps for p in paths] + [ps])
-    order = np.concatenate([np.repeat(np.arange(len(paths)), lens), pi])
-    by = np.lexsort((order, steps))   # by step, then admission: the running order
-    steps = steps[by]
-    tokens = np.concatenate([p.tokens for p in paths] + [pn])[by]
-    starts = np.concatenate([p.starts for p in paths] + [pc])[by]
-    drafts = np.concatenate([p.drafts for p in paths] + [np.zeros(len(pre), np.int64)])[by]
-    samples = np.concatenate([np.ones(sum(lens), np.int64), psmp])[by]
-    blocks = np.concatenate([p.blocks for p in paths] + [ph])[by]
-    if steps[-1] >= end:
+    if table.reqs[end:].any():
         raise Bail   # (a step past the last turn: never, by the paths' rules)
-
-    def total(w=None, at=steps):
-        return np.bincount(at, w, minlength=end)
-
-    reqs = total()
+    reqs = table.reqs[:end]
     launched = reqs > 0
     if lag:   # an empty plan leaves the queue empty: two in a row stall the loop
         if not launched[0] or np.any(~launched[1:] & ~launched[:-1]):
             raise Bail
     elif not launched.all():
         raise Bail
-    decode = tokens == 1 + drafts   # (as batch_of counts them: a 1-token chunk too)
-    ds, dk = steps[decode], starts[decode]
-    firsts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
-    most_query, most_blocks = np.zeros(end, np.int64), np.zeros(end, np.int64)
-    most_query[steps[firsts]] = np.maximum.reduceat(tokens, firsts)
-    most_blocks[steps[firsts]] = np.maximum.reduceat(blocks, firsts)
-    kv_min, kv_max = np.zeros(end, np.int64), np.zeros(end, np.int64)
-    if len(ds):
-        dfirst = np.flatnonzero(np.r_[True, ds[1:] != ds[:-1]])
-        kv_min[ds[dfirst]] = np.minimum.reduceat(dk, dfirst)
-        kv_max[ds[dfirst]] = np.maximum.reduceat(dk, dfirst)
-    prefills: dict[int, list] = {}
-    for s, n, c in zip(steps[~decode].tolist(), tokens[~decode].tolist(),
-                       starts[~decode].tolist()):
-        prefills.setdefault(s, []).append((n, c))
-    num_tokens = total(tokens).astype(np.int64)
-    cols = (num_tokens, reqs, total(samples).astype(np.int64),
-            total(samples * (1 + drafts)).astype(np.int64), total(drafts).astype(np.int64),
-            total(starts + tokens).astype(np.int64), total(tokens * (starts + (tokens + 1) / 2)),
-            most_query, most_blocks, total(None, ds), total(dk, ds).astype(np.int64), kv_min,
-            kv_max)
-    batches = [Batch(*row, prefills.get(s, []))   # (batch_of's sums, each exact)
-               for s, row in zip(np.flatnonzero(launched).tolist(),
-                                 zip(*(x[launched].tolist() for x in cols)))]
+    kv_min = table.kv_min[:end]
+    kv_min[kv_min == NO_KV] = 0   # (batch_of's, where no request decodes)
+    at = np.flatnonzero(launched)
+    prefills = table.prefills
+    batches = [Batch(*row, prefills.get(s, []))
+               for s, row in zip(at.tolist(),
+                                 zip(*(getattr(table, name)[at].tolist() for name in BATCH)))]
     # a launched step's update comes `lag` turns after its plan; its index counts the
     # launched steps before it
     u_of = np.concatenate(([0], np.cumsum(launched)))
     updated = ~(launched & np.r_[True, ~launched[:-1]]) if lag else np.ones(end, bool)
     turns = (PLANNED + LAUNCHED * launched + UPDATED * updated).tolist()
-    chunks = {rid: (u_of[p.emitted[0]].tolist(), p.emitted[1])
-              for rid, p in zip(ids, paths)}
+    chunks = {rid: (u_of[steps].tolist(), tokens) for rid, (steps, tokens), _ in paths}
     sent = {rid: (-1 if f < 0 else int(u_of[f])) for rid, f in sent.items()}
-    hist = np.bincount(np.concatenate([p.accepted for p in paths]), minlength=k + 1).tolist()
-    return Program(turns, sent, Columns(reqs, num_tokens, batches, chunks)), hist
+    return Program(turns, sent, Columns(reqs.copy(), table.tokens[:end].copy(), batches,
+                                        chunks))
+

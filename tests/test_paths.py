@@ -89,5 +89,8 @@ def test_a_walk_gives_the_decode_steps_computed_at_once(lag):
                                  acc.counts(tr.request_id), run)
             assert at_once[0] is None
             assert np.array_equal(walked[0], np.arange(1, len(walked[0]) + 1))
-            for a, b in zip(at_once[1:], walked[1:]):
-                assert np.array_equal(a, b), (k, tr)
+            for i, (a, b) in enumerate(zip(at_once, walked)):
+                if i in (1, 3):   # tokens and drafts: one value for every step
+                    a = np.full(len(b), a)
+                if i:
+                    assert np.array_equal(a, b), (k, tr, i)
