@@ -411,7 +411,10 @@ class Acceptance:
         them, or more at once: the same counts)."""
         if state[2] is None:
             rid = state[4]
-            state[2] = np.random.default_rng([self.seed, 1, self.index[rid]])
+            entropy = [self.seed, 1, self.index[rid]]
+            if type(self.seed) is int and 0 <= self.seed < 1 << 32:   # (as uint32 words: the
+                entropy = np.array(entropy, np.uint32)   # same stream, in 2/3 of the time)
+            state[2] = np.random.default_rng(entropy)
             state[3] = self.rates_for(rid)
         k = self.k
         hits = np.zeros((rows, k + 1), bool)   # a miss past the last position, so that

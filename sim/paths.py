@@ -1,33 +1,39 @@
-"""The record pass taken request by request: each request's path through the run computed
-whole when it is admitted, the steps summed from the paths (issue 54).
+"""The record pass taken request by request: each request's steps computed whole, the run's
+steps summed from them (issue 54).
 
 In a run whose steps cannot depend on time (sim/plain_loop.py), a running request's steps
 depend on nothing but its own state and its own acceptance stream, as long as the scheduler
 never has to weigh it against another: no preemption (the pool never runs dry), no decode
 capped by the token budget, no prefix-cache hit (no prompt token ids to match). Where that
 holds, the scheduler's decisions reduce to one a request: at which step it is admitted, and
-how its prefill is chunked. From there, its decode steps, their context lengths, the blocks
-it holds, the tokens it emits at each update and the step whose update finishes it follow
-from its draws alone, computed at once (numpy) rather than one step and one request at a time.
+how its prefill is chunked. From the step of its last prefill chunk on, its decode steps,
+their context lengths, the blocks it holds, the tokens it emits at each update and the step
+whose update finishes it follow from its own draws alone.
 
-`record` runs the admissions, one event per request: the client's sends and the waiting
-queue, FCFS, against the budget, the pool and `max_num_seqs` as the scheduler leaves them at
-that step (`_Steps`: the tokens, blocks and requests of the paths so far, by step). It then
-sums the steps' `Batch`es from the paths and writes the same `Program` that
-sim/plain_loop.py's `record` writes. Where the run breaks a premise (a step over the budget or
-the pool, a stall, token ids with prefix caching, a context that reaches --max-model-len in a
-way `_walk` does not follow), it returns False having changed nothing, and the scheduler's
-own record pass runs instead.
+`record` takes a run in three passes:
+
+- `_decodes`: every request's decode steps, relative to its last prefill step, all requests
+  at once (numpy over their draws), or one by one (`_walk`) for a request whose context may
+  reach --max-model-len, where a step takes fewer drafts;
+- the admissions, one event per request: the client's sends and the waiting queue, FCFS,
+  against the budget, the pool and `max_num_seqs` as the requests admitted before leave them
+  at that step (`_Steps`: their tokens, blocks and count, by step), and each admitted
+  request's prefill chunks;
+- `_program`: the steps' `Batch`es summed from every request's chunks and decode steps (in
+  any order: the sums are of integers, or of halves far below 2**53), and the same `Program`
+  that sim/plain_loop.py's `record` writes.
+
+Where the run breaks a premise (a step over the budget or the pool, a stall, token ids under
+prefix caching), it returns False having changed nothing, and the scheduler's own record pass
+runs instead.
 
 A request's decode steps follow the scheduler's rules (common/scheduler.py: `schedule`'s
 running loop, `_take`, `update_from_output`): in sync each step verifies the k drafts of the
 last update, from context P + O - 1 (P prompt tokens, O emitted); under async scheduling a
 step is planned before the previous one's tokens are known, from context P + O' + k (O' the
 tokens emitted before the step in flight), and one more step runs after the finishing one
-unless the step in flight surely finishes it. `_walk` follows them step by step, for the
-requests whose context may reach --max-model-len (where a step takes fewer drafts);
-`_path` computes them at once for the rest. `tests/test_paths.py` holds both, and this pass,
-to the scheduler's own.
+unless the step in flight surely finishes it. `tests/test_paths.py` holds both ways of
+computing them to each other, and this pass to the scheduler's own.
 """
 
 from __future__ import annotations
@@ -44,118 +50,27 @@ from stepgap.sim.costs import Batch
 from stepgap.sim.steps import LAUNCHED, PLANNED, UPDATED, Columns, Program
 
 
-@dataclass(slots=True)
-class Path:
-    """One request's steps, as the scheduler would take them.
-
-    Its prefill chunks, as (step, tokens, start, samples, blocks held after it). Its decode
-    steps as columns: each one's step, tokens, start (the context before it), drafts
-    verified and blocks held after it. The blocks it holds at every step from its admission
-    until the step before it frees them (`held`). Its chunks to the client: the step of each
-    update that emits some, and their tokens. The step whose update finishes it, its
-    accepted counts, and the drafts verified in the steps that drew them.
-    """
-
-    prefill: list[tuple]
-    steps: np.ndarray
-    tokens: np.ndarray | int   # (an int: every decode step's)
-    starts: np.ndarray
-    drafts: np.ndarray | int
-    blocks: np.ndarray
-    held: np.ndarray
-    emitted: tuple[list[int], list[int]]
-    finish: int
-    accepted: np.ndarray
-    verified: int
-
-
-# The columns of `_Steps`: what every step's `Batch` sums (batch_of's order of fields, the
-# prefill chunks aside), then what the admissions read
-BATCH = ("tokens", "reqs", "sampling", "logits", "drafts", "kv", "pairs", "max_query",
-         "max_blocks", "decode", "decode_kv", "kv_min", "kv_max")
-COLUMNS = BATCH + ("held", "running")
-NO_KV = 1 << 62   # kv_min of a step with no decode yet
-
-
-class _Steps:
-    """Per step, what the paths admitted so far schedule, summed as batch_of sums a step's
-    requests (`BATCH`), and the prefill chunks; and the blocks held after the running
-    requests' allocations and the requests running, for the admissions. Every sum is of
-    integers, or of halves well under 2**53 (`pairs`): exact in any order. Grown as paths
-    reach further."""
-
-    def __init__(self, size: int):
-        for name in COLUMNS:
-            setattr(self, name, np.zeros(size, np.float64 if name == "pairs" else np.int64))
-        self.kv_min[:] = NO_KV
-        self.prefills: dict[int, list] = {}
-
-    def reach(self, end: int) -> None:
-        size = len(self.tokens)
-        if end > size:
-            more = max(end, 2 * size) - size
-            for name in COLUMNS:
-                col = getattr(self, name)
-                setattr(self, name, np.concatenate(
-                    (col, np.full(more, NO_KV if name == "kv_min" else 0, col.dtype))))
-
-    def add(self, s0: int, path: Path) -> None:
-        end = s0 + len(path.held)
-        self.reach(end + 1)
-        self.held[s0:end] += path.held
-        self.running[s0:end] += 1
-        for s, n, c, samples, blocks in path.prefill:   # (as batch_of takes a chunk)
-            self._one(s, n, c, 0, samples, blocks)
-        steps = path.steps
-        if not len(steps):
-            return
-        at = slice(steps[0], steps[-1] + 1) if type(path.tokens) is int else steps
-        n, c, drafts = path.tokens, path.starts, path.drafts   # (every step samples)
-        self.tokens[at] += n
-        self.reqs[at] += 1
-        self.sampling[at] += 1
-        self.logits[at] += drafts + 1
-        self.drafts[at] += drafts
-        self.kv[at] += c + n
-        self.pairs[at] += n * (c + (n + 1) / 2)
-        self.max_query[at] = np.maximum(self.max_query[at], n)
-        self.max_blocks[at] = np.maximum(self.max_blocks[at], path.blocks)
-        if type(path.tokens) is not int and np.any(path.tokens != path.drafts + 1):
-            raise Bail   # (a decode step that is not 1 + drafts: never, by the rules)
-        self.decode[at] += 1
-        self.decode_kv[at] += c
-        self.kv_min[at] = np.minimum(self.kv_min[at], c)
-        self.kv_max[at] = np.maximum(self.kv_max[at], c)
-
-    def _one(self, s: int, n: int, c: int, drafts: int, samples: bool, blocks: int) -> None:
-        self.tokens[s] += n
-        self.reqs[s] += 1
-        if samples:
-            self.sampling[s] += 1
-            self.logits[s] += 1 + drafts
-        self.drafts[s] += drafts
-        self.kv[s] += c + n
-        self.pairs[s] += n * (c + (n + 1) / 2)
-        self.max_query[s] = max(self.max_query[s], n)
-        self.max_blocks[s] = max(self.max_blocks[s], blocks)
-        if n == 1 + drafts:   # (a one-token chunk counts as a decode)
-            self.decode[s] += 1
-            self.decode_kv[s] += c
-            self.kv_min[s] = min(self.kv_min[s], c)
-            self.kv_max[s] = max(self.kv_max[s], c)
-        else:
-            self.prefills.setdefault(s, []).append((n, c))
-
-
 class Bail(Exception):
     """The run breaks a premise of the request paths: the scheduler's record pass takes it."""
+
+
+@dataclass(slots=True)
+class _Run:
+    """What every request of a run shares."""
+
+    k: int
+    block_size: int
+    last: int         # max_model_len - 1: the furthest a step may reach
+    budget: int       # max_num_batched_tokens
+    lag: int          # turns from a step's plan to its update: 1 under async scheduling
+    per_token: float  # decode steps per emitted token, a little over a median request's
 
 
 def record(core, client, rec) -> bool:
     """sim/plain_loop.py `record`'s program, by request paths; False, with nothing changed,
     where the run breaks their premises."""
-    gc.disable()   # (it makes ~20 objects a request and no cycle: the collector's passes over
-    try:           # the heap find nothing, at about a tenth of the time)
+    gc.disable()   # (it makes a few objects a request and no cycle: the collector's passes
+    try:           # over the heap find nothing, at about a tenth of the time)
         program, hist, drafts, queries = _record(core, client, rec)
     except Bail:
         return False
@@ -172,173 +87,144 @@ def record(core, client, rec) -> bool:
 
 
 @dataclass(slots=True)
-class _Run:
-    """What every path of a run shares."""
+class Decodes:
+    """Every request's decode steps, relative to the step of its last prefill chunk (offset
+    0), by request in trace order: request i's steps are `nrows[i]` rows from `row0[i]` of the
+    columns (offset, tokens, start, drafts verified, blocks held after it), and it emits at the
+    updates of its first `emits[i]` steps (`e_tokens` from `emits_at[i]`), after the
+    prefill's one token. `finish[i]`: the offset whose update finishes it. `held`, from
+    `held_at[i]`, `span[i]` long: the blocks it holds at each offset from 0 until the plan
+    after that update. Its accepted counts, and the drafts verified in the steps that drew
+    them, are summed over the run."""
 
-    k: int
-    block_size: int
-    last: int         # max_model_len - 1: the furthest a step may reach
-    budget: int       # max_num_batched_tokens
-    lag: int          # turns from a step's plan to its update: 1 under async scheduling
-    per_token: float  # decode steps per emitted token, a little over a median request's
-
-
-def _record(core, client, rec):
-    sched, acc = core.sched, client.acc
-    cfg, k = sched.cfg, sched.k
-    requests = rec.requests
-    if sched.caching and any(tr.prompt_token_ids is not None for tr in requests):
-        raise Bail   # a prefix-cache hit would tie requests together
-    if len({tr.request_id for tr in requests}) != len(requests) \
-            or any(tr.output_len < 1 or tr.prompt_len < 1 for tr in requests):
-        raise Bail   # (the scheduler's own errors)
-    budget_max, bs, nb = cfg.max_num_batched_tokens, cfg.block_size, cfg.num_blocks
-    seqs, reserve = cfg.max_num_seqs, cfg.scheduler_reserve_full_isl
-    lag = 1 if cfg.async_scheduling else 0
-    run = _Run(k, bs, cfg.max_model_len - 1, budget_max, lag, 1.25 / acc.mean_length())
-    table = _Steps(1024)
-    pending = deque(requests)   # (all arrive at once: the client sends them in trace order)
-    conc = client.gen.max_concurrency
-    waiting: deque = deque()
-    sent: dict[str, int] = {}   # request id -> the step whose update sent it (-1: at 0 s)
-    for _ in range(len(pending) if conc is None else min(conc, len(pending))):
-        tr = pending.popleft()
-        waiting.append(tr)
-        sent[tr.request_id] = -1
-    finishes: list = []   # (step whose update finishes it, order), a heap
-    paths: list[tuple] = []   # (request id, its chunks' steps and tokens, its finish)
-    accepted: list[np.ndarray] = []
-    verified = s = 0
-    while True:
-        # the requests sent by updates before this step's plan (the inbox, at the turn's start)
-        while finishes and finishes[0][0] + 1 + lag <= s:
-            f, _ = heapq.heappop(finishes)
-            if pending:
-                tr = pending.popleft()
-                waiting.append(tr)
-                sent[tr.request_id] = f
-        if not waiting:
-            if not finishes:
-                break
-            s = max(s + 1, finishes[0][0] + 1 + lag)
-            continue
-        table.reach(s + 1)
-        budget = budget_max - int(table.tokens[s])
-        free = nb - int(table.held[s])
-        running = int(table.running[s])
-        while waiting and budget > 0 and running < seqs:   # schedule()'s waiting loop
-            tr = waiting[0]
-            p = tr.prompt_len
-            if reserve and cdiv(p, bs) > free:
-                break
-            first = p if p < budget else budget
-            if cdiv(first + (k if first == p else 0), bs) > free:
-                break
-            waiting.popleft()
-            path = _path(tr, s, first, table, acc, run)
-            table.add(s, path)
-            heapq.heappush(finishes, (path.finish, len(paths)))
-            paths.append((tr.request_id, path.emitted, path.finish))
-            accepted.append(path.accepted)
-            verified += path.verified
-            budget -= first
-            free = nb - int(table.held[s])
-            running += 1
-        if waiting and not finishes:
-            raise Bail   # a stall: nothing runs that could free what it waits for
-        s += 1
-    program = _program(paths, sent, table, budget_max, nb, lag)
-    hist = np.bincount(np.concatenate(accepted), minlength=k + 1).tolist()
-    return (program, hist, verified,
-            sum(tr.prompt_len for tr in requests))   # (each admitted once, none found cached)
+    off: np.ndarray
+    tokens: np.ndarray
+    starts: np.ndarray
+    drafts: np.ndarray
+    blocks: np.ndarray
+    who: np.ndarray      # each row's request
+    row0: np.ndarray
+    nrows: np.ndarray
+    emits: np.ndarray
+    emits_at: np.ndarray
+    e_tokens: np.ndarray
+    finish: np.ndarray
+    held: np.ndarray
+    held_at: np.ndarray
+    span: np.ndarray
+    contiguous: np.ndarray   # one step an offset from 1 (not a walk's)
+    hist: list[int]
+    verified: int
 
 
-def _path(tr, s0: int, first: int, table: _Steps, acc, run: _Run) -> Path:
-    """The path of request `tr`, admitted at step `s0` with a first chunk of `first` tokens."""
-    p, m, k, bs, lag = tr.prompt_len, tr.output_len, run.k, run.block_size, run.lag
-    # its prefill: the first chunk, then what the budget leaves after the requests before it
-    held0 = cdiv(first + (k if first == p else 0), bs)
-    prefill = [(s0, first, 0, first == p, held0)]
-    c, s = first, s0
-    while c < p:
-        s += 1
-        table.reach(s + 1)
-        left = run.budget - int(table.tokens[s])
-        if left > 0:
-            n = p - c if p - c < left else left
-            c += n
-            held0 = max(held0, cdiv(c + k, bs))
-            prefill.append((s, n, c - n, c == p, held0))
-    sp = s   # the step of its last chunk, which samples its first token
-    take = acc.counts(tr.request_id)
+def _decodes(requests, acc, run: _Run) -> Decodes:
+    """Every request's decode steps (`Decodes`): each one a step from the step after its last
+    prefill chunk, verifying k drafts (1 + k tokens) and emitting 1 + its accepted count, the
+    last up to its max_tokens, computed for all requests at once; one by one (`_walk`) where
+    a step's context may reach --max-model-len."""
+    k, bs, lag = run.k, run.block_size, run.lag
+    n_req = len(requests)
+    p = np.array([tr.prompt_len for tr in requests], np.int64)
+    m = np.array([tr.output_len for tr in requests], np.int64)
+    held0 = (p + k + bs - 1) // bs   # cdiv(P + k): after the last prefill chunk, however cut
+    need = np.maximum(m - 1, 0)      # the tokens after the prefill's one
     # no decode step's context can reach --max-model-len: c + 1 + k <= last for c at most
     # P + M - 2 (sync), P + M - 2 + k (async)
-    if p + m + (1 + lag) * k <= run.last + 1:
-        dec = _decode(p, m, held0, take, run)
-    else:
-        dec = _walk(p, m, held0, take, run)
-    off, tokens, starts, drafts, blocks, e_tokens, f, accepted, verified = dec
-    span = sp + f + lag - s0 + 1   # held until the plan after the update that finishes it
-    steps = np.arange(sp + 1, sp + len(starts) + 1) if off is None else sp + off
-    if sp == s0 and off is None:   # one chunk, then a decode step every step: in order
-        n = len(starts)
-        held = np.empty(span, np.int64)
-        held[0] = held0
-        held[1:n + 1] = blocks
-        held[n + 1:] = blocks[-1] if n else held0
-    else:
-        held = np.zeros(span, np.int64)
-        for s, _, _, _, h in prefill:
-            held[s - s0] = h
-        held[steps - s0] = blocks
-        held = np.maximum.accumulate(held)
-    # each step to the finishing one emits at its update (under async, not the one after)
-    return Path(prefill, steps, tokens, starts, drafts, blocks, held,
-                ([sp] + steps[:len(e_tokens)].tolist(), [1] + e_tokens.tolist()), sp + f,
-                accepted, verified)
-
-
-def _decode(p: int, m: int, held0: int, take, run: _Run) -> tuple:
-    """A request's decode steps, at once, where no step's context reaches --max-model-len:
-    one a step from the step after its prefill's last, each verifying k drafts (1 + k tokens)
-    and emitting 1 + its accepted count, the last up to its max_tokens. Under async
-    scheduling each is planned before the previous one's tokens are known, and one more runs
-    after the one that finishes it unless that one surely did (the scheduler's skip)."""
-    k, need = run.k, m - 1   # the tokens after the prefill's one
-    if need <= 0:
-        e = np.zeros(0, np.int64)
-        return None, 1 + k, e, k, e, e, 0, e, 0
-    if k:
-        a = np.minimum(take(min(need, int(need * run.per_token) + 8)), k)
-        out = np.cumsum(a + 1)
-        while out[-1] < need:   # (a request that accepts less than most: draw on)
-            a = np.concatenate((a, np.minimum(take(min(need, 64)), k)))
-            out = np.cumsum(a + 1)
-        d = int(np.searchsorted(out, need)) + 1   # the step whose tokens reach max_tokens
-        a = a[:d]
-        emitted = out[:d] + 1   # O_i, the tokens emitted by the update of decode step i
-    else:
-        d = need
-        a = np.zeros(d, np.int64)
-        emitted = np.arange(2, d + 2)
+    walks = p + m + (1 + lag) * k > run.last + 1
+    at_once = np.flatnonzero(~walks)
+    # each request's accepted counts: at most one a token it needs, a little over a median
+    # request's steps drawn first
+    takes = [acc.counts(requests[i].request_id) for i in at_once.tolist()] if k else []
+    wanted = np.minimum(need[at_once], (need[at_once] * run.per_token).astype(np.int64) + 8)
+    counts = [take(n) for take, n in zip(takes, wanted.tolist())]
+    while True:
+        if k:
+            a = np.minimum(np.concatenate(counts), k) if counts else np.zeros(0, np.int64)
+        else:
+            a = np.zeros(int(need[at_once].sum()), np.int64)
+        rows = np.array([len(c) for c in counts], np.int64) if k else need[at_once]
+        start = np.concatenate(([0], np.cumsum(rows)))
+        out = np.concatenate(([0], np.cumsum(a + 1)))   # tokens emitted, over all requests
+        short = np.flatnonzero(out[start[1:]] - out[start[:-1]] < need[at_once])
+        if not len(short):
+            break
+        for j in short.tolist():   # (a request that accepts less than most: draw on)
+            counts[j] = np.concatenate((counts[j], takes[j](64)))
+    # the step that reaches max_tokens, d: the first whose running sum of 1 + accepted counts
+    # is the tokens it needs (the prefill's one aside); the steps before it, kept
+    base = out[start[:-1]]
+    d = np.searchsorted(out, base + need[at_once]) - start[:-1]
+    local = np.arange(len(a)) - np.repeat(start[:-1], rows)
+    keep = local < np.repeat(d, rows)
+    a = a[keep]
+    emitted = out[1:][keep] - np.repeat(base, rows)[keep] + 1   # O_j, after decode step j
+    k_start = np.concatenate(([0], np.cumsum(d)))[:-1]
     e_tokens = a + 1
-    before = emitted[d - 2] if d > 1 else 1   # O_{d-1}
-    e_tokens[-1] = m - before
-    if run.lag:   # P + O_{i-2} + k, the first from P; and the extra step
-        n = d + 1 if before <= m - 2 else d
-        starts = np.empty(n, np.int64)
-        starts[0] = p
-        if n > 1:
-            starts[1] = p + k + 1
-            starts[2:] = emitted[:n - 2] + (p + k)
-    else:   # P + O_{i-1} - 1
-        n = d
-        starts = np.empty(n, np.int64)
-        starts[0] = p
-        starts[1:] = emitted[:n - 1] + (p - 1)
-    blocks = (starts + (2 * k + run.block_size)) // run.block_size   # cdiv(start + 1 + 2k)
-    np.maximum(blocks, held0, out=blocks)
-    return None, 1 + k, starts, k, blocks, e_tokens, d, a if k else a[:0], k * d
+    last = k_start + d - 1
+    has = d > 0
+    before = np.ones(len(d), np.int64)   # O_{d-1}
+    two = d > 1
+    before[two] = emitted[last[two] - 1]
+    e_tokens[last[has]] = m[at_once][has] - before[has]
+    # the steps: under async one more after the finishing one unless the step in flight
+    # surely finished it (the scheduler's skip: O_{d-1} = M - 1)
+    pv = p[at_once]
+    extra = (has & (before <= m[at_once] - 2)) if lag else np.zeros(len(d), bool)
+    n = d + extra
+    r_start = np.concatenate(([0], np.cumsum(n)))
+    j = np.arange(r_start[-1]) - np.repeat(r_start[:-1], n)
+    ks = np.repeat(k_start, n)
+    if lag:   # P + O_{j-2} + k, the first from P, the second from O_0 = 1
+        g = np.maximum(ks + j - 2, 0)
+        o_prev = emitted[g] if len(emitted) else np.zeros(len(j), np.int64)
+        starts = np.repeat(pv, n) + np.where(j == 0, 0, k + np.where(j == 1, 1, o_prev))
+    else:     # P + O_{j-1} - 1, the first from P
+        g = np.maximum(ks + j - 1, 0)
+        o_prev = emitted[g] if len(emitted) else np.zeros(len(j), np.int64)
+        starts = np.repeat(pv, n) + np.where(j == 0, 0, o_prev - 1)
+    blocks = np.maximum((starts + (2 * k + bs)) // bs, np.repeat(held0[at_once], n))
+    span = d + lag + 1
+    h_start = np.concatenate(([0], np.cumsum(span)))
+    held = np.repeat(held0[at_once], span)
+    held[np.repeat(h_start[:-1], n) + j + 1] = blocks
+    tail = (n == d) & (n > 0) & (lag > 0)   # (async without the extra step: held one more)
+    held[h_start[:-1][tail] + d[tail] + 1] = blocks[r_start[1:][tail] - 1]
+    cols = [j + 1, np.full(len(j), 1 + k, np.int64), starts, np.full(len(j), k, np.int64),
+            blocks]
+    hist = np.bincount(a, minlength=k + 1) if k else np.zeros(1, np.int64)
+    verified = k * int(d.sum())
+    # per request, trace order
+    row0, nrows = np.zeros(n_req, np.int64), np.zeros(n_req, np.int64)
+    emits, emits_at = np.zeros(n_req, np.int64), np.zeros(n_req, np.int64)
+    finish = np.zeros(n_req, np.int64)
+    held_at, spans = np.zeros(n_req, np.int64), np.zeros(n_req, np.int64)
+    row0[at_once], nrows[at_once] = r_start[:-1], n
+    emits[at_once], emits_at[at_once], finish[at_once] = d, k_start, d
+    held_at[at_once], spans[at_once] = h_start[:-1], span
+    pieces = [cols + [e_tokens, held, np.repeat(at_once, n)]]
+    rows_n, e_n, h_n = r_start[-1], len(e_tokens), h_start[-1]
+    for i in np.flatnonzero(walks).tolist():
+        tr = requests[i]
+        w_off, w_tokens, w_starts, w_drafts, w_blocks, w_e, f, w_acc, w_ver = _walk(
+            tr.prompt_len, tr.output_len, int(held0[i]),
+            acc.counts(tr.request_id) if k else None, run)
+        w_held = np.zeros(f + lag + 1, np.int64)
+        w_held[0] = held0[i]
+        w_held[w_off] = w_blocks
+        w_held = np.maximum.accumulate(w_held)
+        pieces.append([w_off, w_tokens, w_starts, w_drafts, w_blocks, w_e, w_held,
+                       np.full(len(w_off), i, np.int64)])
+        row0[i], nrows[i], emits[i], emits_at[i], finish[i] = rows_n, len(w_off), len(w_e), \
+            e_n, f
+        held_at[i], spans[i] = h_n, len(w_held)
+        rows_n, e_n, h_n = rows_n + len(w_off), e_n + len(w_e), h_n + len(w_held)
+        if k:
+            hist = hist + np.bincount(w_acc, minlength=k + 1)
+        verified += w_ver
+    off, tokens, starts, drafts, blocks, e_tokens, held, who = (
+        np.concatenate([piece[c] for piece in pieces]) for c in range(8))
+    return Decodes(off, tokens, starts, drafts, blocks, who, row0, nrows, emits, emits_at,
+                   e_tokens, finish, held, held_at, spans, ~walks, hist.tolist(), verified)
 
 
 def _walk(p: int, m: int, held0: int, take, run: _Run) -> tuple:
@@ -426,36 +312,202 @@ def _walk(p: int, m: int, held0: int, take, run: _Run) -> tuple:
     return off, tokens, starts, drafts, blocks, e_tokens, finish, accepted, verified
 
 
-def _program(paths: list[tuple], sent: dict, table: _Steps, budget_max: int, nb: int,
-             lag: int) -> Program:
+class _Steps:
+    """Per step, what the requests admitted so far take: tokens, blocks held after the
+    running requests' allocations, requests running. Grown as they reach further."""
+
+    def __init__(self, size: int):
+        self.tokens = np.zeros(size, np.int64)
+        self.held = np.zeros(size, np.int64)
+        self.running = np.zeros(size, np.int64)
+
+    def reach(self, end: int) -> None:
+        size = len(self.tokens)
+        if end > size:
+            more = np.zeros(max(end, 2 * size) - size, np.int64)
+            self.tokens = np.concatenate((self.tokens, more))
+            self.held = np.concatenate((self.held, more))
+            self.running = np.concatenate((self.running, more))
+
+
+def _record(core, client, rec):
+    sched, acc = core.sched, client.acc
+    cfg, k = sched.cfg, sched.k
+    requests = rec.requests
+    if sched.caching and any(tr.prompt_token_ids is not None for tr in requests):
+        raise Bail   # a prefix-cache hit would tie requests together
+    if len({tr.request_id for tr in requests}) != len(requests) \
+            or any(tr.output_len < 1 or tr.prompt_len < 1 for tr in requests):
+        raise Bail   # (the scheduler's own errors)
+    budget_max, bs, nb = cfg.max_num_batched_tokens, cfg.block_size, cfg.num_blocks
+    seqs, reserve = cfg.max_num_seqs, cfg.scheduler_reserve_full_isl
+    lag = 1 if cfg.async_scheduling else 0
+    run = _Run(k, bs, cfg.max_model_len - 1, budget_max, lag, 1.25 / acc.mean_length())
+    dec = _decodes(requests, acc, run)
+    table = _Steps(1024)
+    pending = deque(enumerate(requests))   # (all at once: the client sends in trace order)
+    conc = client.gen.max_concurrency
+    waiting: deque = deque()
+    sent: dict[str, int] = {}   # request id -> the step whose update sent it (-1: at 0 s)
+    for _ in range(len(pending) if conc is None else min(conc, len(pending))):
+        i, tr = pending.popleft()
+        waiting.append((i, tr))
+        sent[tr.request_id] = -1
+    finishes: list = []   # (step whose update finishes it, order), a heap
+    last_prefill = np.full(len(requests), -1, np.int64)   # each request's last prefill step
+    chunks: list[tuple] = []   # every prefill chunk, in admission order
+    order = s = 0
+    while True:
+        # the requests sent by updates before this step's plan (the inbox, at the turn's start)
+        while finishes and finishes[0][0] + 1 + lag <= s:
+            f, _ = heapq.heappop(finishes)
+            if pending:
+                i, tr = pending.popleft()
+                waiting.append((i, tr))
+                sent[tr.request_id] = f
+        if not waiting:
+            if not finishes:
+                break
+            s = max(s + 1, finishes[0][0] + 1 + lag)
+            continue
+        table.reach(s + 1)
+        budget = budget_max - int(table.tokens[s])
+        free = nb - int(table.held[s])
+        running = int(table.running[s])
+        while waiting and budget > 0 and running < seqs:   # schedule()'s waiting loop
+            i, tr = waiting[0]
+            p = tr.prompt_len
+            if reserve and cdiv(p, bs) > free:
+                break
+            first = p if p < budget else budget
+            if cdiv(first + (k if first == p else 0), bs) > free:
+                break
+            waiting.popleft()
+            sp = _admit(i, tr, s, first, table, dec, run, chunks)
+            last_prefill[i] = sp
+            heapq.heappush(finishes, (sp + int(dec.finish[i]), order))
+            order += 1
+            budget -= first
+            free = nb - int(table.held[s])
+            running += 1
+        if waiting and not finishes:
+            raise Bail   # a stall: nothing runs that could free what it waits for
+        s += 1
+    program = _program(requests, dec, last_prefill, chunks, sent, table, budget_max, nb, lag)
+    return (program, dec.hist, dec.verified,
+            sum(tr.prompt_len for tr in requests))   # (each admitted once, none found cached)
+
+
+def _admit(i: int, tr, s0: int, first: int, table: _Steps, dec: Decodes, run: _Run,
+           chunks: list) -> int:
+    """Admit request `i` at step `s0` with a first chunk of `first` tokens: its prefill
+    chunks (the rest, each what the budget leaves after the requests before it), into
+    `chunks`; its tokens, blocks and place counted into `table` at every step it holds them.
+    Its last prefill step."""
+    p, k, bs = tr.prompt_len, run.k, run.block_size
+    h0 = cdiv(first + (k if first == p else 0), bs)
+    chunks.append((s0, first, 0, first == p, h0))
+    c, s = first, s0
+    mine = [(s0, h0)]
+    while c < p:
+        s += 1
+        table.reach(s + 1)
+        left = run.budget - int(table.tokens[s])
+        if left > 0:
+            n = p - c if p - c < left else left
+            c += n
+            h0 = max(h0, cdiv(c + k, bs))
+            chunks.append((s, n, c - n, c == p, h0))
+            mine.append((s, h0))
+    sp = s   # its last chunk samples its first token
+    at, span = int(dec.held_at[i]), int(dec.span[i])
+    held = dec.held[at:at + span]
+    if sp > s0:   # (the blocks held before and between its chunks, then from the last on:
+        before = np.zeros(sp - s0 + span, np.int64)   # held[0] is cdiv(P + k), the most)
+        for step, h in mine:
+            before[step - s0] = h
+        before[sp - s0:] = held
+        held = np.maximum.accumulate(before)
+    end = s0 + len(held)
+    table.reach(end + 1)
+    table.held[s0:end] += held
+    table.running[s0:end] += 1
+    for step, n, _, _, _ in chunks[len(chunks) - len(mine):]:
+        table.tokens[step] += n
+    r0, nr = int(dec.row0[i]), int(dec.nrows[i])
+    if nr:
+        if dec.contiguous[i]:
+            table.tokens[sp + 1:sp + 1 + nr] += 1 + k
+        else:
+            table.tokens[sp + dec.off[r0:r0 + nr]] += dec.tokens[r0:r0 + nr]
+    return sp
+
+
+NO_KV = 1 << 62   # kv_min of a step with no decode
+
+
+def _program(requests, dec: Decodes, last_prefill: np.ndarray, chunks: list, sent: dict,
+             table: _Steps, budget_max: int, nb: int, lag: int) -> Program:
     """The recording's program: the turns to the last finishing update's, each launched
-    step's `Batch` from the step columns, each request's chunks by update."""
-    end = max(f for _, _, f in paths) + lag + 1
+    step's `Batch` summed as batch_of sums it from every request's prefill chunks and decode
+    steps, and each request's chunks to the client by update."""
+    end = int((last_prefill + dec.finish).max()) + lag + 1
     if int(table.tokens[:end].max()) > budget_max or int(table.held[:end].max()) > nb:
         raise Bail   # a decode capped by the budget, or a preemption
-    if table.reqs[end:].any():
+    ps, pn, pc, psmp, ph = (np.array(x, np.int64) for x in zip(*chunks))
+    steps = np.concatenate((last_prefill[dec.who] + dec.off, ps))
+    tokens = np.concatenate((dec.tokens, pn))
+    starts = np.concatenate((dec.starts, pc))
+    drafts = np.concatenate((dec.drafts, np.zeros(len(ps), np.int64)))
+    samples = np.concatenate((np.ones(len(dec.off), np.int64), psmp))
+    blocks = np.concatenate((dec.blocks, ph))
+    if int(steps.max()) >= end:
         raise Bail   # (a step past the last turn: never, by the paths' rules)
-    reqs = table.reqs[:end]
+
+    def total(w=None, at=steps):
+        return np.bincount(at, w, minlength=end)
+
+    reqs = total()
     launched = reqs > 0
     if lag:   # an empty plan leaves the queue empty: two in a row stall the loop
         if not launched[0] or np.any(~launched[1:] & ~launched[:-1]):
             raise Bail
     elif not launched.all():
         raise Bail
-    kv_min = table.kv_min[:end]
-    kv_min[kv_min == NO_KV] = 0   # (batch_of's, where no request decodes)
+    decode = tokens == 1 + drafts   # (as batch_of counts them: a one-token chunk too)
+    ds, dk = steps[decode], starts[decode]
+    most_query, most_blocks = np.zeros(end, np.int64), np.zeros(end, np.int64)
+    np.maximum.at(most_query, steps, tokens)
+    np.maximum.at(most_blocks, steps, blocks)
+    kv_min, kv_max = np.full(end, NO_KV, np.int64), np.zeros(end, np.int64)
+    np.minimum.at(kv_min, ds, dk)
+    np.maximum.at(kv_max, ds, dk)
+    kv_min[kv_min == NO_KV] = 0
+    prefills: dict[int, list] = {}   # (in admission order: the running order)
+    for s, n, c, _, _ in chunks:
+        if n != 1:
+            prefills.setdefault(s, []).append((n, c))
+    ints = [total(w).astype(np.int64)
+            for w in (tokens, None, samples, samples * (1 + drafts), drafts, starts + tokens)]
+    pairs = total(tokens * (starts + (tokens + 1) / 2))   # (halves, exact)
+    cols = ints + [pairs, most_query, most_blocks, total(None, ds),
+                   total(dk, ds).astype(np.int64), kv_min, kv_max]
     at = np.flatnonzero(launched)
-    prefills = table.prefills
-    batches = [Batch(*row, prefills.get(s, []))
-               for s, row in zip(at.tolist(),
-                                 zip(*(getattr(table, name)[at].tolist() for name in BATCH)))]
+    batches = [Batch(*row, prefills.get(s, []))   # (batch_of's sums, each exact)
+               for s, row in zip(at.tolist(), zip(*(c[at].tolist() for c in cols)))]
     # a launched step's update comes `lag` turns after its plan; its index counts the
     # launched steps before it
     u_of = np.concatenate(([0], np.cumsum(launched)))
     updated = ~(launched & np.r_[True, ~launched[:-1]]) if lag else np.ones(end, bool)
     turns = (PLANNED + LAUNCHED * launched + UPDATED * updated).tolist()
-    chunks = {rid: (u_of[steps].tolist(), tokens) for rid, (steps, tokens), _ in paths}
+    chunks_of = {}
+    for i, tr in enumerate(requests):
+        sp, ne, ea = int(last_prefill[i]), int(dec.emits[i]), int(dec.emits_at[i])
+        if dec.contiguous[i]:   # its prefill's update, then one a step
+            us = u_of[sp:sp + ne + 1].tolist()
+        else:
+            r0 = int(dec.row0[i])
+            us = [int(u_of[sp])] + u_of[sp + dec.off[r0:r0 + ne]].tolist()
+        chunks_of[tr.request_id] = (us, [1] + dec.e_tokens[ea:ea + ne].tolist())
     sent = {rid: (-1 if f < 0 else int(u_of[f])) for rid, f in sent.items()}
-    return Program(turns, sent, Columns(reqs.copy(), table.tokens[:end].copy(), batches,
-                                        chunks))
-
+    return Program(turns, sent, Columns(ints[1], ints[0], batches, chunks_of))

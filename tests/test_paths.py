@@ -71,8 +71,10 @@ def test_request_paths_give_the_scheduler_s_steps(case, monkeypatch):
 
 
 @pytest.mark.parametrize("lag", [0, 1])
-def test_a_walk_gives_the_decode_steps_computed_at_once(lag):
-    """Where no step reaches --max-model-len, `_walk`'s steps one by one are `_decode`'s."""
+def test_a_walk_gives_the_decode_steps_computed_for_all_requests_at_once(lag):
+    """Where no step reaches --max-model-len, `_walk`'s steps one by one are those
+    `_decodes` computes for every request at once: offsets, tokens, starts, drafts, blocks,
+    emitted tokens, the finishing step, the blocks held."""
     from stepgap.common.acceptance import PROFILES, Acceptance
     from stepgap.common.formats import TraceRequest
     rng = np.random.default_rng(7)
@@ -81,16 +83,20 @@ def test_a_walk_gives_the_decode_steps_computed_at_once(lag):
     for k in (0, 1, 3, 7):
         acc = Acceptance(PROFILES["mtbench"], k, reqs, seed=3)
         run = paths._Run(k, 16, 100_000, 8192, lag, 1.25 / acc.mean_length())
-        for tr in reqs:
+        dec = paths._decodes(reqs, acc, run)
+        assert dec.contiguous.all()
+        for i, tr in enumerate(reqs):
             held0 = -(-(tr.prompt_len + k) // 16)
-            at_once = paths._decode(tr.prompt_len, tr.output_len, held0,
-                                    acc.counts(tr.request_id), run)
-            walked = paths._walk(tr.prompt_len, tr.output_len, held0,
-                                 acc.counts(tr.request_id), run)
-            assert at_once[0] is None
-            assert np.array_equal(walked[0], np.arange(1, len(walked[0]) + 1))
-            for i, (a, b) in enumerate(zip(at_once, walked)):
-                if i in (1, 3):   # tokens and drafts: one value for every step
-                    a = np.full(len(b), a)
-                if i:
-                    assert np.array_equal(a, b), (k, tr, i)
+            w = paths._walk(tr.prompt_len, tr.output_len, held0,
+                            acc.counts(tr.request_id) if k else None, run)
+            rows = slice(dec.row0[i], dec.row0[i] + dec.nrows[i])
+            emits = slice(dec.emits_at[i], dec.emits_at[i] + dec.emits[i])
+            held = dec.held[dec.held_at[i]:dec.held_at[i] + dec.span[i]]
+            w_held = np.zeros(w[6] + lag + 1, np.int64)
+            w_held[0] = held0
+            w_held[w[0]] = w[4]
+            for got, want in ((dec.off[rows], w[0]), (dec.tokens[rows], w[1]),
+                              (dec.starts[rows], w[2]), (dec.drafts[rows], w[3]),
+                              (dec.blocks[rows], w[4]), (dec.e_tokens[emits], w[5]),
+                              (dec.finish[i], w[6]), (held, np.maximum.accumulate(w_held))):
+                assert np.array_equal(got, want), (k, tr)

@@ -147,7 +147,7 @@ def test_the_same_settings_over_other_requests_are_simulated_in_full(monkeypatch
 
 def test_a_recording_whose_run_failed_part_way_is_filled_afresh_by_the_next(monkeypatch):
     rec = Recording()
-    real = paths._path
+    real = paths._admit
     admitted = []
 
     def fail(*a):
@@ -155,10 +155,10 @@ def test_a_recording_whose_run_failed_part_way_is_filled_afresh_by_the_next(monk
             raise RuntimeError("a run that fails")
         admitted.append(a)
         return real(*a)
-    monkeypatch.setattr(paths, "_path", fail)
+    monkeypatch.setattr(paths, "_admit", fail)
     with pytest.raises(RuntimeError, match="a run that fails"):
         text(BASE, rec)
-    monkeypatch.setattr(paths, "_path", real)
+    monkeypatch.setattr(paths, "_admit", real)
     assert rec.totals is None and rec.program is None and rec.key is not None
     text(BASE, rec)
     other = {**BASE, "cpu_scale": 2.0}
