@@ -406,39 +406,54 @@ class Acceptance:
         return np.array([c if c <= 0.0 or c >= 1.0 or z == 0.0 else
                          1.0 / (1.0 + math.exp(-(_logit(c) + z))) for c in self.cond])
 
-    def _draw(self, state: list, rows: int = BLOCK) -> np.ndarray:
-        """The next `rows` counts of a request's own stream (BLOCK at a time as `next` takes
-        them, or more at once: the same counts)."""
+    def _generator(self, request_id: str) -> np.random.Generator:
+        """A request's own stream, from its start."""
+        entropy = [self.seed, 1, self.index[request_id]]
+        if type(self.seed) is int and 0 <= self.seed < 1 << 32:   # (as uint32 words: the
+            entropy = np.array(entropy, np.uint32)   # same stream, in 2/3 of the time)
+        return np.random.default_rng(entropy)
+
+    def _draw(self, state: list) -> list[int]:
+        """The next BLOCK counts of a request's own stream."""
         if state[2] is None:
-            rid = state[4]
-            entropy = [self.seed, 1, self.index[rid]]
-            if type(self.seed) is int and 0 <= self.seed < 1 << 32:   # (as uint32 words: the
-                entropy = np.array(entropy, np.uint32)   # same stream, in 2/3 of the time)
-            state[2] = np.random.default_rng(entropy)
-            state[3] = self.rates_for(rid)
+            state[2] = self._generator(state[4])
+            state[3] = self.rates_for(state[4])
         k = self.k
-        hits = np.zeros((rows, k + 1), bool)   # a miss past the last position, so that
-        np.less(state[2].random((rows, k)), state[3], out=hits[:, :k])
-        return hits.argmin(axis=1)   # the first miss is the count of leading hits
+        hits = np.zeros((self.BLOCK, k + 1), bool)   # a miss past the last position, so that
+        np.less(state[2].random((self.BLOCK, k)), state[3], out=hits[:, :k])
+        return hits.argmin(axis=1).tolist()   # the first miss is the count of leading hits
 
-    def counts(self, request_id: str):
-        """`take(n)`: the next `n` counts of a request's decode steps, from its first, as
-        `next` draws them (before their min with the drafts verified): its recorded counts,
-        then its own stream. The run's own state is left alone: for a run that takes each
+    def first_counts(self, request_ids: list[str], rows: list[int]) -> list[np.ndarray]:
+        """The first rows[i] counts of each request's decode steps, as `next` draws them
+        (before their min with the drafts verified): its recorded counts, then its own stream
+        (drawn at once, the same counts as BLOCK at a time), all requests' compared with their
+        rates in one pass. The run's own state is left alone: for a run that takes each
         request's steps whole (sim/paths.py)."""
-        recorded = np.array(self.recorded.get(request_id) or [], np.int64)
-        state = [None, 0, None, None, request_id]
-
-        def take(n: int) -> np.ndarray:
-            nonlocal recorded
-            if len(recorded) >= n:
-                out, recorded = recorded[:n], recorded[n:]
-                return out
-            out = self._draw(state, n - len(recorded))
-            if len(recorded):
-                out, recorded = np.concatenate((recorded, out)), recorded[:0]
-            return out
-        return take
+        k = self.k
+        out: list = [None] * len(request_ids)
+        us, rates, drawn = [], [], []
+        for j, (rid, n) in enumerate(zip(request_ids, rows)):
+            recorded = self.recorded.get(rid)
+            if recorded:   # (a replay: its recorded counts first, then its stream)
+                got = np.array(recorded[:n], np.int64)
+                if len(got) < n:
+                    state = [None, 0, None, None, rid]
+                    while len(got) < n:
+                        got = np.concatenate((got, self._draw(state)))[:n]
+                out[j] = got
+                continue
+            us.append(self._generator(rid).random((n, k)))
+            rates.append(self.rates_for(rid))
+            drawn.append(j)
+        if drawn:
+            n_of = [len(u) for u in us]
+            hits = np.zeros((sum(n_of), k + 1), bool)   # (a miss past the last position)
+            np.less(np.concatenate(us), np.repeat(np.array(rates), n_of, axis=0),
+                    out=hits[:, :k])
+            counts = np.split(hits.argmin(axis=1), np.cumsum(n_of)[:-1])
+            for j, c in zip(drawn, counts):
+                out[j] = c
+        return out
 
     def mean_length(self) -> float:
         """1 + the accepted count of a median request's decode step of k drafts."""
@@ -449,7 +464,7 @@ class Acceptance:
         state = self._state.get(request_id) or self._start(request_id)
         counts, i = state[0], state[1]
         if i == len(counts):
-            counts = state[0] = self._draw(state).tolist()
+            counts = state[0] = self._draw(state)
             i = 0
         state[1] = i + 1
         n = counts[i]

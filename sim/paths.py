@@ -63,7 +63,7 @@ class _Run:
     last: int         # max_model_len - 1: the furthest a step may reach
     budget: int       # max_num_batched_tokens
     lag: int          # turns from a step's plan to its update: 1 under async scheduling
-    per_token: float  # decode steps per emitted token, a little over a median request's
+    per_token: float  # counts drawn first per token needed: 1.5 times a median request's steps
 
 
 def record(core, client, rec) -> bool:
@@ -132,11 +132,11 @@ def _decodes(requests, acc, run: _Run) -> Decodes:
     # P + M - 2 (sync), P + M - 2 + k (async)
     walks = p + m + (1 + lag) * k > run.last + 1
     at_once = np.flatnonzero(~walks)
-    # each request's accepted counts: at most one a token it needs, a little over a median
-    # request's steps drawn first
-    takes = [acc.counts(requests[i].request_id) for i in at_once.tolist()] if k else []
-    wanted = np.minimum(need[at_once], (need[at_once] * run.per_token).astype(np.int64) + 8)
-    counts = [take(n) for take, n in zip(takes, wanted.tolist())]
+    # each request's accepted counts: at most one a token it needs, half as many again as a
+    # median request's steps drawn first
+    ids = [requests[i].request_id for i in at_once.tolist()]
+    wanted = np.minimum(need[at_once], (need[at_once] * run.per_token).astype(np.int64) + 16)
+    counts = acc.first_counts(ids, wanted.tolist()) if k else []
     while True:
         if k:
             a = np.minimum(np.concatenate(counts), k) if counts else np.zeros(0, np.int64)
@@ -148,8 +148,11 @@ def _decodes(requests, acc, run: _Run) -> Decodes:
         short = np.flatnonzero(out[start[1:]] - out[start[:-1]] < need[at_once])
         if not len(short):
             break
-        for j in short.tolist():   # (a request that accepts less than most: draw on)
-            counts[j] = np.concatenate((counts[j], takes[j](64)))
+        # (the requests that accept less than most: twice as much of their streams)
+        more = acc.first_counts([ids[j] for j in short.tolist()],
+                                [2 * len(counts[j]) + 16 for j in short.tolist()])
+        for j, c in zip(short.tolist(), more):
+            counts[j] = c
     # the step that reaches max_tokens, d: the first whose running sum of 1 + accepted counts
     # is the tokens it needs (the prefill's one aside); the steps before it, kept
     base = out[start[:-1]]
@@ -207,7 +210,7 @@ def _decodes(requests, acc, run: _Run) -> Decodes:
         tr = requests[i]
         w_off, w_tokens, w_starts, w_drafts, w_blocks, w_e, f, w_acc, w_ver = _walk(
             tr.prompt_len, tr.output_len, int(held0[i]),
-            acc.counts(tr.request_id) if k else None, run)
+            acc.first_counts([tr.request_id], [tr.output_len])[0] if k else None, run)
         w_held = np.zeros(f + lag + 1, np.int64)
         w_held[0] = held0[i]
         w_held[w_off] = w_blocks
@@ -227,12 +230,12 @@ def _decodes(requests, acc, run: _Run) -> Decodes:
                    e_tokens, finish, held, held_at, spans, ~walks, hist.tolist(), verified)
 
 
-def _walk(p: int, m: int, held0: int, take, run: _Run) -> tuple:
+def _walk(p: int, m: int, held0: int, counts: np.ndarray | None, run: _Run) -> tuple:
     """A request's decode steps one by one, by the scheduler's rules for one request, where
     its context may reach --max-model-len: there a step takes fewer drafts, or none, and
     under async scheduling a step may be skipped. Offsets are from its last prefill step."""
     k, bs, last, async_ = run.k, run.block_size, run.last, bool(run.lag)
-    draws = take(m).tolist() if k else None   # (each step draws at most once and emits >= 1)
+    draws = counts.tolist() if k else None   # (M of them: a step draws once, emits >= 1)
     nd = verified = 0
     off, tokens, starts, drafts, blocks, e_tokens, accepted = ([] for _ in range(7))
     held = held0
@@ -342,7 +345,7 @@ def _record(core, client, rec):
     budget_max, bs, nb = cfg.max_num_batched_tokens, cfg.block_size, cfg.num_blocks
     seqs, reserve = cfg.max_num_seqs, cfg.scheduler_reserve_full_isl
     lag = 1 if cfg.async_scheduling else 0
-    run = _Run(k, bs, cfg.max_model_len - 1, budget_max, lag, 1.25 / acc.mean_length())
+    run = _Run(k, bs, cfg.max_model_len - 1, budget_max, lag, 1.5 / acc.mean_length())
     dec = _decodes(requests, acc, run)
     table = _Steps(1024)
     pending = deque(enumerate(requests))   # (all at once: the client sends in trace order)

@@ -71,10 +71,13 @@ def test_request_paths_give_the_scheduler_s_steps(case, monkeypatch):
 
 
 @pytest.mark.parametrize("lag", [0, 1])
-def test_a_walk_gives_the_decode_steps_computed_for_all_requests_at_once(lag):
+@pytest.mark.parametrize("first", [1.5, 0.01])
+def test_a_walk_gives_the_decode_steps_computed_for_all_requests_at_once(lag, first):
     """Where no step reaches --max-model-len, `_walk`'s steps one by one are those
     `_decodes` computes for every request at once: offsets, tokens, starts, drafts, blocks,
-    emitted tokens, the finishing step, the blocks held."""
+    emitted tokens, the finishing step, the blocks held. So too where the counts drawn first
+    fall short for every request (`first`: steps drawn first per token, of a median
+    request's), and more are drawn until they do not."""
     from stepgap.common.acceptance import PROFILES, Acceptance
     from stepgap.common.formats import TraceRequest
     rng = np.random.default_rng(7)
@@ -82,13 +85,14 @@ def test_a_walk_gives_the_decode_steps_computed_for_all_requests_at_once(lag):
             for i in range(60)]
     for k in (0, 1, 3, 7):
         acc = Acceptance(PROFILES["mtbench"], k, reqs, seed=3)
-        run = paths._Run(k, 16, 100_000, 8192, lag, 1.25 / acc.mean_length())
+        run = paths._Run(k, 16, 100_000, 8192, lag, first / acc.mean_length())
         dec = paths._decodes(reqs, acc, run)
         assert dec.contiguous.all()
         for i, tr in enumerate(reqs):
             held0 = -(-(tr.prompt_len + k) // 16)
             w = paths._walk(tr.prompt_len, tr.output_len, held0,
-                            acc.counts(tr.request_id) if k else None, run)
+                            acc.first_counts([tr.request_id], [tr.output_len])[0] if k
+                            else None, run)
             rows = slice(dec.row0[i], dec.row0[i] + dec.nrows[i])
             emits = slice(dec.emits_at[i], dec.emits_at[i] + dec.emits[i])
             held = dec.held[dec.held_at[i]:dec.held_at[i] + dec.span[i]]
