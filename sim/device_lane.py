@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import simpy
 
 from stepgap.common.formats import Span
@@ -172,6 +173,25 @@ class Device:
             verify = (verify - pause) * f + pause
             sample *= f
         return ops, durs, sample, verify, sum(durs)
+
+    def steady_times(self, cols) -> tuple | None:
+        """Each of a recording's steps' time until its accepted counts are known and its whole
+        time (`times`, without noise), all at once where the costs can price columns of steps
+        (`RooflineCosts.step_times`: the same floats); None where they cannot."""
+        step_times = getattr(self.costs, "step_times", None)
+        d = self.drafter
+        if step_times is None or self.waits_us is not None:
+            return None
+        if d is None or not d.k or d.on_cpu:
+            passes = np.zeros(len(cols.tokens), np.int64)
+        elif d.parallel or d.spec.one_pass:
+            return None
+        else:   # (`draft_passes`: k, one over a step that only prefills)
+            passes = np.where(cols.sampling > 0, d.k, 1)
+        # (a constant noise: one factor, every op scaled by it before the sum, as in `times`)
+        factor = self.jitter.factor(0.0) if self.jitter is not None else None
+        return step_times(cols, passes, np.array(cols.drafts) > 0 if self.fixup else None,
+                          factor)
 
     def step_ops(self, b: Batch, pause: float = 0.0) -> tuple[list, list, float, int]:
         """The step's device ops in lane order and their times (a `pause` is None), the

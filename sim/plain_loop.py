@@ -139,7 +139,11 @@ def timed(core: EngineCore, client: Client, rec: Recording) -> None:
     update_us = cpu.update_from_output.each(reqs, tokens)
     propose_us = cpu.propose.each(reqs, cols.kv) if core.cpu_propose else None
     steady = device.steady
-    verify_us, device_us = _device_times(device, cols, rec) if steady else (None, None)
+    verify_us = device_us = None
+    if steady:   # (all steps at once where the costs can, else each by its key)
+        times = device.steady_times(cols)
+        verify_us, device_us = (times[0].tolist(), times[1].tolist()) if times is not None \
+            else _device_times(device, cols, rec)
     batches, drafts = cols.batches, cols.drafts
     wake, latency = cpu.wake_us, cpu.launch_latency_us
     wait_accepted, device_async, place = core.wait_accepted, core.device_async, device.place

@@ -419,6 +419,61 @@ class RooflineCosts(DeviceCosts):
                                         2 * kv_bytes * kv * kvh * hd / bw) + kernel))
         return out
 
+    def step_times(self, cols, passes: np.ndarray, fixup: np.ndarray | None,
+                   factor: float | None = None):
+        """Each step's time until its accepted counts are known and its whole time, for steps
+        given as columns (sim/steps.py `Columns`: each one's tokens, sampling requests,
+        logits, context tokens and attended pairs), its draft passes, whether a zero-bubble
+        fixup runs first, and a constant noise's factor, as `Device.step_ops` lists its ops
+        and `Device.times` sums and scales them: the same terms in the same order, so the same
+        floats (an op a step does not run adds an exact 0.0), for all steps at once. Only where
+        every op is this roofline's own closed form (a GQA target without MoE blocks or
+        windowed layers, an EAGLE head's passes or none on the device); None elsewhere."""
+        if type(self) is not RooflineCosts or self._plain is None or self.t.is_moe \
+                or self.moe is not None or passes.any() and not self.spec.uses_head:
+            return None
+        tokens, sampling, logits = cols.tokens, cols.sampling, cols.logits
+        kv, pairs = cols.kv, cols.pairs
+        layers, heads, kvh, hd = self._plain
+        flops, bw, kernel, kvb = self.flops, self.bw, self.hw.kernel_us, self.kv_bytes
+        dense = _each(self._target_dense, tokens, logits)
+        attn = layers * (np.maximum(4.0 * pairs * heads * hd / flops,
+                                    2 * kvb * kv * kvh * hd / bw) + kernel)
+        target = dense + attn
+        if not self.k:   # the sampler as what it adds to the forward (`rejection_sample`)
+            sampled = _each(lambda m, n: self._target_dense(m, n) + self.streaming(
+                4 * n * self.t.vocab_size, SAMPLE_KERNELS), tokens, logits)
+            target = np.where(sampling > 0, target + ((sampled + attn) - (dense + attn)),
+                              target)
+        ops = [np.where(fixup, FIXUP_KERNELS * kernel, 0.0)] if fixup is not None else []
+        ops.append(target)
+        if self.k:
+            ops.append(np.where(sampling > 0, 4 * logits * self.t.vocab_size / bw
+                                + REJECTION_KERNELS * kernel, 0.0))
+        verify = 0.0
+        for op in ops:
+            verify = verify + op
+        if passes.any():   # an EAGLE head's passes (`draft_forwards`)
+            c = self.spec.pass_model(self.t, self.d)
+            d_heads, d_kvh = self._heads(c)
+            first = _each(lambda m, n: self._draft_dense(True, m, n), tokens, sampling) + (
+                np.maximum(4.0 * pairs * d_heads * c.head_dim / flops,
+                           2 * kvb * kv * d_kvh * c.head_dim / bw) + kernel)
+            ops.append(np.where(passes > 0, first, 0.0))
+            heads, kvh = self._heads(self.d)
+            hd = self.d.head_dim
+            later = _each(lambda n, _: self._draft_dense(False, n, n), sampling, sampling)
+            for i in range(1, int(passes.max())):
+                kv_i = kv + i * sampling
+                ops.append(np.where(passes > i, later + (
+                    np.maximum(4.0 * kv_i.astype(np.float64) * heads * hd / flops,
+                               2 * kvb * kv_i * kvh * hd / bw) + kernel), 0.0))
+        ops.append(self.hw.d2h_us)
+        whole = 0.0
+        for op in ops:
+            whole = whole + (op if factor is None else op * factor)
+        return (verify if factor is None else verify * factor), whole
+
     def d2h(self, b: Batch) -> float:
         return self.hw.d2h_us
 
@@ -428,3 +483,9 @@ class RooflineCosts(DeviceCosts):
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _each(f, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """f(a_i, b_i) for every i, called once for each distinct pair."""
+    pairs, at = np.unique(np.stack((a, b)), axis=1, return_inverse=True)
+    return np.array([f(x, y) for x, y in pairs.T.tolist()], np.float64)[at.ravel()]

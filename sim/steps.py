@@ -49,7 +49,8 @@ class Columns:
     """A run's steps as columns: every plan's requests and tokens; each launched step's
     `Batch`, and its requests, tokens, context tokens and drafts read from it; each request's
     chunks (the updates that emitted them, their tokens). Once a replay has them: each launched
-    step's draft passes and device keys (sim/plain_loop.py)."""
+    step's draft passes and device keys (sim/plain_loop.py). The device prices the steps from
+    their columns where it can (`Device.steady_times`)."""
 
     plan_reqs: np.ndarray
     plan_tokens: np.ndarray
@@ -59,6 +60,9 @@ class Columns:
     tokens: np.ndarray | None = None
     kv: np.ndarray | None = None
     drafts: list[int] | None = None
+    sampling: np.ndarray | None = None
+    logits: np.ndarray | None = None
+    pairs: np.ndarray | None = None
     passes: list[int] | None = None
     keys: list | None = None
 
@@ -66,8 +70,11 @@ class Columns:
         b = self.batches
         self.reqs = np.array([x.num_reqs for x in b])
         self.tokens = np.array([x.num_tokens for x in b])
-        self.kv = np.array([x.kv_tokens for x in b])
+        self.kv = np.array([x.kv_tokens for x in b], np.int64)
         self.drafts = [x.num_drafts for x in b]
+        self.sampling = np.array([x.num_sampling for x in b], np.int64)
+        self.logits = np.array([x.num_logits for x in b], np.int64)
+        self.pairs = np.array([x.attn_pairs for x in b], np.float64)
 
 
 PLANNED, LAUNCHED, UPDATED = 1, 2, 4   # what one turn of the engine loop did (`Program`)

@@ -185,15 +185,38 @@ def test_advise_cells_give_each_cell_what_it_gives_alone(monkeypatch):
 def test_a_replay_prices_no_step_its_recording_priced(monkeypatch):
     """A step's device op times before the noise depend on the step alone (its key), and the
     runs of one recording have the same device costs: a replay reads them back (`Device.ops`),
-    with the same result as a run in full (above)."""
+    with the same result as a run in full (above). (Where the costs price all steps at once,
+    `Device.steady_times`, a run prices none one by one: here parallel drafting, which they
+    do not price so.)"""
     from stepgap.sim.device_lane import Device
+    base = {**BASE, "parallel_drafting": True}
     rec = Recording()
-    text(BASE, rec)
+    text(base, rec)
     assert rec.device_ops
     priced = []
     real = Device.step_ops
     monkeypatch.setattr(Device, "step_ops", lambda self, *a: priced.append(a) or real(self, *a))
-    slower = {**BASE, "speed": 0.8}
+    slower = {**base, "speed": 0.8}
     replayed = text(slower, rec)
     assert not priced
     assert replayed == text(slower) and priced   # in full, every step priced again
+
+
+@pytest.mark.parametrize("case", ["sync", "zero-bubble", "k = 0", "chunked prefill",
+                                  "ngram, proposed on the CPU", "a detailed result"])
+@pytest.mark.parametrize("speed", [1.0, 0.8])
+def test_the_steps_priced_at_once_are_those_priced_one_by_one(case, speed):
+    """`Device.steady_times` prices a recording's steps from its columns, all at once: the
+    same floats `Device.times` gives each step."""
+    from stepgap.sim.loop import Run, build_workload
+    settings = {k: v for k, v in {**BASE, **REPLAYED[case], "speed": speed}.items()
+                if not (k == "draft" and v is None)}
+    cfg = SimConfig(**settings)
+    rec = Recording()
+    simulate(cfg, recording=rec)
+    device = Run(cfg, build_workload(cfg)).engine.device
+    at_once = device.steady_times(rec.program.columns)
+    assert at_once is not None
+    each = [device.times(b, 0.0, 0.0)[3:] for b in rec.program.columns.batches]
+    assert at_once[0].tolist() == [v for v, _ in each]
+    assert at_once[1].tolist() == [w for _, w in each]
