@@ -102,6 +102,10 @@ class Clock(simpy.Environment):
         return self.timeout(dt)
 
 
+# `Device.ops`' entry for a recording's steps priced at once (`Device.steady_times`); a step's
+# own key is a tuple of its numbers
+AT_ONCE = ("at once",)
+
 # A device-lane entry that is no device op: the device idles while the host prepares the
 # drafter's inputs (no padded drafter batch). Falsy, as the RPC pause (None): noise skips it.
 DRAFTER_INPUTS = ""
@@ -176,22 +180,36 @@ class Device:
 
     def steady_times(self, cols) -> tuple | None:
         """Each of a recording's steps' time until its accepted counts are known and its whole
-        time (`times`, without noise), all at once where the costs can price columns of steps
-        (`RooflineCosts.step_times`: the same floats); None where they cannot."""
+        time, as `times` gives them on a device without noise or with one constant factor,
+        all at once where the costs can price columns of steps (`RooflineCosts.step_times`):
+        the same sums of the same floats, an op a step does not run adding an exact 0.0, the
+        factor on each op before the sum. None where they cannot. The op times are kept with
+        the runs that share `ops` (a recording's)."""
         step_times = getattr(self.costs, "step_times", None)
         d = self.drafter
         if step_times is None or self.waits_us is not None:
             return None
-        if d is None or not d.k or d.on_cpu:
-            passes = np.zeros(len(cols.tokens), np.int64)
-        elif d.parallel or d.spec.one_pass:
-            return None
-        else:   # (`draft_passes`: k, one over a step that only prefills)
-            passes = np.where(cols.sampling > 0, d.k, 1)
-        # (a constant noise: one factor, every op scaled by it before the sum, as in `times`)
-        factor = self.jitter.factor(0.0) if self.jitter is not None else None
-        return step_times(cols, passes, np.array(cols.drafts) > 0 if self.fixup else None,
-                          factor)
+        kept = self.ops.get(AT_ONCE) if self.ops is not None else None
+        if kept is None:
+            if d is None or not d.k or d.on_cpu:
+                passes = np.zeros(len(cols.tokens), np.int64)
+            elif d.parallel or d.spec.one_pass:
+                return None
+            else:   # (`draft_passes`: k, one over a step that only prefills)
+                passes = np.where(cols.sampling > 0, d.k, 1)
+            kept = step_times(cols, passes, np.array(cols.drafts) > 0 if self.fixup else None)
+            if kept is None:
+                return None
+            if self.ops is not None:
+                self.ops[AT_ONCE] = kept
+        ops, nverify = kept
+        factor = self.jitter.factor(0.0) if self.jitter is not None else None   # (constant)
+        verify = whole = 0.0
+        for i, op in enumerate(ops):
+            if i < nverify:
+                verify = verify + op
+            whole = whole + (op if factor is None else op * factor)
+        return (verify if factor is None else verify * factor), whole
 
     def step_ops(self, b: Batch, pause: float = 0.0) -> tuple[list, list, float, int]:
         """The step's device ops in lane order and their times (a `pause` is None), the

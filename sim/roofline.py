@@ -419,16 +419,14 @@ class RooflineCosts(DeviceCosts):
                                         2 * kv_bytes * kv * kvh * hd / bw) + kernel))
         return out
 
-    def step_times(self, cols, passes: np.ndarray, fixup: np.ndarray | None,
-                   factor: float | None = None):
-        """Each step's time until its accepted counts are known and its whole time, for steps
-        given as columns (sim/steps.py `Columns`: each one's tokens, sampling requests,
-        logits, context tokens and attended pairs), its draft passes, whether a zero-bubble
-        fixup runs first, and a constant noise's factor, as `Device.step_ops` lists its ops
-        and `Device.times` sums and scales them: the same terms in the same order, so the same
-        floats (an op a step does not run adds an exact 0.0), for all steps at once. Only where
-        every op is this roofline's own closed form (a GQA target without MoE blocks or
-        windowed layers, an EAGLE head's passes or none on the device); None elsewhere."""
+    def step_times(self, cols, passes: np.ndarray, fixup: np.ndarray | None):
+        """Every step's op times, for steps given as columns (sim/steps.py `Columns`: each
+        one's tokens, sampling requests, logits, context tokens and attended pairs), its draft
+        passes and whether a zero-bubble fixup runs first: one array an op, in the lane order
+        of `Device.step_ops`, each the same floats as its op's call (0.0 where a step does not
+        run it), and how many come before the accepted counts are known. Only where every op
+        is this roofline's own closed form (a GQA target without MoE blocks or windowed
+        layers, an EAGLE head's passes or none on the device); None elsewhere."""
         if type(self) is not RooflineCosts or self._plain is None or self.t.is_moe \
                 or self.moe is not None or passes.any() and not self.spec.uses_head:
             return None
@@ -450,9 +448,7 @@ class RooflineCosts(DeviceCosts):
         if self.k:
             ops.append(np.where(sampling > 0, 4 * logits * self.t.vocab_size / bw
                                 + REJECTION_KERNELS * kernel, 0.0))
-        verify = 0.0
-        for op in ops:
-            verify = verify + op
+        nverify = len(ops)
         if passes.any():   # an EAGLE head's passes (`draft_forwards`)
             c = self.spec.pass_model(self.t, self.d)
             d_heads, d_kvh = self._heads(c)
@@ -468,11 +464,8 @@ class RooflineCosts(DeviceCosts):
                 ops.append(np.where(passes > i, later + (
                     np.maximum(4.0 * kv_i.astype(np.float64) * heads * hd / flops,
                                2 * kvb * kv_i * kvh * hd / bw) + kernel), 0.0))
-        ops.append(self.hw.d2h_us)
-        whole = 0.0
-        for op in ops:
-            whole = whole + (op if factor is None else op * factor)
-        return (verify if factor is None else verify * factor), whole
+        ops.append(np.full(len(tokens), self.hw.d2h_us))
+        return ops, nverify
 
     def d2h(self, b: Batch) -> float:
         return self.hw.d2h_us
