@@ -191,12 +191,10 @@ class Device:
             return None
         kept = self.ops.get(AT_ONCE) if self.ops is not None else None
         if kept is None:
-            if d is None or not d.k or d.on_cpu:
-                passes = np.zeros(len(cols.tokens), np.int64)
-            elif d.parallel or d.spec.one_pass:
+            if d is not None and d.k and not d.on_cpu and (d.parallel or d.spec.one_pass):
                 return None
-            else:   # (`draft_passes`: k, one over a step that only prefills)
-                passes = np.where(cols.sampling > 0, d.k, 1)
+            passes = d.passes_of(cols.sampling) if d is not None else \
+                np.zeros(len(cols.tokens), np.int64)
             kept = step_times(cols, passes, np.array(cols.drafts) > 0 if self.fixup else None)
             if kept is None:
                 return None

@@ -36,6 +36,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from stepgap.common.errors import UserError
 from stepgap.common.speculation import METHODS, Speculation
 from stepgap.sim.costs import Batch
@@ -151,6 +153,14 @@ class DrafterCosts:
         if self.spec.one_pass or self.parallel:
             return 1 if b.num_sampling else 0
         return self.k if b.num_sampling else 1
+
+    def passes_of(self, sampling: np.ndarray) -> np.ndarray:
+        """`passes` of every step, from each one's sampling requests."""
+        if not self.k or self.on_cpu:
+            return np.zeros(len(sampling), np.int64)
+        if self.spec.one_pass or self.parallel:
+            return (sampling > 0).astype(np.int64)
+        return np.where(sampling > 0, self.k, 1)
 
     def parallel_batch(self, b: Batch) -> Batch:
         """Parallel drafting's one pass: k slots a sampling request (its padded first pass

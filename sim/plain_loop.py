@@ -133,9 +133,9 @@ def timed(core: EngineCore, client: Client, rec: Recording) -> None:
     if core.drafter_launch is not None:   # (the passes are the steps': the recording's)
         d = core.r.drafter
         if cols.passes is None:
-            cols.passes = [d.passes(b) for b in cols.batches]
-        of = {n: d.launch_of(n) for n in set(cols.passes)}
-        launch_us = [x + of[n] for x, n in zip(launch_us, cols.passes)]
+            cols.passes = d.passes_of(cols.sampling)
+        of = np.array([d.launch_of(n) for n in range(int(cols.passes.max(initial=0)) + 1)])
+        launch_us = (np.asarray(launch_us, np.float64) + of[cols.passes]).tolist()
     update_us = cpu.update_from_output.each(reqs, tokens)
     propose_us = cpu.propose.each(reqs, cols.kv) if core.cpu_propose else None
     steady = device.steady

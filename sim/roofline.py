@@ -479,6 +479,8 @@ def _ceil(a: int, b: int) -> int:
 
 
 def _each(f, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """f(a_i, b_i) for every i, called once for each distinct pair."""
-    pairs, at = np.unique(np.stack((a, b)), axis=1, return_inverse=True)
-    return np.array([f(x, y) for x, y in pairs.T.tolist()], np.float64)[at.ravel()]
+    """f(a_i, b_i) for every i (non-negative ints), called once for each distinct pair."""
+    width = int(b.max(initial=0)) + 1
+    keys, at = np.unique(a * width + b, return_inverse=True)
+    return np.array([f(int(x), int(y)) for x, y in zip(*divmod(keys, width))],
+                    np.float64)[at]

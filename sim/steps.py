@@ -63,7 +63,7 @@ class Columns:
     sampling: np.ndarray | None = None
     logits: np.ndarray | None = None
     pairs: np.ndarray | None = None
-    passes: list[int] | None = None
+    passes: np.ndarray | None = None
     keys: list | None = None
 
     def __post_init__(self):
