@@ -379,6 +379,7 @@ class Acceptance:
     """Accepted draft counts for a run: drawn per request ahead of time, consumed in order."""
 
     BLOCK = 64  # decode steps drawn at a time
+    AT_ONCE = 4096   # requests whose first counts `first_counts` compares in one pass
 
     def __init__(self, profile: AcceptanceProfile, k: int, requests: list[TraceRequest],
                  seed: int, replay: bool = True):
@@ -441,19 +442,25 @@ class Acceptance:
                     while len(got) < n:
                         got = np.concatenate((got, self._draw(state)))[:n]
                 out[j] = got
-                continue
-            us.append(self._generator(rid).random((n, k)))
-            rates.append(self.rates_for(rid))
-            drawn.append(j)
-        if drawn:
-            n_of = [len(u) for u in us]
-            hits = np.zeros((sum(n_of), k + 1), bool)   # (a miss past the last position)
-            np.less(np.concatenate(us), np.repeat(np.array(rates), n_of, axis=0),
-                    out=hits[:, :k])
-            counts = np.split(hits.argmin(axis=1), np.cumsum(n_of)[:-1])
-            for j, c in zip(drawn, counts):
-                out[j] = c
+            else:
+                us.append(self._generator(rid).random((n, k)))
+                rates.append(self.rates_for(rid))
+                drawn.append(j)
+            if len(us) == self.AT_ONCE or j == len(request_ids) - 1:
+                self._count(us, rates, drawn, out)   # (a few thousand requests' draws at
+                us, rates, drawn = [], [], []        # a time: a bounded memory)
         return out
+
+    def _count(self, us: list, rates: list, drawn: list[int], out: list) -> None:
+        """Each request's counts from its uniforms and rates, all compared in one pass."""
+        if not drawn:
+            return
+        k = self.k
+        n_of = [len(u) for u in us]
+        hits = np.zeros((sum(n_of), k + 1), bool)   # (a miss past the last position)
+        np.less(np.concatenate(us), np.repeat(np.array(rates), n_of, axis=0), out=hits[:, :k])
+        for j, c in zip(drawn, np.split(hits.argmin(axis=1), np.cumsum(n_of)[:-1])):
+            out[j] = c
 
     def mean_length(self) -> float:
         """1 + the accepted count of a median request's decode step of k drafts."""
