@@ -46,7 +46,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from stepgap.common.scheduler import cdiv
-from stepgap.sim.costs import Batch
 from stepgap.sim.steps import LAUNCHED, PLANNED, UPDATED, Columns, Program
 
 
@@ -495,9 +494,8 @@ def _program(requests, dec: Decodes, last_prefill: np.ndarray, chunks: list, sen
     pairs = total(tokens * (starts + (tokens + 1) / 2))   # (halves, exact)
     cols = ints + [pairs, most_query, most_blocks, total(None, ds),
                    total(dk, ds).astype(np.int64), kv_min, kv_max]
-    at = np.flatnonzero(launched)
-    batches = [Batch(*row, prefills.get(s, []))   # (batch_of's sums, each exact)
-               for s, row in zip(at.tolist(), zip(*(c[at].tolist() for c in cols)))]
+    at = np.flatnonzero(launched)   # (batch_of's sums, each exact; Batches made if asked)
+    fields = tuple(c[at] for c in cols) + ([prefills.get(s, []) for s in at.tolist()],)
     # a launched step's update comes `lag` turns after its plan; its index counts the
     # launched steps before it
     u_of = np.concatenate(([0], np.cumsum(launched)))
@@ -513,4 +511,4 @@ def _program(requests, dec: Decodes, last_prefill: np.ndarray, chunks: list, sen
             us = [int(u_of[sp])] + u_of[sp + dec.off[r0:r0 + ne]].tolist()
         chunks_of[tr.request_id] = (us, [1] + dec.e_tokens[ea:ea + ne].tolist())
     sent = {rid: (-1 if f < 0 else int(u_of[f])) for rid, f in sent.items()}
-    return Program(turns, sent, Columns(ints[1], ints[0], batches, chunks_of))
+    return Program(turns, sent, Columns(ints[1], ints[0], None, chunks_of, fields))

@@ -144,7 +144,7 @@ def timed(core: EngineCore, client: Client, rec: Recording) -> None:
         times = device.steady_times(cols)
         verify_us, device_us = (times[0].tolist(), times[1].tolist()) if times is not None \
             else _device_times(device, cols, rec)
-    batches, drafts = cols.batches, cols.drafts
+    batches, drafts = (None if steady else cols.batch_list()), cols.drafts
     wake, latency = cpu.wake_us, cpu.launch_latency_us
     wait_accepted, device_async, place = core.wait_accepted, core.device_async, device.place
     free, last_end, gaps = device.free, device.last_end, device.gaps
@@ -153,6 +153,7 @@ def timed(core: EngineCore, client: Client, rec: Recording) -> None:
     accepted = 0.0   # the last launched step's t_accepted
     outputs: list[float] = []   # each launched step's t_output
     updates: list[float] = []   # each update's time: its chunks reach the client
+    starts: list[float] = []    # each launched step's start on a steady device
     for turn in program.turns:
         if turn & PLANNED:
             t += sched_us[ip]
@@ -168,14 +169,16 @@ def timed(core: EngineCore, client: Client, rec: Recording) -> None:
                     t_first, t_last = t + latency, t + dur + latency
                 else:   # the device is this thread
                     t_first = t_last = t + dur
-                if steady:   # Device.place, inline
+                if steady:   # Device.place, inline (its gaps from the starts, after)
                     d = device_us[il]
-                    start = max(free, t_first, t_last - d)
+                    start = free   # max(free, t_first, t_last - d)
+                    if t_first > start:
+                        start = t_first
+                    if t_last - d > start:
+                        start = t_last - d
                     accepted = start + verify_us[il]
                     done = free = start + d
-                    if last_end is not None:
-                        gaps.append(max(0.0, start - last_end))
-                    last_end = done
+                    starts.append(start)
                 else:   # a noise that varies: each step's times drawn as it starts
                     step = Step(None, batches[il])
                     place(step, t_first, t_last)
@@ -195,8 +198,13 @@ def timed(core: EngineCore, client: Client, rec: Recording) -> None:
             t += update_us[iu]
             updates.append(t)
             iu += 1
-    if steady:
-        device.free, device.last_end = free, last_end
+    if steady and starts:   # each step's gap after the one before (Device.place's)
+        at = np.array(starts)
+        done = at + np.array(device_us[:len(starts)])   # (the same sums as in the loop)
+        if last_end is not None:
+            gaps.append(max(0.0, starts[0] - last_end))
+        gaps += np.maximum(0.0, at[1:] - done[:-1]).tolist()
+        device.free = device.last_end = free
     core.num_steps += il
     core.env._now = t
     at = [u / 1e6 for u in updates]
@@ -215,7 +223,7 @@ def _device_times(device, cols: Columns, rec: Recording) -> tuple[list[float], l
     them: looked up by the step's key, or computed where it has none. The keys are kept with
     the recording for the runs whose device costs come from their configs (`Recording`'s
     `device_ops`: their keys are the same)."""
-    key_of, known, batches = device.step_key, device.known, cols.batches
+    key_of, known, batches = device.step_key, device.known, cols.batch_list()
     shared = any(device.ops is ops for ops in rec.device_ops.values())
     keys = cols.keys if shared else None
     if keys is None:

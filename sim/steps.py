@@ -14,6 +14,7 @@ from stepgap.common.acceptance import Acceptance
 from stepgap.common.formats import TraceRequest
 from stepgap.common.scheduler import FINISHED, Scheduler, SchedulerOutput
 from stepgap.sim.config import SimConfig
+from stepgap.sim.costs import Batch
 from stepgap.sim.device_lane import batch_of
 
 
@@ -47,15 +48,21 @@ class Totals:
 @dataclass(slots=True)
 class Columns:
     """A run's steps as columns: every plan's requests and tokens; each launched step's
-    `Batch`, and its requests, tokens, context tokens and drafts read from it; each request's
-    chunks (the updates that emitted them, their tokens). Once a replay has them: each launched
-    step's draft passes and device keys (sim/plain_loop.py). The device prices the steps from
-    their columns where it can (`Device.steady_times`)."""
+    `Batch`, and its requests, tokens, context tokens, drafts, sampling requests, logits and
+    attended pairs read from it; each request's chunks (the updates that emitted them, their
+    tokens). Once a replay has them: each launched step's draft passes and device keys
+    (sim/plain_loop.py). The device prices the steps from their columns where it can
+    (`Device.steady_times`).
+
+    Given `fields` instead of batches (each of `Batch`'s fields but the prefills as a column,
+    then each step's prefill chunks: sim/paths.py), the batches are made only when one is asked
+    for (`batch_list`)."""
 
     plan_reqs: np.ndarray
     plan_tokens: np.ndarray
-    batches: list
+    batches: list | None
     chunks: dict   # request id -> ([update], [tokens])
+    fields: tuple | None = None
     reqs: np.ndarray | None = None
     tokens: np.ndarray | None = None
     kv: np.ndarray | None = None
@@ -67,6 +74,11 @@ class Columns:
     keys: list | None = None
 
     def __post_init__(self):
+        if self.batches is None:   # Batch's order: tokens, reqs, sampling, logits, drafts, kv,
+            f = self.fields        # pairs, ...
+            self.tokens, self.reqs, self.sampling, self.logits = f[0], f[1], f[2], f[3]
+            self.drafts, self.kv, self.pairs = f[4].tolist(), f[5], f[6]
+            return
         b = self.batches
         self.reqs = np.array([x.num_reqs for x in b])
         self.tokens = np.array([x.num_tokens for x in b])
@@ -75,6 +87,14 @@ class Columns:
         self.sampling = np.array([x.num_sampling for x in b], np.int64)
         self.logits = np.array([x.num_logits for x in b], np.int64)
         self.pairs = np.array([x.attn_pairs for x in b], np.float64)
+
+    def batch_list(self) -> list:
+        """Each launched step's `Batch`."""
+        if self.batches is None:
+            *cols, prefills = self.fields
+            rows = zip(*(c.tolist() for c in cols))
+            self.batches = [Batch(*row, p) for row, p in zip(rows, prefills)]
+        return self.batches
 
 
 PLANNED, LAUNCHED, UPDATED = 1, 2, 4   # what one turn of the engine loop did (`Program`)

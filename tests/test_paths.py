@@ -56,7 +56,7 @@ def run(settings: dict, monkeypatch, on: bool) -> tuple[str, list, bool]:
     res = simulate(SimConfig(**settings), recording=rec)[0]
     prog, cols = rec.program, rec.program.columns
     kept = [prog.turns, prog.sent, cols.plan_reqs.tolist(), cols.plan_tokens.tolist(),
-            [repr(b) for b in cols.batches], cols.chunks, repr(rec.totals)]
+            [repr(b) for b in cols.batch_list()], cols.chunks, repr(rec.totals)]
     return json.dumps(res, sort_keys=True, default=str), kept, taken == [True]
 
 

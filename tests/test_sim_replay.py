@@ -217,6 +217,6 @@ def test_the_steps_priced_at_once_are_those_priced_one_by_one(case, speed):
     device = Run(cfg, build_workload(cfg)).engine.device
     at_once = device.steady_times(rec.program.columns)
     assert at_once is not None
-    each = [device.times(b, 0.0, 0.0)[3:] for b in rec.program.columns.batches]
+    each = [device.times(b, 0.0, 0.0)[3:] for b in rec.program.columns.batch_list()]
     assert at_once[0].tolist() == [v for v, _ in each]
     assert at_once[1].tolist() == [w for _, w in each]
