@@ -53,7 +53,7 @@ def mtbench_like(num_prompts: int = 80, output_len: int = 256, seed: int = 0) ->
         cat = cats[(i // per_cat) % len(cats)]
         mean = MTBENCH_CATEGORIES[cat]
         mu = math.log(mean) - MTBENCH_SIGMA ** 2 / 2
-        plen = int(np.clip(round(rng.lognormal(mu, MTBENCH_SIGMA)), 40, 1024))
+        plen = min(max(round(rng.lognormal(mu, MTBENCH_SIGMA)), 40), 1024)
         out.append(TraceRequest(f"mtbench-{i}", 0.0, plen, output_len, category=cat))
     return out
 

@@ -10,7 +10,8 @@ and comes before any work.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import copy
+from dataclasses import dataclass
 
 from stepgap.common.acceptance import DATASETS, PROFILES
 from stepgap.sim.cpu_costs import CPU_COSTS, CpuCosts
@@ -201,9 +202,11 @@ class SimConfig(RunSpec):
         """The config as results and a sweep's cell hashes record it, its keys in
         CONFIG_KEYS' order; the fields that came after those results (OPTIONAL_FIELDS) only
         where set, so that a run without them writes what it wrote before, byte for byte."""
-        d = asdict(self)
-        d = {key: d[key] for key in CONFIG_KEYS
-             if key not in OPTIONAL_FIELDS or d[key] != OPTIONAL_FIELDS[key]}
+        d = {}
+        for key in CONFIG_KEYS:   # (as `asdict` gives them, containers copied, in a tenth of
+            v = getattr(self, key)   # its time: advise asks for thousands)
+            if key not in OPTIONAL_FIELDS or v != OPTIONAL_FIELDS[key]:
+                d[key] = copy.deepcopy(v) if isinstance(v, (dict, list, tuple)) else v
         for key in ("acceptance_rates", "metric_percentiles", "percentile_metrics"):
             if d[key] is not None:
                 d[key] = list(d[key])
