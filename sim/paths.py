@@ -68,13 +68,15 @@ class _Run:
 def record(core, client, rec) -> bool:
     """sim/plain_loop.py `record`'s program, by request paths; False, with nothing changed,
     where the run breaks their premises."""
-    gc.disable()   # (it makes a few objects a request and no cycle: the collector's passes
-    try:           # over the heap find nothing, at about a tenth of the time)
+    collecting = gc.isenabled()   # (the pass makes a few objects a request and no cycle:
+    gc.disable()                  # the collector's passes over the heap find nothing, at
+    try:                          # about a tenth of its time)
         program, hist, drafts, queries = _record(core, client, rec)
     except Bail:
         return False
     finally:
-        gc.enable()
+        if collecting:
+            gc.enable()
     steps, sched = core.steps, core.sched
     for a, n in enumerate(hist):
         steps.accepted_hist[a] += n
