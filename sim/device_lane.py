@@ -183,19 +183,21 @@ class Device:
         time, as `times` gives them on a device without noise or with one constant factor,
         all at once where the costs can price columns of steps (`RooflineCosts.step_times`):
         the same sums of the same floats, an op a step does not run adding an exact 0.0, the
-        factor on each op before the sum. None where they cannot. The op times are kept with
-        the runs that share `ops` (a recording's)."""
+        factor on each op before the whole time's sum and on the verify time after its own.
+        None where they cannot. The op times are kept with the runs that share `ops` (a
+        recording's: the same steps, costs, drafter and fixup, the noise's factor aside)."""
         step_times = getattr(self.costs, "step_times", None)
         d = self.drafter
-        if step_times is None or self.waits_us is not None:
+        if step_times is None or self.waits_us is not None \
+                or d is not None and d.k and not d.on_cpu and (d.parallel or d.spec.one_pass):
             return None
         kept = self.ops.get(AT_ONCE) if self.ops is not None else None
         if kept is None:
-            if d is not None and d.k and not d.on_cpu and (d.parallel or d.spec.one_pass):
-                return None
-            passes = d.passes_of(cols.sampling) if d is not None else \
-                np.zeros(len(cols.tokens), np.int64)
-            kept = step_times(cols, passes, np.array(cols.drafts) > 0 if self.fixup else None)
+            if cols.passes is None:   # (the drafter's launch costs read them too)
+                cols.passes = d.passes_of(cols.sampling) if d is not None else \
+                    np.zeros(len(cols.tokens), np.int64)
+            kept = step_times(cols, cols.passes,
+                              np.array(cols.drafts) > 0 if self.fixup else None)
             if kept is None:
                 return None
             if self.ops is not None:

@@ -5,8 +5,8 @@ In a run whose steps cannot depend on time (sim/plain_loop.py), a running reques
 depend on nothing but its own state and its own acceptance stream, as long as the scheduler
 never has to weigh it against another: no preemption (the pool never runs dry), no decode
 capped by the token budget, no prefix-cache hit (no prompt token ids to match). Where that
-holds, the scheduler's decisions reduce to one a request: at which step it is admitted, and
-how its prefill is chunked. From the step of its last prefill chunk on, its decode steps,
+holds, the scheduler's decisions reduce to two a request: the step at which it is admitted,
+and how its prefill is chunked. From the step of its last prefill chunk on, its decode steps,
 their context lengths, the blocks it holds, the tokens it emits at each update and the step
 whose update finishes it follow from its own draws alone.
 
@@ -93,7 +93,8 @@ class Decodes:
     0), by request in trace order: request i's steps are `nrows[i]` rows from `row0[i]` of the
     columns (offset, tokens, start, drafts verified, blocks held after it), and it emits at the
     updates of its first `emits[i]` steps (`e_tokens` from `emits_at[i]`), after the
-    prefill's one token. `finish[i]`: the offset whose update finishes it. `held`, from
+    prefill's one token. `finish[i]`: the offset whose update finishes it (`emits[i]`, but
+    for a walked request, whose steps may skip an offset). `held`, from
     `held_at[i]`, `span[i]` long: the blocks it holds at each offset from 0 until the plan
     after that update. Its accepted counts, and the drafts verified in the steps that drew
     them, are summed over the run."""

@@ -10,7 +10,9 @@ terms (`runs_plainly`), runs here in two passes over sim/core.py's `EngineCore.e
 
 - `record`: the loop's decisions alone, with no clock: each turn's plan, launch and update (a
   `Program`), the steps scheduled live (sim/steps.py `LiveSteps`) and kept as `Columns`, the
-  chunks to the client and the requests it sends back. A replay of a `Recording` skips it.
+  chunks to the client and the requests it sends back. Where no request's steps depend on
+  another's, sim/paths.py writes the same program request by request, and this pass runs only
+  where it hands the run back. A replay of a `Recording` skips both.
 - `timed`: the clock over those turns, every op's time looked up or computed for all steps
   before the loop, which is then the same sums in the same order as SimPy's clock reaches (a
   hold of dt is `now + dt`; a wait until t is `now + (t - now)`), so the same result to the

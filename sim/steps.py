@@ -94,6 +94,7 @@ class Columns:
             *cols, prefills = self.fields
             rows = zip(*(c.tolist() for c in cols))
             self.batches = [Batch(*row, p) for row, p in zip(rows, prefills)]
+            self.fields = None   # (one copy kept)
         return self.batches
 
 

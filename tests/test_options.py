@@ -216,3 +216,23 @@ def test_an_argparse_error_is_one_line_not_the_usage(capsys):
     err = exits_2(["simulate", "--mode", "fast"], capsys)
     assert len(err.strip().splitlines()) == 1 and "invalid choice: 'fast'" in err
     assert "--help` lists the options" in err
+
+
+def test_a_config_s_dict_is_asdict_s_in_its_keys_order():
+    """SimConfig.to_dict copies what `dataclasses.asdict` would, without its recursion: the
+    same values, containers copied (a change to the dict leaves the config alone)."""
+    import dataclasses
+
+    from stepgap.sim.config import CONFIG_KEYS, OPTIONAL_FIELDS, SimConfig
+    cfg = SimConfig(cpu_costs={"launch": [1.0, 2.0, 3.0]}, acceptance_rates=[0.6, 0.4],
+                    metric_percentiles=(50, 90), max_concurrency=4, seed=3)
+    full = dataclasses.asdict(cfg)
+    want = {k: full[k] for k in CONFIG_KEYS
+            if k not in OPTIONAL_FIELDS or full[k] != OPTIONAL_FIELDS[k]}
+    for k in ("acceptance_rates", "metric_percentiles", "percentile_metrics"):
+        if want[k] is not None:
+            want[k] = list(want[k])
+    got = cfg.to_dict()
+    assert got == want and list(got) == list(want)
+    got["cpu_costs"]["launch"].append(4.0)
+    assert cfg.cpu_costs == {"launch": [1.0, 2.0, 3.0]}

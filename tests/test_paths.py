@@ -13,7 +13,7 @@ from stepgap.sim import paths
 from stepgap.sim.config import SimConfig
 from stepgap.sim.loop import simulate
 from stepgap.sim.steps import Recording
-from tests.test_sim_replay import BASE, REPLAYED
+from tests.test_sim_replay import BASE, CPU, REPLAYED
 
 LONG = dict(workload="random", max_model_len=2048, num_prompts=8, max_concurrency=4)
 CASES = {**REPLAYED,
@@ -39,6 +39,11 @@ CASES = {**REPLAYED,
          "chunked prompts behind the pool": dict(
              max_concurrency=None, num_prompts=30, output_len=4, num_gpu_blocks_override=40,
              max_num_batched_tokens=64),
+         "no whole-prompt reservation": dict(
+             max_concurrency=None, num_prompts=30, output_len=4, num_gpu_blocks_override=60,
+             max_num_batched_tokens=64, scheduler_reserve_full_isl=False),
+         # a trace with token ids (and recorded acceptance), no prefix cache to tie them
+         "token ids, prefix caching off": dict(CPU, enable_prefix_caching=False),
          }
 # where a premise breaks: preemption; prompt token ids under prefix caching
 SCHEDULED = {"preemption", "the CPU device, a measured profile with its noise"}
@@ -104,3 +109,22 @@ def test_a_walk_gives_the_decode_steps_computed_for_all_requests_at_once(lag, fi
                               (dec.blocks[rows], w[4]), (dec.e_tokens[emits], w[5]),
                               (dec.finish[i], w[6]), (held, np.maximum.accumulate(w_held))):
                 assert np.array_equal(got, want), (k, tr)
+
+
+def test_first_counts_are_the_counts_next_draws_one_by_one():
+    """`Acceptance.first_counts` gives each request's counts as `next` draws them, a step at a
+    time: its recorded counts first, then its own stream (seeded from uint32 words, the same
+    stream as from the list of ints), for many requests compared at once, in chunks."""
+    from stepgap.common.acceptance import PROFILES, Acceptance
+    from stepgap.common.formats import TraceRequest
+    reqs = [TraceRequest(f"r{i}", 0.0, 50, 80, accepted=[3, 0, 2] if i % 3 == 0 else None)
+            for i in range(20)]
+    acc = Acceptance(PROFILES["mtbench"], 3, reqs, seed=2**32 - 1)
+    assert acc._generator("r4").random(4).tolist() == \
+        np.random.default_rng([2**32 - 1, 1, 4]).random(4).tolist()
+    acc.AT_ONCE = 7   # (three chunks)
+    rows = [1, 2, 3, 70, 130] * 4
+    got = acc.first_counts([tr.request_id for tr in reqs], rows)
+    one_by_one = Acceptance(PROFILES["mtbench"], 3, reqs, seed=2**32 - 1)
+    for tr, n, counts in zip(reqs, rows, got):
+        assert counts.tolist() == [one_by_one.next(tr.request_id, 3) for _ in range(n)]
