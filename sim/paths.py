@@ -49,6 +49,9 @@ from stepgap.common.scheduler import cdiv
 from stepgap.sim.steps import LAUNCHED, PLANNED, UPDATED, Columns, Program
 
 
+GROUP = 2048   # requests whose decode steps `_decodes` computes together
+
+
 class Bail(Exception):
     """The run breaks a premise of the request paths: the scheduler's record pass takes it."""
 
@@ -134,6 +137,55 @@ def _decodes(requests, acc, run: _Run) -> Decodes:
     # P + M - 2 (sync), P + M - 2 + k (async)
     walks = p + m + (1 + lag) * k > run.last + 1
     at_once = np.flatnonzero(~walks)
+    row0, nrows = np.zeros(n_req, np.int64), np.zeros(n_req, np.int64)
+    emits, emits_at = np.zeros(n_req, np.int64), np.zeros(n_req, np.int64)
+    finish = np.zeros(n_req, np.int64)
+    held_at, spans = np.zeros(n_req, np.int64), np.zeros(n_req, np.int64)
+    pieces = []
+    rows_n = e_n = h_n = verified = 0
+    hist = np.zeros(k + 1, np.int64)
+    for lo in range(0, len(at_once), GROUP):   # (a bounded memory, and less of it touched)
+        at = at_once[lo:lo + GROUP]
+        piece, (r0, n, d, k_start, h0, span), g_hist, g_verified = _group(
+            requests, at, p, m, need, held0, acc, run)
+        row0[at], nrows[at], emits[at], emits_at[at], finish[at] = r0 + rows_n, n, d, \
+            k_start + e_n, d
+        held_at[at], spans[at] = h0 + h_n, span
+        rows_n, e_n, h_n = rows_n + len(piece[0]), e_n + len(piece[5]), h_n + len(piece[6])
+        pieces.append(piece)
+        hist += g_hist
+        verified += g_verified
+    for i in np.flatnonzero(walks).tolist():
+        tr = requests[i]
+        w_off, w_tokens, w_starts, w_drafts, w_blocks, w_e, f, w_acc, w_ver = _walk(
+            tr.prompt_len, tr.output_len, int(held0[i]),
+            acc.first_counts([tr.request_id], [tr.output_len])[0] if k else None, run)
+        w_held = np.zeros(f + lag + 1, np.int64)
+        w_held[0] = held0[i]
+        w_held[w_off] = w_blocks
+        w_held = np.maximum.accumulate(w_held)
+        pieces.append([w_off, w_tokens, w_starts, w_drafts, w_blocks, w_e, w_held,
+                       np.full(len(w_off), i, np.int64)])
+        row0[i], nrows[i], emits[i], emits_at[i], finish[i] = rows_n, len(w_off), len(w_e), \
+            e_n, f
+        held_at[i], spans[i] = h_n, len(w_held)
+        rows_n, e_n, h_n = rows_n + len(w_off), e_n + len(w_e), h_n + len(w_held)
+        if k:
+            hist = hist + np.bincount(w_acc, minlength=k + 1)
+        verified += w_ver
+    off, tokens, starts, drafts, blocks, e_tokens, held, who = (
+        np.concatenate([piece[c] for piece in pieces]) if pieces else np.zeros(0, np.int64)
+        for c in range(8))
+    return Decodes(off, tokens, starts, drafts, blocks, who, row0, nrows, emits, emits_at,
+                   e_tokens, finish, held, held_at, spans, ~walks, hist.tolist(), verified)
+
+
+def _group(requests, at_once: np.ndarray, p, m, need, held0, acc, run: _Run) -> tuple:
+    """`_decodes`' columns for the requests `at_once` (their indices), computed together: the
+    rows (offset, tokens, start, drafts, blocks), emitted tokens, blocks held and each row's
+    request; per request, where its rows, emitted tokens and blocks held start in them, its
+    rows, finishing offset and span; the accepted counts and drafts verified."""
+    k, bs, lag = run.k, run.block_size, run.lag
     # each request's accepted counts: at most one a token it needs, half as many again as a
     # median request's steps drawn first
     ids = [requests[i].request_id for i in at_once.tolist()]
@@ -197,39 +249,8 @@ def _decodes(requests, acc, run: _Run) -> Decodes:
     cols = [j + 1, np.full(len(j), 1 + k, np.int64), starts, np.full(len(j), k, np.int64),
             blocks]
     hist = np.bincount(a, minlength=k + 1) if k else np.zeros(1, np.int64)
-    verified = k * int(d.sum())
-    # per request, trace order
-    row0, nrows = np.zeros(n_req, np.int64), np.zeros(n_req, np.int64)
-    emits, emits_at = np.zeros(n_req, np.int64), np.zeros(n_req, np.int64)
-    finish = np.zeros(n_req, np.int64)
-    held_at, spans = np.zeros(n_req, np.int64), np.zeros(n_req, np.int64)
-    row0[at_once], nrows[at_once] = r_start[:-1], n
-    emits[at_once], emits_at[at_once], finish[at_once] = d, k_start, d
-    held_at[at_once], spans[at_once] = h_start[:-1], span
-    pieces = [cols + [e_tokens, held, np.repeat(at_once, n)]]
-    rows_n, e_n, h_n = r_start[-1], len(e_tokens), h_start[-1]
-    for i in np.flatnonzero(walks).tolist():
-        tr = requests[i]
-        w_off, w_tokens, w_starts, w_drafts, w_blocks, w_e, f, w_acc, w_ver = _walk(
-            tr.prompt_len, tr.output_len, int(held0[i]),
-            acc.first_counts([tr.request_id], [tr.output_len])[0] if k else None, run)
-        w_held = np.zeros(f + lag + 1, np.int64)
-        w_held[0] = held0[i]
-        w_held[w_off] = w_blocks
-        w_held = np.maximum.accumulate(w_held)
-        pieces.append([w_off, w_tokens, w_starts, w_drafts, w_blocks, w_e, w_held,
-                       np.full(len(w_off), i, np.int64)])
-        row0[i], nrows[i], emits[i], emits_at[i], finish[i] = rows_n, len(w_off), len(w_e), \
-            e_n, f
-        held_at[i], spans[i] = h_n, len(w_held)
-        rows_n, e_n, h_n = rows_n + len(w_off), e_n + len(w_e), h_n + len(w_held)
-        if k:
-            hist = hist + np.bincount(w_acc, minlength=k + 1)
-        verified += w_ver
-    off, tokens, starts, drafts, blocks, e_tokens, held, who = (
-        np.concatenate([piece[c] for piece in pieces]) for c in range(8))
-    return Decodes(off, tokens, starts, drafts, blocks, who, row0, nrows, emits, emits_at,
-                   e_tokens, finish, held, held_at, spans, ~walks, hist.tolist(), verified)
+    return (cols + [e_tokens, held, np.repeat(at_once, n)],
+            (r_start[:-1], n, d, k_start, h_start[:-1], span), hist, k * int(d.sum()))
 
 
 def _walk(p: int, m: int, held0: int, counts: np.ndarray | None, run: _Run) -> tuple:
