@@ -263,12 +263,46 @@ def _walk(p: int, m: int, held0: int, counts: np.ndarray | None, run: _Run) -> t
     off, tokens, starts, drafts, blocks, e_tokens, accepted = ([] for _ in range(7))
     held = held0
     c, o, ns, ph = p, 0, (k if async_ else 0), (1 if async_ else 0)
-    inflight = (0, 0, True)   # (offset, drafts, samples): the last prefill step's
+    # (offset, drafts, samples) of the step just planned, and under async of the one before
+    # it, in flight: first the last prefill step's (offset 0), whose update comes at once in
+    # sync, after step 1's plan under async
+    took, inflight = (0, 0, True), None
     i = 0
     finish = None
     while finish is None:
-        if not async_:   # the update of the step just taken (first, the prefill's)
-            _, sp, _ = inflight
+        if i:   # plan step i: schedule()'s running loop and _take, for this request
+            if i > 2 * m + 8:
+                raise Bail   # (no progress: never, by the rules below)
+            took = None
+            if not (ph and c + 2 - ph >= p + m):
+                n = p + o + ns + ph - c
+                if n > last - c:
+                    n = last - c
+                if n > 0:
+                    end = c + n
+                    known = p + o + ph
+                    sp = (ns if ns < end - known else end - known) if end > known else 0
+                    smp = end >= known
+                    if end + k > held * bs:
+                        held = cdiv(end + k, bs)
+                    off.append(i)
+                    tokens.append(n)
+                    starts.append(c)
+                    drafts.append(sp)
+                    blocks.append(held)
+                    c = end
+                    if async_ and smp:
+                        ph += 1 + sp
+                        ns = k
+                    else:
+                        ns = 0
+                    took = (i, sp, smp)
+            if took is None and not async_:
+                raise Bail   # (sync never skips a running request)
+        # update_from_output of the step it reads: in sync this one, under async the one before
+        step = inflight if async_ else took
+        if step is not None and step[2]:
+            oi, sp, _ = step
             a = 0
             if sp:
                 a = min(draws[nd], sp)
@@ -276,62 +310,20 @@ def _walk(p: int, m: int, held0: int, counts: np.ndarray | None, run: _Run) -> t
                 verified += sp
                 accepted.append(a)
                 c -= sp - a
+                if async_:
+                    ph -= sp - a
             room = m - o
             new = 1 + a if 1 + a < room else room
             o += new
             e_tokens.append(new)
-            if 1 + a >= room:
-                finish = i
-                break
-            ns = k
-        i += 1
-        if i > 2 * m + 8:
-            raise Bail   # (no progress: never, by the rules above)
-        took = None   # plan step i: schedule()'s running loop and _take, for this request
-        if not (ph and c + 2 - ph >= p + m):
-            n = p + o + ns + ph - c
-            if n > last - c:
-                n = last - c
-            if n > 0:
-                end = c + n
-                known = p + o + ph
-                sp = (ns if ns < end - known else end - known) if end > known else 0
-                smp = end >= known
-                if end + k > held * bs:
-                    held = cdiv(end + k, bs)
-                off.append(i)
-                tokens.append(n)
-                starts.append(c)
-                drafts.append(sp)
-                blocks.append(held)
-                c = end
-                if async_ and smp:
-                    ph += 1 + sp
-                    ns = k
-                else:
-                    ns = 0
-                took = (i, sp, smp)
-        if async_:   # then update_from_output of the step in flight
-            if inflight is not None and inflight[2]:
-                oi, sp, _ = inflight
-                a = 0
-                if sp:
-                    a = min(draws[nd], sp)
-                    nd += 1
-                    verified += sp
-                    accepted.append(a)
-                    c -= sp - a
-                    ph -= sp - a
-                room = m - o
-                new = 1 + a if 1 + a < room else room
-                o += new
+            if async_:
                 ph -= 1 + a
-                e_tokens.append(new)
-                if 1 + a >= room:
-                    finish = oi
-        elif took is None:
-            raise Bail
+            if 1 + a >= room:
+                finish = oi
+            elif not async_:
+                ns = k   # (the worker drafted k after sampling)
         inflight = took
+        i += 1
     off, tokens, starts, drafts, blocks, e_tokens, accepted = (
         np.array(x, np.int64)
         for x in (off, tokens, starts, drafts, blocks, e_tokens[1:], accepted))
