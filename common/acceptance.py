@@ -371,6 +371,62 @@ def check_replay(requests: list[TraceRequest], k: int) -> None:
                             "depth? replay it at its own k)")
 
 
+class _Seeded(np.random.bit_generator.ISeedSequence):
+    """A seed sequence whose state is known: `pcg64_seeds`'s row for one request."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: np.ndarray):
+        self.state = state
+
+    def generate_state(self, n_words: int, dtype=np.uint32) -> np.ndarray:
+        assert n_words == 4 and dtype == np.uint64   # (PCG64's call: the one that was found)
+        return self.state
+
+
+def pcg64_seeds(entropy: np.ndarray) -> np.ndarray:
+    """For each row of `entropy` (uint32 words, at most 4 a row), the PCG64 seed that numpy's
+    `SeedSequence(row).generate_state(4, np.uint64)` gives, for all rows at once: numpy seeds
+    one generator in 10-20 us, mostly this, and a run seeds one per request.
+
+    The algorithm is SeedSequence's (numpy/random/bit_generator.pyx, from O'Neill's seed_seq_fe):
+    hash the words into a pool of 4, mix every pool word into every other, then hash the pool
+    out into 8 words. Its multipliers run the same for every row, so each step is one array
+    operation (uint32, wrapping). tests/test_acceptance.py holds it to numpy's own."""
+    init_a, mult_a, init_b, mult_b, mix_l, mix_r = (
+        0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED, 0xCA01F9DD, 0x4973F715)
+    mask = 0xFFFFFFFF
+    rows, width = entropy.shape
+    assert width <= 4
+    h = init_a
+
+    def hashed(v: np.ndarray) -> np.ndarray:   # (advances the multiplier h)
+        nonlocal h
+        v = v ^ np.uint32(h)
+        h = h * mult_a & mask
+        v *= np.uint32(h)
+        return v ^ v >> np.uint32(16)
+
+    def mixed(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        v = x * np.uint32(mix_l) - y * np.uint32(mix_r)
+        return v ^ v >> np.uint32(16)
+
+    zero = np.zeros(rows, np.uint32)
+    pool = [hashed(entropy[:, i] if i < width else zero) for i in range(4)]
+    for src in range(4):
+        for dst in range(4):
+            if src != dst:
+                pool[dst] = mixed(pool[dst], hashed(pool[src]))
+    out = np.empty((rows, 8), np.uint32)
+    h = init_b
+    for i in range(8):
+        v = pool[i % 4] ^ np.uint32(h)
+        h = h * mult_b & mask
+        v *= np.uint32(h)
+        out[:, i] = v ^ v >> np.uint32(16)
+    return out.astype("<u4").view("<u8").astype(np.uint64)   # (word pairs, low first)
+
+
 def _logit(p: float) -> float:
     return math.log(p / (1.0 - p))
 
@@ -400,6 +456,7 @@ class Acceptance:
         # counts first, then its own stream, BLOCK steps at a time (a list and an index: the
         # simulator draws one per request per step)
         self._state: dict[str, list] = {}
+        self._seeds = None   # each request's PCG64 seed (`_generator`), once one is asked for
 
     def rates_for(self, request_id: str) -> np.ndarray:
         """The conditional rates of one request, after its quality shift."""
@@ -408,11 +465,15 @@ class Acceptance:
                          1.0 / (1.0 + math.exp(-(_logit(c) + z))) for c in self.cond])
 
     def _generator(self, request_id: str) -> np.random.Generator:
-        """A request's own stream, from its start."""
-        entropy = [self.seed, 1, self.index[request_id]]
-        if type(self.seed) is int and 0 <= self.seed < 1 << 32:   # (as uint32 words: the
-            entropy = np.array(entropy, np.uint32)   # same stream, in 2/3 of the time)
-        return np.random.default_rng(entropy)
+        """A request's own stream, from its start: numpy's default_rng([seed, 1, its index]),
+        seeded from all requests' seeds found at once where the seed is one uint32 word."""
+        i = self.index[request_id]
+        if type(self.seed) is not int or not 0 <= self.seed < 1 << 32:
+            return np.random.default_rng([self.seed, 1, i])
+        if self._seeds is None:
+            n = len(self.index)
+            self._seeds = pcg64_seeds(np.array([[self.seed] * n, [1] * n, range(n)], np.uint32).T)
+        return np.random.Generator(np.random.PCG64(_Seeded(self._seeds[i])))
 
     def _draw(self, state: list) -> list[int]:
         """The next BLOCK counts of a request's own stream."""

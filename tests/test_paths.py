@@ -113,6 +113,18 @@ def test_a_walk_gives_the_decode_steps_computed_for_all_requests_at_once(lag, fi
                 assert np.array_equal(got, want), (k, tr)
 
 
+def test_pcg64_seeds_are_numpy_s_seed_sequence_s():
+    """`pcg64_seeds` gives each row what numpy's SeedSequence gives it, for rows of 1 to 4
+    uint32 words, zeros and the largest words among them."""
+    from stepgap.common.acceptance import pcg64_seeds
+    rng = np.random.default_rng(5)
+    for width in (1, 2, 3, 4):
+        rows = rng.integers(0, 2**32, (300, width), dtype=np.uint64).astype(np.uint32)
+        rows[0], rows[1] = 0, 2**32 - 1
+        want = [np.random.SeedSequence(r).generate_state(4, np.uint64).tolist() for r in rows]
+        assert pcg64_seeds(rows).tolist() == want
+
+
 def test_first_counts_are_the_counts_next_draws_one_by_one():
     """`Acceptance.first_counts` gives each request's counts as `next` draws them, a step at a
     time: its recorded counts first, then its own stream (seeded from uint32 words, the same
@@ -122,8 +134,12 @@ def test_first_counts_are_the_counts_next_draws_one_by_one():
     reqs = [TraceRequest(f"r{i}", 0.0, 50, 80, accepted=[3, 0, 2] if i % 3 == 0 else None)
             for i in range(20)]
     acc = Acceptance(PROFILES["mtbench"], 3, reqs, seed=2**32 - 1)
-    assert acc._generator("r4").random(4).tolist() == \
-        np.random.default_rng([2**32 - 1, 1, 4]).random(4).tolist()
+    for seed in (0, 2**32 - 1, 2**32, 2**70):   # (the last two: numpy seeds them, not
+        # pcg64_seeds)
+        one = Acceptance(PROFILES["mtbench"], 3, reqs, seed=seed)
+        for i in (0, 4, 19):
+            assert one._generator(f"r{i}").random(4).tolist() == \
+                np.random.default_rng([seed, 1, i]).random(4).tolist()
     acc.AT_ONCE = 7   # (three chunks)
     rows = [1, 2, 3, 70, 130] * 4
     got = acc.first_counts([tr.request_id for tr in reqs], rows)
