@@ -442,12 +442,8 @@ class Acceptance:
         self.k = k
         self.cond = profile.conditional(k) if k else []
         self.seed = seed
-        n = len(requests)
-        order = np.random.default_rng([seed, 2]).permutation(n)
-        nd = NormalDist()
+        self.spread = profile.spread
         self.index = {r.request_id: i for i, r in enumerate(requests)}
-        self.z = [profile.spread * nd.inv_cdf((order[i] + 0.5) / n) if profile.spread else 0.0
-                  for i in range(n)]
         if replay:
             check_replay(requests, k)
         self.recorded = {r.request_id: r.accepted for r in requests
@@ -457,12 +453,27 @@ class Acceptance:
         # simulator draws one per request per step)
         self._state: dict[str, list] = {}
         self._seeds = None   # each request's PCG64 seed (`_generator`), once one is asked for
+        self._rates = None   # each request's rates (`rates`), once they are asked for
+
+    def rates(self) -> np.ndarray:
+        """Every request's conditional rates after its quality shift, a row each (found for all
+        at the first call): the requests' quality z stratified over the spread, dealt out in a
+        seeded order, each rate's logit shifted by it."""
+        if self._rates is None:
+            n, spread, nd = len(self.index), self.spread, NormalDist()
+            order = np.random.default_rng([self.seed, 2]).permutation(n).tolist()
+            logits = [_logit(c) if 0.0 < c < 1.0 else None for c in self.cond]
+            rows = []
+            for o in order:
+                z = spread * nd.inv_cdf((o + 0.5) / n) if spread else 0.0
+                rows.append([c if lc is None or z == 0.0 else 1.0 / (1.0 + math.exp(-(lc + z)))
+                             for c, lc in zip(self.cond, logits)])
+            self._rates = np.array(rows, float).reshape(n, len(self.cond))
+        return self._rates
 
     def rates_for(self, request_id: str) -> np.ndarray:
         """The conditional rates of one request, after its quality shift."""
-        z = self.z[self.index[request_id]]
-        return np.array([c if c <= 0.0 or c >= 1.0 or z == 0.0 else
-                         1.0 / (1.0 + math.exp(-(_logit(c) + z))) for c in self.cond])
+        return self.rates()[self.index[request_id]]
 
     def _generator(self, request_id: str) -> np.random.Generator:
         """A request's own stream, from its start: numpy's default_rng([seed, 1, its index]),
@@ -485,43 +496,43 @@ class Acceptance:
         np.less(state[2].random((self.BLOCK, k)), state[3], out=hits[:, :k])
         return hits.argmin(axis=1).tolist()   # the first miss is the count of leading hits
 
-    def first_counts(self, request_ids: list[str], rows: list[int]) -> list[np.ndarray]:
+    def first_counts(self, request_ids: list[str], rows: list[int]) -> np.ndarray:
         """The first rows[i] counts of each request's decode steps, as `next` draws them
-        (before their min with the drafts verified): its recorded counts, then its own stream
-        (drawn at once, the same counts as BLOCK at a time), all requests' compared with their
-        rates in one pass. The run's own state is left alone: for a run that takes each
-        request's steps whole (sim/paths.py)."""
+        (before their min with the drafts verified), request after request in one array: its
+        recorded counts, then its own stream (drawn at once, the same counts as BLOCK at a
+        time), the requests' streams compared with their rates a few thousand at a time. The
+        run's own state is left alone: for a run that takes each request's steps whole
+        (sim/paths.py)."""
         k = self.k
-        out: list = [None] * len(request_ids)
-        us, rates, drawn = [], [], []
-        for j, (rid, n) in enumerate(zip(request_ids, rows)):
+        out, us, drawn = [], [], []   # (out: counts in order; us, drawn: not yet compared)
+        for rid, n in zip(request_ids, rows):
             recorded = self.recorded.get(rid)
             if recorded:   # (a replay: its recorded counts first, then its stream)
+                out.append(self._compared(us, drawn))
+                us, drawn = [], []
                 got = np.array(recorded[:n], np.int64)
-                if len(got) < n:
-                    state = [None, 0, None, None, rid]
-                    while len(got) < n:
-                        got = np.concatenate((got, self._draw(state)))[:n]
-                out[j] = got
+                state = [None, 0, None, None, rid]
+                while len(got) < n:
+                    got = np.concatenate((got, self._draw(state)))[:n]
+                out.append(got)
             else:
                 us.append(self._generator(rid).random((n, k)))
-                rates.append(self.rates_for(rid))
-                drawn.append(j)
-            if len(us) == self.AT_ONCE or j == len(request_ids) - 1:
-                self._count(us, rates, drawn, out)   # (a few thousand requests' draws at
-                us, rates, drawn = [], [], []        # a time: a bounded memory)
-        return out
+                drawn.append(self.index[rid])
+                if len(us) == self.AT_ONCE:
+                    out.append(self._compared(us, drawn))
+                    us, drawn = [], []
+        out.append(self._compared(us, drawn))
+        return np.concatenate(out)
 
-    def _count(self, us: list, rates: list, drawn: list[int], out: list) -> None:
-        """Each request's counts from its uniforms and rates, all compared in one pass."""
-        if not drawn:
-            return
-        k = self.k
+    def _compared(self, us: list, drawn: list[int]) -> np.ndarray:
+        """The counts of requests `drawn` (their indices), one after another, from their
+        uniforms and rates, compared in one pass."""
         n_of = [len(u) for u in us]
-        hits = np.zeros((sum(n_of), k + 1), bool)   # (a miss past the last position)
-        np.less(np.concatenate(us), np.repeat(np.array(rates), n_of, axis=0), out=hits[:, :k])
-        for j, c in zip(drawn, np.split(hits.argmin(axis=1), np.cumsum(n_of)[:-1])):
-            out[j] = c
+        hits = np.zeros((sum(n_of), self.k + 1), bool)   # (a miss past the last position)
+        if us:
+            np.less(np.concatenate(us), np.repeat(self.rates()[drawn], n_of, axis=0),
+                    out=hits[:, :self.k])
+        return hits.argmin(axis=1)
 
     def mean_length(self) -> float:
         """1 + the accepted count of a median request's decode step of k drafts."""

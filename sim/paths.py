@@ -159,7 +159,7 @@ def _decodes(requests, acc, run: _Run) -> Decodes:
         tr = requests[i]
         w_off, w_tokens, w_starts, w_drafts, w_blocks, w_e, f, w_acc, w_ver = _walk(
             tr.prompt_len, tr.output_len, int(held0[i]),
-            acc.first_counts([tr.request_id], [tr.output_len])[0] if k else None, run)
+            acc.first_counts([tr.request_id], [tr.output_len]) if k else None, run)
         w_held = np.zeros(f + lag + 1, np.int64)
         w_held[0] = held0[i]
         w_held[w_off] = w_blocks
@@ -190,23 +190,23 @@ def _group(requests, at_once: np.ndarray, p, m, need, held0, acc, run: _Run) -> 
     # median request's steps drawn first
     ids = [requests[i].request_id for i in at_once.tolist()]
     wanted = np.minimum(need[at_once], (need[at_once] * run.per_token).astype(np.int64) + 16)
-    counts = acc.first_counts(ids, wanted.tolist()) if k else []
+    rows = wanted if k else need[at_once]
+    counts = acc.first_counts(ids, rows.tolist()) if k else np.zeros(int(rows.sum()), np.int64)
     while True:
-        if k:
-            a = np.minimum(np.concatenate(counts), k) if counts else np.zeros(0, np.int64)
-        else:
-            a = np.zeros(int(need[at_once].sum()), np.int64)
-        rows = np.array([len(c) for c in counts], np.int64) if k else need[at_once]
+        a = np.minimum(counts, k)
         start = np.concatenate(([0], np.cumsum(rows)))
         out = np.concatenate(([0], np.cumsum(a + 1)))   # tokens emitted, over all requests
         short = np.flatnonzero(out[start[1:]] - out[start[:-1]] < need[at_once])
         if not len(short):
             break
         # (the requests that accept less than most: twice as much of their streams)
-        more = acc.first_counts([ids[j] for j in short.tolist()],
-                                [2 * len(counts[j]) + 16 for j in short.tolist()])
-        for j, c in zip(short.tolist(), more):
-            counts[j] = c
+        pieces = np.split(counts, start[1:-1])
+        rows = rows.copy()
+        rows[short] = 2 * rows[short] + 16
+        more = acc.first_counts([ids[j] for j in short.tolist()], rows[short].tolist())
+        for j, c in zip(short.tolist(), np.split(more, np.cumsum(rows[short])[:-1])):
+            pieces[j] = c
+        counts = np.concatenate(pieces)
     # the step that reaches max_tokens, d: the first whose running sum of 1 + accepted counts
     # is the tokens it needs (the prefill's one aside); the steps before it, kept
     base = out[start[:-1]]

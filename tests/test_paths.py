@@ -98,7 +98,7 @@ def test_a_walk_gives_the_decode_steps_computed_for_all_requests_at_once(lag, fi
         for i, tr in enumerate(reqs):
             held0 = -(-(tr.prompt_len + k) // 16)
             w = paths._walk(tr.prompt_len, tr.output_len, held0,
-                            acc.first_counts([tr.request_id], [tr.output_len])[0] if k
+                            acc.first_counts([tr.request_id], [tr.output_len]) if k
                             else None, run)
             rows = slice(dec.row0[i], dec.row0[i] + dec.nrows[i])
             emits = slice(dec.emits_at[i], dec.emits_at[i] + dec.emits[i])
@@ -131,7 +131,7 @@ def test_first_counts_are_the_counts_next_draws_one_by_one():
     stream as from the list of ints), for many requests compared at once, in chunks."""
     from stepgap.common.acceptance import PROFILES, Acceptance
     from stepgap.common.formats import TraceRequest
-    reqs = [TraceRequest(f"r{i}", 0.0, 50, 80, accepted=[3, 0, 2] if i % 3 == 0 else None)
+    reqs = [TraceRequest(f"r{i}", 0.0, 50, 80, accepted=[3, 0, 2] if i % 9 == 0 else None)
             for i in range(20)]
     acc = Acceptance(PROFILES["mtbench"], 3, reqs, seed=2**32 - 1)
     for seed in (0, 2**32 - 1, 2**32, 2**70):   # (the last two: numpy seeds them, not
@@ -140,9 +140,9 @@ def test_first_counts_are_the_counts_next_draws_one_by_one():
         for i in (0, 4, 19):
             assert one._generator(f"r{i}").random(4).tolist() == \
                 np.random.default_rng([seed, 1, i]).random(4).tolist()
-    acc.AT_ONCE = 7   # (three chunks)
+    acc.AT_ONCE = 7   # (runs of 8 requests drawn between recorded ones: a chunk full)
     rows = [1, 2, 3, 70, 130] * 4
     got = acc.first_counts([tr.request_id for tr in reqs], rows)
     one_by_one = Acceptance(PROFILES["mtbench"], 3, reqs, seed=2**32 - 1)
-    for tr, n, counts in zip(reqs, rows, got):
+    for tr, n, counts in zip(reqs, rows, np.split(got, np.cumsum(rows)[:-1])):
         assert counts.tolist() == [one_by_one.next(tr.request_id, 3) for _ in range(n)]
