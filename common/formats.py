@@ -13,6 +13,7 @@ Both halves import this module, and nothing else defines these formats:
 from __future__ import annotations
 
 import math
+from itertools import chain
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, NamedTuple
@@ -308,13 +309,13 @@ def compute_metrics(timings: list[RequestTiming], duration_s: float,
     `percentile_metrics` (vLLM's --metric-percentiles and --percentile-metrics).
     """
     done = [t for t in timings if t.chunk_s]
+    outs = [t.output_len for t in done]
     ttfts = [t.chunk_s[0] - t.send_s for t in done]
     e2els = [t.chunk_s[-1] - t.send_s for t in done]
     itls = _gaps([t.chunk_s for t in done])
-    tpots = [(e - f) / (t.output_len - 1) for t, f, e in zip(done, ttfts, e2els)
-             if t.output_len > 1]
+    tpots = [(e - f) / (o - 1) for o, f, e in zip(outs, ttfts, e2els) if o > 1]
     total_in = sum(t.prompt_len for t in done)
-    total_out = sum(t.output_len for t in done)
+    total_out = sum(outs)
     dur = max(duration_s, 1e-12)
     out = {
         "duration": duration_s, "completed": len(done), "failed": len(timings) - len(done),
@@ -338,10 +339,11 @@ def _gaps(series: list[list[float]]) -> np.ndarray:
     as Python subtracts them): a run's ITLs, without a Python loop over its chunks."""
     if not series:
         return np.zeros(0)
-    flat = np.concatenate(series)
-    gaps = np.diff(flat)
-    seams = np.cumsum([len(s) for s in series])[:-1] - 1   # last of one series to the next's first
-    return np.delete(gaps, seams)
+    lens = np.fromiter(map(len, series), np.int64, len(series))
+    gaps = np.diff(np.fromiter(chain.from_iterable(series), float, int(lens.sum())))
+    keep = np.ones(len(gaps), bool)
+    keep[np.cumsum(lens)[:-1] - 1] = False   # not from one series' last to the next's first
+    return gaps[keep]
 
 
 # np.median and np.percentile import numpy's masked arrays on their first call (about 12 ms of

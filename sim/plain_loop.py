@@ -27,6 +27,7 @@ worker, arrivals over time, an output latency, a series, data parallelism.
 from __future__ import annotations
 
 from collections import deque
+from operator import itemgetter
 
 import numpy as np
 
@@ -216,6 +217,7 @@ def timed(core: EngineCore, client: Client, rec: Recording) -> None:
         u = program.sent[rid]
         us, ns = cols.chunks[rid]
         timings[rid] = RequestTiming(rid, tr.prompt_len, at[u] if u >= 0 else 0.0,
+                                     list(itemgetter(*us)(at)) if len(us) > 1 else
                                      [at[i] for i in us], list(ns))
 
 
