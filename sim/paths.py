@@ -94,7 +94,9 @@ def record(core, client, rec) -> bool:
 class Decodes:
     """Every request's decode steps, relative to the step of its last prefill chunk (offset
     0), by request in trace order: request i's steps are `nrows[i]` rows from `row0[i]` of the
-    columns (offset, tokens, start, drafts verified, blocks held after it), and it emits at the
+    columns (offset, tokens, start, drafts verified, blocks held after it, and the request),
+    kept in `pieces` (each a group's or a walk's, `piece_at` its first row: `rows`), and it
+    emits at the
     updates of its first `emits[i]` steps (`e_tokens` from `emits_at[i]`), after the
     prefill's one token. `finish[i]`: the offset whose update finishes it (`emits[i]`, but
     for a walked request, whose steps may skip an offset). `held`, from
@@ -102,12 +104,8 @@ class Decodes:
     after that update. Its accepted counts, and the drafts verified in the steps that drew
     them, are summed over the run."""
 
-    off: np.ndarray
-    tokens: np.ndarray
-    starts: np.ndarray
-    drafts: np.ndarray
-    blocks: np.ndarray
-    who: np.ndarray      # each row's request
+    pieces: list         # [offset, tokens, start, drafts, blocks, request]: a few thousand
+    piece_at: np.ndarray  # requests' rows each (never all at once: a bounded memory)
     row0: np.ndarray
     nrows: np.ndarray
     emits: np.ndarray
@@ -120,6 +118,13 @@ class Decodes:
     contiguous: np.ndarray   # one step an offset from 1 (not a walk's)
     hist: list[int]
     verified: int
+
+    def rows(self, i: int) -> list[np.ndarray]:
+        """Request i's rows: offset, tokens, start, drafts and blocks."""
+        r0 = int(self.row0[i])
+        j = int(np.searchsorted(self.piece_at, r0, "right")) - 1
+        lo = r0 - int(self.piece_at[j])
+        return [c[lo:lo + int(self.nrows[i])] for c in self.pieces[j][:5]]
 
 
 def _decodes(requests, acc, run: _Run) -> Decodes:
@@ -173,11 +178,12 @@ def _decodes(requests, acc, run: _Run) -> Decodes:
         if k:
             hist = hist + np.bincount(w_acc, minlength=k + 1)
         verified += w_ver
-    off, tokens, starts, drafts, blocks, e_tokens, held, who = (
-        np.concatenate([piece[c] for piece in pieces]) if pieces else np.zeros(0, np.int64)
-        for c in range(8))
-    return Decodes(off, tokens, starts, drafts, blocks, who, row0, nrows, emits, emits_at,
-                   e_tokens, finish, held, held_at, spans, ~walks, hist.tolist(), verified)
+    e_tokens, held = (np.concatenate([piece[c] for piece in pieces]) if pieces
+                      else np.zeros(0, np.int64) for c in (5, 6))
+    piece_at = np.cumsum([0] + [len(piece[0]) for piece in pieces[:-1]], dtype=np.int64)
+    return Decodes([piece[:5] + piece[7:] for piece in pieces], piece_at, row0, nrows, emits,
+                   emits_at, e_tokens, finish, held, held_at, spans, ~walks, hist.tolist(),
+                   verified)
 
 
 def _group(requests, at_once: np.ndarray, p, m, need, held0, acc, run: _Run) -> tuple:
@@ -452,12 +458,13 @@ def _admit(i: int, tr, s0: int, first: int, table: _Steps, dec: Decodes, run: _R
     table.running[s0:end] += 1
     for step, n, _, _, _ in chunks[len(chunks) - len(mine):]:
         table.tokens[step] += n
-    r0, nr = int(dec.row0[i]), int(dec.nrows[i])
+    nr = int(dec.nrows[i])
     if nr:
         if dec.contiguous[i]:
             table.tokens[sp + 1:sp + 1 + nr] += 1 + k
         else:
-            table.tokens[sp + dec.off[r0:r0 + nr]] += dec.tokens[r0:r0 + nr]
+            off, tokens = dec.rows(i)[:2]
+            table.tokens[sp + off] += tokens
     return sp
 
 
@@ -473,43 +480,46 @@ def _program(requests, dec: Decodes, last_prefill: np.ndarray, chunks: list, sen
     if int(table.tokens[:end].max()) > budget_max or int(table.held[:end].max()) > nb:
         raise Bail   # a decode capped by the budget, or a preemption
     ps, pn, pc, psmp, ph = (np.array(x, np.int64) for x in zip(*chunks))
-    steps = np.concatenate((last_prefill[dec.who] + dec.off, ps))
-    tokens = np.concatenate((dec.tokens, pn))
-    starts = np.concatenate((dec.starts, pc))
-    drafts = np.concatenate((dec.drafts, np.zeros(len(ps), np.int64)))
-    samples = np.concatenate((np.ones(len(dec.off), np.int64), psmp))
-    blocks = np.concatenate((dec.blocks, ph))
-    if int(steps.max()) >= end:
-        raise Bail   # (a step past the last turn: never, by the paths' rules)
 
-    def total(w=None, at=steps):
-        return np.bincount(at, w, minlength=end)
+    def pieces():   # the decode steps a piece at a time (each samples once), then the chunks
+        for off, tokens, starts, drafts, blocks, who in dec.pieces:
+            yield last_prefill[who] + off, tokens, starts, drafts, None, blocks
+        yield ps, pn, pc, np.zeros(len(ps), np.int64), psmp, ph
 
-    reqs = total()
-    launched = reqs > 0
+    # each step's sums over its rows (of integers or halves: exact in any order): tokens,
+    # requests, samples, the tokens they verify, drafts, context ends, attended pairs, and of
+    # its decodes, how many and their contexts; the most of some, the least of one
+    sums = np.zeros((9, end))
+    most_query, most_blocks = np.zeros(end, np.int64), np.zeros(end, np.int64)
+    kv_min, kv_max = np.full(end, NO_KV, np.int64), np.zeros(end, np.int64)
+    for steps, tokens, starts, drafts, samples, blocks in pieces():
+        if len(steps) and int(steps.max()) >= end:
+            raise Bail   # (a step past the last turn: never, by the paths' rules)
+        verify = 1 + drafts if samples is None else samples * (1 + drafts)
+        for row, w in enumerate((tokens, None, samples, verify, drafts, starts + tokens,
+                                 tokens * (starts + (tokens + 1) / 2))):
+            sums[row] += np.bincount(steps, w, minlength=end)
+        decode = tokens == 1 + drafts   # (as batch_of counts them: a one-token chunk too)
+        ds, dk = steps[decode], starts[decode]
+        sums[7] += np.bincount(ds, minlength=end)
+        sums[8] += np.bincount(ds, dk, minlength=end)
+        np.maximum.at(most_query, steps, tokens)
+        np.maximum.at(most_blocks, steps, blocks)
+        np.minimum.at(kv_min, ds, dk)
+        np.maximum.at(kv_max, ds, dk)
+    kv_min[kv_min == NO_KV] = 0
+    launched = sums[1] > 0
     if lag:   # an empty plan leaves the queue empty: two in a row stall the loop
         if not launched[0] or np.any(~launched[1:] & ~launched[:-1]):
             raise Bail
     elif not launched.all():
         raise Bail
-    decode = tokens == 1 + drafts   # (as batch_of counts them: a one-token chunk too)
-    ds, dk = steps[decode], starts[decode]
-    most_query, most_blocks = np.zeros(end, np.int64), np.zeros(end, np.int64)
-    np.maximum.at(most_query, steps, tokens)
-    np.maximum.at(most_blocks, steps, blocks)
-    kv_min, kv_max = np.full(end, NO_KV, np.int64), np.zeros(end, np.int64)
-    np.minimum.at(kv_min, ds, dk)
-    np.maximum.at(kv_max, ds, dk)
-    kv_min[kv_min == NO_KV] = 0
     prefills: dict[int, list] = {}   # (in admission order: the running order)
     for s, n, c, _, _ in chunks:
         if n != 1:
             prefills.setdefault(s, []).append((n, c))
-    ints = [total(w).astype(np.int64)
-            for w in (tokens, None, samples, samples * (1 + drafts), drafts, starts + tokens)]
-    pairs = total(tokens * (starts + (tokens + 1) / 2))   # (halves, exact)
-    cols = ints + [pairs, most_query, most_blocks, total(None, ds),
-                   total(dk, ds).astype(np.int64), kv_min, kv_max]
+    ints = sums.astype(np.int64)
+    cols = list(ints[:6]) + [sums[6], most_query, most_blocks, ints[7], ints[8], kv_min, kv_max]
     at = np.flatnonzero(launched)   # (batch_of's sums, each exact; Batches made if asked)
     fields = tuple(c[at] for c in cols) + ([prefills.get(s, []) for s in at.tolist()],)
     # a launched step's update comes `lag` turns after its plan; its index counts the
@@ -517,14 +527,14 @@ def _program(requests, dec: Decodes, last_prefill: np.ndarray, chunks: list, sen
     u_of = np.concatenate(([0], np.cumsum(launched)))
     updated = ~(launched & np.r_[True, ~launched[:-1]]) if lag else np.ones(end, bool)
     turns = (PLANNED + LAUNCHED * launched + UPDATED * updated).tolist()
+    # each request's chunks: its last prefill's update, then one a step (its updates a range,
+    # since the request runs in every step between: each is launched), or a walk's steps
     chunks_of = {}
-    for i, tr in enumerate(requests):
-        sp, ne, ea = int(last_prefill[i]), int(dec.emits[i]), int(dec.emits_at[i])
-        if dec.contiguous[i]:   # its prefill's update, then one a step
-            us = u_of[sp:sp + ne + 1].tolist()
-        else:
-            r0 = int(dec.row0[i])
-            us = [int(u_of[sp])] + u_of[sp + dec.off[r0:r0 + ne]].tolist()
-        chunks_of[tr.request_id] = (us, [1] + dec.e_tokens[ea:ea + ne].tolist())
+    e_tokens = dec.e_tokens.tolist()
+    for i, (tr, sp, u0, ne, ea, one) in enumerate(zip(
+            requests, last_prefill.tolist(), u_of[last_prefill].tolist(), dec.emits.tolist(),
+            dec.emits_at.tolist(), dec.contiguous.tolist())):
+        us = range(u0, u0 + ne + 1) if one else [u0] + u_of[sp + dec.rows(i)[0][:ne]].tolist()
+        chunks_of[tr.request_id] = (us, [1] + e_tokens[ea:ea + ne])
     sent = {rid: (-1 if f < 0 else int(u_of[f])) for rid, f in sent.items()}
     return Program(turns, sent, Columns(ints[1], ints[0], None, chunks_of, fields))

@@ -217,6 +217,7 @@ def timed(core: EngineCore, client: Client, rec: Recording) -> None:
         u = program.sent[rid]
         us, ns = cols.chunks[rid]
         timings[rid] = RequestTiming(rid, tr.prompt_len, at[u] if u >= 0 else 0.0,
+                                     at[us.start:us.stop] if type(us) is range else
                                      list(itemgetter(*us)(at)) if len(us) > 1 else
                                      [at[i] for i in us], list(ns))
 

@@ -61,7 +61,7 @@ class Columns:
     plan_reqs: np.ndarray
     plan_tokens: np.ndarray
     batches: list | None
-    chunks: dict   # request id -> ([update], [tokens])
+    chunks: dict   # request id -> ([update] or a range of them, [tokens])
     fields: tuple | None = None
     reqs: np.ndarray | None = None
     tokens: np.ndarray | None = None

@@ -61,7 +61,8 @@ def run(settings: dict, monkeypatch, on: bool) -> tuple[str, list, bool]:
     res = simulate(SimConfig(**settings), recording=rec)[0]
     prog, cols = rec.program, rec.program.columns
     kept = [prog.turns, prog.sent, cols.plan_reqs.tolist(), cols.plan_tokens.tolist(),
-            [repr(b) for b in cols.batch_list()], cols.chunks, repr(rec.totals)]
+            [repr(b) for b in cols.batch_list()],
+            {rid: (list(us), ns) for rid, (us, ns) in cols.chunks.items()}, repr(rec.totals)]
     return json.dumps(res, sort_keys=True, default=str), kept, taken == [True]
 
 
@@ -79,17 +80,20 @@ def test_request_paths_give_the_scheduler_s_steps(case, monkeypatch):
 
 @pytest.mark.parametrize("lag", [0, 1])
 @pytest.mark.parametrize("first", [1.5, 0.01])
-def test_a_walk_gives_the_decode_steps_computed_for_all_requests_at_once(lag, first):
+def test_a_walk_gives_the_decode_steps_computed_for_all_requests_at_once(lag, first,
+                                                                         monkeypatch):
     """Where no step reaches --max-model-len, `_walk`'s steps one by one are those
     `_decodes` computes for every request at once: offsets, tokens, starts, drafts, blocks,
     emitted tokens, the finishing step, the blocks held. So too where the counts drawn first
     fall short for every request (`first`: steps drawn first per token, of a median
-    request's), and more are drawn until they do not."""
+    request's), and more are drawn until they do not. In groups of 7 requests: each request's
+    rows found in its group's piece (`Decodes.rows`)."""
     from stepgap.common.acceptance import PROFILES, Acceptance
     from stepgap.common.formats import TraceRequest
     rng = np.random.default_rng(7)
     reqs = [TraceRequest(f"r{i}", 0.0, int(rng.integers(1, 300)), int(rng.integers(1, 300)))
             for i in range(60)]
+    monkeypatch.setattr(paths, "GROUP", 7)
     for k in (0, 1, 3, 7):
         acc = Acceptance(PROFILES["mtbench"], k, reqs, seed=3)
         run = paths._Run(k, 16, 100_000, 8192, lag, first / acc.mean_length())
@@ -100,15 +104,14 @@ def test_a_walk_gives_the_decode_steps_computed_for_all_requests_at_once(lag, fi
             w = paths._walk(tr.prompt_len, tr.output_len, held0,
                             acc.first_counts([tr.request_id], [tr.output_len]) if k
                             else None, run)
-            rows = slice(dec.row0[i], dec.row0[i] + dec.nrows[i])
+            off, tokens, starts, drafts, blocks = dec.rows(i)
             emits = slice(dec.emits_at[i], dec.emits_at[i] + dec.emits[i])
             held = dec.held[dec.held_at[i]:dec.held_at[i] + dec.span[i]]
             w_held = np.zeros(w[6] + lag + 1, np.int64)
             w_held[0] = held0
             w_held[w[0]] = w[4]
-            for got, want in ((dec.off[rows], w[0]), (dec.tokens[rows], w[1]),
-                              (dec.starts[rows], w[2]), (dec.drafts[rows], w[3]),
-                              (dec.blocks[rows], w[4]), (dec.e_tokens[emits], w[5]),
+            for got, want in ((off, w[0]), (tokens, w[1]), (starts, w[2]), (drafts, w[3]),
+                              (blocks, w[4]), (dec.e_tokens[emits], w[5]),
                               (dec.finish[i], w[6]), (held, np.maximum.accumulate(w_held))):
                 assert np.array_equal(got, want), (k, tr)
 
