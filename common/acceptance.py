@@ -435,7 +435,6 @@ class Acceptance:
     """Accepted draft counts for a run: drawn per request ahead of time, consumed in order."""
 
     BLOCK = 64  # decode steps drawn at a time
-    AT_ONCE = 4096   # requests whose first counts `first_counts` compares in one pass
 
     def __init__(self, profile: AcceptanceProfile, k: int, requests: list[TraceRequest],
                  seed: int, replay: bool = True):
@@ -500,39 +499,30 @@ class Acceptance:
         """The first rows[i] counts of each request's decode steps, as `next` draws them
         (before their min with the drafts verified), request after request in one array: its
         recorded counts, then its own stream (drawn at once, the same counts as BLOCK at a
-        time), the requests' streams compared with their rates a few thousand at a time. The
-        run's own state is left alone: for a run that takes each request's steps whole
+        time), each request's uniforms compared with its rates as they are drawn. The run's
+        own state is left alone: for a run that takes each request's steps whole
         (sim/paths.py)."""
         k = self.k
-        out, us, drawn = [], [], []   # (out: counts in order; us, drawn: not yet compared)
+        hits = np.zeros((sum(rows), k + 1), bool)   # (a miss past the last position)
+        drawn = np.empty((max(rows, default=0), k))   # (each request's uniforms in turn)
+        recorded_at = []
+        rates, a = self.rates(), 0
         for rid, n in zip(request_ids, rows):
             recorded = self.recorded.get(rid)
             if recorded:   # (a replay: its recorded counts first, then its stream)
-                out.append(self._compared(us, drawn))
-                us, drawn = [], []
                 got = np.array(recorded[:n], np.int64)
                 state = [None, 0, None, None, rid]
                 while len(got) < n:
                     got = np.concatenate((got, self._draw(state)))[:n]
-                out.append(got)
+                recorded_at.append((a, got))
             else:
-                us.append(self._generator(rid).random((n, k)))
-                drawn.append(self.index[rid])
-                if len(us) == self.AT_ONCE:
-                    out.append(self._compared(us, drawn))
-                    us, drawn = [], []
-        out.append(self._compared(us, drawn))
-        return np.concatenate(out)
-
-    def _compared(self, us: list, drawn: list[int]) -> np.ndarray:
-        """The counts of requests `drawn` (their indices), one after another, from their
-        uniforms and rates, compared in one pass."""
-        n_of = [len(u) for u in us]
-        hits = np.zeros((sum(n_of), self.k + 1), bool)   # (a miss past the last position)
-        if us:
-            np.less(np.concatenate(us), np.repeat(self.rates()[drawn], n_of, axis=0),
-                    out=hits[:, :self.k])
-        return hits.argmin(axis=1)
+                u = self._generator(rid).random((n, k), out=drawn[:n])
+                np.less(u, rates[self.index[rid]], out=hits[a:a + n, :k])
+            a += n
+        counts = hits.argmin(axis=1)   # the first miss is the count of leading hits
+        for a, got in recorded_at:
+            counts[a:a + len(got)] = got
+        return counts
 
     def mean_length(self) -> float:
         """1 + the accepted count of a median request's decode step of k drafts."""

@@ -130,8 +130,9 @@ def test_pcg64_seeds_are_numpy_s_seed_sequence_s():
 
 def test_first_counts_are_the_counts_next_draws_one_by_one():
     """`Acceptance.first_counts` gives each request's counts as `next` draws them, a step at a
-    time: its recorded counts first, then its own stream (seeded from uint32 words, the same
-    stream as from the list of ints), for many requests compared at once, in chunks."""
+    time: its recorded counts first, then its own stream (seeded by pcg64_seeds where the seed
+    is one uint32 word, the same stream as numpy's from the list of ints), request after
+    request in one array."""
     from stepgap.common.acceptance import PROFILES, Acceptance
     from stepgap.common.formats import TraceRequest
     reqs = [TraceRequest(f"r{i}", 0.0, 50, 80, accepted=[3, 0, 2] if i % 9 == 0 else None)
@@ -143,7 +144,6 @@ def test_first_counts_are_the_counts_next_draws_one_by_one():
         for i in (0, 4, 19):
             assert one._generator(f"r{i}").random(4).tolist() == \
                 np.random.default_rng([seed, 1, i]).random(4).tolist()
-    acc.AT_ONCE = 7   # (runs of 8 requests drawn between recorded ones: a chunk full)
     rows = [1, 2, 3, 70, 130] * 4
     got = acc.first_counts([tr.request_id for tr in reqs], rows)
     one_by_one = Acceptance(PROFILES["mtbench"], 3, reqs, seed=2**32 - 1)
