@@ -125,7 +125,7 @@ class RooflineCosts(DeviceCosts):
         flops = 2.0 * m * k * n
         nbytes = wbytes * k * n + BF16 * m * (k + n)
         peak = self.fp8 if wbytes == 1 else self.flops
-        return max(flops / peak, nbytes / self.bw) + self.hw.kernel_us
+        return _most(flops / peak, nbytes / self.bw) + self.hw.kernel_us
 
     def streaming(self, nbytes: float, kernels: int = 1) -> float:
         """Memory-bound elementwise kernels moving `nbytes` in all."""
@@ -265,9 +265,10 @@ class RooflineCosts(DeviceCosts):
             if self.moe is not None and c is self.t:   # expert parallelism's dispatch/combine
                 t += c.num_moe_layers * self.moe.exchange(rows or m)
         # (summed in this order so that one GPU's dense model keeps its exact old times)
+        head = self.gemm(logits, c.hidden_size, _ceil(c.vocab_size, self.tp))
         t = (t + self.streaming(BF16 * 3 * m * c.hidden_size, TARGET_EXTRA)
-             + (self.gemm(logits, c.hidden_size, _ceil(c.vocab_size, self.tp))
-                if logits else 0.0))
+             + (np.where(logits > 0, head, 0.0) if type(logits) is np.ndarray else
+                head if logits else 0.0))
         if self.tp > 1:
             t += ((2 * c.num_layers + 1) * self.all_reduce(m, c.hidden_size)
                   + self.gather_logits(logits, c.vocab_size))
@@ -434,13 +435,18 @@ class RooflineCosts(DeviceCosts):
         kv, pairs = cols.kv, cols.pairs
         layers, heads, kvh, hd = self._plain
         flops, bw, kernel, kvb = self.flops, self.bw, self.hw.kernel_us, self.kv_bytes
-        dense = _each(self._target_dense, tokens, logits)
+        # the dense parts' formulas over arrays of token counts, on one GPU (the collectives'
+        # models take one count); else each distinct count's memoized float
+        once = self.tp == 1
+        dense = _each(lambda m, n: self._forward(self.t, m, n), tokens, logits, True) if once \
+            else _each(self._target_dense, tokens, logits)
         attn = layers * (np.maximum(4.0 * pairs * heads * hd / flops,
                                     2 * kvb * kv * kvh * hd / bw) + kernel)
         target = dense + attn
         if not self.k:   # the sampler as what it adds to the forward (`rejection_sample`)
-            sampled = _each(lambda m, n: self._target_dense(m, n) + self.streaming(
-                4 * n * self.t.vocab_size, SAMPLE_KERNELS), tokens, logits)
+            sampled = _each(lambda m, n: (self._forward(self.t, m, n) if once else
+                                          self._target_dense(m, n)) + self.streaming(
+                4 * n * self.t.vocab_size, SAMPLE_KERNELS), tokens, logits, once)
             target = np.where(sampling > 0, target + ((sampled + attn) - (dense + attn)),
                               target)
         ops = [np.where(fixup, FIXUP_KERNELS * kernel, 0.0)] if fixup is not None else []
@@ -452,13 +458,14 @@ class RooflineCosts(DeviceCosts):
         if passes.any():   # an EAGLE head's passes (`draft_forwards`)
             c = self.spec.pass_model(self.t, self.d)
             d_heads, d_kvh = self._heads(c)
-            first = _each(lambda m, n: self._draft_dense(True, m, n), tokens, sampling) + (
+            draft = self._draft_pass if once else self._draft_dense
+            first = _each(lambda m, n: draft(True, m, n), tokens, sampling, once) + (
                 np.maximum(4.0 * pairs * d_heads * c.head_dim / flops,
                            2 * kvb * kv * d_kvh * c.head_dim / bw) + kernel)
             ops.append(np.where(passes > 0, first, 0.0))
             heads, kvh = self._heads(self.d)
             hd = self.d.head_dim
-            later = _each(lambda n, _: self._draft_dense(False, n, n), sampling, sampling)
+            later = _each(lambda n, _: draft(False, n, n), sampling, sampling, once)
             for i in range(1, int(passes.max())):
                 kv_i = kv + i * sampling
                 ops.append(np.where(passes > i, later + (
@@ -478,9 +485,19 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _each(f, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """f(a_i, b_i) for every i (non-negative ints), called once for each distinct pair."""
+def _most(a, b):
+    """max(a, b) of two floats, or of two arrays element by element (a roofline formula
+    priced for many token counts at once, `_each`)."""
+    return np.maximum(a, b) if type(a) is np.ndarray else max(a, b)
+
+
+def _each(f, a: np.ndarray, b: np.ndarray, at_once: bool = False) -> np.ndarray:
+    """f(a_i, b_i) for every i (non-negative ints), called once for each distinct pair, or
+    (`at_once`) once for them all: f's formula over arrays, each element the float its call
+    on that pair's ints gives."""
     width = int(b.max(initial=0)) + 1
     keys, at = np.unique(a * width + b, return_inverse=True)
-    return np.array([f(int(x), int(y)) for x, y in zip(*divmod(keys, width))],
-                    np.float64)[at]
+    x, y = divmod(keys, width)
+    if at_once:
+        return np.broadcast_to(np.asarray(f(x, y), np.float64), x.shape)[at]
+    return np.array([f(int(i), int(j)) for i, j in zip(x, y)], np.float64)[at]

@@ -202,14 +202,20 @@ def test_a_replay_prices_no_step_its_recording_priced(monkeypatch):
     assert replayed == text(slower) and priced   # in full, every step priced again
 
 
+PRICED = {**REPLAYED, "fp8 weights": dict(quantization="fp8"),
+          "EAGLE-1, its fc every pass": dict(method="eagle", draft=None)}
+
+
 @pytest.mark.parametrize("case", ["sync", "zero-bubble", "k = 0", "chunked prefill",
-                                  "ngram, proposed on the CPU", "a detailed result"])
+                                  "ngram, proposed on the CPU", "a detailed result",
+                                  "fp8 weights", "EAGLE-1, its fc every pass"])
 @pytest.mark.parametrize("speed", [1.0, 0.8])
 def test_the_steps_priced_at_once_are_those_priced_one_by_one(case, speed):
-    """`Device.steady_times` prices a recording's steps from its columns, all at once: the
-    same floats `Device.times` gives each step."""
+    """`Device.steady_times` prices a recording's steps from its columns, all at once (on one
+    GPU, each formula over arrays of token counts): the same floats `Device.times` gives each
+    step."""
     from stepgap.sim.loop import Run, build_workload
-    settings = {k: v for k, v in {**BASE, **REPLAYED[case], "speed": speed}.items()
+    settings = {k: v for k, v in {**BASE, **PRICED[case], "speed": speed}.items()
                 if not (k == "draft" and v is None)}
     cfg = SimConfig(**settings)
     rec = Recording()
