@@ -136,7 +136,8 @@ class Run:
     def run(self) -> tuple[RunResult, list[Span]]:
         env = self.env
         if self.plain:
-            plain_loop.run(self.engine, self.client, self.recording)   # the same times
+            with plain_loop.paused_gc():
+                plain_loop.run(self.engine, self.client, self.recording)   # the same times
         else:
             client = env.process(self.client.run())
             self.engine.start()
@@ -151,7 +152,8 @@ class Run:
             else:   # each rank's spans carry it
                 spans += [s._replace(args={**(s.args or {}), "dp": core.index})
                           for s in core.spans or ()]
-        res = self.result(env.now / 1e6)
+        with plain_loop.paused_gc():
+            res = self.result(env.now / 1e6)
         # the parts refer to each other: freed at once, not by the cycle collector (Clock.close)
         self.client.engine = None
         if self.series is not None:

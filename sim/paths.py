@@ -38,7 +38,6 @@ computing them to each other, and this pass to the scheduler's own.
 
 from __future__ import annotations
 
-import gc
 import heapq
 from collections import deque
 from dataclasses import dataclass
@@ -71,15 +70,10 @@ class _Run:
 def record(core, client, rec) -> bool:
     """sim/plain_loop.py `record`'s program, by request paths; False, with nothing changed,
     where the run breaks their premises."""
-    collecting = gc.isenabled()   # (the pass makes a few objects a request and no cycle:
-    gc.disable()                  # the collector's passes over the heap find nothing, at
-    try:                          # about a tenth of its time)
+    try:
         program, hist, drafts, queries = _record(core, client, rec)
     except Bail:
         return False
-    finally:
-        if collecting:
-            gc.enable()
     steps, sched = core.steps, core.sched
     for a, n in enumerate(hist):
         steps.accepted_hist[a] += n
