@@ -454,20 +454,21 @@ class Acceptance:
         self._seeds = None   # each request's PCG64 seed (`_generator`), once one is asked for
         self._rates = None   # each request's rates (`rates`), once they are asked for
 
+    def qualities(self) -> list[float]:
+        """Each request's quality z, in trace order: the spread's normal quantiles at
+        (j + 1/2) / n, dealt out in a seeded order."""
+        n, spread, nd = len(self.index), self.spread, NormalDist()
+        order = np.random.default_rng([self.seed, 2]).permutation(n).tolist()
+        return [spread * nd.inv_cdf((o + 0.5) / n) if spread else 0.0 for o in order]
+
     def rates(self) -> np.ndarray:
         """Every request's conditional rates after its quality shift, a row each (found for all
-        at the first call): the requests' quality z stratified over the spread, dealt out in a
-        seeded order, each rate's logit shifted by it."""
+        at the first call): each rate's logit shifted by the request's quality."""
         if self._rates is None:
-            n, spread, nd = len(self.index), self.spread, NormalDist()
-            order = np.random.default_rng([self.seed, 2]).permutation(n).tolist()
             logits = [_logit(c) if 0.0 < c < 1.0 else None for c in self.cond]
-            rows = []
-            for o in order:
-                z = spread * nd.inv_cdf((o + 0.5) / n) if spread else 0.0
-                rows.append([c if lc is None or z == 0.0 else 1.0 / (1.0 + math.exp(-(lc + z)))
-                             for c, lc in zip(self.cond, logits)])
-            self._rates = np.array(rows, float).reshape(n, len(self.cond))
+            rows = [[c if lc is None or z == 0.0 else 1.0 / (1.0 + math.exp(-(lc + z)))
+                     for c, lc in zip(self.cond, logits)] for z in self.qualities()]
+            self._rates = np.array(rows, float).reshape(len(rows), len(self.cond))
         return self._rates
 
     def rates_for(self, request_id: str) -> np.ndarray:

@@ -124,11 +124,12 @@ def test_sampled_per_position_rates_match_the_profile_without_spread():
 def test_request_qualities_are_stratified_normal_quantiles():
     reqs = [TraceRequest(f"r{i}", 0.0, 8, 8) for i in range(80)]
     acc = Acceptance(AcceptanceProfile("x", (0.7,), spread=0.5), 1, reqs, seed=0)
-    z = np.sort(acc.z)
+    z = np.sort(acc.qualities())
     assert z.mean() == pytest.approx(0.0, abs=1e-12) and z[-1] == pytest.approx(-z[0])
     assert z[-1] == pytest.approx(0.5 * 2.4977, rel=1e-3)  # the (79.5/80) normal quantile
     other = Acceptance(AcceptanceProfile("x", (0.7,), spread=0.5), 1, reqs, seed=1)
-    assert sorted(other.z) == pytest.approx(list(z)) and other.z != acc.z
+    assert sorted(other.qualities()) == pytest.approx(list(z)) and \
+        other.qualities() != acc.qualities()
 
 
 def test_replay_then_rates_past_the_end_of_the_record():
