@@ -12,16 +12,17 @@ whose update finishes it follow from its own draws alone.
 
 `record` takes a run in three passes:
 
-- `_decodes`: every request's decode steps, relative to its last prefill step, all requests
-  at once (numpy over their draws), or one by one (`_walk`) for a request whose context may
-  reach --max-model-len, where a step takes fewer drafts;
+- `_decodes`: every request's decode steps, relative to its last prefill step, a few thousand
+  requests at once (numpy over their draws; each group's rows kept as a piece, never all
+  requests' at once), or one by one (`_walk`) for a request whose context may reach
+  --max-model-len, where a step takes fewer drafts;
 - the admissions, one event per request: the client's sends and the waiting queue, FCFS,
   against the budget, the pool and `max_num_seqs` as the requests admitted before leave them
   at that step (`_Steps`: their tokens, blocks and count, by step), and each admitted
   request's prefill chunks;
-- `_program`: the steps' `Batch`es summed from every request's chunks and decode steps (in
-  any order: the sums are of integers, or of halves far below 2**53), and the same `Program`
-  that sim/plain_loop.py's `record` writes.
+- `_program`: the steps' `Batch`es summed from every request's chunks and decode steps, a
+  piece at a time (in any order: the sums are of integers, or of halves far below 2**53), and
+  the same `Program` that sim/plain_loop.py's `record` writes.
 
 Where the run breaks a premise (a step over the budget or the pool, a stall, token ids under
 prefix caching), it returns False having changed nothing, and the scheduler's own record pass
