@@ -392,7 +392,7 @@ def pcg64_seeds(entropy: np.ndarray) -> np.ndarray:
     The algorithm is SeedSequence's (numpy/random/bit_generator.pyx, from O'Neill's seed_seq_fe):
     hash the words into a pool of 4, mix every pool word into every other, then hash the pool
     out into 8 words. Its multipliers run the same for every row, so each step is one array
-    operation (uint32, wrapping). tests/test_acceptance.py holds it to numpy's own."""
+    operation (uint32, wrapping). tests/test_paths.py holds it to numpy's own."""
     init_a, mult_a, init_b, mult_b, mix_l, mix_r = (
         0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED, 0xCA01F9DD, 0x4973F715)
     mask = 0xFFFFFFFF

@@ -13,8 +13,8 @@ Both halves import this module, and nothing else defines these formats:
 from __future__ import annotations
 
 import math
-from itertools import chain
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Iterable, NamedTuple
 

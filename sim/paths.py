@@ -91,9 +91,8 @@ class Decodes:
     0), by request in trace order: request i's steps are `nrows[i]` rows from `row0[i]` of the
     columns (offset, tokens, start, drafts verified, blocks held after it, and the request),
     kept in `pieces` (each a group's or a walk's, `piece_at` its first row: `rows`), and it
-    emits at the
-    updates of its first `emits[i]` steps (`e_tokens` from `emits_at[i]`), after the
-    prefill's one token. `finish[i]`: the offset whose update finishes it (`emits[i]`, but
+    emits at the updates of its first `emits[i]` steps (`e_tokens` from `emits_at[i]`), after
+    the prefill's one token. `finish[i]`: the offset whose update finishes it (`emits[i]`, but
     for a walked request, whose steps may skip an offset). `held`, from
     `held_at[i]`, `span[i]` long: the blocks it holds at each offset from 0 until the plan
     after that update. Its accepted counts, and the drafts verified in the steps that drew

@@ -56,7 +56,8 @@ def runs_plainly(cfg: SimConfig, r: Resolved) -> bool:
 def paused_gc():
     """The cycle collector paused (and left as it was found): the plain loop and a run's
     result make a few objects a request and a step, millions in a large run, and no cycle, so
-    the collector's passes over them find nothing, at a tenth to a fifth of the run's time."""
+    the collector's passes over them find nothing, at 10-30 % of the run's time
+    (docs/explanation/speed.md)."""
     collecting = gc.isenabled()
     gc.disable()
     try:

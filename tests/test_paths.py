@@ -138,8 +138,8 @@ def test_first_counts_are_the_counts_next_draws_one_by_one():
     reqs = [TraceRequest(f"r{i}", 0.0, 50, 80, accepted=[3, 0, 2] if i % 9 == 0 else None)
             for i in range(20)]
     acc = Acceptance(PROFILES["mtbench"], 3, reqs, seed=2**32 - 1)
-    for seed in (0, 2**32 - 1, 2**32, 2**70):   # (the last two: numpy seeds them, not
-        # pcg64_seeds)
+    # (the last two seeds are numpy's to seed: more than one uint32 word)
+    for seed in (0, 2**32 - 1, 2**32, 2**70):
         one = Acceptance(PROFILES["mtbench"], 3, reqs, seed=seed)
         for i in (0, 4, 19):
             assert one._generator(f"r{i}").random(4).tolist() == \
